@@ -1,0 +1,13 @@
+.PHONY: demo test lint bench
+
+demo:            ## install and run the demo of the promise (lost = 0)
+	bash scripts/demo.sh
+
+test:            ## install and run the full test suite against real brokers
+	bash scripts/test.sh
+
+lint:
+	python3 -m ruff check msgsafe tests benchmarks examples && python3 -m mypy
+
+bench:           ## run every benchmark and print ratios measured in one run
+	bash scripts/bootstrap.sh all && for b in benchmarks/bench_*.py; do python3 "$$b"; done

@@ -1,0 +1,239 @@
+"""Kafka publish throughput: msgsafe vs a raw confluent-kafka ``Producer``, same settings.
+
+1M 100-byte messages to one 3-partition topic, in one run against one broker:
+
+- ``raw`` — ``confluent_kafka.Producer`` with ``acks=all``, ``enable.idempotence=true``,
+  the same ``linger.ms``, ``batch.num.messages`` and queue size the SDK uses; one
+  delivery callback counting successes, ``poll(0)`` every 1000 messages, ``flush()`` at
+  the end. No msgsafe code.
+- ``transport`` — the adapter alone (``Envelope.build`` + ``KafkaTransport.publish``),
+  to show which layer the time goes to.
+- ``sdk`` — ``msgsafe.Producer.send_async`` for every message (a fresh UUIDv7 id, the
+  ``msgsafe-id`` header, a receipt per message), then ``flush()``; every receipt must
+  be CONFIRMED.
+
+Rounds alternate raw / sdk so both see the same broker state; the best round of each is
+reported with the ratio sdk/raw (goal >= 0.9), wall-clock and CPU time per message.
+
+The broker is a tansu broker started here (see :mod:`msgsafe.testing.kafka`) unless
+``--url kafka://...`` names another.
+
+    python -m benchmarks.bench_kafka [--messages 1000000] [--readme benchmarks/README.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+BODY = b"x" * 100
+LINGER_MS = 5.0
+BATCH = 10_000
+QUEUE = 100_000
+
+
+def raw_settings(bootstrap: str) -> dict[str, Any]:
+    """The raw producer's settings: what msgsafe's defaults amount to."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "acks": "all",
+        "enable.idempotence": True,
+        "linger.ms": LINGER_MS,
+        "batch.num.messages": BATCH,
+        "queue.buffering.max.messages": QUEUE,
+        "message.timeout.ms": 28_800,
+        "log_level": 0,
+    }
+
+
+def run_raw(bootstrap: str, topic: str, count: int) -> tuple[float, float]:
+    """(messages per second, CPU microseconds per message) of a raw producer."""
+    from confluent_kafka import Producer
+
+    producer = Producer(raw_settings(bootstrap))
+    delivered = 0
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        nonlocal delivered
+        if err is None:
+            delivered += 1
+
+    producer.list_topics(topic, timeout=10)  # connected before the clock starts
+    started, cpu = time.perf_counter(), time.process_time()
+    for i in range(count):
+        while True:
+            try:
+                producer.produce(topic, BODY, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.005)
+        if i % 1000 == 0:
+            producer.poll(0)
+    producer.flush(120)
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    if delivered != count:
+        raise SystemExit(f"raw: only {delivered} of {count} delivered")
+    return count / elapsed, cpu / count * 1e6
+
+
+def run_sdk(url: str, topic: str, count: int, outbox: Path) -> tuple[float, float]:
+    """(messages per second, CPU microseconds per message) of msgsafe.Producer."""
+    import msgsafe
+
+    confirmed = 0
+
+    def on_receipt(future: Any) -> None:
+        nonlocal confirmed
+        if future.exception() is None and future.result().status is msgsafe.Status.CONFIRMED:
+            confirmed += 1
+
+    with msgsafe.Producer(
+        url,
+        outbox=outbox,
+        send_timeout=60,
+        confirm_timeout=30,
+        linger_ms=LINGER_MS,
+        batch_num_messages=BATCH,
+        max_in_flight=QUEUE,
+    ) as producer:
+        producer.send(topic, b"warm-up")  # connected before the clock starts
+        started, cpu = time.perf_counter(), time.process_time()
+        send = producer.send_async
+        for _ in range(count):
+            send(topic, BODY).add_done_callback(on_receipt)
+        if not producer.flush(1800):
+            raise SystemExit("sdk: not every receipt arrived within 1800 s")
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    if confirmed != count:
+        raise SystemExit(f"sdk: only {confirmed} of {count} confirmed")
+    return count / elapsed, cpu / count * 1e6
+
+
+def run_transport(url: str, topic: str, count: int) -> tuple[float, float]:
+    """(messages per second, CPU microseconds per message) of the adapter alone: an
+    envelope (UUIDv7 id) per message, ``KafkaTransport.publish``, every future awaited
+    by a done-callback. The SDK row minus this row is the producer layer's share."""
+    from concurrent.futures import Future
+
+    from msgsafe.adapters.kafka import open_transport
+    from msgsafe.endpoints import parse_url
+    from msgsafe.message import Envelope
+
+    transport = open_transport(
+        parse_url(url),
+        {
+            "confirm_timeout": 30,
+            "linger_ms": LINGER_MS,
+            "batch_num_messages": BATCH,
+            "max_in_flight": QUEUE,
+        },
+    )
+    confirmed = 0
+    done = 0
+
+    def on_done(future: Future[None]) -> None:
+        nonlocal confirmed, done
+        done += 1
+        if future.exception() is None:
+            confirmed += 1
+
+    try:
+        transport.publish(Envelope.build(topic, b"warm-up")).result(30)
+        started, cpu = time.perf_counter(), time.process_time()
+        publish, build = transport.publish, Envelope.build
+        for _ in range(count):
+            publish(build(topic, BODY)).add_done_callback(on_done)
+        deadline = time.monotonic() + 1800
+        while done < count and time.monotonic() < deadline:
+            time.sleep(0.005)
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    finally:
+        transport.close()
+    if confirmed != count:
+        raise SystemExit(f"transport: only {confirmed} of {count} confirmed")
+    return count / elapsed, cpu / count * 1e6
+
+
+@contextlib.contextmanager
+def _broker(url: str | None) -> Iterator[tuple[str, str]]:
+    if url is not None:
+        yield url, url.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0].split("@")[-1]
+        return
+    from msgsafe.testing.kafka import KafkaCluster
+
+    with KafkaCluster(brokers=1) as cluster:
+        yield cluster.url, cluster.bootstrap
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--url", default=None, help="kafka://host:port (default: start tansu)")
+    parser.add_argument("--readme", type=Path, default=None, help="update its ## Kafka section")
+    args = parser.parse_args(argv)
+
+    from msgsafe.testing.kafka import _create_topic
+
+    raw_runs: list[tuple[float, float]] = []
+    sdk_runs: list[tuple[float, float]] = []
+    transport_runs: list[tuple[float, float]] = []
+    with _broker(args.url) as (url, bootstrap), tempfile.TemporaryDirectory() as tmp:
+        for n in range(args.rounds):
+            topic = f"bench-{uuid.uuid4().hex[:8]}"
+            _create_topic(bootstrap, topic, 3, 30)
+            raw_runs.append(run_raw(bootstrap, topic, args.messages))
+            print(f"round {n + 1}: raw {raw_runs[-1][0]:,.0f} msg/s", flush=True)
+            sdk_runs.append(run_sdk(url, topic, args.messages, Path(tmp) / f"o{n}.db"))
+            print(f"round {n + 1}: sdk {sdk_runs[-1][0]:,.0f} msg/s", flush=True)
+            transport_runs.append(run_transport(url, topic, args.messages))
+            print(f"round {n + 1}: transport {transport_runs[-1][0]:,.0f} msg/s", flush=True)
+    raw, raw_cpu = max(raw_runs)
+    sdk, sdk_cpu = max(sdk_runs)
+    adapter, adapter_cpu = max(transport_runs)
+    ratio = sdk / raw
+    lines = [
+        f"{args.messages:,} messages of {len(BODY)} bytes, acks=all, idempotence, "
+        f"linger.ms={LINGER_MS:g}, batch.num.messages={BATCH}, best of {args.rounds} "
+        "alternating round(s), tansu broker on loopback.",
+        "",
+        "| producer | msg/s | CPU µs/msg |",
+        "|---|---|---|",
+        f"| raw confluent-kafka Producer | {raw:,.0f} | {raw_cpu:.1f} |",
+        f"| msgsafe.Producer.send_async | {sdk:,.0f} | {sdk_cpu:.1f} |",
+        f"| adapter alone: Envelope.build + KafkaTransport.publish | {adapter:,.0f} "
+        f"| {adapter_cpu:.1f} |",
+        "",
+        f"Ratio sdk/raw: **{ratio:.2f}** (goal >= 0.9); adapter alone/raw: {adapter / raw:.2f}.",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.readme:
+        update_readme(args.readme, text)
+
+
+def update_readme(path: Path, body: str) -> None:
+    """Replace the ``## Kafka`` section of ``path`` (created if missing)."""
+    section = (
+        "## Kafka\n\n`python -m benchmarks.bench_kafka --readme benchmarks/README.md`\n\n"
+        + body
+        + "\n"
+    )
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    start = text.find("## Kafka\n")
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = text.find("\n## ", start + 1)
+        text = text[:start] + section + ("" if end < 0 else text[end:])
+    path.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

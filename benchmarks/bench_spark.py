@@ -1,0 +1,273 @@
+"""Spark sink throughput: msgsafe's foreachBatch sink vs a hand-written foreachPartition.
+
+``--rows`` (default 1M) small rows (the row number as a string, ~6 bytes) on
+``local[2]``, published to one Kafka topic, in one run against one broker:
+
+- ``raw`` — ``df.foreachPartition`` with confluent-kafka directly: ``acks=all``,
+  idempotence, one producer per Python worker (cached like the sink's), waits for
+  every delivery report and fails the task on any error. No message ids, no outbox.
+- ``sink`` — ``foreach_batch_sink(url, topic)(df, batch_id)``: the same guarantees plus
+  a deterministic message id per row and the per-batch report.
+- ``producer`` — ``df.foreachPartition`` with ``msgsafe.Producer.send_async`` per row
+  (``outbox=False``), waiting for every receipt: what the sink adds on top of the SDK.
+- ``empty`` — the sink on an empty batch (``df.limit(0)``: Spark knows it is empty),
+  and on a scan that finds no rows next to a bare Spark job on the same scan.
+
+Rounds alternate raw / producer / sink on the same cached DataFrame; the best round of each is
+reported with the ratio sink/raw (goal >= 0.9) and the empty-batch overhead (goal
+<= 100 ms). The broker is one tansu broker (memory storage) started here unless ``--url kafka://...``.
+
+    python -m benchmarks.bench_spark           # or: python benchmarks/bench_spark.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+_RAW_PRODUCERS: dict[str, Any] = {}
+
+
+def _raw_partition(bootstrap: str, topic: str, rows: Iterable[Any]) -> None:
+    """The hand-written baseline, run in each Python worker."""
+    from confluent_kafka import KafkaException, Producer
+
+    producer = _RAW_PRODUCERS.get(bootstrap)
+    if producer is None:
+        producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "acks": "all",
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                "batch.num.messages": 10_000,
+                "queue.buffering.max.messages": 100_000,
+            }
+        )
+        _RAW_PRODUCERS[bootstrap] = producer
+    errors: list[Any] = []
+
+    def report(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+
+    produce = producer.produce
+    for row in rows:
+        value = row[0].encode()
+        while True:
+            try:
+                produce(topic, value, on_delivery=report)
+                break
+            except BufferError:
+                producer.poll(0.05)  # local queue full: serve delivery reports
+    if producer.flush(120) != 0:
+        raise KafkaException("delivery reports missing after 120 s")
+    if errors:
+        raise KafkaException(errors[0])
+
+
+class _MemoryBroker:
+    """One tansu broker with in-memory storage: fast enough that the clients, not the
+    broker's disk, set the pace (the suite's S3-backed brokers are for fail-over)."""
+
+    def __init__(self) -> None:
+        import subprocess
+
+        from msgsafe.testing.kafka import free_port, tansu_binary
+
+        self.port = free_port()
+        listener = f"tcp://127.0.0.1:{self.port}"
+        self._proc = subprocess.Popen(
+            [
+                tansu_binary(),
+                "broker",
+                "--listener-url",
+                listener,
+                "--advertised-listener-url",
+                listener,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while not self._listening():
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the tansu broker did not start")
+            time.sleep(0.05)
+
+    def _listening(self) -> bool:
+        import socket
+
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", self.port)) == 0
+
+    @property
+    def url(self) -> str:
+        return f"kafka://127.0.0.1:{self.port}"
+
+    def create_topic(self, name: str, partitions: int) -> None:
+        from msgsafe.testing.kafka import _create_topic
+
+        _create_topic(f"127.0.0.1:{self.port}", name, partitions, 30.0)
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait(10)
+
+
+_SDK_PRODUCERS: dict[str, Any] = {}
+
+
+def _producer_partition(url: str, topic: str, rows: Iterable[Any]) -> None:
+    """msgsafe's Producer in a hand-written foreachPartition: what the sink costs on top."""
+    from msgsafe import Producer
+
+    producer = _SDK_PRODUCERS.get(url)
+    if producer is None:
+        producer = _SDK_PRODUCERS[url] = Producer(url, outbox=False)
+    # The same bounded window as the sink: a receipt is due confirm_timeout after send.
+    window: deque[Any] = deque()
+    for row in rows:
+        window.append(producer.send_async(topic, row[0].encode()))
+        if len(window) >= 5_000:
+            window.popleft().result(120)
+    for future in window:
+        future.result(120)
+
+
+def _session(cores: int) -> Any:
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    session = (
+        SparkSession.builder.master(f"local[{cores}]")
+        .appName("msgsafe-bench-spark")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, float]:
+    """Run the benchmark, print a table and return the figures."""
+    parser = argparse.ArgumentParser(description="Spark sink throughput")
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--url", help="kafka://host:port (default: a tansu broker started here)")
+    args = parser.parse_args(argv)
+
+    from msgsafe.spark import foreach_batch_sink
+
+    cluster = None
+    url = args.url
+    if url is None:
+        cluster = _MemoryBroker()
+        url = cluster.url
+    bootstrap = url.removeprefix("kafka://")
+    spark = _session(args.cores)
+    try:
+        df = spark.range(0, args.rows, numPartitions=args.cores).selectExpr(
+            "cast(id AS string) AS value"
+        )
+        df = df.cache()
+        df.count()
+        raw: list[float] = []
+        sink_rates: list[float] = []
+        producer_rates: list[float] = []
+        for round_ in range(args.rounds):
+            topic = f"bench-spark-{uuid.uuid4().hex[:8]}"
+            if cluster is not None:
+                cluster.create_topic(topic, partitions=args.cores)
+            started = time.perf_counter()
+            df.foreachPartition(lambda rows, t=topic: _raw_partition(bootstrap, t, rows))
+            raw.append(args.rows / (time.perf_counter() - started))
+
+            started = time.perf_counter()
+            df.foreachPartition(lambda rows, t=topic: _producer_partition(url, t, rows))
+            producer_rates.append(args.rows / (time.perf_counter() - started))
+
+            sink = foreach_batch_sink(url, topic)
+            started = time.perf_counter()
+            report = sink(df, round_)
+            sink_rates.append(args.rows / (time.perf_counter() - started))
+            if report.confirmed != args.rows:
+                raise RuntimeError(f"the sink confirmed {report.confirmed} of {args.rows}")
+            print(
+                f"  round {round_ + 1}: raw {raw[-1]:>9,.0f} rows/s   "
+                f"producer {producer_rates[-1]:>9,.0f} rows/s   "
+                f"sink {sink_rates[-1]:>9,.0f} rows/s",
+                flush=True,
+            )
+
+        # What a DataFrame with no rows looks like to the optimizer (an empty local
+        # relation): no Spark job is needed.
+        empty_df = df.limit(0)
+        empty_topic = f"bench-spark-empty-{uuid.uuid4().hex[:8]}"
+        empty_sink = foreach_batch_sink(url, empty_topic)
+        empty_sink(df.limit(1), 0)  # the producers exist, as in a running query
+        empty: list[float] = []
+        bare: list[float] = []
+        filtered_empty: list[float] = []
+        nothing = df.where("value = 'none'")
+        for i in range(5):
+            started = time.perf_counter()
+            empty_sink(empty_df, 100 + i)
+            empty.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            empty_sink(nothing, 200 + i)
+            filtered_empty.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            nothing.foreachPartition(lambda rows: None)
+            bare.append(time.perf_counter() - started)
+    finally:
+        spark.stop()
+        if cluster is not None:
+            cluster.stop()
+
+    figures = {
+        "raw_best": max(raw),
+        "sink_best": max(sink_rates),
+        "ratio": max(sink_rates) / max(raw),
+        "producer_best": max(producer_rates),
+        "ratio_producer": max(sink_rates) / max(producer_rates),
+        "empty_ms": statistics.median(empty) * 1000,
+        "empty_scan_ms": statistics.median(filtered_empty) * 1000,
+        "bare_job_ms": statistics.median(bare) * 1000,
+    }
+    print(f"{args.rows:,} rows on local[{args.cores}], Kafka (tansu) {url}")
+    print(f"  raw foreachPartition (confluent-kafka)  {figures['raw_best']:>10,.0f} rows/s (best)")
+    print(f"  msgsafe foreach_batch_sink              {figures['sink_best']:>10,.0f} rows/s (best)")
+    print(
+        f"  msgsafe Producer in foreachPartition    {figures['producer_best']:>10,.0f} rows/s "
+        "(best)"
+    )
+    print(f"  ratio sink/raw                          {figures['ratio']:>10.2f} (goal >= 0.9)")
+    print(f"  ratio sink/Producer-foreachPartition    {figures['ratio_producer']:>10.2f}")
+    print(f"  empty batch (no rows, known empty)      {figures['empty_ms']:>10.1f} ms (median)")
+    print(
+        f"  empty batch (a scan that finds none)    {figures['empty_scan_ms']:>10.1f} ms (median)"
+    )
+    print(f"  bare Spark job on that scan             {figures['bare_job_ms']:>10.1f} ms (median)")
+    return figures
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""msgsafe: publish and consume through RabbitMQ, Kafka and AMQP 1.0 with one promise —
+a message that ``send()`` accepted is never lost.
+
+``send()`` returns a :class:`Receipt` only when the message is safe: confirmed by the
+broker (:attr:`Status.CONFIRMED`) or committed to the local outbox and forwarded later
+(:attr:`Status.STORED`). Otherwise it raises a typed :mod:`msgsafe.errors` error and the
+caller still owns the message.
+"""
+
+from __future__ import annotations
+
+from msgsafe import errors
+from msgsafe.errors import MsgsafeError
+from msgsafe.message import Delivery, Envelope, Outcome, Receipt, Status, new_message_id
+from msgsafe.retry import RetryPolicy
+from msgsafe.sdk.aio import AsyncProducer
+from msgsafe.sdk.consumer import Consumer
+from msgsafe.sdk.producer import Producer
+
+#: The public name of a message as the producer builds it.
+Message = Envelope
+
+__all__ = [
+    "AsyncProducer",
+    "Consumer",
+    "Delivery",
+    "Envelope",
+    "Message",
+    "MsgsafeError",
+    "Outcome",
+    "Producer",
+    "Receipt",
+    "RetryPolicy",
+    "Status",
+    "__version__",
+    "errors",
+    "new_message_id",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,6 @@
+"""``python -m msgsafe ...`` runs the ``msgsafe`` command."""
+
+from msgsafe.sdk.cli import main
+
+if __name__ == "__main__":
+    main()

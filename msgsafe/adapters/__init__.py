@@ -1,0 +1,53 @@
+"""Adapters: one package per protocol, each the same shape.
+
+Every adapter package (``rabbitmq``, ``kafka``, ``amqp10``, ``memory``) exports::
+
+    open_transport(url: BrokerUrl, options: Mapping[str, object]) -> Transport
+    open_receiver(url: BrokerUrl, options: Mapping[str, object], *, group: str | None) -> Receiver
+
+and, when its client library is missing, raises :class:`~msgsafe.errors.MissingExtra`
+on import, naming the extra to install. This module is the registry by URL protocol;
+adapters are imported lazily so a user of one broker never needs the others' libraries.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from types import ModuleType
+
+from msgsafe.endpoints import BrokerUrl
+from msgsafe.errors import ConfigurationError
+from msgsafe.ports import Receiver, Transport
+
+__all__ = ["adapter_module", "open_receiver", "open_transport"]
+
+#: URL protocol -> adapter package (relative to msgsafe.adapters).
+_ADAPTERS = {
+    "rabbitmq": "rabbitmq",
+    "kafka": "kafka",
+    "amqp10": "amqp10",
+    "memory": "memory",
+}
+
+
+def adapter_module(protocol: str) -> ModuleType:
+    """Import the adapter package for ``protocol`` (MissingExtra if its library is absent)."""
+    name = _ADAPTERS.get(protocol)
+    if name is None:
+        raise ConfigurationError(f"no adapter for protocol {protocol!r}")
+    return importlib.import_module(f"msgsafe.adapters.{name}")
+
+
+def open_transport(url: BrokerUrl, options: Mapping[str, object]) -> Transport:
+    """A publishing transport for ``url``; options are validated by the adapter."""
+    transport: Transport = adapter_module(url.protocol).open_transport(url, options)
+    return transport
+
+
+def open_receiver(
+    url: BrokerUrl, options: Mapping[str, object], *, group: str | None = None
+) -> Receiver:
+    """A consuming receiver for ``url``; ``group`` is the consumer group / shared queue."""
+    receiver: Receiver = adapter_module(url.protocol).open_receiver(url, options, group=group)
+    return receiver

@@ -1,0 +1,51 @@
+"""AMQP 1.0 adapter (python-qpid-proton): ``amqp10://`` and ``amqp10s://`` URLs.
+
+Durable messages, unsettled sends with outcomes mapped to msgsafe errors, credit-based
+flow, SASL PLAIN / ANONYMOUS, TLS verifying the peer name by default, and fail-over
+across the URL's hosts plus the broker-advertised ``failover-server-list`` with
+session resume (consumers re-attached, unsettled sends resent with their ids).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from msgsafe.errors import MissingExtra
+
+try:
+    import proton  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise MissingExtra("amqp10", "python-qpid-proton") from exc
+
+from msgsafe.adapters.amqp10.config import Amqp10Options, load_options
+from msgsafe.adapters.amqp10.receiver import Amqp10Receiver
+from msgsafe.adapters.amqp10.transport import Amqp10Transport
+from msgsafe.endpoints import BrokerUrl
+from msgsafe.errors import ConfigurationError
+
+__all__ = [
+    "Amqp10Options",
+    "Amqp10Receiver",
+    "Amqp10Transport",
+    "open_receiver",
+    "open_transport",
+]
+
+
+def _check(url: BrokerUrl) -> None:
+    if url.protocol != "amqp10":
+        raise ConfigurationError(f"the amqp10 adapter cannot open {url.scheme}:// URLs")
+
+
+def open_transport(url: BrokerUrl, options: Mapping[str, object]) -> Amqp10Transport:
+    """A publishing transport for an ``amqp10://`` / ``amqp10s://`` URL."""
+    _check(url)
+    return Amqp10Transport(url, load_options(url, options))
+
+
+def open_receiver(
+    url: BrokerUrl, options: Mapping[str, object], *, group: str | None = None
+) -> Amqp10Receiver:
+    """A receiver for an ``amqp10://`` URL; ``group`` is unused (queues are addresses)."""
+    _check(url)
+    return Amqp10Receiver(url, load_options(url, options), group=group)

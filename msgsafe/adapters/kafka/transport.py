@@ -1,0 +1,401 @@
+"""The Kafka publishing transport: one librdkafka producer and its poll thread.
+
+``publish`` hands the envelope to librdkafka (which batches, retries idempotently and
+keeps per-partition order) and returns a future; ``publish_callback`` does the same with
+a callback instead of a future. Delivery reports resolve them.
+While publishers are busy they serve the reports themselves every 256 messages (no GIL
+ping-pong with another thread); when they pause, the poll thread does. librdkafka bounds
+every message by ``message.timeout.ms`` (set inside ``confirm_timeout``), and a watchdog
+on the poll thread fails anything still open at ``confirm_timeout``: every message's
+outcome arrives in time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from msgsafe.adapters.kafka._errors import PRODUCER_STATE, translate
+from msgsafe.adapters.kafka.config import KafkaOptions, producer_settings
+from msgsafe.endpoints import BrokerUrl
+from msgsafe.errors import (
+    ClosedError,
+    ConfigurationError,
+    ConfirmTimeout,
+    ConnectionLost,
+    InvalidMessage,
+    MessageTooLarge,
+    MsgsafeError,
+    Refused,
+)
+from msgsafe.message import MESSAGE_ID_HEADER, Envelope
+from msgsafe.ports import PublishCallback, PublishFuture
+
+__all__ = ["KafkaTransport"]
+
+log = logging.getLogger("msgsafe.kafka")
+
+#: Seconds the poll thread blocks in librdkafka when idle.
+_POLL_S = 0.05
+#: Publishing threads serve delivery reports every 256 messages themselves.
+_INLINE_EVERY_MASK = 255
+#: The poll thread leaves librdkafka to the publishers while they polled this recently.
+_INLINE_GRACE_S = 0.02
+#: Seconds a publisher waiting for room blocks in one poll.
+_ROOM_POLL_S = 0.01
+#: Seconds between repeated "all brokers down" warnings.
+_DOWN_WARN_EVERY_S = 30.0
+#: Share of confirm_timeout that publish may wait for room in a full local queue.
+_ROOM_WAIT_SHARE = 0.25
+
+_PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+
+
+class _Report:
+    """One message in librdkafka: its delivery callback and the watchdog's entry.
+
+    A slotted object rather than a future or a closure: on the hot path every container
+    object counts, because the cyclic GC walks all of them while messages are in flight.
+    """
+
+    __slots__ = ("callback", "deadline", "message_id", "transport")
+
+    def __init__(
+        self,
+        transport: KafkaTransport,
+        message_id: str,
+        deadline: float,
+        callback: PublishCallback,
+    ) -> None:
+        self.transport = transport
+        self.message_id = message_id
+        self.deadline = deadline
+        self.callback = callback
+
+    def __call__(self, err: KafkaError | None, _msg: Message) -> None:
+        # librdkafka's delivery report. Runs where reports are served (poll thread, a
+        # publisher, close()) and must never raise into librdkafka.
+        transport = self.transport
+        try:
+            # NOTE: set.remove is atomic under the GIL: whoever removes the report
+            # settles it; a report that arrives after the watchdog did is dropped.
+            transport._open.remove(self)
+        except KeyError:
+            return
+        if err is None:
+            _call(self.callback, None)
+        else:
+            transport._failed(self, err)
+
+
+def _call(callback: PublishCallback, error: MsgsafeError | None) -> None:
+    try:
+        callback(error)
+    except Exception:
+        log.exception("kafka publish callback failed")
+
+
+class KafkaTransport:
+    """Publishes to Kafka with ``acks=all`` and idempotence; see :class:`msgsafe.ports.Transport`.
+
+    Thread-safe. A fatal producer error (the idempotence state is lost) recreates the
+    producer; the messages it held fail transiently, so the caller stores them in the
+    outbox and nothing is lost.
+    """
+
+    def __init__(self, url: BrokerUrl, options: KafkaOptions) -> None:
+        self._target = url.redacted()
+        self._options = options
+        self._settings = producer_settings(url, options)
+        self._timeout = options.confirm_timeout
+        self._max_size = options.max_message_size
+        self._lock = threading.Lock()
+        self._closed = False
+        self._closing = False
+        #: True while the poll thread serves a replaced producer's last reports.
+        self._draining = False
+        self._fatal: KafkaError | None = None
+        #: Reports in publish order with their deadline: the watchdog's list.
+        self._watch: deque[_Report] = deque()
+        #: Reports not settled yet; removing one from here is the right to settle it.
+        self._open: set[_Report] = set()
+        self._published = 0
+        self._down_warned_at = -_DOWN_WARN_EVERY_S
+        self._inline_at = 0.0
+        self._stop = threading.Event()
+        #: Producers recreated after a fatal error (for tests and metrics).
+        self.recreated = 0
+        self._producer = self._new_producer()
+        self._thread = threading.Thread(target=self._run, name="msgsafe-kafka-poll", daemon=True)
+        self._thread.start()
+
+    @property
+    def target(self) -> str:
+        """The redacted URL this transport publishes to."""
+        return self._target
+
+    def _new_producer(self) -> Producer:
+        settings: dict[str, Any] = dict(self._settings)
+        settings["error_cb"] = self._on_error
+        try:
+            return Producer(settings)
+        except KafkaException as exc:
+            raise ConfigurationError(f"kafka producer settings: {exc.args[0].str()}") from exc
+
+    # --- publishing -----------------------------------------------------------------------
+
+    def publish(self, envelope: Envelope) -> Future[None]:
+        """Send ``envelope``; the future resolves on its ``acks=all`` delivery report."""
+        future = PublishFuture()
+        self.publish_callback(envelope, future)
+        return future
+
+    def publish_callback(self, envelope: Envelope, callback: PublishCallback) -> None:
+        """Send ``envelope``; ``callback`` gets its ``acks=all`` delivery report (None)
+        or the error, exactly once (see :class:`msgsafe.ports.CallbackTransport`)."""
+        message_id = envelope.message_id
+        if self._closed:
+            _call(
+                callback,
+                ClosedError("transport is closed", endpoint=self._target, message_id=message_id),
+            )
+            return
+        if envelope.size > self._max_size:
+            _call(
+                callback,
+                MessageTooLarge(
+                    f"{envelope.size} bytes > max_message_size={self._max_size}",
+                    endpoint=self._target,
+                    message_id=message_id,
+                ),
+            )
+            return
+        headers: list[tuple[str, str | bytes | None]] = [(MESSAGE_ID_HEADER, message_id)]
+        if envelope.headers:
+            # NOTE: the id header is ours; a user header of the same name would let a
+            # consumer read a different id than the one the receipt names.
+            headers.extend(kv for kv in envelope.headers.items() if kv[0] != MESSAGE_ID_HEADER)
+        now = time.monotonic()
+        report = _Report(self, message_id, now + self._timeout, callback)
+        # Open before produce: another thread may serve the report before produce returns.
+        self._open.add(report)
+        error: MsgsafeError | None = None
+        try:
+            self._producer.produce(
+                envelope.destination,
+                envelope.body,
+                envelope.key,
+                headers=headers,
+                on_delivery=report,
+            )
+        except BufferError:
+            # librdkafka's local queue is full (max_in_flight): wait for room, bounded.
+            error = self._produce_when_room(envelope, headers, report)
+        except KafkaException as exc:
+            if exc.args[0].fatal():
+                self._fatal = exc.args[0]
+            error = translate(exc.args[0], endpoint=self._target, message_id=message_id)
+        except (TypeError, ValueError) as exc:
+            error = InvalidMessage(f"kafka refused the message: {exc}", message_id=message_id)
+        if error is not None:
+            # librdkafka did not take it: no report will come.
+            self._open.discard(report)
+            _call(callback, error)
+            return
+        self._watch.append(report)
+        self._published += 1
+        if not self._published & _INLINE_EVERY_MASK:
+            # Serve delivery reports on the publishing thread while it is busy: the poll
+            # thread then stays off the GIL instead of contending for it per report.
+            self._inline_at = now
+            try:
+                self._producer.poll(0)
+            except KafkaException as exc:
+                self._on_error(exc.args[0])
+
+    def _produce_when_room(
+        self,
+        envelope: Envelope,
+        headers: list[tuple[str, str | bytes | None]],
+        callback: _Report,
+    ) -> MsgsafeError | None:
+        deadline = time.monotonic() + self._timeout * _ROOM_WAIT_SHARE
+        while True:
+            # Serve delivery reports here: that is what makes room in librdkafka's queue.
+            try:
+                self._producer.poll(_ROOM_POLL_S)
+            except KafkaException as exc:
+                self._on_error(exc.args[0])
+            if self._closed:
+                return ClosedError(
+                    "transport closed", endpoint=self._target, message_id=envelope.message_id
+                )
+            try:
+                self._producer.produce(
+                    envelope.destination,
+                    envelope.body,
+                    envelope.key,
+                    headers=headers,
+                    on_delivery=callback,
+                )
+                return None
+            except BufferError:
+                if time.monotonic() >= deadline:
+                    return Refused(
+                        "local producer queue full (max_in_flight reached)",
+                        endpoint=self._target,
+                        message_id=envelope.message_id,
+                    )
+            except KafkaException as exc:
+                return translate(exc.args[0], endpoint=self._target, message_id=envelope.message_id)
+
+    def _failed(self, report: _Report, err: KafkaError) -> None:
+        # Runs where reports are served (poll thread, a publisher, close()), for a report
+        # already taken out of _open; must never raise into librdkafka.
+        message_id = report.message_id
+        if self._closing and err.code() in _PURGED:
+            _call(
+                report.callback,
+                ConnectionLost(
+                    "transport closed before the broker confirmed",
+                    endpoint=self._target,
+                    message_id=message_id,
+                ),
+            )
+        else:
+            _call(report.callback, translate(err, endpoint=self._target, message_id=message_id))
+            if err.code() in PRODUCER_STATE and not self._draining and self._fatal is None:
+                # NOTE: tansu answers PRODUCER_FENCED after a restart for a producer id it
+                # no longer knows; librdkafka keeps using it, so start a fresh producer.
+                log.warning("kafka %s: recreating the producer", err.name())
+                self._fatal = err
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            if self._fatal is not None or self._draining:
+                return
+            log.error("kafka producer fatal error %s: recreating the producer", err.name())
+            self._fatal = err
+        elif err.code() == KafkaError._ALL_BROKERS_DOWN:
+            # librdkafka repeats this on every reconnect round: warn once a while.
+            now = time.monotonic()
+            if now - self._down_warned_at >= _DOWN_WARN_EVERY_S:
+                self._down_warned_at = now
+                log.warning("kafka: all brokers down (%s)", self._target)
+        else:
+            log.info("kafka: %s: %s", err.name(), err.str())
+
+    # --- the poll thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if time.monotonic() - self._inline_at < _INLINE_GRACE_S:
+                # Publishers are serving reports themselves; only the watchdog runs.
+                self._stop.wait(_INLINE_GRACE_S)
+                if self._fatal is not None:
+                    self._recreate()
+                self._expire(time.monotonic())
+                continue
+            try:
+                self._producer.poll(_POLL_S)
+            except KafkaException as exc:
+                # NOTE: confluent-kafka raises a fatal error out of poll() as well as
+                # through error_cb.
+                self._on_error(exc.args[0])
+            except Exception:  # a callback bug must not stop delivery reports
+                log.exception("kafka poll failed")
+            if self._fatal is not None:
+                self._recreate()
+            self._expire(time.monotonic())
+
+    def _recreate(self) -> None:
+        old = self._producer
+        self._fatal = None
+        try:
+            self._producer = self._new_producer()
+        except MsgsafeError:
+            log.exception("kafka producer could not be recreated")
+            return
+        self.recreated += 1
+        # Everything the old producer held fails transiently (queued: Refused, in flight:
+        # ConnectionLost) and goes to the outbox; the watchdog catches any report that
+        # never comes.
+        self._draining = True
+        try:
+            old.purge(in_queue=True, in_flight=True, blocking=False)
+            old.poll(0)
+            old.flush(0)
+        except (KafkaException, RuntimeError):
+            log.debug("purging the failed producer", exc_info=True)
+        finally:
+            self._draining = False
+
+    def _expire(self, now: float) -> None:
+        watch = self._watch
+        pending = self._open
+        while watch:
+            report = watch[0]
+            if report in pending:
+                if report.deadline > now:
+                    return
+                try:
+                    pending.remove(report)
+                except KeyError:
+                    pass  # its delivery report came in just now
+                else:
+                    _call(
+                        report.callback,
+                        ConfirmTimeout(
+                            f"no delivery report within confirm_timeout={self._timeout}s",
+                            endpoint=self._target,
+                            message_id=report.message_id,
+                        ),
+                    )
+            watch.popleft()
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def close(self, timeout: float | None = None) -> None:
+        """Wait up to ``timeout`` for outstanding delivery reports, then fail the rest
+        with :class:`ConnectionLost` and release the producer. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        self._thread.join()
+        producer = self._producer
+        wait = self._timeout if timeout is None else max(0.0, timeout)
+        try:
+            left = producer.flush(wait)
+            if left:
+                self._closing = True
+                producer.purge(in_queue=True, in_flight=True, blocking=False)
+                producer.poll(0)
+        except (KafkaException, RuntimeError):
+            log.debug("closing the kafka producer", exc_info=True)
+        self._closing = True
+        while self._watch:
+            report = self._watch.popleft()
+            try:
+                self._open.remove(report)
+            except KeyError:
+                continue
+            _call(
+                report.callback,
+                ConnectionLost(
+                    "transport closed before the broker confirmed",
+                    endpoint=self._target,
+                    message_id=report.message_id,
+                ),
+            )
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"KafkaTransport({self._target!r}, {state})"

@@ -1,0 +1,178 @@
+"""Translation of pika's exceptions and AMQP close codes into :mod:`msgsafe.errors`.
+
+Classification answers "could the broker have acted?": a connection that never opened
+is :class:`ConnectError` (nothing was sent); a connection or channel lost with messages
+in flight is :class:`ConnectionLost` (possible duplicates); credentials and virtual-host
+refusals are :class:`AuthenticationError` (permanent: retrying will not help).
+"""
+
+from __future__ import annotations
+
+import re
+
+from pika import exceptions as pe
+
+from msgsafe.errors import (
+    AuthenticationError,
+    ConnectError,
+    ConnectionLost,
+    MessageTooLarge,
+    MsgsafeError,
+    PermanentError,
+    Rejected,
+    TransientError,
+    Unroutable,
+)
+
+__all__ = [
+    "ACCESS_REFUSED",
+    "FRAME_ERROR",
+    "NOT_ALLOWED",
+    "NOT_FOUND",
+    "PRECONDITION_FAILED",
+    "channel_close_error",
+    "describe",
+    "lost_error",
+    "open_error",
+]
+
+# AMQP 0-9-1 reply codes RabbitMQ uses when it closes a connection or a channel.
+ACCESS_REFUSED = 403
+NOT_FOUND = 404
+PRECONDITION_FAILED = 406
+NOT_ALLOWED = 530
+FRAME_ERROR = 501
+
+_AUTH_CODES = {ACCESS_REFUSED, NOT_ALLOWED}
+_AUTH_WORDS = ("ACCESS_REFUSED", "NOT_ALLOWED", "vhost", "login was refused")
+_TOO_LARGE = re.compile(r"message size (\d+) is larger than configured max size")
+_EXCHANGE = re.compile(r"exchange '([^']*)'")
+
+
+def describe(exc: BaseException) -> str:
+    """A short, credential-free description of a pika exception for error messages.
+
+    NOTE: pika's messages never carry the password, but a broker's reply text could echo
+    a user name; that is not a secret, the password is.
+    """
+    return f"{type(exc).__name__}: {exc!r}"[:300]
+
+
+def _flatten(exc: BaseException) -> list[BaseException]:
+    """The exception and those it wraps (pika's connection workflow nests them)."""
+    seen: list[BaseException] = []
+    stack = [exc]
+    while stack and len(seen) < 20:
+        item = stack.pop()
+        if any(item is s for s in seen):
+            continue
+        seen.append(item)
+        stack.extend(getattr(item, "exceptions", ()) or ())
+        stack.extend(a for a in item.args if isinstance(a, BaseException))
+        if item.__cause__ is not None:
+            stack.append(item.__cause__)
+    return seen
+
+
+def open_error(exc: BaseException, endpoint: str) -> MsgsafeError:
+    """The error for a connection attempt that failed before it opened."""
+    for item in _flatten(exc):
+        if _dropped_in_handshake(item):
+            return ConnectError(
+                f"connection dropped during the handshake: {describe(item)}", endpoint=endpoint
+            )
+        if isinstance(item, pe.ProbableAccessDeniedError):
+            return AuthenticationError(
+                "the broker refused access to the virtual host (unknown vhost or no permission)",
+                endpoint=endpoint,
+            )
+        if isinstance(item, (pe.ProbableAuthenticationError, pe.AuthenticationError)):
+            return AuthenticationError("the broker refused the credentials", endpoint=endpoint)
+        if isinstance(item, pe.ConnectionClosed) and item.reply_code in _AUTH_CODES:
+            return AuthenticationError(
+                f"the broker refused the connection ({item.reply_code} {item.reply_text})",
+                endpoint=endpoint,
+            )
+    text = " ".join(repr(i) for i in _flatten(exc))
+    if any(word in text for word in _AUTH_WORDS):
+        return AuthenticationError(
+            "the broker refused the credentials or the virtual host", endpoint=endpoint
+        )
+    return ConnectError(f"could not connect: {describe(exc)}", endpoint=endpoint)
+
+
+def _dropped_in_handshake(item: BaseException) -> bool:
+    """True for pika's *guess* of a refusal that was really a dropped connection.
+
+    NOTE: pika names any loss of the connection after start-ok a "probable authentication
+    error" (after tune-ok, "probable access denied"). A real refusal arrives as the
+    broker's connection.close (403 / 530, pika's ``ConnectionClosedByBroker``); a stream
+    lost at that stage is a node booting, stopping or pausing (pause_minority), or the
+    network resetting the connection, and is as transient as any failed connect.
+    """
+    probable = (pe.ProbableAuthenticationError, pe.ProbableAccessDeniedError)
+    return isinstance(item, probable) and "StreamLostError" in str(item)
+
+
+def lost_error(exc: BaseException | None, endpoint: str) -> TransientError:
+    """The error for messages in flight on a connection that closed."""
+    detail = describe(exc) if exc is not None else "closed"
+    return ConnectionLost(f"connection lost before the confirm: {detail}", endpoint=endpoint)
+
+
+def channel_close_error(
+    reply_code: int, reply_text: str, endpoint: str
+) -> tuple[PermanentError | None, str | None, int | None]:
+    """Classify a channel (or connection) closed by the broker.
+
+    Returns ``(error, exchange, size)``: the permanent error to give the messages that
+    caused it, and what identifies them — the missing ``exchange`` name, or the body
+    ``size`` the broker found too large. ``(None, None, None)`` when the close is not
+    caused by particular messages (they are then resent).
+    """
+    match = _EXCHANGE.search(reply_text)
+    if reply_code == NOT_FOUND and match:
+        return (
+            Unroutable(f"no such exchange: {match.group(1)!r}", endpoint=endpoint),
+            match.group(1),
+            None,
+        )
+    if reply_code == ACCESS_REFUSED and match:
+        return (
+            Rejected(
+                f"the broker refused access: {reply_text}",
+                condition="ACCESS_REFUSED",
+                endpoint=endpoint,
+            ),
+            match.group(1),
+            None,
+        )
+    if reply_code == PRECONDITION_FAILED:
+        match = _TOO_LARGE.search(reply_text)
+        if match:
+            return (
+                MessageTooLarge(
+                    f"the broker refused the message size: {reply_text}", endpoint=endpoint
+                ),
+                None,
+                int(match.group(1)),
+            )
+    if reply_code == FRAME_ERROR:
+        return (
+            MessageTooLarge(
+                f"the broker refused an oversize frame: {reply_text}", endpoint=endpoint
+            ),
+            None,
+            None,
+        )
+    if reply_code in (PRECONDITION_FAILED, ACCESS_REFUSED, NOT_FOUND):
+        return (
+            Rejected(
+                f"the broker closed the channel: {reply_code} {reply_text}",
+                condition=reply_text.split(" ", 1)[0] or str(reply_code),
+                endpoint=endpoint,
+            ),
+            None,
+            None,
+        )
+    return None, None, None

@@ -1,0 +1,37 @@
+"""The adapter's two entry points, as the registry in :mod:`msgsafe.adapters` calls them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from msgsafe.adapters._config import build_config
+from msgsafe.adapters.rabbitmq.config import RabbitOptions
+from msgsafe.adapters.rabbitmq.receiver import RabbitReceiver
+from msgsafe.adapters.rabbitmq.transport import RabbitTransport
+from msgsafe.endpoints import BrokerUrl
+from msgsafe.errors import ConfigurationError
+
+__all__ = ["open_receiver", "open_transport"]
+
+
+def _check(url: BrokerUrl) -> None:
+    if url.protocol != "rabbitmq":
+        raise ConfigurationError(f"the rabbitmq adapter cannot open {url.scheme}:// URLs")
+
+
+def open_transport(url: BrokerUrl, options: Mapping[str, object]) -> RabbitTransport:
+    """A publishing transport for ``url`` (options from the URL query overlaid by ``options``)."""
+    _check(url)
+    return RabbitTransport(url, build_config(RabbitOptions, url, options))
+
+
+def open_receiver(
+    url: BrokerUrl, options: Mapping[str, object], *, group: str | None = None
+) -> RabbitReceiver:
+    """A consuming receiver for ``url``.
+
+    ``group`` names the shared queue when a receiver subscribes to ``exchange/routing-key``
+    (it is declared and bound); for a bare queue name it is not needed.
+    """
+    _check(url)
+    return RabbitReceiver(url, build_config(RabbitOptions, url, options), group=group)

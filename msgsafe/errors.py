@@ -1,0 +1,212 @@
+"""The msgsafe error tree.
+
+Every error a caller can see is one of these; adapters translate their library's
+exceptions at the boundary (``raise X from exc``) so nothing third-party leaks out.
+
+The tree answers one question first: *could the broker have acted?*
+
+- :class:`TransientError` — worth retrying or storing in the outbox.
+  :attr:`TransientError.maybe_delivered` says whether the broker may already hold the
+  message (a retry can then duplicate, never lose; the duplicate carries the same id).
+- :class:`PermanentError` — retrying will not help; the caller must act.
+
+All errors pickle (they cross process boundaries in Spark) and carry context:
+the endpoint (never with credentials) and the message id where one applies.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AuthenticationError",
+    "ClosedError",
+    "ConfigurationError",
+    "ConfirmTimeout",
+    "ConnectError",
+    "ConnectionLost",
+    "InvalidMessage",
+    "MessageTooLarge",
+    "MissingExtra",
+    "MsgsafeError",
+    "OutboxCorrupt",
+    "OutboxError",
+    "OutboxFull",
+    "OutboxLocked",
+    "PermanentError",
+    "Refused",
+    "Rejected",
+    "SendTimeout",
+    "TransientError",
+    "Unroutable",
+]
+
+
+class MsgsafeError(Exception):
+    """Base of every error msgsafe raises."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        endpoint: str | None = None,
+        message_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.endpoint = endpoint
+        self.message_id = message_id
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keyword-only context must survive pickling (Spark ships errors between processes).
+        return (
+            _rebuild,
+            (type(self), self.message, self.endpoint, self.message_id, self._extra()),
+        )
+
+    def _extra(self) -> dict[str, object]:
+        return {}
+
+    def __str__(self) -> str:
+        parts = [self.message] if self.message else []
+        if self.endpoint:
+            parts.append(f"endpoint={self.endpoint}")
+        if self.message_id:
+            parts.append(f"message_id={self.message_id}")
+        return " | ".join(parts) if parts else type(self).__name__
+
+
+def _rebuild(
+    cls: type[MsgsafeError],
+    message: str,
+    endpoint: str | None,
+    message_id: str | None,
+    extra: dict[str, object],
+) -> MsgsafeError:
+    err = cls.__new__(cls)
+    MsgsafeError.__init__(err, message, endpoint=endpoint, message_id=message_id)
+    for name, value in extra.items():
+        setattr(err, name, value)
+    return err
+
+
+# --- configuration -------------------------------------------------------------------
+
+
+class ConfigurationError(MsgsafeError, ValueError):
+    """Bad URL, unknown scheme or option, invalid value: fix the configuration."""
+
+
+class MissingExtra(ConfigurationError, ImportError):
+    """The adapter's optional dependency is not installed; the message names the extra."""
+
+    def __init__(self, extra: str, module: str) -> None:
+        super().__init__(
+            f"the {extra!r} adapter needs the {module!r} package: pip install 'msgsafe[{extra}]'"
+        )
+        self.extra = extra
+        self.module = module
+
+    def _extra(self) -> dict[str, object]:
+        return {"extra": self.extra, "module": self.module}
+
+
+# --- transient: retry or store ---------------------------------------------------------
+
+
+class TransientError(MsgsafeError):
+    """The broker could not take the message now; retrying or storing it is safe."""
+
+    #: True when the broker may already hold the message (a retry may duplicate it).
+    maybe_delivered: bool = False
+
+
+class ConnectError(TransientError):
+    """No broker could be reached; nothing was sent."""
+
+
+class ConnectionLost(TransientError):
+    """The connection dropped after sending and before the confirm: possible duplicate."""
+
+    maybe_delivered = True
+
+
+class ConfirmTimeout(TransientError):
+    """The broker did not confirm in time: possible duplicate."""
+
+    maybe_delivered = True
+
+
+class Refused(TransientError):
+    """The broker refused for now (nack, not enough replicas, blocked, released)."""
+
+
+# --- permanent: the caller must act ----------------------------------------------------
+
+
+class PermanentError(MsgsafeError):
+    """Retrying will not help; the caller still owns the message and must act."""
+
+
+class AuthenticationError(PermanentError):
+    """The broker refused the credentials or the virtual host."""
+
+
+class InvalidMessage(PermanentError, TypeError):
+    """The message itself is malformed (body not bytes, bad header or key type)."""
+
+
+class MessageTooLarge(PermanentError):
+    """The message is larger than the broker or the configuration allows."""
+
+
+class Unroutable(PermanentError):
+    """The broker has nowhere to put the message (no queue bound, unknown topic)."""
+
+
+class Rejected(PermanentError):
+    """The broker rejected the message; ``condition`` carries the broker's reason."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        condition: str | None = None,
+        endpoint: str | None = None,
+        message_id: str | None = None,
+    ) -> None:
+        super().__init__(message, endpoint=endpoint, message_id=message_id)
+        self.condition = condition
+
+    def _extra(self) -> dict[str, object]:
+        return {"condition": self.condition}
+
+
+# --- outbox ------------------------------------------------------------------------------
+
+
+class OutboxError(MsgsafeError):
+    """The local outbox could not store or read a message."""
+
+
+class OutboxFull(OutboxError):
+    """The outbox reached a bound (rows, bytes, age, or the disk): the message was not stored."""
+
+
+class OutboxCorrupt(OutboxError):
+    """The outbox file is damaged or is not an msgsafe outbox; it was left untouched."""
+
+
+class OutboxLocked(OutboxError):
+    """Another process holds the outbox file."""
+
+
+# --- lifecycle ---------------------------------------------------------------------------
+
+
+class ClosedError(MsgsafeError):
+    """The producer or consumer was used after close()."""
+
+
+class SendTimeout(TransientError, TimeoutError):
+    """send() could neither confirm nor store the message within its timeout."""
+
+    maybe_delivered = True

@@ -1,0 +1,302 @@
+"""Shared message vocabulary: what is sent, what comes back, what is received. No I/O."""
+
+from __future__ import annotations
+
+import enum
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from msgsafe.errors import ClosedError, InvalidMessage
+
+__all__ = [
+    "MESSAGE_ID_HEADER",
+    "Delivery",
+    "Envelope",
+    "Outcome",
+    "Receipt",
+    "Status",
+    "new_message_id",
+    "validate_body",
+]
+
+#: Header that carries the message id on every protocol, next to the native id field.
+MESSAGE_ID_HEADER = "msgsafe-id"
+
+#: Random bytes fetched per ``os.urandom`` call for ids: one system call (which also
+#: releases the GIL) per 512 ids instead of one per id.
+_RANDOM_CHUNK = 4096
+#: The variant digit of an id (RFC 9562 variant ``10xx``) from a random hex digit's low bits.
+_VARIANT_DIGIT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
+
+#: Hex digits per refill: 16 per id.
+_RANDOM_DIGITS = 2 * _RANDOM_CHUNK
+
+_uuid7_lock = threading.Lock()
+_uuid7_last = 0
+#: Random hex digits, and the next one not used yet.
+_uuid7_random = ""
+_uuid7_pos = _RANDOM_DIGITS
+#: ``(unix_ms, text prefix)`` of the last id: ids of the same millisecond share it.
+_uuid7_prefix = (-1, "")
+
+
+def _uuid7_after_fork() -> None:
+    # A forked child (e.g. a Spark Python worker) must not reuse the parent's random
+    # digits: two processes would make the same ids. The lock may have been held by a
+    # thread that does not exist in the child.
+    global _uuid7_lock, _uuid7_random, _uuid7_pos
+    _uuid7_lock = threading.Lock()
+    _uuid7_random = ""
+    _uuid7_pos = _RANDOM_DIGITS
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_uuid7_after_fork)
+
+
+def new_message_id() -> str:
+    """A UUIDv7 string: time ordered, unique across processes, monotonic within one.
+
+    NOTE: the stdlib gains uuid7 only in 3.14; this follows RFC 9562 §5.7 with the
+    12-bit ``rand_a`` field used as a sub-millisecond counter so ids from one process
+    sort in creation order. ``rand_b`` (62 bits) comes from ``os.urandom``, read in
+    chunks; the text is written directly rather than through ``uuid.UUID`` (the id is
+    on every message's hot path).
+    """
+    global _uuid7_last, _uuid7_random, _uuid7_pos, _uuid7_prefix
+    now = time.time_ns() // 1_000_000 << 12
+    with _uuid7_lock:
+        stamp = now if now > _uuid7_last else _uuid7_last + 1
+        _uuid7_last = stamp
+        pos = _uuid7_pos
+        _uuid7_pos = pos + 16
+        digits = _uuid7_random
+    while pos >= _RANDOM_DIGITS:
+        # NOTE: refilled outside the lock: os.urandom releases the GIL, and a thread
+        # waiting in it while holding the lock makes every other sender queue behind it.
+        fresh = os.urandom(_RANDOM_CHUNK).hex()
+        with _uuid7_lock:
+            if _uuid7_pos >= _RANDOM_DIGITS:
+                _uuid7_random = fresh
+                _uuid7_pos = 0
+            pos = _uuid7_pos
+            _uuid7_pos = pos + 16
+            digits = _uuid7_random
+    unix_ms = stamp >> 12
+    cached_ms, prefix = _uuid7_prefix
+    if unix_ms != cached_ms:
+        ms_hex = f"{unix_ms & 0xFFFFFFFFFFFF:012x}"
+        prefix = f"{ms_hex[:8]}-{ms_hex[8:]}-7"
+        # A race here only writes an equally valid pair.
+        _uuid7_prefix = (unix_ms, prefix)
+    # prefix: unix_ts_ms (48 bits) and the version digit; then rand_a (the counter),
+    # the variant digit with 2 random bits, and 60 more random bits.
+    return (
+        f"{prefix}{stamp & 0xFFF:03x}-{_VARIANT_DIGIT[digits[pos]]}"
+        f"{digits[pos + 1 : pos + 4]}-{digits[pos + 4 : pos + 16]}"
+    )
+
+
+class Status(enum.Enum):
+    """How a message was made safe."""
+
+    #: The broker confirmed it with its strongest acknowledgement.
+    CONFIRMED = "confirmed"
+    #: The broker could not take it; it is committed to the local outbox and will be forwarded.
+    STORED = "stored"
+
+
+class Outcome(enum.Enum):
+    """How a consumer settles a delivery."""
+
+    ACCEPT = "accept"  #: processed; remove it
+    REQUEUE = "requeue"  #: not processed; deliver again (possibly elsewhere)
+    REJECT = "reject"  #: never deliver again (dead-letter where the broker is set up for it)
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """Proof that a message is safe: confirmed by the broker or stored in the outbox."""
+
+    message_id: str
+    status: Status
+    destination: str
+
+
+def validate_body(body: object) -> bytes:
+    """Return ``body`` as bytes, or raise :class:`InvalidMessage` for anything else.
+
+    ``bytearray`` and ``memoryview`` are copied to ``bytes``; ``str`` is refused on
+    purpose: the encoding is the caller's decision, not ours.
+    """
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, (bytearray, memoryview)):
+        return bytes(body)
+    raise InvalidMessage(f"message body must be bytes, not {type(body).__name__}; encode it first")
+
+
+#: The headers of every envelope without any: read-only, so one object serves all.
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+
+
+def _freeze_headers(headers: Mapping[str, str] | None) -> Mapping[str, str]:
+    if not headers:
+        return _NO_HEADERS
+    if not isinstance(headers, Mapping):
+        raise InvalidMessage(
+            f"headers must be a mapping of str to str, not {type(headers).__name__}"
+        )
+    for name, value in headers.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise InvalidMessage("headers must be a mapping of str to str")
+    return MappingProxyType(dict(headers))
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One message with everything needed to deliver it, from the first attempt to the last.
+
+    Immutable: the same envelope (and so the same ``message_id``) is what every retry,
+    outbox detour and fail-over resend carries.
+    """
+
+    destination: str
+    body: bytes
+    message_id: str = field(default_factory=new_message_id)
+    key: bytes | None = None
+    headers: Mapping[str, str] = field(default_factory=lambda: _NO_HEADERS)
+    created_at: float = field(default_factory=time.time)
+
+    @classmethod
+    def build(
+        cls,
+        destination: str,
+        body: object,
+        *,
+        key: str | bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        message_id: str | None = None,
+    ) -> Envelope:
+        """Validate user input and build an envelope; raises :class:`InvalidMessage`."""
+        if (
+            type(body) is bytes
+            and message_id is None
+            and not headers
+            and type(destination) is str
+            and destination
+        ):
+            # The common case, on every message's path: nothing to convert or check
+            # beyond the key.
+            if key is None or type(key) is bytes:
+                return cls(destination, body, new_message_id(), key, _NO_HEADERS, time.time())
+            if type(key) is str:
+                return cls(
+                    destination, body, new_message_id(), key.encode(), _NO_HEADERS, time.time()
+                )
+        if not isinstance(destination, str) or not destination:
+            raise InvalidMessage("destination must be a non-empty string")
+        data = validate_body(body)
+        if key is not None:
+            if isinstance(key, str):
+                key = key.encode()
+            elif isinstance(key, (bytearray, memoryview)):
+                key = bytes(key)
+            elif not isinstance(key, bytes):
+                raise InvalidMessage(f"key must be str or bytes, not {type(key).__name__}")
+        if message_id is not None and (not isinstance(message_id, str) or not message_id):
+            raise InvalidMessage("message_id must be a non-empty string")
+        return cls(
+            destination=destination,
+            body=data,
+            message_id=message_id or new_message_id(),
+            key=key,
+            headers=_freeze_headers(headers),
+        )
+
+    @property
+    def size(self) -> int:
+        """Approximate bytes on the wire: body, key and headers."""
+        size = len(self.body)
+        if self.key is not None:
+            size += len(self.key)
+        if self.headers:
+            size += sum(len(k) + len(v) for k, v in self.headers.items())
+        return size
+
+
+SettleFn = Callable[[Outcome], None]
+
+
+class Delivery:
+    """A received message. Settle it exactly once with :meth:`ack` or :meth:`nack`.
+
+    Settling is thread-safe; a second settle raises :class:`ClosedError` so a delivery
+    is never acknowledged twice.
+    """
+
+    __slots__ = (
+        "_lock",
+        "_settle",
+        "_settled",
+        "body",
+        "destination",
+        "headers",
+        "key",
+        "message_id",
+        "redelivered",
+    )
+
+    def __init__(
+        self,
+        *,
+        body: bytes,
+        destination: str,
+        message_id: str | None,
+        settle: SettleFn,
+        key: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        redelivered: bool = False,
+    ) -> None:
+        self.body = body
+        self.destination = destination
+        self.message_id = message_id
+        self.key = key
+        self.headers: Mapping[str, str] = MappingProxyType(dict(headers or {}))
+        self.redelivered = redelivered
+        self._settle = settle
+        self._settled: Outcome | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def settled(self) -> Outcome | None:
+        """The outcome given, or None while unsettled."""
+        return self._settled
+
+    def settle(self, outcome: Outcome) -> None:
+        """Settle with an explicit outcome."""
+        with self._lock:
+            if self._settled is not None:
+                raise ClosedError(
+                    f"delivery already settled ({self._settled.value})", message_id=self.message_id
+                )
+            self._settled = outcome
+        self._settle(outcome)
+
+    def ack(self) -> None:
+        """The message was processed: remove it from the broker."""
+        self.settle(Outcome.ACCEPT)
+
+    def nack(self, requeue: bool = True) -> None:
+        """The message was not processed: redeliver it, or (``requeue=False``) reject it."""
+        self.settle(Outcome.REQUEUE if requeue else Outcome.REJECT)
+
+    def __repr__(self) -> str:
+        return (
+            f"Delivery(destination={self.destination!r}, message_id={self.message_id!r}, "
+            f"size={len(self.body)}, redelivered={self.redelivered})"
+        )

@@ -1,0 +1,228 @@
+"""Group commit: one thread, one SQLite connection, many callers sharing each fsync.
+
+Callers submit jobs; the writer thread takes everything queued, runs it inside one
+``BEGIN IMMEDIATE`` transaction and commits once (with ``synchronous=FULL`` that is one
+fsync of the WAL), then resolves every job's future. Jobs of the same kind are handed to
+their handler together so, for example, all puts of a group become one ``executemany``.
+
+A handler failing rolls back only its own savepoint: the other jobs of the group still
+commit. A failing ``COMMIT`` (a full disk) fails every job of the group and applies none
+of their effects, so "all or none" holds per job.
+
+Read-only jobs (``submit(..., read_only=True)``) run after the group's write transaction
+in a read transaction of their own: a write failing on a full disk must not fail a
+caller who only asked how deep the outbox is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from msgsafe.errors import ClosedError, MsgsafeError, OutboxError, OutboxFull
+
+__all__ = ["Batch", "GroupCommitWriter", "Handler"]
+
+P = TypeVar("P")
+
+
+@dataclass(slots=True)
+class Batch(Generic[P]):
+    """What a handler returns: one result (or error) per payload, and what to do in memory
+    once the transaction is durable."""
+
+    results: list[object]
+    after_commit: Callable[[], None] | None = None
+
+
+#: A handler gets the connection (inside the group's transaction) and the payloads of all
+#: jobs of its kind in submission order.
+Handler = Callable[[sqlite3.Connection, list[Any]], Batch[Any]]
+
+
+@dataclass(slots=True)
+class _Job:
+    handler: Handler
+    payload: object
+    future: Future[Any]
+    read_only: bool = False
+
+
+class GroupCommitWriter:
+    """Runs jobs on ``conn`` from one daemon thread, one transaction per group.
+
+    ``translate`` turns a :class:`sqlite3.Error` into a msgsafe error (full disk,
+    corruption, lock). ``conn`` must be in autocommit mode; after :meth:`start` only the
+    writer thread touches it.
+    """
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        translate: Callable[[sqlite3.Error], MsgsafeError],
+        *,
+        name: str = "msgsafe-outbox-writer",
+    ) -> None:
+        self._conn = conn
+        self._translate = translate
+        self._cond = threading.Condition()
+        self._jobs: list[_Job] = []
+        self._closing = False
+        self._disk_full = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        """Start the writer thread."""
+        self._thread.start()
+
+    def submit(self, handler: Handler, payload: object, *, read_only: bool = False) -> Future[Any]:
+        """Queue a job; the future resolves once its transaction committed (or failed).
+
+        ``read_only`` jobs must not write; they never share a transaction with writes.
+        """
+        future: Future[Any] = Future()
+        with self._cond:
+            if self._closing:
+                raise ClosedError("the outbox is closed")
+            if self._thread.ident is not None and not self._thread.is_alive():
+                raise OutboxError("the outbox writer thread stopped; reopen the outbox")
+            self._jobs.append(_Job(handler, payload, future, read_only))
+            if len(self._jobs) == 1:
+                self._cond.notify()
+        return future
+
+    def call(self, handler: Handler, payload: object, *, read_only: bool = False) -> Any:
+        """Submit a job and wait for its result (re-raising its error)."""
+        return self.submit(handler, payload, read_only=read_only).result()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finish the queued jobs, then stop the thread. Idempotent."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    # --- writer thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs and not self._closing:
+                    self._cond.wait()
+                jobs, self._jobs = self._jobs, []
+                if not jobs and self._closing:
+                    return
+            self._run_group(jobs)
+
+    def _run_group(self, jobs: Sequence[_Job]) -> None:
+        writes = [job for job in jobs if not job.read_only]
+        reads = [job for job in jobs if job.read_only]
+        if writes:
+            if self._disk_full:
+                self._compact()
+            self._run_transaction(writes, "BEGIN IMMEDIATE")
+            if self._disk_full:
+                self._compact()
+        if reads:
+            # A deferred transaction that only reads takes no write lock and writes nothing.
+            self._run_transaction(reads, "BEGIN")
+
+    def _compact(self) -> None:
+        # NOTE: on a full disk the WAL only grows (the automatic checkpoint waits for 1000
+        # pages) and soon even deletes fail; whatever space is freed, the next write would
+        # eat it. Copying the WAL into the database and truncating it first gives its
+        # space back. If that fails too, the WAL stays intact: nothing committed is lost.
+        try:
+            busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error:
+            return
+        if not busy:
+            self._disk_full = False
+
+    def _translate_error(self, exc: sqlite3.Error) -> MsgsafeError:
+        # Remembered until a checkpoint succeeds (see _compact).
+        err = self._translate(exc)
+        if isinstance(err, OutboxFull):
+            self._disk_full = True
+        return err
+
+    def _run_transaction(self, jobs: Sequence[_Job], begin: str) -> None:
+        groups: dict[Handler, list[_Job]] = {}
+        for job in jobs:
+            groups.setdefault(job.handler, []).append(job)
+        outcomes: list[tuple[list[_Job], list[object]]] = []
+        after: list[Callable[[], None]] = []
+        conn = self._conn
+        try:
+            conn.execute(begin)
+        except sqlite3.Error as exc:
+            self._fail_all(jobs, self._translate_error(exc), exc)
+            return
+        # Savepoints only matter when jobs of several kinds share the transaction: then one
+        # kind failing must not undo the others. Alone, a failure rolls everything back.
+        # (Fewer statements also means fewer GIL hand-offs, which busy threads make slow.)
+        isolate = len(groups) > 1
+        try:
+            for handler, members in groups.items():
+                if isolate:
+                    conn.execute("SAVEPOINT job")
+                try:
+                    batch = handler(conn, [job.payload for job in members])
+                except Exception as exc:
+                    if not isolate:
+                        raise
+                    conn.execute("ROLLBACK TO job")
+                    conn.execute("RELEASE job")
+                    err: BaseException = exc
+                    if isinstance(exc, sqlite3.Error):
+                        err = self._translate_error(exc)
+                        err.__cause__ = exc
+                    outcomes.append((members, [err] * len(members)))
+                    continue
+                if isolate:
+                    conn.execute("RELEASE job")
+                outcomes.append((members, batch.results))
+                if batch.after_commit is not None:
+                    after.append(batch.after_commit)
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            _rollback(conn)
+            self._fail_all(jobs, self._translate_error(exc), exc)
+            return
+        except Exception as exc:
+            _rollback(conn)
+            self._fail_all(jobs, exc, exc)
+            return
+        except BaseException as exc:  # never leave callers waiting forever
+            _rollback(conn)
+            self._fail_all(jobs, exc, exc)
+            raise
+        for apply in after:
+            apply()
+        for members, results in outcomes:
+            for job, result in zip(members, results, strict=True):
+                if isinstance(result, BaseException):
+                    job.future.set_exception(result)
+                else:
+                    job.future.set_result(result)
+
+    @staticmethod
+    def _fail_all(jobs: Sequence[_Job], error: BaseException, cause: BaseException) -> None:
+        if error is not cause:
+            error.__cause__ = cause
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_exception(error)
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    # SQLite may already have rolled back by itself (SQLITE_FULL does, for example).
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")

@@ -1,0 +1,111 @@
+"""What every command shares: exit codes, the two consoles, JSON output, error exits.
+
+Human output goes to stdout through rich; progress and diagnostics go to stderr so that
+``--json`` output on stdout stays machine-readable.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import NoReturn
+from urllib.parse import urlencode
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from msgsafe.errors import ConfigurationError, MsgsafeError, PermanentError, TransientError
+
+__all__ = [
+    "ExitCode",
+    "err",
+    "exit_with",
+    "fail",
+    "out",
+    "parse_pairs",
+    "print_json",
+    "translate_errors",
+    "with_options",
+]
+
+#: Human output (tables, reports).
+out = Console(highlight=False, soft_wrap=False)
+#: Progress bars and diagnostics: never mixed into stdout.
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class ExitCode(enum.IntEnum):
+    """Exit codes of every ``msgsafe`` command (documented in ``msgsafe --help``)."""
+
+    OK = 0
+    #: A message that was accepted was not found again (demo, verify), or a send failed.
+    LOSS = 1
+    #: Bad command line (click's own code).
+    USAGE = 2
+    #: The command could not run: broker unreachable, bad URL, outbox unusable.
+    ERROR = 3
+    #: doctor: a setting could not be checked (the broker did not say).
+    UNKNOWN = 4
+    #: doctor: a setting that weakens a guarantee under some failures.
+    WARNING = 5
+    #: doctor: a setting that the failure stories show loses acknowledged messages.
+    CRITICAL = 6
+
+
+def print_json(data: object) -> None:
+    """One JSON document on stdout (sorted keys, so output is stable to diff)."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def exit_with(code: ExitCode) -> NoReturn:
+    """Leave the command with ``code``."""
+    raise typer.Exit(int(code))
+
+
+def fail(message: str, code: ExitCode = ExitCode.ERROR, *, as_json: bool = False) -> NoReturn:
+    """Report ``message`` (no credentials in it: callers pass redacted text) and exit."""
+    if as_json:
+        print_json({"error": message, "exit_code": int(code)})
+    else:
+        err.print(f"[bold red]error:[/] {escape(message)}", markup=True)
+    exit_with(code)
+
+
+@contextmanager
+def translate_errors(*, as_json: bool = False) -> Iterator[None]:
+    """Turn msgsafe errors escaping a command into a one-line message and exit code."""
+    try:
+        yield
+    except ConfigurationError as exc:
+        fail(f"{type(exc).__name__}: {exc}", ExitCode.ERROR, as_json=as_json)
+    except (TransientError, PermanentError) as exc:
+        fail(f"{type(exc).__name__}: {exc}", ExitCode.ERROR, as_json=as_json)
+    except MsgsafeError as exc:
+        fail(f"{type(exc).__name__}: {exc}", ExitCode.ERROR, as_json=as_json)
+
+
+def parse_pairs(pairs: Sequence[str] | None, what: str) -> Mapping[str, str]:
+    """``["a=1", "b=2"]`` -> ``{"a": "1", "b": "2"}``; a pair without '=' is a usage error."""
+    result: dict[str, str] = {}
+    for pair in pairs or ():
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise typer.BadParameter(f"{what} must be NAME=VALUE, got {pair!r}")
+        result[name] = value
+    return result
+
+
+def with_options(url: str, options: Mapping[str, str]) -> str:
+    """``url`` with ``options`` appended to its query string: adapter options travel the
+    documented way (the URL), validated by the adapter like any other."""
+    if not options:
+        return url
+    base, _, fragment = url.partition("#")
+    joiner = "&" if "?" in base else "?"
+    query = urlencode(sorted(options.items()))
+    return f"{base}{joiner}{query}" + (f"#{fragment}" if fragment else "")

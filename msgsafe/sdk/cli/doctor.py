@@ -1,0 +1,123 @@
+"""``msgsafe doctor URL [DESTINATION...]``: names each broker setting that the failure
+stories show can lose acknowledged messages, with the fix. The exit code is the worst
+finding's: 0 fine, 4 something could not be checked, 5 warning, 6 a setting that loses
+messages (3: the broker could not be reached)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from msgsafe.endpoints import parse_url
+from msgsafe.sdk.cli._output import exit_with, out, print_json, translate_errors
+from msgsafe.sdk.cli.findings import STORIES, Finding, Severity, exit_code
+
+__all__ = ["doctor"]
+
+_STYLE = {
+    Severity.OK: "green",
+    Severity.INFO: "cyan",
+    Severity.UNKNOWN: "yellow",
+    Severity.WARNING: "bold yellow",
+    Severity.CRITICAL: "bold red",
+}
+
+
+def doctor(
+    url: Annotated[str, typer.Argument(help="Broker URL (amqp://, kafka://, amqp10://).")],
+    destinations: Annotated[
+        list[str] | None,
+        typer.Argument(help="Queues/topics to check (default: every one the broker lists)."),
+    ] = None,
+    management: Annotated[
+        str | None,
+        typer.Option(help="RabbitMQ management API base URL (default: http://HOST:15672)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print findings as JSON.")] = False,
+) -> None:
+    """Check the broker's settings against the failure stories; name each risky one and
+    its fix.
+
+    Exit 0 fine, 4 a setting could not be checked, 5 warning, 6 a setting that loses
+    acknowledged messages, 3 the broker could not be reached.
+    """
+    names = list(destinations or [])
+    with translate_errors(as_json=as_json):
+        broker = parse_url(url)
+        findings = _check(broker.protocol, broker, names, management)
+    code = exit_code(findings)
+    if as_json:
+        print_json(
+            {
+                "broker": broker.redacted(),
+                "worst": max((f.severity for f in findings), default=Severity.OK).name.lower(),
+                "exit_code": int(code),
+                "findings": [f.as_dict() for f in findings],
+            }
+        )
+    else:
+        _print(broker.redacted(), findings)
+    exit_with(code)
+
+
+def _check(
+    protocol: str, broker: object, names: list[str], management: str | None
+) -> list[Finding]:
+    from msgsafe.endpoints import BrokerUrl
+
+    if not isinstance(broker, BrokerUrl):  # pragma: no cover - parse_url returns one
+        return []
+    if protocol == "kafka":
+        from msgsafe.sdk.cli.doctor_kafka import check_kafka
+
+        return check_kafka(broker, names)
+    if protocol == "rabbitmq":
+        from msgsafe.sdk.cli.doctor_rabbitmq import check_rabbitmq
+
+        return check_rabbitmq(broker, names, management)
+    if protocol == "amqp10":
+        from msgsafe.sdk.cli.doctor_amqp10 import check_amqp10
+
+        return check_amqp10(broker)
+    return [
+        Finding(
+            Severity.INFO,
+            "broker",
+            "kind",
+            protocol,
+            "the in-process memory broker keeps messages only in this process",
+        )
+    ]
+
+
+def _print(broker: str, findings: list[Finding]) -> None:
+    ordered = sorted(findings, key=lambda f: -f.severity)
+    table = Table(title=escape(f"msgsafe doctor — {broker}"))
+    for column in ("#", "severity", "subject", "setting", "value"):
+        table.add_column(column, overflow="fold")
+    for number, f in enumerate(ordered, start=1):
+        style = _STYLE[f.severity]
+        table.add_row(
+            str(number),
+            f"[{style}]{f.severity.name.lower()}[/]",
+            escape(f.subject),
+            escape(f.setting),
+            escape(f.value),
+        )
+    out.print(table)
+    for number, f in enumerate(ordered, start=1):
+        if not (f.why or f.fix):
+            continue
+        style = _STYLE[f.severity]
+        out.print(f"[{style}]{number}. {escape(f.subject)} · {escape(f.setting)}[/]")
+        if f.why:
+            out.print(f"   why: {f.why}", markup=False)
+        if f.story:
+            out.print(f"   story: {STORIES[f.story]}", markup=False)
+        if f.fix:
+            out.print(f"   fix: {f.fix}", markup=False)
+    worst = max((f.severity for f in findings), default=Severity.OK)
+    out.print(f"worst finding: [{_STYLE[worst]}]{worst.name.lower()}[/]")

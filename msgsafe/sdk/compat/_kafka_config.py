@@ -1,0 +1,227 @@
+"""A confluent-kafka configuration dict turned into a msgsafe URL and Kafka options.
+
+Kept apart from the producer so it is pure (no I/O, no client) and testable on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+from msgsafe.errors import ConfigurationError
+from msgsafe.outbox.location import OutboxSpec
+
+__all__ = [
+    "DEFAULT_QUEUE_MAX",
+    "DeliveryCallback",
+    "ProducerConfig",
+    "options_for",
+    "translate_config",
+]
+
+#: ``on_delivery(err, msg)`` as confluent-kafka calls it.
+DeliveryCallback = Callable[[object, object], object]
+
+#: librdkafka settings that only weaken the guarantee; overridden to the safe value.
+_ACKS = ("acks", "request.required.acks")
+_SAFE_ACKS = frozenset({"all", "-1"})
+_FALSE = frozenset({"false", "0", "no", "off"})
+
+#: librdkafka name -> msgsafe Kafka option (and how to convert the value).
+_MAPPED: Mapping[str, tuple[str, Callable[[object], object]]] = {
+    "client.id": ("client_id", str),
+    "linger.ms": ("linger_ms", lambda v: _number("linger.ms", v)),
+    "queue.buffering.max.ms": ("linger_ms", lambda v: _number("queue.buffering.max.ms", v)),
+    "batch.num.messages": ("batch_num_messages", lambda v: int(_number("batch.num.messages", v))),
+    "compression.type": ("compression", str),
+    "compression.codec": ("compression", str),
+    "reconnect.backoff.max.ms": (
+        "reconnect_backoff_max_ms",
+        lambda v: int(_number("reconnect.backoff.max.ms", v)),
+    ),
+    "sasl.mechanism": ("sasl_mechanism", str),
+    "sasl.mechanisms": ("sasl_mechanism", str),
+    "ssl.ca.location": ("tls_ca_file", str),
+    "ssl.certificate.location": ("tls_cert_file", str),
+    "ssl.key.location": ("tls_key_file", str),
+    "enable.ssl.certificate.verification": (
+        "tls_verify",
+        lambda v: str(v).lower() not in _FALSE,
+    ),
+}
+
+#: Options every adapter accepts (kept when a test points the wrapper at memory://).
+_COMMON = frozenset(
+    {
+        "confirm_timeout",
+        "max_in_flight",
+        "max_message_size",
+        "tls_verify",
+        "tls_ca_file",
+        "tls_cert_file",
+        "tls_key_file",
+    }
+)
+
+#: Callables confluent-kafka accepts in the config that msgsafe does not call.
+_IGNORED_CALLBACKS = ("error_cb", "stats_cb", "throttle_cb", "logger", "oauth_cb")
+
+#: Settings the list_topics() metadata client needs (connection and security only).
+_ADMIN_PREFIXES = ("bootstrap.servers", "metadata.broker.list", "security.", "sasl.", "ssl.")
+
+#: librdkafka's default queue.buffering.max.messages: produce() raises BufferError at it.
+DEFAULT_QUEUE_MAX = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerConfig:
+    """What :func:`translate_config` made of a confluent-kafka config dict."""
+
+    url: str = field(repr=False)  #: may hold SASL credentials: never log it
+    options: dict[str, Any]
+    outbox: OutboxSpec
+    on_delivery: DeliveryCallback | None
+    queue_max: int  #: reports not yet served at which produce() raises BufferError
+    admin: dict[str, Any] = field(repr=False)  #: settings of the list_topics() client
+    warnings: tuple[str, ...]  #: overrides and ignored settings, for CompatWarning
+
+
+def _bootstrap_url(config: Mapping[str, object]) -> tuple[str, list[str]]:
+    servers = config.get("bootstrap.servers", config.get("metadata.broker.list"))
+    if not isinstance(servers, str) or not servers.strip():
+        raise ConfigurationError("'bootstrap.servers' must name at least one broker")
+    hosts = []
+    for item in servers.split(","):
+        host = item.strip()
+        # librdkafka accepts "PLAINTEXT://host:port"; the protocol comes from security.protocol.
+        host = host.split("://", 1)[-1]
+        if host:
+            hosts.append(host)
+    protocol = str(config.get("security.protocol", "PLAINTEXT")).upper()
+    notes: list[str] = []
+    if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
+        raise ConfigurationError(f"unknown security.protocol {protocol!r}")
+    scheme = "kafka+ssl" if protocol.endswith("SSL") else "kafka"
+    userinfo = ""
+    if protocol.startswith("SASL"):
+        user, password = config.get("sasl.username"), config.get("sasl.password")
+        if not isinstance(user, str) or not user:
+            raise ConfigurationError(
+                "SASL needs 'sasl.username' and 'sasl.password' (msgsafe supports PLAIN "
+                "and SCRAM; GSSAPI and OAUTHBEARER are not supported by the wrapper)"
+            )
+        userinfo = f"{quote(user, safe='')}:{quote(str(password or ''), safe='')}@"
+    return f"{scheme}://{userinfo}{','.join(hosts)}", notes
+
+
+def translate_config(config: Mapping[str, object]) -> ProducerConfig:
+    """Map a confluent-kafka producer config onto msgsafe.
+
+    ``bootstrap.servers`` and ``security.protocol`` (with ``sasl.username`` /
+    ``sasl.password``) become the ``kafka://`` or ``kafka+ssl://`` URL; settings msgsafe
+    has an option for become that option; ``message.timeout.ms`` (or
+    ``delivery.timeout.ms``) becomes ``confirm_timeout``; weak ``acks`` and
+    ``enable.idempotence=false`` are overridden (with a warning); ``transactional.id`` is
+    refused; every other setting passes through to librdkafka unchanged.
+
+    ``msgsafe.outbox`` (True, False or a file path) selects the outbox; default True.
+    Raises :class:`ConfigurationError` for what cannot be honoured.
+    """
+    if not isinstance(config, Mapping):
+        raise ConfigurationError(f"config must be a dict, not {type(config).__name__}")
+    for name in config:
+        if not isinstance(name, str):
+            raise ConfigurationError("config keys must be librdkafka setting names (str)")
+    url, notes = _bootstrap_url(config)
+    options: dict[str, Any] = {}
+    passthrough: dict[str, str] = {}
+    on_delivery: DeliveryCallback | None = None
+    outbox: OutboxSpec = True
+    queue_max = DEFAULT_QUEUE_MAX
+    for name, value in config.items():
+        if name in ("bootstrap.servers", "metadata.broker.list", "security.protocol"):
+            continue
+        if name in ("sasl.username", "sasl.password"):
+            continue
+        if name == "msgsafe.outbox":
+            if not isinstance(value, (bool, str)):
+                raise ConfigurationError("'msgsafe.outbox' must be True, False or a file path")
+            outbox = value
+        elif name in ("on_delivery", "delivery.report.callback"):
+            if not callable(value):
+                raise ConfigurationError(f"{name!r} must be callable")
+            on_delivery = value
+        elif name in _IGNORED_CALLBACKS:
+            notes.append(
+                f"{name!r} is not called by msgsafe (connection errors are handled by "
+                "fail-over and the outbox); it is ignored"
+            )
+        elif name == "transactional.id":
+            raise ConfigurationError(
+                "transactions are not supported by msgsafe.compat.confluent_kafka; use "
+                "msgsafe.Producer(..., outbox=PostgresOutbox(...)) for a transactional outbox"
+            )
+        elif name in _ACKS:
+            if str(value).lower() not in _SAFE_ACKS:
+                notes.append(f"{name}={value} overridden to acks=all (msgsafe keeps the promise)")
+        elif name == "enable.idempotence":
+            if str(value).lower() in _FALSE:
+                notes.append("enable.idempotence=false overridden to true (no reorder on retry)")
+        elif name in ("message.timeout.ms", "delivery.timeout.ms"):
+            ms = _number(name, value)
+            if ms > 0:  # 0 means "infinite" to librdkafka: keep msgsafe's bounded default
+                options["confirm_timeout"] = ms / 1000.0
+        elif name == "queue.buffering.max.messages":
+            queue_max = int(_number(name, value))
+            options["max_in_flight"] = queue_max
+        elif name == "message.max.bytes":
+            options["max_message_size"] = int(_number(name, value))
+        elif name in _MAPPED:
+            option, convert = _MAPPED[name]
+            try:
+                options[option] = convert(value)
+            except (TypeError, ValueError):
+                raise ConfigurationError(f"invalid value for {name!r}") from None
+        elif callable(value):
+            raise ConfigurationError(f"{name!r}: msgsafe does not take callables here")
+        else:
+            passthrough[name] = str(value).lower() if isinstance(value, bool) else str(value)
+    if passthrough:
+        options["librdkafka"] = passthrough
+    admin = {
+        name: value
+        for name, value in config.items()
+        if name.startswith(_ADMIN_PREFIXES) or name == "client.id"
+    }
+    return ProducerConfig(
+        url=url,
+        options=options,
+        outbox=outbox,
+        on_delivery=on_delivery,
+        queue_max=queue_max,
+        admin=admin,
+        warnings=tuple(notes),
+    )
+
+
+def options_for(url_protocol: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options to give an adapter of ``url_protocol``: all of them for Kafka, only the
+    common ones otherwise (a test pointing the wrapper at ``memory://``)."""
+    if url_protocol == "kafka":
+        return dict(options)
+    return {k: v for k, v in options.items() if k in _COMMON}
+
+
+def _number(name: str, value: object) -> float:
+    if isinstance(value, bool):
+        raise ConfigurationError(f"{name!r} must be a number")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise ConfigurationError(f"{name!r} must be a number")

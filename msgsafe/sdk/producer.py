@@ -1,0 +1,455 @@
+"""The producer: the one place where the promise is kept.
+
+``send()`` returns a :class:`~msgsafe.Receipt` only when the message is safe — confirmed
+by the broker, or committed to the local outbox — and otherwise raises a typed error
+while the caller still owns the message. There is no third outcome.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from types import TracebackType
+from typing import Any, Protocol, Self
+
+from msgsafe._futures import LightFuture
+from msgsafe.adapters import open_transport
+from msgsafe.endpoints import parse_url
+from msgsafe.errors import (
+    ClosedError,
+    ConfigurationError,
+    MsgsafeError,
+    OutboxError,
+    SendTimeout,
+    TransientError,
+)
+from msgsafe.message import Envelope, Receipt, Status
+from msgsafe.ports import OutboxStore, PublishCallback, Transport
+from msgsafe.retry import RetryPolicy
+
+__all__ = ["OutboxSpec", "Producer"]
+
+log = logging.getLogger("msgsafe.producer")
+
+#: ``True`` (default file), ``False``/``None`` (no outbox), a path, or a store object.
+OutboxSpec = bool | str | os.PathLike[str] | OutboxStore | None
+
+
+class _Forwarder(Protocol):
+    def start(self) -> None: ...
+    def wake(self) -> None: ...
+    def drain(self, timeout: float | None = None) -> int: ...
+    def pending(self) -> int: ...
+    def stop(self, timeout: float | None = None) -> None: ...
+
+
+class _TransactionalStore(Protocol):
+    def put_in(self, connection: Any, envelopes: list[Envelope]) -> None: ...
+
+
+class _PublishWithCallback(Protocol):
+    def __call__(self, envelope: Envelope, callback: PublishCallback) -> None: ...
+
+
+class _Send(LightFuture[Receipt]):
+    """The receipt future of one message, which is also what its transport reports to.
+
+    One object per message carries the envelope, the outcome and the caller's
+    callbacks: no second future, no closure (the cyclic GC walks every container
+    object while messages are in flight, so each one costs on every send).
+    """
+
+    __slots__ = ("envelope", "producer")
+
+    def __init__(self, producer: Producer, envelope: Envelope) -> None:
+        super().__init__()
+        self.producer = producer
+        self.envelope = envelope
+
+    def cancel(self) -> bool:
+        """Always False: the message is already on its way (to the broker or the
+        outbox) and the receipt is the only way to learn where it ended."""
+        return False
+
+    def __call__(self, error: BaseException | None) -> None:
+        # The transport's report (see msgsafe.ports.CallbackTransport).
+        self.producer._on_publish(self, error)
+
+    def transport_done(self, future: Future[None]) -> None:
+        # The same report from a transport that only returns futures.
+        self.producer._on_publish(self, future.exception())
+
+
+class Producer:
+    """Publishes messages so that none that was accepted is ever lost.
+
+    ``url`` selects the broker (see :func:`msgsafe.endpoints.parse_url`); ``outbox``
+    is where messages go when the broker cannot take them: ``True`` (a SQLite file in
+    the user's data directory, one per target URL), a path, an ``OutboxStore`` (e.g.
+    ``msgsafe.outbox.PostgresOutbox``), or ``False`` to have ``send()`` raise instead.
+    ``send_timeout`` bounds how long ``send()`` blocks; ``retry`` is the forwarder's
+    backoff; further keyword ``options`` go to the adapter, which refuses unknown ones.
+
+    Thread-safe: any number of threads may call ``send``/``send_async`` at once.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        outbox: OutboxSpec = True,
+        send_timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+        **options: object,
+    ) -> None:
+        if send_timeout <= 0:
+            raise ConfigurationError("send_timeout must be > 0")
+        self._url = parse_url(url)
+        self._send_timeout = send_timeout
+        self._closed = False
+        self._lock = threading.Lock()
+        #: Futures returned and not resolved yet (what flush() waits for); under _lock.
+        self._unsettled = 0
+        self._all_done = threading.Condition(self._lock)
+        #: Keys with a message on its way to the outbox (the barrier before has_key is true).
+        self._detouring: dict[bytes, int] = {}
+        self._store: OutboxStore | None = None
+        self._forwarder: _Forwarder | None = None
+        self._store_queue: queue.SimpleQueue[_Send | None] = queue.SimpleQueue()
+        self._storer: threading.Thread | None = None
+        self._transport: Transport = open_transport(self._url, options)
+        #: The transport's callback seam when it has one (no future per message).
+        self._publish_callback: _PublishWithCallback | None = getattr(
+            self._transport, "publish_callback", None
+        )
+        try:
+            self._store = _open_outbox(outbox, self._url)
+            if self._store is not None:
+                from msgsafe.outbox import Forwarder
+
+                self._forwarder = Forwarder(self._store, self._transport, policy=retry)
+                self._forwarder.start()
+                self._storer = threading.Thread(
+                    target=self._store_loop, name="msgsafe-outbox-writer", daemon=True
+                )
+                self._storer.start()
+        except BaseException:
+            self._transport.close(0)
+            if self._store is not None:
+                self._store.close()
+            raise
+
+    # --- sending ---------------------------------------------------------------------------
+
+    def send(
+        self,
+        destination: str,
+        body: bytes,
+        *,
+        key: str | bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        message_id: str | None = None,
+        transaction: Any = None,
+    ) -> Receipt:
+        """Send one message and block until it is safe.
+
+        Returns a receipt with ``Status.CONFIRMED`` (the broker confirmed it) or
+        ``Status.STORED`` (committed to the outbox, forwarded later). Raises
+        :class:`~msgsafe.errors.InvalidMessage` / ``MessageTooLarge`` for bad input,
+        :class:`~msgsafe.errors.PermanentError` when the broker refuses it for good,
+        :class:`~msgsafe.errors.TransientError` when it could not be confirmed and there
+        is no outbox, :class:`~msgsafe.errors.OutboxFull` when the outbox is at a bound,
+        and :class:`~msgsafe.errors.SendTimeout` after ``send_timeout`` seconds. In every
+        error case the caller still owns the message (resend it with the same
+        ``message_id`` to stay deduplicable).
+
+        ``transaction``: a PostgreSQL connection whose open transaction the message
+        joins (the transactional outbox; needs a ``PostgresOutbox``); it is published
+        after the caller commits and never if it rolls back.
+        """
+        envelope = Envelope.build(
+            destination, body, key=key, headers=headers, message_id=message_id
+        )
+        future = self._submit(envelope, transaction)
+        try:
+            return future.result(self._send_timeout)
+        except FutureTimeout:
+            raise SendTimeout(
+                f"not confirmed or stored within send_timeout={self._send_timeout}s",
+                endpoint=self._url.redacted(),
+                message_id=envelope.message_id,
+            ) from None
+
+    def send_async(
+        self,
+        destination: str,
+        body: bytes,
+        *,
+        key: str | bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        message_id: str | None = None,
+        transaction: Any = None,
+    ) -> Future[Receipt]:
+        """Like :meth:`send` but returns at once with a future of the receipt.
+
+        Invalid input raises here, before anything is sent; every other failure is the
+        future's exception. The future cannot be cancelled (``cancel()`` returns False):
+        the message is already on its way, and the receipt says where it ended.
+        """
+        envelope = Envelope.build(
+            destination, body, key=key, headers=headers, message_id=message_id
+        )
+        return self._submit(envelope, transaction)
+
+    def send_envelope(self, envelope: Envelope) -> Future[Receipt]:
+        """Send a prepared :class:`~msgsafe.message.Envelope` (its id kept): the hook for
+        wrappers and sinks that derive ids themselves."""
+        return self._submit(envelope, None)
+
+    def _submit(self, envelope: Envelope, transaction: Any) -> Future[Receipt]:
+        if transaction is not None and getattr(self._store, "put_in", None) is None:
+            if self._closed:
+                raise ClosedError("producer is closed", message_id=envelope.message_id)
+            raise ConfigurationError(
+                "send(transaction=...) needs a transactional outbox (msgsafe.outbox.PostgresOutbox)"
+            )
+        result = _Send(self, envelope)
+        key = envelope.key
+        with self._lock:
+            if self._closed:
+                raise ClosedError("producer is closed", message_id=envelope.message_id)
+            self._unsettled += 1
+            # A transactional send goes to the store whatever the barrier says, and nothing
+            # would release a barrier count taken for it (the writer thread never sees it).
+            behind_barrier = (
+                transaction is None
+                and key is not None
+                and (
+                    key in self._detouring or (self._store is not None and self._store.has_key(key))
+                )
+            )
+            if behind_barrier and key is not None:
+                self._detouring[key] = self._detouring.get(key, 0) + 1
+
+        if transaction is not None:
+            self._put_in_transaction(transaction, result)
+        elif behind_barrier:
+            # NOTE: an earlier message of this key waits in the outbox; sending this one
+            # now would overtake it, so it queues behind (per-key order).
+            self._store_queue.put(result)
+        elif self._publish_callback is not None:
+            self._publish_callback(envelope, result)
+        else:
+            self._transport.publish(envelope).add_done_callback(result.transport_done)
+        return result
+
+    def _put_in_transaction(self, connection: Any, result: _Send) -> None:
+        store: _TransactionalStore = self._store  # type: ignore[assignment]
+        envelope = result.envelope
+        try:
+            store.put_in(connection, [envelope])
+        except MsgsafeError as exc:
+            self._resolve(result, None, exc)
+        except BaseException:
+            # Not a msgsafe error (e.g. the driver's): it reaches the caller of send()
+            # directly, the future is never returned, and flush() must not wait for it.
+            with self._lock:
+                self._unsettled -= 1
+                if not self._unsettled:
+                    self._all_done.notify_all()
+            raise
+        else:
+            self._resolve(result, Receipt(envelope.message_id, Status.STORED, envelope.destination))
+            # Rows appear when the caller commits; the forwarder polls, wake() only hints.
+            if self._forwarder is not None:
+                self._forwarder.wake()
+
+    def _resolve(
+        self, result: _Send, receipt: Receipt | None, error: BaseException | None = None
+    ) -> None:
+        """Resolve one receipt future, then count it settled for flush()."""
+        try:
+            if error is None:
+                result.set_result(receipt)  # type: ignore[arg-type]
+            else:
+                result.set_exception(error)
+        finally:
+            with self._lock:
+                self._unsettled -= 1
+                if not self._unsettled:
+                    self._all_done.notify_all()
+
+    def _on_publish(self, result: _Send, exc: BaseException | None) -> None:
+        # Runs on the adapter's I/O thread (or the caller's): no blocking work here.
+        envelope = result.envelope
+        if exc is None:
+            self._resolve(
+                result, Receipt(envelope.message_id, Status.CONFIRMED, envelope.destination)
+            )
+            return
+        if isinstance(exc, TransientError) and self._store is not None:
+            if envelope.key is not None:
+                with self._lock:
+                    self._detouring[envelope.key] = self._detouring.get(envelope.key, 0) + 1
+            log.debug("storing %s after %s", envelope.message_id, type(exc).__name__)
+            self._store_queue.put(result)
+            return
+        if isinstance(exc, MsgsafeError):
+            exc.message_id = exc.message_id or envelope.message_id
+        self._resolve(result, None, exc)
+
+    def _store_loop(self) -> None:
+        """The outbox writer: batches whatever is queued into one durable put."""
+        store = self._store
+        if store is None:  # pragma: no cover - thread only started with a store
+            return
+        while True:
+            item = self._store_queue.get()
+            if item is None:
+                return
+            batch = [item]
+            while len(batch) < 1000:
+                try:
+                    nxt = self._store_queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._store_queue.put(None)
+                    break
+                batch.append(nxt)
+            error: OutboxError | None = None
+            try:
+                store.put([result.envelope for result in batch])
+            except OutboxError as exc:
+                error = exc
+            except Exception as exc:  # the writer thread must never die
+                error = OutboxError(f"outbox write failed: {type(exc).__name__}: {exc}")
+            self._settle_stored(batch, error)
+            if error is None and self._forwarder is not None:
+                self._forwarder.wake()
+
+    def _settle_stored(self, batch: list[_Send], error: OutboxError | None) -> None:
+        """Resolve a batch the writer stored (or failed to): one lock for the whole
+        batch's key barrier, one for the flush() count, none held while looping over
+        unkeyed messages (senders would wait on it)."""
+        keys = [result.envelope.key for result in batch if result.envelope.key is not None]
+        if keys:
+            with self._lock:
+                detouring = self._detouring
+                for key in keys:
+                    left = detouring.get(key, 0) - 1
+                    if left > 0:
+                        detouring[key] = left
+                    else:
+                        detouring.pop(key, None)
+        try:
+            for result in batch:
+                env = result.envelope
+                if error is None:
+                    result.set_result(Receipt(env.message_id, Status.STORED, env.destination))
+                else:
+                    result.set_exception(_with_id(error, env.message_id))
+        finally:
+            with self._lock:
+                self._unsettled -= len(batch)
+                if not self._unsettled:
+                    self._all_done.notify_all()
+
+    # --- outbox -----------------------------------------------------------------------------
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every ``send_async`` so far is settled (confirmed, stored or
+        failed). Returns False if ``timeout`` passed first."""
+        with self._lock:
+            return self._all_done.wait_for(lambda: not self._unsettled, timeout)
+
+    def drain(self, timeout: float | None = None) -> int:
+        """Forward the outbox now, for up to ``timeout`` seconds; returns how many remain."""
+        self._check_open()
+        self.flush(timeout)
+        if self._forwarder is None:
+            return 0
+        return self._forwarder.drain(timeout)
+
+    def pending(self) -> int:
+        """How many messages wait in the outbox."""
+        if self._store is None:
+            return 0
+        if self._forwarder is not None:
+            return self._forwarder.pending()
+        return self._store.stats().depth
+
+    @property
+    def outbox(self) -> OutboxStore | None:
+        """The outbox store, or None when disabled."""
+        return self._store
+
+    @property
+    def target(self) -> str:
+        """The broker URL without credentials."""
+        return self._url.redacted()
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("producer is closed")
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Wait up to ``timeout`` for sends in flight, stop the forwarder, disconnect.
+        Messages still in the outbox stay there for the next producer. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        self.flush(left())
+        if self._forwarder is not None:
+            self._forwarder.stop(left())
+        if self._storer is not None:
+            self._store_queue.put(None)
+            self._storer.join(left())
+        self._transport.close(left())
+        if self._store is not None:
+            self._store.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"Producer({self._url.redacted()!r}, {state})"
+
+
+def _open_outbox(spec: OutboxSpec, url: Any) -> OutboxStore | None:
+    if spec is None or spec is False:
+        return None
+    from msgsafe.outbox import open_store
+
+    return open_store(spec, url)
+
+
+def _with_id(exc: MsgsafeError, message_id: str) -> MsgsafeError:
+    # One error object per future: each carries its own message id.
+    clone = copy.copy(exc)
+    clone.message_id = message_id
+    return clone

@@ -1,0 +1,215 @@
+"""What runs in an executor: publish one partition of a batch and wait for every receipt.
+
+:func:`publish_partition` is pure Python over an iterator of row tuples, so it is tested
+without Spark; the sink calls it from ``mapPartitionsWithIndex``. It returns only when
+every row of the partition is safe (CONFIRMED, or STORED with an outbox) and raises on
+the first row that is not, after letting the rest in flight settle, so that Spark fails
+the task and runs it again. The retry publishes the same ids (:mod:`.ids`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from msgsafe.errors import ClosedError, InvalidMessage, SendTimeout
+from msgsafe.message import Envelope, Receipt, Status
+from msgsafe.sdk.spark import producers
+from msgsafe.sdk.spark.ids import ContentIds, key_id
+from msgsafe.sdk.spark.producers import SinkOutbox
+
+__all__ = ["PartitionPlan", "PartitionResult", "publish_partition"]
+
+log = logging.getLogger("msgsafe.spark")
+
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionPlan:
+    """Everything an executor needs, shipped with the task (picklable, no Spark types).
+
+    Column positions refer to the row tuples the driver selected: ``value_index`` always,
+    ``key_index`` and ``id_indexes`` when given, ``headers`` as (header name, index).
+    ``*_is_text`` says the column is a Spark string (sent UTF-8 encoded).
+    """
+
+    url: str = field(repr=False)  # may hold credentials
+    target: str  # the URL without credentials, for messages
+    destination: str
+    outbox: SinkOutbox = False
+    options: Mapping[str, object] = field(default_factory=dict, repr=False)
+    value_index: int = 0
+    value_name: str = "value"
+    value_is_text: bool = False
+    key_index: int | None = None
+    key_is_text: bool = False
+    headers: tuple[tuple[str, int], ...] = ()
+    id_indexes: tuple[int, ...] | None = None
+    #: Sends in flight per partition before the oldest is waited for: bounds memory and
+    #: keeps each send's wait for its confirm well inside the adapter's confirm_timeout.
+    max_in_flight: int = 5_000
+    #: Longest wait for one receipt once the partition is read (then SendTimeout).
+    receipt_timeout: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionResult:
+    """What one successful task attempt did; the driver sums these into the report."""
+
+    partition: int
+    attempt: int
+    rows: int
+    confirmed: int
+    stored: int
+    seconds: float
+
+
+class _Tally:
+    __slots__ = ("confirmed", "error", "failed", "stored")
+
+    def __init__(self) -> None:
+        self.confirmed = 0
+        self.stored = 0
+        self.failed = 0
+        self.error: BaseException | None = None
+
+    def settle(self, future: Future[Receipt], message_id: str, timeout: float) -> None:
+        try:
+            receipt = future.result(timeout)
+        except FutureTimeout:
+            self.fail(SendTimeout(f"no receipt within {timeout}s", message_id=message_id))
+        except Exception as exc:
+            self.fail(exc)
+        else:
+            if receipt.status is Status.CONFIRMED:
+                self.confirmed += 1
+            else:
+                self.stored += 1
+
+    def fail(self, exc: BaseException) -> None:
+        self.failed += 1
+        if self.error is None:
+            self.error = exc
+
+
+def _as_bytes(value: object, is_text: bool, what: str, row: int) -> bytes:
+    if is_text and isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        # NOTE: PySpark hands BinaryType values to Python as bytearray.
+        return bytes(value)
+    if value is None:
+        raise InvalidMessage(f"row {row}: {what} is null")
+    raise InvalidMessage(f"row {row}: {what} must be bytes or a string, not {type(value).__name__}")
+
+
+def publish_partition(
+    plan: PartitionPlan,
+    batch_id: int,
+    partition: int,
+    rows: Iterable[Sequence[object]],
+    *,
+    attempt: int = 0,
+) -> PartitionResult:
+    """Publish every row and wait until each is safe; raise if any is not.
+
+    Rows are sent pipelined (up to ``plan.max_in_flight`` at once) through the cached
+    producer of this process. A null or non-bytes/str value raises
+    :class:`~msgsafe.errors.InvalidMessage`; a null key means no key; a null header is
+    left out. On failure the first error is raised with a note giving the counts, after
+    the sends already in flight settled, so a retried attempt does not race this one.
+    """
+    started = time.monotonic()
+    iterator = iter(rows)
+    first = next(iterator, None)
+    if first is None:
+        # An empty partition opens no connection: empty batches stay cheap even where
+        # Spark starts a fresh Python worker per task.
+        return PartitionResult(partition, attempt, 0, 0, 0, time.monotonic() - started)
+    rows = itertools.chain((first,), iterator)
+    producer = producers.producer_for(plan.url, plan.outbox, plan.options)
+    destination = plan.destination
+    content_ids = (
+        None if plan.id_indexes is not None else ContentIds(destination, batch_id, partition)
+    )
+    id_indexes = plan.id_indexes
+    value_index, value_is_text, value_name = plan.value_index, plan.value_is_text, plan.value_name
+    key_index, key_is_text = plan.key_index, plan.key_is_text
+    header_layout = plan.headers
+    window: deque[tuple[Future[Receipt], str]] = deque()
+    limit = plan.max_in_flight
+    timeout = plan.receipt_timeout
+    tally = _Tally()
+    count = 0
+    try:
+        for row in rows:
+            value = row[value_index]
+            if value_is_text and value.__class__ is str:
+                body = value.encode("utf-8")
+            else:
+                body = _as_bytes(value, value_is_text, f"column {value_name!r}", count)
+            key: bytes | None = None
+            if key_index is not None:
+                raw_key = row[key_index]
+                if raw_key is not None:
+                    key = _as_bytes(raw_key, key_is_text, "the key column", count)
+            headers = _NO_HEADERS
+            if header_layout:
+                headers = MappingProxyType(
+                    {name: row[i] for name, i in header_layout if row[i] is not None}  # type: ignore[misc]
+                )
+            if content_ids is not None:
+                message_id = content_ids.next_id(body, key, headers)
+            else:
+                message_id = key_id(destination, batch_id, [row[i] for i in id_indexes or ()])
+            envelope = Envelope(
+                destination=destination,
+                body=body,
+                message_id=message_id,
+                key=key,
+                headers=headers,
+            )
+            window.append((producer.send_envelope(envelope), message_id))
+            count += 1
+            if len(window) >= limit:
+                tally.settle(*window.popleft(), timeout)
+                if tally.error is not None:
+                    break
+    except ClosedError:
+        # Someone closed the cached producer: the next attempt opens a fresh one.
+        producers.discard(producer)
+        raise
+    except BaseException as exc:
+        tally.fail(exc)
+    finally:
+        while window:
+            tally.settle(*window.popleft(), timeout)
+    if tally.error is not None:
+        error = tally.error
+        note = (
+            f"msgsafe Spark sink: batch {batch_id} partition {partition} attempt {attempt} "
+            f"to {plan.target} {destination!r}: {count} rows sent, {tally.confirmed} confirmed, "
+            f"{tally.stored} stored, {tally.failed} failed; the task fails so that Spark "
+            "retries it with the same message ids"
+        )
+        log.warning("%s: %s", note, error)
+        error.add_note(note)
+        raise error
+    return PartitionResult(
+        partition=partition,
+        attempt=attempt,
+        rows=count,
+        confirmed=tally.confirmed,
+        stored=tally.stored,
+        seconds=time.monotonic() - started,
+    )

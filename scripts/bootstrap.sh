@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs what msgsafe's demo and test suite need on a fresh machine, idempotently:
+# the package with its extras, Debian's rabbitmq-server, Java for Spark, and a running
+# PostgreSQL for the transactional-outbox tests. Brokers themselves are started (on
+# loopback, on free ports) by the demo and by the test fixtures, and stopped by them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '[bootstrap] %s\n' "$*"; }
+want_apt=()
+
+need_root_for_apt() {
+  if [ "$(id -u)" != 0 ]; then
+    log "missing system packages: ${want_apt[*]}; run as root or install them: apt-get install -y ${want_apt[*]}"
+    exit 1
+  fi
+}
+
+case "${1:-all}" in
+  demo) extras="kafka,rabbitmq,amqp10,demo" ;;
+  *) extras="all,dev" ;;
+esac
+
+log "pip install -e .[$extras]"
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e ".[$extras]"
+
+if [ "${1:-all}" != demo ]; then
+  command -v rabbitmq-server >/dev/null 2>&1 || [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || want_apt+=(rabbitmq-server)
+  command -v java >/dev/null 2>&1 || want_apt+=(openjdk-17-jre-headless)
+  command -v pg_ctlcluster >/dev/null 2>&1 || want_apt+=(postgresql)
+  command -v ip >/dev/null 2>&1 || want_apt+=(iproute2)
+  command -v openssl >/dev/null 2>&1 || want_apt+=(openssl)
+  if [ ${#want_apt[@]} -gt 0 ]; then
+    need_root_for_apt
+    log "apt-get install -y ${want_apt[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${want_apt[@]}" >/dev/null
+  fi
+  pgver="$(ls /etc/postgresql | head -n1)"
+  # The transactional-outbox tests connect to 127.0.0.1 without a password; a fresh
+  # Debian cluster asks for one (scram), so trust loopback for this test machine.
+  hba="/etc/postgresql/$pgver/main/pg_hba.conf"
+  if [ -w "$hba" ] && ! grep -qE '^host\s+all\s+all\s+127\.0\.0\.1/32\s+trust' "$hba"; then
+    sed -i '1i host all all 127.0.0.1/32 trust' "$hba"
+    pg_ctlcluster --skip-systemctl-redirect "$pgver" main reload 2>/dev/null || true
+  fi
+  if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+    log "starting PostgreSQL"
+    pg_ctlcluster --skip-systemctl-redirect "$pgver" main start || true
+  fi
+fi

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The demo: installs msgsafe and runs `msgsafe demo` (an embedded Kafka-protocol broker is
+# started, killed mid-run and restarted; the report shows lost = 0). Arguments go to it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh demo
+exec python3 -m msgsafe demo "$@"

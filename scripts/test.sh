@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The full test suite: lint, types, then every test (unit, contract, integration against
+# real brokers the fixtures start on loopback, chaos). Extra arguments go to pytest.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh all || exit 1
+
+echo "== ruff"; python3 -m ruff check msgsafe tests benchmarks examples || exit 1
+echo "== mypy --strict"; python3 -m mypy || exit 1
+echo "== pytest"
+python3 -m pytest -ra --durations=15 "$@"
+rc=$?
+# Exit 5 means no test was collected: that is a failure of the suite, not a pass.
+[ $rc -eq 5 ] && { echo "no tests were collected"; exit 1; }
+exit $rc

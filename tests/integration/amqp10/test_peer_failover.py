@@ -1,0 +1,192 @@
+"""Fail-over and session resume against killable proton test peers.
+
+The peers of one test share a store, as the members of a Qpid HA group share their
+queues: what one accepted, the others hold. Each test records every id sent, confirmed
+and received and asserts ``lost == 0`` (confirmed, never received) and that every
+duplicate carries a known id.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from msgsafe.adapters import open_receiver, open_transport
+from msgsafe.adapters.amqp10 import Amqp10Receiver, Amqp10Transport
+from msgsafe.endpoints import Endpoint, parse_url
+from msgsafe.errors import TransientError
+from msgsafe.message import Envelope
+from msgsafe.testing.amqp10_peer import PeerProcess
+from tests.fixtures.amqp10 import PeerFactory, TlsFiles
+from tests.integration.amqp10._tally import Drain, Tally, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def _transport(url: str, **options: object) -> Amqp10Transport:
+    transport = open_transport(parse_url(url), options)
+    assert isinstance(transport, Amqp10Transport)
+    return transport
+
+
+def _receiver(url: str, **options: object) -> Amqp10Receiver:
+    receiver = open_receiver(parse_url(url), options)
+    assert isinstance(receiver, Amqp10Receiver)
+    return receiver
+
+
+def _peer_at(peers: list[PeerProcess], endpoint: Endpoint) -> PeerProcess:
+    return next(p for p in peers if p.port == endpoint.port)
+
+
+def _publish_killing(
+    transport: Amqp10Transport,
+    tally: Tally,
+    *,
+    count: int,
+    kill_after: int,
+    victim: PeerProcess,
+    destination: str = "orders",
+) -> None:
+    """Publish ``count`` messages; SIGKILL ``victim`` once ``kill_after`` are confirmed."""
+    for i in range(count):
+        env = Envelope.build(destination, b"%08d" % i + b"." * 92, key=f"k{i % 16}")
+        tally.track(env.message_id, transport.publish(env))
+        if victim.alive and tally.confirmed_count() >= kill_after:
+            victim.kill()
+    assert not victim.alive, "the peer was never killed: too few confirmed before the end"
+
+
+def _consume_all(url: str, tally: Tally, timeout: float = 60.0) -> None:
+    with _receiver(url, credit=500) as receiver:
+        receiver.subscribe("orders")
+        drain = Drain(receiver, tally)
+        drain.start()
+        try:
+            wait_until(lambda: not tally.missing(), timeout, "every confirmed id to arrive")
+        finally:
+            drain.stop()
+
+
+def test_url_host_list_10k_messages_connected_node_killed(amqp10_peers: PeerFactory) -> None:
+    peers = [amqp10_peers.start() for _ in range(3)]
+    url = "amqp10://" + ",".join(f"127.0.0.1:{p.port}" for p in peers)
+    tally = Tally()
+    with _transport(url, confirm_timeout=30.0) as transport:
+        assert transport.wait_connected(10)
+        first = transport.history[0]
+        victim = _peer_at(peers, first)
+        _publish_killing(transport, tally, count=10_000, kill_after=3_000, victim=victim)
+        wait_until(lambda: tally.resolved() == 10_000, 60, "every publish to resolve")
+        history = transport.history
+    survivors = [p for p in peers if p is not victim]
+    _consume_all("amqp10://" + ",".join(f"127.0.0.1:{p.port}" for p in survivors), tally)
+    counts = tally.report("url-list failover")
+    assert counts["lost"] == 0
+    assert counts["unknown"] == 0
+    assert counts["confirmed"] == 10_000, f"errors: {set(map(repr, tally.errors.values()))}"
+    assert len(history) >= 2 and history[-1] != first
+    assert history[-1] in parse_url(url).endpoints, "moved on to another host from the URL"
+
+
+def test_one_url_resumes_on_advertised_candidate(amqp10_peers: PeerFactory) -> None:
+    backups = [amqp10_peers.start() for _ in range(2)]
+    primary = amqp10_peers.start(advertise=[f"amqp://127.0.0.1:{p.port}" for p in backups])
+    url = f"amqp10://127.0.0.1:{primary.port}"  # ONE host: the candidates come from the peer
+    tally = Tally()
+    with _transport(url, confirm_timeout=30.0) as transport, _receiver(url, credit=200) as rx:
+        rx.subscribe("orders")
+        assert transport.wait_connected(10) and rx.wait_connected(10)
+        drain = Drain(rx, tally)
+        drain.start()
+        try:
+            _publish_killing(transport, tally, count=5_000, kill_after=1_500, victim=primary)
+            received_at_kill = len(tally.received)
+            wait_until(lambda: tally.resolved() == 5_000, 60, "every publish to resolve")
+            wait_until(lambda: not tally.missing(), 60, "the consumer to receive every id")
+        finally:
+            drain.stop()
+        sender_history, receiver_history = transport.history, rx.history
+    counts = tally.report("advertised-candidate resume")
+    backup_ports = {p.port for p in backups}
+    assert sender_history[0].port == primary.port and sender_history[-1].port in backup_ports
+    assert receiver_history[0].port == primary.port and receiver_history[-1].port in backup_ports
+    assert counts["received"] > received_at_kill, "the consumer kept receiving after the kill"
+    assert counts["confirmed"] == 5_000, f"errors: {set(map(repr, tally.errors.values()))}"
+    assert counts["lost"] == 0
+    assert counts["unknown"] == 0
+
+
+def test_tls_connection_never_follows_a_plain_candidate(
+    amqp10_peers: PeerFactory, amqp10_tls: TlsFiles, caplog: pytest.LogCaptureFixture
+) -> None:
+    plain = amqp10_peers.start()
+    tls_backup = amqp10_peers.start(tls=amqp10_tls)
+    primary = amqp10_peers.start(
+        tls=amqp10_tls,
+        advertise=[f"amqp://127.0.0.1:{plain.port}", f"amqps://localhost:{tls_backup.port}"],
+    )
+    url = f"amqp10s://localhost:{primary.port}"
+    tally = Tally()
+    caplog.set_level(logging.WARNING, logger="msgsafe.adapters.amqp10")
+    with _transport(url, tls_ca_file=str(amqp10_tls.ca), confirm_timeout=20.0) as transport:
+        assert transport.wait_connected(10)
+        refusals = [r for r in caplog.records if "downgrade" in r.getMessage()]
+        assert refusals, "the refused plain candidate must be logged"
+        assert f"127.0.0.1:{plain.port}" in refusals[0].getMessage()
+        _publish_killing(transport, tally, count=2_000, kill_after=500, victim=primary)
+        wait_until(lambda: tally.resolved() == 2_000, 60, "every publish to resolve")
+        history = transport.history
+    assert plain.connections == 0, "a plain-TCP candidate was followed from a TLS session"
+    assert all(e.tls for e in history)
+    assert history[-1].port == tls_backup.port
+    assert all(isinstance(e, TransientError) for e in tally.errors.values())
+    _consume_all(f"amqp10://127.0.0.1:{plain.port}", tally)  # same store, read in the clear
+    counts = tally.report("tls downgrade refused")
+    assert counts["lost"] == 0 and counts["unknown"] == 0
+
+
+def test_tls_session_with_only_plain_candidates_fails_transiently(
+    amqp10_peers: PeerFactory, amqp10_tls: TlsFiles
+) -> None:
+    plain = amqp10_peers.start()
+    primary = amqp10_peers.start(tls=amqp10_tls, advertise=[f"amqp://127.0.0.1:{plain.port}"])
+    url = f"amqp10s://localhost:{primary.port}"
+    with _transport(url, tls_ca_file=str(amqp10_tls.ca), confirm_timeout=2.0) as transport:
+        transport.publish(Envelope.build("orders", b"before")).result(10)
+        primary.kill()
+        err = transport.publish(Envelope.build("orders", b"after")).exception(10)
+        assert isinstance(err, TransientError)
+    assert plain.connections == 0
+
+
+def test_allow_list_and_ignore_policy(amqp10_peers: PeerFactory) -> None:
+    outsider = amqp10_peers.start()
+    primary = amqp10_peers.start(advertise=[f"amqp://127.0.0.1:{outsider.port}"])
+    url = f"amqp10://127.0.0.1:{primary.port}"
+    allow = _transport(url, confirm_timeout=1.0, failover_allow=f"127.0.0.1:{primary.port}")
+    ignore = _transport(url, confirm_timeout=1.0, failover_merge="ignore")
+    try:
+        for transport in (allow, ignore):
+            transport.publish(Envelope.build("orders", b"before")).result(10)
+        primary.kill()
+        for transport in (allow, ignore):
+            err = transport.publish(Envelope.build("orders", b"after")).exception(10)
+            assert isinstance(err, TransientError)
+    finally:
+        allow.close(0)
+        ignore.close(0)
+    assert outsider.connections == 0
+
+
+def test_member_without_quorum_is_skipped(amqp10_peers: PeerFactory) -> None:
+    no_quorum = amqp10_peers.start(refuse=True)
+    healthy = amqp10_peers.start()
+    url = f"amqp10://127.0.0.1:{no_quorum.port},127.0.0.1:{healthy.port}"
+    with _transport(url, confirm_timeout=10.0) as transport:
+        transport.publish(Envelope.build("orders", b"x")).result(15)
+        assert transport.history[-1].port == healthy.port
+    with _transport(f"amqp10://127.0.0.1:{no_quorum.port}", confirm_timeout=1.0) as transport:
+        err = transport.publish(Envelope.build("orders", b"x")).exception(10)
+        assert isinstance(err, TransientError) and not err.maybe_delivered

@@ -1,0 +1,154 @@
+"""Bookkeeping for the Kafka reliability tests: ids sent, receipted, received."""
+
+from __future__ import annotations
+
+import collections
+import collections.abc
+import threading
+import time
+from dataclasses import dataclass, field
+
+from msgsafe.adapters.kafka import open_receiver
+from msgsafe.endpoints import parse_url
+from msgsafe.message import Delivery, new_message_id
+from msgsafe.testing.kafka import start_group_at_zero as _start_group_at_zero
+
+
+@dataclass
+class Ledger:
+    """Every id sent, every receipt, every id received (with counts), every failure."""
+
+    sent: list[str] = field(default_factory=list)
+    receipted: set[str] = field(default_factory=set)
+    statuses: collections.Counter[str] = field(default_factory=collections.Counter)
+    failures: collections.Counter[str] = field(default_factory=collections.Counter)
+    received: collections.Counter[str] = field(default_factory=collections.Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def lost(self) -> set[str]:
+        """Receipted ids never received."""
+        return self.receipted - set(self.received)
+
+    @property
+    def duplicates(self) -> int:
+        return sum(c - 1 for c in self.received.values() if c > 1)
+
+    @property
+    def unknown(self) -> set[str]:
+        """Received ids that were never sent (a duplicate must carry a known id)."""
+        return set(self.received) - set(self.sent)
+
+    def report(self, name: str) -> str:
+        statuses = ", ".join(f"{k}={v}" for k, v in sorted(self.statuses.items())) or "none"
+        failures = ", ".join(f"{k}={v}" for k, v in sorted(self.failures.items())) or "none"
+        return (
+            f"[{name}] sent={len(self.sent)} receipted={len(self.receipted)} ({statuses}) "
+            f"received={sum(self.received.values())} unique={len(self.received)} "
+            f"lost={len(self.lost)} duplicates={self.duplicates} unknown={len(self.unknown)} "
+            f"failures: {failures}"
+        )
+
+
+def consume_until(
+    url: str,
+    topic: str,
+    expected: set[str],
+    *,
+    deadline_s: float,
+    group: str | None = None,
+    on_delivery: collections.abc.Callable[[Delivery], None] | None = None,
+) -> collections.Counter[str]:
+    """Read ``topic`` from the start until every id in ``expected`` was seen (or the
+    deadline), acknowledging each delivery; returns how often each id arrived."""
+    received: collections.Counter[str] = collections.Counter()
+    group = group or f"check-{new_message_id()}"
+    start_group_at_zero(url, topic, group)
+    receiver = open_receiver(
+        parse_url(url), {"session_timeout_ms": 3000, "heartbeat_interval_ms": 500}, group=group
+    )
+    try:
+        receiver.subscribe(topic)
+        deadline = time.monotonic() + deadline_s
+        missing = set(expected)
+        # Keep reading briefly after the last expected id to count trailing duplicates.
+        quiet_until: float | None = None
+        while time.monotonic() < deadline:
+            batch = receiver.receive(max_messages=5000, timeout=0.5)
+            for delivery in batch:
+                if delivery.message_id is not None:
+                    received[delivery.message_id] += 1
+                    missing.discard(delivery.message_id)
+                if on_delivery is not None:
+                    on_delivery(delivery)
+                delivery.ack()
+            if not missing:
+                quiet_until = quiet_until or time.monotonic() + 1.0
+                if not batch and time.monotonic() >= quiet_until:
+                    break
+    finally:
+        receiver.close()
+    return received
+
+
+def start_group_at_zero(url: str, topic: str, group: str) -> None:
+    """Start a checking group at offset 0 (tansu's ListOffsets(earliest) is unreliable
+    after restarts; see :meth:`msgsafe.testing.kafka.KafkaCluster.start_group_at_zero`)."""
+    _start_group_at_zero(url.split("://", 1)[1], topic, group)
+
+
+def read_log(
+    url: str,
+    topic: str,
+    expected: set[str],
+    *,
+    deadline_s: float,
+    on_id: collections.abc.Callable[[str], None] | None = None,
+) -> collections.Counter[str]:
+    """Read every partition of ``topic`` from offset 0 by explicit assignment (no group,
+    no ListOffsets) until every id in ``expected`` was seen or the deadline; returns how
+    often each id is in the log. ``on_id`` sees ids in log order per partition.
+
+    NOTE: this checks what the log holds, independent of tansu's group and
+    ListOffsets answers, which are unreliable after broker restarts.
+    """
+    from confluent_kafka import Consumer, TopicPartition
+
+    bootstrap = url.split("://", 1)[1]
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"read-{new_message_id()}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "error",
+            "log_level": 0,
+        }
+    )
+    received: collections.Counter[str] = collections.Counter()
+    try:
+        meta = consumer.list_topics(topic, timeout=10)
+        partitions = sorted(meta.topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        missing = set(expected)
+        deadline = time.monotonic() + deadline_s
+        quiet_until: float | None = None
+        while time.monotonic() < deadline:
+            batch = consumer.consume(5000, 0.5)
+            for msg in batch:
+                if msg.error() is not None:
+                    continue
+                for name, value in msg.headers() or []:
+                    if name == "msgsafe-id" and isinstance(value, bytes):
+                        message_id = value.decode()
+                        received[message_id] += 1
+                        missing.discard(message_id)
+                        if on_id is not None:
+                            on_id(message_id)
+                        break
+            if not missing:
+                quiet_until = quiet_until or time.monotonic() + 1.0
+                if not batch and time.monotonic() >= quiet_until:
+                    break
+    finally:
+        consumer.close()
+    return received

@@ -1,0 +1,146 @@
+"""The transactional outbox on a real PostgreSQL server: rows written in the caller's
+transaction are published if and only if that transaction commits."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from msgsafe.adapters import open_transport
+from msgsafe.endpoints import parse_url
+from msgsafe.message import Envelope
+from msgsafe.outbox import Forwarder, PostgresOutbox
+from msgsafe.ports import OutboxStore
+from msgsafe.testing import MemoryBroker
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def table() -> str:
+    return f"outbox_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def store(postgres_conninfo: str, table: str) -> Iterator[PostgresOutbox]:
+    s = PostgresOutbox(postgres_conninfo, table=table, target="amqp://u:secret@h:5672/")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def broker() -> Iterator[MemoryBroker]:
+    name = f"pg-{uuid.uuid4().hex[:8]}"
+    b = MemoryBroker.install(MemoryBroker(name))
+    yield b
+    MemoryBroker.forget(name)
+
+
+def test_rollback_publishes_nothing_and_commit_publishes_exactly_its_messages(
+    postgres_conninfo: str, store: PostgresOutbox, broker: MemoryBroker
+) -> None:
+    from msgsafe import Producer
+
+    with psycopg.connect(postgres_conninfo) as app:
+        app.execute("CREATE TABLE IF NOT EXISTS orders (id serial PRIMARY KEY, item text)")
+        app.commit()
+    producer = Producer(f"memory://{broker.name}", outbox=store)
+    try:
+        rolled_back: list[str] = []
+        committed: list[str] = []
+        with psycopg.connect(postgres_conninfo) as app:
+            # A business transaction that fails: its messages must never be published.
+            app.execute("INSERT INTO orders (item) VALUES ('lost')")
+            for i in range(5):
+                receipt = producer.send("orders", b"rb%d" % i, key="o1", transaction=app)
+                rolled_back.append(receipt.message_id)
+            app.rollback()
+            # One that commits: exactly its messages are published, in order.
+            app.execute("INSERT INTO orders (item) VALUES ('kept')")
+            for i in range(7):
+                receipt = producer.send("orders", b"ok%d" % i, key="o2", transaction=app)
+                committed.append(receipt.message_id)
+            app.commit()
+        assert producer.drain(20) == 0
+        got = broker.ids("orders")
+        print(
+            f"rolled_back={len(rolled_back)} committed={len(committed)} "
+            f"published={len(got)} lost={len(set(committed) - set(got))}"
+        )
+        assert got == committed
+        assert not set(rolled_back) & set(got)
+        assert store.stats().depth == 0
+    finally:
+        producer.close(10)
+
+
+def test_transactional_sends_leave_no_key_barrier_behind(
+    postgres_conninfo: str, store: PostgresOutbox, broker: MemoryBroker
+) -> None:
+    """A transactional send of a key that already waits in the outbox must not hold that
+    key's ordering barrier after the outbox drained: later sends go to the broker."""
+    from msgsafe import Producer, Status
+
+    broker.refuse_writes()  # keep the committed rows in the outbox while we send more
+    producer = Producer(f"memory://{broker.name}", outbox=store)
+    try:
+        with psycopg.connect(postgres_conninfo) as app:
+            first = producer.send("orders", b"t1", key="k", transaction=app)
+            app.commit()
+            assert store.has_key(b"k")
+            second = producer.send("orders", b"t2", key="k", transaction=app)
+            app.commit()
+        broker.accept_writes()
+        assert producer.drain(20) == 0
+        after = producer.send("orders", b"plain", key="k")
+        assert after.status is Status.CONFIRMED
+        assert broker.ids("orders") == [first.message_id, second.message_id, after.message_id]
+    finally:
+        producer.close(10)
+
+
+def test_store_protocol_on_postgres(
+    postgres_conninfo: str, store: PostgresOutbox, broker: MemoryBroker
+) -> None:
+    assert isinstance(store, OutboxStore)
+    a = [Envelope.build("q", b"a%d" % i, key="a", headers={"h": "v"}) for i in range(4)]
+    n = [Envelope.build("q", b"n%d" % i) for i in range(3)]
+    store.put(a[:2] + n + a[2:])
+    assert store.has_key(b"a") and not store.has_key(b"zz")
+    [entry, *_] = store.list()
+    assert entry.envelope == a[0] and entry.target == "amqp://h:5672"
+    first = store.claim(limit=2, lease_s=30)
+    assert first == a[:2]
+    # a[2:] wait behind the leased head; keyless ones do not.
+    assert store.claim(limit=10, lease_s=30) == n
+    store.failed(a[0].message_id, error="Rejected: poison", retry_at=None)
+    store.delivered([a[1].message_id] + [e.message_id for e in n])
+    assert store.claim(limit=10, lease_s=30) == a[2:]
+    stats = store.stats()
+    assert (stats.depth, stats.quarantined) == (2, 1)
+    [q] = store.quarantined()
+    assert q.envelope == a[0] and "poison" in q.error
+    store.release([(e.message_id, "later") for e in a[2:]], retry_at=0)
+    assert store.replay("all") == 1
+    transport = open_transport(parse_url(f"memory://{broker.name}"), {})
+    fwd = Forwarder(store, transport)
+    assert fwd.drain(10) == 0
+    assert broker.ids("q") == [e.message_id for e in a[2:]] + [a[0].message_id]
+    transport.close()
+
+
+def test_two_stores_share_the_table_without_double_claims(
+    postgres_conninfo: str, store: PostgresOutbox, table: str
+) -> None:
+    other = PostgresOutbox(postgres_conninfo, table=table)
+    try:
+        store.put([Envelope.build("q", b"%d" % i) for i in range(100)])
+        mine = store.claim(limit=60, lease_s=30)
+        theirs = other.claim(limit=60, lease_s=30)
+        assert len(mine) == 60 and len(theirs) == 40
+        assert not {e.message_id for e in mine} & {e.message_id for e in theirs}
+    finally:
+        other.close()

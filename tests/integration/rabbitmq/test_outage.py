@@ -1,0 +1,82 @@
+"""Whole-cluster outage through ``msgsafe.Producer``: with every node down for 20 s,
+``send()`` returns STORED within its timeout; when the nodes return the outbox drains
+and every receipted id is consumed."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import msgsafe
+from msgsafe.adapters import open_receiver
+from msgsafe.endpoints import parse_url
+from msgsafe.testing.rabbitmq import RabbitCluster
+from tests.integration.rabbitmq._ledger import Ledger, consume_until, wait_for
+
+pytestmark = pytest.mark.integration
+
+OUTAGE_S = 20.0
+SEND_TIMEOUT_S = 5.0
+
+
+def test_all_nodes_down_sends_are_stored_then_drained(
+    rabbit: RabbitCluster, tmp_path: Path
+) -> None:
+    queue = f"outage-{uuid.uuid4().hex[:8]}"
+    ledger = Ledger()
+    statuses: dict[str, int] = {}
+    slowest = 0.0
+    producer = msgsafe.Producer(
+        rabbit.cluster_url(),
+        outbox=tmp_path / "outbox.db",
+        send_timeout=SEND_TIMEOUT_S,
+        declare="quorum",
+        connect_timeout=1.0,
+        confirm_timeout=3.0,
+        heartbeat=2,
+    )
+
+    def send(i: int) -> None:
+        nonlocal slowest
+        started = time.monotonic()
+        receipt = producer.send(queue, f"m{i}".encode(), key=f"k{i % 4}")
+        slowest = max(slowest, time.monotonic() - started)
+        ledger.sent.add(receipt.message_id)
+        ledger.receipted.add(receipt.message_id)
+        statuses[receipt.status.value] = statuses.get(receipt.status.value, 0) + 1
+
+    try:
+        for i in range(200):
+            send(i)
+        assert statuses == {"confirmed": 200}
+        for node in range(len(rabbit.nodes)):
+            rabbit.kill(node)
+        outage_started = time.monotonic()
+        i = 200
+        while time.monotonic() - outage_started < OUTAGE_S:
+            send(i)
+            i += 1
+        stored = statuses.get("stored", 0)
+        assert stored > 0, statuses
+        assert slowest <= SEND_TIMEOUT_S, f"a send blocked {slowest:.1f} s"
+        rabbit.heal()
+        healed = time.monotonic()
+        wait_for(lambda: producer.pending() == 0, 120, "the outbox to drain")
+        drained_s = time.monotonic() - healed
+    finally:
+        producer.close(10)
+    receiver = open_receiver(parse_url(rabbit.cluster_url()), {"prefetch": 500})
+    try:
+        receiver.subscribe(queue)
+        consume_until(receiver, ledger, expected=ledger.receipted, deadline_s=60)
+    finally:
+        receiver.close()
+    print(
+        f"{ledger.report('all nodes down 20 s')} statuses={statuses} "
+        f"slowest_send_s={slowest:.2f} drain_s={drained_s:.1f}"
+    )
+    assert not ledger.lost
+    assert not ledger.unknown

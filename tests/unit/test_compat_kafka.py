@@ -1,0 +1,262 @@
+"""msgsafe.compat.confluent_kafka: config mapping, and the produce/poll/flush contract
+against the memory broker (callbacks on the polling thread, stored and failed reports)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from msgsafe.compat import CompatWarning
+from msgsafe.compat.confluent_kafka import OFFSET_INVALID, STATUS_HEADER, Producer
+from msgsafe.endpoints import parse_url
+from msgsafe.errors import ConfigurationError
+from msgsafe.sdk.compat._kafka_config import translate_config
+from msgsafe.testing import MemoryBroker
+
+Report = tuple[KafkaError | None, object, int]
+
+
+@pytest.fixture
+def broker() -> Iterator[MemoryBroker]:
+    b = MemoryBroker.install(MemoryBroker(f"ck-{uuid.uuid4().hex[:8]}"))
+    yield b
+    MemoryBroker.forget(b.name)
+
+
+def _producer(
+    broker: MemoryBroker, tmp_path: Path, extra: dict[str, object] | None = None
+) -> Producer:
+    config: dict[str, object] = {
+        "bootstrap.servers": "127.0.0.1:1",
+        "msgsafe.outbox": str(tmp_path / "outbox.sqlite3"),
+        "message.timeout.ms": 2000,
+    }
+    config.update(extra or {})
+    return Producer(config, _url=f"memory://{broker.name}")
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.reports: list[Report] = []
+
+    def __call__(self, err: KafkaError | None, msg: object) -> None:
+        self.reports.append((err, msg, threading.get_ident()))
+
+
+# --- config --------------------------------------------------------------------------------
+
+
+def test_bootstrap_and_security_become_the_url() -> None:
+    cfg = translate_config({"bootstrap.servers": "PLAINTEXT://a:9092, b:9093"})
+    assert cfg.url == "kafka://a:9092,b:9093"
+    cfg = translate_config({"bootstrap.servers": "a:9093", "security.protocol": "SSL"})
+    assert cfg.url == "kafka+ssl://a:9093"
+    cfg = translate_config(
+        {
+            "bootstrap.servers": "a:9093",
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanisms": "SCRAM-SHA-512",
+            "sasl.username": "u@x",
+            "sasl.password": "p:w/d",
+        }
+    )
+    url = parse_url(cfg.url)
+    assert (url.scheme, url.username, url.password and url.password.reveal()) == (
+        "kafka+ssl",
+        "u@x",
+        "p:w/d",
+    )
+    assert cfg.options["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert "p:w/d" not in repr(cfg)
+
+
+def test_weak_settings_are_overridden_with_a_warning() -> None:
+    cfg = translate_config(
+        {"bootstrap.servers": "a:1", "acks": 1, "enable.idempotence": False, "linger.ms": 20}
+    )
+    assert "librdkafka" not in cfg.options  # neither acks nor idempotence passes through
+    assert cfg.options["linger_ms"] == 20.0
+    assert any("acks=all" in w for w in cfg.warnings)
+    assert any("idempotence" in w for w in cfg.warnings)
+    with pytest.warns(CompatWarning, match="acks=all"):
+        Producer({"bootstrap.servers": "a:1", "acks": "0", "msgsafe.outbox": False})
+
+
+def test_safe_settings_warn_nothing_and_the_rest_passes_through() -> None:
+    cfg = translate_config(
+        {
+            "bootstrap.servers": "a:1",
+            "acks": "all",
+            "enable.idempotence": True,
+            "message.timeout.ms": 5000,
+            "queue.buffering.max.messages": 500,
+            "socket.keepalive.enable": True,
+            "partitioner": "murmur2_random",
+        }
+    )
+    assert cfg.warnings == ()
+    assert cfg.options["confirm_timeout"] == 5.0
+    assert cfg.options["max_in_flight"] == 500 and cfg.queue_max == 500
+    assert cfg.options["librdkafka"] == {
+        "socket.keepalive.enable": "true",
+        "partitioner": "murmur2_random",
+    }
+
+
+def test_unsupported_settings_are_refused() -> None:
+    with pytest.raises(ConfigurationError, match="transactions"):
+        translate_config({"bootstrap.servers": "a:1", "transactional.id": "t"})
+    with pytest.raises(ConfigurationError, match=r"bootstrap\.servers"):
+        translate_config({"acks": "all"})
+    with pytest.raises(ConfigurationError, match=r"sasl\.username"):
+        translate_config({"bootstrap.servers": "a:1", "security.protocol": "SASL_PLAINTEXT"})
+
+
+# --- produce / poll / flush ----------------------------------------------------------------
+
+
+def test_confirmed_reports_are_served_on_the_polling_thread(
+    broker: MemoryBroker, tmp_path: Path
+) -> None:
+    rec = Recorder()
+    p = _producer(broker, tmp_path)
+    for i in range(50):
+        p.produce("t", f"v{i}", key=f"k{i % 3}", headers={"h": b"1"}, on_delivery=rec)
+    assert len(rec.reports) == 0  # nothing runs before poll()
+    assert p.flush(5) == 0 and len(p) == 0
+    assert len(rec.reports) == 50
+    assert {tid for _, _, tid in rec.reports} == {threading.get_ident()}
+    err, msg, _ = rec.reports[0]
+    assert err is None
+    assert msg.topic() == "t" and msg.value() == b"v0" and msg.key() == b"k0"  # type: ignore[attr-defined]
+    assert msg.error() is None and not msg.stored()  # type: ignore[attr-defined]
+    assert (STATUS_HEADER, b"confirmed") in msg.headers()  # type: ignore[attr-defined]
+    assert ("h", b"1") in msg.headers()  # type: ignore[attr-defined]
+    ids = [m.message_id() for _, m, _ in rec.reports]  # type: ignore[attr-defined]
+    assert sorted(ids) == sorted(broker.ids("t"))
+    p.close()
+
+
+def test_poll_counts_and_len(broker: MemoryBroker, tmp_path: Path) -> None:
+    rec = Recorder()
+    p = _producer(broker, tmp_path, {"on_delivery": rec})  # default callback from the config
+    p.produce("t", b"a")
+    p.produce("t", b"b", callback=rec)
+    assert len(p) == 2
+    served = 0
+    while served < 2:
+        served += p.poll(1.0)
+    assert len(p) == 0 and len(rec.reports) == 2
+    assert p.poll(0) == 0
+    p.close()
+
+
+def test_stored_message_reports_offset_invalid_and_is_forwarded(
+    broker: MemoryBroker, tmp_path: Path
+) -> None:
+    rec = Recorder()
+    p = _producer(broker, tmp_path)
+    broker.refuse_writes()
+    p.produce("t", b"stored-one", on_delivery=rec)
+    while not rec.reports:
+        p.poll(1.0)
+    err, msg, _ = rec.reports[0]
+    assert err is None
+    assert msg.offset() == OFFSET_INVALID == -1001  # type: ignore[attr-defined]
+    assert msg.stored()  # type: ignore[attr-defined]
+    assert (STATUS_HEADER, b"stored") in msg.headers()  # type: ignore[attr-defined]
+    assert p.pending() == 1 and broker.ids("t") == []
+    broker.accept_writes()
+    assert p.flush(10) == 0
+    assert p.pending() == 0
+    assert broker.ids("t") == [msg.message_id()]  # type: ignore[attr-defined]
+    p.close()
+
+
+def test_permanent_error_reaches_the_callback_as_a_kafka_error(
+    broker: MemoryBroker, tmp_path: Path
+) -> None:
+    rec = Recorder()
+    p = _producer(broker, tmp_path)
+    broker.reject_next(1)
+    p.produce("t", b"x", on_delivery=rec)
+    p.flush(5)
+    err, msg, _ = rec.reports[0]
+    assert isinstance(err, KafkaError)
+    assert err.code() == KafkaError.INVALID_RECORD and not err.retriable()
+    assert msg.error() is err  # type: ignore[attr-defined]
+    assert (STATUS_HEADER, b"failed") in msg.headers()  # type: ignore[attr-defined]
+    p.close()
+
+
+def test_without_an_outbox_a_transient_failure_is_a_retriable_timeout(
+    broker: MemoryBroker, tmp_path: Path
+) -> None:
+    rec = Recorder()
+    p = _producer(broker, tmp_path, {"msgsafe.outbox": False})
+    broker.refuse_writes()
+    p.produce("t", b"x", on_delivery=rec)
+    p.flush(5)
+    err = rec.reports[0][0]
+    assert err is not None and err.code() == KafkaError._MSG_TIMED_OUT and err.retriable()
+    p.close()
+
+
+def test_too_large_raises_like_confluent(broker: MemoryBroker, tmp_path: Path) -> None:
+    p = _producer(broker, tmp_path, {"message.max.bytes": 10})
+    rec = Recorder()
+    p.produce("t", b"x" * 100, on_delivery=rec)  # refused by the transport, reported
+    p.flush(5)
+    err = rec.reports[0][0]
+    assert err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE
+    p.close()
+
+
+def test_buffer_error_when_reports_are_not_served(broker: MemoryBroker, tmp_path: Path) -> None:
+    p = _producer(broker, tmp_path, {"queue.buffering.max.messages": 3})
+    for _ in range(3):
+        p.produce("t", b"x")
+    with pytest.raises(BufferError):
+        p.produce("t", b"x")
+    assert p.flush(5) == 0
+    p.produce("t", b"x")  # room again
+    p.close()
+
+
+def test_argument_errors(broker: MemoryBroker, tmp_path: Path) -> None:
+    p = _producer(broker, tmp_path)
+    with pytest.raises(NotImplementedError, match="partition"):
+        p.produce("t", b"x", partition=2)
+    with pytest.raises(TypeError, match="tombstone"):
+        p.produce("t", None)
+    with pytest.raises(TypeError):
+        p.produce("t", 42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        p.produce("", b"x")
+    with pytest.warns(CompatWarning, match="timestamp"):
+        p.produce("t", b"x", timestamp=1234)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p.produce("t", b"x", timestamp=1234)  # warned once only
+    assert len(p) == 2
+    p.close()
+    with pytest.raises(KafkaException):
+        p.produce("t", b"after close")
+
+
+def test_callback_exception_propagates_from_poll(broker: MemoryBroker, tmp_path: Path) -> None:
+    def boom(err: object, msg: object) -> None:
+        raise RuntimeError("user bug")
+
+    p = _producer(broker, tmp_path)
+    p.produce("t", b"x", on_delivery=boom)
+    with pytest.raises(RuntimeError, match="user bug"):
+        p.flush(5)
+    assert len(p) == 0
+    p.close()

@@ -1,0 +1,54 @@
+"""The error tree: classification, context, pickling."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from msgsafe import errors
+
+ALL = [getattr(errors, name) for name in errors.__all__]
+
+
+@pytest.mark.parametrize("cls", [c for c in ALL if c is not errors.MissingExtra])
+def test_every_error_pickles_with_context(cls: type[errors.MsgsafeError]) -> None:
+    err = cls("boom", endpoint="h1:5672", message_id="id-1")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is cls
+    assert (back.message, back.endpoint, back.message_id) == ("boom", "h1:5672", "id-1")
+    assert "h1:5672" in str(back) and "id-1" in str(back)
+
+
+def test_missing_extra_names_the_install_command() -> None:
+    err = errors.MissingExtra("kafka", "confluent-kafka")
+    assert "pip install 'msgsafe[kafka]'" in str(err)
+    back = pickle.loads(pickle.dumps(err))
+    assert back.extra == "kafka" and isinstance(back, ImportError)
+
+
+def test_rejected_keeps_condition_through_pickle() -> None:
+    back = pickle.loads(pickle.dumps(errors.Rejected("no", condition="amqp:not-allowed")))
+    assert back.condition == "amqp:not-allowed"
+
+
+def test_classification() -> None:
+    assert issubclass(errors.ConfigurationError, ValueError)
+    assert issubclass(errors.InvalidMessage, errors.PermanentError)
+    assert issubclass(errors.InvalidMessage, TypeError)
+    assert issubclass(errors.SendTimeout, TimeoutError)
+    assert not errors.ConnectError.maybe_delivered
+    assert not errors.Refused.maybe_delivered
+    assert errors.ConnectionLost.maybe_delivered
+    assert errors.ConfirmTimeout.maybe_delivered
+    for cls in (errors.ConnectError, errors.ConnectionLost, errors.ConfirmTimeout, errors.Refused):
+        assert issubclass(cls, errors.TransientError)
+    for cls in (
+        errors.AuthenticationError,
+        errors.MessageTooLarge,
+        errors.Unroutable,
+        errors.Rejected,
+    ):
+        assert issubclass(cls, errors.PermanentError)
+    for cls in (errors.OutboxFull, errors.OutboxCorrupt, errors.OutboxLocked):
+        assert issubclass(cls, errors.OutboxError)

@@ -1,0 +1,155 @@
+"""Round trips through memory://: send, poll, ack, nack, redelivery, groups, dedup."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from msgsafe import Consumer, Producer, Status
+from msgsafe.errors import ClosedError, ConfigurationError, InvalidMessage, MessageTooLarge
+from msgsafe.testing import MemoryBroker
+
+
+@pytest.fixture
+def broker() -> Iterator[MemoryBroker]:
+    b = MemoryBroker.install(MemoryBroker(f"t-{uuid.uuid4().hex[:8]}"))
+    yield b
+    MemoryBroker.forget(b.name)
+
+
+def url(b: MemoryBroker) -> str:
+    return f"memory://{b.name}"
+
+
+def test_send_poll_ack(broker: MemoryBroker) -> None:
+    with Producer(url(broker), outbox=False) as p, Consumer(url(broker)) as c:
+        receipt = p.send("q", b"hello", key="k1", headers={"h": "v"})
+        assert receipt.status is Status.CONFIRMED and receipt.destination == "q"
+        c.subscribe("q")
+        [d] = c.poll(timeout=2)
+        assert (d.body, d.key, d.headers["h"], d.message_id) == (
+            b"hello",
+            b"k1",
+            "v",
+            receipt.message_id,
+        )
+        assert d.headers["msgsafe-id"] == receipt.message_id
+        assert not d.redelivered
+        d.ack()
+        assert c.poll(timeout=0.05) == []
+        with pytest.raises(ClosedError):
+            d.ack()  # never acknowledged twice
+
+
+def test_nack_requeue_redelivers_and_reject_drops(broker: MemoryBroker) -> None:
+    with Producer(url(broker), outbox=False) as p, Consumer(url(broker)) as c:
+        p.send("q", b"one")
+        c.subscribe("q")
+        [d] = c.poll(timeout=2)
+        d.nack(requeue=True)
+        [again] = c.poll(timeout=2)
+        assert again.redelivered and again.message_id == d.message_id
+        again.nack(requeue=False)
+        assert c.poll(timeout=0.05) == []
+
+
+def test_unsettled_deliveries_return_when_consumer_closes(broker: MemoryBroker) -> None:
+    with Producer(url(broker), outbox=False) as p:
+        ids = [p.send("q", str(i).encode()).message_id for i in range(5)]
+    first = Consumer(url(broker)).subscribe("q")
+    got = first.poll(max_messages=5, timeout=2)
+    assert [d.message_id for d in got] == ids
+    first.close()
+    with Consumer(url(broker)) as second:
+        second.subscribe("q")
+        again = second.poll(max_messages=5, timeout=2)
+        assert [d.message_id for d in again] == ids
+        assert all(d.redelivered for d in again)
+
+
+def test_groups_each_see_every_message_and_members_share(broker: MemoryBroker) -> None:
+    with Producer(url(broker), outbox=False) as p:
+        ids = {p.send("topic", b"x").message_id for _ in range(10)}
+    a1 = Consumer(url(broker), group="A").subscribe("topic")
+    a2 = Consumer(url(broker), group="A").subscribe("topic")
+    b = Consumer(url(broker), group="B").subscribe("topic")
+    got_a = a1.poll(max_messages=4, timeout=1) + a2.poll(max_messages=10, timeout=1)
+    got_b = b.poll(max_messages=10, timeout=1)
+    assert {d.message_id for d in got_a} == ids and len(got_a) == 10
+    assert {d.message_id for d in got_b} == ids
+    for c in (a1, a2, b):
+        c.close()
+
+
+def test_dedup_drops_known_ids(broker: MemoryBroker) -> None:
+    with Producer(url(broker), outbox=False) as p:
+        r = p.send("q", b"x", message_id="fixed-id")
+        p.send("q", b"x", message_id="fixed-id")  # a retry after an unknown outcome
+        p.send("q", b"y")
+    with Consumer(url(broker), dedup=True) as c:
+        c.subscribe("q")
+        got = c.poll(max_messages=10, timeout=1)
+        for d in got:
+            d.ack()
+        got += c.poll(max_messages=10, timeout=0.1)
+        assert [d.message_id for d in got].count(r.message_id) == 1
+        assert c.duplicates_dropped == 1
+
+
+def test_bad_input_is_typed(broker: MemoryBroker) -> None:
+    with Producer(url(broker), outbox=False, max_message_size=10) as p:
+        with pytest.raises(InvalidMessage):
+            p.send("q", "text")  # type: ignore[arg-type]
+        with pytest.raises(InvalidMessage):
+            p.send("q", b"x", key=3)  # type: ignore[arg-type]
+        with pytest.raises(InvalidMessage):
+            p.send("q", b"x", headers={"a": 1})  # type: ignore[dict-item]
+        with pytest.raises(InvalidMessage):
+            p.send("", b"x")
+        with pytest.raises(MessageTooLarge):
+            p.send("q", b"x" * 11)
+    with pytest.raises(ConfigurationError, match="unknown option"):
+        Producer(url(broker), outbox=False, confirm_timout=3)
+    with pytest.raises(ConfigurationError, match="must be a number"):
+        Producer(url(broker) + "?confirm_timeout=soon", outbox=False)
+
+
+def test_closed_producer_and_consumer(broker: MemoryBroker) -> None:
+    p = Producer(url(broker), outbox=False)
+    p.close()
+    p.close()  # idempotent
+    with pytest.raises(ClosedError):
+        p.send("q", b"x")
+    c = Consumer(url(broker))
+    c.close()
+    with pytest.raises(ClosedError):
+        c.poll()
+
+
+def test_iteration_stops_on_close(broker: MemoryBroker) -> None:
+    with Producer(url(broker), outbox=False) as p:
+        for i in range(3):
+            p.send("q", str(i).encode())
+    c = Consumer(url(broker)).subscribe("q")
+    seen = []
+    for d in c:
+        seen.append(d.body)
+        d.ack()
+        if len(seen) == 3:
+            c.close()
+    assert seen == [b"0", b"1", b"2"]
+
+
+def test_poll_waits_past_dropped_duplicates(broker: MemoryBroker) -> None:
+    with Producer(url(broker), outbox=False) as p, Consumer(url(broker), dedup=True) as c:
+        c.subscribe("q")
+        p.send("q", b"x", message_id="same")
+        [d] = c.poll(timeout=2)
+        d.ack()
+        p.send("q", b"x", message_id="same")  # a duplicate only
+        threading.Timer(0.3, lambda: p.send("q", b"new")).start()
+        [fresh] = c.poll(timeout=5)
+        assert fresh.body == b"new" and c.duplicates_dropped == 1

@@ -1,0 +1,310 @@
+"""The forwarder: delivery, strict per-key order, backoff against a refusing broker,
+quarantine of poison messages, drain — with a scriptable transport and with the memory
+broker."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from pathlib import Path
+
+import pytest
+
+from msgsafe.adapters import open_transport
+from msgsafe.endpoints import parse_url
+from msgsafe.errors import MsgsafeError, Refused, Rejected
+from msgsafe.message import Envelope
+from msgsafe.outbox import Forwarder, SqliteOutbox
+from msgsafe.retry import RetryPolicy
+from msgsafe.testing import MemoryBroker
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ScriptedTransport:
+    """A Transport whose outcomes are decided by ``script(envelope)``: None confirms at
+    once, an error fails the future, ``"hold"`` leaves it pending until released."""
+
+    def __init__(self, script: Callable[[Envelope], object] = lambda e: None) -> None:
+        self.script = script
+        self.published: list[Envelope] = []
+        self.held: list[tuple[Envelope, Future[None]]] = []
+        self.max_in_flight_per_key: dict[bytes, int] = {}
+        self._in_flight: dict[bytes, int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def target(self) -> str:
+        return "scripted://"
+
+    def publish(self, envelope: Envelope) -> Future[None]:
+        future: Future[None] = Future()
+        with self._lock:
+            self.published.append(envelope)
+            if envelope.key is not None:
+                n = self._in_flight.get(envelope.key, 0) + 1
+                self._in_flight[envelope.key] = n
+                self.max_in_flight_per_key[envelope.key] = max(
+                    n, self.max_in_flight_per_key.get(envelope.key, 0)
+                )
+        outcome = self.script(envelope)
+        if outcome == "hold":
+            with self._lock:
+                self.held.append((envelope, future))
+            return future
+        self._finish(envelope, future, outcome)
+        return future
+
+    def _finish(self, envelope: Envelope, future: Future[None], outcome: object) -> None:
+        if envelope.key is not None:
+            with self._lock:
+                self._in_flight[envelope.key] -= 1
+        if isinstance(outcome, MsgsafeError):
+            future.set_exception(outcome)
+        else:
+            future.set_result(None)
+
+    def release_held(self) -> int:
+        with self._lock:
+            held, self.held = self.held, []
+        for envelope, future in held:
+            self._finish(envelope, future, None)
+        return len(held)
+
+    def close(self, timeout: float | None = None) -> None:
+        pass
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(tmp_path: Path, clock: Clock) -> Iterator[SqliteOutbox]:
+    s = SqliteOutbox(tmp_path / "outbox.db", clock=clock)
+    yield s
+    s.close()
+
+
+def envs(n: int, keys: int = 0) -> list[Envelope]:
+    return [
+        Envelope.build("q", b"m%d" % i, key=(f"k{i % keys}" if keys else None)) for i in range(n)
+    ]
+
+
+def test_step_delivers_a_batch_and_removes_it(store: SqliteOutbox, clock: Clock) -> None:
+    sent = envs(25)
+    store.put(sent)
+    transport = ScriptedTransport()
+    fwd = Forwarder(store, transport, batch=10, clock=clock)
+    assert [fwd.step() for _ in range(4)] == [10, 10, 5, 0]
+    assert [e.message_id for e in transport.published] == [e.message_id for e in sent]
+    assert store.stats().depth == 0
+    assert fwd.stats().delivered == 25
+
+
+def test_at_most_one_message_in_flight_per_key_and_order_kept(
+    store: SqliteOutbox, clock: Clock
+) -> None:
+    sent = envs(60, keys=3) + envs(20)
+    store.put(sent)
+    transport = ScriptedTransport(lambda e: "hold")
+    fwd = Forwarder(store, transport, batch=100, clock=clock)
+    done = threading.Thread(target=fwd.step)
+    done.start()
+    # Pump: release whatever is held until the round finished.
+    deadline = time.monotonic() + 10
+    while done.is_alive() and time.monotonic() < deadline:
+        transport.release_held()
+        done.join(0.001)
+    assert not done.is_alive()
+    assert set(transport.max_in_flight_per_key.values()) == {1}
+    for k in (b"k0", b"k1", b"k2"):
+        expected = [e.message_id for e in sent if e.key == k]
+        assert [e.message_id for e in transport.published if e.key == k] == expected
+    assert store.stats().depth == 0
+
+
+def test_keyless_messages_are_pipelined(store: SqliteOutbox, clock: Clock) -> None:
+    store.put(envs(50))
+    transport = ScriptedTransport(lambda e: "hold")
+    fwd = Forwarder(store, transport, batch=100, clock=clock)
+    t = threading.Thread(target=fwd.step)
+    t.start()
+    deadline = time.monotonic() + 10
+    while len(transport.held) < 50 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert len(transport.held) == 50  # all in flight at once
+    transport.release_held()
+    t.join(10)
+    assert store.stats().depth == 0
+
+
+def test_refusing_broker_gets_one_probe_per_backoff_then_full_batches(
+    store: SqliteOutbox, clock: Clock
+) -> None:
+    store.put(envs(100, keys=4))
+    refusing = True
+    transport = ScriptedTransport(lambda e: Refused("nope") if refusing else None)
+    policy = RetryPolicy(initial=1.0, maximum=8.0)
+    fwd = Forwarder(store, transport, batch=50, clock=clock, rng=lambda: 1.0, policy=policy)
+    fwd.step()
+    first_round = len(transport.published)
+    assert first_round <= 50
+    assert fwd.stats().refusing
+    # While the backoff runs, nothing is sent at all.
+    assert fwd.step() == 0
+    waits = []
+    for _ in range(5):
+        waits.append(fwd.next_attempt_in())
+        clock.now += fwd.next_attempt_in() + 0.001
+        before = len(transport.published)
+        assert fwd.step() == 1  # a single probe
+        assert len(transport.published) == before + 1
+    assert waits == sorted(waits) and waits[-1] <= 8.0 + 1e-6  # capped, growing
+    assert store.stats().depth == 100  # nothing lost, nothing quarantined
+    refusing = False
+    clock.now += fwd.next_attempt_in() + 0.001
+    assert fwd.step() == 1  # the probe succeeds ...
+    assert not fwd.stats().refusing
+    clock.now += 100  # released rows' retry times have passed
+    while fwd.step():
+        pass
+    assert store.stats().depth == 0
+    # Per-key order held in what the broker accepted (UUIDv7 ids of one key sort in send
+    # order; the refused attempts before are not deliveries).
+    accepted = transport.published[first_round + 5 :]
+    by_key: dict[bytes | None, list[str]] = {}
+    for e in accepted:
+        by_key.setdefault(e.key, []).append(e.message_id)
+    for k, ids in by_key.items():
+        assert ids == sorted(ids), k
+    assert sum(len(ids) for ids in by_key.values()) == 100
+
+
+def test_permanent_error_quarantines_and_the_key_continues(
+    store: SqliteOutbox, clock: Clock
+) -> None:
+    sent = envs(6, keys=1)
+    store.put(sent)
+    poison = sent[2].message_id
+    transport = ScriptedTransport(
+        lambda e: Rejected("bad", condition="amqp:decode-error") if e.message_id == poison else None
+    )
+    seen: list[tuple[str, str]] = []
+    fwd = Forwarder(
+        store, transport, clock=clock, on_quarantine=lambda e, err: seen.append((e.message_id, err))
+    )
+    fwd.step()
+    assert store.stats().depth == 0 and store.stats().quarantined == 1
+    [q] = store.quarantined()
+    assert q.envelope.message_id == poison and "Rejected" in q.error
+    assert seen and seen[0][0] == poison
+    assert [e.message_id for e in transport.published] == [e.message_id for e in sent]
+
+
+def test_drain_with_the_memory_broker(tmp_path: Path) -> None:
+    broker = MemoryBroker.install(MemoryBroker("outbox-drain"))
+    try:
+        transport = open_transport(parse_url("memory://outbox-drain"), {})
+        store = SqliteOutbox(tmp_path / "o.db")
+        sent = envs(2000, keys=10)
+        store.put(sent)
+        broker.refuse_writes()
+        fwd = Forwarder(store, transport, policy=RetryPolicy(initial=0.01, maximum=0.05))
+        fwd.start()
+        fwd.wake()
+        assert fwd.drain(0.3) == 2000  # refusing: nothing goes
+        broker.accept_writes()
+        assert fwd.drain(20) == 0
+        fwd.stop(5)
+        got = broker.ids("q")
+        assert set(got) == {e.message_id for e in sent}
+        for k in range(10):
+            key = f"k{k}".encode()
+            ids = [e.message_id for e in broker.messages("q") if e.key == key]
+            assert ids == [e.message_id for e in sent if e.key == key]
+        dupes = len(got) - len(set(got))
+        print(f"sent={len(sent)} received={len(set(got))} duplicates={dupes} lost=0")
+        store.close()
+        transport.close()
+    finally:
+        MemoryBroker.forget("outbox-drain")
+
+
+def test_drain_without_thread_returns_remaining(store: SqliteOutbox) -> None:
+    store.put(envs(10))
+    transport = ScriptedTransport(lambda e: Refused("down"))
+    slept: list[float] = []
+    fwd = Forwarder(
+        store, transport, sleep=slept.append, policy=RetryPolicy(initial=0.01, maximum=0.02)
+    )
+    assert fwd.drain(0.2) == 10
+    assert slept
+    assert fwd.last_error is not None and "Refused" in fwd.last_error
+
+
+def test_unanswered_publishes_are_released_at_the_lease_deadline(
+    store: SqliteOutbox, clock: Clock
+) -> None:
+    store.put(envs(3))
+    transport = ScriptedTransport(lambda e: "hold")
+    fwd = Forwarder(store, transport, lease_s=0.2, clock=clock)
+    started = time.monotonic()
+    assert fwd.step() == 3
+    assert time.monotonic() - started < 5
+    assert fwd.stats().refusing and store.stats().depth == 3
+    clock.now += 3600
+    transport.script = lambda e: None
+    fwd.drain(5)
+    assert store.stats().depth == 0
+
+
+def test_a_failed_store_update_is_retried_before_the_next_claim(
+    store: SqliteOutbox, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from msgsafe.errors import OutboxFull
+
+    sent = envs(5)
+    store.put(sent)
+    real = store.delivered
+    calls: list[list[str]] = []
+
+    def flaky(ids: list[str]) -> None:
+        calls.append(list(ids))
+        if len(calls) == 1:
+            raise OutboxFull("disk full")
+        real(ids)
+
+    monkeypatch.setattr(store, "delivered", flaky)
+    transport = ScriptedTransport()
+    fwd = Forwarder(store, transport, clock=clock, policy=RetryPolicy(initial=0, maximum=0))
+    assert fwd.step() == 5
+    assert store.stats().depth == 5  # not yet removed: still leased, not resent
+    assert fwd.step() == 0  # retried the update first; nothing left to claim
+    assert store.stats().depth == 0
+    assert len(transport.published) == 5 and calls[0] == calls[1]
+
+
+def test_drain_pushes_now_after_a_long_outage(store: SqliteOutbox, clock: Clock) -> None:
+    store.put(envs(300, keys=3))
+    refusing = True
+    transport = ScriptedTransport(lambda e: Refused("down") if refusing else None)
+    fwd = Forwarder(store, transport, clock=clock, policy=RetryPolicy(initial=1, maximum=30))
+    for _ in range(12):  # an outage long enough to reach the 30 s cap
+        clock.now += fwd.next_attempt_in() + 0.001
+        fwd.step()
+    assert fwd.stats().refusing
+    refusing = False
+    started = time.monotonic()
+    assert fwd.drain(10) == 0  # no waiting for the backoff or per-row retry times
+    assert time.monotonic() - started < 10

@@ -1,0 +1,296 @@
+"""The SQLite outbox store: durability contract, claims and per-key order, bounds,
+quarantine, restart, and the producer's ``outbox=`` argument."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from msgsafe.endpoints import parse_url
+from msgsafe.errors import ClosedError, ConfigurationError, OutboxFull
+from msgsafe.message import Envelope
+from msgsafe.outbox import SqliteOutbox, default_path, open_store
+from msgsafe.ports import OutboxStore
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(tmp_path: Path, clock: Clock) -> Iterator[SqliteOutbox]:
+    s = SqliteOutbox(tmp_path / "outbox.db", target="amqp://user:secret@h1:5672/", clock=clock)
+    yield s
+    s.close()
+
+
+def env(key: str | None = None, body: bytes = b"x" * 100, **headers: str) -> Envelope:
+    return Envelope.build("q", body, key=key, headers=headers or None)
+
+
+def test_implements_the_protocol(store: SqliteOutbox) -> None:
+    assert isinstance(store, OutboxStore)
+
+
+def test_rows_hold_the_whole_envelope_and_the_target_without_credentials(
+    store: SqliteOutbox,
+) -> None:
+    original = Envelope.build("orders", b"\x00\xffbody", key="k1", headers={"a": "1", "b": "é"})
+    store.put([original])
+    [entry] = store.list()
+    assert entry.envelope == original
+    assert entry.target == "amqp://h1:5672"
+    assert "secret" not in repr(store)
+    [claimed] = store.claim(limit=10, lease_s=30)
+    assert claimed == original
+
+
+def test_put_is_durable_across_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "o.db"
+    sent = [env() for _ in range(50)]
+    s = SqliteOutbox(path)
+    s.put(sent)
+    s.close()
+    s = SqliteOutbox(path)
+    try:
+        assert s.stats().depth == 50
+        got = s.claim(limit=100, lease_s=30)
+        assert [e.message_id for e in got] == [e.message_id for e in sent]
+    finally:
+        s.close()
+
+
+def test_claim_leases_and_expired_leases_come_back(store: SqliteOutbox, clock: Clock) -> None:
+    store.put([env() for _ in range(3)])
+    first = store.claim(limit=10, lease_s=5)
+    assert len(first) == 3
+    assert store.claim(limit=10, lease_s=5) == []
+    clock.now += 6
+    again = store.claim(limit=10, lease_s=5)
+    assert [e.message_id for e in again] == [e.message_id for e in first]
+
+
+def test_claim_keeps_per_key_order(store: SqliteOutbox, clock: Clock) -> None:
+    a1, b1, a2, n1, b2, a3 = env("a"), env("b"), env("a"), env(), env("b"), env("a")
+    store.put([a1, b1, a2, n1, b2, a3])
+    got = store.claim(limit=2, lease_s=30)
+    assert [e.message_id for e in got] == [a1.message_id, b1.message_id]
+    # a2 and b2 wait behind their leased heads; the keyless one does not.
+    got = store.claim(limit=10, lease_s=30)
+    assert [e.message_id for e in got] == [n1.message_id]
+    # a1 fails for later: a2, a3 stay blocked; b1 delivered: b2 is next.
+    store.failed(a1.message_id, error="refused", retry_at=clock.now + 10)
+    store.delivered([b1.message_id, n1.message_id])
+    got = store.claim(limit=10, lease_s=30)
+    assert [e.message_id for e in got] == [b2.message_id]
+    clock.now += 11
+    store.delivered([b2.message_id])
+    got = store.claim(limit=10, lease_s=30)
+    assert [e.message_id for e in got] == [a1.message_id, a2.message_id, a3.message_id]
+
+
+def test_failed_without_retry_quarantines_and_replay_brings_it_back(store: SqliteOutbox) -> None:
+    a1, a2 = env("a"), env("a")
+    store.put([a1, a2])
+    store.claim(limit=1, lease_s=30)
+    store.failed(a1.message_id, error="Rejected: bad", retry_at=None)
+    stats = store.stats()
+    assert (stats.depth, stats.quarantined) == (1, 1)
+    [q] = store.quarantined()
+    assert q.envelope == a1 and q.error == "Rejected: bad" and q.attempts == 1
+    # The poison message is out of the way: the key continues.
+    assert [e.message_id for e in store.claim(limit=5, lease_s=30)] == [a2.message_id]
+    store.delivered([a2.message_id])
+    assert not store.has_key(b"a")
+    assert store.replay("all") == 1
+    assert store.has_key(b"a")
+    assert [e.message_id for e in store.claim(limit=5, lease_s=30)] == [a1.message_id]
+    store.failed(a1.message_id, error="again", retry_at=None)
+    assert store.purge("all") == 1
+    assert store.stats().quarantined == 0 and store.stats().depth == 0
+
+
+def test_has_key_follows_puts_deliveries_and_restart(tmp_path: Path) -> None:
+    path = tmp_path / "o.db"
+    s = SqliteOutbox(path)
+    e1, e2 = env("k"), env("k")
+    assert not s.has_key(b"k")
+    s.put([e1, e2])
+    assert s.has_key(b"k")
+    s.delivered([e1.message_id])
+    assert s.has_key(b"k")
+    s.close()
+    s = SqliteOutbox(path)
+    assert s.has_key(b"k")
+    s.delivered([e2.message_id])
+    assert not s.has_key(b"k")
+    s.close()
+
+
+def test_repeated_put_of_the_same_id_keeps_one_copy(store: SqliteOutbox) -> None:
+    e1 = env("k")
+    store.put([e1])
+    store.put([e1, env("k")])
+    assert store.stats().depth == 2
+    store.delivered([e1.message_id])
+    assert store.has_key(b"k")
+
+
+@pytest.mark.parametrize("bound", ["rows", "bytes"])
+def test_bounds_raise_outbox_full_and_store_nothing_of_that_put(tmp_path: Path, bound: str) -> None:
+    limits = {"max_rows": 10} if bound == "rows" else {"max_bytes": 1000}
+    s = SqliteOutbox(tmp_path / "o.db", **limits)  # type: ignore[arg-type]
+    try:
+        s.put([env() for _ in range(8)])  # 8 rows, 808 bytes
+        with pytest.raises(OutboxFull):
+            s.put([env() for _ in range(3)])
+        assert s.stats().depth == 8
+        s.put([env()])
+        assert s.stats().depth == 9
+    finally:
+        s.close()
+
+
+def test_age_bound_refuses_new_puts_and_keeps_old_ones(tmp_path: Path, clock: Clock) -> None:
+    s = SqliteOutbox(tmp_path / "o.db", max_age_s=60, clock=clock)
+    try:
+        old = Envelope("q", b"x", created_at=clock.now)
+        s.put([old])
+        clock.now += 61
+        with pytest.raises(OutboxFull, match="max_age_s"):
+            s.put([env()])
+        assert s.stats().depth == 1
+        s.delivered([old.message_id])
+        s.put([env()])
+    finally:
+        s.close()
+
+
+def test_concurrent_puts_share_commits_and_lose_nothing(store: SqliteOutbox) -> None:
+    sent: list[str] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        for _ in range(200):
+            e = env()
+            store.put([e])
+            with lock:
+                sent.append(e.message_id)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = {e.message_id for e in store.claim(limit=10_000, lease_s=30)}
+    assert got == set(sent) and len(sent) == 800
+
+
+def test_stats_and_pending(store: SqliteOutbox, clock: Clock) -> None:
+    assert store.stats().oldest_age_s is None
+    store.put([Envelope("q", b"abc", created_at=clock.now - 5)])
+    stats = store.stats()
+    assert stats.depth == 1 and stats.bytes == 3 and stats.oldest_age_s == pytest.approx(5)
+    assert store.pending() == 1
+
+
+def test_closed_store_refuses(tmp_path: Path) -> None:
+    s = SqliteOutbox(tmp_path / "o.db")
+    s.close()
+    s.close()
+    with pytest.raises(ClosedError):
+        s.put([env()])
+
+
+def test_file_is_wal_with_schema_version(tmp_path: Path) -> None:
+    path = tmp_path / "o.db"
+    SqliteOutbox(path).close()
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    finally:
+        conn.close()
+
+
+def test_open_store_specs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    url = parse_url("amqp://user:pw@h1:5672,h2:5672/%2F")
+    assert open_store(False, url) is None
+    assert open_store(None, url) is None
+    default = open_store(True, url)
+    try:
+        assert isinstance(default, SqliteOutbox)
+        assert default.path == default_path(url)
+        assert str(default.path).startswith(str(tmp_path / "data"))
+        assert "pw" not in default.path.name and "user" not in default.path.name
+        # A password change keeps the same file: it is keyed without credentials.
+        assert default_path(parse_url("amqp://other:x@h1:5672,h2:5672/%2F")) == default.path
+        assert default.target == url.redacted()
+    finally:
+        if default is not None:
+            default.close()
+    explicit = open_store(str(tmp_path / "x.db"), url)
+    assert isinstance(explicit, SqliteOutbox)
+    assert open_store(explicit, url) is explicit
+    explicit.close()
+    with pytest.raises(ConfigurationError):
+        open_store(42, url)  # type: ignore[arg-type]
+
+
+def test_open_store_shares_one_file_within_the_process(tmp_path: Path) -> None:
+    url = parse_url("memory://shared")
+    first = open_store(tmp_path / "s.db", url)
+    second = open_store(str(tmp_path / "s.db"), url)
+    assert isinstance(first, SqliteOutbox) and first is second
+    first.put([env()])
+    first.close()  # the other user still has it open
+    assert second.stats().depth == 1
+    second.close()
+    with pytest.raises(ClosedError):
+        second.put([env()])
+    third = open_store(tmp_path / "s.db", url)  # a fresh store once all users closed
+    assert third is not first and third is not None
+    assert third.stats().depth == 1
+    third.close()
+
+
+def test_a_read_never_fails_because_a_write_of_its_group_did(tmp_path: Path) -> None:
+    from msgsafe.outbox._writer import Batch, GroupCommitWriter
+
+    conn = sqlite3.connect(tmp_path / "w.db", isolation_level=None, check_same_thread=False)
+    conn.execute("CREATE TABLE t (x INTEGER)")
+    conn.execute("INSERT INTO t VALUES (7)")
+
+    def full_disk(conn: sqlite3.Connection, payloads: list[object]) -> Batch[object]:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    def read(conn: sqlite3.Connection, payloads: list[object]) -> Batch[object]:
+        (value,) = conn.execute("SELECT x FROM t").fetchone()
+        return Batch([value] * len(payloads))
+
+    writer = GroupCommitWriter(conn, lambda exc: OutboxFull(str(exc)))
+    # Queued before the thread starts, so both land in one group.
+    write = writer.submit(full_disk, None)
+    reading = writer.submit(read, None, read_only=True)
+    writer.start()
+    try:
+        with pytest.raises(OutboxFull):
+            write.result(timeout=10)
+        assert reading.result(timeout=10) == 7
+    finally:
+        writer.close(10)
+        conn.close()
