@@ -38,7 +38,7 @@ def main(url: str = DEFAULT_URL) -> int:
 
             # Resend the first message with the same id, as a retry after a timeout
             # would: the consumer's dedup drops the copy.
-            again = producer.send(destination, b"order 0", message_id=sent[0])
+            again = producer.send(destination, b"order 0", key="customer-7", message_id=sent[0])
             print(f"resent {again.message_id} {again.status.name}")
 
         # A new Kafka group starts at the beginning of the topic (auto_offset_reset=
@@ -58,8 +58,13 @@ def main(url: str = DEFAULT_URL) -> int:
                     received.append(delivery.message_id or "")
                     delivery.ack()  # processed: the broker may forget it now
 
-            # Give the duplicate a moment to arrive and be dropped.
-            consumer.poll(max_messages=10, timeout=1.0)
+            # The copy arrives after the originals (same key, so same partition or queue);
+            # poll a little longer so the consumer sees it and drops it.
+            deadline = time.monotonic() + 10.0
+            while consumer.duplicates_dropped == 0 and time.monotonic() < deadline:
+                for delivery in consumer.poll(max_messages=10, timeout=1.0):
+                    received.append(delivery.message_id or "")  # never a copy: dedup
+                    delivery.ack()
             print(
                 f"sent {len(sent)} · received {len(received)} · "
                 f"duplicates dropped {consumer.duplicates_dropped}"

@@ -105,11 +105,7 @@ def test_sigstop(
 def test_all_brokers_down(
     chaos_rep: int, rabbit: RabbitCluster, rabbit_proxies: FaultProxies, tmp_path: Path
 ) -> None:
-    def kill_all() -> None:
-        for i in range(len(rabbit.nodes)):
-            rabbit.kill(i)
-
-    fault = Fault("all brokers down", kill_all, rabbit.heal, 6.0, expect=stored_during_fault)
+    fault = Fault("all brokers down", rabbit.kill_all, rabbit.heal, 6.0, expect=stored_during_fault)
     _cell(rabbit, rabbit_proxies, fault, tmp_path / "outbox.db")
 
 

@@ -30,7 +30,7 @@ def test_demo_the_readme_command_prints_lost_0_within_a_minute() -> None:
 
 
 def test_demo_json_report_counts_every_message(kafka_cluster: KafkaCluster) -> None:
-    result = msgsafe("demo", "--url", kafka_cluster.url, "--count", "300", "--json")
+    result = msgsafe("demo", "--url", kafka_cluster.broker_url(0), "--count", "300", "--json")
     assert result.code == 0, result.stderr[-3000:]
     report = result.json()
     print({k: v for k, v in report.items() if k != "timeline"})
@@ -46,7 +46,7 @@ def test_verify_counts_every_message_back(
 ) -> None:
     result = msgsafe(
         "verify",
-        kafka_cluster.url,
+        kafka_cluster.broker_url(0),
         kafka_topic,
         "--count",
         "400",
@@ -67,7 +67,7 @@ def test_verify_counts_every_message_back(
 
 
 def test_doctor_flags_replication_factor_1(kafka_cluster: KafkaCluster, kafka_topic: str) -> None:
-    result = msgsafe("doctor", kafka_cluster.url, kafka_topic, "--json")
+    result = msgsafe("doctor", kafka_cluster.broker_url(0), kafka_topic, "--json")
     report = result.json()
     assert result.code == 6, report
     critical = [f for f in report["findings"] if f["severity"] == "critical"]
@@ -80,7 +80,7 @@ def test_doctor_flags_replication_factor_1(kafka_cluster: KafkaCluster, kafka_to
     # tansu answers DescribeConfigs with nothing: reported as unknown, never guessed ok.
     unknown = {f["setting"] for f in report["findings"] if f["severity"] == "unknown"}
     assert "min.insync.replicas" in unknown
-    human = msgsafe("doctor", kafka_cluster.url, kafka_topic)
+    human = msgsafe("doctor", kafka_cluster.broker_url(0), kafka_topic)
     assert human.code == 6
     assert "replication factor" in human.stdout and "fix:" in human.stdout
 
@@ -94,12 +94,18 @@ def test_doctor_unreachable_broker_exits_3() -> None:
 def test_send_then_consume_round_trip(kafka_cluster: KafkaCluster, kafka_topic: str) -> None:
     lines = [f"line {i} ünïcode" for i in range(25)]
     sent = msgsafe(
-        "send", kafka_cluster.url, kafka_topic, "--no-outbox", stdin="\n".join(lines) + "\n"
+        "send",
+        kafka_cluster.broker_url(0),
+        kafka_topic,
+        "--no-outbox",
+        stdin="\n".join(lines) + "\n",
     )
     assert sent.code == 0, sent.stderr
     receipts = sent.stdout.splitlines()
     assert len(receipts) == 25 and all(r.startswith("confirmed") for r in receipts)
-    got = msgsafe("consume", kafka_cluster.url, kafka_topic, "--count", "25", "--timeout", "30")
+    got = msgsafe(
+        "consume", kafka_cluster.broker_url(0), kafka_topic, "--count", "25", "--timeout", "30"
+    )
     assert got.code == 0, got.stderr
     assert sorted(got.stdout.splitlines()) == sorted(lines)
 
@@ -108,16 +114,16 @@ def test_outbox_drain_forwards_a_stored_file(
     kafka_cluster: KafkaCluster, kafka_topic: str, tmp_path: Path
 ) -> None:
     path = tmp_path / "outbox.sqlite3"
-    store = SqliteOutbox(path, target=kafka_cluster.url)
+    store = SqliteOutbox(path, target=kafka_cluster.broker_url(0))
     envelopes = [Envelope.build(kafka_topic, f"m{i}".encode(), key="k") for i in range(30)]
     store.put(envelopes)
     store.close()
     status = msgsafe("outbox", "status", str(path), "--json")
     assert status.code == 0 and status.json()["waiting"] == 30
-    drained = msgsafe("outbox", "drain", str(path), "--url", kafka_cluster.url, "--json")
+    drained = msgsafe("outbox", "drain", str(path), "--url", kafka_cluster.broker_url(0), "--json")
     assert drained.code == 0, drained.stderr
     assert drained.json()["delivered"] == 30 and drained.json()["remaining"] == 0
-    got = msgsafe("consume", kafka_cluster.url, kafka_topic, "--count", "30", "--json")
+    got = msgsafe("consume", kafka_cluster.broker_url(0), kafka_topic, "--count", "30", "--json")
     ids = [line for line in got.stdout.splitlines() if line]
     received = [json.loads(line)["message_id"] for line in ids]
     assert sorted(received) == sorted(e.message_id for e in envelopes)

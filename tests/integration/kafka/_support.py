@@ -104,10 +104,14 @@ def read_log(
     *,
     deadline_s: float,
     on_id: collections.abc.Callable[[str], None] | None = None,
+    idle_s: float = 15.0,
 ) -> collections.Counter[str]:
     """Read every partition of ``topic`` from offset 0 by explicit assignment (no group,
-    no ListOffsets) until every id in ``expected`` was seen or the deadline; returns how
-    often each id is in the log. ``on_id`` sees ids in log order per partition.
+    no ListOffsets) until every id in ``expected`` was seen, the deadline passed, or —
+    once something was read — nothing more arrived for ``idle_s`` (the log is written
+    before it is read, so a reader that has gone quiet that long is at its end and the
+    ids still missing are not in it); returns how often each id is in the log. ``on_id``
+    sees ids in log order per partition.
 
     NOTE: this checks what the log holds, independent of tansu's group and
     ListOffsets answers, which are unreliable after broker restarts.
@@ -132,8 +136,13 @@ def read_log(
         missing = set(expected)
         deadline = time.monotonic() + deadline_s
         quiet_until: float | None = None
+        last_record: float | None = None
         while time.monotonic() < deadline:
             batch = consumer.consume(5000, 0.5)
+            if batch:
+                last_record = time.monotonic()
+            elif last_record is not None and time.monotonic() - last_record >= idle_s:
+                break
             for msg in batch:
                 if msg.error() is not None:
                     continue

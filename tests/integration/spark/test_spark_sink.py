@@ -93,14 +93,20 @@ def test_streaming_query_publishes_every_row_to_kafka(
 ) -> None:
     started = time.monotonic()
     # Content ids (no id_cols): the rows' key, value and headers.
-    sink = foreach_batch_sink(kafka_cluster.url, kafka_topic, key_col="key", header_cols=("ts",))
+    sink = foreach_batch_sink(
+        kafka_cluster.broker_url(0), kafka_topic, key_col="key", header_cols=("ts",)
+    )
     _stream(spark, sink, tmp_path / "checkpoint")
     assert sum(r.rows for r in sink.reports) == BATCHES * ROWS_PER_BATCH
     assert all(r.failed == 0 and r.confirmed == r.rows for r in sink.reports)
 
     expected = _expected_stream_rows()
     got = consume(
-        kafka_cluster.url, kafka_topic, set(expected), deadline_s=60, group=f"g-{uuid.uuid4()}"
+        kafka_cluster.broker_url(0),
+        kafka_topic,
+        set(expected),
+        deadline_s=60,
+        group=f"g-{uuid.uuid4()}",
     )
     counts = tally(expected, got)
     _report("spark stream -> kafka", sink, counts, time.monotonic() - started)
