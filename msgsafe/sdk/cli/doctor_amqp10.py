@@ -99,6 +99,22 @@ def _findings(url: BrokerUrl, endpoint: str, conn: Any) -> list[Finding]:
                 f"the client fails over across the {len(url.endpoints)} hosts in the URL",
             )
         )
+    if "rabbitmq" in product.lower():
+        # NOTE: measured against RabbitMQ 3.10: a transfer to /amq/queue/NAME for a queue
+        # that does not exist is settled "accepted" and dropped; AMQP 1.0 has no
+        # mandatory flag, so no client can tell it from a delivered message.
+        findings.append(
+            Finding(
+                Severity.WARNING,
+                f"peer {endpoint}",
+                "unroutable messages",
+                "accepted and dropped",
+                "RabbitMQ's AMQP 1.0 plugin accepts a message for a queue that does not "
+                "exist (never declared, or deleted) and drops it",
+                "declare every queue before sending, or publish with amqp:// (0-9-1), where "
+                "msgsafe sends mandatory and an unroutable message is a typed error",
+            )
+        )
     findings.append(
         Finding(
             Severity.UNKNOWN,

@@ -37,7 +37,9 @@ def test_doctor_reads_rabbitmq_amqp10_open_frame(rabbit_urls: RabbitUrls) -> Non
     report = result.json()
     frame = next(f for f in report["findings"] if f["setting"] == "open frame")
     assert "RabbitMQ" in frame["value"]
-    assert result.code == 5  # one host, nothing advertised
+    dropped = next(f for f in report["findings"] if f["setting"] == "unroutable messages")
+    assert dropped["severity"] == "warning"
+    assert result.code == 5  # one host, nothing advertised; unroutable messages dropped
 
 
 def test_send_and_consume_through_an_amqp10_peer(amqp10_peers: PeerFactory) -> None:
