@@ -29,8 +29,8 @@ def test_demo_the_readme_command_prints_lost_0_within_a_minute() -> None:
     assert result.seconds < 60
 
 
-def test_demo_json_report_counts_every_message(kafka_cluster: KafkaCluster) -> None:
-    result = msgsafe("demo", "--url", kafka_cluster.broker_url(0), "--count", "300", "--json")
+def test_demo_json_report_counts_every_message(kafka_url: str) -> None:
+    result = msgsafe("demo", "--url", kafka_url, "--count", "300", "--json")
     assert result.code == 0, result.stderr[-3000:]
     report = result.json()
     print({k: v for k, v in report.items() if k != "timeline"})
@@ -41,12 +41,10 @@ def test_demo_json_report_counts_every_message(kafka_cluster: KafkaCluster) -> N
     assert report["unexpected"] == 0
 
 
-def test_verify_counts_every_message_back(
-    kafka_cluster: KafkaCluster, kafka_topic: str, tmp_path: Path
-) -> None:
+def test_verify_counts_every_message_back(kafka_url: str, kafka_topic: str, tmp_path: Path) -> None:
     result = msgsafe(
         "verify",
-        kafka_cluster.broker_url(0),
+        kafka_url,
         kafka_topic,
         "--count",
         "400",
@@ -93,11 +91,11 @@ def test_doctor_unreachable_broker_exits_3() -> None:
     assert "error" in result.json()
 
 
-def test_send_then_consume_round_trip(kafka_cluster: KafkaCluster, kafka_topic: str) -> None:
+def test_send_then_consume_round_trip(kafka_url: str, kafka_topic: str) -> None:
     lines = [f"line {i} ünïcode" for i in range(25)]
     sent = msgsafe(
         "send",
-        kafka_cluster.broker_url(0),
+        kafka_url,
         kafka_topic,
         "--no-outbox",
         stdin="\n".join(lines) + "\n",
@@ -105,27 +103,25 @@ def test_send_then_consume_round_trip(kafka_cluster: KafkaCluster, kafka_topic: 
     assert sent.code == 0, sent.stderr
     receipts = sent.stdout.splitlines()
     assert len(receipts) == 25 and all(r.startswith("confirmed") for r in receipts)
-    got = msgsafe(
-        "consume", kafka_cluster.broker_url(0), kafka_topic, "--count", "25", "--timeout", "30"
-    )
+    got = msgsafe("consume", kafka_url, kafka_topic, "--count", "25", "--timeout", "30")
     assert got.code == 0, got.stderr
     assert sorted(got.stdout.splitlines()) == sorted(lines)
 
 
 def test_outbox_drain_forwards_a_stored_file(
-    kafka_cluster: KafkaCluster, kafka_topic: str, tmp_path: Path
+    kafka_url: str, kafka_topic: str, tmp_path: Path
 ) -> None:
     path = tmp_path / "outbox.sqlite3"
-    store = SqliteOutbox(path, target=kafka_cluster.broker_url(0))
+    store = SqliteOutbox(path, target=kafka_url)
     envelopes = [Envelope.build(kafka_topic, f"m{i}".encode(), key="k") for i in range(30)]
     store.put(envelopes)
     store.close()
     status = msgsafe("outbox", "status", str(path), "--json")
     assert status.code == 0 and status.json()["waiting"] == 30
-    drained = msgsafe("outbox", "drain", str(path), "--url", kafka_cluster.broker_url(0), "--json")
+    drained = msgsafe("outbox", "drain", str(path), "--url", kafka_url, "--json")
     assert drained.code == 0, drained.stderr
     assert drained.json()["delivered"] == 30 and drained.json()["remaining"] == 0
-    got = msgsafe("consume", kafka_cluster.broker_url(0), kafka_topic, "--count", "30", "--json")
+    got = msgsafe("consume", kafka_url, kafka_topic, "--count", "30", "--json")
     ids = [line for line in got.stdout.splitlines() if line]
     received = [json.loads(line)["message_id"] for line in ids]
     assert sorted(received) == sorted(e.message_id for e in envelopes)
@@ -186,12 +182,12 @@ def test_verify_while_its_broker_is_paused_and_resumed(
 
 
 def test_verify_finds_its_run_among_earlier_ones_and_a_consume_phase_can_repeat(
-    kafka_cluster: KafkaCluster, kafka_topic: str, tmp_path: Path
+    kafka_url: str, kafka_topic: str, tmp_path: Path
 ) -> None:
     """A run's group reads the topic from its beginning and counts the earlier runs'
     records as foreign; a consume-only phase of an earlier run can be repeated.
     (One broker: see msgsafe.testing.kafka on tansu's shared log.)"""
-    url = kafka_cluster.broker_url(0)
+    url = kafka_url
     common = ["--outbox", str(tmp_path / "outbox.sqlite3"), "--timeout", "5", "--json"]
     first = msgsafe("verify", url, kafka_topic, "--count", "200", *common)
     assert first.code == 0, first.stdout[-3000:]

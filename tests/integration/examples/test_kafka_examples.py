@@ -7,15 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from msgsafe.testing.kafka import KafkaCluster
 from tests.integration.examples._run import run_example
 
 pytestmark = pytest.mark.integration
 
 
-def test_kafka_keys(kafka_cluster: KafkaCluster, tmp_path: Path) -> None:
+def test_kafka_keys(kafka_url: str, tmp_path: Path) -> None:
     # The example creates its own topic, as it does for a user.
-    result = run_example("kafka_keys.py", kafka_cluster.broker_url(0), home=tmp_path)
+    result = run_example("kafka_keys.py", kafka_url, home=tmp_path)
     assert result.code == 0, result.stderr
     lines = result.lines()
     assert re.fullmatch(r"created topic keys-[0-9a-f]{8}", lines[0])
@@ -24,8 +23,8 @@ def test_kafka_keys(kafka_cluster: KafkaCluster, tmp_path: Path) -> None:
         assert f"customer-{n}: received 50 of 50, in order: True" in lines
 
 
-def test_quickstart_on_kafka(kafka_cluster: KafkaCluster, tmp_path: Path) -> None:
-    result = run_example("quickstart.py", kafka_cluster.broker_url(0), home=tmp_path)
+def test_quickstart_on_kafka(kafka_url: str, tmp_path: Path) -> None:
+    result = run_example("quickstart.py", kafka_url, home=tmp_path)
     assert result.code == 0, result.stderr
     assert sum(line.endswith(" CONFIRMED") for line in result.lines()) == 4
     assert result.lines()[-1] == "sent 3 · received 3 · duplicates dropped 1"

@@ -34,12 +34,12 @@ def test_transactional_outbox_on_memory(postgres_conninfo: str, tmp_path: Path) 
 
 
 def test_transactional_outbox_on_kafka(
-    postgres_conninfo: str, kafka_cluster: KafkaCluster, tmp_path: Path
+    postgres_conninfo: str, kafka_cluster: KafkaCluster, kafka_url: str, tmp_path: Path
 ) -> None:
     kafka_cluster.create_topic("order-placed", partitions=3)
     result = run_example(
         "transactional_outbox.py",
-        kafka_cluster.broker_url(0),
+        kafka_url,
         home=tmp_path,
         env={"DATABASE_URL": postgres_conninfo},
     )
@@ -53,7 +53,7 @@ def test_transactional_outbox_on_kafka(
     # rolled-back one never. Other runs of this test in the session add other orders.
     bodies: list[str] = []
     group = f"tx-check-{time.monotonic_ns()}"
-    with msgsafe.Consumer(kafka_cluster.broker_url(0), group=group, dedup=True) as consumer:
+    with msgsafe.Consumer(kafka_url, group=group, dedup=True) as consumer:
         consumer.subscribe("order-placed")
         deadline = time.monotonic() + 60
         quiet_until = None

@@ -38,7 +38,7 @@ def _read(consumer: msgsafe.Consumer, want: int, seconds: float) -> list[str]:
 
 
 def test_spark_sink_publishes_and_a_rerun_deduplicates(
-    spark: Any, kafka_cluster: KafkaCluster
+    spark: Any, kafka_cluster: KafkaCluster, kafka_url: str
 ) -> None:
     example = _example()
     topic = f"spark-{new_message_id()}"
@@ -46,19 +46,19 @@ def test_spark_sink_publishes_and_a_rerun_deduplicates(
     group = f"{topic}-check"
     kafka_cluster.start_group_at_zero(topic, group)
 
-    report = example.publish_orders(spark, kafka_cluster.broker_url(0), topic)
+    report = example.publish_orders(spark, kafka_url, topic)
     print(report)
     assert (report.rows, report.failed) == (100, 0)
     assert report.confirmed + report.stored == 100
 
-    with msgsafe.Consumer(kafka_cluster.broker_url(0), group=group, dedup=True) as consumer:
+    with msgsafe.Consumer(kafka_url, group=group, dedup=True) as consumer:
         consumer.subscribe(topic)
         first = _read(consumer, 100, 60)
         assert len(first) == len(set(first)) == 100
 
         # The same batch id again (a replayed micro-batch, a re-run job): same ids,
         # all dropped by the consumer's dedup.
-        again = example.publish_orders(spark, kafka_cluster.broker_url(0), topic)
+        again = example.publish_orders(spark, kafka_url, topic)
         assert (again.rows, again.failed) == (100, 0)
         deadline = time.monotonic() + 60
         extra: list[str] = []

@@ -89,20 +89,18 @@ def _report(name: str, sink: ForeachBatchSink, counts: object, seconds: float) -
 
 
 def test_streaming_query_publishes_every_row_to_kafka(
-    spark: Any, kafka_cluster: KafkaCluster, kafka_topic: str, tmp_path: Path
+    spark: Any, kafka_url: str, kafka_topic: str, tmp_path: Path
 ) -> None:
     started = time.monotonic()
     # Content ids (no id_cols): the rows' key, value and headers.
-    sink = foreach_batch_sink(
-        kafka_cluster.broker_url(0), kafka_topic, key_col="key", header_cols=("ts",)
-    )
+    sink = foreach_batch_sink(kafka_url, kafka_topic, key_col="key", header_cols=("ts",))
     _stream(spark, sink, tmp_path / "checkpoint")
     assert sum(r.rows for r in sink.reports) == BATCHES * ROWS_PER_BATCH
     assert all(r.failed == 0 and r.confirmed == r.rows for r in sink.reports)
 
     expected = _expected_stream_rows()
     got = consume(
-        kafka_cluster.broker_url(0),
+        kafka_url,
         kafka_topic,
         set(expected),
         deadline_s=60,
