@@ -6,7 +6,7 @@ import enum
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -14,12 +14,14 @@ from msgsafe.errors import ClosedError, InvalidMessage
 
 __all__ = [
     "MESSAGE_ID_HEADER",
+    "Batch",
     "Delivery",
     "Envelope",
     "Outcome",
     "Receipt",
     "Status",
     "new_message_id",
+    "new_message_ids",
     "validate_body",
 ]
 
@@ -99,6 +101,41 @@ def new_message_id() -> str:
         f"{prefix}{stamp & 0xFFF:03x}-{_VARIANT_DIGIT[digits[pos]]}"
         f"{digits[pos + 1 : pos + 4]}-{digits[pos + 4 : pos + 16]}"
     )
+
+
+def new_message_ids(count: int) -> list[str]:
+    """``count`` UUIDv7 strings, time ordered and monotonic within the process like
+    :func:`new_message_id`, at a fraction of the cost per id.
+
+    NOTE: RFC 9562 §6.2 method 2 ("monotonic random"): the batch takes one value of the
+    process's sub-millisecond counter (``rand_a``) and 14 random bits, so its prefix
+    differs from every other id of the process; within the batch the low 48 bits of
+    ``rand_b`` count up from a random start. Each id is then one string format.
+    """
+    global _uuid7_last
+    if count <= 0:
+        return []
+    if count > _BATCH_IDS_MAX:
+        ids: list[str] = []
+        for offset in range(0, count, _BATCH_IDS_MAX):
+            ids.extend(new_message_ids(min(_BATCH_IDS_MAX, count - offset)))
+        return ids
+    now = time.time_ns() // 1_000_000 << 12
+    with _uuid7_lock:
+        stamp = now if now > _uuid7_last else _uuid7_last + 1
+        _uuid7_last = stamp
+    unix_ms = stamp >> 12
+    ms_hex = f"{unix_ms & 0xFFFFFFFFFFFF:012x}"
+    noise = int.from_bytes(os.urandom(8), "big")
+    variant = 0x8000 | (noise >> 50 & 0x3FFF)
+    # A start low enough that the counter cannot carry out of its 48 bits.
+    first = (noise & 0xFFFFFFFFFFFF) % ((1 << 48) - count)
+    pattern = f"{ms_hex[:8]}-{ms_hex[8:]}-7{stamp & 0xFFF:03x}-{variant:04x}-%012x"
+    return list(map(pattern.__mod__, range(first, first + count)))
+
+
+#: Ids made per prefix by new_message_ids (a bound on how far a counter start is drawn).
+_BATCH_IDS_MAX = 1 << 20
 
 
 class Status(enum.Enum):
@@ -227,6 +264,110 @@ class Envelope:
         if self.headers:
             size += sum(len(k) + len(v) for k, v in self.headers.items())
         return size
+
+
+def _batch_keys(keys: Iterable[str | bytes | None], count: int) -> list[bytes | None]:
+    out: list[bytes | None] = []
+    for key in keys:
+        if key is None or type(key) is bytes:
+            out.append(key)
+        elif isinstance(key, str):
+            out.append(key.encode())
+        elif isinstance(key, (bytes, bytearray, memoryview)):
+            out.append(bytes(key))
+        else:
+            raise InvalidMessage(f"key must be str or bytes, not {type(key).__name__}")
+    if len(out) != count:
+        raise InvalidMessage(f"{len(out)} keys for {count} bodies: give one key per body")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Many messages to one destination, held column by column.
+
+    The batch path exists for the per-message cost: an :class:`Envelope` is a Python
+    object per message, a batch is a few lists. ``bodies[i]``, ``message_ids[i]`` and
+    ``keys[i]`` (when ``keys`` is not None) describe message ``i``; ``headers`` apply
+    to every message. :meth:`envelope` gives message ``i`` as an envelope with the same
+    id, which is what the outbox stores when message ``i`` takes a detour.
+    """
+
+    destination: str
+    bodies: Sequence[bytes]
+    message_ids: Sequence[str]
+    keys: Sequence[bytes | None] | None = None
+    headers: Mapping[str, str] = field(default_factory=lambda: _NO_HEADERS)
+    created_at: float = field(default_factory=time.time)
+
+    @classmethod
+    def build(
+        cls,
+        destination: str,
+        bodies: Iterable[object],
+        *,
+        keys: Iterable[str | bytes | None] | None = None,
+        headers: Mapping[str, str] | None = None,
+        message_ids: Iterable[str] | None = None,
+    ) -> Batch:
+        """Validate user input and build a batch; raises :class:`InvalidMessage` before
+        anything is sent if any body, key or id is not acceptable."""
+        if not isinstance(destination, str) or not destination:
+            raise InvalidMessage("destination must be a non-empty string")
+        if isinstance(bodies, (bytes, bytearray, memoryview, str)):
+            raise InvalidMessage("bodies must be an iterable of bytes, not a single body")
+        body_list = list(bodies)
+        for index, body in enumerate(body_list):
+            if type(body) is not bytes:
+                try:
+                    body_list[index] = validate_body(body)
+                except InvalidMessage as exc:
+                    raise InvalidMessage(f"message {index}: {exc}") from None
+        count = len(body_list)
+        key_list = None if keys is None else _batch_keys(keys, count)
+        if message_ids is None:
+            id_list = new_message_ids(count)
+        else:
+            id_list = list(message_ids)
+            if len(id_list) != count:
+                raise InvalidMessage(
+                    f"{len(id_list)} message ids for {count} bodies: give one id per body"
+                )
+            for message_id in id_list:
+                if not isinstance(message_id, str) or not message_id:
+                    raise InvalidMessage("message ids must be non-empty strings")
+        return cls(destination, body_list, id_list, key_list, _freeze_headers(headers))
+
+    def __len__(self) -> int:
+        return len(self.bodies)
+
+    def key(self, index: int) -> bytes | None:
+        """The key of message ``index``."""
+        return None if self.keys is None else self.keys[index]
+
+    def envelope(self, index: int) -> Envelope:
+        """Message ``index`` as an envelope (same id, body, key, headers and age)."""
+        return Envelope(
+            self.destination,
+            self.bodies[index],
+            self.message_ids[index],
+            self.key(index),
+            self.headers,
+            self.created_at,
+        )
+
+    def select(self, indexes: Sequence[int]) -> Batch:
+        """The messages at ``indexes``, in that order, as a batch of their own."""
+        bodies, ids = self.bodies, self.message_ids
+        keys = None if self.keys is None else [self.keys[i] for i in indexes]
+        return Batch(
+            self.destination,
+            [bodies[i] for i in indexes],
+            [ids[i] for i in indexes],
+            keys,
+            self.headers,
+            self.created_at,
+        )
 
 
 SettleFn = Callable[[Outcome], None]

@@ -4,7 +4,9 @@ Everything above a seam depends on these Protocols, never on pika, confluent_kaf
 proton types. An adapter implements :class:`Transport` (publishing) and
 :class:`Receiver` (consuming); an outbox store implements :class:`OutboxStore`. An
 adapter may also implement :class:`CallbackTransport`, the same publishing with a
-callback instead of a future per message, which the producer uses when it is there.
+callback instead of a future per message, and :class:`BatchTransport`, many messages
+to one destination in one call with one report object; the producer uses each when it
+is there.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from typing import Protocol, runtime_checkable
 
 from msgsafe._futures import LightFuture
 from msgsafe.errors import MsgsafeError
-from msgsafe.message import Delivery, Envelope
+from msgsafe.message import Batch, Delivery, Envelope
 
 __all__ = [
+    "BatchReport",
+    "BatchTransport",
     "CallbackTransport",
     "OutboxStats",
     "OutboxStore",
@@ -93,6 +97,43 @@ class CallbackTransport(Transport, Protocol):
 
     def publish_callback(self, envelope: Envelope, callback: PublishCallback) -> None:
         """Send ``envelope``; ``callback`` learns the outcome, exactly once."""
+        ...
+
+
+class BatchReport(Protocol):
+    """What :meth:`BatchTransport.publish_batch` reports to.
+
+    For a batch of ``n`` messages the adapter calls ``confirmed(k)`` for messages the
+    broker confirmed (``k`` at a time, in any grouping) and ``failed(i, error)`` for
+    message ``i`` that it could not confirm, so that the ``k``\ s and the failures add
+    up to exactly ``n``: every message is reported once. Calls may come before
+    ``publish_batch`` returns or later on any thread where the adapter serves confirms;
+    they must be quick and must not block.
+    """
+
+    def confirmed(self, count: int) -> None:
+        """``count`` more messages of the batch were confirmed by the broker."""
+        ...
+
+    def failed(self, index: int, error: MsgsafeError) -> None:
+        """Message ``index`` was not confirmed: ``error`` says why (as ``publish``'s
+        future would: transient with ``maybe_delivered``, or permanent)."""
+        ...
+
+
+@runtime_checkable
+class BatchTransport(Transport, Protocol):
+    """A transport that can publish a :class:`~msgsafe.message.Batch` in one call.
+
+    Every rule of ``publish`` holds for each message of the batch (same confirmation,
+    same error classes, same ``confirm_timeout``, per-key order in index order); the
+    difference is cost: no future and no envelope object per message. A message that
+    is too large or otherwise unacceptable fails alone (``report.failed``), the others
+    go on.
+    """
+
+    def publish_batch(self, batch: Batch, report: BatchReport) -> None:
+        """Send every message of ``batch``; ``report`` learns each outcome once."""
         ...
 
 
