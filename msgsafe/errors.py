@@ -16,8 +16,11 @@ the endpoint (never with credentials) and the message id where one applies.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 __all__ = [
     "AuthenticationError",
+    "BatchFailed",
     "ClosedError",
     "ConfigurationError",
     "ConfirmTimeout",
@@ -210,3 +213,25 @@ class SendTimeout(TransientError, TimeoutError):
     """send() could neither confirm nor store the message within its timeout."""
 
     maybe_delivered = True
+
+
+class BatchFailed(MsgsafeError):
+    """Some messages of a batch were neither confirmed nor stored: ``errors`` maps each
+    of their ids to its error (the caller still owns those messages); ``receipt`` is
+    the :class:`~msgsafe.message.BatchReceipt` of the others, which are safe."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        errors: Mapping[str, MsgsafeError] | None = None,
+        receipt: object = None,
+        endpoint: str | None = None,
+        message_id: str | None = None,
+    ) -> None:
+        super().__init__(message, endpoint=endpoint, message_id=message_id)
+        self.errors: dict[str, MsgsafeError] = dict(errors or {})
+        self.receipt = receipt
+
+    def _extra(self) -> dict[str, object]:
+        return {"errors": self.errors, "receipt": self.receipt}

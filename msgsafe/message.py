@@ -15,6 +15,7 @@ from msgsafe.errors import ClosedError, InvalidMessage
 __all__ = [
     "MESSAGE_ID_HEADER",
     "Batch",
+    "BatchReceipt",
     "Delivery",
     "Envelope",
     "Outcome",
@@ -162,6 +163,42 @@ class Receipt:
     message_id: str
     status: Status
     destination: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReceipt:
+    """Proof that the messages of a batch are safe: ``message_ids`` lists them in batch
+    order; those in ``stored_ids`` are in the outbox (:attr:`Status.STORED`), every
+    other one was confirmed by the broker (:attr:`Status.CONFIRMED`)."""
+
+    destination: str
+    message_ids: Sequence[str]
+    stored_ids: frozenset[str] = frozenset()
+
+    def __len__(self) -> int:
+        return len(self.message_ids)
+
+    @property
+    def confirmed(self) -> int:
+        """How many messages the broker confirmed."""
+        return len(self.message_ids) - len(self.stored_ids)
+
+    @property
+    def stored(self) -> int:
+        """How many messages went to the outbox."""
+        return len(self.stored_ids)
+
+    def status(self, message_id: str) -> Status:
+        """How message ``message_id`` of this receipt was made safe."""
+        return Status.STORED if message_id in self.stored_ids else Status.CONFIRMED
+
+    def receipts(self) -> list[Receipt]:
+        """One :class:`Receipt` per message, in batch order."""
+        stored, dest = self.stored_ids, self.destination
+        return [
+            Receipt(mid, Status.STORED if mid in stored else Status.CONFIRMED, dest)
+            for mid in self.message_ids
+        ]
 
 
 def validate_body(body: object) -> bytes:
@@ -336,7 +373,8 @@ class Batch:
             for message_id in id_list:
                 if not isinstance(message_id, str) or not message_id:
                     raise InvalidMessage("message ids must be non-empty strings")
-        return cls(destination, body_list, id_list, key_list, _freeze_headers(headers))
+        checked: list[bytes] = body_list  # type: ignore[assignment]  # every item checked above
+        return cls(destination, checked, id_list, key_list, _freeze_headers(headers))
 
     def __len__(self) -> int:
         return len(self.bodies)

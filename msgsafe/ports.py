@@ -105,7 +105,7 @@ class BatchReport(Protocol):
 
     For a batch of ``n`` messages the adapter calls ``confirmed(k)`` for messages the
     broker confirmed (``k`` at a time, in any grouping) and ``failed(i, error)`` for
-    message ``i`` that it could not confirm, so that the ``k``\ s and the failures add
+    message ``i`` that it could not confirm, so that the counts and the failures add
     up to exactly ``n``: every message is reported once. Calls may come before
     ``publish_batch`` returns or later on any thread where the adapter serves confirms;
     they must be quick and must not block.

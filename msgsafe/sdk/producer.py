@@ -13,7 +13,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
@@ -30,13 +30,19 @@ from msgsafe.errors import (
     SendTimeout,
     TransientError,
 )
-from msgsafe.message import Envelope, Receipt, Status
+from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status
 from msgsafe.ports import OutboxStore, PublishCallback, Transport
 from msgsafe.retry import RetryPolicy
+from msgsafe.sdk._batch import BatchPart, BatchSend, OneOfBatch, SubsetReport
 
 __all__ = ["OutboxSpec", "Producer"]
 
 log = logging.getLogger("msgsafe.producer")
+
+#: Seconds after a transient failure during which new sends go straight to the outbox
+#: instead of to the broker (renewed by every further failure). One send per period
+#: probes the broker; the forwarder's own backoff governs the rest.
+_REFUSAL_PAUSE_S = 0.5
 
 #: ``True`` (default file), ``False``/``None`` (no outbox), a path, or a store object.
 OutboxSpec = bool | str | os.PathLike[str] | OutboxStore | None
@@ -56,6 +62,21 @@ class _TransactionalStore(Protocol):
 
 class _PublishWithCallback(Protocol):
     def __call__(self, envelope: Envelope, callback: PublishCallback) -> None: ...
+
+
+class _PublishBatch(Protocol):
+    def __call__(self, batch: Batch, report: Any) -> None: ...
+
+
+class _StoreItem(Protocol):
+    """What the outbox writer's queue holds: a single send or one message of a batch."""
+
+    @property
+    def envelope(self) -> Envelope: ...
+
+    def stored(self, error: OutboxError | None) -> int:
+        """Settle with the writer's outcome; returns how many flush() units finished."""
+        ...
 
 
 class _Send(LightFuture[Receipt]):
@@ -85,6 +106,15 @@ class _Send(LightFuture[Receipt]):
     def transport_done(self, future: Future[None]) -> None:
         # The same report from a transport that only returns futures.
         self.producer._on_publish(self, future.exception())
+
+    def stored(self, error: OutboxError | None) -> int:
+        """The outbox writer's outcome for this message (see ``_StoreItem``)."""
+        env = self.envelope
+        if error is None:
+            self.set_result(Receipt(env.message_id, Status.STORED, env.destination))
+        else:
+            self.set_exception(_with_id(error, env.message_id))
+        return 1
 
 
 class Producer:
@@ -122,12 +152,18 @@ class Producer:
         self._detouring: dict[bytes, int] = {}
         self._store: OutboxStore | None = None
         self._forwarder: _Forwarder | None = None
-        self._store_queue: queue.SimpleQueue[_Send | None] = queue.SimpleQueue()
+        self._store_queue: queue.SimpleQueue[_StoreItem | None] = queue.SimpleQueue()
+        #: monotonic() until which new sends go straight to the outbox (0: not paused).
+        self._refused_until = 0.0
         self._storer: threading.Thread | None = None
         self._transport: Transport = open_transport(self._url, options)
         #: The transport's callback seam when it has one (no future per message).
         self._publish_callback: _PublishWithCallback | None = getattr(
             self._transport, "publish_callback", None
+        )
+        #: The transport's batch seam when it has one (see msgsafe.ports.BatchTransport).
+        self._publish_batch: _PublishBatch | None = getattr(
+            self._transport, "publish_batch", None
         )
         try:
             self._store = _open_outbox(outbox, self._url)
@@ -213,6 +249,144 @@ class Producer:
         wrappers and sinks that derive ids themselves."""
         return self._submit(envelope, None)
 
+    def send_batch(
+        self,
+        destination: str,
+        bodies: Iterable[bytes],
+        *,
+        keys: Iterable[str | bytes | None] | None = None,
+        headers: Mapping[str, str] | None = None,
+        message_ids: Iterable[str] | None = None,
+        timeout: float | None = None,
+    ) -> BatchReceipt:
+        """Send many messages to one destination and block until every one is safe.
+
+        The same promise as :meth:`send`, message by message, at a fraction of the cost
+        per message: the batch is handed to the adapter in one call and confirmations are
+        counted, not resolved one future at a time. ``keys`` (one per body, or None) and
+        ``message_ids`` (one per body; default fresh UUIDv7s) are optional columns;
+        ``headers`` apply to every message. Messages with the same key keep their batch
+        order, behind any of that key waiting in the outbox.
+
+        Returns a :class:`~msgsafe.message.BatchReceipt` (ids in batch order, which were
+        stored). Raises :class:`~msgsafe.errors.InvalidMessage` before anything is sent if
+        any input is not acceptable; :class:`~msgsafe.errors.BatchFailed` when some
+        messages were neither confirmed nor stored (its ``errors`` name them; the caller
+        owns those, the rest are safe); :class:`~msgsafe.errors.SendTimeout` after
+        ``timeout`` seconds (default ``send_timeout``; the batch goes on, and
+        :meth:`flush` waits for it).
+        """
+        future = self.send_batch_async(
+            destination, bodies, keys=keys, headers=headers, message_ids=message_ids
+        )
+        limit = self._send_timeout if timeout is None else timeout
+        try:
+            return future.result(limit)
+        except FutureTimeout:
+            raise SendTimeout(
+                f"batch not confirmed or stored within {limit}s", endpoint=self._url.redacted()
+            ) from None
+
+    def send_batch_async(
+        self,
+        destination: str,
+        bodies: Iterable[bytes],
+        *,
+        keys: Iterable[str | bytes | None] | None = None,
+        headers: Mapping[str, str] | None = None,
+        message_ids: Iterable[str] | None = None,
+    ) -> Future[BatchReceipt]:
+        """Like :meth:`send_batch` but returns at once with a future of the receipt.
+
+        Invalid input raises here, before anything is sent; every other outcome is the
+        future's (``BatchFailed`` for messages neither confirmed nor stored).
+        """
+        batch = Batch.build(
+            destination, bodies, keys=keys, headers=headers, message_ids=message_ids
+        )
+        return self.submit_batch(batch)
+
+    def submit_batch(self, batch: Batch) -> Future[BatchReceipt]:
+        """Send a prepared :class:`~msgsafe.message.Batch` (its ids kept): the hook for
+        sinks that build columns themselves."""
+        send = BatchSend(self, batch)
+        count = len(batch)
+        if not count:
+            send.set_result(BatchReceipt(batch.destination, ()))
+            return send
+        keys = batch.keys
+        store = self._store
+        with self._lock:
+            if self._closed:
+                raise ClosedError("producer is closed")
+            self._unsettled += 1
+            if store is not None and self._refused_until and self._paused_by_refusal():
+                held: list[int] | None = list(range(count))
+            elif keys is not None and store is not None:
+                held = self._held_by_barrier(keys)
+            else:
+                held = None
+            if held:
+                detouring = self._detouring
+                for index in held:
+                    key = keys[index] if keys is not None else None
+                    if key is not None:
+                        detouring[key] = detouring.get(key, 0) + 1
+        if not held:
+            self._publish_batch_part(batch, send)
+            return send
+        for index in held:
+            self._store_queue.put(BatchPart(send, index))
+        if len(held) < count:
+            taken = set(held)
+            rest = [i for i in range(count) if i not in taken]
+            self._publish_batch_part(batch.select(rest), SubsetReport(send, rest))
+        return send
+
+    def _held_by_barrier(self, keys: Sequence[bytes | None]) -> list[int]:
+        """Indexes of the messages whose key has a message in (or on its way to) the
+        outbox: they queue behind it (under ``_lock``)."""
+        store = self._store
+        detouring = self._detouring
+        if store is None:
+            return []
+        barred = {
+            key
+            for key in set(keys)
+            if key is not None and (key in detouring or store.has_key(key))
+        }
+        if not barred:
+            return []
+        return [i for i, key in enumerate(keys) if key in barred]
+
+    def _publish_batch_part(self, batch: Batch, report: BatchSend | SubsetReport) -> None:
+        if self._publish_batch is not None:
+            self._publish_batch(batch, report)
+            return
+        callback = self._publish_callback
+        for index in range(len(batch)):
+            one = OneOfBatch(report, index)
+            if callback is not None:
+                callback(batch.envelope(index), one)
+            else:
+                self._transport.publish(batch.envelope(index)).add_done_callback(
+                    lambda f, one=one: one(_error_of(f))  # type: ignore[misc]
+                )
+
+    def _detour(self, send: BatchSend, index: int, error: MsgsafeError) -> bool:
+        """Message ``index`` of a batch failed with ``error``: the outbox takes it when
+        the error is transient and there is an outbox (True), otherwise False."""
+        if not isinstance(error, TransientError) or self._store is None:
+            return False
+        self._refused_until = time.monotonic() + _REFUSAL_PAUSE_S
+        part = BatchPart(send, index)
+        key = part.envelope.key
+        if key is not None:
+            with self._lock:
+                self._detouring[key] = self._detouring.get(key, 0) + 1
+        self._store_queue.put(part)
+        return True
+
     def _submit(self, envelope: Envelope, transaction: Any) -> Future[Receipt]:
         if transaction is not None and getattr(self._store, "put_in", None) is None:
             if self._closed:
@@ -228,11 +402,14 @@ class Producer:
             self._unsettled += 1
             # A transactional send goes to the store whatever the barrier says, and nothing
             # would release a barrier count taken for it (the writer thread never sees it).
-            behind_barrier = (
-                transaction is None
-                and key is not None
-                and (
-                    key in self._detouring or (self._store is not None and self._store.has_key(key))
+            behind_barrier = transaction is None and (
+                (self._refused_until and self._paused_by_refusal())
+                or (
+                    key is not None
+                    and (
+                        key in self._detouring
+                        or (self._store is not None and self._store.has_key(key))
+                    )
                 )
             )
             if behind_barrier and key is not None:
@@ -241,8 +418,9 @@ class Producer:
         if transaction is not None:
             self._put_in_transaction(transaction, result)
         elif behind_barrier:
-            # NOTE: an earlier message of this key waits in the outbox; sending this one
-            # now would overtake it, so it queues behind (per-key order).
+            # NOTE: an earlier message of this key waits in the outbox (sending this one
+            # now would overtake it: per-key order), or the broker refused a moment ago
+            # (sending would only hammer it): it queues behind, in the outbox.
             self._store_queue.put(result)
         elif self._publish_callback is not None:
             self._publish_callback(envelope, result)
@@ -295,6 +473,7 @@ class Producer:
             )
             return
         if isinstance(exc, TransientError) and self._store is not None:
+            self._refused_until = time.monotonic() + _REFUSAL_PAUSE_S
             if envelope.key is not None:
                 with self._lock:
                     self._detouring[envelope.key] = self._detouring.get(envelope.key, 0) + 1
@@ -326,7 +505,7 @@ class Producer:
                 batch.append(nxt)
             error: OutboxError | None = None
             try:
-                store.put([result.envelope for result in batch])
+                store.put([item.envelope for item in batch])
             except OutboxError as exc:
                 error = exc
             except Exception as exc:  # the writer thread must never die
@@ -335,11 +514,11 @@ class Producer:
             if error is None and self._forwarder is not None:
                 self._forwarder.wake()
 
-    def _settle_stored(self, batch: list[_Send], error: OutboxError | None) -> None:
+    def _settle_stored(self, batch: list[_StoreItem], error: OutboxError | None) -> None:
         """Resolve a batch the writer stored (or failed to): one lock for the whole
         batch's key barrier, one for the flush() count, none held while looping over
         unkeyed messages (senders would wait on it)."""
-        keys = [result.envelope.key for result in batch if result.envelope.key is not None]
+        keys = [item.envelope.key for item in batch if item.envelope.key is not None]
         if keys:
             with self._lock:
                 detouring = self._detouring
@@ -349,18 +528,27 @@ class Producer:
                         detouring[key] = left
                     else:
                         detouring.pop(key, None)
+        settled = 0
         try:
-            for result in batch:
-                env = result.envelope
-                if error is None:
-                    result.set_result(Receipt(env.message_id, Status.STORED, env.destination))
-                else:
-                    result.set_exception(_with_id(error, env.message_id))
+            for item in batch:
+                settled += item.stored(error)
         finally:
+            self._settled(settled)
+
+    def _settled(self, units: int) -> None:
+        """``units`` sends (messages or batches) are finished: what flush() waits for."""
+        if units:
             with self._lock:
-                self._unsettled -= len(batch)
+                self._unsettled -= units
                 if not self._unsettled:
                     self._all_done.notify_all()
+
+    def _paused_by_refusal(self) -> bool:
+        """True while new sends should go straight to the outbox (under ``_lock``)."""
+        if time.monotonic() < self._refused_until:
+            return True
+        self._refused_until = 0.0
+        return False
 
     # --- outbox -----------------------------------------------------------------------------
 
@@ -446,6 +634,13 @@ def _open_outbox(spec: OutboxSpec, url: Any) -> OutboxStore | None:
     from msgsafe.outbox import open_store
 
     return open_store(spec, url)
+
+
+def _error_of(future: Future[None]) -> MsgsafeError | None:
+    exc = future.exception()
+    if exc is None or isinstance(exc, MsgsafeError):
+        return exc
+    return MsgsafeError(f"{type(exc).__name__}: {exc}")
 
 
 def _with_id(exc: MsgsafeError, message_id: str) -> MsgsafeError:

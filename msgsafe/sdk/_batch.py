@@ -1,0 +1,177 @@
+"""The producer's bookkeeping for one batch: a future for the caller, a report for the
+transport (:class:`msgsafe.ports.BatchReport`), one small object per detour.
+
+A batch costs a handful of objects however many messages it holds: the transport
+reports confirmations in counts, and only a message that takes a detour (to the outbox,
+or out with an error) gets an object of its own.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Sequence
+from typing import Protocol
+
+from msgsafe._futures import LightFuture
+from msgsafe.errors import BatchFailed, MsgsafeError, OutboxError
+from msgsafe.message import Batch, BatchReceipt, Envelope
+
+__all__ = ["BatchPart", "BatchSend", "OneOfBatch", "SubsetReport"]
+
+
+class BatchOwner(Protocol):
+    """What a batch needs from its producer."""
+
+    def _detour(self, send: BatchSend, index: int, error: MsgsafeError) -> bool:
+        """Take message ``index`` to the outbox after ``error``; False if it cannot go."""
+        ...
+
+    def _settled(self, units: int) -> None:
+        """``units`` sends are finished (what ``flush()`` counts)."""
+        ...
+
+
+class BatchSend(LightFuture[BatchReceipt]):
+    """The future of one batch, and the report its transport calls.
+
+    Resolves once every message is confirmed, stored or failed: with a
+    :class:`~msgsafe.message.BatchReceipt` when all are safe, otherwise with
+    :class:`~msgsafe.errors.BatchFailed` naming each failed id (the receipt of the safe
+    ones inside). Thread-safe: reports come from the transport's thread, the outbox
+    writer and the caller's thread.
+    """
+
+    __slots__ = ("_count_lock", "_errors", "_owner", "_remaining", "_stored", "batch")
+
+    def __init__(self, owner: BatchOwner, batch: Batch) -> None:
+        super().__init__()
+        self.batch = batch
+        self._owner = owner
+        self._count_lock = threading.Lock()
+        self._remaining = len(batch)
+        self._stored: list[str] = []
+        self._errors: dict[str, MsgsafeError] = {}
+
+    def cancel(self) -> bool:
+        """Always False: the messages are on their way (see ``Producer.send_async``)."""
+        return False
+
+    # --- BatchReport -------------------------------------------------------------------
+
+    def confirmed(self, count: int) -> None:
+        """``count`` more messages were confirmed by the broker."""
+        with self._count_lock:
+            self._remaining -= count
+            done = self._remaining == 0
+        if done:
+            self._finish()
+
+    def failed(self, index: int, error: MsgsafeError) -> None:
+        """Message ``index`` was not confirmed: the outbox takes it if it can, otherwise
+        it is reported as failed."""
+        if self._owner._detour(self, index, error):
+            return
+        self._fail(index, error)
+
+    # --- from the producer ---------------------------------------------------------------
+
+    def stored(self, index: int, error: OutboxError | None) -> None:
+        """The outbox writer committed message ``index`` (or could not: ``error``)."""
+        if error is not None:
+            self._fail(index, error)
+            return
+        message_id = self.batch.message_ids[index]
+        with self._count_lock:
+            self._stored.append(message_id)
+            self._remaining -= 1
+            done = self._remaining == 0
+        if done:
+            self._finish()
+
+    def _fail(self, index: int, error: MsgsafeError) -> None:
+        message_id = self.batch.message_ids[index]
+        # One error object per message: transports share one for many messages.
+        own = copy.copy(error)
+        own.message_id = message_id
+        with self._count_lock:
+            self._errors[message_id] = own
+            self._remaining -= 1
+            done = self._remaining == 0
+        if done:
+            self._finish()
+
+    def _finish(self) -> None:
+        batch = self.batch
+        try:
+            if not self._errors:
+                self.set_result(
+                    BatchReceipt(batch.destination, batch.message_ids, frozenset(self._stored))
+                )
+            else:
+                errors = self._errors
+                safe = [mid for mid in batch.message_ids if mid not in errors]
+                receipt = BatchReceipt(batch.destination, safe, frozenset(self._stored))
+                kinds = sorted({type(e).__name__ for e in errors.values()})
+                self.set_exception(
+                    BatchFailed(
+                        f"{len(errors)} of {len(batch)} messages neither confirmed nor stored "
+                        f"({', '.join(kinds)}); {receipt.confirmed} confirmed, "
+                        f"{receipt.stored} stored",
+                        errors=errors,
+                        receipt=receipt,
+                    )
+                )
+        finally:
+            self._owner._settled(1)
+
+
+class BatchPart:
+    """One message of a batch on its way to the outbox (an item of the writer's queue)."""
+
+    __slots__ = ("envelope", "index", "send")
+
+    def __init__(self, send: BatchSend, index: int) -> None:
+        self.send = send
+        self.index = index
+        self.envelope: Envelope = send.batch.envelope(index)
+
+    def stored(self, error: OutboxError | None) -> int:
+        """Settle it with the writer's outcome; returns 0 (the batch counts itself)."""
+        self.send.stored(self.index, error)
+        return 0
+
+
+class SubsetReport:
+    """The report for the part of a batch that was published: maps the part's indexes
+    back to the batch's (the rest of it waits behind the outbox barrier)."""
+
+    __slots__ = ("indexes", "send")
+
+    def __init__(self, send: BatchSend, indexes: Sequence[int]) -> None:
+        self.send = send
+        self.indexes = indexes
+
+    def confirmed(self, count: int) -> None:
+        self.send.confirmed(count)
+
+    def failed(self, index: int, error: MsgsafeError) -> None:
+        self.send.failed(self.indexes[index], error)
+
+
+class OneOfBatch:
+    """The per-message callback that reports one message of a batch, for transports
+    without ``publish_batch`` (see :class:`msgsafe.ports.CallbackTransport`)."""
+
+    __slots__ = ("index", "report")
+
+    def __init__(self, report: BatchSend | SubsetReport, index: int) -> None:
+        self.report = report
+        self.index = index
+
+    def __call__(self, error: MsgsafeError | None) -> None:
+        if error is None:
+            self.report.confirmed(1)
+        else:
+            self.report.failed(self.index, error)
+
