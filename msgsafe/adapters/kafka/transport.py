@@ -2,7 +2,9 @@
 
 ``publish`` hands the envelope to librdkafka (which batches, retries idempotently and
 keeps per-partition order) and returns a future; ``publish_callback`` does the same with
-a callback instead of a future. Delivery reports resolve them.
+a callback instead of a future; ``publish_batch`` hands over a whole
+:class:`~msgsafe.message.Batch` with one delivery callable for all of it. Delivery
+reports resolve them.
 While publishers are busy they serve the reports themselves every 256 messages (no GIL
 ping-pong with another thread); when they pause, the poll thread does. librdkafka bounds
 every message by ``message.timeout.ms`` (set inside ``confirm_timeout``), and a watchdog
@@ -12,6 +14,7 @@ outcome arrives in time.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -34,8 +37,8 @@ from msgsafe.errors import (
     MsgsafeError,
     Refused,
 )
-from msgsafe.message import MESSAGE_ID_HEADER, Envelope
-from msgsafe.ports import PublishCallback, PublishFuture
+from msgsafe.message import MESSAGE_ID_HEADER, Batch, Envelope
+from msgsafe.ports import BatchReport, PublishCallback, PublishFuture
 
 __all__ = ["KafkaTransport"]
 
@@ -51,6 +54,8 @@ _INLINE_GRACE_S = 0.02
 _ROOM_POLL_S = 0.01
 #: Seconds between repeated "all brokers down" warnings.
 _DOWN_WARN_EVERY_S = 30.0
+#: Messages of a batch that share one delivery callable (and serve reports between).
+_CHUNK = 256
 #: Share of confirm_timeout that publish may wait for room in a full local queue.
 _ROOM_WAIT_SHARE = 0.25
 
@@ -94,6 +99,164 @@ class _Report:
             transport._failed(self, err)
 
 
+class _Chunk:
+    """The delivery callable of up to ``_CHUNK`` consecutive messages of one batch.
+
+    librdkafka's delivery report does not say which message it is for beyond the
+    message's key and value (confluent-kafka does not return headers there), so a
+    chunk counts its reports (``next()`` on an ``itertools.count`` is atomic, and
+    reports may be served on several threads) and keeps each failure's key and value.
+    Once every message of the chunk has a report, failures are matched to indexes by
+    ``(key, value)``, exactly where that content is unique in the chunk. Where identical
+    messages both failed and succeeded, all of them are failed as possibly delivered:
+    they go to the outbox, and the ones the broker had in fact confirmed become
+    duplicates with known ids, never losses.
+    """
+
+    __slots__ = ("_count", "failures", "owner", "start", "stop")
+
+    def __init__(self, owner: _BatchReports, start: int, stop: int) -> None:
+        self.owner = owner
+        self.start = start
+        self.stop = stop
+        self._count = itertools.count(1)
+        #: (error, key, value) of each failed report, appended before it is counted.
+        self.failures: list[tuple[KafkaError, bytes | None, bytes | None]] = []
+
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        # librdkafka's delivery report; must never raise into librdkafka.
+        if err is not None:
+            self.failures.append((err, msg.key(), msg.value()))
+        if next(self._count) == self.stop - self.start:
+            self.owner.chunk_done(self)
+
+    def count_local(self) -> None:
+        """Count a message that failed before librdkafka took it (reported already)."""
+        if next(self._count) == self.stop - self.start:
+            self.owner.chunk_done(self)
+
+
+class _BatchReports:
+    """Everything the transport tracks for one batch: its chunks, its deadline, and
+    which indexes are settled. Reports ``confirmed`` once per finished chunk."""
+
+    __slots__ = ("_lock", "_settled", "batch", "deadline", "finished", "report", "transport")
+
+    def __init__(self, transport: KafkaTransport, batch: Batch, report: BatchReport) -> None:
+        self.transport = transport
+        self.batch = batch
+        self.report = report
+        self.deadline = float("inf")
+        self.finished = False
+        #: Indexes already reported (failed before librdkafka took them, or settled
+        #: with their chunk); under _lock.
+        self._settled: set[int] = set()
+        self._lock = threading.Lock()
+
+    def fail_local(self, index: int, error: MsgsafeError) -> None:
+        """Message ``index`` never reached librdkafka: report it failed now."""
+        with self._lock:
+            if self.finished or index in self._settled:
+                return
+            self._settled.add(index)
+        _report_failed(self.report, index, error)
+
+    def chunk_done(self, chunk: _Chunk) -> None:
+        """Every message of ``chunk`` has a report: settle the ones not settled yet."""
+        with self._lock:
+            if self.finished:
+                return
+            indexes = [i for i in range(chunk.start, chunk.stop) if i not in self._settled]
+            self._settled.update(indexes)
+            if len(self._settled) == len(self.batch):
+                self.finished = True
+        failures = chunk.failures
+        if not failures:
+            self._confirm(len(indexes))
+            return
+        failed = self._attribute(indexes, failures)
+        self._confirm(len(indexes) - len(failed))
+        for index, error in failed.items():
+            _report_failed(self.report, index, error)
+
+    def _attribute(
+        self,
+        indexes: list[int],
+        failures: list[tuple[KafkaError, bytes | None, bytes | None]],
+    ) -> dict[int, MsgsafeError]:
+        """Match failed reports to message indexes by (key, value); see :class:`_Chunk`."""
+        transport = self.transport
+        batch = self.batch
+        keys = batch.keys
+        same: dict[tuple[bytes | None, bytes], list[int]] = {}
+        for index in indexes:
+            key = None if keys is None else keys[index]
+            same.setdefault((key, batch.bodies[index]), []).append(index)
+        errors: dict[tuple[bytes | None, bytes], list[MsgsafeError]] = {}
+        for err, key, value in failures:
+            if transport._closing and err.code() in _PURGED:
+                error: MsgsafeError = ConnectionLost(
+                    "transport closed before the broker confirmed", endpoint=transport._target
+                )
+            else:
+                error = translate(err, endpoint=transport._target)
+                transport._note_failure(err)
+            errors.setdefault((key, value or b""), []).append(error)
+        if any(content not in same for content in errors):
+            # A report that matches no message of the chunk: nothing says which failed.
+            unknown = ConfirmTimeout(
+                "a delivery report matched no message of its chunk", endpoint=transport._target
+            )
+            log.error("kafka: %s; the chunk goes to the outbox", unknown.message)
+            return dict.fromkeys(indexes, unknown)
+        failed: dict[int, MsgsafeError] = {}
+        for content, found in errors.items():
+            members = same[content]
+            if len(found) >= len(members):
+                # Every message with this content failed: each gets an error of them.
+                failed.update(zip(members, found, strict=False))
+                continue
+            # Some of the identical messages were confirmed, some not, and nothing says
+            # which: all go to the outbox as possibly delivered.
+            ambiguous = ConfirmTimeout(
+                f"{len(found)} of {len(members)} identical messages failed "
+                f"({type(found[0]).__name__}: {found[0].message}); which ones is unknown",
+                endpoint=transport._target,
+            )
+            failed.update(dict.fromkeys(members, ambiguous))
+        return failed
+
+    def _confirm(self, count: int) -> None:
+        if count:
+            try:
+                self.report.confirmed(count)
+            except Exception:
+                log.exception("kafka batch report failed")
+
+    def abandon(self, error: MsgsafeError) -> None:
+        """End the batch now: every message not settled fails with ``error`` (which must
+        say ``maybe_delivered``): nothing says which of them the broker confirmed."""
+        with self._lock:
+            if self.finished:
+                return
+            self.finished = True
+            rest = [i for i in range(len(self.batch)) if i not in self._settled]
+            self._settled.update(rest)
+        for index in rest:
+            _report_failed(self.report, index, error)
+
+
+def _len_or_0(data: bytes | None) -> int:
+    return 0 if data is None else len(data)
+
+
+def _report_failed(report: BatchReport, index: int, error: MsgsafeError) -> None:
+    try:
+        report.failed(index, error)
+    except Exception:
+        log.exception("kafka batch report failed")
+
+
 def _call(callback: PublishCallback, error: MsgsafeError | None) -> None:
     try:
         callback(error)
@@ -125,6 +288,8 @@ class KafkaTransport:
         self._watch: deque[_Report] = deque()
         #: Reports not settled yet; removing one from here is the right to settle it.
         self._open: set[_Report] = set()
+        #: Batches in publish order: the watchdog's other list.
+        self._batches: deque[_BatchReports] = deque()
         self._published = 0
         self._down_warned_at = -_DOWN_WARN_EVERY_S
         self._inline_at = 0.0
@@ -219,6 +384,112 @@ class KafkaTransport:
             except KafkaException as exc:
                 self._on_error(exc.args[0])
 
+    def publish_batch(self, batch: Batch, report: BatchReport) -> None:
+        """Send every message of ``batch``; ``report`` learns each outcome once (see
+        :class:`msgsafe.ports.BatchTransport`): ``acks=all`` delivery reports, counted
+        per chunk of messages (see :class:`_Chunk`)."""
+        count = len(batch)
+        if not count:
+            return
+        target = self._target
+        if self._closed:
+            error = ClosedError("transport is closed", endpoint=target)
+            for index in range(count):
+                _report_failed(report, index, error)
+            return
+        reports = _BatchReports(self, batch, report)
+        topic = batch.destination
+        bodies, ids, keys = batch.bodies, batch.message_ids, batch.keys
+        extra: list[tuple[str, str | bytes | None]] = [
+            kv for kv in batch.headers.items() if kv[0] != MESSAGE_ID_HEADER
+        ]
+        limit = self._max_size - sum(len(k) + len(v or "") for k, v in extra)
+        longest = max(map(len, bodies)) + (0 if keys is None else max(map(_len_or_0, keys)))
+        produce = self._producer.produce
+        poll = self._producer.poll
+        name = MESSAGE_ID_HEADER
+        # Registered before the first produce: a report may be served before the loop ends.
+        self._batches.append(reports)
+        try:
+            for start in range(0, count, _CHUNK):
+                stop = min(start + _CHUNK, count)
+                chunk = _Chunk(reports, start, stop)
+                for index in range(start, stop):
+                    body = bodies[index]
+                    key = None if keys is None else keys[index]
+                    if longest > limit and len(body) + _len_or_0(key) > limit:
+                        reports.fail_local(
+                            index,
+                            MessageTooLarge(
+                                f"{len(body)} bytes > max_message_size={self._max_size}",
+                                endpoint=target,
+                            ),
+                        )
+                        chunk.count_local()
+                        continue
+                    headers: list[tuple[str, str | bytes | None]] = (
+                        [(name, ids[index]), *extra] if extra else [(name, ids[index])]
+                    )
+                    try:
+                        produce(topic, body, key, headers=headers, on_delivery=chunk)
+                    except BufferError:
+                        failure = self._produce_batch_when_room(chunk, index, key, headers)
+                        if failure is not None:
+                            reports.fail_local(index, failure)
+                            chunk.count_local()
+                    except KafkaException as exc:
+                        if exc.args[0].fatal():
+                            self._fatal = exc.args[0]
+                        reports.fail_local(index, translate(exc.args[0], endpoint=target))
+                        chunk.count_local()
+                    except (TypeError, ValueError) as exc:
+                        reports.fail_local(
+                            index, InvalidMessage(f"kafka refused the message: {exc}")
+                        )
+                        chunk.count_local()
+                # Serve delivery reports here while busy, as publish does.
+                self._inline_at = time.monotonic()
+                try:
+                    poll(0)
+                except KafkaException as exc:
+                    self._on_error(exc.args[0])
+        finally:
+            reports.deadline = time.monotonic() + self._timeout
+
+    def _produce_batch_when_room(
+        self,
+        chunk: _Chunk,
+        index: int,
+        key: bytes | None,
+        headers: list[tuple[str, str | bytes | None]],
+    ) -> MsgsafeError | None:
+        batch = chunk.owner.batch
+        deadline = time.monotonic() + self._timeout * _ROOM_WAIT_SHARE
+        while True:
+            try:
+                self._producer.poll(_ROOM_POLL_S)
+            except KafkaException as exc:
+                self._on_error(exc.args[0])
+            if self._closed:
+                return ClosedError("transport closed", endpoint=self._target)
+            try:
+                self._producer.produce(
+                    batch.destination,
+                    batch.bodies[index],
+                    key,
+                    headers=headers,
+                    on_delivery=chunk,
+                )
+                return None
+            except BufferError:
+                if time.monotonic() >= deadline:
+                    return Refused(
+                        "local producer queue full (max_in_flight reached)",
+                        endpoint=self._target,
+                    )
+            except KafkaException as exc:
+                return translate(exc.args[0], endpoint=self._target)
+
     def _produce_when_room(
         self,
         envelope: Envelope,
@@ -270,11 +541,16 @@ class KafkaTransport:
             )
         else:
             _call(report.callback, translate(err, endpoint=self._target, message_id=message_id))
-            if err.code() in PRODUCER_STATE and not self._draining and self._fatal is None:
-                # NOTE: tansu answers PRODUCER_FENCED after a restart for a producer id it
-                # no longer knows; librdkafka keeps using it, so start a fresh producer.
-                log.warning("kafka %s: recreating the producer", err.name())
-                self._fatal = err
+            self._note_failure(err)
+
+    def _note_failure(self, err: KafkaError) -> None:
+        """A delivery report failed with ``err``: recreate the producer if its state is
+        what failed."""
+        if err.code() in PRODUCER_STATE and not self._draining and self._fatal is None:
+            # NOTE: tansu answers PRODUCER_FENCED after a restart for a producer id it no
+            # longer knows; librdkafka keeps using it, so start a fresh producer.
+            log.warning("kafka %s: recreating the producer", err.name())
+            self._fatal = err
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
@@ -337,6 +613,19 @@ class KafkaTransport:
             self._draining = False
 
     def _expire(self, now: float) -> None:
+        batches = self._batches
+        while batches:
+            reports = batches[0]
+            if not reports.finished:
+                if reports.deadline > now:
+                    break
+                reports.abandon(
+                    ConfirmTimeout(
+                        f"no delivery report within confirm_timeout={self._timeout}s",
+                        endpoint=self._target,
+                    )
+                )
+            batches.popleft()
         watch = self._watch
         pending = self._open
         while watch:
@@ -381,6 +670,12 @@ class KafkaTransport:
         except (KafkaException, RuntimeError):
             log.debug("closing the kafka producer", exc_info=True)
         self._closing = True
+        while self._batches:
+            self._batches.popleft().abandon(
+                ConnectionLost(
+                    "transport closed before the broker confirmed", endpoint=self._target
+                )
+            )
         while self._watch:
             report = self._watch.popleft()
             try:
