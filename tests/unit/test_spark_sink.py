@@ -374,3 +374,76 @@ def test_public_reexport() -> None:
 
     assert spark.foreach_batch_sink is foreach_batch_sink
     assert spark.__all__ == sorted(spark.__all__)
+
+
+# --- the chunked path (no header columns: rows go through Producer.submit_batch) ---------
+
+
+def batch_plan(broker: MemoryBroker, **changes: object) -> PartitionPlan:
+    return plan_for(broker, headers=(), chunk_rows=7, **changes)
+
+
+def test_chunked_partition_is_published_in_order_with_derived_ids(broker: MemoryBroker) -> None:
+    plan = batch_plan(broker)
+    result = publish_partition(plan, 3, 0, rows(50))
+    assert (result.rows, result.confirmed, result.stored) == (50, 50, 0)
+    messages = broker.messages("q")
+    assert [m.body for m in messages] == [f"v{i}".encode() for i in range(50)]
+    assert [m.key for m in messages] == [f"k{i % 3}".encode() for i in range(50)]
+    gen = ContentIds("q", 3, 0)
+    assert [m.message_id for m in messages] == [
+        gen.next_id(f"v{i}".encode(), f"k{i % 3}".encode(), {}) for i in range(50)
+    ]
+    publish_partition(plan, 3, 0, rows(50))
+    assert broker.ids("q")[50:] == broker.ids("q")[:50]
+
+
+@pytest.mark.parametrize(
+    ("inject", "error"),
+    [
+        (lambda b: b.refuse_writes(), Refused),
+        (lambda b: b.reject_next(1), Rejected),
+        (lambda b: b.drop_before_confirm(1), ConnectionLost),
+    ],
+)
+def test_a_broker_failure_fails_a_chunked_partition_with_counts(
+    broker: MemoryBroker, inject: object, error: type[Exception]
+) -> None:
+    plan = batch_plan(broker, max_in_flight=14)
+    publish_partition(plan, 0, 0, rows(1))  # producer open and cached
+    inject(broker)  # type: ignore[operator]
+    with pytest.raises(error) as info:
+        publish_partition(plan, 0, 0, rows(40))
+    note = "".join(info.value.__notes__)
+    assert "failed; the task fails so that Spark retries it" in note
+
+
+def test_chunked_retry_completes_and_duplicates_carry_known_ids(broker: MemoryBroker) -> None:
+    plan = batch_plan(broker)
+    broker.drop_after_confirm(1)
+    with pytest.raises(ConnectionLost):
+        publish_partition(plan, 1, 0, rows(30))
+    result = publish_partition(plan, 1, 0, rows(30), attempt=1)
+    assert (result.rows, result.confirmed) == (30, 30)
+    expected = {m.message_id for m in broker.messages("q")[-30:]}
+    assert set(broker.ids("q")) == expected and len(expected) == 30
+
+
+def test_chunked_partition_stores_when_the_broker_refuses(
+    broker: MemoryBroker, tmp_path: Path
+) -> None:
+    plan = batch_plan(broker, outbox=str(tmp_path / "box.sqlite3"), receipt_timeout=10)
+    broker.refuse_writes()
+    result = publish_partition(plan, 0, 0, rows(20))
+    assert (result.confirmed, result.stored) == (0, 20)
+    broker.accept_writes()
+    producer = producers.producer_for(plan.url, plan.outbox, plan.options)
+    assert producer.drain(10) == 0
+    assert len(set(broker.ids("q"))) == 20
+
+
+def test_a_bad_value_in_a_later_chunk_fails_the_partition(broker: MemoryBroker) -> None:
+    data = rows(20)
+    data[15] = (None, None, None)
+    with pytest.raises(InvalidMessage, match="row 15"):
+        publish_partition(batch_plan(broker), 0, 1, data)

@@ -5,6 +5,10 @@ without Spark; the sink calls it from ``mapPartitionsWithIndex``. It returns onl
 every row of the partition is safe (CONFIRMED, or STORED with an outbox) and raises on
 the first row that is not, after letting the rest in flight settle, so that Spark fails
 the task and runs it again. The retry publishes the same ids (:mod:`.ids`).
+
+Rows travel in chunks through ``Producer.submit_batch`` (columns, one receipt per
+chunk); only a sink with header columns sends row by row, because a batch carries one
+set of headers for all its messages.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from msgsafe.errors import ClosedError, InvalidMessage, SendTimeout
-from msgsafe.message import Envelope, Receipt, Status
+from msgsafe.errors import BatchFailed, ClosedError, InvalidMessage, SendTimeout
+from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status
+from msgsafe.sdk.producer import Producer
 from msgsafe.sdk.spark import producers
 from msgsafe.sdk.spark.ids import ContentIds, key_id
 from msgsafe.sdk.spark.producers import SinkOutbox
@@ -56,6 +61,8 @@ class PartitionPlan:
     #: Sends in flight per partition before the oldest is waited for: bounds memory and
     #: keeps each send's wait for its confirm well inside the adapter's confirm_timeout.
     max_in_flight: int = 5_000
+    #: Rows per ``submit_batch`` chunk (without header columns).
+    chunk_rows: int = 1_000
     #: Longest wait for one receipt once the partition is read (then SendTimeout).
     receipt_timeout: float = 120.0
 
@@ -94,6 +101,26 @@ class _Tally:
             else:
                 self.stored += 1
 
+    def settle_batch(self, future: Future[BatchReceipt], size: int, timeout: float) -> None:
+        try:
+            receipt = future.result(timeout)
+        except FutureTimeout:
+            self.failed += size
+            self.error = self.error or SendTimeout(f"no receipt within {timeout}s")
+        except BatchFailed as exc:
+            safe = exc.receipt
+            if isinstance(safe, BatchReceipt):
+                self.confirmed += safe.confirmed
+                self.stored += safe.stored
+            self.failed += len(exc.errors)
+            self.error = self.error or next(iter(exc.errors.values()), exc)
+        except Exception as exc:
+            self.failed += size
+            self.error = self.error or exc
+        else:
+            self.confirmed += receipt.confirmed
+            self.stored += receipt.stored
+
     def fail(self, exc: BaseException) -> None:
         self.failed += 1
         if self.error is None:
@@ -111,6 +138,17 @@ def _as_bytes(value: object, is_text: bool, what: str, row: int) -> bytes:
     if value is None:
         raise InvalidMessage(f"row {row}: {what} is null")
     raise InvalidMessage(f"row {row}: {what} must be bytes or a string, not {type(value).__name__}")
+
+
+def _submit(
+    producer: Producer,
+    destination: str,
+    bodies: list[bytes],
+    ids: list[str],
+    keys: list[bytes | None] | None,
+) -> tuple[Future[BatchReceipt], int]:
+    # Columns checked row by row above: the batch is built without checking them again.
+    return producer.submit_batch(Batch(destination, bodies, ids, keys)), len(bodies)
 
 
 def publish_partition(
@@ -146,11 +184,19 @@ def publish_partition(
     value_index, value_is_text, value_name = plan.value_index, plan.value_is_text, plan.value_name
     key_index, key_is_text = plan.key_index, plan.key_is_text
     header_layout = plan.headers
-    window: deque[tuple[Future[Receipt], str]] = deque()
-    limit = plan.max_in_flight
-    timeout = plan.receipt_timeout
     tally = _Tally()
+    timeout = plan.receipt_timeout
     count = 0
+    # Per-row header columns need an envelope per row; otherwise rows go in chunks.
+    batched = not header_layout
+    window: deque[tuple[Future[Receipt], str]] = deque()
+    chunks: deque[tuple[Future[BatchReceipt], int]] = deque()
+    chunk_rows = max(1, plan.chunk_rows)
+    chunk_limit = max(1, plan.max_in_flight // chunk_rows)
+    bodies: list[bytes] = []
+    keys: list[bytes | None] | None = [] if key_index is not None else None
+    ids: list[str] = []
+    limit = plan.max_in_flight
     try:
         for row in rows:
             value = row[value_index]
@@ -172,6 +218,21 @@ def publish_partition(
                 message_id = content_ids.next_id(body, key, headers)
             else:
                 message_id = key_id(destination, batch_id, [row[i] for i in id_indexes or ()])
+            count += 1
+            if batched:
+                bodies.append(body)
+                ids.append(message_id)
+                if keys is not None:
+                    keys.append(key)
+                if len(bodies) >= chunk_rows:
+                    chunks.append(_submit(producer, destination, bodies, ids, keys))
+                    bodies, ids = [], []
+                    keys = [] if keys is not None else None
+                    if len(chunks) >= chunk_limit:
+                        tally.settle_batch(*chunks.popleft(), timeout)
+                        if tally.error is not None:
+                            break
+                continue
             envelope = Envelope(
                 destination=destination,
                 body=body,
@@ -180,11 +241,12 @@ def publish_partition(
                 headers=headers,
             )
             window.append((producer.send_envelope(envelope), message_id))
-            count += 1
             if len(window) >= limit:
                 tally.settle(*window.popleft(), timeout)
                 if tally.error is not None:
                     break
+        if bodies and tally.error is None:
+            chunks.append(_submit(producer, destination, bodies, ids, keys))
     except ClosedError:
         # Someone closed the cached producer: the next attempt opens a fresh one.
         producers.discard(producer)
@@ -192,6 +254,8 @@ def publish_partition(
     except BaseException as exc:
         tally.fail(exc)
     finally:
+        while chunks:
+            tally.settle_batch(*chunks.popleft(), timeout)
         while window:
             tally.settle(*window.popleft(), timeout)
     if tally.error is not None:
