@@ -36,6 +36,7 @@ def test_every_example_is_tested() -> None:
         "quickstart.py",
         "outbox_outage.py",
         "async_producer.py",
+        "send_batch.py",
         "kafka_keys.py",
         "testing_your_code.py",
         # tests/integration/examples/:
@@ -68,6 +69,15 @@ def test_outbox_outage(run: Callable[..., Run]) -> None:
         "receipts: CONFIRMED 1, STORED 10",
         "on the broker: 11 · lost 0",
     ]
+
+
+def test_send_batch(run: Callable[..., Run]) -> None:
+    result = run("send_batch.py")
+    assert result.code == 0, result.stderr
+    lines = result.lines()
+    assert lines[:2] == ["batch of 10000: confirmed 10000, stored 0", "failed 2, safe 2"]
+    assert len(lines) == 4
+    assert all(re.fullmatch(rf"  {UUID}: Rejected", line) for line in lines[2:])
 
 
 def test_async_producer(run: Callable[..., Run]) -> None:
