@@ -7,12 +7,12 @@ whose adapter I/O runs on its own thread, so awaiting a send never blocks the lo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Self
 
 from msgsafe.errors import SendTimeout
-from msgsafe.message import Envelope, Receipt
+from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt
 from msgsafe.retry import RetryPolicy
 from msgsafe.sdk.producer import OutboxSpec, Producer
 
@@ -62,6 +62,30 @@ class AsyncProducer:
                 f"not confirmed or stored within send_timeout={self._send_timeout}s",
                 endpoint=self._producer.target,
                 message_id=envelope.message_id,
+            ) from None
+
+    async def send_batch(
+        self,
+        destination: str,
+        bodies: Iterable[bytes],
+        *,
+        keys: Iterable[str | bytes | None] | None = None,
+        headers: Mapping[str, str] | None = None,
+        message_ids: Iterable[str] | None = None,
+        timeout: float | None = None,
+    ) -> BatchReceipt:
+        """Send many messages and wait until every one is safe; errors as
+        :meth:`Producer.send_batch` (``timeout`` defaults to ``send_timeout``)."""
+        batch = Batch.build(
+            destination, bodies, keys=keys, headers=headers, message_ids=message_ids
+        )
+        future = self._producer.submit_batch(batch)
+        limit = self._send_timeout if timeout is None else timeout
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), limit)
+        except TimeoutError:
+            raise SendTimeout(
+                f"batch not confirmed or stored within {limit}s", endpoint=self._producer.target
             ) from None
 
     async def drain(self, timeout: float | None = None) -> int:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 
 import pytest
 
 from msgsafe import AsyncProducer, Status
 from msgsafe.errors import Refused, SendTimeout
+from msgsafe.message import BatchReceipt
 from msgsafe.testing import MemoryBroker
 
 
@@ -34,5 +36,20 @@ def test_async_send_confirms_and_raises_typed_errors() -> None:
     try:
         asyncio.run(main())
         assert len(broker.ids("q")) == 51
+    finally:
+        MemoryBroker.forget(broker.name)
+
+
+def test_async_send_batch_is_safe_per_message(tmp_path: Path) -> None:
+    broker = MemoryBroker.install(MemoryBroker(f"aio-batch-{uuid.uuid4().hex[:8]}"))
+
+    async def go() -> BatchReceipt:
+        async with AsyncProducer(f"memory://{broker.name}", outbox=tmp_path / "o.db") as p:
+            return await p.send_batch("q", [b"a", b"b", b"c"], keys=["k", "k", None])
+
+    try:
+        receipt = asyncio.run(go())
+        assert receipt.confirmed == 3
+        assert list(receipt.message_ids) == broker.ids("q")
     finally:
         MemoryBroker.forget(broker.name)
