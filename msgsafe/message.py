@@ -6,6 +6,7 @@ import enum
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -29,83 +30,67 @@ __all__ = [
 #: Header that carries the message id on every protocol, next to the native id field.
 MESSAGE_ID_HEADER = "msgsafe-id"
 
-#: Random bytes fetched per ``os.urandom`` call for ids: one system call (which also
-#: releases the GIL) per 512 ids instead of one per id.
-_RANDOM_CHUNK = 4096
-#: The variant digit of an id (RFC 9562 variant ``10xx``) from a random hex digit's low bits.
-_VARIANT_DIGIT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
-
-#: Hex digits per refill: 16 per id.
-_RANDOM_DIGITS = 2 * _RANDOM_CHUNK
-
 _uuid7_lock = threading.Lock()
+#: The last sub-millisecond counter value taken (unix ms << 12 | counter).
 _uuid7_last = 0
-#: Random hex digits, and the next one not used yet.
-_uuid7_random = ""
-_uuid7_pos = _RANDOM_DIGITS
-#: ``(unix_ms, text prefix)`` of the last id: ids of the same millisecond share it.
-_uuid7_prefix = (-1, "")
+
+#: Single ids are served from a pool made by new_message_ids, refilled every millisecond
+#: (so an id never carries an older time than the clock's) or when it runs dry.
+_ID_POOL_SIZE = 64
+_id_pool_lock = threading.Lock()
+_id_pool: deque[str] = deque()
+_id_pool_ms = -1
 
 
-def _uuid7_after_fork() -> None:
-    # A forked child (e.g. a Spark Python worker) must not reuse the parent's random
-    # digits: two processes would make the same ids. The lock may have been held by a
-    # thread that does not exist in the child.
-    global _uuid7_lock, _uuid7_random, _uuid7_pos
+def _ids_after_fork() -> None:
+    # A forked child (e.g. a Spark Python worker) must not hand out the parent's pooled
+    # ids; the locks may have been held by a thread that does not exist in the child.
+    global _uuid7_lock, _id_pool_lock, _id_pool, _id_pool_ms
     _uuid7_lock = threading.Lock()
-    _uuid7_random = ""
-    _uuid7_pos = _RANDOM_DIGITS
+    _id_pool_lock = threading.Lock()
+    _id_pool = deque()
+    _id_pool_ms = -1
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_uuid7_after_fork)
+    os.register_at_fork(after_in_child=_ids_after_fork)
 
 
 def new_message_id() -> str:
-    """A UUIDv7 string: time ordered, unique across processes, monotonic within one.
+    """A UUIDv7 string: time ordered, unique across processes, monotonic within a thread.
 
-    NOTE: the stdlib gains uuid7 only in 3.14; this follows RFC 9562 §5.7 with the
-    12-bit ``rand_a`` field used as a sub-millisecond counter so ids from one process
-    sort in creation order. ``rand_b`` (62 bits) comes from ``os.urandom``, read in
-    chunks; the text is written directly rather than through ``uuid.UUID`` (the id is
-    on every message's hot path).
+    NOTE: the stdlib gains uuid7 only in 3.14. Ids come from a pool that
+    :func:`new_message_ids` fills once per millisecond (or when it runs dry), so one id
+    costs a clock read and a ``deque.popleft`` (atomic: no lock on the common path).
     """
-    global _uuid7_last, _uuid7_random, _uuid7_pos, _uuid7_prefix
-    now = time.time_ns() // 1_000_000 << 12
-    with _uuid7_lock:
-        stamp = now if now > _uuid7_last else _uuid7_last + 1
-        _uuid7_last = stamp
-        pos = _uuid7_pos
-        _uuid7_pos = pos + 16
-        digits = _uuid7_random
-    while pos >= _RANDOM_DIGITS:
-        # NOTE: refilled outside the lock: os.urandom releases the GIL, and a thread
-        # waiting in it while holding the lock makes every other sender queue behind it.
-        fresh = os.urandom(_RANDOM_CHUNK).hex()
-        with _uuid7_lock:
-            if _uuid7_pos >= _RANDOM_DIGITS:
-                _uuid7_random = fresh
-                _uuid7_pos = 0
-            pos = _uuid7_pos
-            _uuid7_pos = pos + 16
-            digits = _uuid7_random
-    unix_ms = stamp >> 12
-    cached_ms, prefix = _uuid7_prefix
-    if unix_ms != cached_ms:
-        ms_hex = f"{unix_ms & 0xFFFFFFFFFFFF:012x}"
-        prefix = f"{ms_hex[:8]}-{ms_hex[8:]}-7"
-        # A race here only writes an equally valid pair.
-        _uuid7_prefix = (unix_ms, prefix)
-    # prefix: unix_ts_ms (48 bits) and the version digit; then rand_a (the counter),
-    # the variant digit with 2 random bits, and 60 more random bits.
-    return (
-        f"{prefix}{stamp & 0xFFF:03x}-{_VARIANT_DIGIT[digits[pos]]}"
-        f"{digits[pos + 1 : pos + 4]}-{digits[pos + 4 : pos + 16]}"
-    )
+    if time.time_ns() // 1_000_000 == _id_pool_ms:
+        try:
+            return _id_pool.popleft()
+        except IndexError:
+            pass
+    return _refill_ids()
+
+
+def _refill_ids() -> str:
+    global _id_pool, _id_pool_ms
+    with _id_pool_lock:
+        now_ms = time.time_ns() // 1_000_000
+        if now_ms == _id_pool_ms:
+            try:
+                return _id_pool.popleft()
+            except IndexError:
+                pass
+        pool = deque(new_message_ids(_ID_POOL_SIZE))
+        first = pool.popleft()
+        # The pool before its millisecond: a reader that sees the new millisecond finds
+        # the new pool.
+        _id_pool = pool
+        _id_pool_ms = now_ms
+        return first
 
 
 def new_message_ids(count: int) -> list[str]:
-    """``count`` UUIDv7 strings, time ordered and monotonic within the process like
+    """``count`` UUIDv7 strings, time ordered and monotonic like
     :func:`new_message_id`, at a fraction of the cost per id.
 
     NOTE: RFC 9562 §6.2 method 2 ("monotonic random"): the batch takes one value of the

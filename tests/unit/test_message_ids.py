@@ -1,4 +1,4 @@
-"""Message ids: RFC 9562 UUIDv7 text, unique, monotonic within a process, fresh after fork."""
+"""Message ids: RFC 9562 UUIDv7 text, unique, monotonic within a thread, fresh after fork."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 import msgsafe
-from msgsafe.message import Envelope, new_message_id
+from msgsafe.message import Envelope, new_message_id, new_message_ids
 from msgsafe.testing import MemoryBroker
 
 
@@ -45,9 +45,14 @@ def test_ids_are_unique_and_monotonic_across_threads() -> None:
 
 
 def test_random_bits_vary() -> None:
+    # RFC 9562 §6.2 method 2: each pool of ids draws fresh random bits, and within a
+    # pool the low bits count up from a random start.
     tails = {new_message_id()[19:] for _ in range(2000)}
     assert len(tails) == 2000
-    assert {tail[0] for tail in tails} == set("89ab")
+    assert {tail[0] for tail in tails} <= set("89ab")
+    pools = {new_message_ids(3)[0][19:23] for _ in range(400)}
+    assert len(pools) > 300  # 14 random bits per pool: few collisions in 400 draws
+    assert {pool[0] for pool in pools} == set("89ab")
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
