@@ -12,6 +12,12 @@ of their effects, so "all or none" holds per job.
 Read-only jobs (``submit(..., read_only=True)``) run after the group's write transaction
 in a read transaction of their own: a write failing on a full disk must not fail a
 caller who only asked how deep the outbox is.
+
+A blocking :meth:`GroupCommitWriter.call` that finds the writer idle and nothing queued
+runs its job in the calling thread instead of handing it over: the hand-off (two thread
+wake-ups per commit) cost about 40 µs of CPU per commit and a third of the rate of one
+message per commit. Calls that arrive while a transaction runs queue up and the writer
+thread commits them together, as before.
 """
 
 from __future__ import annotations
@@ -73,6 +79,7 @@ class GroupCommitWriter:
         self._cond = threading.Condition()
         self._jobs: list[_Job] = []
         self._closing = False
+        self._busy = False  # a transaction runs (in the writer thread or a caller's)
         self._disk_full = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -87,24 +94,56 @@ class GroupCommitWriter:
         """
         future: Future[Any] = Future()
         with self._cond:
-            if self._closing:
-                raise ClosedError("the outbox is closed")
-            if self._thread.ident is not None and not self._thread.is_alive():
-                raise OutboxError("the outbox writer thread stopped; reopen the outbox")
+            self._check_open()
             self._jobs.append(_Job(handler, payload, future, read_only))
-            if len(self._jobs) == 1:
-                self._cond.notify()
+            if len(self._jobs) == 1 and not self._busy:
+                self._cond.notify_all()
         return future
 
     def call(self, handler: Handler, payload: object, *, read_only: bool = False) -> Any:
-        """Submit a job and wait for its result (re-raising its error)."""
-        return self.submit(handler, payload, read_only=read_only).result()
+        """Run a job and wait for its result (re-raising its error).
+
+        Runs in the calling thread when no transaction is running and nothing is queued
+        (then the group holds this job alone, so no other caller's future is resolved,
+        nor its callbacks run, in this thread); otherwise queues it for the writer thread.
+        """
+        future: Future[Any] = Future()
+        job = _Job(handler, payload, future, read_only)
+        with self._cond:
+            self._check_open()
+            lead = not self._busy and not self._jobs
+            if lead:
+                self._busy = True
+            else:
+                self._jobs.append(job)
+                if len(self._jobs) == 1 and not self._busy:
+                    self._cond.notify_all()
+        if lead:
+            try:
+                self._run_group((job,))
+            finally:
+                self._idle()
+        return future.result()
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise ClosedError("the outbox is closed")
+        if self._thread.ident is not None and not self._thread.is_alive():
+            raise OutboxError("the outbox writer thread stopped; reopen the outbox")
+
+    def _idle(self) -> None:
+        with self._cond:
+            self._busy = False
+            if self._jobs or self._closing:
+                # What queued meanwhile is the writer thread's. Not woken otherwise: a
+                # wake-up for nothing costs as much as the hand-off this path avoids.
+                self._cond.notify_all()
 
     def close(self, timeout: float | None = None) -> None:
         """Finish the queued jobs, then stop the thread. Idempotent."""
         with self._cond:
             self._closing = True
-            self._cond.notify()
+            self._cond.notify_all()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
@@ -113,12 +152,16 @@ class GroupCommitWriter:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._jobs and not self._closing:
+                while self._busy or not (self._jobs or self._closing):
                     self._cond.wait()
                 jobs, self._jobs = self._jobs, []
-                if not jobs and self._closing:
+                if not jobs:  # closing, and everything queued is done
                     return
-            self._run_group(jobs)
+                self._busy = True
+            try:
+                self._run_group(jobs)
+            finally:
+                self._idle()
 
     def _run_group(self, jobs: Sequence[_Job]) -> None:
         writes = [job for job in jobs if not job.read_only]

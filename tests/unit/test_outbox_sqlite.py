@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -294,3 +295,38 @@ def test_a_read_never_fails_because_a_write_of_its_group_did(tmp_path: Path) -> 
     finally:
         writer.close(10)
         conn.close()
+
+
+def test_blocking_and_queued_puts_mix_from_many_threads(store: SqliteOutbox) -> None:
+    # Blocking puts run in the caller's thread when the writer is idle and queue behind
+    # it otherwise; async puts always queue. Every one must be stored exactly once.
+    futures: list[Future[None]] = []
+    ids: list[str] = []
+    lock = threading.Lock()
+
+    def worker(n: int) -> None:
+        for i in range(40):
+            batch = [env(key=f"k{n}", h=str(i)), env()]
+            with lock:
+                ids.extend(e.message_id for e in batch)
+            if i % 3:
+                store.put(batch)
+            else:
+                future = store.put_async(batch)
+                with lock:
+                    futures.append(future)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for f in futures:
+        f.result()
+    assert store.pending() == len(ids) == 6 * 40 * 2
+    listed = [e.envelope for e in store.list(limit=len(ids))]
+    assert sorted(e.message_id for e in listed) == sorted(ids)
+    for n in range(6):
+        mine = [e.headers["h"] for e in listed if e.key == f"k{n}".encode()]
+        assert mine == [str(i) for i in range(40)]  # one thread's puts keep their order
+    assert store.has_key(b"k0")
