@@ -14,8 +14,13 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
-from concurrent.futures._base import PENDING
+from concurrent.futures import Future, InvalidStateError
+from concurrent.futures._base import (
+    CANCELLED,
+    CANCELLED_AND_NOTIFIED,
+    FINISHED,
+    PENDING,
+)
 from typing import Any, TypeVar
 
 __all__ = ["LightFuture"]
@@ -48,6 +53,10 @@ class _Condition(threading.Condition):
         return bool(self._lock._is_owned())  # type: ignore[attr-defined]
 
 
+#: States in which a future can no longer be resolved.
+_SETTLED = frozenset({CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED})
+
+
 def _stock_attributes() -> frozenset[str]:
     return frozenset(vars(Future()))
 
@@ -72,6 +81,37 @@ class LightFuture(Future[_T]):
             self._exception = None
             self._waiters = []
             self._done_callbacks: list[Callable[[Future[_T]], object]] = []
+
+        # NOTE: the same steps as Future.set_result / set_exception, with the condition's
+        # lock taken directly and notify_all() only when a thread sleeps in result(): the
+        # stock path runs several Python-level frames of Condition per call, on every
+        # message, though almost no receipt has a thread waiting on it.
+
+        def set_result(self, result: _T) -> None:
+            condition: _Condition = self._condition  # type: ignore[assignment]
+            with condition._lock:
+                if self._state in _SETTLED:
+                    raise InvalidStateError(f"{self._state}: {self!r}")
+                self._result = result
+                self._state = FINISHED
+                for waiter in self._waiters:
+                    waiter.add_result(self)
+                if condition._waiters:
+                    condition.notify_all()
+            self._invoke_callbacks()  # type: ignore[attr-defined]
+
+        def set_exception(self, exception: BaseException | None) -> None:
+            condition: _Condition = self._condition  # type: ignore[assignment]
+            with condition._lock:
+                if self._state in _SETTLED:
+                    raise InvalidStateError(f"{self._state}: {self!r}")
+                self._exception = exception
+                self._state = FINISHED
+                for waiter in self._waiters:
+                    waiter.add_exception(self)
+                if condition._waiters:
+                    condition.notify_all()
+            self._invoke_callbacks()  # type: ignore[attr-defined]
 
     else:  # pragma: no cover - a Python whose Future sets other attributes
 

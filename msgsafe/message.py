@@ -34,22 +34,45 @@ _uuid7_lock = threading.Lock()
 #: The last sub-millisecond counter value taken (unix ms << 12 | counter).
 _uuid7_last = 0
 
-#: Single ids are served from a pool made by new_message_ids, refilled every millisecond
-#: (so an id never carries an older time than the clock's) or when it runs dry.
-_ID_POOL_SIZE = 64
-_id_pool_lock = threading.Lock()
-_id_pool: deque[str] = deque()
-_id_pool_ms = -1
+#: Largest pool of ids a thread makes at once (its pool grows while it runs dry within
+#: a millisecond and shrinks to what it used when the millisecond turns).
+_ID_POOL_MAX = 1024
+
+
+#: Random bytes a thread fetches per ``os.urandom`` call for its pools: the call
+#: releases the GIL, and with busy threads getting it back can take a switch interval.
+_NOISE_CHUNK = 4096
+
+
+class _IdPool(threading.local):
+    """One thread's ids: made by new_message_ids, used within their millisecond."""
+
+    def __init__(self) -> None:
+        self.ms = -1
+        self.size = 4
+        self.ids: deque[str] = deque()
+        self.noise = b""
+        self.noise_at = 0
+
+    def next_noise(self) -> int:
+        """64 random bits from this thread's buffer (refilled from os.urandom)."""
+        at = self.noise_at
+        if at + 8 > len(self.noise):
+            self.noise = os.urandom(_NOISE_CHUNK)
+            at = 0
+        self.noise_at = at + 8
+        return int.from_bytes(self.noise[at : at + 8], "big")
+
+
+_id_pool = _IdPool()
 
 
 def _ids_after_fork() -> None:
     # A forked child (e.g. a Spark Python worker) must not hand out the parent's pooled
-    # ids; the locks may have been held by a thread that does not exist in the child.
-    global _uuid7_lock, _id_pool_lock, _id_pool, _id_pool_ms
+    # ids; the lock may have been held by a thread that does not exist in the child.
+    global _uuid7_lock, _id_pool
     _uuid7_lock = threading.Lock()
-    _id_pool_lock = threading.Lock()
-    _id_pool = deque()
-    _id_pool_ms = -1
+    _id_pool = _IdPool()
 
 
 if hasattr(os, "register_at_fork"):
@@ -59,34 +82,34 @@ if hasattr(os, "register_at_fork"):
 def new_message_id() -> str:
     """A UUIDv7 string: time ordered, unique across processes, monotonic within a thread.
 
-    NOTE: the stdlib gains uuid7 only in 3.14. Ids come from a pool that
-    :func:`new_message_ids` fills once per millisecond (or when it runs dry), so one id
-    costs a clock read and a ``deque.popleft`` (atomic: no lock on the common path).
+    NOTE: the stdlib gains uuid7 only in 3.14. Each thread takes its ids from its own
+    pool, made by :func:`new_message_ids` and used only within its millisecond (so an
+    id never carries an older time than the clock's): one id costs a clock read and a
+    ``deque.popleft``. No lock is shared on this path: a lock held across the refill's
+    ``os.urandom`` (which releases the GIL) made every sending thread queue behind it.
     """
-    if time.time_ns() // 1_000_000 == _id_pool_ms:
+    pool = _id_pool
+    if time.time_ns() // 1_000_000 == pool.ms:
         try:
-            return _id_pool.popleft()
+            return pool.ids.popleft()
         except IndexError:
             pass
-    return _refill_ids()
+    return _refill_ids(pool)
 
 
-def _refill_ids() -> str:
-    global _id_pool, _id_pool_ms
-    with _id_pool_lock:
-        now_ms = time.time_ns() // 1_000_000
-        if now_ms == _id_pool_ms:
-            try:
-                return _id_pool.popleft()
-            except IndexError:
-                pass
-        pool = deque(new_message_ids(_ID_POOL_SIZE))
-        first = pool.popleft()
-        # The pool before its millisecond: a reader that sees the new millisecond finds
-        # the new pool.
-        _id_pool = pool
-        _id_pool_ms = now_ms
-        return first
+def _refill_ids(pool: _IdPool) -> str:
+    now_ms = time.time_ns() // 1_000_000
+    if now_ms == pool.ms:
+        # Ran dry within the millisecond: make more next time.
+        pool.size = min(pool.size * 2, _ID_POOL_MAX)
+    else:
+        used = pool.size - len(pool.ids)
+        pool.size = max(1, min(used * 2, _ID_POOL_MAX))
+    ids = deque(_make_ids(pool.size, pool.next_noise()))
+    first = ids.popleft()
+    pool.ids = ids
+    pool.ms = now_ms
+    return first
 
 
 def new_message_ids(count: int) -> list[str]:
@@ -98,7 +121,6 @@ def new_message_ids(count: int) -> list[str]:
     differs from every other id of the process; within the batch the low 48 bits of
     ``rand_b`` count up from a random start. Each id is then one string format.
     """
-    global _uuid7_last
     if count <= 0:
         return []
     if count > _BATCH_IDS_MAX:
@@ -106,13 +128,18 @@ def new_message_ids(count: int) -> list[str]:
         for offset in range(0, count, _BATCH_IDS_MAX):
             ids.extend(new_message_ids(min(_BATCH_IDS_MAX, count - offset)))
         return ids
+    return _make_ids(count, int.from_bytes(os.urandom(8), "big"))
+
+
+def _make_ids(count: int, noise: int) -> list[str]:
+    """``count`` ids (at most _BATCH_IDS_MAX) of one prefix, from 64 random bits."""
+    global _uuid7_last
     now = time.time_ns() // 1_000_000 << 12
     with _uuid7_lock:
         stamp = now if now > _uuid7_last else _uuid7_last + 1
         _uuid7_last = stamp
     unix_ms = stamp >> 12
     ms_hex = f"{unix_ms & 0xFFFFFFFFFFFF:012x}"
-    noise = int.from_bytes(os.urandom(8), "big")
     variant = 0x8000 | (noise >> 50 & 0x3FFF)
     # A start low enough that the counter cannot carry out of its 48 bits.
     first = (noise & 0xFFFFFFFFFFFF) % ((1 << 48) - count)

@@ -8,7 +8,9 @@ while the caller still owns the message. There is no third outcome.
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
+import math
 import os
 import queue
 import threading
@@ -145,8 +147,14 @@ class Producer:
         self._send_timeout = send_timeout
         self._closed = False
         self._lock = threading.Lock()
-        #: Futures returned and not resolved yet (what flush() waits for); under _lock.
-        self._unsettled = 0
+        # What flush() waits for: every send takes a ticket (``next()`` is atomic, so
+        # sending takes no lock), settling counts under _lock; flush() takes a ticket
+        # too, to read the count, and remembers it in _spent.
+        self._tickets = itertools.count(1)
+        self._spent = 0
+        self._settled_total = 0
+        #: The smallest settled count a flush() waits for (inf: nobody waits).
+        self._wake_at = math.inf
         self._all_done = threading.Condition(self._lock)
         #: Keys with a message on its way to the outbox (the barrier before has_key is true).
         self._detouring: dict[bytes, int] = {}
@@ -316,11 +324,13 @@ class Producer:
             return send
         keys = batch.keys
         store = self._store
+        paused = store is not None and self._refused_until > 0.0 and self._paused_by_refusal()
+        next(self._tickets)
         with self._lock:
             if self._closed:
+                self._settle_locked(1)
                 raise ClosedError("producer is closed")
-            self._unsettled += 1
-            if store is not None and self._refused_until and self._paused_by_refusal():
+            if paused:
                 held: list[int] | None = list(range(count))
             elif keys is not None and store is not None:
                 held = self._held_by_barrier(keys)
@@ -396,23 +406,34 @@ class Producer:
             )
         result = _Send(self, envelope)
         key = envelope.key
-        with self._lock:
-            if self._closed:
-                raise ClosedError("producer is closed", message_id=envelope.message_id)
-            self._unsettled += 1
-            # A transactional send goes to the store whatever the barrier says, and nothing
-            # would release a barrier count taken for it (the writer thread never sees it).
-            behind_barrier = transaction is None and (
-                (self._refused_until and self._paused_by_refusal())
-                or (
-                    key is not None
-                    and (
-                        key in self._detouring
-                        or (self._store is not None and self._store.has_key(key))
-                    )
-                )
-            )
-            if behind_barrier and key is not None:
+        store = self._store
+        # NOTE: no Python-level call inside the lock: the interpreter may hand the GIL to
+        # another thread at one, and every sender would then queue on this lock.
+        paused = transaction is None and self._refused_until > 0.0 and self._paused_by_refusal()
+        next(self._tickets)
+        if self._closed:
+            # Counted, then settled: a close() that read the count does not wait for it.
+            self._settled(1)
+            raise ClosedError("producer is closed", message_id=envelope.message_id)
+        # A transactional send goes to the store whatever the barrier says, and nothing
+        # would release a barrier count taken for it (the writer thread never sees it).
+        behind_barrier = paused
+        if key is not None and transaction is None:
+            with self._lock:
+                behind_barrier = paused or key in self._detouring
+                if behind_barrier:
+                    self._detouring[key] = self._detouring.get(key, 0) + 1
+        if (
+            not behind_barrier
+            and transaction is None
+            and key is not None
+            and store is not None
+            and store.has_key(key)
+        ):
+            # NOTE: asked after _detouring: a message of this key leaves _detouring only
+            # once it is in the store, so one of the two questions sees it.
+            behind_barrier = True
+            with self._lock:
                 self._detouring[key] = self._detouring.get(key, 0) + 1
 
         if transaction is not None:
@@ -438,10 +459,7 @@ class Producer:
         except BaseException:
             # Not a msgsafe error (e.g. the driver's): it reaches the caller of send()
             # directly, the future is never returned, and flush() must not wait for it.
-            with self._lock:
-                self._unsettled -= 1
-                if not self._unsettled:
-                    self._all_done.notify_all()
+            self._settled(1)
             raise
         else:
             self._resolve(result, Receipt(envelope.message_id, Status.STORED, envelope.destination))
@@ -459,10 +477,7 @@ class Producer:
             else:
                 result.set_exception(error)
         finally:
-            with self._lock:
-                self._unsettled -= 1
-                if not self._unsettled:
-                    self._all_done.notify_all()
+            self._settled(1)
 
     def _on_publish(self, result: _Send, exc: BaseException | None) -> None:
         # Runs on the adapter's I/O thread (or the caller's): no blocking work here.
@@ -539,15 +554,22 @@ class Producer:
         """``units`` sends (messages or batches) are finished: what flush() waits for."""
         if units:
             with self._lock:
-                self._unsettled -= units
-                if not self._unsettled:
-                    self._all_done.notify_all()
+                self._settle_locked(units)
+
+    def _settle_locked(self, units: int) -> None:
+        self._settled_total += units
+        if self._settled_total >= self._wake_at:
+            self._wake_at = math.inf
+            self._all_done.notify_all()
 
     def _paused_by_refusal(self) -> bool:
-        """True while new sends should go straight to the outbox (under ``_lock``)."""
-        if time.monotonic() < self._refused_until:
+        """True while new sends should go straight to the outbox."""
+        until = self._refused_until
+        if time.monotonic() < until:
             return True
-        self._refused_until = 0.0
+        if self._refused_until == until:
+            # A failure in between may have renewed the pause: keep a newer value.
+            self._refused_until = 0.0
         return False
 
     # --- outbox -----------------------------------------------------------------------------
@@ -555,8 +577,17 @@ class Producer:
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every ``send_async`` so far is settled (confirmed, stored or
         failed). Returns False if ``timeout`` passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            return self._all_done.wait_for(lambda: not self._unsettled, timeout)
+            target = next(self._tickets) - 1 - self._spent
+            self._spent += 1
+            while self._settled_total < target:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._wake_at = min(self._wake_at, target)
+                self._all_done.wait(left)
+            return True
 
     def drain(self, timeout: float | None = None) -> int:
         """Forward the outbox now, for up to ``timeout`` seconds; returns how many remain."""
