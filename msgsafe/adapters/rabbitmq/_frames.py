@@ -144,6 +144,17 @@ class FrameWriter:
         """The frames of messages ``indexes`` (in that order) as buffers to join, and
         how many frames they are."""
         out: list[bytes] = []
+        return out, self.encode_into(out, bodies, ids, keys, indexes)
+
+    def encode_into(
+        self,
+        out: list[bytes],
+        bodies: Sequence[bytes],
+        ids: Sequence[str],
+        keys: Sequence[bytes | None] | None,
+        indexes: Iterable[int],
+    ) -> int:
+        """Append the frames of messages ``indexes`` to ``out``; return how many."""
         extend = out.extend
         channel = self._channel
         body_max = self._body_max
@@ -190,4 +201,4 @@ class FrameWriter:
                     extend((start, fragment))
                     frames += 1
                 extend((end,))
-        return out, frames
+        return frames

@@ -68,6 +68,11 @@ _HEADER_FRAME_RESERVE = 512
 
 _TICK_S = 0.1
 
+#: Destinations whose frame encoder for single envelopes is kept.
+_MAX_ITEM_WRITERS = 256
+#: The one message index of a single envelope, for FrameWriter.encode_into.
+_FIRST = (0,)
+
 #: reply code of a channel this side closed on purpose
 _REPLY_SUCCESS = 200
 
@@ -76,7 +81,6 @@ _REPLY_SUCCESS = 200
 class _Item:
     envelope: Envelope
     dest: Destination
-    properties: pika.BasicProperties
     future: Future[None]
     deadline: float
     queued_at: float
@@ -171,6 +175,10 @@ class RabbitTransport:
         # I/O-thread side.
         self._pending: collections.deque[_Item | _Part] = collections.deque()
         self._in_flight: collections.OrderedDict[int, _Item] = collections.OrderedDict()
+        #: Frame encoders of single envelopes per destination (see _item_writer).
+        self._item_writers: dict[str, tuple[tuple[int, int, int], FrameWriter]] = {}
+        #: Frames appended to the buffer of the flush under way.
+        self._out_frames = 0
         #: Parts of batches in flight, in delivery-tag order.
         self._spans: collections.deque[_Part] = collections.deque()
         self._returned: set[str] = set()
@@ -251,7 +259,6 @@ class RabbitTransport:
         item = _Item(
             envelope=envelope,
             dest=dest,
-            properties=_properties(envelope),
             future=future,
             deadline=now + timeout,
             queued_at=now,
@@ -490,8 +497,28 @@ class RabbitTransport:
             return
         if self._blocked:
             return
+        conn = channel.connection
+        emit: Callable[[bytes], None] | None = getattr(conn, "_adapter_emit_data", None)
+        if emit is None or not isinstance(getattr(conn, "frames_sent", None), int):
+            emit = None  # pika internals not as expected: basic_publish per message
+        elif not channel.is_open or not conn.is_open:
+            return  # the close callback resends
+        out: list[bytes] = []
+        try:
+            self._flush_pending(channel, emit, out)
+        finally:
+            if out and emit is not None:
+                self._emit(conn, emit, out)
+        _coalesce(channel)
+
+    def _flush_pending(
+        self, channel: Channel, emit: Callable[[bytes], None] | None, out: list[bytes]
+    ) -> None:
+        """Send what ``pending`` holds, in order: the frames of single envelopes are
+        appended to ``out`` (the caller writes them), a part is written on its own."""
         publish = channel.basic_publish
         pending = self._pending
+        frame_max = int(channel.connection.params.frame_max)
         while pending:
             entry = pending[0]
             if isinstance(entry, _Part):
@@ -508,27 +535,85 @@ class RabbitTransport:
                     return  # NOTE: later items wait too, so per-key order holds
             pending.popleft()
             if isinstance(entry, _Part):
+                if out and emit is not None:
+                    self._emit(channel.connection, emit, out)
                 if not self._send_part(channel, entry):
                     return
                 continue
             item = entry
-            try:
-                publish(
-                    dest.exchange,
-                    dest.routing_key or _key_text(item.envelope.key),
-                    item.envelope.body,
-                    item.properties,
-                    mandatory=True,
+            envelope = item.envelope
+            if emit is not None and not envelope.headers:
+                writer = self._item_writer(
+                    dest, envelope.destination, channel.channel_number, frame_max, envelope
                 )
-            except Exception as exc:
-                # The channel or connection is closing; its close callback resends.
-                log.debug("publish on a closing channel: %s", describe(exc))
-                pending.appendleft(item)
-                return
+                key = envelope.key
+                self._out_frames += writer.encode_into(
+                    out,
+                    (envelope.body,),
+                    (envelope.message_id,),
+                    None if key is None else (key,),
+                    _FIRST,
+                )
+            else:
+                if out and emit is not None:
+                    self._emit(channel.connection, emit, out)
+                try:
+                    publish(
+                        dest.exchange,
+                        dest.routing_key or _key_text(envelope.key),
+                        envelope.body,
+                        _properties(envelope),
+                        mandatory=True,
+                    )
+                except Exception as exc:
+                    # The channel or connection is closing; its close callback resends.
+                    log.debug("publish on a closing channel: %s", describe(exc))
+                    pending.appendleft(item)
+                    return
             item.attempts += 1
             self._in_flight[self._next_tag] = item
             self._next_tag += 1
-        _coalesce(channel)
+
+    def _item_writer(
+        self, dest: Destination, name: str, number: int, frame_max: int, envelope: Envelope
+    ) -> FrameWriter:
+        """The frame encoder for single envelopes to ``name`` created in the same second
+        (the ``timestamp`` property) on this channel."""
+        second = int(envelope.created_at)
+        cache_key = (number, frame_max, second)
+        cached = self._item_writers.get(name)
+        if cached is not None and cached[0] == cache_key:
+            return cached[1]
+        writer = FrameWriter(
+            channel_number=number,
+            frame_max=frame_max,
+            exchange=dest.exchange,
+            routing_key=dest.routing_key or None,
+            headers={},
+            id_header=MESSAGE_ID_HEADER,
+            key_header=KEY_HEADER,
+            created_at=second,
+        )
+        if len(self._item_writers) >= _MAX_ITEM_WRITERS:
+            self._item_writers.clear()
+        self._item_writers[name] = (cache_key, writer)
+        return writer
+
+    def _emit(self, conn: Any, emit: Callable[[bytes], None], out: list[bytes]) -> None:
+        """Write the frames in ``out`` with one call. On failure the connection is going
+        down; its close callback resends what is in flight."""
+        data = b"".join(out)
+        out.clear()
+        try:
+            # NOTE: what pika's Connection._output_marshaled_frames does per frame; the
+            # heartbeat checker reads these counters.
+            conn.bytes_sent += len(data)
+            conn.frames_sent += self._out_frames
+            emit(data)
+        except Exception as exc:
+            log.debug("write on a closing connection: %s", describe(exc))
+        finally:
+            self._out_frames = 0
 
     def _send_part(self, channel: Channel, part: _Part) -> bool:
         """Write the frames of every message of ``part`` with one call and put it in
