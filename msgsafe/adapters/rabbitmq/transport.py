@@ -1,14 +1,15 @@
 """Publishing: persistent, ``mandatory`` messages with pipelined publisher confirms.
 
-Every envelope becomes an item with a future and a deadline (call time +
-``confirm_timeout``). Items wait in ``pending`` (in ``publish`` order) until the channel
-is ready, then go ``in_flight`` keyed by delivery tag until the broker's ``basic.ack``
+Every envelope becomes an item with a callback (for ``publish``, its future) and a
+deadline (call time + ``confirm_timeout``). Items wait in ``pending`` (in ``publish``
+order) until the channel is ready, then go ``in_flight`` keyed by delivery tag until the
+broker's ``basic.ack``
 (success, or :class:`~msgsafe.errors.Unroutable` when a ``basic.return`` came first),
 ``basic.nack`` (:class:`~msgsafe.errors.Refused`) or the deadline
 (:class:`~msgsafe.errors.ConfirmTimeout`). When the connection is lost, everything in
 flight goes back to the front of ``pending`` and is resent, same ``message_id``, on the
 next host. All of that state belongs to the I/O thread; callers only append to
-``incoming`` and wait on futures.
+``incoming`` and wait on futures or callbacks.
 
 ``publish_batch`` takes the window in parts (as much of the batch as the window has
 room for) and hands each part over as one ``_Part``: its frames are encoded in one
@@ -24,7 +25,7 @@ import collections
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -56,7 +57,7 @@ from msgsafe.errors import (
     Unroutable,
 )
 from msgsafe.message import MESSAGE_ID_HEADER, Batch, Envelope
-from msgsafe.ports import BatchReport
+from msgsafe.ports import BatchReport, PublishCallback, PublishFuture
 
 __all__ = ["KEY_HEADER", "RabbitTransport"]
 
@@ -81,10 +82,11 @@ _REPLY_SUCCESS = 200
 class _Item:
     envelope: Envelope
     dest: Destination
-    future: Future[None]
+    callback: PublishCallback
     deadline: float
     queued_at: float
     attempts: int = 0
+    settled: bool = False
 
 
 @dataclass(slots=True)
@@ -222,50 +224,48 @@ class RabbitTransport:
         Waits (at most ``confirm_timeout``) while ``max_in_flight`` envelopes are
         outstanding; then the future fails with ``Refused``.
         """
-        future: Future[None] = Future()
+        future = PublishFuture()
         # NOTE: a message on the wire cannot be taken back; the future is not cancellable.
         future.set_running_or_notify_cancel()
+        self.publish_callback(envelope, future)
+        return future
+
+    def publish_callback(self, envelope: Envelope, callback: PublishCallback) -> None:
+        """Send ``envelope``; ``callback`` learns the outcome once (``None``: confirmed),
+        on this thread for an error found before sending, else on the I/O thread.
+        Everything else as :meth:`publish`."""
         mid = envelope.message_id
         try:
             dest = self._destination(envelope.destination)
         except ConfigurationError as exc:
-            future.set_exception(exc)
-            return future
+            _call(callback, exc)
+            return
         error = self._check_size(envelope)
         if error is not None:
-            future.set_exception(error)
-            return future
+            _call(callback, error)
+            return
         now = time.monotonic()
         timeout = self._options.confirm_timeout
         with self._cond:
             if self._closed:
-                future.set_exception(ClosedError("transport is closed", endpoint=self._target))
-                return future
-            if self._outstanding >= self._options.max_in_flight and not self._wait_for_room(
+                error = ClosedError("transport is closed", endpoint=self._target)
+            elif self._outstanding >= self._options.max_in_flight and not self._wait_for_room(
                 timeout
             ):
-                future.set_exception(
-                    Refused(
-                        f"{self._options.max_in_flight} messages in flight for {timeout} s",
-                        endpoint=self._target,
-                        message_id=mid,
-                    )
+                error = Refused(
+                    f"{self._options.max_in_flight} messages in flight for {timeout} s",
+                    endpoint=self._target,
+                    message_id=mid,
                 )
-                return future
-            if self._closed:
-                future.set_exception(ClosedError("transport is closed", endpoint=self._target))
-                return future
-            self._outstanding += 1
-        item = _Item(
-            envelope=envelope,
-            dest=dest,
-            future=future,
-            deadline=now + timeout,
-            queued_at=now,
-        )
-        self._incoming.append(item)
+            elif self._closed:
+                error = ClosedError("transport is closed", endpoint=self._target)
+            else:
+                self._outstanding += 1
+        if error is not None:
+            _call(callback, error)
+            return
+        self._incoming.append(_Item(envelope, dest, callback, now + timeout, now))
         self._wake()
-        return future
 
     def publish_batch(self, batch: Batch, report: BatchReport) -> None:
         """Send every message of ``batch``; ``report`` learns each outcome once.
@@ -445,15 +445,12 @@ class RabbitTransport:
         self._flush()
 
     def _resolve(self, item: _Item, error: MsgsafeError | None) -> None:
-        try:
-            if error is None:
-                item.future.set_result(None)
-            else:
-                if error.message_id is None:
-                    error.message_id = item.envelope.message_id
-                item.future.set_exception(error)
-        except InvalidStateError:
-            return  # already resolved (e.g. timed out, then confirmed late)
+        if item.settled:
+            return  # already reported (e.g. timed out, then confirmed late)
+        item.settled = True
+        if error is not None and error.message_id is None:
+            error.message_id = item.envelope.message_id
+        _call(item.callback, error)
         self._settled(1)
 
     def _fail(self, entry: _Item | _Part, error: MsgsafeError) -> None:
@@ -524,7 +521,7 @@ class RabbitTransport:
             if isinstance(entry, _Part):
                 dest = entry.job.dest
             else:
-                if entry.future.done():
+                if entry.settled:
                     pending.popleft()
                     continue
                 dest = entry.dest
@@ -1018,7 +1015,7 @@ class RabbitTransport:
             unreachable = self._channel is None and down is not None and now - down >= connect_limit
             keep: collections.deque[_Item | _Part] = collections.deque()
             for entry in self._pending:
-                if isinstance(entry, _Item) and entry.future.done():
+                if isinstance(entry, _Item) and entry.settled:
                     continue
                 if now >= entry.deadline or unreachable:
                     self._fail(entry, self._waiting_error(entry.attempts, unreachable, endpoint))
@@ -1086,6 +1083,13 @@ def _skip_done(part: _Part) -> None:
     while done and part.pos in done:
         done.discard(part.pos)
         part.pos += 1
+
+
+def _call(callback: PublishCallback, error: MsgsafeError | None) -> None:
+    try:
+        callback(error)
+    except Exception:
+        log.exception("publish callback raised; ignored")
 
 
 def _report_confirmed(report: BatchReport, count: int) -> None:
