@@ -330,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
         values = [run[field] for run in rounds[name]]
         return sum(values) / len(values)
 
+    def per_round(name: str) -> str:
+        pairs = zip(rounds[name], rounds["raw"], strict=True)
+        return ", ".join(f"{run[0] / raw_run[0]:.2f}" for run, raw_run in pairs)
+
     raw, sdk, batch = mean("raw", 0), mean("transport", 0), mean("batch", 0)
     raw_cpu, sdk_cpu, batch_cpu = mean("raw", 1), mean("transport", 1), mean("batch", 1)
     print(f"sdk transport / raw pipelined: {sdk / raw:.2f} (goal >= 0.9)")
@@ -370,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
             f"| SDK producer / raw pipelined | {prod / raw:.2f} | | |\n"
             f"| SDK transport / raw blocking | {sdk / blocking:.1f}x | | >= 5x |\n"
             f"| SDK batch / raw blocking | **{batch / blocking:.1f}x** | | >= 5x |\n\n"
-            f"Runs, in order: {runs} msg/s.\n\n"
+            f"Runs, in order: {runs} msg/s. Per round, transport/raw "
+            f"{per_round('transport')}; batch/raw {per_round('batch')}.\n\n"
         )
         _write_readme(args.readme, section)
     return 0
