@@ -143,7 +143,8 @@ def _properties(envelope: Envelope) -> pika.BasicProperties:
 
 
 class RabbitTransport:
-    """A :class:`~msgsafe.ports.Transport` over pika's ``SelectConnection``.
+    """A :class:`~msgsafe.ports.Transport` over pika's ``SelectConnection``; also a
+    :class:`~msgsafe.ports.CallbackTransport` and a :class:`~msgsafe.ports.BatchTransport`.
 
     Contract, beyond the Protocol's: messages are persistent and ``mandatory``; the
     future resolves only on the broker's ``basic.ack`` with no ``basic.return`` before
@@ -152,7 +153,8 @@ class RabbitTransport:
     ``ConnectionLost`` and ``ConnectError`` are transient. An envelope whose connection
     drops is resent on the next host with the same ``message_id`` while its deadline
     allows. With no host reachable for ``connect_timeout`` the waiting futures fail with
-    ``ConnectError`` (or ``ConnectionLost`` when a copy was already sent).
+    ``ConnectError`` (or ``ConnectionLost`` when a copy was already sent). All of this
+    holds per message for ``publish_callback`` and ``publish_batch``.
     """
 
     def __init__(self, url: BrokerUrl, options: RabbitOptions) -> None:
