@@ -1,14 +1,22 @@
 """Publishing: persistent, ``mandatory`` messages with pipelined publisher confirms.
 
-Every envelope becomes an item with a future and a deadline (call time +
-``confirm_timeout``). Items wait in ``pending`` (in ``publish`` order) until the channel
-is ready, then go ``in_flight`` keyed by delivery tag until the broker's ``basic.ack``
+Every envelope becomes an item with a callback (for ``publish``, its future) and a
+deadline (call time + ``confirm_timeout``). Items wait in ``pending`` (in ``publish``
+order) until the channel is ready, then go ``in_flight`` keyed by delivery tag until the
+broker's ``basic.ack``
 (success, or :class:`~msgsafe.errors.Unroutable` when a ``basic.return`` came first),
 ``basic.nack`` (:class:`~msgsafe.errors.Refused`) or the deadline
 (:class:`~msgsafe.errors.ConfirmTimeout`). When the connection is lost, everything in
 flight goes back to the front of ``pending`` and is resent, same ``message_id``, on the
 next host. All of that state belongs to the I/O thread; callers only append to
-``incoming`` and wait on futures.
+``incoming`` and wait on futures or callbacks.
+
+``publish_batch`` takes the window in parts (as much of the batch as the window has
+room for) and hands each part over as one ``_Part``: its frames are encoded in one
+buffer (``_frames.FrameWriter``) and written with one call; in flight it is one
+``_Part`` with a range of delivery tags, and an ack (``multiple`` or not) settles a run
+of its messages with one ``report.confirmed(k)``. Parts and items share ``pending``,
+so the order of sends, requeues and fail-over resends is the same for both.
 """
 
 from __future__ import annotations
@@ -16,8 +24,10 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import pika
@@ -25,6 +35,7 @@ from pika.channel import Channel
 from pika.spec import Basic
 
 from msgsafe.adapters.rabbitmq._errors import channel_close_error, describe, lost_error
+from msgsafe.adapters.rabbitmq._frames import FrameWriter, publish_properties
 from msgsafe.adapters.rabbitmq._link import IoThread, Link, log
 from msgsafe.adapters.rabbitmq.config import (
     BROKER_MAX_MESSAGE_SIZE,
@@ -45,7 +56,8 @@ from msgsafe.errors import (
     Rejected,
     Unroutable,
 )
-from msgsafe.message import MESSAGE_ID_HEADER, Envelope
+from msgsafe.message import MESSAGE_ID_HEADER, Batch, Envelope
+from msgsafe.ports import BatchReport, PublishCallback, PublishFuture
 
 __all__ = ["KEY_HEADER", "RabbitTransport"]
 
@@ -57,6 +69,11 @@ _HEADER_FRAME_RESERVE = 512
 
 _TICK_S = 0.1
 
+#: Destinations whose frame encoder for single envelopes is kept.
+_MAX_ITEM_WRITERS = 256
+#: The one message index of a single envelope, for FrameWriter.encode_into.
+_FIRST = (0,)
+
 #: reply code of a channel this side closed on purpose
 _REPLY_SUCCESS = 200
 
@@ -65,11 +82,11 @@ _REPLY_SUCCESS = 200
 class _Item:
     envelope: Envelope
     dest: Destination
-    properties: pika.BasicProperties
-    future: Future[None]
+    callback: PublishCallback
     deadline: float
     queued_at: float
     attempts: int = 0
+    settled: bool = False
 
 
 @dataclass(slots=True)
@@ -80,21 +97,54 @@ class _Declare:
     error: MsgsafeError | None = None
 
 
+@dataclass(slots=True, eq=False)
+class _Job:
+    """A batch on its way: what its parts share."""
+
+    batch: Batch
+    dest: Destination
+    report: BatchReport
+    #: The frame encoder of the channel (number, frame_max) it was last written on.
+    writer: FrameWriter | None = None
+    writer_key: tuple[int, int] = (-1, -1)
+
+
+@dataclass(slots=True, eq=False)
+class _Part:
+    """Messages ``indexes`` of a batch, handed over, sent and confirmed together.
+
+    In flight, message ``indexes[k]`` has delivery tag ``first_tag + k``; ``indexes[:pos]``
+    are settled, and so are the offsets in ``done`` (acks that came out of order).
+    """
+
+    job: _Job
+    indexes: Sequence[int]
+    deadline: float
+    attempts: int = 0
+    first_tag: int = 0
+    pos: int = 0
+    done: set[int] = field(default_factory=set)
+
+    def unsettled(self) -> Sequence[int]:
+        if not self.done:
+            return self.indexes[self.pos :]
+        return [self.indexes[k] for k in range(self.pos, len(self.indexes)) if k not in self.done]
+
+
 def _properties(envelope: Envelope) -> pika.BasicProperties:
-    headers: dict[str, object] = dict(envelope.headers)
-    headers[MESSAGE_ID_HEADER] = envelope.message_id
-    if envelope.key is not None:
-        headers[KEY_HEADER] = envelope.key
-    return pika.BasicProperties(
-        delivery_mode=2,  # persistent
-        message_id=envelope.message_id,
-        headers=headers,
-        timestamp=int(envelope.created_at),
+    return publish_properties(
+        envelope.message_id,
+        envelope.headers,
+        MESSAGE_ID_HEADER,
+        KEY_HEADER,
+        envelope.key,
+        envelope.created_at,
     )
 
 
 class RabbitTransport:
-    """A :class:`~msgsafe.ports.Transport` over pika's ``SelectConnection``.
+    """A :class:`~msgsafe.ports.Transport` over pika's ``SelectConnection``; also a
+    :class:`~msgsafe.ports.CallbackTransport` and a :class:`~msgsafe.ports.BatchTransport`.
 
     Contract, beyond the Protocol's: messages are persistent and ``mandatory``; the
     future resolves only on the broker's ``basic.ack`` with no ``basic.return`` before
@@ -103,7 +153,8 @@ class RabbitTransport:
     ``ConnectionLost`` and ``ConnectError`` are transient. An envelope whose connection
     drops is resent on the next host with the same ``message_id`` while its deadline
     allows. With no host reachable for ``connect_timeout`` the waiting futures fail with
-    ``ConnectError`` (or ``ConnectionLost`` when a copy was already sent).
+    ``ConnectError`` (or ``ConnectionLost`` when a copy was already sent). All of this
+    holds per message for ``publish_callback`` and ``publish_batch``.
     """
 
     def __init__(self, url: BrokerUrl, options: RabbitOptions) -> None:
@@ -122,12 +173,18 @@ class RabbitTransport:
         self._batching = False
         self._unreleased = 0
         self._closed = False
-        self._incoming: collections.deque[_Item] = collections.deque()
+        self._incoming: collections.deque[_Item | _Part] = collections.deque()
         self._wake_lock = threading.Lock()
         self._wake_pending = False
         # I/O-thread side.
-        self._pending: collections.deque[_Item] = collections.deque()
+        self._pending: collections.deque[_Item | _Part] = collections.deque()
         self._in_flight: collections.OrderedDict[int, _Item] = collections.OrderedDict()
+        #: Frame encoders of single envelopes per destination (see _item_writer).
+        self._item_writers: dict[str, tuple[tuple[int, int, int], FrameWriter]] = {}
+        #: Frames appended to the buffer of the flush under way.
+        self._out_frames = 0
+        #: Parts of batches in flight, in delivery-tag order.
+        self._spans: collections.deque[_Part] = collections.deque()
         self._returned: set[str] = set()
         self._declares: dict[str, _Declare] = {}
         self._channel: Channel | None = None
@@ -169,51 +226,136 @@ class RabbitTransport:
         Waits (at most ``confirm_timeout``) while ``max_in_flight`` envelopes are
         outstanding; then the future fails with ``Refused``.
         """
-        future: Future[None] = Future()
+        future = PublishFuture()
         # NOTE: a message on the wire cannot be taken back; the future is not cancellable.
         future.set_running_or_notify_cancel()
+        self.publish_callback(envelope, future)
+        return future
+
+    def publish_callback(self, envelope: Envelope, callback: PublishCallback) -> None:
+        """Send ``envelope``; ``callback`` learns the outcome once (``None``: confirmed),
+        on this thread for an error found before sending, else on the I/O thread.
+        Everything else as :meth:`publish`."""
         mid = envelope.message_id
         try:
             dest = self._destination(envelope.destination)
         except ConfigurationError as exc:
-            future.set_exception(exc)
-            return future
+            _call(callback, exc)
+            return
         error = self._check_size(envelope)
         if error is not None:
-            future.set_exception(error)
-            return future
+            _call(callback, error)
+            return
         now = time.monotonic()
         timeout = self._options.confirm_timeout
         with self._cond:
             if self._closed:
-                future.set_exception(ClosedError("transport is closed", endpoint=self._target))
-                return future
-            if self._outstanding >= self._options.max_in_flight and not self._wait_for_room(
+                error = ClosedError("transport is closed", endpoint=self._target)
+            elif self._outstanding >= self._options.max_in_flight and not self._wait_for_room(
                 timeout
             ):
-                future.set_exception(
-                    Refused(
-                        f"{self._options.max_in_flight} messages in flight for {timeout} s",
-                        endpoint=self._target,
-                        message_id=mid,
-                    )
+                error = Refused(
+                    f"{self._options.max_in_flight} messages in flight for {timeout} s",
+                    endpoint=self._target,
+                    message_id=mid,
                 )
-                return future
-            if self._closed:
-                future.set_exception(ClosedError("transport is closed", endpoint=self._target))
-                return future
-            self._outstanding += 1
-        item = _Item(
-            envelope=envelope,
-            dest=dest,
-            properties=_properties(envelope),
-            future=future,
-            deadline=now + timeout,
-            queued_at=now,
-        )
-        self._incoming.append(item)
+            elif self._closed:
+                error = ClosedError("transport is closed", endpoint=self._target)
+            else:
+                self._outstanding += 1
+        if error is not None:
+            _call(callback, error)
+            return
+        self._incoming.append(_Item(envelope, dest, callback, now + timeout, now))
         self._wake()
-        return future
+
+    def publish_batch(self, batch: Batch, report: BatchReport) -> None:
+        """Send every message of ``batch``; ``report`` learns each outcome once.
+
+        The batch goes through the window in parts: each takes the room there is (or,
+        with the window full, waits at most ``confirm_timeout`` for half of it) and
+        crosses to the I/O thread as one item. A message too large fails alone; when
+        no room comes within ``confirm_timeout`` the rest fail with ``Refused``.
+        """
+        if not len(batch):
+            return
+        try:
+            dest = self._destination(batch.destination)
+        except ConfigurationError as exc:
+            _fail_all(report, range(len(batch)), exc, batch.message_ids)
+            return
+        good = self._batch_sendable(batch, report)
+        job = _Job(batch, dest, report)
+        timeout = self._options.confirm_timeout
+        window = self._options.max_in_flight
+        total = len(good)
+        sent = 0
+        while sent < total:
+            now = time.monotonic()
+            with self._cond:
+                want = min(total - sent, self._low_water or 1)
+                if not self._closed and window - self._outstanding < want:
+                    self._waiters += 1
+                    try:
+                        room = self._cond.wait_for(partial(self._has_room, want), timeout)
+                    finally:
+                        self._waiters -= 1
+                    if not room:
+                        rest = good[sent:]
+                        _fail_all(
+                            report,
+                            rest,
+                            Refused(
+                                f"{window} messages in flight for {timeout} s",
+                                endpoint=self._target,
+                            ),
+                            batch.message_ids,
+                        )
+                        return
+                if self._closed:
+                    _fail_all(
+                        report,
+                        good[sent:],
+                        ClosedError("transport is closed", endpoint=self._target),
+                        batch.message_ids,
+                    )
+                    return
+                take = min(total - sent, window - self._outstanding)
+                self._outstanding += take
+            self._incoming.append(_Part(job, good[sent : sent + take], now + timeout))
+            sent += take
+            self._wake()
+
+    def _has_room(self, want: int) -> bool:
+        # Called with self._cond held.
+        return self._options.max_in_flight - self._outstanding >= want or self._closed
+
+    def _batch_sendable(self, batch: Batch, report: BatchReport) -> Sequence[int]:
+        """Indexes of the messages of ``batch`` that may be sent; the others are reported
+        failed with ``MessageTooLarge`` here."""
+        count = len(batch)
+        bodies, ids, keys = batch.bodies, batch.message_ids, batch.keys
+        fixed = 64
+        if batch.headers:
+            fixed += sum(len(k) + len(v) + 8 for k, v in batch.headers.items())
+        limit = self._frame_max - _HEADER_FRAME_RESERVE
+        longest_key = 0 if keys is None else max(len(k or b"") for k in keys)
+        if (
+            max(map(len, bodies)) <= self._max_body
+            and fixed + longest_key + 2 * max(map(len, ids)) <= limit
+        ):
+            return range(count)
+        good: list[int] = []
+        for index in range(count):
+            key = None if keys is None else keys[index]
+            error = self._check_size(
+                Envelope(batch.destination, bodies[index], ids[index], key, batch.headers)
+            )
+            if error is None:
+                good.append(index)
+            else:
+                _report_failed(report, index, error)
+        return good
 
     def _wait_for_room(self, timeout: float) -> bool:
         # Called with self._cond held.
@@ -290,8 +432,8 @@ class RabbitTransport:
 
     def _drain_after_stop(self) -> None:
         while self._incoming:
-            item = self._incoming.popleft()
-            self._resolve(item, ClosedError("transport is closed", endpoint=self._target))
+            entry = self._incoming.popleft()
+            self._fail(entry, ClosedError("transport is closed", endpoint=self._target))
 
     # --- I/O thread -----------------------------------------------------------------------
 
@@ -305,19 +447,30 @@ class RabbitTransport:
         self._flush()
 
     def _resolve(self, item: _Item, error: MsgsafeError | None) -> None:
-        try:
-            if error is None:
-                item.future.set_result(None)
-            else:
-                if error.message_id is None:
-                    error.message_id = item.envelope.message_id
-                item.future.set_exception(error)
-        except InvalidStateError:
-            return  # already resolved (e.g. timed out, then confirmed late)
-        if self._batching:
-            self._unreleased += 1
+        if item.settled:
+            return  # already reported (e.g. timed out, then confirmed late)
+        item.settled = True
+        if error is not None and error.message_id is None:
+            error.message_id = item.envelope.message_id
+        _call(item.callback, error)
+        self._settled(1)
+
+    def _fail(self, entry: _Item | _Part, error: MsgsafeError) -> None:
+        """Fail an item, or every unsettled message of a part, with copies of ``error``."""
+        if isinstance(entry, _Part):
+            self._fail_part(entry, entry.unsettled(), error)
         else:
-            self._release(1)
+            self._resolve(entry, _copy(error))
+
+    def _fail_part(self, part: _Part, indexes: Sequence[int], error: MsgsafeError) -> None:
+        _fail_all(part.job.report, indexes, error, part.job.batch.message_ids)
+        self._settled(len(indexes))
+
+    def _settled(self, count: int) -> None:
+        if self._batching:
+            self._unreleased += count
+        else:
+            self._release(count)
 
     def _release(self, count: int) -> None:
         """Give ``count`` window slots back.
@@ -339,40 +492,209 @@ class RabbitTransport:
         if channel is None:
             if self._fatal is not None:
                 while self._pending:
-                    self._resolve(self._pending.popleft(), _copy(self._fatal))
+                    self._fail(self._pending.popleft(), self._fatal)
             return
         if self._blocked:
             return
+        conn = channel.connection
+        emit: Callable[[bytes], None] | None = getattr(conn, "_adapter_emit_data", None)
+        if emit is None or not isinstance(getattr(conn, "frames_sent", None), int):
+            emit = None  # pika internals not as expected: basic_publish per message
+        elif not channel.is_open or not conn.is_open:
+            return  # the close callback resends
+        out: list[bytes] = []
+        try:
+            self._flush_pending(channel, emit, out)
+        finally:
+            if out and emit is not None:
+                self._emit(conn, emit, out)
+        _coalesce(channel)
+
+    def _flush_pending(
+        self, channel: Channel, emit: Callable[[bytes], None] | None, out: list[bytes]
+    ) -> None:
+        """Send what ``pending`` holds, in order: the frames of single envelopes are
+        appended to ``out`` (the caller writes them), a part is written on its own."""
         publish = channel.basic_publish
-        while self._pending:
-            item = self._pending[0]
-            if item.future.done():
-                self._pending.popleft()
-                continue
-            dest = item.dest
+        pending = self._pending
+        frame_max = int(channel.connection.params.frame_max)
+        while pending:
+            entry = pending[0]
+            if isinstance(entry, _Part):
+                dest = entry.job.dest
+            else:
+                if entry.settled:
+                    pending.popleft()
+                    continue
+                dest = entry.dest
             if self._options.declare is not None and dest.queue is not None:
                 state = self._declares.get(dest.queue)
                 if state is None or not state.done:
                     self._declare(channel, dest.queue)
                     return  # NOTE: later items wait too, so per-key order holds
-            self._pending.popleft()
-            try:
-                publish(
-                    dest.exchange,
-                    dest.routing_key or _key_text(item.envelope.key),
-                    item.envelope.body,
-                    item.properties,
-                    mandatory=True,
+            pending.popleft()
+            if isinstance(entry, _Part):
+                if out and emit is not None:
+                    self._emit(channel.connection, emit, out)
+                if not self._send_part(channel, entry):
+                    return
+                continue
+            item = entry
+            envelope = item.envelope
+            if emit is not None and not envelope.headers:
+                writer = self._item_writer(
+                    dest, envelope.destination, channel.channel_number, frame_max, envelope
                 )
-            except Exception as exc:
-                # The channel or connection is closing; its close callback resends.
-                log.debug("publish on a closing channel: %s", describe(exc))
-                self._pending.appendleft(item)
-                return
+                key = envelope.key
+                self._out_frames += writer.encode_into(
+                    out,
+                    (envelope.body,),
+                    (envelope.message_id,),
+                    None if key is None else (key,),
+                    _FIRST,
+                )
+            else:
+                if out and emit is not None:
+                    self._emit(channel.connection, emit, out)
+                try:
+                    publish(
+                        dest.exchange,
+                        dest.routing_key or _key_text(envelope.key),
+                        envelope.body,
+                        _properties(envelope),
+                        mandatory=True,
+                    )
+                except Exception as exc:
+                    # The channel or connection is closing; its close callback resends.
+                    log.debug("publish on a closing channel: %s", describe(exc))
+                    pending.appendleft(item)
+                    return
             item.attempts += 1
             self._in_flight[self._next_tag] = item
             self._next_tag += 1
-        _coalesce(channel)
+
+    def _item_writer(
+        self, dest: Destination, name: str, number: int, frame_max: int, envelope: Envelope
+    ) -> FrameWriter:
+        """The frame encoder for single envelopes to ``name`` created in the same second
+        (the ``timestamp`` property) on this channel."""
+        second = int(envelope.created_at)
+        cache_key = (number, frame_max, second)
+        cached = self._item_writers.get(name)
+        if cached is not None and cached[0] == cache_key:
+            return cached[1]
+        writer = FrameWriter(
+            channel_number=number,
+            frame_max=frame_max,
+            exchange=dest.exchange,
+            routing_key=dest.routing_key or None,
+            headers={},
+            id_header=MESSAGE_ID_HEADER,
+            key_header=KEY_HEADER,
+            created_at=second,
+        )
+        if len(self._item_writers) >= _MAX_ITEM_WRITERS:
+            self._item_writers.clear()
+        self._item_writers[name] = (cache_key, writer)
+        return writer
+
+    def _emit(self, conn: Any, emit: Callable[[bytes], None], out: list[bytes]) -> None:
+        """Write the frames in ``out`` with one call. On failure the connection is going
+        down; its close callback resends what is in flight."""
+        data = b"".join(out)
+        out.clear()
+        try:
+            # NOTE: what pika's Connection._output_marshaled_frames does per frame; the
+            # heartbeat checker reads these counters.
+            conn.bytes_sent += len(data)
+            conn.frames_sent += self._out_frames
+            emit(data)
+        except Exception as exc:
+            log.debug("write on a closing connection: %s", describe(exc))
+        finally:
+            self._out_frames = 0
+
+    def _send_part(self, channel: Channel, part: _Part) -> bool:
+        """Write the frames of every message of ``part`` with one call and put it in
+        flight; False (``part`` back at the front of ``pending``) when the channel is
+        closing: its close callback resends."""
+        conn = channel.connection
+        emit: Callable[[bytes], None] | None = getattr(conn, "_adapter_emit_data", None)
+        if emit is None or not isinstance(getattr(conn, "frames_sent", None), int):
+            return self._send_part_slowly(channel, part)
+        job = part.job
+        batch = job.batch
+        frame_max = int(conn.params.frame_max)
+        writer_key = (channel.channel_number, frame_max)
+        writer = job.writer if job.writer_key == writer_key else None
+        if writer is None:
+            dest = job.dest
+            writer = job.writer = FrameWriter(
+                channel_number=channel.channel_number,
+                frame_max=frame_max,
+                exchange=dest.exchange,
+                routing_key=dest.routing_key or None,
+                headers=batch.headers,
+                id_header=MESSAGE_ID_HEADER,
+                key_header=KEY_HEADER,
+                created_at=batch.created_at,
+            )
+            job.writer_key = writer_key
+        if not channel.is_open or not conn.is_open:
+            self._pending.appendleft(part)
+            return False
+        buffers, frames = writer.encode(batch.bodies, batch.message_ids, batch.keys, part.indexes)
+        data = b"".join(buffers)
+        try:
+            # NOTE: what pika's Connection._output_marshaled_frames does per frame; the
+            # heartbeat checker reads these counters.
+            conn.bytes_sent += len(data)
+            conn.frames_sent += frames
+            emit(data)
+        except Exception as exc:
+            log.debug("publish on a closing connection: %s", describe(exc))
+            self._pending.appendleft(part)
+            return False
+        self._in_flight_part(part, len(part.indexes))
+        return True
+
+    def _send_part_slowly(self, channel: Channel, part: _Part) -> bool:
+        """``_send_part`` through ``basic_publish`` (pika internals not as expected)."""
+        job = part.job
+        batch, dest = job.batch, job.dest
+        sent = 0
+        try:
+            for index in part.indexes:
+                key = batch.key(index)
+                mid = batch.message_ids[index]
+                channel.basic_publish(
+                    dest.exchange,
+                    dest.routing_key or _key_text(key),
+                    batch.bodies[index],
+                    publish_properties(
+                        mid, batch.headers, MESSAGE_ID_HEADER, KEY_HEADER, key, batch.created_at
+                    ),
+                    mandatory=True,
+                )
+                sent += 1
+        except Exception as exc:
+            log.debug("publish on a closing channel: %s", describe(exc))
+            rest = _Part(job, part.indexes[sent:], part.deadline, part.attempts)
+            self._pending.appendleft(rest)
+            if sent:
+                part.indexes = part.indexes[:sent]
+                self._in_flight_part(part, sent)
+            return False
+        self._in_flight_part(part, sent)
+        return True
+
+    def _in_flight_part(self, part: _Part, count: int) -> None:
+        part.attempts += 1
+        part.first_tag = self._next_tag
+        part.pos = 0
+        part.done = set()
+        self._next_tag += count
+        self._spans.append(part)
 
     def _declare(self, channel: Channel, queue: str) -> None:
         state = self._declares.setdefault(queue, _Declare(queue))
@@ -435,12 +757,91 @@ class RabbitTransport:
                 if first > tag:
                     break
                 self._confirmed(self._in_flight.popitem(last=False)[1], nack)
+            if self._spans:
+                self._confirm_parts_upto(tag, nack)
         else:
             item = self._in_flight.pop(tag, None)
             if item is not None:
                 self._confirmed(item, nack)
+            elif self._spans:
+                self._confirm_part_tag(tag, nack)
         if self._pending or self._incoming:
             self._flush()
+
+    def _confirm_parts_upto(self, tag: int, nack: bool) -> None:
+        spans = self._spans
+        while spans:
+            part = spans[0]
+            start = part.pos
+            if part.first_tag + start > tag:
+                return
+            stop = min(tag - part.first_tag + 1, len(part.indexes))
+            self._settle_range(part, start, stop, nack)
+            part.pos = stop
+            _skip_done(part)
+            if part.pos < len(part.indexes):
+                return
+            spans.popleft()
+
+    def _confirm_part_tag(self, tag: int, nack: bool) -> None:
+        for part in self._spans:
+            offset = tag - part.first_tag
+            if offset < 0:
+                return  # not in flight any more (e.g. timed out)
+            if offset >= len(part.indexes):
+                continue
+            if offset < part.pos or offset in part.done:
+                return
+            self._settle_range(part, offset, offset + 1, nack)
+            if offset == part.pos:
+                part.pos += 1
+                _skip_done(part)
+            else:
+                part.done.add(offset)
+            if part.pos >= len(part.indexes):
+                self._spans.remove(part)
+            return
+
+    def _settle_range(self, part: _Part, start: int, stop: int, nack: bool) -> None:
+        """Report messages at offsets ``start`` to ``stop`` of ``part`` (those not settled
+        already): confirmed, or failed when nacked or returned."""
+        job = part.job
+        indexes = part.indexes
+        done = part.done
+        settle: Sequence[int]
+        if done:
+            settle = [indexes[k] for k in range(start, stop) if k not in done]
+            done.difference_update(range(start, stop))
+        else:
+            settle = indexes[start:stop]
+        count = len(settle)
+        if not count:
+            return
+        endpoint = self._link.endpoint
+        ids = job.batch.message_ids
+        if nack:
+            _fail_all(
+                job.report, settle, Refused("the broker nacked the message", endpoint=endpoint), ids
+            )
+            self._settled(count)
+            self._recycle_channel()
+            return
+        returned = self._returned
+        unroutable = [i for i in settle if ids[i] in returned] if returned else []
+        for index in unroutable:
+            returned.discard(ids[index])
+            _report_failed(
+                job.report,
+                index,
+                Unroutable(
+                    f"no queue bound for {job.batch.destination!r} (basic.return)",
+                    endpoint=endpoint,
+                    message_id=ids[index],
+                ),
+            )
+        if count > len(unroutable):
+            _report_confirmed(job.report, count - len(unroutable))
+        self._settled(count)
 
     def _confirmed(self, item: _Item, nack: bool) -> None:
         endpoint = self._link.endpoint
@@ -481,9 +882,19 @@ class RabbitTransport:
 
     def _requeue_in_flight(self) -> None:
         """Put everything in flight back at the front of ``pending``, in tag order."""
+        entries: list[tuple[int, _Item | _Part]] = []
         if self._in_flight:
-            self._pending.extendleft(reversed(list(self._in_flight.values())))
+            entries.extend(self._in_flight.items())
             self._in_flight.clear()
+        for part in self._spans:
+            rest = part.unsettled()
+            if rest:
+                resend = _Part(part.job, rest, part.deadline, part.attempts)
+                entries.append((part.first_tag + part.pos, resend))
+        self._spans.clear()
+        if entries:
+            entries.sort(key=lambda entry: entry[0])
+            self._pending.extendleft(reversed([entry for _tag, entry in entries]))
         self._returned.clear()
 
     def _lost(self, reason: BaseException | None) -> None:
@@ -508,7 +919,7 @@ class RabbitTransport:
                     condition=text.split(" ", 1)[0] or str(code),
                     endpoint=self._link.endpoint,
                 )
-                self._fail_where(lambda it, q=state.queue: it.dest.queue == q, state.error)
+                self._fail_where(state.error, queue=state.queue)
                 self._declares.pop(state.queue, None)
                 return
         self._fail_culprits(error, exchange, size)
@@ -519,20 +930,53 @@ class RabbitTransport:
         if error is None:
             return
         if exchange is not None:
-            self._fail_where(lambda it: it.dest.exchange == exchange, error)
+            self._fail_where(error, exchange=exchange)
         elif size is not None:
-            self._fail_where(lambda it: len(it.envelope.body) >= size, error)
+            self._fail_where(error, min_size=size)
         elif isinstance(error, MessageTooLarge) and self._pending:
             # NOTE: a frame error names no message; the first resent one is the likeliest.
-            self._resolve(self._pending.popleft(), error)
-
-    def _fail_where(self, predicate: Any, error: MsgsafeError) -> None:
-        keep: collections.deque[_Item] = collections.deque()
-        for item in self._pending:
-            if predicate(item):
-                self._resolve(item, _copy(error))
+            first = self._pending.popleft()
+            if isinstance(first, _Part):
+                self._fail_part(first, first.indexes[:1], error)
+                if len(first.indexes) > 1:
+                    rest = _Part(first.job, first.indexes[1:], first.deadline, first.attempts)
+                    self._pending.appendleft(rest)
             else:
-                keep.append(item)
+                self._fail(first, error)
+
+    def _fail_where(
+        self,
+        error: MsgsafeError,
+        *,
+        queue: str | None = None,
+        exchange: str | None = None,
+        min_size: int | None = None,
+    ) -> None:
+        """Fail the pending messages to ``queue`` / ``exchange`` / of at least ``min_size``
+        body bytes (each criterion given must hold)."""
+        keep: collections.deque[_Item | _Part] = collections.deque()
+        for entry in self._pending:
+            dest = entry.job.dest if isinstance(entry, _Part) else entry.dest
+            if (queue is not None and dest.queue != queue) or (
+                exchange is not None and dest.exchange != exchange
+            ):
+                keep.append(entry)
+            elif min_size is None:
+                self._fail(entry, error)
+            elif isinstance(entry, _Part):
+                bodies = entry.job.batch.bodies
+                big = [i for i in entry.indexes if len(bodies[i]) >= min_size]
+                if big:
+                    self._fail_part(entry, big, error)
+                    small = [i for i in entry.indexes if len(bodies[i]) < min_size]
+                    if small:
+                        keep.append(_Part(entry.job, small, entry.deadline, entry.attempts))
+                else:
+                    keep.append(entry)
+            elif len(entry.envelope.body) >= min_size:
+                self._fail(entry, error)
+            else:
+                keep.append(entry)
         self._pending = keep
 
     def _fatal_error(self, error: MsgsafeError) -> None:
@@ -549,43 +993,45 @@ class RabbitTransport:
             return
         now = time.monotonic()
         endpoint = self._link.endpoint
+        timeout = self._options.confirm_timeout
         if self._in_flight:
             expired = [tag for tag, it in self._in_flight.items() if now >= it.deadline]
             for tag in expired:
                 item = self._in_flight.pop(tag)
                 self._resolve(
-                    item,
-                    ConfirmTimeout(
-                        f"no confirm within {self._options.confirm_timeout} s", endpoint=endpoint
-                    ),
+                    item, ConfirmTimeout(f"no confirm within {timeout} s", endpoint=endpoint)
                 )
+        if self._spans and any(now >= part.deadline for part in self._spans):
+            late = [part for part in self._spans if now >= part.deadline]
+            self._spans = collections.deque(part for part in self._spans if now < part.deadline)
+            for part in late:
+                error = ConfirmTimeout(f"no confirm within {timeout} s", endpoint=endpoint)
+                self._fail_part(part, part.unsettled(), error)
         while self._incoming:
             self._pending.append(self._incoming.popleft())
         if self._pending:
             down = self._down_since
             connect_limit = self._options.connect_timeout
-            keep: collections.deque[_Item] = collections.deque()
-            for item in self._pending:
-                if item.future.done():
+            # NOTE: once no host answered for connect_timeout, new envelopes fail at
+            # the next tick instead of waiting again: the outbox is the faster home.
+            unreachable = self._channel is None and down is not None and now - down >= connect_limit
+            keep: collections.deque[_Item | _Part] = collections.deque()
+            for entry in self._pending:
+                if isinstance(entry, _Item) and entry.settled:
                     continue
-                # NOTE: once no host answered for connect_timeout, new envelopes fail at
-                # the next tick instead of waiting again: the outbox is the faster home.
-                unreachable = (
-                    self._channel is None and down is not None and now - down >= connect_limit
-                )
-                if now >= item.deadline or unreachable:
-                    self._resolve(item, self._waiting_error(item, unreachable, endpoint))
+                if now >= entry.deadline or unreachable:
+                    self._fail(entry, self._waiting_error(entry.attempts, unreachable, endpoint))
                 else:
-                    keep.append(item)
+                    keep.append(entry)
             self._pending = keep
         self._io.loop.call_later(_TICK_S, self._tick)
         if self._pending and self._channel is not None:
             self._flush()
 
-    def _waiting_error(self, item: _Item, unreachable: bool, endpoint: str) -> MsgsafeError:
+    def _waiting_error(self, attempts: int, unreachable: bool, endpoint: str) -> MsgsafeError:
         if self._fatal is not None:
             return _copy(self._fatal)
-        if item.attempts:
+        if attempts:
             return ConnectionLost(
                 "connection lost before the confirm and no host took the resend in time",
                 endpoint=endpoint,
@@ -605,10 +1051,10 @@ class RabbitTransport:
         while self._incoming:
             self._pending.append(self._incoming.popleft())
         self._requeue_in_flight()
-        for item in list(self._pending):
+        for entry in list(self._pending):
             # NOTE: transient on purpose, also for never-sent envelopes: the layer above
             # stores them in the outbox instead of handing them back to the caller.
-            self._resolve(item, lost_error(None, self._link.endpoint))
+            self._fail(entry, lost_error(None, self._link.endpoint))
         self._pending.clear()
         self._channel = None
         self._link.close()
@@ -631,6 +1077,46 @@ def _coalesce(channel: Channel) -> None:
         joined = b"".join(buffers)
         buffers.clear()
         buffers.append(joined)
+
+
+def _skip_done(part: _Part) -> None:
+    """Move ``part.pos`` past offsets settled out of order."""
+    done = part.done
+    while done and part.pos in done:
+        done.discard(part.pos)
+        part.pos += 1
+
+
+def _call(callback: PublishCallback, error: MsgsafeError | None) -> None:
+    try:
+        callback(error)
+    except Exception:
+        log.exception("publish callback raised; ignored")
+
+
+def _report_confirmed(report: BatchReport, count: int) -> None:
+    try:
+        report.confirmed(count)
+    except Exception:
+        log.exception("BatchReport.confirmed raised; ignored")
+
+
+def _report_failed(report: BatchReport, index: int, error: MsgsafeError) -> None:
+    try:
+        report.failed(index, error)
+    except Exception:
+        log.exception("BatchReport.failed raised; ignored")
+
+
+def _fail_all(
+    report: BatchReport, indexes: Sequence[int], error: MsgsafeError, ids: Sequence[str]
+) -> None:
+    """Report each of ``indexes`` failed with its own copy of ``error``, naming its id."""
+    for index in indexes:
+        clone = _copy(error)
+        if clone.message_id is None:
+            clone.message_id = ids[index]
+        _report_failed(report, index, clone)
 
 
 def _key_text(key: bytes | None) -> str:

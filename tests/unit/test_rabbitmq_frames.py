@@ -1,0 +1,50 @@
+"""The batch path writes the same bytes as pika's ``Channel.basic_publish`` would."""
+
+from __future__ import annotations
+
+import pytest
+from pika import frame, spec
+
+from msgsafe.adapters.rabbitmq._frames import FrameWriter, publish_properties
+
+FRAME_MAX = 4096
+
+
+def _pika_bytes(exchange: str, routing_key: str, body: bytes, props: object) -> tuple[bytes, int]:
+    method = spec.Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=True)
+    out = [frame.Method(3, method).marshal(), frame.Header(3, len(body), props).marshal()]  # type: ignore[arg-type]
+    step = FRAME_MAX - 8
+    out.extend(frame.Body(3, body[i : i + step]).marshal() for i in range(0, len(body), step))
+    return b"".join(out), len(out)
+
+
+@pytest.mark.parametrize("routing_key", ["queue", None])
+@pytest.mark.parametrize("with_keys", [False, True])
+def test_frames_match_pika(routing_key: str | None, with_keys: bool) -> None:
+    bodies = [b"x" * 100, b"", b"y" * 10_000, b"z" * 3, b"w" * 100]
+    ids = ["0190-abc-0", "0190-abc-1", "0190-abc-2", "a-much-longer-message-id", "0190-abc-4"]
+    keys = [None, b"k1", b"k1", "é".encode(), b"k2"] if with_keys else None
+    headers = {"a": "b", "trace": "0190-abc-9"}
+    writer = FrameWriter(
+        channel_number=3,
+        frame_max=FRAME_MAX,
+        exchange="ex",
+        routing_key=routing_key,
+        headers=headers,
+        id_header="msgsafe-id",
+        key_header="msgsafe-key",
+        created_at=1234.5,
+    )
+    order = [4, 0, 1, 2, 3]
+    buffers, frames = writer.encode(bodies, ids, keys, order)
+    expected = b""
+    expected_frames = 0
+    for i in order:
+        key = None if keys is None else keys[i]
+        route = routing_key if routing_key is not None else (key or b"").decode()
+        props = publish_properties(ids[i], headers, "msgsafe-id", "msgsafe-key", key, 1234.5)
+        data, count = _pika_bytes("ex", route, bodies[i], props)
+        expected += data
+        expected_frames += count
+    assert b"".join(buffers) == expected
+    assert frames == expected_frames
