@@ -42,9 +42,9 @@ from typing import Any
 _RAW_PRODUCERS: dict[str, Any] = {}
 
 
-def _raw_partition(bootstrap: str, topic: str, rows: Iterable[Any]) -> None:
-    """The hand-written baseline, run in each Python worker."""
-    from confluent_kafka import KafkaException, Producer
+def _raw_producer(bootstrap: str) -> Any:
+    """The hand-written baselines' producer, cached per Python worker like the sink's."""
+    from confluent_kafka import Producer
 
     producer = _RAW_PRODUCERS.get(bootstrap)
     if producer is None:
@@ -59,6 +59,22 @@ def _raw_partition(bootstrap: str, topic: str, rows: Iterable[Any]) -> None:
             }
         )
         _RAW_PRODUCERS[bootstrap] = producer
+    return producer
+
+
+def _raw_finish(producer: Any, errors: list[Any]) -> None:
+    """Wait for every delivery report; fail the task on any error."""
+    from confluent_kafka import KafkaException
+
+    if producer.flush(120) != 0:
+        raise KafkaException("delivery reports missing after 120 s")
+    if errors:
+        raise KafkaException(errors[0])
+
+
+def _raw_partition(bootstrap: str, topic: str, rows: Iterable[Any]) -> None:
+    """The hand-written baseline, run in each Python worker."""
+    producer = _raw_producer(bootstrap)
     errors: list[Any] = []
 
     def report(err: Any, _msg: Any) -> None:
@@ -74,32 +90,16 @@ def _raw_partition(bootstrap: str, topic: str, rows: Iterable[Any]) -> None:
                 break
             except BufferError:
                 producer.poll(0.05)  # local queue full: serve delivery reports
-    if producer.flush(120) != 0:
-        raise KafkaException("delivery reports missing after 120 s")
-    if errors:
-        raise KafkaException(errors[0])
+    _raw_finish(producer, errors)
 
 
 def _raw_ids_partition(bootstrap: str, topic: str, batch: int, rows: Iterable[Any]) -> None:
     """The hand-written baseline with the sink's guarantee: a replay-stable id per row."""
     import hashlib
 
-    from confluent_kafka import KafkaException, Producer
     from pyspark import TaskContext
 
-    producer = _RAW_PRODUCERS.get(bootstrap)
-    if producer is None:
-        producer = Producer(
-            {
-                "bootstrap.servers": bootstrap,
-                "acks": "all",
-                "enable.idempotence": True,
-                "linger.ms": 5,
-                "batch.num.messages": 10_000,
-                "queue.buffering.max.messages": 100_000,
-            }
-        )
-        _RAW_PRODUCERS[bootstrap] = producer
+    producer = _raw_producer(bootstrap)
     errors: list[Any] = []
 
     def report(err: Any, _msg: Any) -> None:
@@ -119,10 +119,7 @@ def _raw_ids_partition(bootstrap: str, topic: str, batch: int, rows: Iterable[An
                 break
             except BufferError:
                 producer.poll(0.05)
-    if producer.flush(120) != 0:
-        raise KafkaException("delivery reports missing after 120 s")
-    if errors:
-        raise KafkaException(errors[0])
+    _raw_finish(producer, errors)
 
 
 class _MemoryBroker:

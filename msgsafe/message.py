@@ -287,13 +287,7 @@ class Envelope:
         if not isinstance(destination, str) or not destination:
             raise InvalidMessage("destination must be a non-empty string")
         data = validate_body(body)
-        if key is not None:
-            if isinstance(key, str):
-                key = key.encode()
-            elif isinstance(key, (bytearray, memoryview)):
-                key = bytes(key)
-            elif not isinstance(key, bytes):
-                raise InvalidMessage(f"key must be str or bytes, not {type(key).__name__}")
+        key = _key_bytes(key)
         if message_id is not None and (not isinstance(message_id, str) or not message_id):
             raise InvalidMessage("message_id must be a non-empty string")
         return cls(
@@ -315,17 +309,19 @@ class Envelope:
         return size
 
 
+def _key_bytes(key: object) -> bytes | None:
+    """A message key as bytes (``str`` is UTF-8 encoded); raises InvalidMessage."""
+    if key is None or type(key) is bytes:
+        return key
+    if isinstance(key, str):
+        return key.encode()
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return bytes(key)
+    raise InvalidMessage(f"key must be str or bytes, not {type(key).__name__}")
+
+
 def _batch_keys(keys: Iterable[str | bytes | None], count: int) -> list[bytes | None]:
-    out: list[bytes | None] = []
-    for key in keys:
-        if key is None or type(key) is bytes:
-            out.append(key)
-        elif isinstance(key, str):
-            out.append(key.encode())
-        elif isinstance(key, (bytes, bytearray, memoryview)):
-            out.append(bytes(key))
-        else:
-            raise InvalidMessage(f"key must be str or bytes, not {type(key).__name__}")
+    out = [_key_bytes(key) for key in keys]
     if len(out) != count:
         raise InvalidMessage(f"{len(out)} keys for {count} bodies: give one key per body")
     return out

@@ -361,7 +361,14 @@ class KafkaTransport:
             )
         except BufferError:
             # librdkafka's local queue is full (max_in_flight): wait for room, bounded.
-            error = self._produce_when_room(envelope, headers, report)
+            error = self._produce_when_room(
+                envelope.destination,
+                envelope.body,
+                envelope.key,
+                headers,
+                report,
+                envelope.message_id,
+            )
         except KafkaException as exc:
             if exc.args[0].fatal():
                 self._fatal = exc.args[0]
@@ -433,7 +440,7 @@ class KafkaTransport:
                     try:
                         produce(topic, body, key, headers=headers, on_delivery=chunk)
                     except BufferError:
-                        failure = self._produce_batch_when_room(chunk, index, key, headers)
+                        failure = self._produce_when_room(topic, body, key, headers, chunk)
                         if failure is not None:
                             reports.fail_local(index, failure)
                             chunk.count_local()
@@ -456,46 +463,17 @@ class KafkaTransport:
         finally:
             reports.deadline = time.monotonic() + self._timeout
 
-    def _produce_batch_when_room(
-        self,
-        chunk: _Chunk,
-        index: int,
-        key: bytes | None,
-        headers: list[tuple[str, str | bytes | None]],
-    ) -> MsgsafeError | None:
-        batch = chunk.owner.batch
-        deadline = time.monotonic() + self._timeout * _ROOM_WAIT_SHARE
-        while True:
-            try:
-                self._producer.poll(_ROOM_POLL_S)
-            except KafkaException as exc:
-                self._on_error(exc.args[0])
-            if self._closed:
-                return ClosedError("transport closed", endpoint=self._target)
-            try:
-                self._producer.produce(
-                    batch.destination,
-                    batch.bodies[index],
-                    key,
-                    headers=headers,
-                    on_delivery=chunk,
-                )
-                return None
-            except BufferError:
-                if time.monotonic() >= deadline:
-                    return Refused(
-                        "local producer queue full (max_in_flight reached)",
-                        endpoint=self._target,
-                    )
-            except KafkaException as exc:
-                return translate(exc.args[0], endpoint=self._target)
-
     def _produce_when_room(
         self,
-        envelope: Envelope,
+        topic: str,
+        body: bytes,
+        key: bytes | None,
         headers: list[tuple[str, str | bytes | None]],
-        callback: _Report,
+        on_delivery: _Report | _Chunk,
+        message_id: str | None = None,
     ) -> MsgsafeError | None:
+        """Produce once librdkafka's local queue has room, waiting a bounded share of
+        confirm_timeout; the error if it never had room (or refused the message)."""
         deadline = time.monotonic() + self._timeout * _ROOM_WAIT_SHARE
         while True:
             # Serve delivery reports here: that is what makes room in librdkafka's queue.
@@ -504,27 +482,19 @@ class KafkaTransport:
             except KafkaException as exc:
                 self._on_error(exc.args[0])
             if self._closed:
-                return ClosedError(
-                    "transport closed", endpoint=self._target, message_id=envelope.message_id
-                )
+                return ClosedError("transport closed", endpoint=self._target, message_id=message_id)
             try:
-                self._producer.produce(
-                    envelope.destination,
-                    envelope.body,
-                    envelope.key,
-                    headers=headers,
-                    on_delivery=callback,
-                )
+                self._producer.produce(topic, body, key, headers=headers, on_delivery=on_delivery)
                 return None
             except BufferError:
                 if time.monotonic() >= deadline:
                     return Refused(
                         "local producer queue full (max_in_flight reached)",
                         endpoint=self._target,
-                        message_id=envelope.message_id,
+                        message_id=message_id,
                     )
             except KafkaException as exc:
-                return translate(exc.args[0], endpoint=self._target, message_id=envelope.message_id)
+                return translate(exc.args[0], endpoint=self._target, message_id=message_id)
 
     def _failed(self, report: _Report, err: KafkaError) -> None:
         # Runs where reports are served (poll thread, a publisher, close()), for a report
