@@ -128,7 +128,11 @@ def new_message_ids(count: int) -> list[str]:
         for offset in range(0, count, _BATCH_IDS_MAX):
             ids.extend(new_message_ids(min(_BATCH_IDS_MAX, count - offset)))
         return ids
-    return _make_ids(count, int.from_bytes(os.urandom(8), "big"))
+    ids = _make_ids(count, int.from_bytes(os.urandom(8), "big"))
+    # This thread's pooled ids are older than these: the next single id comes from a
+    # fresh pool, so the thread's ids stay in order.
+    _id_pool.ms = -1
+    return ids
 
 
 def _make_ids(count: int, noise: int) -> list[str]:

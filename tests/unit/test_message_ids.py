@@ -129,3 +129,15 @@ def test_light_future_behaves_as_a_future() -> None:
         return await asyncio.wrap_future(later)
 
     assert asyncio.run(wrapped()) == 3
+
+
+def test_single_and_bulk_ids_of_a_thread_stay_in_order() -> None:
+    # Many interleavings within one millisecond: a single id after a bulk call must not
+    # come from the thread's older pool.
+    ids: list[str] = []
+    for n in range(2000):
+        ids.append(new_message_id())
+        if n % 3 == 0:
+            ids.extend(new_message_ids(1 + n % 5))
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(ids)
