@@ -113,12 +113,14 @@ class _Chunk:
     duplicates with known ids, never losses.
     """
 
-    __slots__ = ("_count", "failures", "owner", "start", "stop")
+    __slots__ = ("_count", "failures", "owner", "size", "start", "stop")
 
     def __init__(self, owner: _BatchReports, start: int, stop: int) -> None:
         self.owner = owner
         self.start = start
         self.stop = stop
+        #: Reports owed (stop - start, kept: this is read once per delivery report).
+        self.size = stop - start
         self._count = itertools.count(1)
         #: (error, key, value) of each failed report, appended before it is counted.
         self.failures: list[tuple[KafkaError, bytes | None, bytes | None]] = []
@@ -127,12 +129,12 @@ class _Chunk:
         # librdkafka's delivery report; must never raise into librdkafka.
         if err is not None:
             self.failures.append((err, msg.key(), msg.value()))
-        if next(self._count) == self.stop - self.start:
+        if next(self._count) == self.size:
             self.owner.chunk_done(self)
 
     def count_local(self) -> None:
         """Count a message that failed before librdkafka took it (reported already)."""
-        if next(self._count) == self.stop - self.start:
+        if next(self._count) == self.size:
             self.owner.chunk_done(self)
 
 
