@@ -84,21 +84,26 @@ class ContentIds:
     Not thread-safe: one instance per partition task.
     """
 
-    __slots__ = ("_prefix", "_seen")
+    __slots__ = ("_hasher", "_seen")
 
     def __init__(self, destination: str, batch_id: int, partition: int) -> None:
-        self._prefix = _prefix(destination, batch_id, b"C") + _field(str(partition).encode())
+        prefix = _prefix(destination, batch_id, b"C") + _field(str(partition).encode())
+        # NOTE: a hasher that has already read the prefix, copied per row: the same bytes
+        # are hashed (so the same ids), without building a hasher from keywords each time.
+        self._hasher = _blake2b(prefix, digest_size=16)
         #: first 8 digest bytes of a content -> how many times it was seen so far
         self._seen: dict[bytes, int] = {}
 
     def next_id(self, value: bytes, key: bytes | None, headers: Mapping[str, str]) -> str:
         """The id of the next row with this content."""
-        data = self._prefix + len(value).to_bytes(4, "big") + value
+        data = len(value).to_bytes(4, "big") + value
         data += b"N" if key is None else len(key).to_bytes(4, "big") + key
         if headers:
             for name in sorted(headers):
                 data += _field(name.encode()) + _field(headers[name].encode())
-        digest = _blake2b(data, digest_size=16).digest()
+        hasher = self._hasher.copy()
+        hasher.update(data)
+        digest = hasher.digest()
         slot = digest[:8]
         occurrence = self._seen.get(slot, 0)
         self._seen[slot] = occurrence + 1
