@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import Self
 
 from msgsafe.errors import SendTimeout
-from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt
+from msgsafe.message import BatchReceipt, Envelope, Receipt
 from msgsafe.retry import RetryPolicy
 from msgsafe.sdk.producer import OutboxSpec, Producer
 
@@ -76,10 +76,9 @@ class AsyncProducer:
     ) -> BatchReceipt:
         """Send many messages and wait until every one is safe; errors as
         :meth:`Producer.send_batch` (``timeout`` defaults to ``send_timeout``)."""
-        batch = Batch.build(
+        future = self._producer.send_batch_async(
             destination, bodies, keys=keys, headers=headers, message_ids=message_ids
         )
-        future = self._producer.submit_batch(batch)
         limit = self._send_timeout if timeout is None else timeout
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), limit)

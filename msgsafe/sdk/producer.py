@@ -388,14 +388,18 @@ class Producer:
         the error is transient and there is an outbox (True), otherwise False."""
         if not isinstance(error, TransientError) or self._store is None:
             return False
+        self._to_outbox(BatchPart(send, index))
+        return True
+
+    def _to_outbox(self, item: _StoreItem) -> None:
+        """After a transient failure: pause sending, hold the item's key behind the
+        barrier, and queue the item for the outbox writer."""
         self._refused_until = time.monotonic() + _REFUSAL_PAUSE_S
-        part = BatchPart(send, index)
-        key = part.envelope.key
+        key = item.envelope.key
         if key is not None:
             with self._lock:
                 self._detouring[key] = self._detouring.get(key, 0) + 1
-        self._store_queue.put(part)
-        return True
+        self._store_queue.put(item)
 
     def _submit(self, envelope: Envelope, transaction: Any) -> Future[Receipt]:
         if transaction is not None and getattr(self._store, "put_in", None) is None:
@@ -488,12 +492,8 @@ class Producer:
             )
             return
         if isinstance(exc, TransientError) and self._store is not None:
-            self._refused_until = time.monotonic() + _REFUSAL_PAUSE_S
-            if envelope.key is not None:
-                with self._lock:
-                    self._detouring[envelope.key] = self._detouring.get(envelope.key, 0) + 1
             log.debug("storing %s after %s", envelope.message_id, type(exc).__name__)
-            self._store_queue.put(result)
+            self._to_outbox(result)
             return
         if isinstance(exc, MsgsafeError):
             exc.message_id = exc.message_id or envelope.message_id
