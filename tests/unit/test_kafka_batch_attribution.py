@@ -12,6 +12,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
+from msgsafe.adapters.kafka._errors import translate
 from msgsafe.adapters.kafka.transport import _BatchReports, _Chunk
 from msgsafe.errors import ConfirmTimeout, MsgsafeError, PermanentError
 from msgsafe.message import Batch
@@ -32,10 +33,9 @@ class _Msg:
 
 class _Transport:
     _target = "kafka://test"
-    _closing = False
 
-    def _note_failure(self, err: Any) -> None:
-        pass
+    def _delivery_error(self, err: KafkaError, message_id: str | None = None) -> MsgsafeError:
+        return translate(err, endpoint=self._target, message_id=message_id)
 
 
 class _Tally:

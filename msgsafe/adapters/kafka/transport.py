@@ -24,6 +24,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from msgsafe.adapters._reports import report_confirmed, report_failed
 from msgsafe.adapters.kafka._errors import PRODUCER_STATE, translate
 from msgsafe.adapters.kafka.config import KafkaOptions, producer_settings
 from msgsafe.endpoints import BrokerUrl
@@ -132,8 +133,10 @@ class _Chunk:
         if next(self._count) == self.size:
             self.owner.chunk_done(self)
 
-    def count_local(self) -> None:
-        """Count a message that failed before librdkafka took it (reported already)."""
+    def fail(self, index: int, error: MsgsafeError) -> None:
+        """Message ``index`` never reached librdkafka: report it failed now, and count
+        it (no delivery report will come for it)."""
+        self.owner.fail_local(index, error)
         if next(self._count) == self.size:
             self.owner.chunk_done(self)
 
@@ -161,7 +164,7 @@ class _BatchReports:
             if self.finished or index in self._settled:
                 return
             self._settled.add(index)
-        _report_failed(self.report, index, error)
+        report_failed(self.report, index, error)
 
     def chunk_done(self, chunk: _Chunk) -> None:
         """Every message of ``chunk`` has a report: settle the ones not settled yet."""
@@ -179,7 +182,7 @@ class _BatchReports:
         failed = self._attribute(indexes, failures)
         self._confirm(len(indexes) - len(failed))
         for index, error in failed.items():
-            _report_failed(self.report, index, error)
+            report_failed(self.report, index, error)
 
     def _attribute(
         self,
@@ -196,14 +199,7 @@ class _BatchReports:
             same.setdefault((key, batch.bodies[index]), []).append(index)
         errors: dict[tuple[bytes | None, bytes], list[MsgsafeError]] = {}
         for err, key, value in failures:
-            if transport._closing and err.code() in _PURGED:
-                error: MsgsafeError = ConnectionLost(
-                    "transport closed before the broker confirmed", endpoint=transport._target
-                )
-            else:
-                error = translate(err, endpoint=transport._target)
-                transport._note_failure(err)
-            errors.setdefault((key, value or b""), []).append(error)
+            errors.setdefault((key, value or b""), []).append(transport._delivery_error(err))
         if any(content not in same for content in errors):
             # A report that matches no message of the chunk: nothing says which failed.
             unknown = ConfirmTimeout(
@@ -230,10 +226,7 @@ class _BatchReports:
 
     def _confirm(self, count: int) -> None:
         if count:
-            try:
-                self.report.confirmed(count)
-            except Exception:
-                log.exception("kafka batch report failed")
+            report_confirmed(self.report, count)
 
     def abandon(self, error: MsgsafeError) -> None:
         """End the batch now: every message not settled fails with ``error`` (which must
@@ -245,18 +238,11 @@ class _BatchReports:
             rest = [i for i in range(len(self.batch)) if i not in self._settled]
             self._settled.update(rest)
         for index in rest:
-            _report_failed(self.report, index, error)
+            report_failed(self.report, index, error)
 
 
 def _len_or_0(data: bytes | None) -> int:
     return 0 if data is None else len(data)
-
-
-def _report_failed(report: BatchReport, index: int, error: MsgsafeError) -> None:
-    try:
-        report.failed(index, error)
-    except Exception:
-        log.exception("kafka batch report failed")
 
 
 def _call(callback: PublishCallback, error: MsgsafeError | None) -> None:
@@ -404,7 +390,7 @@ class KafkaTransport:
         if self._closed:
             error = ClosedError("transport is closed", endpoint=target)
             for index in range(count):
-                _report_failed(report, index, error)
+                report_failed(report, index, error)
             return
         reports = _BatchReports(self, batch, report)
         topic = batch.destination
@@ -427,14 +413,13 @@ class KafkaTransport:
                     body = bodies[index]
                     key = None if keys is None else keys[index]
                     if longest > limit and len(body) + _len_or_0(key) > limit:
-                        reports.fail_local(
+                        chunk.fail(
                             index,
                             MessageTooLarge(
                                 f"{len(body)} bytes > max_message_size={self._max_size}",
                                 endpoint=target,
                             ),
                         )
-                        chunk.count_local()
                         continue
                     headers: list[tuple[str, str | bytes | None]] = (
                         [(name, ids[index]), *extra] if extra else [(name, ids[index])]
@@ -444,18 +429,13 @@ class KafkaTransport:
                     except BufferError:
                         failure = self._produce_when_room(topic, body, key, headers, chunk)
                         if failure is not None:
-                            reports.fail_local(index, failure)
-                            chunk.count_local()
+                            chunk.fail(index, failure)
                     except KafkaException as exc:
                         if exc.args[0].fatal():
                             self._fatal = exc.args[0]
-                        reports.fail_local(index, translate(exc.args[0], endpoint=target))
-                        chunk.count_local()
+                        chunk.fail(index, translate(exc.args[0], endpoint=target))
                     except (TypeError, ValueError) as exc:
-                        reports.fail_local(
-                            index, InvalidMessage(f"kafka refused the message: {exc}")
-                        )
-                        chunk.count_local()
+                        chunk.fail(index, InvalidMessage(f"kafka refused the message: {exc}"))
                 # Serve delivery reports here while busy, as publish does.
                 self._inline_at = time.monotonic()
                 try:
@@ -501,28 +481,23 @@ class KafkaTransport:
     def _failed(self, report: _Report, err: KafkaError) -> None:
         # Runs where reports are served (poll thread, a publisher, close()), for a report
         # already taken out of _open; must never raise into librdkafka.
-        message_id = report.message_id
-        if self._closing and err.code() in _PURGED:
-            _call(
-                report.callback,
-                ConnectionLost(
-                    "transport closed before the broker confirmed",
-                    endpoint=self._target,
-                    message_id=message_id,
-                ),
-            )
-        else:
-            _call(report.callback, translate(err, endpoint=self._target, message_id=message_id))
-            self._note_failure(err)
+        _call(report.callback, self._delivery_error(err, report.message_id))
 
-    def _note_failure(self, err: KafkaError) -> None:
-        """A delivery report failed with ``err``: recreate the producer if its state is
-        what failed."""
+    def _delivery_error(self, err: KafkaError, message_id: str | None = None) -> MsgsafeError:
+        """The msgsafe error of a failed delivery report; recreates the producer when its
+        own state is what failed."""
+        if self._closing and err.code() in _PURGED:
+            return ConnectionLost(
+                "transport closed before the broker confirmed",
+                endpoint=self._target,
+                message_id=message_id,
+            )
         if err.code() in PRODUCER_STATE and not self._draining and self._fatal is None:
             # NOTE: tansu answers PRODUCER_FENCED after a restart for a producer id it no
             # longer knows; librdkafka keeps using it, so start a fresh producer.
             log.warning("kafka %s: recreating the producer", err.name())
             self._fatal = err
+        return translate(err, endpoint=self._target, message_id=message_id)
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():

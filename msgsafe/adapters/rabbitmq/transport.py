@@ -34,6 +34,7 @@ import pika
 from pika.channel import Channel
 from pika.spec import Basic
 
+from msgsafe.adapters._reports import report_confirmed, report_failed
 from msgsafe.adapters.rabbitmq._errors import channel_close_error, describe, lost_error
 from msgsafe.adapters.rabbitmq._frames import FrameWriter, publish_properties
 from msgsafe.adapters.rabbitmq._link import IoThread, Link, log
@@ -354,7 +355,7 @@ class RabbitTransport:
             if error is None:
                 good.append(index)
             else:
-                _report_failed(report, index, error)
+                report_failed(report, index, error)
         return good
 
     def _wait_for_room(self, timeout: float) -> bool:
@@ -536,7 +537,7 @@ class RabbitTransport:
             if isinstance(entry, _Part):
                 if out and emit is not None:
                     self._emit(channel.connection, emit, out)
-                if not self._send_part(channel, entry):
+                if not self._send_part(channel, entry, emit):
                     return
                 continue
             item = entry
@@ -603,24 +604,18 @@ class RabbitTransport:
         down; its close callback resends what is in flight."""
         data = b"".join(out)
         out.clear()
-        try:
-            # NOTE: what pika's Connection._output_marshaled_frames does per frame; the
-            # heartbeat checker reads these counters.
-            conn.bytes_sent += len(data)
-            conn.frames_sent += self._out_frames
-            emit(data)
-        except Exception as exc:
-            log.debug("write on a closing connection: %s", describe(exc))
-        finally:
-            self._out_frames = 0
+        frames, self._out_frames = self._out_frames, 0
+        _write(conn, emit, data, frames)
 
-    def _send_part(self, channel: Channel, part: _Part) -> bool:
+    def _send_part(
+        self, channel: Channel, part: _Part, emit: Callable[[bytes], None] | None
+    ) -> bool:
         """Write the frames of every message of ``part`` with one call and put it in
         flight; False (``part`` back at the front of ``pending``) when the channel is
-        closing: its close callback resends."""
+        closing: its close callback resends. ``emit`` None: pika's internals are not as
+        expected (see ``_flush``), so it goes through ``basic_publish``."""
         conn = channel.connection
-        emit: Callable[[bytes], None] | None = getattr(conn, "_adapter_emit_data", None)
-        if emit is None or not isinstance(getattr(conn, "frames_sent", None), int):
+        if emit is None:
             return self._send_part_slowly(channel, part)
         job = part.job
         batch = job.batch
@@ -644,15 +639,7 @@ class RabbitTransport:
             self._pending.appendleft(part)
             return False
         buffers, frames = writer.encode(batch.bodies, batch.message_ids, batch.keys, part.indexes)
-        data = b"".join(buffers)
-        try:
-            # NOTE: what pika's Connection._output_marshaled_frames does per frame; the
-            # heartbeat checker reads these counters.
-            conn.bytes_sent += len(data)
-            conn.frames_sent += frames
-            emit(data)
-        except Exception as exc:
-            log.debug("publish on a closing connection: %s", describe(exc))
+        if not _write(conn, emit, b"".join(buffers), frames):
             self._pending.appendleft(part)
             return False
         self._in_flight_part(part, len(part.indexes))
@@ -830,7 +817,7 @@ class RabbitTransport:
         unroutable = [i for i in settle if ids[i] in returned] if returned else []
         for index in unroutable:
             returned.discard(ids[index])
-            _report_failed(
+            report_failed(
                 job.report,
                 index,
                 Unroutable(
@@ -840,7 +827,7 @@ class RabbitTransport:
                 ),
             )
         if count > len(unroutable):
-            _report_confirmed(job.report, count - len(unroutable))
+            report_confirmed(job.report, count - len(unroutable))
         self._settled(count)
 
     def _confirmed(self, item: _Item, nack: bool) -> None:
@@ -1079,6 +1066,21 @@ def _coalesce(channel: Channel) -> None:
         buffers.append(joined)
 
 
+def _write(conn: Any, emit: Callable[[bytes], None], data: bytes, frames: int) -> bool:
+    """Write ``data`` (``frames`` frames) to the connection in one call; False when the
+    connection is going down (its close callback resends what is in flight)."""
+    try:
+        # NOTE: what pika's Connection._output_marshaled_frames does per frame; the
+        # heartbeat checker reads these counters.
+        conn.bytes_sent += len(data)
+        conn.frames_sent += frames
+        emit(data)
+    except Exception as exc:
+        log.debug("write on a closing connection: %s", describe(exc))
+        return False
+    return True
+
+
 def _skip_done(part: _Part) -> None:
     """Move ``part.pos`` past offsets settled out of order."""
     done = part.done
@@ -1094,20 +1096,6 @@ def _call(callback: PublishCallback, error: MsgsafeError | None) -> None:
         log.exception("publish callback raised; ignored")
 
 
-def _report_confirmed(report: BatchReport, count: int) -> None:
-    try:
-        report.confirmed(count)
-    except Exception:
-        log.exception("BatchReport.confirmed raised; ignored")
-
-
-def _report_failed(report: BatchReport, index: int, error: MsgsafeError) -> None:
-    try:
-        report.failed(index, error)
-    except Exception:
-        log.exception("BatchReport.failed raised; ignored")
-
-
 def _fail_all(
     report: BatchReport, indexes: Sequence[int], error: MsgsafeError, ids: Sequence[str]
 ) -> None:
@@ -1116,7 +1104,7 @@ def _fail_all(
         clone = _copy(error)
         if clone.message_id is None:
             clone.message_id = ids[index]
-        _report_failed(report, index, clone)
+        report_failed(report, index, clone)
 
 
 def _key_text(key: bytes | None) -> str:
