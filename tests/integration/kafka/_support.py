@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from msgsafe.adapters.kafka import open_receiver
 from msgsafe.endpoints import parse_url
-from msgsafe.message import Delivery, new_message_id
+from msgsafe.message import Delivery, Envelope, new_message_id
+from msgsafe.ports import Transport
 from msgsafe.testing.kafka import start_group_at_zero as _start_group_at_zero
 
 
@@ -161,3 +162,18 @@ def read_log(
     finally:
         consumer.close()
     return received
+
+
+def warm_up(transport: Transport, topic: str, *, deadline_s: float = 30.0) -> None:
+    """Publish until one message to ``topic`` is confirmed, within ``deadline_s``.
+
+    NOTE: a fresh client's start (connection, metadata, idempotent producer id) can take
+    longer than a test's short ``confirm_timeout``; the warm-up is setup, not the
+    behaviour under test.
+    """
+    deadline = time.monotonic() + deadline_s
+    while True:
+        error = transport.publish(Envelope.build(topic, b"warm-up")).exception(deadline_s)
+        if error is None:
+            return
+        assert time.monotonic() < deadline, f"no warm-up message confirmed: {error}"

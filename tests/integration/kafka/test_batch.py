@@ -28,7 +28,7 @@ from msgsafe.errors import (
 )
 from msgsafe.message import Batch, Delivery
 from msgsafe.testing.kafka import MockKafkaCluster
-from tests.integration.kafka._support import Ledger, consume_until
+from tests.integration.kafka._support import Ledger, consume_until, warm_up
 from tests.integration.kafka.test_mock_errors import _raise_fatal
 
 pytestmark = pytest.mark.integration
@@ -63,36 +63,6 @@ class _Tally:
                 self.duplicate_reports += 1
             self.failures[index] = error
             self._check()
-
-
-def _create_serving_topic(mock: MockKafkaCluster, partitions: int) -> None:
-    """Create TOPIC and wait (bounded) until the mock confirms a write to it: right after
-    creation its metadata can take longer than a short confirm_timeout to appear, and a
-    warm-up that failed would put the producer in its refusal pause."""
-    from confluent_kafka import Producer
-
-    mock.create_topic(TOPIC, partitions=partitions, replication=3)
-    probe = Producer(
-        {
-            "bootstrap.servers": mock.url.removeprefix("kafka://"),
-            "acks": "all",
-            "enable.idempotence": True,
-            "message.timeout.ms": 2000,
-            "log_level": 0,
-        }
-    )
-    reports: list[KafkaError | None] = []
-    deadline = time.monotonic() + 30
-    while True:
-        reports.clear()
-        for partition in range(partitions):
-            probe.produce(
-                TOPIC, b"probe", partition=partition, on_delivery=lambda e, _m: reports.append(e)
-            )
-        probe.flush(10)
-        if len(reports) == partitions and not any(reports):
-            return
-        assert time.monotonic() < deadline, f"mock topic not serving: {reports}"
 
 
 def _record(ledger: Ledger, batch_ids: list[str], receipt: msgsafe.message.BatchReceipt) -> None:
@@ -137,7 +107,7 @@ def test_a_batch_reaches_the_broker_whole_and_in_key_order(
 def test_not_enough_replicas_sends_a_batch_to_the_outbox_then_delivers_it(
     kafka_mock: MockKafkaCluster, tmp_path: Path
 ) -> None:
-    _create_serving_topic(kafka_mock, 3)
+    kafka_mock.create_topic(TOPIC, partitions=3, replication=3)
     ledger = Ledger()
     with msgsafe.Producer(
         kafka_mock.url, outbox=tmp_path / "o.db", send_timeout=30, confirm_timeout=3
@@ -162,7 +132,7 @@ def test_not_enough_replicas_sends_a_batch_to_the_outbox_then_delivers_it(
 def test_a_fatal_idempotence_error_during_batches_loses_nothing(
     kafka_mock: MockKafkaCluster, tmp_path: Path
 ) -> None:
-    _create_serving_topic(kafka_mock, 3)
+    kafka_mock.create_topic(TOPIC, partitions=3, replication=3)
     ledger = Ledger()
     with msgsafe.Producer(
         kafka_mock.url, outbox=tmp_path / "o.db", send_timeout=30, confirm_timeout=5
@@ -189,7 +159,7 @@ def test_a_fatal_idempotence_error_during_batches_loses_nothing(
 
 
 def test_an_oversize_message_fails_alone(kafka_mock: MockKafkaCluster, tmp_path: Path) -> None:
-    _create_serving_topic(kafka_mock, 1)
+    kafka_mock.create_topic(TOPIC, partitions=1, replication=3)
     with msgsafe.Producer(
         kafka_mock.url, outbox=tmp_path / "o.db", max_message_size=1000
     ) as producer:
@@ -206,19 +176,11 @@ def test_an_oversize_message_fails_alone(kafka_mock: MockKafkaCluster, tmp_path:
 def test_every_message_of_a_batch_is_reported_once_when_no_broker_answers(
     kafka_mock: MockKafkaCluster,
 ) -> None:
-    _create_serving_topic(kafka_mock, 3)
+    kafka_mock.create_topic(TOPIC, partitions=3, replication=3)
     transport = open_transport(parse_url(kafka_mock.url), {"confirm_timeout": 2})
     assert isinstance(transport, KafkaTransport)
     try:
-        # The mock serves a new topic's metadata after a while; retried within a deadline.
-        deadline = time.monotonic() + 30
-        while True:
-            warm = _Tally(1)
-            transport.publish_batch(Batch.build(TOPIC, [b"warm"]), warm)
-            assert warm.done.wait(10), "the warm-up message was never reported"
-            if warm.confirmed_count == 1:
-                break
-            assert time.monotonic() < deadline, f"no warm-up confirmed: {warm.failures}"
+        warm_up(transport, TOPIC)
         for broker in (1, 2, 3):
             kafka_mock.broker_down(broker)
         tally = _Tally(3000)
@@ -240,7 +202,7 @@ def test_every_message_of_a_batch_is_reported_once_when_no_broker_answers(
 def test_a_partly_failed_batch_names_exactly_the_messages_the_broker_lacks(
     kafka_mock: MockKafkaCluster, tmp_path: Path
 ) -> None:
-    _create_serving_topic(kafka_mock, 3)
+    kafka_mock.create_topic(TOPIC, partitions=3, replication=3)
     ledger = Ledger()
     with msgsafe.Producer(
         kafka_mock.url,
@@ -279,7 +241,11 @@ def test_a_partly_failed_batch_names_exactly_the_messages_the_broker_lacks(
 def test_a_leader_down_stores_exactly_its_partitions_messages(
     kafka_mock: MockKafkaCluster, tmp_path: Path
 ) -> None:
-    _create_serving_topic(kafka_mock, 3)
+    kafka_mock.create_topic(TOPIC, partitions=3, replication=3)
+    # Broker 2 leads partition 0 only, whatever the mock chose: taking it down then
+    # fails exactly that partition's messages.
+    for partition, leader in enumerate((2, 1, 3)):
+        kafka_mock.move_leader(TOPIC, partition, leader)
     ledger = Ledger()
     count = 3000
     with msgsafe.Producer(

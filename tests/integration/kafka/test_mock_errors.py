@@ -17,7 +17,7 @@ from msgsafe.endpoints import parse_url
 from msgsafe.errors import TransientError
 from msgsafe.message import Envelope
 from msgsafe.testing.kafka import MockKafkaCluster, _librdkafka
-from tests.integration.kafka._support import Ledger, consume_until
+from tests.integration.kafka._support import Ledger, consume_until, warm_up
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +77,7 @@ def test_not_enough_replicas_fails_the_transport_future_transiently_in_time(
     kafka_mock.create_topic(TOPIC, partitions=1, replication=3)
     transport = open_transport(parse_url(kafka_mock.url), {"confirm_timeout": 2})
     try:
-        transport.publish(Envelope.build(TOPIC, b"warm-up")).result(5)
+        warm_up(transport, TOPIC)
         kafka_mock.fail_produce(KafkaError.NOT_ENOUGH_REPLICAS)
         started = time.monotonic()
         error = transport.publish(Envelope.build(TOPIC, b"x")).exception(5)
