@@ -5,8 +5,9 @@
    store alone (4 threads, one message per put, group commit merging them), and the
    CPU per row of one put of 1000 prebuilt envelopes (caller and writer thread).
 2. Per-message fsync: one thread, one message per put, each its own commit; compared
-   with the disk's fdatasync rate for 4 KiB writes in place (its best case), measured
-   in alternating quarter-second slices so both see the same disk.
+   with the disk's fdatasync rate for 4 KiB writes in place (its best case) and with
+   bare SQLite committing the same rows one at a time (the same schema and settings, no
+   msgsafe code), measured in alternating quarter-second slices so all see the same disk.
 3. Drain rate to the memory broker with a 10k and a 1M backlog, and peak RSS for each
    (each size in its own process so peaks do not mix). The two are interleaved: the 1M
    backlog is filled and drained in chunks of 50k, and after every chunk the 10k
@@ -24,6 +25,7 @@ import argparse
 import json
 import os
 import resource
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -39,8 +41,9 @@ sys.path.insert(0, str(ROOT))
 from msgsafe import Producer, Status  # noqa: E402
 from msgsafe.adapters import open_transport  # noqa: E402
 from msgsafe.endpoints import parse_url  # noqa: E402
-from msgsafe.message import Envelope  # noqa: E402
+from msgsafe.message import Envelope, new_message_id  # noqa: E402
 from msgsafe.outbox import Forwarder, SqliteOutbox  # noqa: E402
+from msgsafe.outbox._schema import migrate  # noqa: E402
 from msgsafe.testing import MemoryBroker  # noqa: E402
 
 
@@ -115,20 +118,56 @@ def per_message_slice(store: SqliteOutbox, seconds: float) -> tuple[int, float]:
     return n, time.perf_counter() - started
 
 
+def raw_sqlite(path: Path) -> sqlite3.Connection:
+    """The outbox's schema and settings (WAL, ``synchronous=FULL``, exclusive locking)
+    with no msgsafe code on the write path: what SQLite itself costs per one-row commit."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA locking_mode = EXCLUSIVE")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    migrate(conn, 0)
+    return conn
+
+
+#: The statement SqliteOutbox.put runs for one row.
+RAW_INSERT = (
+    "INSERT OR IGNORE INTO outbox (id, target, destination, key, headers, body, created_at, size)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def raw_slice(conn: sqlite3.Connection, seconds: float) -> tuple[int, float]:
+    n = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(
+            RAW_INSERT,
+            (new_message_id(), "memory://bench", "q", None, None, BODY, time.time(), len(BODY)),
+        )
+        conn.execute("COMMIT")
+        n += 1
+    return n, time.perf_counter() - started
+
+
 def per_message_vs_fdatasync(
     directory: Path, slices: int = 24, seconds: float = 0.25
-) -> tuple[float, float, list[float]]:
-    """Alternate short slices of both so a busy moment of a shared disk hits both alike.
-    Returns both rates over all slices and the ratio of each pair of slices."""
+) -> tuple[float, float, float, list[float]]:
+    """Alternate short slices of the disk, the store and bare SQLite so a busy moment of
+    a shared disk hits all alike. Returns the three rates over all slices and the ratio
+    store / disk of each pair of slices."""
     store = SqliteOutbox(directory / "single.sqlite3")
+    raw = raw_sqlite(directory / "raw.sqlite3")
     scratch = directory / "fdatasync.bin"
     scratch.write_bytes(b"\0" * 4 * 1024 * 1024)
     os.sync()
     disk = [0, 0.0]
     single = [0, 0.0]
+    bare = [0, 0.0]
     pairs: list[float] = []
     try:
-        per_message_slice(store, 0.3)  # warm up: the WAL file exists
+        per_message_slice(store, 0.3)  # warm up: the WAL files exist
+        raw_slice(raw, 0.3)
         fdatasync_slice(scratch, 0.1)
         for _ in range(slices):
             n, t = fdatasync_slice(scratch, seconds)
@@ -137,10 +176,14 @@ def per_message_vs_fdatasync(
             m, u = per_message_slice(store, seconds)
             single[0] += m
             single[1] += u
+            r, v = raw_slice(raw, seconds)
+            bare[0] += r
+            bare[1] += v
             pairs.append((m / u) / (n / t))
     finally:
         store.close()
-    return disk[0] / disk[1], single[0] / single[1], pairs
+        raw.close()
+    return disk[0] / disk[1], single[0] / single[1], bare[0] / bare[1], pairs
 
 
 def put_cpu(directory: Path, puts: int = 200, size: int = 1000) -> tuple[float, float]:
@@ -303,7 +346,7 @@ def main() -> None:
         buffering = producer_buffering(directory)
         group = store_group_commit(directory)
         put_us, put_wall_us = put_cpu(directory)
-        disk_rate, single_rate, pairs = per_message_vs_fdatasync(directory)
+        disk_rate, single_rate, raw_rate, pairs = per_message_vs_fdatasync(directory)
     drain = drain_interleaved(args.small, args.big)
     load_end = os.getloadavg()[0]
     fsync_ratio = single_rate / disk_rate
@@ -329,6 +372,8 @@ def main() -> None:
         f"| per-message fsync / fdatasync ({len(pairs)} slice pairs) | {fsync_ratio:.2f} "
         f"(pairs: median {pairs[len(pairs) // 2]:.2f}, range {pairs[0]:.2f} to {pairs[-1]:.2f}) "
         "| >= 0.8 |",
+        f"| bare SQLite, same schema and settings, 1 row per commit (no msgsafe code) "
+        f"| {raw_rate:,.0f} /s ({raw_rate / disk_rate:.2f} of fdatasync) | |",
         f"| drain rate, {args.small:,} backlog ({drain['small_cycles']:.0f} fill+drain cycles) "
         f"| {drain['small_drain']:,.0f} msg/s ({drain['small_drain_cpu_us']:.1f} µs CPU/msg) | |",
         f"| drain rate, {args.big:,} backlog | {drain['big_drain']:,.0f} msg/s "

@@ -1,18 +1,22 @@
-"""A ``concurrent.futures.Future`` that keeps fewer objects alive while it is pending.
+"""A ``concurrent.futures.Future`` that costs little while nobody waits on it.
 
 A stock ``Future`` holds eleven objects the cyclic GC tracks: its ``Condition`` alone
 stores five bound methods of its lock as instance attributes. With a hundred thousand
 messages in flight, one future each, every garbage collection walks all of them, and
-that walk cost more CPU per message than building and publishing it. ``LightFuture``
-is the same class with the same behaviour (``result``, ``add_done_callback``,
-``concurrent.futures.wait``, ``asyncio.wrap_future``), whose condition reaches its lock
-through methods of its class instead: six tracked objects.
+building them cost more CPU per message than building and publishing the message.
+
+``LightFuture`` is the same class with the same behaviour (``result``,
+``add_done_callback``, ``concurrent.futures.wait`` and ``as_completed``,
+``asyncio.wrap_future``), built from one lock and its state: the ``Condition``, the
+waiter list and the callback list are made only when something needs them (a thread
+blocking in ``result()``, ``wait()``, a callback). A future resolved before anyone asks
+for its result, the common case of a message's receipt, never makes them.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures._base import (
@@ -27,94 +31,118 @@ __all__ = ["LightFuture"]
 
 _T = TypeVar("_T")
 
-
-class _Condition(threading.Condition):
-    """``threading.Condition`` over its own ``RLock``, with the lock's methods looked up
-    on the class rather than bound per instance."""
-
-    def __init__(self) -> None:
-        # NOTE: the base's __init__ is not called: it is what stores the bound methods.
-        self._lock = threading.RLock()
-        self._waiters = deque()  # type: ignore[var-annotated]
-
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        return self._lock.acquire(blocking, timeout)
-
-    def release(self) -> None:
-        self._lock.release()
-
-    def _release_save(self) -> Any:
-        return self._lock._release_save()  # type: ignore[attr-defined]
-
-    def _acquire_restore(self, state: Any) -> None:
-        self._lock._acquire_restore(state)  # type: ignore[attr-defined]
-
-    def _is_owned(self) -> bool:
-        return bool(self._lock._is_owned())  # type: ignore[attr-defined]
-
+#: The logger the stock Future reports a failing callback to.
+_LOGGER = logging.getLogger("concurrent.futures")
 
 #: States in which a future can no longer be resolved.
 _SETTLED = frozenset({CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED})
 
 
-def _stock_attributes() -> frozenset[str]:
-    return frozenset(vars(Future()))
-
-
-#: What Future.__init__ sets in the running Python. LightFuture sets the same itself
-#: only when this is the set it knows; otherwise it runs Future.__init__ and swaps the
-#: condition (correct on any version, a little slower to create).
-_KNOWN = _stock_attributes() == frozenset(
-    {"_condition", "_state", "_result", "_exception", "_waiters", "_done_callbacks"}
-)
-
-
 class LightFuture(Future[_T]):
-    """A ``Future`` whose pending state costs the garbage collector about half as much."""
+    """A ``Future`` that makes its condition, waiter and callback lists on demand.
 
-    if _KNOWN:
+    Invariant: ``_mutex`` guards every change of state. The lazily made ``Condition``
+    is built over that same lock, so a thread that registered as a waiter (under the
+    lock) is always seen by a resolver (which notifies under the lock).
+    """
 
-        def __init__(self) -> None:
-            self._condition = _Condition()
-            self._state = PENDING
-            self._result = None
-            self._exception = None
-            self._waiters = []
-            self._done_callbacks: list[Callable[[Future[_T]], object]] = []
+    # Class-level defaults: an instance stores only what differs from them.
+    _result: Any = None
+    _exception: BaseException | None = None
 
-        # NOTE: the same steps as Future.set_result / set_exception, with the condition's
-        # lock taken directly and notify_all() only when a thread sleeps in result(): the
-        # stock path runs several Python-level frames of Condition per call, on every
-        # message, though almost no receipt has a thread waiting on it.
+    def __init__(self) -> None:
+        # NOTE: Future.__init__ is not called: it is what builds the objects made lazily here.
+        self._mutex = threading.RLock()
+        self._state = PENDING
 
-        def set_result(self, result: _T) -> None:
-            condition: _Condition = self._condition  # type: ignore[assignment]
-            with condition._lock:
-                if self._state in _SETTLED:
-                    raise InvalidStateError(f"{self._state}: {self!r}")
-                self._result = result
-                self._state = FINISHED
-                for waiter in self._waiters:
-                    waiter.add_result(self)
-                if condition._waiters:
-                    condition.notify_all()
+    # --- what the stock Future and concurrent.futures.wait() reach for, made on demand ---
+
+    @property
+    def _condition(self) -> threading.Condition:  # type: ignore[override]
+        made: threading.Condition | None = self.__dict__.get("_made_condition")
+        if made is None:
+            # setdefault is atomic: racing threads end with the same condition.
+            made = self.__dict__.setdefault("_made_condition", threading.Condition(self._mutex))
+        return made
+
+    @property
+    def _waiters(self) -> list[Any]:  # type: ignore[override]
+        made: list[Any] | None = self.__dict__.get("_made_waiters")
+        if made is None:
+            made = self.__dict__.setdefault("_made_waiters", [])
+        return made
+
+    @property
+    def _done_callbacks(self) -> list[Callable[[Future[_T]], object]]:
+        made: list[Callable[[Future[_T]], object]] | None = self.__dict__.get("_made_callbacks")
+        if made is None:
+            made = self.__dict__.setdefault("_made_callbacks", [])
+        return made
+
+    # --- resolving: the stock steps, under the one lock, without making anything ---
+
+    def set_result(self, result: _T) -> None:
+        self._settle_with(True, result)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        self._settle_with(False, exception)
+
+    def _settle_with(self, ok: bool, outcome: Any) -> None:
+        with self._mutex:
+            if self._state in _SETTLED:
+                raise InvalidStateError(f"{self._state}: {self!r}")
+            if ok:
+                self._result = outcome
+            else:
+                self._exception = outcome
+            self._state = FINISHED
+            # Tell only what exists: a waiter of concurrent.futures.wait(), a thread
+            # blocked in result().
+            made = self.__dict__
+            waiters = made.get("_made_waiters")
+            if waiters:
+                for waiter in waiters:
+                    if ok:
+                        waiter.add_result(self)
+                    else:
+                        waiter.add_exception(self)
+            condition = made.get("_made_condition")
+            if condition is not None:
+                condition.notify_all()
+        self._run_callbacks()
+
+    def _run_callbacks(self) -> None:
+        callbacks = self.__dict__.get("_made_callbacks")
+        if callbacks:
             self._invoke_callbacks()  # type: ignore[attr-defined]
 
-        def set_exception(self, exception: BaseException | None) -> None:
-            condition: _Condition = self._condition  # type: ignore[assignment]
-            with condition._lock:
-                if self._state in _SETTLED:
-                    raise InvalidStateError(f"{self._state}: {self!r}")
-                self._exception = exception
-                self._state = FINISHED
-                for waiter in self._waiters:
-                    waiter.add_exception(self)
-                if condition._waiters:
-                    condition.notify_all()
-            self._invoke_callbacks()  # type: ignore[attr-defined]
+    # --- reading: no lock once resolved (a finished future never changes again) ---
 
-    else:  # pragma: no cover - a Python whose Future sets other attributes
+    def done(self) -> bool:
+        return self._state in _SETTLED
 
-        def __init__(self) -> None:
-            super().__init__()
-            self._condition = _Condition()
+    def result(self, timeout: float | None = None) -> _T:
+        if self._state == FINISHED:
+            if self._exception is not None:
+                try:
+                    raise self._exception
+                finally:
+                    # The stock Future breaks the same cycle (frame -> exception -> frame).
+                    self = None  # type: ignore[assignment]
+            return self._result  # type: ignore[no-any-return]
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._state == FINISHED:
+            return self._exception
+        return super().exception(timeout)
+
+    def add_done_callback(self, fn: Callable[[Future[_T]], object]) -> None:
+        with self._mutex:
+            if self._state not in _SETTLED:
+                self._done_callbacks.append(fn)
+                return
+        try:
+            fn(self)
+        except Exception:
+            _LOGGER.exception("exception calling callback for %r", self)

@@ -181,6 +181,31 @@ class Receipt:
     destination: str
 
 
+def _slot_setters(cls: type, *names: str) -> tuple[Callable[[object, object], None], ...]:
+    """The slot descriptors' setters of a frozen slots dataclass, in ``names`` order."""
+    return tuple(vars(cls)[name].__set__ for name in names)
+
+
+_new_object = object.__new__
+_set_receipt_id, _set_receipt_status, _set_receipt_destination = _slot_setters(
+    Receipt, "message_id", "status", "destination"
+)
+
+
+def new_receipt(message_id: str, status: Status, destination: str) -> Receipt:
+    """``Receipt(message_id, status, destination)`` for the per-message paths.
+
+    NOTE: a frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__``; setting the slots through their descriptors builds the same
+    object in about half the time, which every stored or confirmed message pays.
+    """
+    receipt = _new_object(Receipt)
+    _set_receipt_id(receipt, message_id)
+    _set_receipt_status(receipt, status)
+    _set_receipt_destination(receipt, destination)
+    return receipt
+
+
 @dataclass(frozen=True, slots=True)
 class BatchReceipt:
     """Proof that the messages of a batch are safe: ``message_ids`` lists them in batch
@@ -282,12 +307,13 @@ class Envelope:
         ):
             # The common case, on every message's path: nothing to convert or check
             # beyond the key.
-            if key is None or type(key) is bytes:
-                return cls(destination, body, new_message_id(), key, _NO_HEADERS, time.time())
             if type(key) is str:
-                return cls(
-                    destination, body, new_message_id(), key.encode(), _NO_HEADERS, time.time()
-                )
+                key = key.encode()
+            elif key is not None and type(key) is not bytes:
+                key = _key_bytes(key)
+            if cls is Envelope:
+                return _new_envelope(destination, body, new_message_id(), key, time.time())
+            return cls(destination, body, new_message_id(), key, _NO_HEADERS, time.time())
         if not isinstance(destination, str) or not destination:
             raise InvalidMessage("destination must be a non-empty string")
         data = validate_body(body)
@@ -311,6 +337,31 @@ class Envelope:
         if self.headers:
             size += sum(len(k) + len(v) for k, v in self.headers.items())
         return size
+
+
+(
+    _set_destination,
+    _set_body,
+    _set_message_id,
+    _set_key,
+    _set_headers,
+    _set_created_at,
+) = _slot_setters(Envelope, "destination", "body", "message_id", "key", "headers", "created_at")
+
+
+def _new_envelope(
+    destination: str, body: bytes, message_id: str, key: bytes | None, created_at: float
+) -> Envelope:
+    """An envelope without headers from values already checked (see :func:`new_receipt`
+    for why it does not call ``Envelope(...)``)."""
+    envelope = _new_object(Envelope)
+    _set_destination(envelope, destination)
+    _set_body(envelope, body)
+    _set_message_id(envelope, message_id)
+    _set_key(envelope, key)
+    _set_headers(envelope, _NO_HEADERS)
+    _set_created_at(envelope, created_at)
+    return envelope
 
 
 def _key_bytes(key: object) -> bytes | None:

@@ -30,6 +30,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from msgsafe._futures import LightFuture
 from msgsafe.errors import ClosedError, MsgsafeError, OutboxError, OutboxFull
 
 __all__ = ["Batch", "GroupCommitWriter", "Handler"]
@@ -92,7 +93,7 @@ class GroupCommitWriter:
 
         ``read_only`` jobs must not write; they never share a transaction with writes.
         """
-        future: Future[Any] = Future()
+        future: Future[Any] = LightFuture()
         with self._cond:
             self._check_open()
             self._jobs.append(_Job(handler, payload, future, read_only))
@@ -107,7 +108,7 @@ class GroupCommitWriter:
         (then the group holds this job alone, so no other caller's future is resolved,
         nor its callbacks run, in this thread); otherwise queues it for the writer thread.
         """
-        future: Future[Any] = Future()
+        future: Future[Any] = LightFuture()
         job = _Job(handler, payload, future, read_only)
         with self._cond:
             self._check_open()

@@ -174,4 +174,3 @@ class OneOfBatch:
             self.report.confirmed(1)
         else:
             self.report.failed(self.index, error)
-

@@ -32,7 +32,7 @@ from msgsafe.errors import (
     SendTimeout,
     TransientError,
 )
-from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status
+from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status, new_receipt
 from msgsafe.ports import OutboxStore, PublishCallback, Transport
 from msgsafe.retry import RetryPolicy
 from msgsafe.sdk._batch import BatchPart, BatchSend, OneOfBatch, SubsetReport
@@ -113,7 +113,7 @@ class _Send(LightFuture[Receipt]):
         """The outbox writer's outcome for this message (see ``_StoreItem``)."""
         env = self.envelope
         if error is None:
-            self.set_result(Receipt(env.message_id, Status.STORED, env.destination))
+            self.set_result(new_receipt(env.message_id, Status.STORED, env.destination))
         else:
             self.set_exception(_with_id(error, env.message_id))
         return 1
@@ -170,9 +170,7 @@ class Producer:
             self._transport, "publish_callback", None
         )
         #: The transport's batch seam when it has one (see msgsafe.ports.BatchTransport).
-        self._publish_batch: _PublishBatch | None = getattr(
-            self._transport, "publish_batch", None
-        )
+        self._publish_batch: _PublishBatch | None = getattr(self._transport, "publish_batch", None)
         try:
             self._store = _open_outbox(outbox, self._url)
             if self._store is not None:
@@ -361,9 +359,7 @@ class Producer:
         if store is None:
             return []
         barred = {
-            key
-            for key in set(keys)
-            if key is not None and (key in detouring or store.has_key(key))
+            key for key in set(keys) if key is not None and (key in detouring or store.has_key(key))
         }
         if not barred:
             return []
@@ -466,7 +462,9 @@ class Producer:
             self._settled(1)
             raise
         else:
-            self._resolve(result, Receipt(envelope.message_id, Status.STORED, envelope.destination))
+            self._resolve(
+                result, new_receipt(envelope.message_id, Status.STORED, envelope.destination)
+            )
             # Rows appear when the caller commits; the forwarder polls, wake() only hints.
             if self._forwarder is not None:
                 self._forwarder.wake()
@@ -488,7 +486,7 @@ class Producer:
         envelope = result.envelope
         if exc is None:
             self._resolve(
-                result, Receipt(envelope.message_id, Status.CONFIRMED, envelope.destination)
+                result, new_receipt(envelope.message_id, Status.CONFIRMED, envelope.destination)
             )
             return
         if isinstance(exc, TransientError) and self._store is not None:
