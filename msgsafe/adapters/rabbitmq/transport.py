@@ -498,10 +498,8 @@ class RabbitTransport:
         if self._blocked:
             return
         conn = channel.connection
-        emit: Callable[[bytes], None] | None = getattr(conn, "_adapter_emit_data", None)
-        if emit is None or not isinstance(getattr(conn, "frames_sent", None), int):
-            emit = None  # pika internals not as expected: basic_publish per message
-        elif not channel.is_open or not conn.is_open:
+        emit = _pika_emit(conn)
+        if emit is not None and (not channel.is_open or not conn.is_open):
             return  # the close callback resends
         out: list[bytes] = []
         try:
@@ -1064,6 +1062,15 @@ def _coalesce(channel: Channel) -> None:
         joined = b"".join(buffers)
         buffers.clear()
         buffers.append(joined)
+
+
+def _pika_emit(conn: Any) -> Callable[[bytes], None] | None:
+    """The connection's raw write (pika 1.3/1.4 internals), or None when they are not
+    as expected: then every message goes through ``basic_publish``."""
+    emit: Callable[[bytes], None] | None = getattr(conn, "_adapter_emit_data", None)
+    if emit is None or not isinstance(getattr(conn, "frames_sent", None), int):
+        return None
+    return emit
 
 
 def _write(conn: Any, emit: Callable[[bytes], None], data: bytes, frames: int) -> bool:
