@@ -21,7 +21,9 @@ context exit and, as a last resort, at interpreter exit.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -32,11 +34,13 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
+
+_R = TypeVar("_R")
 
 __all__ = ["INSTALL_HINT", "RabbitCluster", "RabbitNode", "free_port"]
 
@@ -57,6 +61,15 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def _whole(status: dict[str, Any] | None, names: set[str]) -> bool:
+    """True when a node's ``cluster_status`` shows every node running and no partition."""
+    return (
+        status is not None
+        and set(status.get("running_nodes", [])) == names
+        and not status.get("partitions")
+    )
 
 
 def _port_open(port: int, timeout: float = 0.5) -> bool:
@@ -222,15 +235,14 @@ class RabbitCluster:
             for i in range(self.size):
                 self._launch(i)
             deadline = time.monotonic() + self.start_timeout
-            for i in range(self.size):
-                self.wait_ready(i, timeout=max(1.0, deadline - time.monotonic()))
+            self._each(functools.partial(self._wait_ready_for, self.start_timeout))
             first = self._nodes[0].name
             for i in range(1, self.size):
                 self.ctl(i, "stop_app")
                 self.ctl(i, "join_cluster", first)
                 self.ctl(i, "start_app")
-            for i in range(self.size):
-                self.wait_ready(i, timeout=max(1.0, deadline - time.monotonic()))
+            left = max(1.0, deadline - time.monotonic())
+            self._each(functools.partial(self._wait_ready_for, left))
         except BaseException:
             self.stop()
             raise
@@ -274,12 +286,14 @@ class RabbitCluster:
         outage under test is of the messages, not of the declaration, so the declaration
         is made durable first (``mnesia:sync_log()``).
         """
-        for i in range(len(self._nodes)):
-            if self.is_running(i) and i not in self._paused:
-                with contextlib.suppress(RuntimeError):  # ctl's failures and timeouts
-                    self.ctl(i, "eval", "mnesia:sync_log().", timeout=15)
+        self._each(self._sync_metadata_log)
         for i in range(len(self._nodes)):
             self.kill(i)
+
+    def _sync_metadata_log(self, i: int) -> None:
+        if self.is_running(i) and i not in self._paused:
+            with contextlib.suppress(RuntimeError):  # ctl's failures and timeouts
+                self.ctl(i, "eval", "mnesia:sync_log().", timeout=15)
 
     def pause(self, i: int) -> None:
         """SIGSTOP node ``i``: it holds its sockets open but answers nothing."""
@@ -321,26 +335,23 @@ class RabbitCluster:
         for i in list(self._paused):
             self.resume(i)
         restarted: set[int] = set()
+        nodes = range(len(self._nodes))
+        names = {n.name for n in self._nodes}
         while True:
-            for i in range(len(self._nodes)):
+            for i in nodes:
                 if not self.is_running(i):
                     self._launch(i)
-            for i in range(len(self._nodes)):
-                self.wait_ready(i, timeout=max(1.0, deadline - time.monotonic()))
-            names = {n.name for n in self._nodes}
+            # NOTE: every rabbitmqctl call boots an Erlang VM (about a second here), so
+            # the nodes are asked at the same time, not one after the other.
+            left = max(1.0, deadline - time.monotonic())
+            self._each(functools.partial(self._wait_ready_for, left))
+            statuses = self._each(self._status_or_none)
+            if all(_whole(status, names) for status in statuses):
+                return
             minority: set[int] = set()
-            for i in range(len(self._nodes)):
-                try:
-                    status = self.status(i)
-                except (RuntimeError, ValueError):
-                    continue
-                running = set(status.get("running_nodes", []))
-                partitions = status.get("partitions") or {}
-                if running == names and not partitions:
-                    if all(self._clean(j) for j in range(len(self._nodes)) if j != i):
-                        return
-                    continue
-                if len(running) * 2 > len(names):
+            for status in statuses:
+                running = set((status or {}).get("running_nodes", []))
+                if running != names and len(running) * 2 > len(names):
                     minority = {j for j, n in enumerate(self._nodes) if n.name not in running}
                     break
             if time.monotonic() >= deadline:
@@ -352,13 +363,21 @@ class RabbitCluster:
             if not todo:
                 time.sleep(0.5)
 
-    def _clean(self, i: int) -> bool:
+    def _wait_ready_for(self, timeout: float, i: int) -> None:
+        self.wait_ready(i, timeout=timeout)
+
+    def _status_or_none(self, i: int) -> dict[str, Any] | None:
         try:
-            status = self.status(i)
+            return self.status(i)
         except (RuntimeError, ValueError):
-            return False
-        names = {n.name for n in self._nodes}
-        return set(status.get("running_nodes", [])) == names and not status.get("partitions")
+            return None
+
+    def _each(self, call: Callable[[int], _R]) -> list[_R]:
+        """``call(i)`` for every node at once, results in node order; the first error
+        (in node order) is raised after all have finished."""
+        with concurrent.futures.ThreadPoolExecutor(len(self._nodes)) as pool:
+            futures = [pool.submit(call, i) for i in range(len(self._nodes))]
+        return [future.result() for future in futures]
 
     def is_running(self, i: int) -> bool:
         """True when node ``i``'s VM process exists (paused counts as running)."""
