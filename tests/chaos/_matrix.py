@@ -225,12 +225,20 @@ def run_cell(
     warmup: int = 100,
     recover_timeout: float = 120.0,
     threads: int = 4,
+    keys_per_thread: int = 4,
     rate: float = 60.0,
     body_size: int = 64,
 ) -> CellResult:
     """Run one cell and return its figures; fails on loss, unknown ids, a ``send()`` past
     ``send_timeout``, or (``check_order``) a per-key order violation."""
-    traffic = Traffic(producer, destination, threads=threads, rate=rate, body_size=body_size)
+    traffic = Traffic(
+        producer,
+        destination,
+        threads=threads,
+        keys_per_thread=keys_per_thread,
+        rate=rate,
+        body_size=body_size,
+    )
     traffic.start()
     ledger = traffic.ledger
     heal_at = 0.0

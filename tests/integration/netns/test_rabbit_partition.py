@@ -11,14 +11,13 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pika
 import pika.exceptions
 import pytest
 
 from msgsafe.testing.faultproxy import FaultProxy
-from msgsafe.testing.netns import NetLab
 
 from .rabbit_lab import AMQP_PORT, NetRabbitCluster
 
@@ -43,9 +42,20 @@ def wait_until(
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[NetRabbitCluster]:
-    with NetLab(3) as lab, NetRabbitCluster(lab) as rabbit:
-        yield rabbit
+def cluster(net_rabbit: object) -> NetRabbitCluster:
+    """The session's namespaced cluster (the chaos partition cell uses it too: three
+    Erlang nodes started once, not twice), whole before this module's tests use it."""
+    assert isinstance(net_rabbit, NetRabbitCluster)
+    expected = {net_rabbit.node(i) for i in range(3)}
+
+    def whole() -> bool:
+        try:
+            return running_nodes(net_rabbit, 0) == expected
+        except (RuntimeError, ValueError):
+            return False
+
+    wait_until(whole, 120, "the namespaced cluster to be whole")
+    return net_rabbit
 
 
 def connect(port: int) -> pika.BlockingConnection:
