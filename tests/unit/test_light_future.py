@@ -139,3 +139,16 @@ def test_a_cancel_racing_a_resolution_leaves_one_outcome() -> None:
         future(None)
         t.join(10)
         assert outcomes == [future.cancelled()]
+
+
+def test_the_stock_future_still_has_the_state_light_future_stands_in_for() -> None:
+    # LightFuture does not run Future.__init__: it replaces these attributes with lazily
+    # made ones. A Python whose Future keeps other state needs LightFuture revisited.
+    assert set(vars(Future())) == {
+        "_condition",
+        "_state",
+        "_result",
+        "_exception",
+        "_waiters",
+        "_done_callbacks",
+    }
