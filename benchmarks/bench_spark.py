@@ -319,8 +319,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     print(f"{args.rows:,} rows on local[{args.cores}], Kafka (tansu) {url}")
     print(f"  raw foreachPartition (confluent-kafka)  {figures['raw_best']:>10,.0f} rows/s (best)")
     print(
-        f"  raw + a replay-stable id per row        {figures['raw_ids_best']:>10,.0f} rows/s "
-        "(best)"
+        f"  raw + a replay-stable id per row        {figures['raw_ids_best']:>10,.0f} rows/s (best)"
     )
     print(f"  msgsafe foreach_batch_sink              {figures['sink_best']:>10,.0f} rows/s (best)")
     print(

@@ -87,9 +87,7 @@ def test_messages_of_a_key_in_the_outbox_queue_behind_it(
     assert bodies_a == [b"a0", b"a1", b"a2"]
 
 
-def test_invalid_input_raises_before_anything_is_sent(
-    broker: MemoryBroker, tmp_path: Path
-) -> None:
+def test_invalid_input_raises_before_anything_is_sent(broker: MemoryBroker, tmp_path: Path) -> None:
     with producer(broker, tmp_path / "o.db") as p:
         with pytest.raises(InvalidMessage, match="message 2"):
             p.send_batch("q", [b"a", b"b", "c", b"d"])  # type: ignore[list-item]

@@ -99,7 +99,7 @@ def consume_until(
     ledger: Ledger,
     *,
     expected: Iterable[str],
-    quiet_s: float = 5.0,
+    quiet_s: float = 2.0,
     deadline_s: float = 120.0,
 ) -> None:
     """Receive and ack until every ``expected`` id arrived and nothing came for ``quiet_s``
