@@ -307,9 +307,7 @@ class Envelope:
         ):
             # The common case, on every message's path: nothing to convert or check
             # beyond the key.
-            if type(key) is str:
-                key = key.encode()
-            elif key is not None and type(key) is not bytes:
+            if key is not None and type(key) is not bytes:
                 key = _key_bytes(key)
             if cls is Envelope:
                 return _new_envelope(destination, body, new_message_id(), key, time.time())
