@@ -1,0 +1,161 @@
+"""Processes and ports of local broker nodes: spawn, signal, wait, with no sleeps as
+synchronisation (every wait polls a condition against a deadline).
+
+Shared by every launcher in :mod:`msgsafe.cluster`; nothing here knows a broker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from msgsafe.cluster.base import ClusterError
+
+__all__ = [
+    "free_port",
+    "pid_alive",
+    "port_open",
+    "signal_pid",
+    "spawn",
+    "tail",
+    "wait_for",
+    "wait_gone",
+]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (bind port 0 and read it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.2) -> bool:
+    """True when something accepts TCP connections on ``host:port``."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def pid_alive(pid: int | None) -> bool:
+    """True while ``pid`` exists and is not a zombie (reaps our own dead children)."""
+    if pid is None:
+        return False
+    with contextlib.suppress(ChildProcessError, OSError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    return True
+
+
+def signal_pid(pid: int | None, sig: signal.Signals) -> bool:
+    """Send ``sig`` to ``pid``; False when the process is already gone."""
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_for(
+    condition: Callable[[], bool],
+    timeout: float,
+    what: str,
+    *,
+    interval: float = 0.05,
+    on_timeout: Callable[[], str] | None = None,
+) -> None:
+    """Poll ``condition`` until it is true; :class:`ClusterError` naming ``what`` after
+    ``timeout`` seconds (with ``on_timeout()``'s text appended, e.g. a log tail)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if condition():
+            return
+        if time.monotonic() >= deadline:
+            extra = on_timeout() if on_timeout is not None else ""
+            raise ClusterError(
+                f"timed out after {timeout:.0f} s waiting for {what}"
+                + (f"\n{extra}" if extra else "")
+            )
+        time.sleep(interval)
+
+
+def wait_gone(pid: int | None, timeout: float) -> bool:
+    """Wait until ``pid`` has exited; False if it is still there after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: the kernel SIGKILLs it when the process
+    # that started it dies, so no broker outlives a crashed or killed test run.
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    log: Path,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    detached: bool = False,
+) -> int:
+    """Start ``argv`` with stdout and stderr appended to ``log``; return its pid.
+
+    ``detached=False`` (tests, benchmarks, the demo): the process dies with its parent.
+    ``detached=True`` (``msgsafe cluster up``): it runs in its own session and outlives
+    the command that started it; ``msgsafe cluster down`` stops it.
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        try:
+            proc = subprocess.Popen(
+                list(argv),
+                cwd=cwd,
+                env=dict(env) if env is not None else None,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=None if detached else _die_with_parent,
+            )
+        except FileNotFoundError as exc:
+            raise ClusterError(f"cannot run {argv[0]!r}: {exc.strerror}") from exc
+    return proc.pid
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a log file ('' when it cannot be read)."""
+    try:
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return f"--- {path}\n" + "\n".join(text)

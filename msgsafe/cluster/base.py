@@ -1,0 +1,142 @@
+"""The shape every launcher of a real local broker has.
+
+A :class:`LocalCluster` starts ``nodes`` broker processes on loopback, in ``dir``, and
+can break them one at a time the way the chaos tests and users need: ``kill`` (SIGKILL),
+``pause`` (SIGSTOP), ``resume`` (SIGCONT), ``restart`` (on the same ports, with the same
+data). ``stop`` leaves no process behind. The same object serves the test suite, the
+benchmarks, the demo and the ``msgsafe cluster`` command; for the command, a cluster
+started ``detached`` writes ``cluster.json`` into its dir and :func:`msgsafe.cluster.load`
+finds it again from another process.
+
+Not thread-safe: drive a cluster from one thread. Nodes are addressed by index.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, ClassVar, Self
+
+__all__ = ["STATE_FILE", "ClusterError", "LocalCluster", "NodeInfo"]
+
+#: The file in a cluster's dir that lets another process find and drive it.
+STATE_FILE = "cluster.json"
+
+
+class ClusterError(RuntimeError):
+    """A broker could not be installed, started, found or driven; the text says what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """One node as ``msgsafe cluster status --json`` shows it."""
+
+    name: str
+    pid: int | None
+    host: str
+    port: int
+    running: bool
+    role: str | None = None  #: master/replica, live/backup: where the broker tells it
+
+
+class LocalCluster(ABC):
+    """A cluster of one broker kind on 127.0.0.1 (see the module docstring)."""
+
+    #: ``msgsafe cluster up KIND``: rabbitmq, kafka, qpid, artemis, tansu.
+    kind: ClassVar[str]
+
+    dir: Path
+    detached: bool
+
+    @classmethod
+    def fetch(cls) -> None:
+        """Install what this kind needs once (jars from Maven Central into the cache);
+        :class:`ClusterError` with the command to run when it cannot. Kinds that come
+        from system packages only check that they are installed."""
+        return None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    @abstractmethod
+    def start(self, timeout: float | None = None) -> None:
+        """Start every node and wait until the cluster serves; on failure stop what started
+        and raise :class:`ClusterError` quoting the failing node's log."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop every node (SIGTERM, then SIGKILL after a grace period); idempotent."""
+
+    @abstractmethod
+    def kill(self, node: int) -> None:
+        """SIGKILL one node (its data stays, as after a crash)."""
+
+    @abstractmethod
+    def restart(self, node: int, timeout: float | None = None) -> None:
+        """Start a killed or stopped node again on its ports and wait until it serves."""
+
+    @abstractmethod
+    def pause(self, node: int) -> None:
+        """SIGSTOP one node: it holds its sockets open and answers nothing."""
+
+    @abstractmethod
+    def resume(self, node: int) -> None:
+        """SIGCONT a paused node."""
+
+    # --- what it looks like ---------------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def url(self) -> str:
+        """A msgsafe URL listing every node (what a user passes to ``Producer``)."""
+
+    @abstractmethod
+    def node_url(self, node: int) -> str:
+        """A msgsafe URL naming only ``node``."""
+
+    @abstractmethod
+    def nodes(self) -> list[NodeInfo]:
+        """Every node with its pid, port, whether it runs and (where known) its role."""
+
+    def describe(self) -> dict[str, Any]:
+        """The object ``msgsafe cluster up|status --json`` prints."""
+        return {
+            "kind": self.kind,
+            "url": self.url,
+            "dir": str(self.dir),
+            "nodes": [asdict(node) for node in self.nodes()],
+        }
+
+    # --- found again from another process (``msgsafe cluster status|down|kill``) ----------
+
+    @abstractmethod
+    def state(self) -> dict[str, Any]:
+        """What :meth:`from_state` needs to drive this cluster from another process."""
+
+    @classmethod
+    @abstractmethod
+    def from_state(cls, dir: Path, state: dict[str, Any]) -> Self:
+        """Re-attach to a cluster that :meth:`save_state` described."""
+
+    def save_state(self) -> None:
+        """Write ``cluster.json`` (kind + :meth:`state`) into the cluster's dir."""
+        path = self.dir / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"kind": self.kind, **self.state()}, indent=2))
+        tmp.replace(path)
+
+    # --- context manager ------------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,77 @@
+"""Broker jars and distributions from Maven Central, resolved once into a cache.
+
+Each Java broker keeps a small pom beside its launcher (``msgsafe/cluster/poms/``);
+:func:`resolve` runs ``mvn`` on it once and reuses the result. The cache lives in
+``$MSGSAFE_CACHE`` or the user's cache dir (``~/.cache/msgsafe/brokers``); a run that
+was interrupted leaves no ``.complete`` marker and is redone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+
+from msgsafe.cluster.base import ClusterError
+
+__all__ = ["cache_root", "java", "resolve"]
+
+_JAVA_HINT = "install Java 17 or newer: apt-get install -y openjdk-17-jre-headless"
+_MVN_HINT = "install Maven: apt-get install -y maven"
+
+
+def cache_root() -> Path:
+    """Where resolved broker jars are kept."""
+    env = os.environ.get("MSGSAFE_CACHE")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("msgsafe")) / "brokers"
+
+
+def java() -> str:
+    """The ``java`` executable; :class:`ClusterError` naming the package when missing."""
+    home = os.environ.get("JAVA_HOME")
+    found = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if not found or not os.access(found, os.X_OK):
+        raise ClusterError(f"Java is missing: {_JAVA_HINT}")
+    return found
+
+
+def resolve(name: str, goals: Sequence[str], *, timeout: float = 900.0) -> Path:
+    """The cache dir of ``name`` (e.g. ``kafka-4.1.0``), filled by running ``mvn`` with
+    ``goals`` on the pom ``msgsafe/cluster/poms/<name>.xml`` when not complete yet.
+
+    The goals write below ``${cache}`` (passed as ``-Dcache=DIR``). Raises
+    :class:`ClusterError` when Maven is missing or the resolution fails, quoting mvn.
+    """
+    target = cache_root() / name
+    marker = target / ".complete"
+    if marker.exists():
+        return target
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise ClusterError(f"Maven is missing (needed once to fetch {name}): {_MVN_HINT}")
+    pom = resources.files("msgsafe.cluster") / "poms" / f"{name}.xml"
+    if not pom.is_file():
+        raise ClusterError(f"no pom for {name} in msgsafe/cluster/poms/")
+    if target.exists():
+        shutil.rmtree(target)  # an interrupted earlier run: start over
+    target.mkdir(parents=True)
+    with resources.as_file(pom) as pom_path:
+        argv = [mvn, "-q", "-B", "-f", str(pom_path), f"-Dcache={target}", *goals]
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise ClusterError(f"mvn did not finish fetching {name} in {timeout:.0f} s") from exc
+    if done.returncode != 0:
+        out = (done.stdout + done.stderr).strip().splitlines()[-25:]
+        raise ClusterError(f"mvn could not fetch {name}:\n" + "\n".join(out))
+    marker.write_text("ok\n")
+    return target
