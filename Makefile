@@ -1,10 +1,13 @@
-.PHONY: demo test lint bench
+.PHONY: demo test test-fast lint bench
 
 demo:            ## install and run the demo of the promise (lost = 0)
 	bash scripts/demo.sh
 
 test:            ## install and run the full test suite against real brokers
 	bash scripts/test.sh
+
+test-fast:       ## the inner loop: lint, types, unit and contract tests (no brokers, no JVM, < 3 min)
+	bash scripts/test.sh --fast
 
 lint:
 	python3 -m ruff check msgsafe tests benchmarks examples && python3 -m mypy

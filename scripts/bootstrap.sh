@@ -16,7 +16,8 @@ need_root_for_apt() {
   fi
 }
 
-case "${1:-all}" in
+mode="${1:-all}"
+case "$mode" in
   demo) extras="kafka,rabbitmq,amqp10,demo" ;;
   *) extras="all,dev" ;;
 esac
@@ -24,9 +25,10 @@ esac
 log "pip install -e .[$extras]"
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e ".[$extras]"
 
-if [ "${1:-all}" != demo ]; then
+if [ "$mode" = all ]; then
   command -v rabbitmq-server >/dev/null 2>&1 || [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || want_apt+=(rabbitmq-server)
   command -v java >/dev/null 2>&1 || want_apt+=(openjdk-17-jre-headless)
+  command -v mvn >/dev/null 2>&1 || want_apt+=(maven)
   command -v pg_ctlcluster >/dev/null 2>&1 || want_apt+=(postgresql)
   command -v ip >/dev/null 2>&1 || want_apt+=(iproute2)
   command -v openssl >/dev/null 2>&1 || want_apt+=(openssl)

@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
 # The full test suite: lint, types, then every test (unit, contract, integration against
 # real brokers the fixtures start on loopback, chaos). Extra arguments go to pytest.
+# `--fast` (make test-fast): pip extras only, no system packages, no brokers, no JVM; unit
+# and contract tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/bootstrap.sh all || exit 1
+if [ "${1:-}" = --fast ]; then
+  shift
+  bash scripts/bootstrap.sh fast || exit 1
+  set -- tests/unit tests/contract "$@"
+else
+  bash scripts/bootstrap.sh all || exit 1
+fi
 
 echo "== ruff"; python3 -m ruff check msgsafe tests benchmarks examples || exit 1
 echo "== mypy --strict"; python3 -m mypy || exit 1
