@@ -21,7 +21,9 @@ from msgsafe.cluster.base import ClusterError
 
 __all__ = [
     "free_port",
+    "free_ports",
     "pid_alive",
+    "port_free",
     "port_open",
     "signal_pid",
     "spawn",
@@ -37,6 +39,34 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1 that were free a moment ago."""
+    socks: list[socket.socket] = []
+    try:
+        # Every socket stays bound until all are picked, so no port comes twice.
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when a server could bind ``host:port`` now: nothing listens on it or holds
+    it bound. A port left in TIME_WAIT by a killed process counts as free, as it does
+    for servers that set SO_REUSEADDR (every JVM broker, RabbitMQ)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.2) -> bool:

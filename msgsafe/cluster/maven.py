@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import zipfile
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
 from msgsafe.cluster.base import ClusterError
 
-__all__ = ["cache_root", "java", "resolve"]
+__all__ = ["cache_root", "damaged_jar", "java", "resolve"]
 
 _JAVA_HINT = "install Java 17 or newer: apt-get install -y openjdk-17-jre-headless"
 _MVN_HINT = "install Maven: apt-get install -y maven"
@@ -40,6 +41,22 @@ def java() -> str:
     if not found or not os.access(found, os.X_OK):
         raise ClusterError(f"Java is missing: {_JAVA_HINT}")
     return found
+
+
+def damaged_jar(lib: Path, required: Sequence[str] = ()) -> str | None:
+    """The name of the first jar in ``lib`` that is missing (of ``required``) or is no
+    readable zip (a download cut short), or None when the classpath looks whole. Reads
+    only each jar's directory, so it is cheap enough to run before every start."""
+    for name in required:
+        if not (lib / name).is_file():
+            return name
+    for jar in sorted(lib.glob("*.jar")):
+        try:
+            with zipfile.ZipFile(jar):
+                pass
+        except (OSError, zipfile.BadZipFile):
+            return jar.name
+    return None
 
 
 def resolve(name: str, goals: Sequence[str], *, timeout: float = 900.0) -> Path:
