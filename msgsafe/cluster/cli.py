@@ -1,0 +1,279 @@
+"""``msgsafe cluster``: start, inspect, break and stop real local brokers.
+
+Generic over :data:`msgsafe.cluster.KINDS`: every command goes through
+:func:`msgsafe.cluster.create` / :func:`msgsafe.cluster.load` and the
+:class:`~msgsafe.cluster.base.LocalCluster` interface, so a new launcher needs no change
+here. ``up`` starts detached nodes and writes ``DIR/cluster.json``; every other command
+finds the cluster again through that file.
+
+Output: results on stdout (``--json``: one JSON object), progress on stderr. Exit codes:
+0 done, 2 bad usage, 3 a :class:`~msgsafe.cluster.base.ClusterError` (one red line, the
+detail such as a node's log tail below it, never a traceback).
+
+Constructor options every launcher accepts (used by ``up``): ``nodes``, ``dir``,
+``base_port``, ``detached``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from msgsafe.cluster import KINDS, create, launcher, load
+from msgsafe.cluster._process import pid_alive
+from msgsafe.cluster.base import STATE_FILE, ClusterError, LocalCluster
+
+__all__ = ["app", "main"]
+
+#: Exit code of a command that could not do its work (a ClusterError).
+EXIT_ERROR = 3
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+app = typer.Typer(
+    name="cluster",
+    help=(
+        "Real brokers on 127.0.0.1 for tests and demos: "
+        f"{', '.join(sorted(KINDS))}.\n\n"
+        "Exit codes: 0 ok; 2 bad usage; 3 the cluster could not be started, found or driven."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+DirOption = Annotated[
+    Path, typer.Option("--dir", help="The cluster's directory (data, logs, cluster.json).")
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+NodeArg = Annotated[str, typer.Argument(help="Node index (0, 1, ...) or name (kafka-0).")]
+
+
+def _fail(exc: BaseException) -> NoReturn:
+    first, _, rest = str(exc).partition("\n")
+    err.print(f"[bold red]error:[/bold red] [red]{escape(first)}[/red]")
+    if rest:
+        err.print(escape(rest), style="dim")
+    raise typer.Exit(EXIT_ERROR)
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Turn a ClusterError (or a launcher module that is not there) into exit code 3."""
+    try:
+        yield
+    except ClusterError as exc:
+        _fail(exc)
+    except ImportError as exc:
+        _fail(ClusterError(f"this launcher cannot be loaded: {exc}"))
+
+
+class _ProgressHandler(logging.Handler):
+    """Shows the launchers' INFO log lines as the progress line's text."""
+
+    def __init__(self, update: Callable[[str], None]) -> None:
+        super().__init__(logging.INFO)
+        self._update = update
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._update(record.getMessage())
+
+
+@contextmanager
+def _progress(what: str, *, quiet: bool = False) -> Iterator[None]:
+    """A spinner with elapsed time on stderr while ``what`` runs; its text follows the
+    launcher's log (``msgsafe.cluster`` at INFO)."""
+    if quiet:
+        yield
+        return
+    cluster_log = logging.getLogger("msgsafe.cluster")
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(escape(what))
+        handler = _ProgressHandler(
+            lambda text: progress.update(task, description=escape(f"{what}: {text}"))
+        )
+        level, propagate = cluster_log.level, cluster_log.propagate
+        cluster_log.addHandler(handler)
+        cluster_log.setLevel(logging.INFO)
+        # The progress line shows these records; the root handler would print them again.
+        cluster_log.propagate = False
+        try:
+            yield
+        finally:
+            cluster_log.removeHandler(handler)
+            cluster_log.setLevel(level)
+            cluster_log.propagate = propagate
+
+
+def _show(cluster: LocalCluster, as_json: bool) -> None:
+    described = cluster.describe()
+    if as_json:
+        print(json.dumps(described))
+        return
+    table = Table(title=f"{described['kind']} in {described['dir']}", title_justify="left")
+    for column in ("node", "pid", "port", "running", "role"):
+        table.add_column(column)
+    for node in described["nodes"]:
+        table.add_row(
+            node["name"],
+            str(node["pid"] or "-"),
+            f"{node['host']}:{node['port']}",
+            "[green]yes[/green]" if node["running"] else "[red]no[/red]",
+            node["role"] or "-",
+        )
+    out.print(table)
+    out.print(f"url: {escape(described['url'])}")
+
+
+def _node_index(cluster: LocalCluster, node: str) -> int:
+    names = [info.name for info in cluster.nodes()]
+    if node.isdigit() and int(node) < len(names):
+        return int(node)
+    if node in names:
+        return names.index(node)
+    raise ClusterError(f"no node {node!r} (nodes: {', '.join(names)} or 0..{len(names) - 1})")
+
+
+@app.command()
+def up(
+    kind: Annotated[str, typer.Argument(help=f"One of: {', '.join(sorted(KINDS))}.")],
+    dir: DirOption,
+    nodes: Annotated[int | None, typer.Option("--nodes", min=1, help="How many nodes.")] = None,
+    base_port: Annotated[
+        int | None, typer.Option("--base-port", help="First port (free ports if omitted).")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Start a cluster whose nodes keep running after this command (``down`` stops them).
+
+    A directory that holds a stopped cluster of the same kind is started again with its
+    data and ports."""
+    with _errors():
+        cluster: LocalCluster
+        if (dir / STATE_FILE).exists():
+            cluster = load(dir)
+            if cluster.kind != kind:
+                raise ClusterError(f"{dir} holds a {cluster.kind} cluster, not {kind}")
+            if any(info.running for info in cluster.nodes()):
+                raise ClusterError(
+                    f"a {kind} cluster already runs in {dir}: `msgsafe cluster down --dir {dir}`"
+                )
+        else:
+            options: dict[str, Any] = {"dir": dir, "detached": True}
+            if nodes is not None:
+                options["nodes"] = nodes
+            if base_port is not None:
+                options["base_port"] = base_port
+            cluster = create(kind, **options)
+            dir.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        with _progress(f"starting {kind}", quiet=as_json):
+            cluster.start()
+        cluster.save_state()
+        if not as_json:
+            err.print(f"{kind} up in {time.monotonic() - started:.1f} s")
+        _show(cluster, as_json)
+
+
+@app.command()
+def status(dir: DirOption, as_json: JsonOption = False) -> None:
+    """Show the nodes of the cluster in DIR: pid, port, running, role."""
+    with _errors():
+        _show(load(dir), as_json)
+
+
+@app.command()
+def down(dir: DirOption) -> None:
+    """Stop every node of the cluster in DIR and check that no process is left."""
+    with _errors():
+        cluster = load(dir)
+        before = [info.pid for info in cluster.nodes() if info.pid is not None]
+        with _progress(f"stopping {cluster.kind}"):
+            cluster.stop()
+        left = [pid for pid in before if pid_alive(pid)]
+        if left:
+            raise ClusterError(f"processes still running after down: {left}")
+        cluster.save_state()
+        out.print(f"{cluster.kind} in {dir}: {len(before)} node(s) stopped, none left running")
+
+
+def _node_command(
+    verb: str, action: Callable[[LocalCluster, int], None]
+) -> Callable[[str, Path], None]:
+    def command(node: NodeArg, dir: DirOption) -> None:
+        with _errors():
+            cluster = load(dir)
+            index = _node_index(cluster, node)
+            with _progress(f"{verb} {cluster.nodes()[index].name}"):
+                action(cluster, index)
+            cluster.save_state()
+            info = cluster.nodes()[index]
+            out.print(
+                f"{info.name}: {'running' if info.running else 'not running'}"
+                f" (pid {info.pid or '-'}, role {info.role or '-'})"
+            )
+
+    command.__doc__ = {
+        "kill": "SIGKILL one node (its data stays, as after a crash).",
+        "restart": "Start a node again on its ports with its data; wait until it serves.",
+        "pause": "SIGSTOP one node: its sockets stay open, it answers nothing.",
+        "resume": "SIGCONT a paused node.",
+    }[verb]
+    return command
+
+
+app.command(name="kill")(_node_command("kill", lambda c, n: c.kill(n)))
+app.command(name="restart")(_node_command("restart", lambda c, n: c.restart(n)))
+app.command(name="pause")(_node_command("pause", lambda c, n: c.pause(n)))
+app.command(name="resume")(_node_command("resume", lambda c, n: c.resume(n)))
+
+
+@app.command()
+def fetch(
+    kind: Annotated[str, typer.Argument(help=f"all, or one of: {', '.join(sorted(KINDS))}.")],
+) -> None:
+    """Install what a kind needs once (jars from Maven Central into the cache)."""
+    kinds = sorted(KINDS) if kind == "all" else [kind]
+    failed = 0
+    for name in kinds:
+        started = time.monotonic()
+        try:
+            with _progress(f"fetching {name}"):
+                launcher(name).fetch()
+        except (ClusterError, ImportError) as exc:
+            failed += 1
+            first = str(exc).partition("\n")[0]
+            err.print(f"[bold red]error:[/bold red] [red]{escape(name)}: {escape(first)}[/red]")
+            continue
+        out.print(f"{name}: ready ({time.monotonic() - started:.1f} s)")
+    if failed:
+        raise typer.Exit(EXIT_ERROR)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m msgsafe.cluster.cli`` (until it is wired in as ``msgsafe cluster``)."""
+    # Library loggers stay quiet unless something is wrong; progress shows INFO lines.
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    app(args=None if argv is None else list(argv), prog_name="msgsafe cluster")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,591 @@
+"""Apache Kafka in KRaft mode: N nodes on loopback, each a combined controller + broker.
+
+The jars (``kafka_2.13`` with its runtime dependencies and the Log4j 2 binding the binary
+distribution ships) come from Maven Central once, through
+``msgsafe/cluster/poms/kafka-<version>.xml``, into the cache of :mod:`msgsafe.cluster.maven`.
+Each node is ``java -cp 'lib/*' kafka.Kafka server.properties`` after
+``kafka.tools.StorageTool format`` with one cluster id for all nodes and a static
+controller quorum of every node.
+
+The cluster keeps acknowledged writes through the loss of one node: replication factor 3
+for every topic (also ``__consumer_offsets`` and ``__transaction_state``),
+``min.insync.replicas=2``, no unclean leader election. Timings are shortened so that tests
+see a killed node fenced and its partitions led elsewhere within seconds.
+
+Layout of ``dir``: ``node-I/server.properties``, ``node-I/data`` (log and metadata),
+``node-I/kafka.log`` (the JVM's output), ``log4j2.properties``, ``cluster.json``. Node
+``I`` has ``node.id=I``, its client listener on ``ports[I]`` and its controller listener
+on ``controller_ports[I]``; with ``base_port=P`` those are ``P+I`` and ``P+nodes+I``.
+
+The helpers tests need (:meth:`KafkaCluster.create_topic`, :meth:`KafkaCluster.leader_of`,
+:meth:`KafkaCluster.wait_in_sync`) use confluent-kafka (``pip install 'msgsafe[kafka]'``).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+from msgsafe.cluster import kafka_admin, maven
+from msgsafe.cluster._process import (
+    free_ports,
+    pid_alive,
+    port_free,
+    port_open,
+    signal_pid,
+    spawn,
+    tail,
+    wait_for,
+    wait_gone,
+)
+from msgsafe.cluster.base import ClusterError, LocalCluster, NodeInfo
+
+__all__ = ["KafkaCluster"]
+
+log = logging.getLogger(__name__)
+
+#: The Kafka release this launcher runs (a pom ``poms/kafka-<VERSION>.xml`` pins it).
+VERSION = "4.1.2"
+_MAIN = "kafka.Kafka"
+_STORAGE_TOOL = "kafka.tools.StorageTool"
+#: Written with acks=all by start() to prove the cluster takes replicated writes.
+_READY_TOPIC = "msgsafe-ready"
+
+_LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = out
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.clients.name = org.apache.kafka.clients
+logger.clients.level = WARN
+"""
+
+
+def _cluster_id() -> str:
+    # Kafka's Uuid text form: 16 random bytes, URL-safe base64 without padding.
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+class KafkaCluster(LocalCluster):
+    """``nodes`` KRaft nodes (controller + broker each) on 127.0.0.1; see the module doc.
+
+    ``dir`` None: a temp dir, removed by :meth:`stop`. ``base_port`` None: free ports.
+    ``detached``: nodes outlive this process (``msgsafe cluster up``) and ``cluster.json``
+    is kept current; otherwise they die with it. ``heap_mb`` is each JVM's ``-Xmx``.
+    ``overrides`` replace or add ``server.properties`` entries on every node.
+    """
+
+    kind: ClassVar[str] = "kafka"
+
+    def __init__(
+        self,
+        nodes: int = 3,
+        dir: str | Path | None = None,
+        base_port: int | None = None,
+        detached: bool = False,
+        *,
+        heap_mb: int = 384,
+        overrides: Mapping[str, str] | None = None,
+    ) -> None:
+        if nodes < 1:
+            raise ClusterError("a Kafka cluster needs at least one node")
+        self.version = VERSION
+        self.count = nodes
+        self._own_dir = dir is None
+        self.dir = Path(dir) if dir is not None else Path(tempfile.mkdtemp(prefix="msgsafe-kafka-"))
+        self.detached = detached
+        self.heap_mb = heap_mb
+        self.overrides = dict(overrides or {})
+        if base_port is None:
+            picked = free_ports(2 * nodes)
+            self.ports, self.controller_ports = picked[:nodes], picked[nodes:]
+        else:
+            self.ports = [base_port + i for i in range(nodes)]
+            self.controller_ports = [base_port + nodes + i for i in range(nodes)]
+        self.cluster_id = _cluster_id()
+        self.pids: list[int | None] = [None] * nodes
+        #: Seconds the last :meth:`start` took until the cluster took an acks=all write.
+        self.start_seconds = 0.0
+
+    # --- jars -----------------------------------------------------------------------------
+
+    @classmethod
+    def fetch(cls) -> None:
+        """Resolve the Kafka jars into the cache (once); a damaged cache is fetched again."""
+        name = f"kafka-{VERSION}"
+        lib = maven.resolve(name, ["dependency:copy-dependencies"]) / "lib"
+        if maven.damaged_jar(lib, [f"kafka_2.13-{VERSION}.jar"]) is None:
+            return
+        log.warning("damaged Kafka jars in %s: fetching them again", lib)
+        shutil.rmtree(lib.parent)
+        lib = maven.resolve(name, ["dependency:copy-dependencies"]) / "lib"
+        damaged = maven.damaged_jar(lib, [f"kafka_2.13-{VERSION}.jar"])
+        if damaged is not None:
+            raise ClusterError(
+                f"{damaged} is damaged in Maven's own repository too: delete "
+                f"~/.m2/repository/org/apache/kafka and run `msgsafe cluster fetch kafka`"
+            )
+
+    def _lib(self) -> Path:
+        lib = maven.resolve(f"kafka-{self.version}", ["dependency:copy-dependencies"]) / "lib"
+        damaged = maven.damaged_jar(lib, [f"kafka_2.13-{self.version}.jar"])
+        if damaged is not None:
+            raise ClusterError(
+                f"the Kafka jars in {lib} are damaged ({damaged}): "
+                "run `msgsafe cluster fetch kafka` to fetch them again"
+            )
+        return lib
+
+    # --- configuration --------------------------------------------------------------------
+
+    def _node_dir(self, node: int) -> Path:
+        return self.dir / f"node-{node}"
+
+    def _log(self, node: int) -> Path:
+        return self._node_dir(node) / "kafka.log"
+
+    def _properties(self, node: int) -> dict[str, str]:
+        replication = min(3, self.count)
+        min_isr = min(2, replication)
+        voters = ",".join(f"{i}@127.0.0.1:{p}" for i, p in enumerate(self.controller_ports))
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": str(node),
+            "controller.quorum.voters": voters,
+            "listeners": (
+                f"PLAINTEXT://127.0.0.1:{self.ports[node]},"
+                f"CONTROLLER://127.0.0.1:{self.controller_ports[node]}"
+            ),
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.ports[node]}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(self._node_dir(node) / "data"),
+            # Durability: every write on 3 nodes, acks=all needs 2 in sync, and a replica
+            # that was out of sync never becomes leader (it would drop acknowledged data).
+            "default.replication.factor": str(replication),
+            "min.insync.replicas": str(min_isr),
+            "unclean.leader.election.enable": "false",
+            "offsets.topic.replication.factor": str(replication),
+            "transaction.state.log.replication.factor": str(replication),
+            "transaction.state.log.min.isr": str(min_isr),
+            "share.coordinator.state.topic.replication.factor": str(replication),
+            "share.coordinator.state.topic.min.isr": str(min_isr),
+            # Default 9 s / 2 s: the controller fences a SIGKILLed node, and moves the
+            # leadership of its partitions, after 3 s of missed heartbeats.
+            "broker.session.timeout.ms": "3000",
+            "broker.heartbeat.interval.ms": "500",
+            # Default 30 s: a SIGSTOPped or cut-off follower leaves the ISR after 5 s, so
+            # acks=all writes go on with the two others instead of stalling.
+            "replica.lag.time.max.ms": "5000",
+            # Default 3 s: a test's first consumer gets its partitions at once.
+            "group.initial.rebalance.delay.ms": "0",
+            # Default 50 each: fewer internal partitions to create, replicate and elect
+            # on a small machine; start and fail-over are faster.
+            "offsets.topic.num.partitions": "5",
+            "transaction.state.log.num.partitions": "5",
+            "share.coordinator.state.topic.num.partitions": "5",
+            # Defaults 3 / 8 / 128 MiB: fewer threads per JVM (several share 2 cores),
+            # and the log cleaner's dedupe buffer fits a small heap.
+            "num.network.threads": "2",
+            "num.io.threads": "4",
+            "background.threads": "4",
+            "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
+        }
+        props.update(self.overrides)
+        return props
+
+    def _write_config(self, node: int) -> Path:
+        path = self._node_dir(node) / "server.properties"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = [f"{key}={value}" for key, value in self._properties(node).items()]
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def _java(self, lib: Path, main: str, *args: str, heap_mb: int) -> list[str]:
+        return [
+            maven.java(),
+            f"-Xmx{heap_mb}m",
+            f"-Xms{min(heap_mb, 128)}m",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
+            "-cp",
+            f"{lib}/*",
+            main,
+            *args,
+        ]
+
+    def _format(self, lib: Path) -> None:
+        """Format the storage of every node that has none yet (one cluster id for all)."""
+        jobs: list[tuple[int, subprocess.Popen[str]]] = []
+        for node in range(self.count):
+            config = self._write_config(node)
+            meta = self._node_dir(node) / "data" / "meta.properties"
+            if meta.exists():
+                if f"cluster.id={self.cluster_id}" not in meta.read_text():
+                    raise ClusterError(
+                        f"{meta.parent} holds another Kafka cluster's data: "
+                        "use a new --dir or delete that one"
+                    )
+                continue
+            argv = self._java(
+                lib, _STORAGE_TOOL, "format", "-t", self.cluster_id, "-c", str(config), heap_mb=128
+            )
+            proc = subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+            jobs.append((node, proc))
+        for node, proc in jobs:
+            output, _ = proc.communicate(timeout=120)
+            if proc.returncode != 0:
+                raise ClusterError(f"formatting the storage of kafka node {node} failed:\n{output}")
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self, timeout: float | None = None) -> None:
+        """Format, start every node, and wait until all brokers are registered and a
+        topic replicated on every node (up to 3) takes an ``acks=all`` write."""
+        timeout = 180.0 if timeout is None else timeout
+        started = time.monotonic()
+        kafka_admin.confluent()
+        lib = self._lib()
+        for node in range(self.count):
+            if self._running(node):
+                raise ClusterError(f"kafka node {node} already runs (pid {self.pids[node]})")
+        for port in [*self.ports, *self.controller_ports]:
+            if not port_free(port):
+                raise ClusterError(f"port {port} on 127.0.0.1 is taken: choose another base port")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "log4j2.properties").write_text(_LOG4J2)
+        try:
+            self._format(lib)
+            for node in range(self.count):
+                self._spawn(node, lib)
+            self._save()
+            log.info("kafka: %d nodes launched, waiting for the brokers", self.count)
+            self._wait_registered(range(self.count), started + timeout)
+            log.info("kafka: every broker registered, writing with acks=all")
+            self._probe_write(started + timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - started
+        log.info("kafka: %d nodes serving in %.1f s: %s", self.count, self.start_seconds, self.url)
+
+    def _spawn(self, node: int, lib: Path) -> None:
+        config = self._node_dir(node) / "server.properties"
+        argv = self._java(lib, _MAIN, str(config), heap_mb=self.heap_mb)
+        self.pids[node] = spawn(argv, log=self._log(node), cwd=self.dir, detached=self.detached)
+        log.info("kafka: node %d started (pid %d)", node, self.pids[node])
+
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM every node (a controlled shutdown), SIGKILL what is left after
+        ``grace`` seconds; remove the temp dir this cluster made. Idempotent."""
+        for node in range(self.count):
+            if self._running(node):
+                signal_pid(self.pids[node], signal.SIGCONT)
+                signal_pid(self.pids[node], signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for node in range(self.count):
+            pid = self.pids[node]
+            if not wait_gone(pid, max(0.0, deadline - time.monotonic())):
+                log.warning("kafka: node %d did not stop in %.0f s: SIGKILL", node, grace)
+                signal_pid(pid, signal.SIGKILL)
+                if not wait_gone(pid, 10.0):
+                    raise ClusterError(f"kafka node {node} (pid {pid}) survived SIGKILL")
+            self.pids[node] = None
+        self._save()
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def kill(self, node: int) -> None:
+        """SIGKILL ``node``; its data stays, as after a crash."""
+        pid = self._pid(node)
+        signal_pid(pid, signal.SIGKILL)
+        if not wait_gone(pid, 10.0):
+            raise ClusterError(f"kafka node {node} (pid {pid}) survived SIGKILL")
+        self.pids[node] = None
+        self._save()
+
+    def restart(self, node: int, timeout: float | None = None) -> None:
+        """Stop ``node`` if it runs, start it on its ports with its data, and wait until
+        it is registered as an unfenced broker (it may still be catching up replicas:
+        see :meth:`wait_in_sync`)."""
+        timeout = 120.0 if timeout is None else timeout
+        self._check_index(node)
+        if self._running(node):
+            pid = self.pids[node]
+            signal_pid(pid, signal.SIGCONT)
+            signal_pid(pid, signal.SIGTERM)
+            if not wait_gone(pid, 30.0):
+                signal_pid(pid, signal.SIGKILL)
+                wait_gone(pid, 10.0)
+        self.pids[node] = None
+        wait_for(
+            lambda: port_free(self.ports[node]) and port_free(self.controller_ports[node]),
+            30.0,
+            f"the ports of kafka node {node} to be free",
+        )
+        started = time.monotonic()
+        self._spawn(node, self._lib())
+        self._save()
+        self._wait_registered([node], started + timeout)
+        log.info("kafka: node %d back in %.1f s", node, time.monotonic() - started)
+
+    def pause(self, node: int) -> None:
+        """SIGSTOP ``node``: its sockets stay open and it answers nothing."""
+        signal_pid(self._pid(node), signal.SIGSTOP)
+
+    def resume(self, node: int) -> None:
+        """SIGCONT ``node``."""
+        signal_pid(self._pid(node), signal.SIGCONT)
+
+    # --- processes ------------------------------------------------------------------------
+
+    def _check_index(self, node: int) -> None:
+        if not 0 <= node < self.count:
+            raise ClusterError(f"no kafka node {node} (nodes are 0..{self.count - 1})")
+
+    def _pid(self, node: int) -> int:
+        self._check_index(node)
+        pid = self.pids[node]
+        if pid is None or not self._running(node):
+            raise ClusterError(f"kafka node {node} is not running")
+        return pid
+
+    def _running(self, node: int) -> bool:
+        pid = self.pids[node]
+        if not pid_alive(pid):
+            return False
+        # A pid from cluster.json may have been reused by another process since.
+        with contextlib.suppress(OSError):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            return str(self._node_dir(node) / "server.properties").encode() in cmdline
+        return True
+
+    def _paused(self, node: int) -> bool:
+        with contextlib.suppress(OSError, IndexError):
+            stat = Path(f"/proc/{self.pids[node]}/stat").read_text()
+            return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+        return False
+
+    def _check_alive(self, nodes: list[int]) -> None:
+        for node in nodes:
+            if not self._running(node):
+                raise ClusterError(
+                    f"kafka node {node} exited while starting\n{tail(self._log(node))}"
+                )
+
+    # --- waiting on the brokers -------------------------------------------------------------
+
+    def _wait_registered(self, nodes: range | list[int], deadline: float) -> None:
+        nodes = list(nodes)
+
+        def registered() -> bool:
+            self._check_alive(nodes)
+            for node in nodes:
+                # Asking each node itself: it answers only once its broker side is up,
+                # and it lists itself only once the controller has unfenced it.
+                if not port_open(self.ports[node]):
+                    return False
+                meta = kafka_admin.metadata(f"127.0.0.1:{self.ports[node]}")
+                if meta is None or node not in meta.brokers:
+                    return False
+            return True
+
+        wait_for(
+            registered,
+            max(0.0, deadline - time.monotonic()),
+            f"kafka nodes {nodes} to register",
+            interval=0.2,
+            on_timeout=lambda: "\n".join(tail(self._log(n), 15) for n in nodes),
+        )
+
+    def _probe_write(self, deadline: float) -> None:
+        ck = kafka_admin.confluent()
+        self.create_topic(_READY_TOPIC, partitions=1, timeout=max(1.0, deadline - time.monotonic()))
+        producer = ck.Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "acks": "all",
+                "enable.idempotence": True,
+                "message.timeout.ms": 5000,
+                "log_level": 0,
+            }
+        )
+        errors: list[Any] = []
+
+        def written() -> bool:
+            self._check_alive(list(range(self.count)))
+            outcome: list[Any] = []
+            producer.produce(_READY_TOPIC, b"ready", on_delivery=lambda e, _m: outcome.append(e))
+            producer.flush(6.0)
+            if outcome and outcome[0] is None:
+                return True
+            errors.append(outcome[0] if outcome else "no delivery report")
+            return False
+
+        wait_for(
+            written,
+            max(0.0, deadline - time.monotonic()),
+            "an acks=all write to succeed",
+            interval=0.2,
+            on_timeout=lambda: f"last error: {errors[-1] if errors else 'none'}",
+        )
+
+    # --- what it looks like ---------------------------------------------------------------
+
+    @property
+    def bootstrap(self) -> str:
+        """``127.0.0.1:P1,127.0.0.1:P2,...`` for ``bootstrap.servers``."""
+        return ",".join(f"127.0.0.1:{port}" for port in self.ports)
+
+    @property
+    def url(self) -> str:
+        """``kafka://127.0.0.1:P1,127.0.0.1:P2,...``"""
+        return f"kafka://{self.bootstrap}"
+
+    def node_url(self, node: int) -> str:
+        """``kafka://127.0.0.1:P`` of ``node`` only."""
+        self._check_index(node)
+        return f"kafka://127.0.0.1:{self.ports[node]}"
+
+    def controller_leader(self) -> int | None:
+        """The node that is the active controller, as the running nodes' ``quorum-state``
+        files say (the highest epoch wins); None while no running node knows one."""
+        best: tuple[int, int] | None = None
+        for node in range(self.count):
+            if not self._running(node):
+                continue
+            path = self._node_dir(node) / "data" / "__cluster_metadata-0" / "quorum-state"
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                state = json.loads(path.read_text())
+                epoch, leader = int(state["leaderEpoch"]), int(state["leaderId"])
+                if leader >= 0 and (best is None or epoch > best[0]):
+                    best = (epoch, leader)
+        if best is None or not (0 <= best[1] < self.count) or not self._running(best[1]):
+            return None
+        return best[1]
+
+    def nodes(self) -> list[NodeInfo]:
+        """Every node; role ``controller-leader`` for the active controller,
+        ``controller-follower`` for the other running nodes, ``paused`` when SIGSTOPped."""
+        leader = self.controller_leader()
+        result = []
+        for node in range(self.count):
+            running = self._running(node)
+            role: str | None = None
+            if running:
+                role = "controller-leader" if node == leader else "controller-follower"
+                if self._paused(node):
+                    role = "paused"
+            result.append(
+                NodeInfo(
+                    name=f"kafka-{node}",
+                    pid=self.pids[node] if running else None,
+                    host="127.0.0.1",
+                    port=self.ports[node],
+                    running=running,
+                    role=role,
+                )
+            )
+        return result
+
+    # --- state ----------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Ports, pids, cluster id and JVM options (see :meth:`from_state`)."""
+        return {
+            "version": self.version,
+            "nodes": self.count,
+            "ports": self.ports,
+            "controller_ports": self.controller_ports,
+            "cluster_id": self.cluster_id,
+            "pids": self.pids,
+            "heap_mb": self.heap_mb,
+            "overrides": self.overrides,
+        }
+
+    @classmethod
+    def from_state(cls, dir: Path, state: dict[str, Any]) -> Self:
+        """The cluster in ``dir`` as :meth:`state` described it (driven detached)."""
+        try:
+            cluster = cls(
+                int(state["nodes"]),
+                dir,
+                detached=True,
+                heap_mb=int(state["heap_mb"]),
+                overrides=state.get("overrides") or {},
+            )
+            cluster.version = str(state["version"])
+            cluster.ports = [int(p) for p in state["ports"]]
+            cluster.controller_ports = [int(p) for p in state["controller_ports"]]
+            cluster.cluster_id = str(state["cluster_id"])
+            cluster.pids = [int(p) if p is not None else None for p in state["pids"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ClusterError(f"{dir}/cluster.json does not describe a kafka cluster") from exc
+        return cluster
+
+    def _save(self) -> None:
+        if self.detached:
+            self.save_state()
+
+    # --- helpers for tests ------------------------------------------------------------------
+
+    def _running_bootstrap(self) -> str:
+        running = [f"127.0.0.1:{p}" for n, p in enumerate(self.ports) if self._running(n)]
+        if not running:
+            raise ClusterError("no kafka node is running")
+        return ",".join(running)
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = 3,
+        replication: int = 3,
+        config: Mapping[str, str] | None = None,
+        *,
+        timeout: float = 30.0,
+    ) -> None:
+        """Create ``name`` (an existing one is kept) on at most ``nodes`` replicas and wait
+        until every partition has a leader. ``config``: topic settings, e.g.
+        ``{"min.insync.replicas": "2"}`` (the broker default here already is 2)."""
+        kafka_admin.create_topic(
+            self._running_bootstrap(),
+            name,
+            partitions,
+            min(replication, self.count),
+            config,
+            timeout=timeout,
+        )
+
+    def leader_of(self, topic: str, partition: int = 0) -> int:
+        """The node leading ``topic``/``partition`` now, as the running brokers say."""
+        meta = kafka_admin.partitions(self._running_bootstrap(), topic).get(partition)
+        if meta is None or meta.leader < 0:
+            raise ClusterError(f"{topic!r}/{partition} has no leader")
+        return int(meta.leader)
+
+    def wait_in_sync(self, topic: str, timeout: float = 60.0) -> None:
+        """Wait until every replica of ``topic`` is in sync (after :meth:`restart`,
+        before the next fault)."""
+        kafka_admin.wait_in_sync(self._running_bootstrap(), topic, timeout)
