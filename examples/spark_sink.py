@@ -10,7 +10,7 @@ only; pass a ``kafka://`` or ``amqp://`` URL to publish for real.
 Every row becomes one message whose id is derived from (destination, batch id, id
 columns): running the same batch again publishes the same ids, and consumers with
 ``dedup=True`` drop the repeats. A partition that cannot make every row safe fails its
-task, Spark retries it, and ``sink(df, batch_id)`` raises ``BatchFailed`` only when the
+task, Spark retries it, and ``sink(df, batch_id)`` raises ``SparkBatchFailed`` only when the
 retries are exhausted — it never returns with a row unaccounted for.
 """
 
@@ -19,13 +19,13 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from msgsafe.spark import BatchReport, foreach_batch_sink
+from msgsafe.spark import SparkBatchReport, foreach_batch_sink
 
 DEFAULT_URL = "memory://examples-spark"
 ORDERS = [(f"order-{n}", f"customer-{n % 5}", n * 10) for n in range(100)]
 
 
-def publish_orders(spark: Any, url: str, topic: str, batch_id: int = 20261122) -> BatchReport:
+def publish_orders(spark: Any, url: str, topic: str, batch_id: int = 20261122) -> SparkBatchReport:
     """Publish ``ORDERS`` as JSON to ``topic``, keyed by customer; returns the report."""
     from pyspark.sql import functions as F
 

@@ -10,12 +10,12 @@ caller still owns the message.
 from __future__ import annotations
 
 from msgsafe import errors
+from msgsafe.aio import AsyncProducer
+from msgsafe.consumer import Consumer
 from msgsafe.errors import MsgsafeError
 from msgsafe.message import Delivery, Envelope, Outcome, Receipt, Status, new_message_id
+from msgsafe.producer import Producer
 from msgsafe.retry import RetryPolicy
-from msgsafe.sdk.aio import AsyncProducer
-from msgsafe.sdk.consumer import Consumer
-from msgsafe.sdk.producer import Producer
 
 #: The public name of a message as the producer builds it.
 Message = Envelope

@@ -1,6 +1,6 @@
 """``python -m msgsafe ...`` runs the ``msgsafe`` command."""
 
-from msgsafe.sdk.cli import main
+from msgsafe.cli import main
 
 if __name__ == "__main__":
     main()

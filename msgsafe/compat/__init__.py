@@ -1,6 +1,8 @@
-"""Drop-in replacements for legacy producer code: change one import line.
+"""Drop-in wrappers for code written against confluent-kafka or pika.
 
-::
+Change one import line and a legacy producer gains msgsafe's promise (broker-confirmed
+or stored in the local outbox, never silently lost), fail-over across the listed hosts
+and pipelined confirms::
 
     from confluent_kafka import Producer                  # before
     from msgsafe.compat.confluent_kafka import Producer   # after
@@ -9,7 +11,13 @@
     from msgsafe.compat import pika                       # after
 
 Each submodule needs its client library (the ``kafka`` / ``rabbitmq`` extra) and is
-imported only when named. See ``docs/migration.md``.
+imported only when named. See ``docs/migration.md`` for exactly what changes.
+
+- :mod:`msgsafe.compat.pika` — pika's names, with msgsafe's ``BlockingConnection``;
+  :mod:`._pika_config` maps pika's parameters and errors.
+- :mod:`msgsafe.compat.confluent_kafka` — confluent-kafka's names, with msgsafe's
+  ``Producer``; :mod:`._kafka_config` maps the librdkafka settings.
+- :mod:`._common` — the warning category and header conversion both share.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from msgsafe.sdk.compat import CompatWarning
+from msgsafe.compat._common import CompatWarning
 
 __all__ = ["CompatWarning", "confluent_kafka", "pika"]
 

@@ -18,6 +18,9 @@ runs its job in the calling thread instead of handing it over: the hand-off (two
 wake-ups per commit) cost about 40 µs of CPU per commit and a third of the rate of one
 message per commit. Calls that arrive while a transaction runs queue up and the writer
 thread commits them together, as before.
+
+Why a producer's detours pass a batching thread of its own before they reach this one:
+see :mod:`msgsafe._settlement`.
 """
 
 from __future__ import annotations
@@ -33,13 +36,13 @@ from typing import Any, Generic, TypeVar
 from msgsafe._futures import LightFuture
 from msgsafe.errors import ClosedError, MsgsafeError, OutboxError, OutboxFull
 
-__all__ = ["Batch", "GroupCommitWriter", "Handler"]
+__all__ = ["HandlerResult", "GroupCommitWriter", "Handler"]
 
 P = TypeVar("P")
 
 
 @dataclass(slots=True)
-class Batch(Generic[P]):
+class HandlerResult(Generic[P]):
     """What a handler returns: one result (or error) per payload, and what to do in memory
     once the transaction is durable."""
 
@@ -49,7 +52,7 @@ class Batch(Generic[P]):
 
 #: A handler gets the connection (inside the group's transaction) and the payloads of all
 #: jobs of its kind in submission order.
-Handler = Callable[[sqlite3.Connection, list[Any]], Batch[Any]]
+Handler = Callable[[sqlite3.Connection, list[Any]], HandlerResult[Any]]
 
 
 @dataclass(slots=True)

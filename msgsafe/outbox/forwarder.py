@@ -29,6 +29,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 
+from msgsafe._callbacks import call_logged
 from msgsafe.errors import (
     ConfigurationError,
     ConfirmTimeout,
@@ -338,10 +339,7 @@ class Forwarder:
         log.warning("outbox message %s quarantined: %s", env.message_id, text)
         self._settle(lambda: self._store.failed(env.message_id, error=text, retry_at=None))
         if self._on_quarantine is not None:
-            try:
-                self._on_quarantine(env, text)
-            except Exception:
-                log.exception("on_quarantine callback failed")
+            call_logged(log, "the on_quarantine callback", self._on_quarantine, env, text)
 
     def _release(self, releases: Sequence[tuple[Envelope, str]], retry_at: float) -> None:
         many = getattr(self._store, "release", None)

@@ -43,7 +43,7 @@ from msgsafe.outbox._rows import (
     redact_target,
 )
 from msgsafe.outbox._schema import APPLICATION_ID, migrate
-from msgsafe.outbox._writer import Batch, GroupCommitWriter, Handler
+from msgsafe.outbox._writer import GroupCommitWriter, Handler, HandlerResult
 from msgsafe.ports import OutboxStats
 
 __all__ = ["SqliteOutbox"]
@@ -407,7 +407,9 @@ class SqliteOutbox:
         sizes = cast("builtins.list[int]", params[7::_COLUMNS])
         return _Rows(params, len(envelopes), sum(sizes), keys)
 
-    def _put_batch(self, conn: sqlite3.Connection, payloads: builtins.list[Any]) -> Batch[object]:
+    def _put_batch(
+        self, conn: sqlite3.Connection, payloads: builtins.list[Any]
+    ) -> HandlerResult[object]:
         results: builtins.list[object] = []
         accepted: builtins.list[_Rows] = []
         rows, size = self._counts.rows, self._counts.bytes
@@ -435,7 +437,7 @@ class SqliteOutbox:
                 accepted.append(batch)
                 results.append(None)
         if not accepted:
-            return Batch(results)
+            return HandlerResult(results)
         count = sum(batch.count for batch in accepted)
         before = conn.total_changes
         for batch in accepted:
@@ -456,7 +458,7 @@ class SqliteOutbox:
                     for key in batch.keys:
                         keys[key] = keys.get(key, 0) + 1
 
-        return Batch(results, apply)
+        return HandlerResult(results, apply)
 
     @staticmethod
     def _recount(conn: sqlite3.Connection) -> tuple[int, int, dict[bytes, int]]:
@@ -469,7 +471,9 @@ class SqliteOutbox:
         }
         return rows, size, keys
 
-    def _claim_batch(self, conn: sqlite3.Connection, payloads: builtins.list[Any]) -> Batch[object]:
+    def _claim_batch(
+        self, conn: sqlite3.Connection, payloads: builtins.list[Any]
+    ) -> HandlerResult[object]:
         results: builtins.list[object] = []
         now = self._clock()
         for payload in payloads:
@@ -479,7 +483,7 @@ class SqliteOutbox:
             ).fetchall()
             rows.sort(key=lambda r: r[0])
             results.append([make_envelope(*r[1:]) for r in rows])
-        return Batch(results)
+        return HandlerResult(results)
 
     def _remove(self, removed: Iterable[tuple[bytes | None, int]]) -> Callable[[], None]:
         gone = list(removed)
@@ -502,7 +506,7 @@ class SqliteOutbox:
 
     def _delivered_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
-    ) -> Batch[object]:
+    ) -> HandlerResult[object]:
         ids = [i for payload in payloads for i in payload]
         removed: builtins.list[tuple[bytes | None, int]] = []
         for start in range(0, len(ids), _IN_CHUNK):
@@ -513,11 +517,11 @@ class SqliteOutbox:
                     f"DELETE FROM outbox WHERE id IN ({marks}) RETURNING key, size", chunk
                 ).fetchall()
             )
-        return Batch([None] * len(payloads), self._remove(removed))
+        return HandlerResult([None] * len(payloads), self._remove(removed))
 
     def _failed_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
-    ) -> Batch[object]:
+    ) -> HandlerResult[object]:
         removed: builtins.list[tuple[bytes | None, int]] = []
         quarantined = 0
         now = self._clock()
@@ -550,24 +554,26 @@ class SqliteOutbox:
             with self._lock:
                 self._counts.quarantined += quarantined
 
-        return Batch([None] * len(payloads), apply)
+        return HandlerResult([None] * len(payloads), apply)
 
     def _release_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
-    ) -> Batch[object]:
+    ) -> HandlerResult[object]:
         conn.executemany(
             "UPDATE outbox SET ready_at = ?, last_error = ? WHERE id = ?",
             [item for payload in payloads for item in payload],
         )
-        return Batch([None] * len(payloads))
+        return HandlerResult([None] * len(payloads))
 
     def _oldest_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
-    ) -> Batch[object]:
+    ) -> HandlerResult[object]:
         oldest = _oldest(conn)
-        return Batch([oldest] * len(payloads))
+        return HandlerResult([oldest] * len(payloads))
 
-    def _list_batch(self, conn: sqlite3.Connection, payloads: builtins.list[Any]) -> Batch[object]:
+    def _list_batch(
+        self, conn: sqlite3.Connection, payloads: builtins.list[Any]
+    ) -> HandlerResult[object]:
         results: builtins.list[object] = []
         for payload in payloads:
             limit, offset = payload
@@ -581,11 +587,11 @@ class SqliteOutbox:
                     )
                 ]
             )
-        return Batch(results)
+        return HandlerResult(results)
 
     def _quarantined_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
-    ) -> Batch[object]:
+    ) -> HandlerResult[object]:
         results: builtins.list[object] = []
         for payload in payloads:
             limit, offset = payload
@@ -599,11 +605,11 @@ class SqliteOutbox:
                     )
                 ]
             )
-        return Batch(results)
+        return HandlerResult(results)
 
     def _replay_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
-    ) -> Batch[object]:
+    ) -> HandlerResult[object]:
         results: builtins.list[object] = []
         added: builtins.list[tuple[bytes | None, int]] = []
         for payload in payloads:
@@ -631,9 +637,11 @@ class SqliteOutbox:
                     if key is not None:
                         self._keys[key] = self._keys.get(key, 0) + 1
 
-        return Batch(results, apply)
+        return HandlerResult(results, apply)
 
-    def _purge_batch(self, conn: sqlite3.Connection, payloads: builtins.list[Any]) -> Batch[object]:
+    def _purge_batch(
+        self, conn: sqlite3.Connection, payloads: builtins.list[Any]
+    ) -> HandlerResult[object]:
         results: builtins.list[object] = []
         dropped_q = 0
         removed: builtins.list[tuple[bytes | None, int]] = []
@@ -656,7 +664,7 @@ class SqliteOutbox:
             with self._lock:
                 self._counts.quarantined -= dropped_q
 
-        return Batch(results, apply)
+        return HandlerResult(results, apply)
 
 
 _MULTI_ROWS = 1000  # rows per INSERT statement: 8000 parameters, well under SQLite's limit

@@ -15,12 +15,12 @@ from typing import Any, ClassVar
 
 import pytest
 
+from msgsafe.cli._output import ExitCode, with_options
+from msgsafe.cli.doctor_rabbitmq import _cluster, _Management, _queue_from_api
+from msgsafe.cli.findings import Finding, Severity, exit_code
 from msgsafe.endpoints import parse_url
 from msgsafe.message import Envelope
 from msgsafe.outbox import SqliteOutbox
-from msgsafe.sdk.cli._output import ExitCode, with_options
-from msgsafe.sdk.cli.doctor_rabbitmq import _cluster, _Management, _queue_from_api
-from msgsafe.sdk.cli.findings import Finding, Severity, exit_code
 
 
 def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -165,7 +165,7 @@ def test_send_prints_one_receipt_per_line_and_consume_reads_them() -> None:
     # memory:// lives in one process: send and consume run in the same one here.
     from typer.testing import CliRunner
 
-    from msgsafe.sdk.cli import app
+    from msgsafe.cli import app
 
     runner = CliRunner()
     sent = runner.invoke(app, ["send", "memory://shell", "q", "--no-outbox"], input="a\nb\n")
@@ -238,7 +238,7 @@ def test_management_api_findings() -> None:
 
 
 def test_kafka_rules_follow_the_failure_stories() -> None:
-    from msgsafe.sdk.cli.doctor_kafka import _broker_defaults, _replication, _topic_configs
+    from msgsafe.cli.doctor_kafka import _broker_defaults, _replication, _topic_configs
 
     assert _replication("t", 1).severity is Severity.CRITICAL
     assert _replication("t", 2).severity is Severity.WARNING
@@ -270,7 +270,7 @@ def _json_of(output: str) -> Any:
 def test_verify_excuses_refused_sends(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from msgsafe.sdk.cli import app
+    from msgsafe.cli import app
     from msgsafe.testing import MemoryBroker
 
     MemoryBroker.named("verify-unit").reject_next(3)
@@ -301,8 +301,8 @@ def test_verify_excuses_refused_sends(tmp_path: Path) -> None:
 def test_verify_catches_messages_taken_behind_its_back(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from msgsafe.sdk.cli import app
-    from msgsafe.sdk.consumer import Consumer
+    from msgsafe.cli import app
+    from msgsafe.consumer import Consumer
 
     runner = CliRunner()
     common = ["--count", "60", "--keys", "3", "--run", "r2", "--group", "g", "--json"]

@@ -13,10 +13,10 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from msgsafe.compat import CompatWarning
+from msgsafe.compat._kafka_config import translate_config
 from msgsafe.compat.confluent_kafka import OFFSET_INVALID, STATUS_HEADER, Producer
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError
-from msgsafe.sdk.compat._kafka_config import translate_config
 from msgsafe.testing import MemoryBroker
 
 Report = tuple[KafkaError | None, object, int]

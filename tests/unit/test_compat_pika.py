@@ -11,9 +11,9 @@ import pika as real_pika
 import pytest
 
 from msgsafe.compat import CompatWarning, pika
+from msgsafe.compat._pika_config import connection_url, publish_error
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError, MessageTooLarge, Rejected, Unroutable
-from msgsafe.sdk.compat.pika import connection_url, publish_error
 from msgsafe.testing import MemoryBroker
 
 

@@ -270,18 +270,18 @@ def test_open_store_shares_one_file_within_the_process(tmp_path: Path) -> None:
 
 
 def test_a_read_never_fails_because_a_write_of_its_group_did(tmp_path: Path) -> None:
-    from msgsafe.outbox._writer import Batch, GroupCommitWriter
+    from msgsafe.outbox._writer import GroupCommitWriter, HandlerResult
 
     conn = sqlite3.connect(tmp_path / "w.db", isolation_level=None, check_same_thread=False)
     conn.execute("CREATE TABLE t (x INTEGER)")
     conn.execute("INSERT INTO t VALUES (7)")
 
-    def full_disk(conn: sqlite3.Connection, payloads: list[object]) -> Batch[object]:
+    def full_disk(conn: sqlite3.Connection, payloads: list[object]) -> HandlerResult[object]:
         raise sqlite3.OperationalError("database or disk is full")
 
-    def read(conn: sqlite3.Connection, payloads: list[object]) -> Batch[object]:
+    def read(conn: sqlite3.Connection, payloads: list[object]) -> HandlerResult[object]:
         (value,) = conn.execute("SELECT x FROM t").fetchone()
-        return Batch([value] * len(payloads))
+        return HandlerResult([value] * len(payloads))
 
     writer = GroupCommitWriter(conn, lambda exc: OutboxFull(str(exc)))
     # Queued before the thread starts, so both land in one group.

@@ -75,7 +75,7 @@ def test_messages_of_a_key_in_the_outbox_queue_behind_it(
         assert first.status is Status.STORED
         broker.accept_writes()
         # Past the refusal pause, so only the key barrier holds messages back.
-        p._refused_until = 0.0
+        p._settle.refused_until = 0.0
         receipt = p.send_batch("q", [b"a1", b"b1", b"a2", b"b2"], keys=["a", "b", "a", "b"])
         ids = list(receipt.message_ids)
         assert receipt.status(ids[0]) is Status.STORED
@@ -142,10 +142,10 @@ def test_after_a_refusal_new_sends_go_to_the_outbox_without_trying_the_broker(
         broker.accept_writes()
         # The broker answers again, but the producer is inside its refusal pause: these
         # are stored without a publish (the forwarder brings them over).
-        p._refused_until = float("inf")
+        p._settle.refused_until = float("inf")
         assert p.send("q", b"x").status is Status.STORED
         assert p.send_batch("q", [b"y", b"z"]).stored == 2
-        p._refused_until = 0.0
+        p._settle.refused_until = 0.0
         assert p.drain(timeout=10) == 0
         assert p.send("q", b"after").status is Status.CONFIRMED
     assert sorted(m.body for m in broker.messages("q")) == [b"after", b"probe", b"x", b"y", b"z"]

@@ -33,12 +33,12 @@ from msgsafe.errors import (
     Refused,
     Rejected,
 )
-from msgsafe.sdk.spark import (
-    BatchFailed,
-    BatchReport,
+from msgsafe.spark import (
     ContentIds,
     PartitionPlan,
     PartitionResult,
+    SparkBatchFailed,
+    SparkBatchReport,
     close_all,
     foreach_batch_sink,
     key_id,
@@ -356,14 +356,14 @@ def test_report_sums_partitions_and_counts_retries() -> None:
         PartitionResult(0, 0, rows=10, confirmed=10, stored=0, seconds=0.1),
         PartitionResult(1, 2, rows=5, confirmed=3, stored=2, seconds=0.1),
     ]
-    report = BatchReport.sum(4, "q", results, 0.5)
+    report = SparkBatchReport.sum(4, "q", results, 0.5)
     assert (report.rows, report.confirmed, report.stored, report.failed) == (15, 13, 2, 0)
     assert (report.partitions, report.retried_partitions) == (2, 1)
     assert "15 rows, 13 confirmed, 2 stored, 0 failed" in str(report)
 
 
 def test_errors_and_plans_cross_process_boundaries() -> None:
-    err = pickle.loads(pickle.dumps(BatchFailed("x", batch_id=3, endpoint="kafka://h:1")))
+    err = pickle.loads(pickle.dumps(SparkBatchFailed("x", batch_id=3, endpoint="kafka://h:1")))
     assert (err.batch_id, err.endpoint) == (3, "kafka://h:1")
     plan = PartitionPlan(url="memory://x", target="memory://x", destination="q")
     assert pickle.loads(pickle.dumps(plan)) == plan

@@ -22,7 +22,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 import msgsafe
-from msgsafe.sdk.compat._kafka_config import translate_config
+from msgsafe.compat._kafka_config import translate_config
 from msgsafe.testing.kafka import KafkaCluster
 from tests.integration.compat.legacy import (
     HERE,

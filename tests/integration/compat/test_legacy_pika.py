@@ -13,7 +13,7 @@ import pika
 import pytest
 
 import msgsafe
-from msgsafe.sdk.compat.pika import connection_url
+from msgsafe.compat._pika_config import connection_url
 from msgsafe.testing.rabbitmq import RabbitCluster
 from tests.integration.compat.legacy import (
     HERE,

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from msgsafe.sdk.spark import ContentIds, ForeachBatchSink, foreach_batch_sink, key_id
+from msgsafe.spark import ContentIds, ForeachBatchSink, foreach_batch_sink, key_id
 from msgsafe.testing.kafka import KafkaCluster
 from msgsafe.testing.rabbitmq import RabbitCluster
 from tests.integration.spark._support import (

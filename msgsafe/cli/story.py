@@ -25,13 +25,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol, Self
 
+from msgsafe.cli._output import with_options
+from msgsafe.cli._readback import start_at_beginning
+from msgsafe.consumer import Consumer
 from msgsafe.endpoints import BrokerUrl, parse_url
 from msgsafe.errors import ConfigurationError, MsgsafeError
 from msgsafe.message import Receipt, Status
-from msgsafe.sdk.cli._output import with_options
-from msgsafe.sdk.cli._readback import start_at_beginning
-from msgsafe.sdk.consumer import Consumer
-from msgsafe.sdk.producer import Producer
+from msgsafe.producer import Producer
 
 __all__ = ["DemoConfig", "DemoReport", "Fault", "open_fault", "run_story"]
 

@@ -11,9 +11,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from msgsafe.cli._output import exit_with, out, print_json, translate_errors
+from msgsafe.cli.findings import STORIES, Finding, Severity, exit_code
 from msgsafe.endpoints import parse_url
-from msgsafe.sdk.cli._output import exit_with, out, print_json, translate_errors
-from msgsafe.sdk.cli.findings import STORIES, Finding, Severity, exit_code
 
 __all__ = ["doctor"]
 
@@ -71,15 +71,15 @@ def _check(
     if not isinstance(broker, BrokerUrl):  # pragma: no cover - parse_url returns one
         return []
     if protocol == "kafka":
-        from msgsafe.sdk.cli.doctor_kafka import check_kafka
+        from msgsafe.cli.doctor_kafka import check_kafka
 
         return check_kafka(broker, names)
     if protocol == "rabbitmq":
-        from msgsafe.sdk.cli.doctor_rabbitmq import check_rabbitmq
+        from msgsafe.cli.doctor_rabbitmq import check_rabbitmq
 
         return check_rabbitmq(broker, names, management)
     if protocol == "amqp10":
-        from msgsafe.sdk.cli.doctor_amqp10 import check_amqp10
+        from msgsafe.cli.doctor_amqp10 import check_amqp10
 
         return check_amqp10(broker)
     return [

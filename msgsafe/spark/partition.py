@@ -25,10 +25,10 @@ from types import MappingProxyType
 
 from msgsafe.errors import BatchFailed, ClosedError, InvalidMessage, SendTimeout
 from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status
-from msgsafe.sdk.producer import Producer
-from msgsafe.sdk.spark import producers
-from msgsafe.sdk.spark.ids import ContentIds, key_id
-from msgsafe.sdk.spark.producers import SinkOutbox
+from msgsafe.producer import Producer
+from msgsafe.spark import producers
+from msgsafe.spark.ids import ContentIds, key_id
+from msgsafe.spark.producers import SinkOutbox
 
 __all__ = ["PartitionPlan", "PartitionResult", "publish_partition"]
 

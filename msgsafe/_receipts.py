@@ -1,9 +1,15 @@
-"""The producer's bookkeeping for one batch: a future for the caller, a report for the
-transport (:class:`msgsafe.ports.BatchReport`), one small object per detour.
+"""The receipts transports report to: one future per message, one per batch.
 
-A batch costs a handful of objects however many messages it holds: the transport
-reports confirmations in counts, and only a message that takes a detour (to the outbox,
-or out with an error) gets an object of its own.
+:class:`Send` is the receipt future of one message and, at the same time, the callback
+its transport reports to (:data:`msgsafe.ports.PublishCallback`). :class:`BatchSend` is
+the future of one batch and the :class:`msgsafe.ports.BatchReport` its transport calls;
+a batch costs a handful of objects however many messages it holds, because the transport
+reports confirmations in counts and only a message that takes a detour (to the outbox,
+or out with an error) gets an object of its own (:class:`BatchPart`).
+
+Receipts decide nothing themselves: they hand every outcome to their
+:class:`ReceiptOwner` (the producer's :class:`~msgsafe._settlement.Settlement`), which
+resolves, stores or fails the message and counts it for ``flush()``.
 """
 
 from __future__ import annotations
@@ -11,25 +17,97 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Protocol
 
 from msgsafe._futures import LightFuture
 from msgsafe.errors import BatchFailed, MsgsafeError, OutboxError
-from msgsafe.message import Batch, BatchReceipt, Envelope
+from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status, new_receipt
 
-__all__ = ["BatchPart", "BatchSend", "OneOfBatch", "SubsetReport"]
+__all__ = [
+    "BatchPart",
+    "BatchSend",
+    "OneOfBatch",
+    "ReceiptOwner",
+    "Send",
+    "StoreItem",
+    "SubsetReport",
+    "with_id",
+]
 
 
-class BatchOwner(Protocol):
-    """What a batch needs from its producer."""
+class ReceiptOwner(Protocol):
+    """What a receipt reports to (the producer's bookkeeping)."""
 
-    def _detour(self, send: BatchSend, index: int, error: MsgsafeError) -> bool:
-        """Take message ``index`` to the outbox after ``error``; False if it cannot go."""
+    def published(self, send: Send, error: BaseException | None) -> None:
+        """The transport's outcome for one message: ``None`` when the broker confirmed."""
         ...
 
-    def _settled(self, units: int) -> None:
-        """``units`` sends are finished (what ``flush()`` counts)."""
+    def detour(self, send: BatchSend, index: int, error: MsgsafeError) -> bool:
+        """Take message ``index`` of a batch to the outbox after ``error``; False if it
+        cannot go there (no outbox, or a permanent error)."""
         ...
+
+    def settled(self, units: int) -> None:
+        """``units`` sends (messages or batches) are finished: what ``flush()`` counts."""
+        ...
+
+
+class StoreItem(Protocol):
+    """What the outbox writer's queue holds: a single send or one message of a batch."""
+
+    @property
+    def envelope(self) -> Envelope: ...
+
+    def stored(self, error: OutboxError | None) -> int:
+        """Settle with the writer's outcome; returns how many flush() units finished."""
+        ...
+
+
+def with_id(error: MsgsafeError, message_id: str) -> MsgsafeError:
+    """A copy of ``error`` naming ``message_id``: transports share one error object for
+    many messages, and each receipt's error must name its own message."""
+    clone = copy.copy(error)
+    clone.message_id = message_id
+    return clone
+
+
+class Send(LightFuture[Receipt]):
+    """The receipt future of one message, which is also what its transport reports to.
+
+    One object per message carries the envelope, the outcome and the caller's
+    callbacks: no second future, no closure (the cyclic GC walks every container
+    object while messages are in flight, so each one costs on every send).
+    """
+
+    __slots__ = ("envelope", "owner")
+
+    def __init__(self, owner: ReceiptOwner, envelope: Envelope) -> None:
+        super().__init__()
+        self.owner = owner
+        self.envelope = envelope
+
+    def cancel(self) -> bool:
+        """Always False: the message is already on its way (to the broker or the
+        outbox) and the receipt is the only way to learn where it ended."""
+        return False
+
+    def __call__(self, error: BaseException | None) -> None:
+        # The transport's report (see msgsafe.ports.CallbackTransport).
+        self.owner.published(self, error)
+
+    def transport_done(self, future: Future[None]) -> None:
+        # The same report from a transport that only returns futures.
+        self.owner.published(self, future.exception())
+
+    def stored(self, error: OutboxError | None) -> int:
+        """The outbox writer's outcome for this message (see :class:`StoreItem`)."""
+        env = self.envelope
+        if error is None:
+            self.set_result(new_receipt(env.message_id, Status.STORED, env.destination))
+        else:
+            self.set_exception(with_id(error, env.message_id))
+        return 1
 
 
 class BatchSend(LightFuture[BatchReceipt]):
@@ -44,7 +122,7 @@ class BatchSend(LightFuture[BatchReceipt]):
 
     __slots__ = ("_count_lock", "_errors", "_owner", "_remaining", "_stored", "batch")
 
-    def __init__(self, owner: BatchOwner, batch: Batch) -> None:
+    def __init__(self, owner: ReceiptOwner, batch: Batch) -> None:
         super().__init__()
         self.batch = batch
         self._owner = owner
@@ -70,7 +148,7 @@ class BatchSend(LightFuture[BatchReceipt]):
     def failed(self, index: int, error: MsgsafeError) -> None:
         """Message ``index`` was not confirmed: the outbox takes it if it can, otherwise
         it is reported as failed."""
-        if self._owner._detour(self, index, error):
+        if self._owner.detour(self, index, error):
             return
         self._fail(index, error)
 
@@ -91,9 +169,7 @@ class BatchSend(LightFuture[BatchReceipt]):
 
     def _fail(self, index: int, error: MsgsafeError) -> None:
         message_id = self.batch.message_ids[index]
-        # One error object per message: transports share one for many messages.
-        own = copy.copy(error)
-        own.message_id = message_id
+        own = with_id(error, message_id)
         with self._count_lock:
             self._errors[message_id] = own
             self._remaining -= 1
@@ -123,7 +199,7 @@ class BatchSend(LightFuture[BatchReceipt]):
                     )
                 )
         finally:
-            self._owner._settled(1)
+            self._owner.settled(1)
 
 
 class BatchPart:

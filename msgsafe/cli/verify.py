@@ -28,9 +28,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from msgsafe.errors import MsgsafeError
-from msgsafe.message import Receipt
-from msgsafe.sdk.cli._output import (
+from msgsafe.cli._output import (
     ExitCode,
     err,
     exit_with,
@@ -40,9 +38,11 @@ from msgsafe.sdk.cli._output import (
     translate_errors,
     with_options,
 )
-from msgsafe.sdk.cli._readback import start_at_beginning
-from msgsafe.sdk.consumer import Consumer
-from msgsafe.sdk.producer import Producer
+from msgsafe.cli._readback import start_at_beginning
+from msgsafe.consumer import Consumer
+from msgsafe.errors import MsgsafeError
+from msgsafe.message import Receipt
+from msgsafe.producer import Producer
 
 __all__ = ["StreamCounts", "verify"]
 

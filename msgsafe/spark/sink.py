@@ -5,7 +5,7 @@
 (``sink(df, batch_id)``). Each call checks the column types before anything is sent,
 publishes every partition through :func:`~.partition.publish_partition` (a task fails
 when any of its rows is not safe, and Spark retries it), and returns a
-:class:`BatchReport` summed from the successful task attempts.
+:class:`SparkBatchReport` summed from the successful task attempts.
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ from typing import Any
 
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError, InvalidMessage, MissingExtra, MsgsafeError
-from msgsafe.sdk.spark.partition import PartitionPlan, PartitionResult, publish_partition
-from msgsafe.sdk.spark.producers import SinkOutbox
+from msgsafe.spark.partition import PartitionPlan, PartitionResult, publish_partition
+from msgsafe.spark.producers import SinkOutbox
 
-__all__ = ["BatchFailed", "BatchReport", "ForeachBatchSink", "foreach_batch_sink"]
+__all__ = ["SparkBatchFailed", "SparkBatchReport", "ForeachBatchSink", "foreach_batch_sink"]
 
 log = logging.getLogger("msgsafe.spark")
 
 _ERROR_LINE = re.compile(r"msgsafe\.errors\.\w+: [^\n]*")
 
 
-class BatchFailed(MsgsafeError):
+class SparkBatchFailed(MsgsafeError):
     """A batch could not be made safe even after Spark's task retries; run it again with
     the same batch id (rows already published keep their ids, so consumers drop them)."""
 
@@ -52,11 +52,11 @@ class BatchFailed(MsgsafeError):
 
 
 @dataclass(frozen=True, slots=True)
-class BatchReport:
+class SparkBatchReport:
     """What one batch did, summed over the successful task attempts.
 
     ``rows`` = ``confirmed`` + ``stored`` + ``failed``; ``failed`` is 0 whenever the
-    call returns (a batch with a row that is not safe raises :class:`BatchFailed`).
+    call returns (a batch with a row that is not safe raises :class:`SparkBatchFailed`).
     ``retried_partitions`` counts partitions whose successful attempt was not the first.
     """
 
@@ -73,7 +73,7 @@ class BatchReport:
     @classmethod
     def sum(
         cls, batch_id: int, destination: str, results: Sequence[PartitionResult], seconds: float
-    ) -> BatchReport:
+    ) -> SparkBatchReport:
         """The report of a batch whose tasks returned ``results``."""
         rows = sum(r.rows for r in results)
         confirmed = sum(r.confirmed for r in results)
@@ -191,10 +191,10 @@ class ForeachBatchSink:
         self._receipt_timeout = receipt_timeout
         self._lock = threading.Lock()
         #: Reports of the most recent batches, oldest first.
-        self.reports: deque[BatchReport] = deque(maxlen=1000)
+        self.reports: deque[SparkBatchReport] = deque(maxlen=1000)
 
     @property
-    def last_report(self) -> BatchReport | None:
+    def last_report(self) -> SparkBatchReport | None:
         """The report of the latest successful batch, or None."""
         return self.reports[-1] if self.reports else None
 
@@ -271,12 +271,12 @@ class ForeachBatchSink:
         )
         return names, plan
 
-    def __call__(self, df: Any, batch_id: int) -> BatchReport:
+    def __call__(self, df: Any, batch_id: int) -> SparkBatchReport:
         """Publish every row of ``df`` as batch ``batch_id``; return when all are safe.
 
         ``batch_id`` is part of every message id: a streaming query passes its
         micro-batch id; a batch job should pass a stable number of its own (e.g. the run
-        date) so that re-running it deduplicates. Raises :class:`BatchFailed` when a
+        date) so that re-running it deduplicates. Raises :class:`SparkBatchFailed` when a
         partition still fails after Spark's task retries.
         """
         if isinstance(batch_id, bool) or not isinstance(batch_id, int):
@@ -294,14 +294,14 @@ class ForeachBatchSink:
                     raise
                 except Exception as exc:
                     raise self._failed(batch_id, exc) from exc
-            report = BatchReport.sum(
+            report = SparkBatchReport.sum(
                 batch_id, self._destination, results, time.monotonic() - started
             )
             self.reports.append(report)
         log.info("%s", report)
         return report
 
-    def _failed(self, batch_id: int, exc: Exception) -> BatchFailed:
+    def _failed(self, batch_id: int, exc: Exception) -> SparkBatchFailed:
         text = str(exc)
         causes = _ERROR_LINE.findall(text)
         cause = causes[-1] if causes else (text.strip().splitlines() or [type(exc).__name__])[0]
@@ -310,7 +310,7 @@ class ForeachBatchSink:
             f"task retries ({cause[:500]}); run it again with the same batch id"
         )
         log.error("%s", message)
-        return BatchFailed(message, batch_id=batch_id, endpoint=self._target)
+        return SparkBatchFailed(message, batch_id=batch_id, endpoint=self._target)
 
     def __repr__(self) -> str:
         return f"ForeachBatchSink({self._target!r}, {self._destination!r})"
@@ -337,7 +337,7 @@ def foreach_batch_sink(
     partitioning; equal id columns mean the same message) or, without ``id_cols``, from
     the row's content, partition and rank among identical rows (exact when a replay
     partitions the batch the same way, as a micro-batch replay does); see
-    :mod:`msgsafe.sdk.spark.ids`. Consumers with ``dedup=`` drop the repeats of a
+    :mod:`msgsafe.spark.ids`. Consumers with ``dedup=`` drop the repeats of a
     replayed batch.
 
     ``outbox=False`` (default): a broker failure fails the task and Spark's task retry is

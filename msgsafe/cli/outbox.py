@@ -19,10 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from msgsafe.adapters import open_transport
-from msgsafe.endpoints import parse_url
-from msgsafe.message import Envelope
-from msgsafe.outbox import Forwarder, SqliteOutbox
-from msgsafe.sdk.cli._output import (
+from msgsafe.cli._output import (
     ExitCode,
     err,
     exit_with,
@@ -32,6 +29,9 @@ from msgsafe.sdk.cli._output import (
     print_json,
     translate_errors,
 )
+from msgsafe.endpoints import parse_url
+from msgsafe.message import Envelope
+from msgsafe.outbox import Forwarder, SqliteOutbox
 
 __all__ = ["app"]
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import typer
 
-from msgsafe.sdk.cli import demo, doctor, outbox, shell, verify
+from msgsafe.cli import demo, doctor, outbox, shell, verify
 
 __all__ = ["app", "main"]
 

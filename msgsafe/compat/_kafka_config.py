@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
+from msgsafe.adapters._config import _coerce
 from msgsafe.errors import ConfigurationError
 from msgsafe.outbox.location import OutboxSpec
 
@@ -215,13 +216,5 @@ def options_for(url_protocol: str, options: Mapping[str, Any]) -> dict[str, Any]
 
 
 def _number(name: str, value: object) -> float:
-    if isinstance(value, bool):
-        raise ConfigurationError(f"{name!r} must be a number")
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    raise ConfigurationError(f"{name!r} must be a number")
+    # The adapters' conversion: one set of rules for URL options and librdkafka values.
+    return cast(float, _coerce(name, value, float))

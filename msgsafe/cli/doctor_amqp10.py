@@ -7,9 +7,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from msgsafe.cli.findings import Finding, Severity
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import ConnectError, MissingExtra
-from msgsafe.sdk.cli.findings import Finding, Severity
 
 __all__ = ["check_amqp10"]
 

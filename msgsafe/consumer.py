@@ -9,11 +9,11 @@ from types import TracebackType
 from typing import Self
 
 from msgsafe.adapters import open_receiver
+from msgsafe.dedup import DedupWindow
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ClosedError, ConfigurationError
 from msgsafe.message import Delivery, Outcome
 from msgsafe.ports import Receiver
-from msgsafe.sdk.dedup import DedupWindow
 
 __all__ = ["Consumer"]
 

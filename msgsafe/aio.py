@@ -13,8 +13,8 @@ from typing import Self
 
 from msgsafe.errors import SendTimeout
 from msgsafe.message import BatchReceipt, Envelope, Receipt
+from msgsafe.producer import OutboxSpec, Producer
 from msgsafe.retry import RetryPolicy
-from msgsafe.sdk.producer import OutboxSpec, Producer
 
 __all__ = ["AsyncProducer"]
 

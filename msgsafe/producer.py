@@ -3,59 +3,34 @@
 ``send()`` returns a :class:`~msgsafe.Receipt` only when the message is safe — confirmed
 by the broker, or committed to the local outbox — and otherwise raises a typed error
 while the caller still owns the message. There is no third outcome.
+
+This module is the caller's side: input checks, and the route of each message (to the
+transport, or behind the outbox barrier). The bookkeeping every receipt reports to —
+settling, the flush count, the barrier, the outbox writer — is
+:class:`msgsafe._settlement.Settlement`; the receipts are in :mod:`msgsafe._receipts`.
 """
 
 from __future__ import annotations
 
-import copy
-import itertools
-import logging
-import math
-import os
-import queue
-import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
 from typing import Any, Protocol, Self
 
-from msgsafe._futures import LightFuture
+from msgsafe._receipts import BatchPart, BatchSend, OneOfBatch, Send, SubsetReport
+from msgsafe._settlement import Settlement
 from msgsafe.adapters import open_transport
 from msgsafe.endpoints import parse_url
-from msgsafe.errors import (
-    ClosedError,
-    ConfigurationError,
-    MsgsafeError,
-    OutboxError,
-    SendTimeout,
-    TransientError,
-)
+from msgsafe.errors import ClosedError, ConfigurationError, MsgsafeError, SendTimeout
 from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status, new_receipt
+from msgsafe.outbox import Forwarder
+from msgsafe.outbox.location import OutboxSpec, open_store
 from msgsafe.ports import OutboxStore, PublishCallback, Transport
 from msgsafe.retry import RetryPolicy
-from msgsafe.sdk._batch import BatchPart, BatchSend, OneOfBatch, SubsetReport
 
 __all__ = ["OutboxSpec", "Producer"]
-
-log = logging.getLogger("msgsafe.producer")
-
-#: Seconds after a transient failure during which new sends go straight to the outbox
-#: instead of to the broker (renewed by every further failure). One send per period
-#: probes the broker; the forwarder's own backoff governs the rest.
-_REFUSAL_PAUSE_S = 0.5
-
-#: ``True`` (default file), ``False``/``None`` (no outbox), a path, or a store object.
-OutboxSpec = bool | str | os.PathLike[str] | OutboxStore | None
-
-
-class _Forwarder(Protocol):
-    def start(self) -> None: ...
-    def wake(self) -> None: ...
-    def drain(self, timeout: float | None = None) -> int: ...
-    def pending(self) -> int: ...
-    def stop(self, timeout: float | None = None) -> None: ...
 
 
 class _TransactionalStore(Protocol):
@@ -68,55 +43,6 @@ class _PublishWithCallback(Protocol):
 
 class _PublishBatch(Protocol):
     def __call__(self, batch: Batch, report: Any) -> None: ...
-
-
-class _StoreItem(Protocol):
-    """What the outbox writer's queue holds: a single send or one message of a batch."""
-
-    @property
-    def envelope(self) -> Envelope: ...
-
-    def stored(self, error: OutboxError | None) -> int:
-        """Settle with the writer's outcome; returns how many flush() units finished."""
-        ...
-
-
-class _Send(LightFuture[Receipt]):
-    """The receipt future of one message, which is also what its transport reports to.
-
-    One object per message carries the envelope, the outcome and the caller's
-    callbacks: no second future, no closure (the cyclic GC walks every container
-    object while messages are in flight, so each one costs on every send).
-    """
-
-    __slots__ = ("envelope", "producer")
-
-    def __init__(self, producer: Producer, envelope: Envelope) -> None:
-        super().__init__()
-        self.producer = producer
-        self.envelope = envelope
-
-    def cancel(self) -> bool:
-        """Always False: the message is already on its way (to the broker or the
-        outbox) and the receipt is the only way to learn where it ended."""
-        return False
-
-    def __call__(self, error: BaseException | None) -> None:
-        # The transport's report (see msgsafe.ports.CallbackTransport).
-        self.producer._on_publish(self, error)
-
-    def transport_done(self, future: Future[None]) -> None:
-        # The same report from a transport that only returns futures.
-        self.producer._on_publish(self, future.exception())
-
-    def stored(self, error: OutboxError | None) -> int:
-        """The outbox writer's outcome for this message (see ``_StoreItem``)."""
-        env = self.envelope
-        if error is None:
-            self.set_result(new_receipt(env.message_id, Status.STORED, env.destination))
-        else:
-            self.set_exception(_with_id(error, env.message_id))
-        return 1
 
 
 class Producer:
@@ -146,24 +72,8 @@ class Producer:
         self._url = parse_url(url)
         self._send_timeout = send_timeout
         self._closed = False
-        self._lock = threading.Lock()
-        # What flush() waits for: every send takes a ticket (``next()`` is atomic, so
-        # sending takes no lock), settling counts under _lock; flush() takes a ticket
-        # too, to read the count, and remembers it in _spent.
-        self._tickets = itertools.count(1)
-        self._spent = 0
-        self._settled_total = 0
-        #: The smallest settled count a flush() waits for (inf: nobody waits).
-        self._wake_at = math.inf
-        self._all_done = threading.Condition(self._lock)
-        #: Keys with a message on its way to the outbox (the barrier before has_key is true).
-        self._detouring: dict[bytes, int] = {}
         self._store: OutboxStore | None = None
-        self._forwarder: _Forwarder | None = None
-        self._store_queue: queue.SimpleQueue[_StoreItem | None] = queue.SimpleQueue()
-        #: monotonic() until which new sends go straight to the outbox (0: not paused).
-        self._refused_until = 0.0
-        self._storer: threading.Thread | None = None
+        self._forwarder: Forwarder | None = None
         self._transport: Transport = open_transport(self._url, options)
         #: The transport's callback seam when it has one (no future per message).
         self._publish_callback: _PublishWithCallback | None = getattr(
@@ -172,16 +82,16 @@ class Producer:
         #: The transport's batch seam when it has one (see msgsafe.ports.BatchTransport).
         self._publish_batch: _PublishBatch | None = getattr(self._transport, "publish_batch", None)
         try:
-            self._store = _open_outbox(outbox, self._url)
+            self._store = open_store(outbox, self._url)
+            self._settle = Settlement(self._store)
+            # The hot path reads these directly (the same objects as the settlement's).
+            self._lock = self._settle.lock
+            self._tickets = self._settle.tickets
+            self._detouring = self._settle.detouring
             if self._store is not None:
-                from msgsafe.outbox import Forwarder
-
                 self._forwarder = Forwarder(self._store, self._transport, policy=retry)
                 self._forwarder.start()
-                self._storer = threading.Thread(
-                    target=self._store_loop, name="msgsafe-outbox-writer", daemon=True
-                )
-                self._storer.start()
+                self._settle.start(self._forwarder.wake)
         except BaseException:
             self._transport.close(0)
             if self._store is not None:
@@ -315,23 +225,24 @@ class Producer:
     def submit_batch(self, batch: Batch) -> Future[BatchReceipt]:
         """Send a prepared :class:`~msgsafe.message.Batch` (its ids kept): the hook for
         sinks that build columns themselves."""
-        send = BatchSend(self, batch)
+        settle = self._settle
+        send = BatchSend(settle, batch)
         count = len(batch)
         if not count:
             send.set_result(BatchReceipt(batch.destination, ()))
             return send
         keys = batch.keys
         store = self._store
-        paused = store is not None and self._refused_until > 0.0 and self._paused_by_refusal()
+        paused = store is not None and settle.refused_until > 0.0 and settle.paused()
         next(self._tickets)
         with self._lock:
             if self._closed:
-                self._settle_locked(1)
+                settle.settle_locked(1)
                 raise ClosedError("producer is closed")
             if paused:
                 held: list[int] | None = list(range(count))
             elif keys is not None and store is not None:
-                held = self._held_by_barrier(keys)
+                held = settle.held_by_barrier(keys)
             else:
                 held = None
             if held:
@@ -344,26 +255,12 @@ class Producer:
             self._publish_batch_part(batch, send)
             return send
         for index in held:
-            self._store_queue.put(BatchPart(send, index))
+            settle.hold(BatchPart(send, index))
         if len(held) < count:
             taken = set(held)
             rest = [i for i in range(count) if i not in taken]
             self._publish_batch_part(batch.select(rest), SubsetReport(send, rest))
         return send
-
-    def _held_by_barrier(self, keys: Sequence[bytes | None]) -> list[int]:
-        """Indexes of the messages whose key has a message in (or on its way to) the
-        outbox: they queue behind it (under ``_lock``)."""
-        store = self._store
-        detouring = self._detouring
-        if store is None:
-            return []
-        barred = {
-            key for key in set(keys) if key is not None and (key in detouring or store.has_key(key))
-        }
-        if not barred:
-            return []
-        return [i for i, key in enumerate(keys) if key in barred]
 
     def _publish_batch_part(self, batch: Batch, report: BatchSend | SubsetReport) -> None:
         if self._publish_batch is not None:
@@ -379,24 +276,6 @@ class Producer:
                     lambda f, one=one: one(_error_of(f))  # type: ignore[misc]
                 )
 
-    def _detour(self, send: BatchSend, index: int, error: MsgsafeError) -> bool:
-        """Message ``index`` of a batch failed with ``error``: the outbox takes it when
-        the error is transient and there is an outbox (True), otherwise False."""
-        if not isinstance(error, TransientError) or self._store is None:
-            return False
-        self._to_outbox(BatchPart(send, index))
-        return True
-
-    def _to_outbox(self, item: _StoreItem) -> None:
-        """After a transient failure: pause sending, hold the item's key behind the
-        barrier, and queue the item for the outbox writer."""
-        self._refused_until = time.monotonic() + _REFUSAL_PAUSE_S
-        key = item.envelope.key
-        if key is not None:
-            with self._lock:
-                self._detouring[key] = self._detouring.get(key, 0) + 1
-        self._store_queue.put(item)
-
     def _submit(self, envelope: Envelope, transaction: Any) -> Future[Receipt]:
         if transaction is not None and getattr(self._store, "put_in", None) is None:
             if self._closed:
@@ -404,16 +283,17 @@ class Producer:
             raise ConfigurationError(
                 "send(transaction=...) needs a transactional outbox (msgsafe.outbox.PostgresOutbox)"
             )
-        result = _Send(self, envelope)
+        settle = self._settle
+        result = Send(settle, envelope)
         key = envelope.key
         store = self._store
         # NOTE: no Python-level call inside the lock: the interpreter may hand the GIL to
         # another thread at one, and every sender would then queue on this lock.
-        paused = transaction is None and self._refused_until > 0.0 and self._paused_by_refusal()
+        paused = transaction is None and settle.refused_until > 0.0 and settle.paused()
         next(self._tickets)
         if self._closed:
             # Counted, then settled: a close() that read the count does not wait for it.
-            self._settled(1)
+            settle.settled(1)
             raise ClosedError("producer is closed", message_id=envelope.message_id)
         # A transactional send goes to the store whatever the barrier says, and nothing
         # would release a barrier count taken for it (the writer thread never sees it).
@@ -442,150 +322,39 @@ class Producer:
             # NOTE: an earlier message of this key waits in the outbox (sending this one
             # now would overtake it: per-key order), or the broker refused a moment ago
             # (sending would only hammer it): it queues behind, in the outbox.
-            self._store_queue.put(result)
+            settle.hold(result)
         elif self._publish_callback is not None:
             self._publish_callback(envelope, result)
         else:
             self._transport.publish(envelope).add_done_callback(result.transport_done)
         return result
 
-    def _put_in_transaction(self, connection: Any, result: _Send) -> None:
+    def _put_in_transaction(self, connection: Any, result: Send) -> None:
         store: _TransactionalStore = self._store  # type: ignore[assignment]
         envelope = result.envelope
         try:
             store.put_in(connection, [envelope])
         except MsgsafeError as exc:
-            self._resolve(result, None, exc)
+            self._settle.resolve(result, None, exc)
         except BaseException:
             # Not a msgsafe error (e.g. the driver's): it reaches the caller of send()
             # directly, the future is never returned, and flush() must not wait for it.
-            self._settled(1)
+            self._settle.settled(1)
             raise
         else:
-            self._resolve(
+            self._settle.resolve(
                 result, new_receipt(envelope.message_id, Status.STORED, envelope.destination)
             )
             # Rows appear when the caller commits; the forwarder polls, wake() only hints.
             if self._forwarder is not None:
                 self._forwarder.wake()
 
-    def _resolve(
-        self, result: _Send, receipt: Receipt | None, error: BaseException | None = None
-    ) -> None:
-        """Resolve one receipt future, then count it settled for flush()."""
-        try:
-            if error is None:
-                result.set_result(receipt)  # type: ignore[arg-type]
-            else:
-                result.set_exception(error)
-        finally:
-            self._settled(1)
-
-    def _on_publish(self, result: _Send, exc: BaseException | None) -> None:
-        # Runs on the adapter's I/O thread (or the caller's): no blocking work here.
-        envelope = result.envelope
-        if exc is None:
-            self._resolve(
-                result, new_receipt(envelope.message_id, Status.CONFIRMED, envelope.destination)
-            )
-            return
-        if isinstance(exc, TransientError) and self._store is not None:
-            log.debug("storing %s after %s", envelope.message_id, type(exc).__name__)
-            self._to_outbox(result)
-            return
-        if isinstance(exc, MsgsafeError):
-            exc.message_id = exc.message_id or envelope.message_id
-        self._resolve(result, None, exc)
-
-    def _store_loop(self) -> None:
-        """The outbox writer: batches whatever is queued into one durable put."""
-        store = self._store
-        if store is None:  # pragma: no cover - thread only started with a store
-            return
-        while True:
-            item = self._store_queue.get()
-            if item is None:
-                return
-            batch = [item]
-            while len(batch) < 1000:
-                try:
-                    nxt = self._store_queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self._store_queue.put(None)
-                    break
-                batch.append(nxt)
-            error: OutboxError | None = None
-            try:
-                store.put([item.envelope for item in batch])
-            except OutboxError as exc:
-                error = exc
-            except Exception as exc:  # the writer thread must never die
-                error = OutboxError(f"outbox write failed: {type(exc).__name__}: {exc}")
-            self._settle_stored(batch, error)
-            if error is None and self._forwarder is not None:
-                self._forwarder.wake()
-
-    def _settle_stored(self, batch: list[_StoreItem], error: OutboxError | None) -> None:
-        """Resolve a batch the writer stored (or failed to): one lock for the whole
-        batch's key barrier, one for the flush() count, none held while looping over
-        unkeyed messages (senders would wait on it)."""
-        keys = [item.envelope.key for item in batch if item.envelope.key is not None]
-        if keys:
-            with self._lock:
-                detouring = self._detouring
-                for key in keys:
-                    left = detouring.get(key, 0) - 1
-                    if left > 0:
-                        detouring[key] = left
-                    else:
-                        detouring.pop(key, None)
-        settled = 0
-        try:
-            for item in batch:
-                settled += item.stored(error)
-        finally:
-            self._settled(settled)
-
-    def _settled(self, units: int) -> None:
-        """``units`` sends (messages or batches) are finished: what flush() waits for."""
-        if units:
-            with self._lock:
-                self._settle_locked(units)
-
-    def _settle_locked(self, units: int) -> None:
-        self._settled_total += units
-        if self._settled_total >= self._wake_at:
-            self._wake_at = math.inf
-            self._all_done.notify_all()
-
-    def _paused_by_refusal(self) -> bool:
-        """True while new sends should go straight to the outbox."""
-        until = self._refused_until
-        if time.monotonic() < until:
-            return True
-        if self._refused_until == until:
-            # A failure in between may have renewed the pause: keep a newer value.
-            self._refused_until = 0.0
-        return False
-
     # --- outbox -----------------------------------------------------------------------------
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every ``send_async`` so far is settled (confirmed, stored or
         failed). Returns False if ``timeout`` passed first."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            target = next(self._tickets) - 1 - self._spent
-            self._spent += 1
-            while self._settled_total < target:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._wake_at = min(self._wake_at, target)
-                self._all_done.wait(left)
-            return True
+        return self._settle.wait(timeout)
 
     def drain(self, timeout: float | None = None) -> int:
         """Forward the outbox now, for up to ``timeout`` seconds; returns how many remain."""
@@ -634,9 +403,7 @@ class Producer:
         self.flush(left())
         if self._forwarder is not None:
             self._forwarder.stop(left())
-        if self._storer is not None:
-            self._store_queue.put(None)
-            self._storer.join(left())
+        self._settle.stop(left())
         self._transport.close(left())
         if self._store is not None:
             self._store.close()
@@ -657,23 +424,8 @@ class Producer:
         return f"Producer({self._url.redacted()!r}, {state})"
 
 
-def _open_outbox(spec: OutboxSpec, url: Any) -> OutboxStore | None:
-    if spec is None or spec is False:
-        return None
-    from msgsafe.outbox import open_store
-
-    return open_store(spec, url)
-
-
 def _error_of(future: Future[None]) -> MsgsafeError | None:
     exc = future.exception()
     if exc is None or isinstance(exc, MsgsafeError):
         return exc
     return MsgsafeError(f"{type(exc).__name__}: {exc}")
-
-
-def _with_id(exc: MsgsafeError, message_id: str) -> MsgsafeError:
-    # One error object per future: each carries its own message id.
-    clone = copy.copy(exc)
-    clone.message_id = message_id
-    return clone

@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from msgsafe.sdk.cli._output import ExitCode
+from msgsafe.cli._output import ExitCode
 
 __all__ = ["STORIES", "Finding", "Severity", "exit_code"]
 

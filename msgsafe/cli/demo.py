@@ -20,8 +20,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from msgsafe.endpoints import parse_url
-from msgsafe.sdk.cli._output import (
+from msgsafe.cli._output import (
     ExitCode,
     err,
     exit_with,
@@ -30,7 +29,7 @@ from msgsafe.sdk.cli._output import (
     print_json,
     translate_errors,
 )
-from msgsafe.sdk.cli.story import (
+from msgsafe.cli.story import (
     DemoConfig,
     DemoReport,
     EmbeddedKafka,
@@ -38,6 +37,7 @@ from msgsafe.sdk.cli.story import (
     open_fault,
     run_story,
 )
+from msgsafe.endpoints import parse_url
 
 __all__ = ["demo"]
 

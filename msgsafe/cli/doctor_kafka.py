@@ -8,9 +8,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from msgsafe.cli.findings import Finding, Severity
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import ConnectError, MissingExtra
-from msgsafe.sdk.cli.findings import Finding, Severity
 
 __all__ = ["check_kafka"]
 

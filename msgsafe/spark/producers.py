@@ -25,9 +25,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from msgsafe._callbacks import call_logged
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError, OutboxError, OutboxLocked
-from msgsafe.sdk.producer import Producer
+from msgsafe.producer import Producer
 
 __all__ = ["OUTBOX_SLOTS", "SinkOutbox", "close_all", "discard", "outbox_slot", "producer_for"]
 
@@ -117,10 +118,8 @@ def close_all(timeout: float | None = 30.0) -> None:
         producers = list(_producers.values())
         _producers.clear()
     for producer in producers:
-        try:
-            producer.close(timeout)
-        except Exception:  # interpreter exit: close the others regardless
-            log.exception("closing %r failed", producer)
+        # At interpreter exit: one failing must not keep the others open.
+        call_logged(log, f"closing {producer!r}", producer.close, timeout)
 
 
 atexit.register(close_all)

@@ -18,9 +18,7 @@ from typing import Annotated
 
 import typer
 
-from msgsafe.errors import MsgsafeError
-from msgsafe.message import Delivery, Receipt
-from msgsafe.sdk.cli._output import (
+from msgsafe.cli._output import (
     ExitCode,
     err,
     exit_with,
@@ -29,8 +27,10 @@ from msgsafe.sdk.cli._output import (
     translate_errors,
     with_options,
 )
-from msgsafe.sdk.consumer import Consumer
-from msgsafe.sdk.producer import Producer
+from msgsafe.consumer import Consumer
+from msgsafe.errors import MsgsafeError
+from msgsafe.message import Delivery, Receipt
+from msgsafe.producer import Producer
 
 __all__ = ["consume", "send"]
 

@@ -20,9 +20,9 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
+from msgsafe.cli.findings import Finding, Severity
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import AuthenticationError, ConnectError, MissingExtra
-from msgsafe.sdk.cli.findings import Finding, Severity
 
 __all__ = ["check_rabbitmq"]
 
