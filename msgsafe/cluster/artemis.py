@@ -1,0 +1,578 @@
+"""An ActiveMQ Artemis primary/backup pair with replication, on loopback.
+
+The distribution (``org.apache.activemq:apache-artemis:<version>:tar.gz:bin``) comes from
+Maven Central once, unpacked into the cache by ``poms/artemis-<version>.xml``. Each node
+is a broker instance made by ``bin/artemis create`` in ``dir/node<i>`` (users, roles,
+JAAS and logging files) whose ``etc/broker.xml`` is then written here: node 0 is the
+*primary*, node 1 its *backup*, with ``ha-policy`` replication (``check-for-active-server``
+on the primary, ``allow-failback`` and ``restart-backup`` on the backup), a persistent NIO
+journal in the node's ``data/`` and automatic creation of a durable anycast queue for any
+address a client sends to first.
+
+One acceptor per node speaks CORE and AMQP on one port. It carries the AMQP clients and the
+replication, and it is also the connector the cluster announces: the primary advertises
+its backup in the AMQP open frame (``failover-server-list``) with exactly that host and
+port, so an AMQP client that follows the list lands on a port that speaks AMQP.
+
+The JVM runs directly (``java ... org.apache.activemq.artemis.boot.Artemis run``) so that
+the pid kept here is the broker's own: ``kill`` is SIGKILL and ``pause`` SIGSTOP of the
+broker, not of a shell script. Roles come from the broker's log since the node's last
+start: a node is ``live`` once it logged that it is active and its acceptor answers,
+``backup`` once it logged that it is synchronized with the primary.
+
+Known limit (Artemis replication itself): after a fail-over, stopping both nodes and
+starting them again serves the primary's journal, which lacks what only the promoted
+backup accepted. Fail back first (``restart(0)``), then stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Self
+from urllib.parse import quote
+
+from msgsafe.cluster._process import (
+    free_port,
+    pid_alive,
+    port_open,
+    signal_pid,
+    spawn,
+    tail,
+    wait_for,
+    wait_gone,
+)
+from msgsafe.cluster.base import ClusterError, LocalCluster, NodeInfo
+from msgsafe.cluster.maven import java, resolve
+
+__all__ = ["DEFAULT_VERSION", "ArtemisCluster"]
+
+#: The newest ``apache-artemis`` whose ``bin`` archive Maven Central serves.
+DEFAULT_VERSION = "2.40.0"
+
+_MAIN = "org.apache.activemq.artemis.boot.Artemis"
+_HOST = "127.0.0.1"
+_NAMES = ("primary", "backup")
+_START_TIMEOUT = 180.0
+_STOP_GRACE = 30.0
+
+# Log codes of Artemis 2.x (the text around them changed between versions, the codes not).
+_ACTIVE = ("AMQ221007", "AMQ221010")  # server is now active / backup server is now active
+_SYNCED = ("AMQ221024",)  # backup server is synchronized with the primary
+_ANNOUNCED = ("AMQ221031",)  # backup announced: the primary now lists it as fail-over target
+_BACKUP_WAITING = ("AMQ221109",)  # backup started, waiting for the primary to fail
+_STOPPED = ("AMQ221002",)  # broker stopped (also when a backup restarts after fail-back)
+
+_CREATE_FLAGS = ("--silent", "--force", "--require-login", "--no-web", "--nio", "--no-autotune")
+
+_log = logging.getLogger("msgsafe.cluster.artemis")
+
+
+def _home(version: str) -> Path:
+    """The unpacked distribution of ``version``, fetched on first use."""
+    cache = resolve(f"artemis-{version}", ["dependency:unpack"])
+    home = cache / f"apache-artemis-{version}"
+    if not (home / "lib" / "artemis-boot.jar").is_file():
+        raise ClusterError(f"{home} holds no Artemis distribution; delete {cache} and retry")
+    return home
+
+
+class ArtemisCluster(LocalCluster):
+    """Two Artemis brokers in ``dir``: node 0 the primary, node 1 its replicating backup.
+
+    ``ports`` fixes the two AMQP+CORE ports (free ones are picked otherwise); ``user`` and
+    ``password`` are the only login the brokers accept (SASL PLAIN) and appear in
+    :attr:`url`. ``heap`` is each JVM's ``-Xmx``. ``detached`` brokers outlive this process
+    (``msgsafe cluster up``); otherwise they die with it.
+    """
+
+    kind = "artemis"
+
+    def __init__(
+        self,
+        dir: str | Path,
+        *,
+        nodes: int = 2,
+        version: str = DEFAULT_VERSION,
+        user: str = "msgsafe",
+        password: str = "msgsafe",
+        heap: str = "256m",
+        ports: Sequence[int] | None = None,
+        detached: bool = False,
+    ) -> None:
+        if nodes != 2:
+            raise ClusterError("an Artemis replication pair has exactly 2 nodes")
+        if ports is not None and len(ports) != 2:
+            raise ClusterError("an Artemis pair needs exactly 2 ports")
+        self.dir = Path(dir).resolve()
+        self.detached = detached
+        self.version = version
+        self.user = user
+        self.password = password
+        self.heap = heap
+        self.ports: list[int] = list(ports) if ports is not None else _two_free_ports()
+        self.pids: list[int | None] = [None, None]
+        #: Byte offset of each node's log at its last start: roles are read after it.
+        self._log_from: list[int] = [0, 0]
+
+    # --- install ---------------------------------------------------------------------------
+
+    @classmethod
+    def fetch(cls) -> None:
+        """Fetch the Artemis distribution from Maven Central into the cache (once)."""
+        _home(DEFAULT_VERSION)
+
+    def _node_dir(self, node: int) -> Path:
+        return self.dir / f"node{node}"
+
+    def _log_path(self, node: int) -> Path:
+        return self._node_dir(node) / "console.log"
+
+    def _create_instances(self, home: Path, timeout: float) -> None:
+        # `artemis create` writes the users (hashed password), roles, JAAS and logging
+        # files; broker.xml is replaced afterwards by _write_broker_xml.
+        todo = [n for n in (0, 1) if not (self._node_dir(n) / "etc" / "login.config").exists()]
+        env = {**os.environ, "JAVA_ARGS": "-Xms32m -Xmx128m"}
+        procs: list[tuple[int, subprocess.Popen[bytes]]] = []
+        try:
+            for node in todo:
+                target = self._node_dir(node)
+                target.mkdir(parents=True, exist_ok=True)
+                argv = [str(home / "bin" / "artemis"), "create", *_CREATE_FLAGS]
+                argv += ["--user", self.user, "--password", self.password, "--host", _HOST]
+                argv += ["--name", _NAMES[node], str(target)]
+                with open(target / "create.log", "wb") as log:
+                    procs.append((node, subprocess.Popen(argv, stdout=log, stderr=log, env=env)))
+            deadline = time.monotonic() + timeout
+            for node, proc in procs:
+                try:
+                    code = proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    code = None
+                if code != 0:
+                    raise ClusterError(
+                        f"`artemis create` failed for node {node} (exit {code})\n"
+                        + tail(self._node_dir(node) / "create.log")
+                    )
+        finally:
+            for _, proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+
+    def _write_broker_xml(self, node: int) -> None:
+        other = 1 - node
+        xml = _BROKER_XML.format(
+            name=_NAMES[node],
+            host=_HOST,
+            port=self.ports[node],
+            other_port=self.ports[other],
+            cluster_user=_xml(self.user),
+            cluster_password=_xml(self.password),
+            ha_policy=_PRIMARY_POLICY if node == 0 else _BACKUP_POLICY,
+        )
+        path = self._node_dir(node) / "etc" / "broker.xml"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(xml)
+        tmp.replace(path)
+
+    # --- processes -------------------------------------------------------------------------
+
+    def _argv(self, home: Path, node: int) -> list[str]:
+        inst = self._node_dir(node)
+        etc = inst / "etc"
+        return [
+            java(),
+            "-Xms64m",
+            f"-Xmx{self.heap}",
+            # Few GC threads: the pair shares a small machine with other JVMs.
+            "-XX:+UseSerialGC",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Dlog4j2.disableJmx=true",
+            "--add-opens",
+            "java.base/jdk.internal.misc=ALL-UNNAMED",
+            f"-Djava.security.auth.login.config={etc / 'login.config'}",
+            "-classpath",
+            str(home / "lib" / "artemis-boot.jar"),
+            f"-Dartemis.home={home}",
+            f"-Dartemis.instance={inst}",
+            f"-Dartemis.instance.etc={etc}",
+            f"-Ddata.dir={inst / 'data'}",
+            f"-Djava.io.tmpdir={inst / 'tmp'}",
+            _MAIN,
+            "run",
+        ]
+
+    def _spawn(self, home: Path, node: int) -> None:
+        log = self._log_path(node)
+        self._log_from[node] = log.stat().st_size if log.exists() else 0
+        (self._node_dir(node) / "tmp").mkdir(parents=True, exist_ok=True)
+        self.pids[node] = spawn(
+            self._argv(home, node), log=log, cwd=self._node_dir(node), detached=self.detached
+        )
+        _log.info("started Artemis %s on %s:%d", _NAMES[node], _HOST, self.ports[node])
+
+    def _events(self, node: int) -> list[str]:
+        """The role-relevant log codes node ``node`` wrote since its last start, in order."""
+        try:
+            with open(self._log_path(node), "rb") as f:
+                f.seek(self._log_from[node])
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return []
+        codes = (*_ACTIVE, *_SYNCED, *_ANNOUNCED, *_BACKUP_WAITING, *_STOPPED)
+        found: list[str] = []
+        for line in text.splitlines():
+            for code in codes:
+                if code in line:
+                    found.append(code)
+        return found
+
+    def _role(self, node: int) -> str | None:
+        """``live``, ``backup`` or None (starting, stopped, or not known)."""
+        if not pid_alive(self.pids[node]):
+            return None
+        events = self._events(node)
+        last = events[-1] if events else None
+        if last in _ACTIVE:
+            return "live" if port_open(self.ports[node]) else None
+        if last in _SYNCED or last in _ANNOUNCED:
+            return "backup"
+        return None
+
+    def _announced(self, node: int) -> bool:
+        """True once node ``node`` is a synchronized backup the primary knows of."""
+        events = self._events(node)
+        return pid_alive(self.pids[node]) and bool(events) and events[-1] in _ANNOUNCED
+
+    def _is(self, node: int, role: str) -> bool:
+        if not pid_alive(self.pids[node]):
+            raise ClusterError(
+                f"Artemis {_NAMES[node]} exited while starting\n" + tail(self._log_path(node))
+            )
+        if role == "backup":
+            return self._announced(node)
+        return self._role(node) == role
+
+    def _logs(self) -> str:
+        return "\n".join(tail(self._log_path(n)) for n in (0, 1))
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self, timeout: float | None = None) -> None:
+        """Start the primary and the backup; return once the primary serves AMQP and the
+        backup has synchronized its journal with it (a fail-over can happen from then on)."""
+        budget = timeout if timeout is not None else _START_TIMEOUT
+        deadline = time.monotonic() + budget
+        home = _home(self.version)
+        if any(pid_alive(p) for p in self.pids):
+            raise ClusterError(f"the Artemis pair in {self.dir} is already running")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._create_instances(home, budget)
+            for node in (0, 1):
+                self._write_broker_xml(node)
+            # Both JVMs boot at once: the backup keeps retrying until the primary is up.
+            for node in (0, 1):
+                self._spawn(home, node)
+            wait_for(
+                lambda: self._is(0, "live"),
+                max(0.0, deadline - time.monotonic()),
+                "the Artemis primary to become active",
+                on_timeout=self._logs,
+            )
+            wait_for(
+                lambda: self._is(1, "backup"),
+                max(0.0, deadline - time.monotonic()),
+                "the Artemis backup to synchronize with the primary",
+                on_timeout=self._logs,
+            )
+        except BaseException:
+            self.stop()
+            raise
+        if self.detached:
+            self.save_state()
+
+    def stop(self) -> None:
+        """SIGTERM the backup, then the primary (so the backup does not take over), and
+        SIGKILL what is still there after a grace period."""
+        for node in (1, 0):
+            pid = self.pids[node]
+            signal_pid(pid, signal.SIGCONT)  # a paused JVM cannot act on SIGTERM
+            if signal_pid(pid, signal.SIGTERM) and not wait_gone(pid, _STOP_GRACE):
+                _log.warning("Artemis %s ignored SIGTERM; killing it", _NAMES[node])
+                signal_pid(pid, signal.SIGKILL)
+                wait_gone(pid, 10.0)
+            self.pids[node] = None
+        if self.detached and self.dir.exists():
+            self.save_state()
+
+    def kill(self, node: int) -> None:
+        """SIGKILL node ``node`` (0 primary, 1 backup); its journal stays."""
+        self._check(node)
+        pid = self.pids[node]
+        signal_pid(pid, signal.SIGKILL)
+        if not wait_gone(pid, 10.0):
+            raise ClusterError(f"Artemis {_NAMES[node]} (pid {pid}) survived SIGKILL")
+        self.pids[node] = None
+        if self.detached:
+            self.save_state()
+
+    def restart(self, node: int, timeout: float | None = None) -> None:
+        """Start node ``node`` again on its port with its journal and wait until the pair
+        is whole: the node is live (it was alone, or it is the primary and the backup has
+        failed back to it) or it is a synchronized backup."""
+        self._check(node)
+        if pid_alive(self.pids[node]):
+            raise ClusterError(f"Artemis {_NAMES[node]} is running; kill or stop it first")
+        budget = timeout if timeout is not None else _START_TIMEOUT
+        deadline = time.monotonic() + budget
+        other = 1 - node
+        other_live = self._role(other) == "live"
+        home = _home(self.version)
+        self._spawn(home, node)
+        if not other_live:
+            want = "live"
+        elif node == 0:
+            want = "live"  # check-for-active-server: the primary syncs, then takes over
+        else:
+            want = "backup"
+        wait_for(
+            lambda: self._is(node, want),
+            max(0.0, deadline - time.monotonic()),
+            f"the restarted Artemis {_NAMES[node]} to be {want}",
+            on_timeout=self._logs,
+        )
+        if node == 0 and other_live:
+            # Fail-back: the former backup stops being active and (restart-backup) comes
+            # back as the primary's replica.
+            wait_for(
+                lambda: self._announced(other) or not pid_alive(self.pids[other]),
+                max(0.0, deadline - time.monotonic()),
+                f"the Artemis {_NAMES[other]} to return to backup after fail-back",
+                on_timeout=self._logs,
+            )
+        if self.detached:
+            self.save_state()
+
+    def pause(self, node: int) -> None:
+        """SIGSTOP node ``node``: its sockets stay open and it answers nothing."""
+        self._check(node)
+        if not signal_pid(self.pids[node], signal.SIGSTOP):
+            raise ClusterError(f"Artemis {_NAMES[node]} is not running")
+
+    def resume(self, node: int) -> None:
+        """SIGCONT a paused node."""
+        self._check(node)
+        signal_pid(self.pids[node], signal.SIGCONT)
+
+    def _check(self, node: int) -> None:
+        if node not in (0, 1):
+            raise ClusterError(f"no node {node}: an Artemis pair has nodes 0 and 1")
+
+    # --- what it looks like ----------------------------------------------------------------
+
+    def _credentials(self) -> str:
+        return f"{quote(self.user, safe='')}:{quote(self.password, safe='')}@"
+
+    @property
+    def url(self) -> str:
+        """``amqp10://user:pass@127.0.0.1:<primary>,127.0.0.1:<backup>``."""
+        hosts = ",".join(f"{_HOST}:{p}" for p in self.ports)
+        return f"amqp10://{self._credentials()}{hosts}"
+
+    def node_url(self, node: int) -> str:
+        """``amqp10://user:pass@127.0.0.1:<port of node>``."""
+        self._check(node)
+        return f"amqp10://{self._credentials()}{_HOST}:{self.ports[node]}"
+
+    def nodes(self) -> list[NodeInfo]:
+        """Both nodes; ``role`` is ``live``, ``backup`` or None (starting or stopped)."""
+        return [
+            NodeInfo(
+                name=_NAMES[n],
+                pid=self.pids[n] if pid_alive(self.pids[n]) else None,
+                host=_HOST,
+                port=self.ports[n],
+                running=pid_alive(self.pids[n]),
+                role=self._role(n),
+            )
+            for n in (0, 1)
+        ]
+
+    def describe(self) -> dict[str, Any]:
+        """The common description plus the Artemis version."""
+        return {**super().describe(), "version": self.version}
+
+    # --- found again from another process --------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Ports, pids, login, heap, version and where each node's current log begins."""
+        return {
+            "version": self.version,
+            "user": self.user,
+            "password": self.password,
+            "heap": self.heap,
+            "ports": self.ports,
+            "pids": self.pids,
+            "log_from": self._log_from,
+            "detached": self.detached,
+        }
+
+    @classmethod
+    def from_state(cls, dir: Path, state: dict[str, Any]) -> Self:
+        """Re-attach to a pair that :meth:`save_state` described."""
+        try:
+            cluster = cls(
+                dir,
+                version=str(state["version"]),
+                user=str(state["user"]),
+                password=str(state["password"]),
+                heap=str(state["heap"]),
+                ports=[int(p) for p in state["ports"]],
+                detached=bool(state.get("detached", True)),
+            )
+            cluster.pids = [None if p is None else int(p) for p in state["pids"]]
+            cluster._log_from = [int(o) for o in state.get("log_from", [0, 0])]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ClusterError(f"cluster.json in {dir} is not an Artemis pair: {exc}") from exc
+        return cluster
+
+
+def _two_free_ports() -> list[int]:
+    first = free_port()
+    second = free_port()
+    while second == first:
+        second = free_port()
+    return [first, second]
+
+
+def _xml(text: str) -> str:
+    return (
+        text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+    )
+
+
+_PRIMARY_POLICY = """\
+      <replication>
+        <primary>
+          <check-for-active-server>true</check-for-active-server>
+          <vote-on-replication-failure>false</vote-on-replication-failure>
+          <initial-replication-sync-timeout>30000</initial-replication-sync-timeout>
+        </primary>
+      </replication>"""
+
+_BACKUP_POLICY = """\
+      <replication>
+        <backup>
+          <allow-failback>true</allow-failback>
+          <restart-backup>true</restart-backup>
+          <max-saved-replicated-journals-size>2</max-saved-replicated-journals-size>
+        </backup>
+      </replication>"""
+
+# NOTE: one acceptor for CORE and AMQP: the cluster connection announces this node through
+# the connector of the same port, and the primary's AMQP open frame advertises that
+# connector as the fail-over candidate; a separate AMQP port would not be the one listed.
+_BROKER_XML = """\
+<?xml version="1.0"?>
+<configuration xmlns="urn:activemq"
+               xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
+               xsi:schemaLocation="urn:activemq /schema/artemis-configuration.xsd">
+  <core xmlns="urn:activemq:core">
+    <name>{name}</name>
+    <persistence-enabled>true</persistence-enabled>
+    <journal-type>NIO</journal-type>
+    <journal-datasync>true</journal-datasync>
+    <journal-file-size>2M</journal-file-size>
+    <journal-min-files>2</journal-min-files>
+    <journal-pool-files>4</journal-pool-files>
+    <paging-directory>data/paging</paging-directory>
+    <bindings-directory>data/bindings</bindings-directory>
+    <journal-directory>data/journal</journal-directory>
+    <large-messages-directory>data/large-messages</large-messages-directory>
+    <max-disk-usage>98</max-disk-usage>
+    <!-- A paused (SIGSTOP) node must not halt itself when it is resumed. -->
+    <critical-analyzer>false</critical-analyzer>
+
+    <connectors>
+      <connector name="self">tcp://{host}:{port}</connector>
+      <connector name="peer">tcp://{host}:{other_port}</connector>
+    </connectors>
+    <acceptors>
+      <acceptor name="artemis">tcp://{host}:{port}?protocols=CORE,AMQP;useEpoll=true;amqpCredits=1000;amqpLowCredits=300;amqpMinLargeMessageSize=102400;amqpDuplicateDetection=true</acceptor>
+    </acceptors>
+
+    <cluster-user>{cluster_user}</cluster-user>
+    <cluster-password>{cluster_password}</cluster-password>
+    <cluster-connections>
+      <cluster-connection name="pair">
+        <connector-ref>self</connector-ref>
+        <!-- A SIGKILLed peer closes its sockets and is noticed at once; these bound only a
+             silent one. Short values would promote the backup of a primary paused for a few
+             seconds, and with no third voter both would then stay active (split brain). -->
+        <check-period>30000</check-period>
+        <connection-ttl>60000</connection-ttl>
+        <retry-interval>500</retry-interval>
+        <max-retry-interval>2000</max-retry-interval>
+        <reconnect-attempts>-1</reconnect-attempts>
+        <message-load-balancing>ON_DEMAND</message-load-balancing>
+        <max-hops>0</max-hops>
+        <static-connectors>
+          <connector-ref>peer</connector-ref>
+        </static-connectors>
+      </cluster-connection>
+    </cluster-connections>
+
+    <ha-policy>
+{ha_policy}
+    </ha-policy>
+
+    <security-settings>
+      <security-setting match="#">
+        <permission type="createNonDurableQueue" roles="amq"/>
+        <permission type="deleteNonDurableQueue" roles="amq"/>
+        <permission type="createDurableQueue" roles="amq"/>
+        <permission type="deleteDurableQueue" roles="amq"/>
+        <permission type="createAddress" roles="amq"/>
+        <permission type="deleteAddress" roles="amq"/>
+        <permission type="consume" roles="amq"/>
+        <permission type="browse" roles="amq"/>
+        <permission type="send" roles="amq"/>
+        <permission type="manage" roles="amq"/>
+      </security-setting>
+    </security-settings>
+
+    <address-settings>
+      <!-- A first send to a new address creates it with a durable anycast queue of the
+           same name: with the default (multicast) a message sent before any consumer
+           subscribed would be accepted and routed nowhere. -->
+      <address-setting match="#">
+        <dead-letter-address>DLQ</dead-letter-address>
+        <expiry-address>ExpiryQueue</expiry-address>
+        <redelivery-delay>0</redelivery-delay>
+        <max-delivery-attempts>100</max-delivery-attempts>
+        <address-full-policy>PAGE</address-full-policy>
+        <max-size-bytes>-1</max-size-bytes>
+        <page-size-bytes>2M</page-size-bytes>
+        <auto-create-queues>true</auto-create-queues>
+        <auto-create-addresses>true</auto-create-addresses>
+        <auto-delete-queues>false</auto-delete-queues>
+        <auto-delete-addresses>false</auto-delete-addresses>
+        <default-address-routing-type>ANYCAST</default-address-routing-type>
+        <default-queue-routing-type>ANYCAST</default-queue-routing-type>
+      </address-setting>
+    </address-settings>
+
+    <addresses>
+      <address name="DLQ"><anycast><queue name="DLQ"/></anycast></address>
+      <address name="ExpiryQueue"><anycast><queue name="ExpiryQueue"/></anycast></address>
+    </addresses>
+  </core>
+</configuration>
+"""

@@ -1,0 +1,414 @@
+"""The ActiveMQ Artemis primary/backup pair of ``msgsafe.cluster``, and msgsafe's AMQP 1.0
+client against it.
+
+One pair serves the whole module. Each test starts from a whole pair (primary live,
+backup synchronized): the ``pair`` fixture restarts what an earlier test killed, which is
+itself a fail-back. Every reliability test counts ids sent, receipted and received:
+lost (receipted, never received) must be 0; duplicates must all be ids that were sent.
+
+What these tests establish about Artemis 2.40 (and the client must cope with):
+
+- the primary's open frame carries ``failover-server-list``: a list of ONE map with the
+  symbol keys ``network-host``, ``hostname``, ``port`` (int) and ``scheme`` ("amqp")
+  naming the backup's acceptor; a promoted backup advertises no list at all;
+- the backup does not listen while the primary lives: connecting is refused at TCP
+  level (no open frame, no redirect);
+- SIGKILL of the primary: the backup serves within about a second, with every message
+  the primary had confirmed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from proton import symbol
+from proton.handlers import MessagingHandler
+from proton.reactor import Container
+
+from msgsafe import Consumer, Producer, Status
+from msgsafe.cluster import ClusterError
+from msgsafe.cluster.artemis import ArtemisCluster
+from msgsafe.message import Receipt, new_message_id
+
+pytestmark = pytest.mark.integration
+
+_INSTALL = (
+    "the Artemis pair needs Java 17 and Maven with Maven Central reachable "
+    "(apt-get install -y openjdk-17-jre-headless maven); the first run fetches "
+    "org.apache.activemq:apache-artemis:2.40.0:bin into ~/.cache/msgsafe/brokers"
+)
+
+
+# --- the pair ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def artemis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArtemisCluster]:
+    try:
+        started = time.monotonic()
+        ArtemisCluster.fetch()
+        fetched = time.monotonic() - started
+        cluster = ArtemisCluster(tmp_path_factory.mktemp("artemis"))
+        started = time.monotonic()
+        cluster.start()
+    except ClusterError as exc:
+        pytest.fail(f"{_INSTALL}\n{exc}")
+    print(f"[artemis] fetch {fetched:.1f}s, pair up in {time.monotonic() - started:.1f}s")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def pair(artemis: ArtemisCluster) -> ArtemisCluster:
+    """The module's pair, whole again: primary live, backup synchronized."""
+    if not artemis.nodes()[0].running:
+        artemis.restart(0)  # a fail-back when the backup is live
+    if not artemis.nodes()[1].running:
+        artemis.restart(1)
+    roles = [n.role for n in artemis.nodes()]
+    assert roles == ["live", "backup"], f"the pair could not be made whole: {roles}"
+    return artemis
+
+
+def _address() -> str:
+    return f"msgsafe.test.{uuid.uuid4().hex[:12]}"
+
+
+# --- raw proton: what the broker says in its open frame ------------------------------------
+
+
+class _Probe(MessagingHandler):  # type: ignore[misc]
+    """Opens one connection, records what the peer answered, closes it."""
+
+    def __init__(self, url: str, user: str, password: str) -> None:
+        super().__init__()
+        self.url = url
+        self.user = user
+        self.password = password
+        self.properties: dict[Any, Any] | None = None
+        self.opened = False
+        self.errors: list[str] = []
+
+    def on_start(self, event: Any) -> None:
+        event.container.connect(
+            self.url,
+            user=self.user,
+            password=self.password,
+            allowed_mechs="PLAIN",
+            allow_insecure_mechs=True,
+            reconnect=False,
+        )
+        # A safety stop: a peer that never answers must not hang the suite.
+        event.container.schedule(15.0, self)
+
+    def on_timer_task(self, event: Any) -> None:
+        self.errors.append("no answer within 15 s")
+        event.container.stop()
+
+    def on_connection_opened(self, event: Any) -> None:
+        self.opened = True
+        self.properties = dict(event.connection.remote_properties or {})
+        event.connection.close()
+
+    def on_connection_closed(self, event: Any) -> None:
+        event.container.stop()
+
+    def on_connection_error(self, event: Any) -> None:
+        cond = event.connection.remote_condition
+        self.errors.append(f"close: {cond.name if cond else None}")
+
+    def on_transport_error(self, event: Any) -> None:
+        cond = event.transport.condition
+        self.errors.append(f"transport: {cond.description if cond else None}")
+        event.container.stop()
+
+
+def _probe(cluster: ArtemisCluster, node: int) -> _Probe:
+    probe = _Probe(f"amqp://127.0.0.1:{cluster.ports[node]}", cluster.user, cluster.password)
+    Container(probe).run()
+    return probe
+
+
+# --- counting ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Ledger:
+    """Ids sent, receipted (CONFIRMED or STORED), failed, and received (with repeats)."""
+
+    sent: list[str] = field(default_factory=list)
+    receipted: set[str] = field(default_factory=set)
+    failed: dict[str, str] = field(default_factory=dict)
+    received: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def send(self, producer: Producer, address: str, i: int) -> None:
+        """Send message ``i`` with an id chosen here, and record its outcome."""
+        message_id = new_message_id()
+        with self.lock:
+            self.sent.append(message_id)
+        future = producer.send_async(address, b"%08d" % i, key=f"k{i % 16}", message_id=message_id)
+        future.add_done_callback(lambda f: self._outcome(message_id, f))
+
+    def _outcome(self, message_id: str, future: Future[Receipt]) -> None:
+        exc = future.exception()
+        with self.lock:
+            if exc is not None:
+                self.failed[message_id] = f"{type(exc).__name__}: {exc}"
+            elif future.result().status in (Status.CONFIRMED, Status.STORED):
+                self.receipted.add(message_id)
+            else:
+                self.failed[message_id] = f"unexpected receipt {future.result()!r}"
+
+    def resolved(self) -> int:
+        with self.lock:
+            return len(self.receipted) + len(self.failed)
+
+    def unresolved(self) -> int:
+        with self.lock:
+            return len(self.sent) - len(self.receipted) - len(self.failed)
+
+    def counts(self, label: str) -> dict[str, int]:
+        """Counts (printed for the test log) and the invariants' inputs."""
+        with self.lock:
+            unique = set(self.received)
+            counts = {
+                "sent": len(self.sent),
+                "receipted": len(self.receipted),
+                "failed": len(self.failed),
+                "received": len(self.received),
+                "duplicates": len(self.received) - len(unique),
+                "lost": len(self.receipted - unique),
+                "unknown": len(unique - set(self.sent)),
+            }
+        print(f"[{label}] " + " ".join(f"{k}={v}" for k, v in counts.items()))
+        return counts
+
+
+def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.01)
+
+
+def _read_back(url: str, address: str, ledger: _Ledger, timeout: float = 60.0) -> None:
+    """Consume ``address`` through ``url`` until every receipted id arrived and one more
+    second brings nothing (late duplicates are counted too)."""
+    with Consumer(url) as consumer:
+        consumer.subscribe(address)
+        last_new = [time.monotonic()]
+
+        def take() -> bool:
+            for delivery in consumer.poll(max_messages=500, timeout=0.2):
+                assert delivery.message_id is not None
+                with ledger.lock:
+                    ledger.received.append(delivery.message_id)
+                delivery.ack()
+                last_new[0] = time.monotonic()
+            with ledger.lock:
+                complete = ledger.receipted <= set(ledger.received)
+            return complete and time.monotonic() - last_new[0] > 1.0
+
+        _wait(take, timeout, f"every receipted id on {address}")
+
+
+# --- the tests -----------------------------------------------------------------------------
+
+
+def test_pair_reports_a_live_primary_and_a_synchronized_backup(pair: ArtemisCluster) -> None:
+    primary, backup = pair.nodes()
+    assert (primary.name, primary.role, primary.running) == ("primary", "live", True)
+    assert (backup.name, backup.role, backup.running) == ("backup", "backup", True)
+    assert primary.pid and backup.pid and primary.pid != backup.pid
+    p0, p1 = pair.ports
+    auth = f"{pair.user}:{pair.password}@"
+    assert pair.url == f"amqp10://{auth}127.0.0.1:{p0},127.0.0.1:{p1}"
+    assert pair.node_url(1) == f"amqp10://{auth}127.0.0.1:{p1}"
+    described = pair.describe()
+    assert described["kind"] == "artemis"
+    assert [n["role"] for n in described["nodes"]] == ["live", "backup"]
+    again = ArtemisCluster.from_state(pair.dir, pair.state())
+    assert again.nodes() == pair.nodes()
+
+
+def test_primary_open_frame_advertises_exactly_the_backup(pair: ArtemisCluster) -> None:
+    probe = _probe(pair, 0)
+    assert probe.opened, probe.errors
+    props = probe.properties or {}
+    print(f"[artemis open frame] {props!r}")
+    failover = props[symbol("failover-server-list")]
+    assert isinstance(failover, list) and len(failover) == 1
+    (entry,) = failover
+    assert all(isinstance(k, symbol) for k in entry)
+    assert {str(k): v for k, v in entry.items()} == {
+        "network-host": "127.0.0.1",
+        "hostname": "127.0.0.1",
+        "port": pair.ports[1],
+        "scheme": "amqp",
+    }
+    assert props[symbol("product")] == "apache-activemq-artemis"
+
+
+def test_backup_refuses_connections_while_the_primary_lives(pair: ArtemisCluster) -> None:
+    probe = _probe(pair, 1)
+    print(f"[artemis backup] opened={probe.opened} errors={probe.errors}")
+    assert not probe.opened
+    assert any("refused" in e.lower() for e in probe.errors), probe.errors
+
+
+def test_producer_and_consumer_through_the_live_only(pair: ArtemisCluster) -> None:
+    # A first send to a new address creates a durable anycast queue: nothing sent
+    # before the consumer subscribes may be dropped.
+    address = _address()
+    ledger = _Ledger()
+    with Producer(pair.node_url(0), outbox=False, confirm_timeout=30.0) as producer:
+        for i in range(1_000):
+            ledger.send(producer, address, i)
+        _wait(lambda: ledger.resolved() == 1_000, 60, "1000 outcomes")
+    _read_back(pair.node_url(0), address, ledger)
+    counts = ledger.counts("artemis live only")
+    assert counts["failed"] == 0, ledger.failed
+    assert counts["receipted"] == 1_000
+    assert counts["lost"] == 0 and counts["unknown"] == 0 and counts["duplicates"] == 0
+
+
+def test_primary_sigkill_during_counted_sends_loses_nothing(pair: ArtemisCluster) -> None:
+    """The producer knows only the primary's address; the backup it fails over to comes
+    from the primary's failover-server-list. With no outbox, every send must still be
+    CONFIRMED (by the primary before the kill, by the backup after it)."""
+    address = _address()
+    ledger = _Ledger()
+    total = 6_000
+    producer = Producer(pair.node_url(0), outbox=False, confirm_timeout=60.0)
+    try:
+
+        def sender() -> None:
+            for i in range(total):
+                ledger.send(producer, address, i)
+                if i % 250 == 0:  # pace: the kill must land with sends in flight
+                    time.sleep(0.002)
+
+        thread = threading.Thread(target=sender, name="artemis-sender")
+        thread.start()
+        _wait(lambda: ledger.resolved() >= 1_500, 60, "1500 outcomes before the kill")
+        in_flight = ledger.unresolved()
+        killed = time.monotonic()
+        pair.kill(0)
+        _wait(lambda: pair.nodes()[1].role == "live", 30, "the backup to become live")
+        promoted = time.monotonic() - killed
+        thread.join(120)
+        _wait(lambda: ledger.resolved() == total, 120, "every send to resolve")
+        resolved = time.monotonic() - killed
+    finally:
+        producer.close()
+    print(
+        f"[artemis kill] in flight at kill={in_flight} backup live after {promoted:.2f}s, "
+        f"all sends resolved {resolved:.2f}s after the kill"
+    )
+    assert in_flight > 0, "the kill must land while sends are unresolved"
+    # Everything the pair confirmed must be readable from the backup alone.
+    _read_back(pair.node_url(1), address, ledger)
+    counts = ledger.counts("artemis primary SIGKILL")
+    assert counts["failed"] == 0, sorted(set(ledger.failed.values()))[:5]
+    assert counts["receipted"] == total
+    assert counts["lost"] == 0
+    assert counts["unknown"] == 0
+
+
+def test_consumer_follows_the_fail_over_to_the_backup(pair: ArtemisCluster) -> None:
+    address = _address()
+    ledger = _Ledger()
+    with Producer(pair.node_url(0), outbox=False, confirm_timeout=30.0) as producer:
+        for i in range(2_000):
+            ledger.send(producer, address, i)
+        _wait(lambda: ledger.resolved() == 2_000, 60, "2000 outcomes")
+    assert not ledger.failed, ledger.failed
+    # Consumer knows only the primary; it must continue on the backup after the kill.
+    with Consumer(pair.node_url(0), credit=100) as consumer:
+        consumer.subscribe(address)
+
+        def take() -> int:
+            for delivery in consumer.poll(max_messages=100, timeout=0.2):
+                assert delivery.message_id is not None
+                with ledger.lock:
+                    ledger.received.append(delivery.message_id)
+                delivery.ack()
+            with ledger.lock:
+                return len(set(ledger.received))
+
+        _wait(lambda: take() >= 500, 60, "the first 500 deliveries")
+        pair.kill(0)
+        _wait(lambda: take() >= 2_000, 90, "every delivery after the fail-over")
+    counts = ledger.counts("artemis consumer fail-over")
+    assert counts["lost"] == 0 and counts["unknown"] == 0
+
+
+def test_restarted_primary_takes_over_again_under_traffic(pair: ArtemisCluster) -> None:
+    """Fail-back: with the backup live, the old primary comes back, copies the backup's
+    journal and becomes live; the backup returns to being its replica. A producer with
+    both addresses loses nothing across the two hand-overs."""
+    address = _address()
+    ledger = _Ledger()
+    pair.kill(0)
+    _wait(lambda: pair.nodes()[1].role == "live", 30, "the backup to become live")
+    stop = threading.Event()
+    producer = Producer(pair.url, outbox=False, confirm_timeout=60.0)
+    try:
+
+        def sender() -> None:
+            i = 0
+            while not stop.is_set():
+                ledger.send(producer, address, i)
+                i += 1
+                if i % 100 == 0:
+                    time.sleep(0.01)
+
+        thread = threading.Thread(target=sender, name="artemis-sender")
+        thread.start()
+        _wait(lambda: ledger.resolved() >= 1_000, 60, "1000 outcomes on the backup")
+        started = time.monotonic()
+        pair.restart(0)
+        failback = time.monotonic() - started
+        assert [n.role for n in pair.nodes()] == ["live", "backup"]
+        after = len(ledger.sent)
+        _wait(lambda: ledger.resolved() >= after + 1_000, 60, "1000 outcomes after fail-back")
+        stop.set()
+        thread.join(30)
+        _wait(lambda: ledger.resolved() == len(ledger.sent), 120, "every send to resolve")
+    finally:
+        stop.set()
+        producer.close()
+    print(f"[artemis fail-back] restart(0) until the pair was whole: {failback:.2f}s")
+    _read_back(pair.node_url(0), address, ledger)
+    counts = ledger.counts("artemis fail-back")
+    assert counts["failed"] == 0, sorted(set(ledger.failed.values()))[:5]
+    assert counts["lost"] == 0
+    assert counts["unknown"] == 0
+
+
+def _started_at(pid: int) -> str | None:
+    # The start time tells a process from a later one (or a thread) given the same id.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def test_stop_leaves_no_process(artemis: ArtemisCluster) -> None:
+    before = {n.pid: _started_at(n.pid) for n in artemis.nodes() if n.pid is not None}
+    artemis.stop()
+    assert [n.running for n in artemis.nodes()] == [False, False]
+    survivors = [pid for pid, t in before.items() if t is not None and _started_at(pid) == t]
+    assert not survivors, f"still running after stop(): {survivors}"
