@@ -83,9 +83,10 @@ def pid_alive(pid: int | None) -> bool:
     if pid is None:
         return False
     with contextlib.suppress(ChildProcessError, OSError):
+        # Our own child: waitpid alone tells. /proc shows a JVM whose main thread ended
+        # as a zombie while its other threads still run the shutdown hooks.
         done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
+        return done != pid
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -93,8 +94,8 @@ def pid_alive(pid: int | None) -> bool:
     except PermissionError:
         return True
     with contextlib.suppress(OSError):
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
+        status = Path(f"/proc/{pid}/status").read_text()
+        return "State:\tZ" not in status or "Threads:\t1\n" not in status
     return True
 
 
