@@ -38,7 +38,7 @@ from typing import Any, Self
 from urllib.parse import quote
 
 from msgsafe.cluster._process import (
-    free_port,
+    free_ports,
     pid_alive,
     port_open,
     signal_pid,
@@ -48,7 +48,7 @@ from msgsafe.cluster._process import (
     wait_gone,
 )
 from msgsafe.cluster.base import ClusterError, LocalCluster, NodeInfo
-from msgsafe.cluster.maven import java, resolve
+from msgsafe.cluster.maven import damaged_jar, java, resolve
 
 __all__ = ["DEFAULT_VERSION", "ArtemisCluster"]
 
@@ -77,8 +77,9 @@ def _home(version: str) -> Path:
     """The unpacked distribution of ``version``, fetched on first use."""
     cache = resolve(f"artemis-{version}", ["dependency:unpack"])
     home = cache / f"apache-artemis-{version}"
-    if not (home / "lib" / "artemis-boot.jar").is_file():
-        raise ClusterError(f"{home} holds no Artemis distribution; delete {cache} and retry")
+    bad = damaged_jar(home / "lib", ["artemis-boot.jar", f"artemis-server-{version}.jar"])
+    if bad is not None:
+        raise ClusterError(f"{home}/lib/{bad} is missing or damaged; delete {cache} and retry")
     return home
 
 
@@ -115,7 +116,7 @@ class ArtemisCluster(LocalCluster):
         self.user = user
         self.password = password
         self.heap = heap
-        self.ports: list[int] = list(ports) if ports is not None else _two_free_ports()
+        self.ports: list[int] = list(ports) if ports is not None else free_ports(2)
         self.pids: list[int | None] = [None, None]
         #: Byte offset of each node's log at its last start: roles are read after it.
         self._log_from: list[int] = [0, 0]
@@ -442,14 +443,6 @@ class ArtemisCluster(LocalCluster):
         except (KeyError, TypeError, ValueError) as exc:
             raise ClusterError(f"cluster.json in {dir} is not an Artemis pair: {exc}") from exc
         return cluster
-
-
-def _two_free_ports() -> list[int]:
-    first = free_port()
-    second = free_port()
-    while second == first:
-        second = free_port()
-    return [first, second]
 
 
 def _xml(text: str) -> str:
