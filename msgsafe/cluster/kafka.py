@@ -196,6 +196,9 @@ class KafkaCluster(LocalCluster):
             "replica.lag.time.max.ms": "5000",
             # Default 3 s: a test's first consumer gets its partitions at once.
             "group.initial.rebalance.delay.ms": "0",
+            # Default 6 s: consumers with a short session timeout (tests use 3 s) are
+            # accepted instead of refused with INVALID_SESSION_TIMEOUT.
+            "group.min.session.timeout.ms": "1000",
             # Default 50 each: fewer internal partitions to create, replicate and elect
             # on a small machine; start and fail-over are faster.
             "offsets.topic.num.partitions": "5",
