@@ -284,21 +284,21 @@ class KafkaCluster(LocalCluster):
             for node in range(self.count):
                 self._spawn(node, lib)
             self._save()
-            log.info("kafka: %d nodes launched, waiting for the brokers", self.count)
+            log.info("%d nodes launched, waiting for the brokers", self.count)
             self._wait_registered(range(self.count), started + timeout)
-            log.info("kafka: every broker registered, writing with acks=all")
+            log.info("every broker registered, writing with acks=all")
             self._probe_write(started + timeout)
         except BaseException:
             self.stop()
             raise
         self.start_seconds = time.monotonic() - started
-        log.info("kafka: %d nodes serving in %.1f s: %s", self.count, self.start_seconds, self.url)
+        log.info("%d nodes serving in %.1f s: %s", self.count, self.start_seconds, self.url)
 
     def _spawn(self, node: int, lib: Path) -> None:
         config = self._node_dir(node) / "server.properties"
         argv = self._java(lib, _MAIN, str(config), heap_mb=self.heap_mb)
         self.pids[node] = spawn(argv, log=self._log(node), cwd=self.dir, detached=self.detached)
-        log.info("kafka: node %d started (pid %d)", node, self.pids[node])
+        log.info("node %d launched (pid %d)", node, self.pids[node])
 
     def stop(self, grace: float = 30.0) -> None:
         """SIGTERM every node (a controlled shutdown), SIGKILL what is left after
@@ -311,7 +311,7 @@ class KafkaCluster(LocalCluster):
         for node in range(self.count):
             pid = self.pids[node]
             if not wait_gone(pid, max(0.0, deadline - time.monotonic())):
-                log.warning("kafka: node %d did not stop in %.0f s: SIGKILL", node, grace)
+                log.warning("node %d did not stop in %.0f s: SIGKILL", node, grace)
                 signal_pid(pid, signal.SIGKILL)
                 if not wait_gone(pid, 10.0):
                     raise ClusterError(f"kafka node {node} (pid {pid}) survived SIGKILL")
@@ -352,7 +352,7 @@ class KafkaCluster(LocalCluster):
         self._spawn(node, self._lib())
         self._save()
         self._wait_registered([node], started + timeout)
-        log.info("kafka: node %d back in %.1f s", node, time.monotonic() - started)
+        log.info("node %d back in %.1f s", node, time.monotonic() - started)
 
     def pause(self, node: int) -> None:
         """SIGSTOP ``node``: its sockets stay open and it answers nothing."""
@@ -401,26 +401,27 @@ class KafkaCluster(LocalCluster):
     # --- waiting on the brokers -------------------------------------------------------------
 
     def _wait_registered(self, nodes: range | list[int], deadline: float) -> None:
-        nodes = list(nodes)
+        waiting = list(nodes)
 
         def registered() -> bool:
-            self._check_alive(nodes)
-            for node in nodes:
+            self._check_alive(waiting)
+            for node in list(waiting):
                 # Asking each node itself: it answers only once its broker side is up,
                 # and it lists itself only once the controller has unfenced it.
                 if not port_open(self.ports[node]):
-                    return False
+                    continue
                 meta = kafka_admin.metadata(f"127.0.0.1:{self.ports[node]}")
-                if meta is None or node not in meta.brokers:
-                    return False
-            return True
+                if meta is not None and node in meta.brokers:
+                    waiting.remove(node)
+                    log.info("broker %d registered (%d to go)", node, len(waiting))
+            return not waiting
 
         wait_for(
             registered,
             max(0.0, deadline - time.monotonic()),
-            f"kafka nodes {nodes} to register",
+            "every kafka broker to register",
             interval=0.2,
-            on_timeout=lambda: "\n".join(tail(self._log(n), 15) for n in nodes),
+            on_timeout=lambda: "\n".join(tail(self._log(n), 15) for n in waiting),
         )
 
     def _probe_write(self, deadline: float) -> None:
