@@ -1,0 +1,599 @@
+"""Apache Qpid Broker-J: a BDB HA group of N nodes (3 by default) on loopback.
+
+The jars (the ``qpid-broker`` 9.2.0 module jars with the AMQP 1.0 plugin, HTTP management
+and the BDB HA store, plus Berkeley DB JE 18.3.12) come from Maven Central once, through
+``msgsafe/cluster/poms/qpid-<version>.xml``, into the cache of :mod:`msgsafe.cluster.maven`.
+Each node is ``java -cp 'lib/*' org.apache.qpid.server.Main`` with its own work dir, an
+initial configuration (``--initial-config-path``) and ``-prop``\\ s for its ports and dir.
+
+The group (named ``group``, "msgsafe" by default) behaves as Broker-J's documentation
+says: one MASTER serves messaging, the others are REPLICAs; a transaction commits on the
+master (synchronous write) once a majority of the group has it (default quorum: 2 of 3);
+after the master is lost the remaining majority elects the replica with the most recent
+transaction. Node 0 is the helper that creates the group; the others join through its
+``helperAddress``; every node's replication address is in ``permittedNodes``. Queues are
+durable and created on first use: a virtual host node auto-creation policy (pattern
+``.*``, created on publish and on consume) makes the first ``send()`` to a new address
+create a durable queue of that name.
+
+What a client sees (measured with python-qpid-proton 0.40 against this group):
+
+- the master opens the connection; its open frame carries no ``failover-server-list``
+  (the properties are product, version, ``qpid.build``, ``qpid.instance_name``,
+  ``qpid.virtualhost_properties_supported``);
+- a replica accepts TCP and SASL, sends ``open`` and at once ``close`` with
+  ``amqp:connection:forced`` "Virtual host '<hostname>' is not active" (no info map, no
+  redirect): the client must try the next host itself;
+- a node of a group without quorum (2 of 3 down) sends ``open`` then ``close`` with
+  ``amqp:not-found`` "Unknown hostname in connection open";
+- a SIGSTOPped node accepts TCP (the kernel does) and never answers.
+
+Auth: SASL PLAIN with ``user``/``password`` (default msgsafe/msgsafe) in a Plain
+provider whose ``secureOnlyMechanisms`` is empty, so PLAIN works without TLS on loopback;
+the same credentials open the REST API (HTTP Basic, enabled on plain HTTP) that
+:meth:`QpidCluster.nodes` reads roles from: ``GET /api/latest/virtualhostnode/<name>``,
+attribute ``role``.
+
+Layout of ``dir``: ``qpid-I/initial-config.json``, ``qpid-I/config.json`` (the broker's
+own configuration store, made from the initial configuration on the first start),
+``qpid-I/ha/`` (the BDB HA environment), ``qpid-I/qpid.log`` (the broker's log: HA-10xx
+role changes), ``qpid-I/broker.out`` (the JVM's output), ``cluster.json``. With
+``base_port=P``, node ``I`` listens for AMQP on ``P+I``, HTTP on ``P+N+I`` and BDB
+replication on ``P+2N+I``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Self
+from urllib.parse import quote
+
+from msgsafe.cluster import maven
+from msgsafe.cluster._process import (
+    free_ports,
+    pid_alive,
+    port_free,
+    signal_pid,
+    spawn,
+    tail,
+    wait_for,
+    wait_gone,
+)
+from msgsafe.cluster.base import ClusterError, LocalCluster, NodeInfo
+
+__all__ = ["MASTER", "REPLICA", "VERSION", "QpidCluster"]
+
+log = logging.getLogger(__name__)
+
+#: The Broker-J release this launcher runs (``poms/qpid-<VERSION>.xml`` pins it).
+VERSION = "9.2.0"
+_MAIN = "org.apache.qpid.server.Main"
+_REQUIRED_JARS = (f"qpid-broker-core-{VERSION}.jar", f"qpid-bdbstore-{VERSION}.jar")
+#: Roles as :meth:`QpidCluster.nodes` reports them (Broker-J's NodeRole, lower case).
+MASTER = "master"
+REPLICA = "replica"
+_HOST = "127.0.0.1"
+
+
+class QpidCluster(LocalCluster):
+    """A Broker-J BDB HA group of ``nodes`` JVMs on 127.0.0.1; see the module doc.
+
+    ``dir`` None: a temp dir, removed by :meth:`stop`. ``base_port`` None: free ports.
+    ``detached``: nodes outlive this process (``msgsafe cluster up``) and ``cluster.json``
+    is kept current; otherwise they die with it. ``heap_mb`` is each JVM's ``-Xmx``.
+    ``context`` adds entries to every virtual host node's context, e.g. Berkeley DB JE
+    replication settings such as ``{"je.rep.replicaAckTimeout": "5 s"}``; the defaults
+    are Broker-J's (quorum = majority, master SYNC, replicas NO_SYNC).
+    """
+
+    kind: ClassVar[str] = "qpid"
+
+    def __init__(
+        self,
+        nodes: int = 3,
+        dir: str | Path | None = None,
+        base_port: int | None = None,
+        detached: bool = False,
+        *,
+        group: str = "msgsafe",
+        user: str = "msgsafe",
+        password: str = "msgsafe",
+        heap_mb: int = 256,
+        context: Mapping[str, str] | None = None,
+    ) -> None:
+        if nodes < 1:
+            raise ClusterError("a Broker-J HA group needs at least one node")
+        self.version = VERSION
+        self.count = nodes
+        self._own_dir = dir is None
+        self.dir = Path(dir) if dir is not None else Path(tempfile.mkdtemp(prefix="msgsafe-qpid-"))
+        self.detached = detached
+        self.group = group
+        self.user = user
+        self.password = password
+        self.heap_mb = heap_mb
+        self.context = dict(context or {})
+        if base_port is None:
+            picked = free_ports(3 * nodes)
+        else:
+            picked = [base_port + i for i in range(3 * nodes)]
+        self.ports = picked[:nodes]  #: AMQP ports
+        self.http_ports = picked[nodes : 2 * nodes]
+        self.ha_ports = picked[2 * nodes :]
+        self.pids: list[int | None] = [None] * nodes
+        #: Seconds the last :meth:`start` took until a master and every replica served.
+        self.start_seconds = 0.0
+
+    # --- jars -----------------------------------------------------------------------------
+
+    @classmethod
+    def fetch(cls) -> None:
+        """Resolve the Broker-J and JE jars into the cache (once); a damaged cache is
+        fetched again."""
+        name = f"qpid-{VERSION}"
+        lib = maven.resolve(name, ["dependency:copy-dependencies"]) / "lib"
+        if maven.damaged_jar(lib, _REQUIRED_JARS) is None:
+            return
+        log.warning("damaged Broker-J jars in %s: fetching them again", lib)
+        shutil.rmtree(lib.parent)
+        lib = maven.resolve(name, ["dependency:copy-dependencies"]) / "lib"
+        damaged = maven.damaged_jar(lib, _REQUIRED_JARS)
+        if damaged is not None:
+            raise ClusterError(
+                f"{damaged} is damaged in Maven's own repository too: delete "
+                "~/.m2/repository/org/apache/qpid and run `msgsafe cluster fetch qpid`"
+            )
+
+    def _lib(self) -> Path:
+        lib = maven.resolve(f"qpid-{self.version}", ["dependency:copy-dependencies"]) / "lib"
+        damaged = maven.damaged_jar(lib, _REQUIRED_JARS)
+        if damaged is not None:
+            raise ClusterError(
+                f"the Broker-J jars in {lib} are damaged ({damaged}): "
+                "run `msgsafe cluster fetch qpid` to fetch them again"
+            )
+        return lib
+
+    # --- configuration --------------------------------------------------------------------
+
+    def name(self, node: int) -> str:
+        """The virtual host node's (and the BDB replication node's) name: ``qpid-I``."""
+        return f"qpid-{node}"
+
+    def _node_dir(self, node: int) -> Path:
+        return self.dir / self.name(node)
+
+    def _log(self, node: int) -> Path:
+        return self._node_dir(node) / "broker.out"
+
+    def _ha_address(self, node: int) -> str:
+        return f"{_HOST}:{self.ha_ports[node]}"
+
+    def _initial_config(self, node: int) -> dict[str, Any]:
+        """The broker's initial configuration; ``${...}`` come from ``-prop``."""
+        auto_create = {
+            "pattern": ".*",
+            "nodeType": "Queue",
+            "attributes": {"durable": True},
+            "createdOnPublish": True,
+            "createdOnConsume": True,
+        }
+        blueprint = {"type": "BDB_HA", "nodeAutoCreationPolicies": [auto_create]}
+        vhn: dict[str, Any] = {
+            "name": self.name(node),
+            "type": "BDB_HA",
+            "groupName": self.group,
+            "address": self._ha_address(node),
+            "helperAddress": self._ha_address(0),
+            "permittedNodes": [self._ha_address(i) for i in range(self.count)],
+            "storePath": "${qpid.work_dir}/ha",
+            "defaultVirtualHostNode": True,
+            # The virtual host each node creates when it becomes master for the first
+            # time (replicated to the others from then on).
+            "context": {"virtualhostBlueprint": json.dumps(blueprint), **self.context},
+        }
+        if node > 0:
+            vhn["helperNodeName"] = self.name(0)
+        level = [
+            {"name": name, "type": "NameAndLevel", "level": lvl, "loggerName": logger}
+            for name, lvl, logger in (
+                ("Root", "WARN", "ROOT"),
+                ("Qpid", "INFO", "org.apache.qpid.*"),
+                ("Ops", "INFO", "qpid.message.*"),  # HA-10xx role changes live here
+            )
+        ]
+        basic_auth = {"httpBasicAuthenticationEnabled": True}  # on plain HTTP, loopback only
+        return {
+            "name": self.name(node),
+            "modelVersion": "9.0",
+            "authenticationproviders": [
+                {
+                    "name": "plain",
+                    "type": "Plain",
+                    # Loopback test brokers: PLAIN without TLS (proton offers no SCRAM).
+                    "secureOnlyMechanisms": [],
+                    "users": [{"name": self.user, "type": "managed", "password": self.password}],
+                }
+            ],
+            "brokerloggers": [
+                {
+                    "name": "logfile",
+                    "type": "File",
+                    "fileName": "${qpid.work_dir}/qpid.log",
+                    "brokerloginclusionrules": level,
+                }
+            ],
+            "ports": [
+                {
+                    "name": "AMQP",
+                    "port": "${qpid.amqp_port}",
+                    "bindingAddress": _HOST,
+                    "authenticationProvider": "plain",
+                    # Any open hostname (proton sends the host it dialled) means this
+                    # node's virtual host.
+                    "virtualhostaliases": [
+                        {"name": a, "type": a}
+                        for a in ("nameAlias", "defaultAlias", "hostnameAlias")
+                    ],
+                },
+                {
+                    "name": "HTTP",
+                    "port": "${qpid.http_port}",
+                    "bindingAddress": _HOST,
+                    "authenticationProvider": "plain",
+                    "protocols": ["HTTP"],
+                },
+            ],
+            "virtualhostnodes": [vhn],
+            "plugins": [{"type": "MANAGEMENT-HTTP", "name": "http", **basic_auth}],
+        }
+
+    def _argv(self, node: int, lib: Path) -> list[str]:
+        node_dir = self._node_dir(node)
+        return [
+            maven.java(),
+            f"-Xmx{self.heap_mb}m",
+            f"-Xms{min(self.heap_mb, 64)}m",
+            f"-XX:MaxDirectMemorySize={self.heap_mb}m",
+            # Three JVMs share two cores: one GC thread each, no concurrent GC work.
+            "-XX:+UseSerialGC",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.awt.headless=true",
+            f"-DQPID_WORK={node_dir}",
+            *("-cp", f"{lib}/*", _MAIN),
+            *("--initial-config-path", str(node_dir / "initial-config.json")),
+            *("--store-path", str(node_dir / "config.json")),
+            *("-prop", f"qpid.work_dir={node_dir}"),
+            *("-prop", f"qpid.amqp_port={self.ports[node]}"),
+            *("-prop", f"qpid.http_port={self.http_ports[node]}"),
+        ]
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self, timeout: float | None = None) -> None:
+        """Start every node and wait until one is MASTER with its virtual host active and
+        every other one is an attached REPLICA."""
+        timeout = 180.0 if timeout is None else timeout
+        started = time.monotonic()
+        lib = self._lib()
+        for node in range(self.count):
+            if self._running(node):
+                raise ClusterError(f"qpid node {node} already runs (pid {self.pids[node]})")
+        for port in [*self.ports, *self.http_ports, *self.ha_ports]:
+            if not port_free(port):
+                raise ClusterError(f"port {port} on 127.0.0.1 is taken: choose another base port")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for node in range(self.count):
+                node_dir = self._node_dir(node)
+                node_dir.mkdir(parents=True, exist_ok=True)
+                # Read by the broker only while config.json does not exist yet.
+                (node_dir / "initial-config.json").write_text(
+                    json.dumps(self._initial_config(node), indent=2)
+                )
+            for node in range(self.count):
+                self._spawn(node, lib)
+            self._save()
+            log.info("qpid: %d nodes launched, waiting for a master", self.count)
+            self.wait_group(max(0.0, started + timeout - time.monotonic()))
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - started
+        log.info("qpid: %d nodes serving in %.1f s: %s", self.count, self.start_seconds, self.url)
+
+    def _spawn(self, node: int, lib: Path) -> None:
+        env = {**os.environ, "QPID_WORK": str(self._node_dir(node))}
+        self.pids[node] = spawn(
+            self._argv(node, lib),
+            log=self._log(node),
+            cwd=self._node_dir(node),
+            env=env,
+            detached=self.detached,
+        )
+        log.info("qpid: node %d started (pid %d)", node, self.pids[node])
+
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM every node, SIGKILL what is left after ``grace`` seconds; remove the
+        temp dir this cluster made. Idempotent."""
+        for node in range(self.count):
+            if self._running(node):
+                signal_pid(self.pids[node], signal.SIGCONT)
+                signal_pid(self.pids[node], signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for node in range(self.count):
+            pid = self.pids[node]
+            if not wait_gone(pid, max(0.0, deadline - time.monotonic())):
+                log.warning("qpid: node %d did not stop in %.0f s: SIGKILL", node, grace)
+                signal_pid(pid, signal.SIGKILL)
+                if not wait_gone(pid, 10.0):
+                    raise ClusterError(f"qpid node {node} (pid {pid}) survived SIGKILL")
+            self.pids[node] = None
+        self._save()
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def kill(self, node: int) -> None:
+        """SIGKILL ``node``; its data stays, as after a crash."""
+        pid = self._pid(node)
+        signal_pid(pid, signal.SIGKILL)
+        if not wait_gone(pid, 10.0):
+            raise ClusterError(f"qpid node {node} (pid {pid}) survived SIGKILL")
+        self.pids[node] = None
+        self._save()
+
+    def restart(self, node: int, timeout: float | None = None) -> None:
+        """Stop ``node`` if it runs, start it on its ports with its data, and wait until
+        it is MASTER or REPLICA again (it rejoins the group; with fewer than a quorum
+        of nodes running it stays WAITING and this times out)."""
+        timeout = 120.0 if timeout is None else timeout
+        self._check_index(node)
+        if self._running(node):
+            pid = self.pids[node]
+            signal_pid(pid, signal.SIGCONT)
+            signal_pid(pid, signal.SIGTERM)
+            if not wait_gone(pid, 30.0):
+                signal_pid(pid, signal.SIGKILL)
+                wait_gone(pid, 10.0)
+        self.pids[node] = None
+        ports = (self.ports[node], self.http_ports[node], self.ha_ports[node])
+        wait_for(
+            lambda: all(port_free(p) for p in ports),
+            30.0,
+            f"the ports of qpid node {node} to be free",
+        )
+        started = time.monotonic()
+        self._spawn(node, self._lib())
+        self._save()
+        self._wait_roles([node], (MASTER, REPLICA), started + timeout)
+        log.info("qpid: node %d back in %.1f s", node, time.monotonic() - started)
+
+    def pause(self, node: int) -> None:
+        """SIGSTOP ``node``: its sockets stay open and it answers nothing."""
+        signal_pid(self._pid(node), signal.SIGSTOP)
+
+    def resume(self, node: int) -> None:
+        """SIGCONT ``node``."""
+        signal_pid(self._pid(node), signal.SIGCONT)
+
+    # --- processes ------------------------------------------------------------------------
+
+    def _check_index(self, node: int) -> None:
+        if not 0 <= node < self.count:
+            raise ClusterError(f"no qpid node {node} (nodes are 0..{self.count - 1})")
+
+    def _pid(self, node: int) -> int:
+        self._check_index(node)
+        pid = self.pids[node]
+        if pid is None or not self._running(node):
+            raise ClusterError(f"qpid node {node} is not running")
+        return pid
+
+    def _running(self, node: int) -> bool:
+        pid = self.pids[node]
+        if not pid_alive(pid):
+            return False
+        # A pid from cluster.json may have been reused by another process since.
+        with contextlib.suppress(OSError):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            return str(self._node_dir(node) / "config.json").encode() in cmdline
+        return True
+
+    def _paused(self, node: int) -> bool:
+        with contextlib.suppress(OSError, IndexError):
+            stat = Path(f"/proc/{self.pids[node]}/stat").read_text()
+            return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+        return False
+
+    def _check_alive(self, nodes: Sequence[int]) -> None:
+        for node in nodes:
+            if not self._running(node):
+                raise ClusterError(f"qpid node {node} exited while starting\n{self._tails([node])}")
+
+    def _tails(self, nodes: Sequence[int]) -> str:
+        logs = [(self._log(n), 10) for n in nodes] + [
+            (self._node_dir(n) / "qpid.log", 15) for n in nodes
+        ]
+        return "\n".join(text for path, lines in logs if (text := tail(path, lines)))
+
+    # --- the REST API ---------------------------------------------------------------------
+
+    def _rest(self, node: int, path: str, timeout: float = 1.0) -> Any:
+        """GET ``/api/latest/<path>`` on ``node``; None when it does not answer."""
+        url = f"http://{_HOST}:{self.http_ports[node]}/api/latest/{path}"
+        token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
+        request = urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return json.load(response)
+        except (OSError, ValueError, urllib.error.URLError):
+            return None
+
+    def role(self, node: int) -> str | None:
+        """``node``'s own view of its role, lower case: master, replica, waiting,
+        detached, unreachable...; None when it does not run, is paused or does not
+        answer. A master that was paused and resumed says ``master`` for some seconds
+        after the others elected a new one; it commits nothing then (no quorum)."""
+        self._check_index(node)
+        if not self._running(node) or self._paused(node):
+            return None
+        found = self._rest(node, f"virtualhostnode/{quote(self.name(node))}")
+        if isinstance(found, list):
+            found = found[0] if found else None
+        if not isinstance(found, dict) or not isinstance(found.get("role"), str):
+            return None
+        return str(found["role"]).lower()
+
+    def roles(self) -> list[str | None]:
+        """:meth:`role` of every node."""
+        return [self.role(node) for node in range(self.count)]
+
+    def _virtualhost_active(self, node: int) -> bool:
+        found = self._rest(node, f"virtualhost/{quote(self.name(node))}/{quote(self.group)}")
+        if isinstance(found, list):
+            found = found[0] if found else None
+        return isinstance(found, dict) and found.get("state") == "ACTIVE"
+
+    def master(self) -> int | None:
+        """The one running node that is master with an active virtual host; None while
+        there is none (an election) or more than one claims it."""
+        masters = [n for n, role in enumerate(self.roles()) if role == MASTER]
+        if len(masters) != 1 or not self._virtualhost_active(masters[0]):
+            return None
+        return masters[0]
+
+    def wait_master(self, timeout: float = 60.0, *, exclude: Sequence[int] = ()) -> int:
+        """Wait until a node not in ``exclude`` is :meth:`master`; return it."""
+        found: list[int] = []
+
+        def elected() -> bool:
+            node = self.master()
+            if node is None or node in exclude:
+                return False
+            found.append(node)
+            return True
+
+        wait_for(
+            elected,
+            timeout,
+            "a qpid master" + (f" other than {list(exclude)}" if exclude else ""),
+            interval=0.1,
+            on_timeout=lambda: f"roles: {self.roles()}",
+        )
+        return found[-1]
+
+    def wait_group(self, timeout: float = 120.0) -> int:
+        """Wait until every running node is attached: one master with an active virtual
+        host, every other running node a replica. Returns the master."""
+        deadline = time.monotonic() + timeout
+        running = [n for n in range(self.count) if self._running(n)]
+        self._wait_roles(running, (MASTER, REPLICA), deadline)
+        return self.wait_master(max(0.0, deadline - time.monotonic()))
+
+    def _wait_roles(self, nodes: Sequence[int], roles: Sequence[str], deadline: float) -> None:
+        def attached() -> bool:
+            self._check_alive(nodes)
+            return all(self.role(n) in roles for n in nodes)
+
+        wait_for(
+            attached,
+            max(0.0, deadline - time.monotonic()),
+            f"qpid nodes {list(nodes)} to be {' or '.join(roles)}",
+            interval=0.2,
+            on_timeout=lambda: f"roles: {self.roles()}\n{self._tails(nodes)}",
+        )
+
+    # --- what it looks like ---------------------------------------------------------------
+
+    def _credentials(self) -> str:
+        return f"{quote(self.user, safe='')}:{quote(self.password, safe='')}@"
+
+    @property
+    def url(self) -> str:
+        """``amqp10://user:pass@127.0.0.1:P0,127.0.0.1:P1,...`` (every node)."""
+        hosts = ",".join(f"{_HOST}:{port}" for port in self.ports)
+        return f"amqp10://{self._credentials()}{hosts}"
+
+    def node_url(self, node: int) -> str:
+        """``amqp10://user:pass@127.0.0.1:P`` of ``node`` only."""
+        self._check_index(node)
+        return f"amqp10://{self._credentials()}{_HOST}:{self.ports[node]}"
+
+    def nodes(self) -> list[NodeInfo]:
+        """Every node with :meth:`role` (``paused`` when SIGSTOPped)."""
+        result = []
+        for node in range(self.count):
+            running = self._running(node)
+            role = "paused" if running and self._paused(node) else self.role(node)
+            result.append(
+                NodeInfo(
+                    name=self.name(node),
+                    pid=self.pids[node] if running else None,
+                    host=_HOST,
+                    port=self.ports[node],
+                    running=running,
+                    role=role,
+                )
+            )
+        return result
+
+    # --- state ----------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Ports, pids, group, credentials and JVM options (see :meth:`from_state`)."""
+        return {
+            "version": self.version,
+            "nodes": self.count,
+            "ports": self.ports,
+            "http_ports": self.http_ports,
+            "ha_ports": self.ha_ports,
+            "pids": self.pids,
+            "group": self.group,
+            "user": self.user,
+            "password": self.password,
+            "heap_mb": self.heap_mb,
+            "context": self.context,
+        }
+
+    @classmethod
+    def from_state(cls, dir: Path, state: dict[str, Any]) -> Self:
+        """The cluster in ``dir`` as :meth:`state` described it (driven detached)."""
+        try:
+            count = int(state["nodes"])
+            ports = [int(p) for p in [*state["ports"], *state["http_ports"], *state["ha_ports"]]]
+            if len(ports) != 3 * count:
+                raise ValueError("port lists do not match the node count")
+            cluster = cls(
+                count,
+                dir,
+                detached=True,
+                group=str(state["group"]),
+                user=str(state["user"]),
+                password=str(state["password"]),
+                heap_mb=int(state["heap_mb"]),
+                context=state.get("context") or {},
+            )
+            cluster.version = str(state["version"])
+            cluster.ports = ports[:count]
+            cluster.http_ports = ports[count : 2 * count]
+            cluster.ha_ports = ports[2 * count :]
+            cluster.pids = [int(p) if p is not None else None for p in state["pids"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ClusterError(f"{dir}/cluster.json does not describe a qpid cluster") from exc
+        return cluster
+
+    def _save(self) -> None:
+        if self.detached:
+            self.save_state()
