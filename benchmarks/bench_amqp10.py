@@ -18,7 +18,7 @@ Brokers (``--broker``):
 - ``peer`` (default) — the proton test peer, started here on loopback; it commits every
   message to its SQLite store before accepting it. ``--address sink/...`` makes it accept
   without storing, which leaves the clients' own cost as the only limit.
-- ``rabbitmq`` — a one-node RabbitMQ 3.10 started here (``msgsafe.testing.rabbitmq``) with
+- ``rabbitmq`` — a one-node RabbitMQ 3.10 started here (``msgsafe.cluster.rabbitmq``) with
   a durable quorum queue, addressed as ``/amq/queue/NAME``.
 - ``--url amqp10://...`` — any running broker.
 
@@ -205,14 +205,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     try:
         url = args.url
         if url is None and args.broker == "rabbitmq":
-            from msgsafe.testing.rabbitmq import RabbitCluster
+            from msgsafe.cluster.rabbitmq import RabbitCluster
 
             cluster = RabbitCluster(size=1)
             cluster.start()
             url = cluster.amqp10_url(0)
-            address = "/amq/queue/" + _declare_quorum_queue(cluster.url(0), args.address)
+            address = "/amq/queue/" + _declare_quorum_queue(cluster.node_url(0), args.address)
         elif url is None:
-            from msgsafe.testing.amqp10_peer import PeerProcess
+            from tests.support.amqp10_peer import PeerProcess
 
             peer = PeerProcess(store=Path(tmp.name) / "store.db", credit=args.window).start()
             url = f"amqp10://127.0.0.1:{peer.port}"

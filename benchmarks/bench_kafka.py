@@ -25,7 +25,7 @@
 Rounds alternate raw / sdk so both see the same broker state; the best round of each is
 reported with the ratio sdk/raw (goal >= 0.9), wall-clock and CPU time per message.
 
-The broker is a tansu broker started here (see :mod:`msgsafe.testing.kafka`) unless
+The broker is a tansu broker started here (see :mod:`msgsafe.cluster.tansu`) unless
 ``--url kafka://...`` names another.
 
     python -m benchmarks.bench_kafka [--messages 1000000] [--readme benchmarks/README.md]
@@ -288,9 +288,9 @@ def _broker(url: str | None) -> Iterator[tuple[str, str]]:
     if url is not None:
         yield url, url.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0].split("@")[-1]
         return
-    from msgsafe.testing.kafka import KafkaCluster
+    from msgsafe.cluster.tansu import TansuCluster
 
-    with KafkaCluster(brokers=1) as cluster:
+    with TansuCluster(nodes=1) as cluster:
         yield cluster.url, cluster.bootstrap
 
 
@@ -307,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
 
-    from msgsafe.testing.kafka import _create_topic
+    from msgsafe.cluster.kafka_admin import create_topic
 
     raw_runs: list[tuple[float, float]] = []
     raw_id_runs: list[tuple[float, float]] = []
@@ -318,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     with _broker(args.url) as (url, bootstrap), tempfile.TemporaryDirectory() as tmp:
         for n in range(args.rounds):
             topic = f"bench-{uuid.uuid4().hex[:8]}"
-            _create_topic(bootstrap, topic, 3, 30)
+            create_topic(bootstrap, topic, 3, 1, timeout=30)
             raw_runs.append(run_raw(bootstrap, topic, args.messages))
             print(f"round {n + 1}: raw {raw_runs[-1][0]:,.0f} msg/s", flush=True)
             batch_runs.append(run_batch(url, topic, args.messages, Path(tmp) / f"b{n}.db"))

@@ -3,7 +3,7 @@
     python benchmarks/bench_rabbitmq.py [--messages 100000] [--rounds 2] [--url amqp://...]
                                         [--readme benchmarks/README.md]
 
-Without ``--url`` a 3-node cluster is started on loopback (``msgsafe.testing.rabbitmq``).
+Without ``--url`` a 3-node cluster is started on loopback (``msgsafe.cluster.rabbitmq``).
 Every variant publishes ``--messages`` 100-byte persistent messages to its own fresh
 quorum queue with the same guarantees:
 
@@ -324,13 +324,13 @@ def main(argv: list[str] | None = None) -> int:
     cluster = None
     url = args.url
     if url is None:
-        from msgsafe.testing.rabbitmq import RabbitCluster
+        from msgsafe.cluster.rabbitmq import RabbitCluster
 
         cluster = RabbitCluster(size=3)
         started = time.monotonic()
         cluster.start()
         print(f"cluster ready in {time.monotonic() - started:.1f} s", flush=True)
-        url = cluster.url(0)
+        url = cluster.node_url(0)
     load = os.getloadavg()[0]
     rounds: dict[str, list[tuple[float, float]]] = {
         "raw": [],

@@ -129,7 +129,8 @@ class _MemoryBroker:
     def __init__(self) -> None:
         import subprocess
 
-        from msgsafe.testing.kafka import free_port, tansu_binary
+        from msgsafe.cluster._process import free_port
+        from msgsafe.cluster.tansu import tansu_binary
 
         self.port = free_port()
         listener = f"tcp://127.0.0.1:{self.port}"
@@ -166,9 +167,9 @@ class _MemoryBroker:
         return f"kafka://127.0.0.1:{self.port}"
 
     def create_topic(self, name: str, partitions: int) -> None:
-        from msgsafe.testing.kafka import _create_topic
+        from msgsafe.cluster.kafka_admin import create_topic
 
-        _create_topic(f"127.0.0.1:{self.port}", name, partitions, 30.0)
+        create_topic(f"127.0.0.1:{self.port}", name, partitions, 1, timeout=30.0)
 
     def stop(self) -> None:
         if self._proc.poll() is None:

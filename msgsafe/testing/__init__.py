@@ -1,10 +1,9 @@
-"""Test helpers that are public API: the in-process broker with fault injection, and
-harnesses that start real brokers on loopback for integration tests.
+"""In-process doubles for users' own tests: no broker program, no network namespace.
 
-``from msgsafe.testing import MemoryBroker`` is the double for users' own tests.
-The harness modules (``msgsafe.testing.rabbitmq``, ``msgsafe.testing.kafka``,
-``msgsafe.testing.faultproxy``) are imported explicitly; they need the brokers'
-programs installed, not only Python packages.
+``from msgsafe.testing import MemoryBroker`` is the broker ``memory://NAME`` connects
+to, with fault injection. :mod:`msgsafe.testing.faultproxy` is a TCP fault proxy to put
+between a client and any broker (black-hole, reset, latency, bandwidth, cut mid-frame).
+Real brokers on loopback are started by :mod:`msgsafe.cluster`.
 """
 
 from msgsafe.adapters.memory.broker import MemoryBroker

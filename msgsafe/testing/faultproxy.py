@@ -33,35 +33,46 @@ Usage::
         print(proxy.stats())
 
 One proxy per broker is cheap (one idle thread each); :class:`FaultProxies` holds one per
-broker of a cluster and gives the host list for a URL. ``upstream_netns`` opens the
-upstream connections inside a named network namespace (see :mod:`msgsafe.testing.netns`)
-while the listener stays in the caller's namespace: a loopback door into a test network.
+broker of a cluster and gives the host list for a URL. ``upstream_socket`` makes the
+sockets of upstream connections (a factory taking family and type, e.g. one that opens
+them inside a network namespace) while the listener stays in the caller's namespace: a
+loopback door into a test network.
+
+The pieces each connection is shaped with are in :mod:`msgsafe.testing._proxy_conn`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal, TypeVar
+from typing import TypeVar
 
-__all__ = ["Direction", "FaultProxies", "FaultProxy", "ProxyStats"]
+from msgsafe.testing._proxy_conn import (
+    DOWN,
+    UP,
+    Conn,
+    Direction,
+    Mode,
+    TokenBucket,
+    directions,
+    rst,
+)
 
-Direction = Literal["upstream", "downstream", "both"]
-"""``upstream``: client to server; ``downstream``: server to client."""
+__all__ = ["Direction", "FaultProxies", "FaultProxy", "ProxyStats", "SocketFactory"]
+
+#: Makes the socket of an upstream connection from its family and type.
+SocketFactory = Callable[[int, int], socket.socket]
 
 _T = TypeVar("_T")
 _CHUNK = 65536
 _QUEUE_CHUNKS = 16  # per direction and connection: at most ~1 MiB held in the proxy
 _CONTROL_TIMEOUT = 10.0
-_UP, _DOWN = 0, 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,64 +87,6 @@ class ProxyStats:
     connections_active: int
     connections_reset: int
     upstream_connect_failures: int
-
-
-class _Mode(enum.Enum):
-    PASS = "pass"
-    BLACKHOLE = "blackhole"
-    STALL = "stall"
-    RESET = "reset"
-
-
-class _Bucket:
-    """A token bucket for one direction; tokens may go negative, callers then wait."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-        self._tokens = 0.0
-        self._last = time.monotonic()
-
-    def delay_for(self, size: int) -> float:
-        now = time.monotonic()
-        # A small burst allowance keeps the measured rate close to the configured one.
-        self._tokens = min(self.rate * 0.05, self._tokens + (now - self._last) * self.rate)
-        self._last = now
-        self._tokens -= size
-        return -self._tokens / self.rate if self._tokens < 0 else 0.0
-
-    @property
-    def chunk(self) -> int:
-        return max(256, int(self.rate * 0.05))
-
-
-_EOF = b""
-
-
-class _Conn:
-    """One client connection and its upstream twin. Touched only on the loop thread."""
-
-    def __init__(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        self.client_r = client_r
-        self.client_w = client_w
-        self.up_r: asyncio.StreamReader | None = None
-        self.up_w: asyncio.StreamWriter | None = None
-        self.gapped = False  # some bytes were dropped: the stream can never be whole again
-        self.cut_budget: int | None = None
-        self.closed = False
-        self.eof = [False, False]
-        self.tasks: list[asyncio.Task[None]] = []
-
-    def writers(self) -> list[asyncio.StreamWriter]:
-        return [w for w in (self.client_w, self.up_w) if w is not None]
-
-
-def _rst(writer: asyncio.StreamWriter) -> None:
-    """Abort ``writer``'s transport so that the kernel sends RST, not FIN."""
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    writer.transport.abort()
 
 
 class FaultProxy:
@@ -155,7 +108,7 @@ class FaultProxy:
         listen_host: str = "127.0.0.1",
         listen_port: int = 0,
         *,
-        upstream_netns: str | None = None,
+        upstream_socket: SocketFactory | None = None,
         connect_timeout: float = 5.0,
     ) -> None:
         if not 0 < upstream_port < 65536:
@@ -167,14 +120,14 @@ class FaultProxy:
         self._upstream = (upstream_host, upstream_port)
         self._listen_host = listen_host
         self._listen_port = listen_port
-        self._upstream_netns = upstream_netns
+        self._upstream_socket = upstream_socket
         self._connect_timeout = connect_timeout
-        self._mode = _Mode.PASS
+        self._mode = Mode.PASS
         self._latency = [0.0, 0.0]
-        self._buckets: list[_Bucket | None] = [None, None]
+        self._buckets: list[TokenBucket | None] = [None, None]
         self._cut_after: int | None = None
         self._server: asyncio.Server | None = None
-        self._conns: set[_Conn] = set()
+        self._conns: set[Conn] = set()
         self._accepting: set[asyncio.Task[None]] = set()
         self._gate = [asyncio.Event(), asyncio.Event()]  # set: bytes may flow
         for gate in self._gate:
@@ -216,15 +169,15 @@ class FaultProxy:
 
     def blackhole(self) -> None:
         """Keep connections open but drop every byte and FIN, both directions."""
-        self._call(self._set_mode, _Mode.BLACKHOLE)
+        self._call(self._set_mode, Mode.BLACKHOLE)
 
     def stall(self) -> None:
         """Hold every byte (TCP back-pressure) until :meth:`heal`; nothing is lost."""
-        self._call(self._set_mode, _Mode.STALL)
+        self._call(self._set_mode, Mode.STALL)
 
     def reset(self) -> None:
         """RST every current connection, and every new one until :meth:`heal`."""
-        self._call(self._set_mode, _Mode.RESET)
+        self._call(self._set_mode, Mode.RESET)
 
     def refuse(self) -> None:
         """Close the listener so new connections are refused; current ones continue."""
@@ -322,24 +275,24 @@ class FaultProxy:
             await self._server.wait_closed()
             self._server = None
 
-    async def _set_mode(self, mode: _Mode) -> None:
+    async def _set_mode(self, mode: Mode) -> None:
         self._mode = mode
         for gate in self._gate:
-            if mode is _Mode.STALL:
+            if mode is Mode.STALL:
                 gate.clear()
             else:
                 gate.set()
-        if mode is _Mode.RESET:
+        if mode is Mode.RESET:
             for conn in list(self._conns):
                 self._reset_conn(conn)
 
     async def _set_latency(self, seconds: float, direction: Direction) -> None:
-        for d in _directions(direction):
+        for d in directions(direction):
             self._latency[d] = seconds
 
     async def _set_bandwidth(self, rate: float, direction: Direction) -> None:
-        for d in _directions(direction):
-            self._buckets[d] = _Bucket(rate)
+        for d in directions(direction):
+            self._buckets[d] = TokenBucket(rate)
 
     async def _set_cut(self, after_bytes: int) -> None:
         self._cut_after = after_bytes
@@ -347,7 +300,7 @@ class FaultProxy:
             conn.cut_budget = after_bytes
 
     async def _heal(self) -> None:
-        await self._set_mode(_Mode.PASS)
+        await self._set_mode(Mode.PASS)
         self._latency = [0.0, 0.0]
         self._buckets = [None, None]
         self._cut_after = None
@@ -360,10 +313,10 @@ class FaultProxy:
 
     async def _stats(self) -> ProxyStats:
         return ProxyStats(
-            bytes_upstream=self._bytes[_UP],
-            bytes_downstream=self._bytes[_DOWN],
-            dropped_upstream=self._dropped[_UP],
-            dropped_downstream=self._dropped[_DOWN],
+            bytes_upstream=self._bytes[UP],
+            bytes_downstream=self._bytes[DOWN],
+            dropped_upstream=self._dropped[UP],
+            dropped_downstream=self._dropped[DOWN],
             connections_accepted=self._accepted,
             connections_active=len(self._conns),
             connections_reset=self._reset_count,
@@ -399,14 +352,14 @@ class FaultProxy:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         self._accepted += 1
-        if self._mode is _Mode.RESET:
+        if self._mode is Mode.RESET:
             self._reset_count += 1
-            _rst(writer)
+            rst(writer)
             return
-        conn = _Conn(reader, writer)
+        conn = Conn(reader, writer)
         conn.cut_budget = self._cut_after
         self._conns.add(conn)
-        if self._mode is _Mode.BLACKHOLE:
+        if self._mode is Mode.BLACKHOLE:
             # A black hole lets nothing through, not even our dial: the client holds an
             # open connection to nowhere, which heal() resets.
             conn.gapped = True
@@ -420,23 +373,21 @@ class FaultProxy:
         if conn.closed:
             # Reset (or closed) while we were dialling: drop the fresh upstream too.
             if conn.up_w is not None:
-                _rst(conn.up_w)
+                rst(conn.up_w)
             return
         conn.tasks = [
-            asyncio.ensure_future(self._direction(conn, _UP)),
-            asyncio.ensure_future(self._direction(conn, _DOWN)),
+            asyncio.ensure_future(self._direction(conn, UP)),
+            asyncio.ensure_future(self._direction(conn, DOWN)),
         ]
 
     async def _dial(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         host, port = self._upstream
-        if self._upstream_netns is None:
+        if self._upstream_socket is None:
             return await asyncio.wait_for(
                 asyncio.open_connection(host, port, limit=_CHUNK), self._connect_timeout
             )
-        from msgsafe.testing.netns import socket_in_netns
-
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket_in_netns(self._upstream_netns, family, socket.SOCK_STREAM)
+        sock = self._upstream_socket(family, socket.SOCK_STREAM)
         try:
             sock.setblocking(False)
             await asyncio.wait_for(
@@ -448,11 +399,11 @@ class FaultProxy:
             raise
         return await asyncio.open_connection(sock=sock, limit=_CHUNK)
 
-    async def _direction(self, conn: _Conn, d: int) -> None:
+    async def _direction(self, conn: Conn, d: int) -> None:
         """Read one direction into a bounded queue; a second task writes it onwards."""
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(_QUEUE_CHUNKS)
         writer_task = asyncio.ensure_future(self._write_side(conn, d, queue))
-        source = conn.client_r if d == _UP else conn.up_r
+        source = conn.client_r if d == UP else conn.up_r
         try:
             if source is None:
                 # Black-holed from the start: nothing will ever come from upstream.
@@ -473,9 +424,9 @@ class FaultProxy:
                     await writer_task
 
     async def _write_side(
-        self, conn: _Conn, d: int, queue: asyncio.Queue[tuple[float, bytes]]
+        self, conn: Conn, d: int, queue: asyncio.Queue[tuple[float, bytes]]
     ) -> None:
-        sink = conn.up_w if d == _UP else conn.client_w
+        sink = conn.up_w if d == UP else conn.client_w
         try:
             while True:
                 due, data = await queue.get()
@@ -483,7 +434,7 @@ class FaultProxy:
                 if delay > 0:
                     await asyncio.sleep(delay)
                 await self._gate[d].wait()
-                if self._mode is _Mode.BLACKHOLE or sink is None:
+                if self._mode is Mode.BLACKHOLE or sink is None:
                     conn.gapped = True
                     self._dropped[d] += len(data)
                     continue
@@ -496,7 +447,7 @@ class FaultProxy:
         except OSError:
             self._reset_conn(conn)
 
-    async def _write(self, conn: _Conn, d: int, sink: asyncio.StreamWriter, data: bytes) -> None:
+    async def _write(self, conn: Conn, d: int, sink: asyncio.StreamWriter, data: bytes) -> None:
         while data:
             piece = data
             bucket = self._buckets[d]
@@ -505,10 +456,10 @@ class FaultProxy:
                 wait = bucket.delay_for(len(piece))
                 if wait > 0:
                     await asyncio.sleep(wait)
-            cut = d == _DOWN and conn.cut_budget is not None and len(piece) >= conn.cut_budget
+            cut = d == DOWN and conn.cut_budget is not None and len(piece) >= conn.cut_budget
             if cut and conn.cut_budget is not None:
                 piece = piece[: conn.cut_budget]
-            if self._mode is _Mode.BLACKHOLE:
+            if self._mode is Mode.BLACKHOLE:
                 conn.gapped = True
                 self._dropped[d] += len(data)
                 return
@@ -518,44 +469,44 @@ class FaultProxy:
             if cut:
                 self._cut_conn(conn)
                 return
-            if d == _DOWN and conn.cut_budget is not None:
+            if d == DOWN and conn.cut_budget is not None:
                 conn.cut_budget -= len(piece)
             data = data[len(piece) :]
 
-    def _eof(self, conn: _Conn, d: int) -> None:
+    def _eof(self, conn: Conn, d: int) -> None:
         """Pass a FIN onwards; close the connection when both directions ended."""
         conn.eof[d] = True
-        sink = conn.up_w if d == _UP else conn.client_w
+        sink = conn.up_w if d == UP else conn.client_w
         if sink is not None and sink.can_write_eof() and not sink.is_closing():
             with contextlib.suppress(OSError):
                 sink.write_eof()
         if all(conn.eof):
             self._close_conn(conn)
 
-    def _cut_conn(self, conn: _Conn) -> None:
+    def _cut_conn(self, conn: Conn) -> None:
         # NOTE: the client gets a FIN mid-frame (as when a broker process exits); the
         # upstream gets a reset so the broker drops its half at once.
         if conn.up_w is not None:
-            _rst(conn.up_w)
+            rst(conn.up_w)
         conn.client_w.close()
         self._forget(conn)
 
-    def _reset_conn(self, conn: _Conn) -> None:
+    def _reset_conn(self, conn: Conn) -> None:
         if conn.closed:
             return
         self._reset_count += 1
         for writer in conn.writers():
-            _rst(writer)
+            rst(writer)
         self._forget(conn)
 
-    def _close_conn(self, conn: _Conn) -> None:
+    def _close_conn(self, conn: Conn) -> None:
         if conn.closed:
             return
         for writer in conn.writers():
             writer.close()
         self._forget(conn)
 
-    def _forget(self, conn: _Conn) -> None:
+    def _forget(self, conn: Conn) -> None:
         conn.closed = True
         self._conns.discard(conn)
         current = asyncio.current_task()
@@ -608,28 +559,27 @@ class FaultProxies:
 
     def blackhole(self) -> None:
         """Black-hole every proxy."""
-        for proxy in self._proxies:
-            proxy.blackhole()
+        self._each(FaultProxy.blackhole)
 
     def reset(self) -> None:
         """Reset every proxy's connections (and new ones until heal)."""
-        for proxy in self._proxies:
-            proxy.reset()
+        self._each(FaultProxy.reset)
 
     def refuse(self) -> None:
         """Refuse new connections on every proxy."""
-        for proxy in self._proxies:
-            proxy.refuse()
+        self._each(FaultProxy.refuse)
 
     def heal(self) -> None:
         """Heal every proxy."""
-        for proxy in self._proxies:
-            proxy.heal()
+        self._each(FaultProxy.heal)
 
     def close(self) -> None:
         """Close every proxy (idempotent)."""
+        self._each(FaultProxy.close)
+
+    def _each(self, action: Callable[[FaultProxy], None]) -> None:
         for proxy in self._proxies:
-            proxy.close()
+            action(proxy)
 
     def __enter__(self) -> FaultProxies:
         return self
@@ -641,13 +591,3 @@ class FaultProxies:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def _directions(direction: Direction) -> tuple[int, ...]:
-    if direction == "both":
-        return (_UP, _DOWN)
-    if direction == "upstream":
-        return (_UP,)
-    if direction == "downstream":
-        return (_DOWN,)
-    raise ValueError(f"direction must be 'upstream', 'downstream' or 'both', not {direction!r}")

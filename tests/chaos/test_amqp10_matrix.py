@@ -13,8 +13,8 @@ import pika
 import pytest
 
 import msgsafe
+from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.testing.faultproxy import FaultProxies
-from msgsafe.testing.rabbitmq import RabbitCluster
 from tests.chaos._matrix import (
     RETRY,
     Fault,
@@ -39,7 +39,7 @@ OPTIONS: dict[str, object] = {
 def _queue(rabbit: RabbitCluster) -> str:
     # NOTE: RabbitMQ 3.10's AMQP 1.0 plugin cannot declare queues: declare over 0-9-1.
     name = f"chaos10-{uuid.uuid4().hex[:8]}"
-    conn = pika.BlockingConnection(pika.URLParameters(rabbit.url(1)))
+    conn = pika.BlockingConnection(pika.URLParameters(rabbit.node_url(1)))
     try:
         conn.channel().queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
     finally:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import msgsafe
-from msgsafe.testing.kafka import KafkaCluster
+from msgsafe.cluster.tansu import TansuCluster
 from tests.chaos._matrix import (
     RETRY,
     Consume,
@@ -37,7 +37,7 @@ OPTIONS: dict[str, object] = {"connect_timeout": 1.0, "confirm_timeout": 3.0}
 KEYS_PER_THREAD = 16
 
 
-def _topic(cluster: KafkaCluster) -> str:
+def _topic(cluster: TansuCluster) -> str:
     name = f"chaos-{uuid.uuid4().hex[:8]}"
     cluster.create_topic(name, partitions=3)
     return name

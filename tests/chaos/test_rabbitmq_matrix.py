@@ -16,8 +16,8 @@ import pika
 import pytest
 
 import msgsafe
+from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.testing.faultproxy import FaultProxies
-from msgsafe.testing.rabbitmq import RabbitCluster
 from tests.chaos._matrix import (
     RETRY,
     BackgroundConsumer,
@@ -124,7 +124,7 @@ def test_partition(chaos_rep: int, net_rabbit: object, tmp_path: Path) -> None:
     while clients still reach it. Under pause_minority it pauses and closes its client
     connections; the producer moves to the majority and loses nothing, the consumer
     resumes there."""
-    from tests.integration.netns.rabbit_lab import AMQP_PORT, NetRabbitCluster
+    from tests.support.rabbit_lab import AMQP_PORT, NetRabbitCluster
 
     assert isinstance(net_rabbit, NetRabbitCluster)
     cluster = net_rabbit

@@ -64,7 +64,7 @@ def _kafka_case(request: pytest.FixtureRequest) -> Iterator[BrokerCase]:
         name="kafka",
         # One broker: the contract is about the SDK's semantics, and tansu brokers sharing
         # one log answer ListOffsets from stale state when a client spreads over several
-        # (see msgsafe.testing.kafka); fail-over between brokers has tests of its own.
+        # (see msgsafe.cluster.tansu); fail-over between brokers has tests of its own.
         url=cluster.broker_url(0),
         new_destination=topic,
         needs_group=True,

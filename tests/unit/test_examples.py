@@ -101,7 +101,7 @@ def test_kafka_keys_on_memory(run: Callable[..., Run]) -> None:
 def test_kafka_keys_without_url_shows_how_to_get_a_broker(run: Callable[..., Run]) -> None:
     result = run("kafka_keys.py")
     assert result.code == 2
-    assert "python3 -m msgsafe.testing.kafka 1" in result.stderr
+    assert "python3 -m msgsafe.cluster.tansu 1" in result.stderr
 
 
 def test_testing_your_code(run: Callable[..., Run]) -> None:

@@ -22,9 +22,9 @@ from msgsafe.errors import (
 )
 from msgsafe.message import Envelope
 from msgsafe.ports import Receiver, Transport
-from msgsafe.testing.amqp10_peer import stored_count
 from tests.fixtures.amqp10 import PeerFactory, TlsFiles
 from tests.integration.amqp10._tally import wait_until
+from tests.support.amqp10_peer import stored_count
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +91,7 @@ def test_outcomes_map_to_typed_errors(amqp10_peers: PeerFactory) -> None:
 
 
 def test_unreachable_broker_fails_within_confirm_timeout() -> None:
-    from msgsafe.testing.rabbitmq import free_port
+    from msgsafe.cluster._process import free_port
 
     port = free_port()  # nobody listens there
     with _transport(f"amqp10://127.0.0.1:{port}", confirm_timeout=1.0) as t:

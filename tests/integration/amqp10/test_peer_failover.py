@@ -17,9 +17,9 @@ from msgsafe.adapters.amqp10 import Amqp10Receiver, Amqp10Transport
 from msgsafe.endpoints import Endpoint, parse_url
 from msgsafe.errors import TransientError
 from msgsafe.message import Envelope
-from msgsafe.testing.amqp10_peer import PeerProcess
 from tests.fixtures.amqp10 import PeerFactory, TlsFiles
 from tests.integration.amqp10._tally import Drain, Tally, wait_until
+from tests.support.amqp10_peer import PeerProcess
 
 pytestmark = pytest.mark.integration
 

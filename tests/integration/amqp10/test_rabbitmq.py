@@ -13,10 +13,10 @@ import pytest
 
 from msgsafe.adapters import open_receiver, open_transport
 from msgsafe.adapters.amqp10 import Amqp10Receiver, Amqp10Transport
+from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import AuthenticationError
 from msgsafe.message import Envelope
-from msgsafe.testing.rabbitmq import RabbitCluster
 from tests.integration.amqp10._tally import Drain, Tally, wait_until
 
 pytestmark = pytest.mark.integration
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 def _quorum_queue(cluster: RabbitCluster) -> str:
     name = f"amqp10-{uuid.uuid4().hex[:8]}"
-    conn = pika.BlockingConnection(pika.URLParameters(cluster.url(0)))
+    conn = pika.BlockingConnection(pika.URLParameters(cluster.node_url(0)))
     try:
         conn.channel().queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
     finally:
@@ -33,7 +33,7 @@ def _quorum_queue(cluster: RabbitCluster) -> str:
 
 
 def _amqp10_cluster_url(cluster: RabbitCluster) -> str:
-    hosts = ",".join(f"127.0.0.1:{cluster.port(i)}" for i in range(len(cluster.nodes)))
+    hosts = ",".join(f"127.0.0.1:{cluster.port(i)}" for i in range(cluster.size))
     return f"amqp10://{cluster.username}:{cluster.password}@{hosts}"
 
 
@@ -76,7 +76,7 @@ def test_10k_messages_connected_node_killed(rabbit: RabbitCluster) -> None:
     with _transport(url, confirm_timeout=60.0) as transport:
         assert transport.wait_connected(20)
         first = transport.history[0]
-        victim = next(i for i in range(len(rabbit.nodes)) if rabbit.port(i) == first.port)
+        victim = next(i for i in range(rabbit.size) if rabbit.port(i) == first.port)
         killed = False
         for i in range(10_000):
             env = Envelope.build(address, b"%08d" % i + b"." * 92)
@@ -87,9 +87,7 @@ def test_10k_messages_connected_node_killed(rabbit: RabbitCluster) -> None:
         assert killed, "the node was never killed: too few confirmed before the end"
         wait_until(lambda: tally.resolved() == 10_000, 120, "every publish to resolve")
         history = transport.history
-    survivors = ",".join(
-        f"127.0.0.1:{rabbit.port(i)}" for i in range(len(rabbit.nodes)) if i != victim
-    )
+    survivors = ",".join(f"127.0.0.1:{rabbit.port(i)}" for i in range(rabbit.size) if i != victim)
     with _receiver(f"amqp10://guest:guest@{survivors}", credit=500) as rx:
         rx.subscribe(address)
         drain = Drain(rx, tally)

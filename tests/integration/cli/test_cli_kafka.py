@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from msgsafe.cluster.tansu import TansuCluster
 from msgsafe.message import Envelope
 from msgsafe.outbox import SqliteOutbox
-from msgsafe.testing.kafka import KafkaCluster
 from tests.integration.cli._run import msgsafe
 
 pytestmark = pytest.mark.integration
@@ -64,7 +64,7 @@ def test_verify_counts_every_message_back(kafka_url: str, kafka_topic: str, tmp_
     assert [s["expected"] for s in report["streams"]] == [100, 100, 100, 100]
 
 
-def test_doctor_flags_replication_factor_1(kafka_cluster: KafkaCluster, kafka_topic: str) -> None:
+def test_doctor_flags_replication_factor_1(kafka_cluster: TansuCluster, kafka_topic: str) -> None:
     # Every broker: doctor counts them, and tansu brokers' metadata can lag a topic
     # created through another one.
     result = msgsafe("doctor", kafka_cluster.url, kafka_topic, "--json")
@@ -129,13 +129,13 @@ def test_outbox_drain_forwards_a_stored_file(
 
 
 def test_verify_while_its_broker_is_paused_and_resumed(
-    kafka: KafkaCluster, kafka_topic: str, tmp_path: Path
+    kafka: TansuCluster, kafka_topic: str, tmp_path: Path
 ) -> None:
     """What a user does with verify: inject a fault while it runs.
 
     One broker and a pause (SIGSTOP for 5 s, then SIGCONT): tansu 0.6 brokers sharing a
     log lose acknowledged records when two of them write one partition (see
-    msgsafe.testing.kafka), which happens after a SIGKILL and restart or while a client
+    msgsafe.cluster.tansu), which happens after a SIGKILL and restart or while a client
     moves between brokers, and verify rightly reports them lost. The SIGKILL itself is
     covered by the chaos matrix and tests/integration/kafka/test_broker_kill.py.
     """
@@ -186,7 +186,7 @@ def test_verify_finds_its_run_among_earlier_ones_and_a_consume_phase_can_repeat(
 ) -> None:
     """A run's group reads the topic from its beginning and counts the earlier runs'
     records as foreign; a consume-only phase of an earlier run can be repeated.
-    (One broker: see msgsafe.testing.kafka on tansu's shared log.)"""
+    (One broker: see msgsafe.cluster.tansu on tansu's shared log.)"""
     url = kafka_url
     common = ["--outbox", str(tmp_path / "outbox.sqlite3"), "--timeout", "5", "--json"]
     first = msgsafe("verify", url, kafka_topic, "--count", "200", *common)

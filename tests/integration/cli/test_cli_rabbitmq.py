@@ -8,7 +8,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from msgsafe.testing.rabbitmq import RabbitCluster
+from msgsafe.cluster.rabbitmq import RabbitCluster
 from tests.fixtures.rabbitmq import RabbitUrls
 from tests.integration.cli._run import msgsafe
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 
 
 def _channel(cluster: RabbitCluster) -> pika.adapters.blocking_connection.BlockingChannel:
-    params = pika.URLParameters(cluster.url(0))
+    params = pika.URLParameters(cluster.node_url(0))
     return pika.BlockingConnection(params).channel()
 
 

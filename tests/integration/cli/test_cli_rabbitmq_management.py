@@ -17,7 +17,8 @@ from collections.abc import Iterator
 import pika
 import pytest
 
-from msgsafe.testing.rabbitmq import INSTALL_HINT, RabbitCluster, free_port
+from msgsafe.cluster._process import free_port
+from msgsafe.cluster.rabbitmq import INSTALL_HINT, RabbitCluster
 from tests.integration.cli._run import msgsafe
 
 pytestmark = pytest.mark.integration
@@ -39,7 +40,7 @@ def managed_node() -> Iterator[tuple[RabbitCluster, str]]:
             f"application:set_env(rabbitmq_management, tcp_config, [{{port, {port}}}, "
             f'{{ip, "127.0.0.1"}}]).',
         )
-        node = cluster.nodes[0]
+        node = cluster.members[0]
         # NOTE: rabbitmq-plugins must see the node's own environment (enabled-plugins
         # file, cookie in HOME); the harness builds it.
         enabled = subprocess.run(
@@ -50,7 +51,7 @@ def managed_node() -> Iterator[tuple[RabbitCluster, str]]:
                 "enable",
                 "rabbitmq_management",
             ],
-            env=cluster._env(node),
+            env=cluster.env(0),
             capture_output=True,
             text=True,
             timeout=120,
@@ -85,12 +86,12 @@ def test_doctor_reads_nodes_and_queue_types_from_the_management_api(
     managed_node: tuple[RabbitCluster, str],
 ) -> None:
     cluster, api = managed_node
-    channel = pika.BlockingConnection(pika.URLParameters(cluster.url(0))).channel()
+    channel = pika.BlockingConnection(pika.URLParameters(cluster.node_url(0))).channel()
     channel.queue_declare("mgmt-classic", durable=True)
     channel.queue_declare("mgmt-quorum", durable=True, arguments={"x-queue-type": "quorum"})
     channel.connection.close()
 
-    result = msgsafe("doctor", cluster.url(0), "--management", api, "--json")
+    result = msgsafe("doctor", cluster.node_url(0), "--management", api, "--json")
     report = result.json()
     by_key = {(f["subject"], f["setting"]): f for f in report["findings"]}
     print(by_key)
@@ -103,5 +104,5 @@ def test_doctor_reads_nodes_and_queue_types_from_the_management_api(
     assert result.code == 6
 
     # A management URL that does not answer is reported as such, never guessed around.
-    other = msgsafe("doctor", cluster.url(0), "mgmt-quorum", "--management", api + "/x")
+    other = msgsafe("doctor", cluster.node_url(0), "mgmt-quorum", "--management", api + "/x")
     assert "did not answer" in other.stdout or "HTTP" in other.stdout

@@ -22,8 +22,8 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 import msgsafe
+from msgsafe.cluster.tansu import TansuCluster
 from msgsafe.compat._kafka_config import translate_config
-from msgsafe.testing.kafka import KafkaCluster
 from tests.integration.compat.legacy import (
     HERE,
     Run,
@@ -41,7 +41,7 @@ OLD_IMPORT = "from confluent_kafka import Producer"
 NEW_IMPORT = "from msgsafe.compat.confluent_kafka import Producer"
 
 
-def _kill(cluster: KafkaCluster) -> Callable[[int], str]:
+def _kill(cluster: TansuCluster) -> Callable[[int], str]:
     def kill(_pid: int) -> str:
         cluster.kill(0)
         return "broker0"
@@ -86,7 +86,7 @@ def _read_pass(
 
 
 def _received(
-    cluster: KafkaCluster, topic: str, want: set[int], *, passes: int = 3, limit_s: float = 60.0
+    cluster: TansuCluster, topic: str, want: set[int], *, passes: int = 3, limit_s: float = 60.0
 ) -> Counter[int]:
     """Every event in ``topic``: read passes from the beginning until every id in ``want``
     was seen, at most ``passes`` of them; each id counts as often as the pass that saw it
@@ -120,7 +120,7 @@ def _forward_leftovers(data_dir: Path, bootstrap: str) -> int:
 
 
 def test_legacy_kafka_producer_loses_nothing_once_wrapped(
-    kafka: KafkaCluster, tmp_path: Path
+    kafka: TansuCluster, tmp_path: Path
 ) -> None:
     runs = []
     for label, script in (

@@ -13,8 +13,8 @@ import pika
 import pytest
 
 import msgsafe
+from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.compat._pika_config import connection_url
-from msgsafe.testing.rabbitmq import RabbitCluster
 from tests.integration.compat.legacy import (
     HERE,
     Run,
@@ -34,12 +34,12 @@ NEW_IMPORT = "from msgsafe.compat import pika"
 
 
 def _hosts(cluster: RabbitCluster) -> str:
-    return ",".join(f"127.0.0.1:{cluster.port(i)}" for i in range(len(cluster.nodes)))
+    return ",".join(f"127.0.0.1:{cluster.port(i)}" for i in range(cluster.size))
 
 
 def _kill_connected(cluster: RabbitCluster, killed: list[int]) -> Callable[[int], str]:
     def kill(pid: int) -> str:
-        ports = {cluster.port(i): i for i in range(len(cluster.nodes))}
+        ports = {cluster.port(i): i for i in range(cluster.size)}
         connected = connected_ports(pid, ports)
         index = ports[connected[0]] if connected else 0
         cluster.kill(index)
@@ -51,7 +51,7 @@ def _kill_connected(cluster: RabbitCluster, killed: list[int]) -> Callable[[int]
 
 def _received(cluster: RabbitCluster, node: int, queue: str, limit_s: float = 60.0) -> Counter[int]:
     """Every event in ``queue`` (taken off it), read through ``node``."""
-    connection = pika.BlockingConnection(pika.URLParameters(cluster.url(node)))
+    connection = pika.BlockingConnection(pika.URLParameters(cluster.node_url(node)))
     try:
         channel = connection.channel()
         received: Counter[int] = Counter()
@@ -73,9 +73,7 @@ def _received(cluster: RabbitCluster, node: int, queue: str, limit_s: float = 60
 
 def _forward_leftovers(data_dir: Path, cluster: RabbitCluster) -> int:
     """Forward what the wrapped script left in its outbox (the next producer's job)."""
-    params = [
-        pika.ConnectionParameters("127.0.0.1", cluster.port(i)) for i in range(len(cluster.nodes))
-    ]
+    params = [pika.ConnectionParameters("127.0.0.1", cluster.port(i)) for i in range(cluster.size)]
     url, _ = connection_url(params)
     left = 0
     for path in data_dir.glob("**/outbox/*.sqlite3"):
@@ -109,7 +107,7 @@ def test_legacy_pika_producer_loses_nothing_once_wrapped(
         )
         if label == "wrapped":
             run.left_in_outbox = _forward_leftovers(data_dir, rabbit)
-        alive = next(i for i in range(len(rabbit.nodes)) if i not in killed)
+        alive = next(i for i in range(rabbit.size) if i not in killed)
         run.received = _received(rabbit, alive, queue)
         print(run.summary())
         runs.append(run)

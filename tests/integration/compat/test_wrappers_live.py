@@ -9,10 +9,10 @@ from pathlib import Path
 import pika as real_pika
 import pytest
 
+from msgsafe.cluster.rabbitmq import RabbitCluster
+from msgsafe.cluster.tansu import TansuCluster
 from msgsafe.compat import confluent_kafka, pika
 from msgsafe.errors import Unroutable
-from msgsafe.testing.kafka import KafkaCluster
-from msgsafe.testing.rabbitmq import RabbitCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -21,7 +21,7 @@ def _params(cluster: RabbitCluster) -> list[real_pika.ConnectionParameters]:
     creds = pika.PlainCredentials(cluster.username, cluster.password)
     return [
         pika.ConnectionParameters("127.0.0.1", cluster.port(i), credentials=creds)
-        for i in range(len(cluster.nodes))
+        for i in range(cluster.size)
     ]
 
 
@@ -29,7 +29,7 @@ def _params(cluster: RabbitCluster) -> list[real_pika.ConnectionParameters]:
 
 
 def test_kafka_reports_list_topics_and_a_permanent_error(
-    kafka_cluster: KafkaCluster, kafka_topic: str, tmp_path: Path
+    kafka_cluster: TansuCluster, kafka_topic: str, tmp_path: Path
 ) -> None:
     reports: list[tuple[object, object]] = []
     producer = confluent_kafka.Producer(

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 import msgsafe
+from msgsafe.cluster.tansu import TansuCluster
 from msgsafe.message import new_message_id
-from msgsafe.testing.kafka import KafkaCluster
 from tests.integration.examples._run import EXAMPLES
 
 pytestmark = pytest.mark.integration
@@ -38,7 +38,7 @@ def _read(consumer: msgsafe.Consumer, want: int, seconds: float) -> list[str]:
 
 
 def test_spark_sink_publishes_and_a_rerun_deduplicates(
-    spark: Any, kafka_cluster: KafkaCluster, kafka_url: str
+    spark: Any, kafka_cluster: TansuCluster, kafka_url: str
 ) -> None:
     example = _example()
     topic = f"spark-{new_message_id()}"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 import msgsafe
+from msgsafe.cluster.tansu import TansuCluster
 from msgsafe.message import Delivery
-from msgsafe.testing.kafka import KafkaCluster
-from tests.integration.kafka._support import Ledger, consume_until
+from tests.support.kafka_ledger import Ledger, consume_until
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +24,7 @@ CONFIRM_TIMEOUT = 3.0
 
 
 def test_all_brokers_down_stores_then_drains_in_key_order(
-    kafka: KafkaCluster, kafka_topic: str, tmp_path: Path
+    kafka: TansuCluster, kafka_topic: str, tmp_path: Path
 ) -> None:
     ledger = Ledger()
     seq: dict[str, tuple[str, int]] = {}  # id -> (key, per-key sequence number)

@@ -8,11 +8,11 @@ import time
 import pytest
 
 from msgsafe.adapters.kafka import KafkaOptions, open_receiver, open_transport
+from msgsafe.cluster.tansu import TansuCluster
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError, MessageTooLarge, Unroutable
 from msgsafe.message import Envelope
-from msgsafe.testing.kafka import KafkaCluster
-from tests.integration.kafka._support import start_group_at_zero
+from tests.support.kafka_ledger import start_group_at_zero
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +20,7 @@ FAST_GROUP = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 500}
 
 
 def test_round_trip_carries_id_headers_and_key(
-    kafka_cluster: KafkaCluster, kafka_topic: str
+    kafka_cluster: TansuCluster, kafka_topic: str
 ) -> None:
     transport = open_transport(parse_url(kafka_cluster.url), {})
     envelopes = [
@@ -64,7 +64,7 @@ def test_round_trip_carries_id_headers_and_key(
 
 
 def test_committed_offsets_are_not_redelivered(
-    kafka_cluster: KafkaCluster, kafka_topic: str
+    kafka_cluster: TansuCluster, kafka_topic: str
 ) -> None:
     transport = open_transport(parse_url(kafka_cluster.url), {})
     try:
@@ -103,7 +103,7 @@ def test_committed_offsets_are_not_redelivered(
     assert not set(acked) & set(rest)
 
 
-def test_requeue_delivers_again(kafka_cluster: KafkaCluster, kafka_topic: str) -> None:
+def test_requeue_delivers_again(kafka_cluster: TansuCluster, kafka_topic: str) -> None:
     transport = open_transport(parse_url(kafka_cluster.url), {})
     try:
         transport.publish(Envelope.build(kafka_topic, b"once", key="k")).result(15)
@@ -129,7 +129,7 @@ def test_requeue_delivers_again(kafka_cluster: KafkaCluster, kafka_topic: str) -
     assert not seen[0].redelivered and seen[1].redelivered
 
 
-def test_too_large_is_permanent(kafka_cluster: KafkaCluster, kafka_topic: str) -> None:
+def test_too_large_is_permanent(kafka_cluster: TansuCluster, kafka_topic: str) -> None:
     url = parse_url(kafka_cluster.url)
     transport = open_transport(url, {"max_message_size": 1000})
     try:
@@ -146,7 +146,7 @@ def test_too_large_is_permanent(kafka_cluster: KafkaCluster, kafka_topic: str) -
         transport.close()
 
 
-def test_unknown_topic_without_auto_create_is_unroutable(kafka_cluster: KafkaCluster) -> None:
+def test_unknown_topic_without_auto_create_is_unroutable(kafka_cluster: TansuCluster) -> None:
     transport = open_transport(
         parse_url(kafka_cluster.url),
         {"confirm_timeout": 4, "librdkafka": {"allow.auto.create.topics": "false"}},

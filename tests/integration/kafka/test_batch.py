@@ -27,9 +27,9 @@ from msgsafe.errors import (
     TransientError,
 )
 from msgsafe.message import Batch, Delivery
-from msgsafe.testing.kafka import MockKafkaCluster
-from tests.integration.kafka._support import Ledger, consume_until, warm_up
 from tests.integration.kafka.test_mock_errors import _raise_fatal
+from tests.support.kafka_ledger import Ledger, consume_until, warm_up
+from tests.support.kafka_mock import MockKafkaCluster
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import msgsafe
-from msgsafe.testing.kafka import KafkaCluster
-from tests.integration.kafka._support import Ledger, read_log
+from msgsafe.cluster.tansu import TansuCluster
+from tests.support.kafka_ledger import Ledger, read_log
 
 pytestmark = pytest.mark.integration
 
@@ -31,13 +31,13 @@ WINDOW = 5_000
         "broker defect, not a client one: tansu 0.6 on S3 acknowledges acks=all writes "
         "before they survive SIGKILL (also with one broker and no fail-over), and brokers "
         "sharing the log lose acknowledged records when two write one partition at once "
-        "(see msgsafe.testing.kafka); the test runs, prints its counts and passes "
+        "(see msgsafe.cluster.tansu); the test runs, prints its counts and passes "
         "whenever the broker keeps its acks"
     ),
     strict=False,
 )
 def test_50k_messages_with_broker_killed_mid_stream(
-    kafka: KafkaCluster, kafka_topic: str, tmp_path: Path
+    kafka: TansuCluster, kafka_topic: str, tmp_path: Path
 ) -> None:
     ledger = Ledger()
     futures: list[Future[msgsafe.Receipt]] = []

@@ -11,10 +11,10 @@ import pytest
 
 import msgsafe
 from msgsafe.adapters.kafka import open_receiver, open_transport
+from msgsafe.cluster.tansu import TansuCluster
 from msgsafe.endpoints import parse_url
 from msgsafe.message import Envelope
-from msgsafe.testing.kafka import KafkaCluster
-from tests.integration.kafka._support import start_group_at_zero
+from tests.support.kafka_ledger import start_group_at_zero
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,7 @@ def _publish(url: str, envelopes: list[Envelope]) -> None:
 
 
 def test_sdk_consumer_drops_duplicates_by_message_id(
-    kafka_cluster: KafkaCluster, kafka_topic: str
+    kafka_cluster: TansuCluster, kafka_topic: str
 ) -> None:
     envelopes = [Envelope.build(kafka_topic, b"%d" % i, key=f"k{i % 4}") for i in range(300)]
     # Every tenth message published twice with the same id, as a retry after an
@@ -59,7 +59,7 @@ def test_sdk_consumer_drops_duplicates_by_message_id(
 
 
 def test_two_members_share_the_topic_and_a_rebalance_loses_nothing(
-    kafka_cluster: KafkaCluster, kafka_topic: str
+    kafka_cluster: TansuCluster, kafka_topic: str
 ) -> None:
     envelopes = [Envelope.build(kafka_topic, b"x", key=f"k{i % 16}") for i in range(3000)]
     _publish(kafka_cluster.url, envelopes)

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from msgsafe.adapters.kafka import open_transport
+from msgsafe.cluster.tansu import TansuCluster
 from msgsafe.endpoints import parse_url
 from msgsafe.message import Envelope
-from msgsafe.testing.kafka import KafkaCluster
-from tests.integration.kafka._support import start_group_at_zero
+from tests.support.kafka_ledger import start_group_at_zero
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +61,7 @@ def _wait(condition: collections.abc.Callable[[], bool], timeout: float, what: s
 
 
 def test_consumer_killed_mid_batch_loses_nothing(
-    kafka_cluster: KafkaCluster, kafka_topic: str, tmp_path: Path
+    kafka_cluster: TansuCluster, kafka_topic: str, tmp_path: Path
 ) -> None:
     transport = open_transport(parse_url(kafka_cluster.url), {})
     sent: list[str] = []

@@ -16,8 +16,8 @@ from msgsafe.adapters.kafka import KafkaTransport, open_transport
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import TransientError
 from msgsafe.message import Envelope
-from msgsafe.testing.kafka import MockKafkaCluster, _librdkafka
-from tests.integration.kafka._support import Ledger, consume_until, warm_up
+from tests.support.kafka_ledger import Ledger, consume_until, warm_up
+from tests.support.kafka_mock import MockKafkaCluster, _librdkafka
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from msgsafe.testing import netns
-from msgsafe.testing.netns import CLIENT, NetLab, NetLabError, cleanup_stale
+from tests.support import netns
+from tests.support.netns import CLIENT, NetLab, NetLabError, cleanup_stale
 
 pytestmark = pytest.mark.integration
 
@@ -163,7 +163,7 @@ def test_close_removes_namespaces_and_processes() -> None:
 def test_cleanup_stale_removes_labs_of_crashed_runs() -> None:
     code = (
         "import sys, time\n"
-        "from msgsafe.testing.netns import NetLab\n"
+        "from tests.support.netns import NetLab\n"
         "lab = NetLab(2); lab.start(); print(lab.token, flush=True); time.sleep(300)\n"
     )
     crashed = subprocess.Popen(

@@ -18,8 +18,7 @@ import pika.exceptions
 import pytest
 
 from msgsafe.testing.faultproxy import FaultProxy
-
-from .rabbit_lab import AMQP_PORT, NetRabbitCluster
+from tests.support.rabbit_lab import AMQP_PORT, NetRabbitCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.slow]
 

@@ -19,11 +19,11 @@ import pytest
 from msgsafe.adapters import open_receiver, open_transport
 from msgsafe.adapters.rabbitmq import RabbitTransport
 from msgsafe.adapters.rabbitmq import transport as rabbit_transport_module
+from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import MessageTooLarge, MsgsafeError, TransientError, Unroutable
 from msgsafe.message import Batch, Envelope
 from msgsafe.ports import Transport
-from msgsafe.testing.rabbitmq import RabbitCluster
 from tests.fixtures.rabbitmq import RabbitUrls
 from tests.integration.rabbitmq._ledger import Ledger, consume_until, wait_for
 
@@ -250,7 +250,7 @@ def test_kill_connected_node_mid_batch(rabbit: RabbitCluster) -> None:
     the queue) is killed -9: transient failures are sent again with the same ids, as
     the outbox would; lost == 0."""
     victim = 0
-    order = [victim] + [i for i in range(len(rabbit.nodes)) if i != victim]
+    order = [victim] + [i for i in range(rabbit.size) if i != victim]
     queue = _queue("batch-kill")
     t = open_transport(
         parse_url(rabbit.cluster_url(order)),

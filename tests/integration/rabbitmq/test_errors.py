@@ -14,6 +14,7 @@ import pytest
 import msgsafe
 from msgsafe.adapters import open_transport
 from msgsafe.adapters.rabbitmq import RabbitTransport
+from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import (
     AuthenticationError,
@@ -23,7 +24,6 @@ from msgsafe.errors import (
     Unroutable,
 )
 from msgsafe.message import Envelope
-from msgsafe.testing.rabbitmq import RabbitCluster
 from tests.fixtures.rabbitmq import RabbitUrls
 from tests.integration.rabbitmq._ledger import wait_for
 
@@ -113,7 +113,7 @@ def test_broker_side_size_limit_is_typed(rabbit_cluster: RabbitCluster) -> None:
     """The broker's own max_message_size closes the channel (406); the culprit gets
     MessageTooLarge and the messages in flight beside it are still confirmed."""
     limit = 64 * 1024
-    nodes = range(len(rabbit_cluster.nodes))
+    nodes = range(rabbit_cluster.size)
     for i in nodes:
         rabbit_cluster.ctl(i, "eval", f"application:set_env(rabbit, max_message_size, {limit}).")
     try:
@@ -159,13 +159,13 @@ def test_memory_alarm_blocks_within_the_timeout(rabbit: RabbitCluster) -> None:
     queue = f"alarm-{uuid.uuid4().hex[:8]}"
     try:
         assert t.publish(Envelope.build(queue, b"before")).result(10) is None
-        for i in range(len(rabbit.nodes)):
+        for i in range(rabbit.size):
             rabbit.ctl(i, "set_vm_memory_high_watermark", "absolute", "1")
         try:
             wait_for(
                 lambda: all(
                     "memory" in rabbit.ctl(i, "eval", "rabbit_alarm:get_alarms().")
-                    for i in range(len(rabbit.nodes))
+                    for i in range(rabbit.size)
                 ),
                 30,
                 "the memory alarm on every node",
@@ -177,7 +177,7 @@ def test_memory_alarm_blocks_within_the_timeout(rabbit: RabbitCluster) -> None:
                 assert isinstance(exc, TransientError), exc
             assert time.monotonic() - started < 3 + 1.5
         finally:
-            for i in range(len(rabbit.nodes)):
+            for i in range(rabbit.size):
                 rabbit.ctl(i, "set_vm_memory_high_watermark", "0.4")
         deadline = time.monotonic() + 30
         while True:

@@ -14,9 +14,9 @@ import uuid
 import pytest
 
 from msgsafe.adapters import open_receiver, open_transport
+from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.endpoints import parse_url
 from msgsafe.message import Envelope
-from msgsafe.testing.rabbitmq import RabbitCluster
 from tests.integration.rabbitmq._ledger import Ledger, consume_until, publish_all, wait_for
 
 pytestmark = pytest.mark.integration
@@ -41,7 +41,7 @@ def _run(
 ) -> None:
     # The victim is listed first: the transport connects to it and declares the queue
     # there, so it also holds the quorum queue's leader.
-    order = [victim] + [i for i in range(len(rabbit.nodes)) if i != victim]
+    order = [victim] + [i for i in range(rabbit.size) if i != victim]
     url = parse_url(rabbit.cluster_url(order))
     transport = open_transport(url, {"declare": "quorum", **options})
     started = time.monotonic()

@@ -12,9 +12,9 @@ import pytest
 
 import msgsafe
 from msgsafe.adapters import open_receiver
+from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.endpoints import parse_url
 from msgsafe.retry import RetryPolicy
-from msgsafe.testing.rabbitmq import RabbitCluster
 from tests.integration.rabbitmq._ledger import Ledger, consume_until, wait_for
 
 pytestmark = pytest.mark.integration

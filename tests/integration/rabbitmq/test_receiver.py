@@ -10,10 +10,10 @@ import pika
 import pytest
 
 from msgsafe.adapters import open_receiver, open_transport
+from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.endpoints import parse_url
 from msgsafe.message import Delivery, Envelope
 from msgsafe.ports import Receiver
-from msgsafe.testing.rabbitmq import RabbitCluster
 from tests.fixtures.rabbitmq import RabbitUrls
 
 pytestmark = pytest.mark.integration
@@ -122,7 +122,7 @@ def test_exchange_binding_with_group(rabbit_urls: RabbitUrls) -> None:
 def test_resubscribe_after_consumer_node_killed(rabbit: RabbitCluster) -> None:
     queue = f"resub-{uuid.uuid4().hex[:8]}"
     victim = 2
-    others = [i for i in range(len(rabbit.nodes)) if i != victim]
+    others = [i for i in range(rabbit.size) if i != victim]
     first = _send(rabbit.cluster_url(others), queue, 10, declare="quorum")
     r = open_receiver(parse_url(rabbit.cluster_url([victim, *others])), {"heartbeat": 2})
     try:

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from msgsafe.cluster.rabbitmq import RabbitCluster
+from msgsafe.cluster.tansu import TansuCluster
 from msgsafe.spark import ContentIds, ForeachBatchSink, foreach_batch_sink, key_id
-from msgsafe.testing.kafka import KafkaCluster
-from msgsafe.testing.rabbitmq import RabbitCluster
 from tests.integration.spark._support import (
     consume,
     gated_rows,
@@ -203,7 +203,7 @@ def _kill_during_batch(
 
 
 def test_broker_killed_during_a_batch_kafka(
-    spark: Any, kafka: KafkaCluster, kafka_topic: str, tmp_path: Path
+    spark: Any, kafka: TansuCluster, kafka_topic: str, tmp_path: Path
 ) -> None:
     started = time.monotonic()
     markers = tmp_path / "markers"

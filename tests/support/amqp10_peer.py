@@ -26,7 +26,7 @@ every open with an open immediately followed by a close carrying
 
 Run it as its own process so a kill is real::
 
-    python -m msgsafe.testing.amqp10_peer --store /tmp/s.db --advertise amqp://127.0.0.1:5673
+    python tests/support/amqp10_peer.py --store /tmp/s.db --advertise amqp://127.0.0.1:5673
 
 It prints ``READY <port>`` once listening and ``CONNECTED <n>`` for each client
 connection. :class:`PeerProcess` wraps that for test fixtures.
@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from msgsafe.cluster._process import pid_alive
+
 __all__ = ["PeerProcess", "main"]
 
 _POLL_S = 0.02
@@ -66,16 +68,6 @@ def _schema(db: sqlite3.Connection) -> None:
     )
     db.execute("CREATE INDEX IF NOT EXISTS by_address ON messages(address, owner, seq)")
     db.commit()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _run_peer(args: argparse.Namespace) -> None:
@@ -249,7 +241,7 @@ def _run_peer(args: argparse.Namespace) -> None:
         def sweep(self) -> None:
             owners = [row[0] for row in db.execute("SELECT DISTINCT owner FROM messages")]
             for owner in owners:
-                if owner is not None and owner != pid and not _pid_alive(owner):
+                if owner is not None and owner != pid and not pid_alive(owner):
                     db.execute("UPDATE messages SET owner=NULL WHERE owner=?", (owner,))
 
         def deliver(self) -> None:
@@ -321,8 +313,8 @@ class PeerProcess:
         """Start the process and wait until it listens; raises RuntimeError otherwise."""
         cmd = [
             sys.executable,
-            "-m",
-            "msgsafe.testing.amqp10_peer",
+            # Run as a script, by path: the peer needs proton, not this test package.
+            str(Path(__file__).resolve()),
             "--store",
             str(self.store),
             "--port",

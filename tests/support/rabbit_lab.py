@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from msgsafe.testing.netns import NetLab
+from tests.support.netns import NetLab
 
 _BIN = Path("/usr/lib/rabbitmq/bin")
 AMQP_PORT = 5672

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import secrets
 import shutil
@@ -390,7 +391,7 @@ class NetLab:
         proxy = FaultProxy(
             self.addr(i),
             port,
-            upstream_netns=self.client_netns,
+            upstream_socket=functools.partial(socket_in_netns, self.client_netns),
             connect_timeout=connect_timeout,
         )
         self._proxies.append(proxy)

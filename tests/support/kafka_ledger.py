@@ -1,4 +1,5 @@
-"""Bookkeeping for the Kafka reliability tests: ids sent, receipted, received."""
+"""Bookkeeping for the Kafka reliability tests: ids sent, receipted, received, and the
+readers that count what a topic holds."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import time
 from dataclasses import dataclass, field
 
 from msgsafe.adapters.kafka import open_receiver
+from msgsafe.adapters.kafka.positions import start_group_at_beginning
 from msgsafe.endpoints import parse_url
 from msgsafe.message import Delivery, Envelope, new_message_id
 from msgsafe.ports import Transport
-from msgsafe.testing.kafka import start_group_at_zero as _start_group_at_zero
 
 
 @dataclass
@@ -94,8 +95,8 @@ def consume_until(
 
 def start_group_at_zero(url: str, topic: str, group: str) -> None:
     """Start a checking group at offset 0 (tansu's ListOffsets(earliest) is unreliable
-    after restarts; see :meth:`msgsafe.testing.kafka.KafkaCluster.start_group_at_zero`)."""
-    _start_group_at_zero(url.split("://", 1)[1], topic, group)
+    after restarts; see :meth:`msgsafe.cluster.tansu.TansuCluster.start_group_at_zero`)."""
+    start_group_at_beginning(parse_url(url), topic, group)
 
 
 def read_log(

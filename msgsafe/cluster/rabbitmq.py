@@ -1,0 +1,606 @@
+"""A real RabbitMQ cluster on loopback, for users, tests, benchmarks and the chaos suite.
+
+::
+
+    from msgsafe.cluster.rabbitmq import RabbitCluster
+
+    with RabbitCluster(nodes=3) as cluster:
+        url = cluster.url                    # amqp://guest:guest@127.0.0.1:P1,...:P2,...:P3
+        cluster.kill(0)                      # SIGKILL node 0's Erlang VM
+        cluster.restart(0)                   # start it again; it rejoins the cluster
+
+Each node is Debian's ``rabbitmq-server`` started from ``/usr/lib/rabbitmq/bin`` with its
+own name (random suffix, so runs never clash with each other or with the system node
+``rabbit@<host>``), its own data, log and pid files under the cluster's dir, and its own
+AMQP and distribution ports (free ones, or ``base_port + i`` and ``base_port + nodes + i``).
+The cluster runs with ``cluster_partition_handling = pause_minority`` and the AMQP 1.0
+plugin (which in 3.10 listens on the AMQP 0-9-1 port).
+
+Layout of ``dir``: ``home/`` (the Erlang cookie every node and ``rabbitmqctl`` share),
+``rabbitmq-env.conf``, ``n<I>/`` per node (``rabbitmq.conf``, ``mnesia/``, ``log/``,
+``rabbit.pid``), ``cluster.json`` when detached.
+
+Erlang nodes always run detached from the process that starts them (``-detached``); a
+cluster that is not ``detached`` kills them on :meth:`RabbitCluster.stop`, on context
+exit and, as a last resort, at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import contextlib
+import functools
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Self, TypeVar
+
+from msgsafe.cluster._process import (
+    free_ports,
+    pid_alive,
+    port_open,
+    signal_pid,
+    wait_gone,
+)
+from msgsafe.cluster.base import ClusterError, LocalCluster, NodeInfo
+
+_R = TypeVar("_R")
+
+__all__ = ["INSTALL_HINT", "RabbitCluster", "RabbitNode"]
+
+_SBIN = Path("/usr/lib/rabbitmq/bin")
+_SERVER = _SBIN / "rabbitmq-server"
+_CTL = _SBIN / "rabbitmqctl"
+
+#: What to run when the broker is missing (the test command does it on fresh machines).
+INSTALL_HINT = "apt-get install -y rabbitmq-server"
+
+_LIVE: set[RabbitCluster] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def _whole(status: dict[str, Any] | None, names: set[str]) -> bool:
+    """True when a node's ``cluster_status`` shows every node running and no partition."""
+    return (
+        status is not None
+        and set(status.get("running_nodes", [])) == names
+        and not status.get("partitions")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RabbitNode:
+    """One node's identity and files."""
+
+    index: int
+    name: str  #: Erlang node name, e.g. ``msgsafe3fa2c1n0@localhost``
+    port: int  #: AMQP 0-9-1 and AMQP 1.0 listener on 127.0.0.1
+    dist_port: int  #: Erlang distribution port
+    base: Path  #: this node's directory (data, logs, config)
+
+    @property
+    def pid_file(self) -> Path:
+        return self.base / "rabbit.pid"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.base / "log"
+
+
+class RabbitCluster(LocalCluster):
+    """Start, break and stop a RabbitMQ cluster of ``nodes`` nodes on 127.0.0.1.
+
+    ``size`` is the older name of ``nodes`` (either may be given). ``dir`` (or
+    ``base_dir``) None: a temp dir, removed by :meth:`stop`. ``detached``: the nodes
+    outlive this process (``msgsafe cluster up``) and ``cluster.json`` is kept current.
+
+    Not thread-safe: drive it from one thread. Nodes are addressed by index
+    ``0 .. nodes-1``; node 0 is the one the others join.
+    """
+
+    kind: ClassVar[str] = "rabbitmq"
+
+    def __init__(
+        self,
+        size: int | None = None,
+        base_dir: str | os.PathLike[str] | None = None,
+        *,
+        nodes: int | None = None,
+        dir: str | os.PathLike[str] | None = None,
+        base_port: int | None = None,
+        detached: bool = False,
+        net_ticktime: int = 10,
+        username: str = "guest",
+        password: str = "guest",
+        start_timeout: float = 90.0,
+    ) -> None:
+        if size is not None and nodes is not None and size != nodes:
+            raise ClusterError("give the number of nodes once (nodes=, or size=)")
+        count = nodes if nodes is not None else size if size is not None else 3
+        if count < 1:
+            raise ClusterError("a cluster needs at least one node")
+        if base_dir is not None and dir is not None:
+            raise ClusterError("give the directory once (dir=, or base_dir=)")
+        where = dir if dir is not None else base_dir
+        self.size = count
+        self.username = username
+        self.password = password
+        self.start_timeout = start_timeout
+        self.detached = detached
+        #: NOTE: Erlang's default net_ticktime (60 s) means a SIGSTOPped node is noticed
+        #: only after 45-75 s; a shorter tick lets pause_minority and quorum leader
+        #: election act within the time a test can afford.
+        self.net_ticktime = net_ticktime
+        self._own_dir = where is None
+        self.dir = (
+            Path(where) if where is not None else Path(tempfile.mkdtemp(prefix="msgsafe-rabbit-"))
+        )
+        if base_port is None:
+            picked = free_ports(2 * count)
+            ports, dist_ports = picked[:count], picked[count:]
+        else:
+            ports = [base_port + i for i in range(count)]
+            dist_ports = [base_port + count + i for i in range(count)]
+        suffix = secrets.token_hex(3)
+        self._nodes = [
+            RabbitNode(
+                index=i,
+                name=f"msgsafe{suffix}n{i}@localhost",
+                port=ports[i],
+                dist_port=dist_ports[i],
+                base=self.dir / f"n{i}",
+            )
+            for i in range(count)
+        ]
+        self._paused: set[int] = set()
+        self._started = False
+
+    # --- addresses ----------------------------------------------------------------------
+
+    @property
+    def members(self) -> Sequence[RabbitNode]:
+        """The nodes' names, ports and files, by index."""
+        return tuple(self._nodes)
+
+    @property
+    def base_dir(self) -> Path:
+        """The directory holding every node's files (``dir``)."""
+        return self.dir
+
+    @property
+    def url(self) -> str:
+        """One AMQP 0-9-1 URL listing every node."""
+        return self.cluster_url()
+
+    @property
+    def urls(self) -> list[str]:
+        """One AMQP 0-9-1 URL per node."""
+        return [self.node_url(i) for i in range(self.size)]
+
+    def node_url(self, node: int) -> str:
+        """``amqp://guest:guest@127.0.0.1:P`` of ``node``."""
+        return f"amqp://{self.username}:{self.password}@127.0.0.1:{self._nodes[node].port}"
+
+    def cluster_url(self, order: Sequence[int] | None = None, *, vhost: str = "") -> str:
+        """One AMQP 0-9-1 URL listing every node (or ``order``'s nodes, in that order)."""
+        idx = list(order) if order is not None else list(range(self.size))
+        hosts = ",".join(f"127.0.0.1:{self._nodes[i].port}" for i in idx)
+        path = f"/{vhost}" if vhost else ""
+        return f"amqp://{self.username}:{self.password}@{hosts}{path}"
+
+    def amqp10_url(self, node: int) -> str:
+        """``amqp10://guest:guest@127.0.0.1:P`` of ``node`` (same port as 0-9-1)."""
+        return f"amqp10://{self.username}:{self.password}@127.0.0.1:{self._nodes[node].port}"
+
+    def port(self, node: int) -> int:
+        """The AMQP port (0-9-1 and 1.0) of ``node``."""
+        return self._nodes[node].port
+
+    def pid(self, node: int) -> int | None:
+        """The OS pid of ``node``'s Erlang VM, or None when it has no pid file."""
+        try:
+            text = self._nodes[node].pid_file.read_text().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
+
+    def nodes(self) -> list[NodeInfo]:
+        """Every node; role ``paused`` for a node stopped by :meth:`pause`."""
+        result = []
+        for node in self._nodes:
+            running = self.is_running(node.index)
+            role = "paused" if running and node.index in self._paused else None
+            result.append(
+                NodeInfo(
+                    name=node.name,
+                    pid=self.pid(node.index) if running else None,
+                    host="127.0.0.1",
+                    port=node.port,
+                    running=running,
+                    role=role,
+                )
+            )
+        return result
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def start(self, timeout: float | None = None) -> None:
+        """Start every node, form the cluster and wait until all are running.
+
+        Raises :class:`ClusterError` (naming the package to install when RabbitMQ is
+        missing, or quoting the node's log when a node does not come up); on failure
+        every node already started is killed.
+        """
+        if self._started:
+            return
+        if not _SERVER.exists() or not _CTL.exists():
+            raise ClusterError(f"RabbitMQ is not installed ({_SERVER} is missing): {INSTALL_HINT}")
+        limit = self.start_timeout if timeout is None else timeout
+        self.dir.mkdir(parents=True, exist_ok=True)
+        home = self.dir / "home"
+        home.mkdir(exist_ok=True)
+        cookie = home / ".erlang.cookie"
+        if not cookie.exists():
+            cookie.write_text(secrets.token_hex(16).upper())
+            cookie.chmod(0o400)
+        (self.dir / "rabbitmq-env.conf").write_text(
+            'export ERL_FLAGS="-kernel inet_dist_use_interface {127,0,0,1}"\n'
+        )
+        joined = self._nodes[0].base.exists()  # a stopped cluster started again
+        for node in self._nodes:
+            self._write_node_files(node)
+        if not self.detached:
+            with _LIVE_LOCK:
+                _LIVE.add(self)
+        self._started = True
+        try:
+            for i in range(self.size):
+                self._launch(i)
+            deadline = time.monotonic() + limit
+            self._each(functools.partial(self._wait_ready_for, limit))
+            first = self._nodes[0].name
+            for i in range(1, self.size):
+                if joined and first in self._running_nodes(i):
+                    continue
+                self.ctl(i, "stop_app")
+                self.ctl(i, "join_cluster", first)
+                self.ctl(i, "start_app")
+            left = max(1.0, deadline - time.monotonic())
+            self._each(functools.partial(self._wait_ready_for, left))
+        except BaseException:
+            self.stop()
+            raise
+        self._save()
+
+    def stop(self) -> None:
+        """Kill every node and remove the files (when the directory was ours). Idempotent."""
+        for i in range(self.size):
+            with contextlib.suppress(Exception):
+                self.kill(i)
+        self._paused.clear()
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        self._started = False
+        self._save()
+
+    # --- faults -------------------------------------------------------------------------
+
+    def kill(self, node: int) -> None:
+        """SIGKILL ``node``'s Erlang VM and wait until it is gone."""
+        pid = self.pid(node)
+        if pid is None:
+            return
+        self._paused.discard(node)
+        # NOTE: a stopped process still dies on SIGKILL; SIGCONT is not needed.
+        signal_pid(pid, signal.SIGKILL)
+        # -detached VMs are re-parented to init, which reaps them.
+        wait_gone(pid, 10.0)
+        with contextlib.suppress(OSError):
+            self._nodes[node].pid_file.unlink()
+        self._save()
+
+    def kill_all(self) -> None:
+        """SIGKILL every node (a whole-cluster outage), after each has synced its metadata log.
+
+        NOTE: a run once lost a quorum queue declared seconds before every node was
+        killed (afterwards every node answered NOT_FOUND for it, and RabbitMQ 3.10's
+        AMQP 1.0 plugin accepted messages sent to the vanished queue); the metadata log
+        (Mnesia) may still sit in the VM's buffers that soon after a declaration. The
+        outage under test is of the messages, not of the declaration, so the declaration
+        is made durable first (``mnesia:sync_log()``).
+        """
+        self._each(self._sync_metadata_log)
+        for i in range(self.size):
+            self.kill(i)
+
+    def _sync_metadata_log(self, node: int) -> None:
+        if self.is_running(node) and node not in self._paused:
+            with contextlib.suppress(RuntimeError):  # ctl's failures and timeouts
+                self.ctl(node, "eval", "mnesia:sync_log().", timeout=15)
+
+    def pause(self, node: int) -> None:
+        """SIGSTOP ``node``: it holds its sockets open but answers nothing."""
+        signal_pid(self._require_pid(node), signal.SIGSTOP)
+        self._paused.add(node)
+
+    def resume(self, node: int) -> None:
+        """SIGCONT ``node``."""
+        signal_pid(self._require_pid(node), signal.SIGCONT)
+        self._paused.discard(node)
+
+    def restart(self, node: int, timeout: float | None = None) -> None:
+        """Start ``node`` again (after :meth:`kill`) and wait until it runs."""
+        self.kill(node)
+        self._launch(node)
+        self.wait_ready(node, timeout=60.0 if timeout is None else timeout)
+        self._save()
+
+    def status(self, node: int) -> dict[str, Any]:
+        """``rabbitmqctl cluster_status`` of ``node`` as a dict (``running_nodes``,
+        ``partitions``, ...)."""
+        data = json.loads(self.ctl(node, "cluster_status", "--formatter", "json", timeout=30))
+        if not isinstance(data, dict):
+            raise ClusterError("unexpected cluster_status output")
+        return data
+
+    def heal(self, *, timeout: float = 120.0) -> None:
+        """Resume paused nodes, restart killed ones, restart the minority of a network
+        partition, and wait until every node runs in one cluster: the state the next
+        test expects.
+
+        NOTE: a node frozen (SIGSTOP) longer than net_ticktime wakes up believing it
+        never left, while the majority recorded a partition; pause_minority does not
+        resolve that (the node never saw itself in a minority). RabbitMQ's documented
+        recovery is to restart the minority's nodes, which is what happens here.
+        """
+        deadline = time.monotonic() + timeout
+        for i in list(self._paused):
+            self.resume(i)
+        restarted: set[int] = set()
+        names = {n.name for n in self._nodes}
+        while True:
+            for i in range(self.size):
+                if not self.is_running(i):
+                    self._launch(i)
+            # NOTE: every rabbitmqctl call boots an Erlang VM (about a second here), so
+            # the nodes are asked at the same time, not one after the other.
+            left = max(1.0, deadline - time.monotonic())
+            self._each(functools.partial(self._wait_ready_for, left))
+            statuses = self._each(self._status_or_none)
+            if all(_whole(status, names) for status in statuses):
+                self._save()
+                return
+            minority: set[int] = set()
+            for status in statuses:
+                running = set((status or {}).get("running_nodes", []))
+                if running != names and len(running) * 2 > len(names):
+                    minority = {j for j, n in enumerate(self._nodes) if n.name not in running}
+                    break
+            if time.monotonic() >= deadline:
+                raise ClusterError("the cluster did not heal in time")
+            todo = minority - restarted
+            for j in todo:
+                self.kill(j)  # relaunched at the top of the loop
+            restarted |= todo
+            if not todo:
+                time.sleep(0.5)  # polling the cluster status against the deadline
+
+    def _wait_ready_for(self, timeout: float, node: int) -> None:
+        self.wait_ready(node, timeout=timeout)
+
+    def _status_or_none(self, node: int) -> dict[str, Any] | None:
+        try:
+            return self.status(node)
+        except (RuntimeError, ValueError):
+            return None
+
+    def _running_nodes(self, node: int) -> set[str]:
+        status = self._status_or_none(node)
+        return set((status or {}).get("running_nodes", []))
+
+    def _each(self, call: Callable[[int], _R]) -> list[_R]:
+        """``call(i)`` for every node at once, results in node order; the first error
+        (in node order) is raised after all have finished."""
+        with concurrent.futures.ThreadPoolExecutor(self.size) as pool:
+            futures = [pool.submit(call, i) for i in range(self.size)]
+        return [future.result() for future in futures]
+
+    def is_running(self, node: int) -> bool:
+        """True when ``node``'s VM process exists (paused counts as running)."""
+        return pid_alive(self.pid(node))
+
+    def wait_ready(self, node: int, timeout: float = 60.0) -> None:
+        """Wait until ``node`` runs the rabbit application and accepts AMQP connections."""
+        member = self._nodes[node]
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            if not self.is_running(node) and member.pid_file.exists():
+                break
+            if port_open(member.port, timeout=0.5):
+                left = max(1, int(deadline - time.monotonic()))
+                proc = self._run_ctl(node, ["await_startup", "--timeout", str(left)], left + 10)
+                if proc.returncode == 0:
+                    return
+                last = (proc.stderr or proc.stdout).strip()
+            time.sleep(0.2)  # polling the node against the deadline
+        raise ClusterError(
+            f"RabbitMQ node {member.name} not ready within {timeout:.0f} s: {last}\n"
+            f"{self._log_tail(node)}"
+        )
+
+    def ctl(self, node: int, *args: str, timeout: float = 60.0) -> str:
+        """Run ``rabbitmqctl -n <node> ARGS``; returns stdout, raises
+        :class:`ClusterError` on failure."""
+        proc = self._run_ctl(node, list(args), timeout)
+        if proc.returncode != 0:
+            raise ClusterError(
+                f"rabbitmqctl {' '.join(args)} on {self._nodes[node].name} failed "
+                f"({proc.returncode}): {(proc.stderr or proc.stdout).strip()}"
+            )
+        return proc.stdout
+
+    def env(self, node: int) -> dict[str, str]:
+        """The environment RabbitMQ's own tools (``rabbitmqctl``, ``rabbitmq-plugins``)
+        need to reach ``node``: its files and the shared Erlang cookie."""
+        member = self._nodes[node]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RABBITMQ_")}
+        env.update(
+            HOME=str(self.dir / "home"),
+            RABBITMQ_CONF_ENV_FILE=str(self.dir / "rabbitmq-env.conf"),
+            RABBITMQ_NODENAME=member.name,
+            RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+            RABBITMQ_NODE_PORT=str(member.port),
+            RABBITMQ_DIST_PORT=str(member.dist_port),
+            RABBITMQ_MNESIA_BASE=str(member.base / "mnesia"),
+            RABBITMQ_LOG_BASE=str(member.log_dir),
+            RABBITMQ_PID_FILE=str(member.pid_file),
+            RABBITMQ_CONFIG_FILE=str(member.base / "rabbitmq.conf"),
+            RABBITMQ_ADVANCED_CONFIG_FILE=str(member.base / "advanced.config"),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(member.base / "enabled_plugins"),
+            RABBITMQ_PLUGINS_EXPAND_DIR=str(member.base / "plugins-expand"),
+        )
+        return env
+
+    # --- found again from another process ---------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Node names, ports and options (see :meth:`from_state`)."""
+        return {
+            "nodes": [
+                {"name": n.name, "port": n.port, "dist_port": n.dist_port} for n in self._nodes
+            ],
+            "username": self.username,
+            "password": self.password,
+            "net_ticktime": self.net_ticktime,
+            "started": self._started,
+        }
+
+    @classmethod
+    def from_state(cls, dir: Path, state: dict[str, Any]) -> Self:
+        """The cluster in ``dir`` as :meth:`state` described it (driven detached)."""
+        try:
+            members = list(state["nodes"])
+            cluster = cls(
+                nodes=len(members),
+                dir=dir,
+                detached=True,
+                net_ticktime=int(state["net_ticktime"]),
+                username=str(state["username"]),
+                password=str(state["password"]),
+            )
+            cluster._nodes = [
+                RabbitNode(
+                    index=i,
+                    name=str(m["name"]),
+                    port=int(m["port"]),
+                    dist_port=int(m["dist_port"]),
+                    base=Path(dir) / f"n{i}",
+                )
+                for i, m in enumerate(members)
+            ]
+            cluster._started = bool(state.get("started")) and any(
+                cluster.is_running(i) for i in range(len(members))
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ClusterError(f"{dir}/cluster.json does not describe a rabbitmq cluster") from exc
+        return cluster
+
+    def _save(self) -> None:
+        if self.detached and self.dir.is_dir():
+            self.save_state()
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _write_node_files(self, node: RabbitNode) -> None:
+        node.base.mkdir(parents=True, exist_ok=True)
+        node.log_dir.mkdir(exist_ok=True)
+        (node.base / "rabbitmq.conf").write_text(
+            "\n".join(
+                [
+                    f"listeners.tcp.default = 127.0.0.1:{node.port}",
+                    "loopback_users = none",
+                    "cluster_partition_handling = pause_minority",
+                    f"net_ticktime = {self.net_ticktime}",
+                    # NOTE: the default disk alarm (50 MB free) would block publishers on
+                    # a busy CI disk; tests that want an alarm set it explicitly.
+                    "disk_free_limit.absolute = 1MB",
+                    "log.file.level = info",
+                    "log.console = false",
+                    "",
+                ]
+            )
+        )
+        (node.base / "advanced.config").write_text("[].\n")
+        (node.base / "enabled_plugins").write_text("[rabbitmq_amqp1_0].\n")
+
+    def _launch(self, node: int) -> None:
+        member = self._nodes[node]
+        with contextlib.suppress(OSError):
+            member.pid_file.unlink()
+        proc = subprocess.run(
+            [str(_SERVER), "-detached"],
+            env=self.env(node),
+            cwd=member.base,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise ClusterError(
+                f"rabbitmq-server -detached for {member.name} failed ({proc.returncode}): "
+                f"{(proc.stderr or proc.stdout).strip()}"
+            )
+
+    def _run_ctl(
+        self, node: int, args: list[str], timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run(
+                [str(_CTL), "-n", self._nodes[node].name, *args],
+                env=self.env(node),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            return subprocess.CompletedProcess(exc.cmd, 124, "", f"timed out after {timeout} s")
+
+    def _require_pid(self, node: int) -> int:
+        pid = self.pid(node)
+        if pid is None:
+            raise ClusterError(f"node {self._nodes[node].name} is not running")
+        return pid
+
+    def _log_tail(self, node: int, lines: int = 30) -> str:
+        out: list[str] = []
+        for path in sorted(self._nodes[node].log_dir.glob("*.log")):
+            with contextlib.suppress(OSError):
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                out.append(f"--- {path.name}\n" + "\n".join(tail))
+        return "\n".join(out)
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    with _LIVE_LOCK:
+        clusters = list(_LIVE)
+    for cluster in clusters:
+        with contextlib.suppress(Exception):
+            cluster.stop()
