@@ -66,6 +66,7 @@ _ACTIVE = ("AMQ221007", "AMQ221010")  # server is now active / backup server is 
 _SYNCED = ("AMQ221024",)  # backup server is synchronized with the primary
 _ANNOUNCED = ("AMQ221031",)  # backup announced: the primary now lists it as fail-over target
 _BACKUP_WAITING = ("AMQ221109",)  # backup started, waiting for the primary to fail
+_STARTING = ("AMQ221000",)  # broker starting (a backup alone says no more until a primary is up)
 _STOPPED = ("AMQ221002",)  # broker stopped (also when a backup restarts after fail-back)
 
 _CREATE_FLAGS = ("--silent", "--force", "--require-login", "--no-web", "--nio", "--no-autotune")
@@ -226,7 +227,7 @@ class ArtemisCluster(LocalCluster):
                 text = f.read().decode(errors="replace")
         except OSError:
             return []
-        codes = (*_ACTIVE, *_SYNCED, *_ANNOUNCED, *_BACKUP_WAITING, *_STOPPED)
+        codes = (*_STARTING, *_ACTIVE, *_SYNCED, *_ANNOUNCED, *_BACKUP_WAITING, *_STOPPED)
         found: list[str] = []
         for line in text.splitlines():
             for code in codes:
@@ -250,6 +251,12 @@ class ArtemisCluster(LocalCluster):
         """True once node ``node`` is a synchronized backup the primary knows of."""
         events = self._events(node)
         return pid_alive(self.pids[node]) and bool(events) and events[-1] in _ANNOUNCED
+
+    def _waiting(self, node: int) -> bool:
+        events = self._events(node)
+        if not pid_alive(self.pids[node]):
+            raise ClusterError(f"Artemis {_NAMES[node]} exited\n" + tail(self._log_path(node)))
+        return bool(events) and events[-1] in (*_STARTING, *_BACKUP_WAITING)
 
     def _is(self, node: int, role: str) -> bool:
         if not pid_alive(self.pids[node]):
@@ -325,37 +332,40 @@ class ArtemisCluster(LocalCluster):
             self.save_state()
 
     def restart(self, node: int, timeout: float | None = None) -> None:
-        """Start node ``node`` again on its port with its journal and wait until the pair
-        is whole: the node is live (it was alone, or it is the primary and the backup has
-        failed back to it) or it is a synchronized backup."""
+        """Start node ``node`` again on its port with its journal and wait until it serves.
+
+        The primary (0) returns once it is live, after a fail-back when the backup was
+        live, and once a running backup has synchronized with it again. The backup (1)
+        returns once it is a synchronized backup of a live primary or, with no primary
+        live, once it waits for one (restart the primary then: a backup never becomes
+        live on its own).
+        """
         self._check(node)
         if pid_alive(self.pids[node]):
             raise ClusterError(f"Artemis {_NAMES[node]} is running; kill or stop it first")
         budget = timeout if timeout is not None else _START_TIMEOUT
         deadline = time.monotonic() + budget
-        other = 1 - node
-        other_live = self._role(other) == "live"
-        home = _home(self.version)
-        self._spawn(home, node)
-        if not other_live:
-            want = "live"
-        elif node == 0:
-            want = "live"  # check-for-active-server: the primary syncs, then takes over
+        primary_live = node == 1 and self._role(0) == "live"
+        self._spawn(_home(self.version), node)
+        if node == 0:
+            # check-for-active-server: with the backup live, the primary copies its
+            # journal first, then takes over (fail-back).
+            conditions = [("live", lambda: self._is(0, "live"))]
+            conditions.append(
+                (
+                    "the backup synchronized again",
+                    lambda: not pid_alive(self.pids[1]) or self._announced(1),
+                )
+            )
+        elif primary_live:
+            conditions = [("a synchronized backup", lambda: self._is(1, "backup"))]
         else:
-            want = "backup"
-        wait_for(
-            lambda: self._is(node, want),
-            max(0.0, deadline - time.monotonic()),
-            f"the restarted Artemis {_NAMES[node]} to be {want}",
-            on_timeout=self._logs,
-        )
-        if node == 0 and other_live:
-            # Fail-back: the former backup stops being active and (restart-backup) comes
-            # back as the primary's replica.
+            conditions = [("waiting for a primary", lambda: self._waiting(1))]
+        for what, condition in conditions:
             wait_for(
-                lambda: self._announced(other) or not pid_alive(self.pids[other]),
+                condition,
                 max(0.0, deadline - time.monotonic()),
-                f"the Artemis {_NAMES[other]} to return to backup after fail-back",
+                f"the restarted Artemis {_NAMES[node]}: {what}",
                 on_timeout=self._logs,
             )
         if self.detached:

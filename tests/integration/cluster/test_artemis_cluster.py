@@ -380,6 +380,27 @@ def test_backup_restarted_after_a_kill_catches_up_with_the_primary(
     assert counts["lost"] == 0 and counts["unknown"] == 0
 
 
+def test_both_killed_the_journal_survives_and_the_backup_waits_for_the_primary(
+    pair: ArtemisCluster,
+) -> None:
+    address = _address()
+    ledger = _Ledger()
+    with Producer(pair.node_url(0), outbox=False, confirm_timeout=30.0) as producer:
+        for i in range(500):
+            ledger.send(producer, address, i)
+        _wait(lambda: ledger.resolved() == 500, 60, "500 outcomes")
+    assert not ledger.failed
+    pair.kill(1)
+    pair.kill(0)  # last: the primary's journal is the newest
+    pair.restart(1)
+    assert [n.role for n in pair.nodes()] == [None, None], "a backup alone never goes live"
+    pair.restart(0)
+    assert [n.role for n in pair.nodes()] == ["live", "backup"]
+    _read_back(pair.node_url(0), address, ledger)
+    counts = ledger.counts("artemis both killed")
+    assert counts["lost"] == 0 and counts["unknown"] == 0
+
+
 def test_restarted_primary_takes_over_again_under_traffic(pair: ArtemisCluster) -> None:
     """Fail-back: with the backup live, the old primary comes back, copies the backup's
     journal and becomes live; the backup returns to being its replica. A producer with
