@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
 from urllib.parse import quote
@@ -87,7 +88,8 @@ def _home(version: str) -> Path:
 class ArtemisCluster(LocalCluster):
     """Two Artemis brokers in ``dir``: node 0 the primary, node 1 its replicating backup.
 
-    ``ports`` fixes the two AMQP+CORE ports (free ones are picked otherwise); ``user`` and
+    ``dir`` None: a temp dir, removed by :meth:`stop`. Node ``i`` listens (AMQP and CORE)
+    on ``base_port + i``, or on free ports when ``base_port`` is None. ``user`` and
     ``password`` are the only login the brokers accept (SASL PLAIN) and appear in
     :attr:`url`. ``heap`` is each JVM's ``-Xmx``. ``detached`` brokers outlive this process
     (``msgsafe cluster up``); otherwise they die with it.
@@ -97,27 +99,27 @@ class ArtemisCluster(LocalCluster):
 
     def __init__(
         self,
-        dir: str | Path,
-        *,
         nodes: int = 2,
+        dir: str | Path | None = None,
+        base_port: int | None = None,
+        detached: bool = False,
+        *,
         version: str = DEFAULT_VERSION,
         user: str = "msgsafe",
         password: str = "msgsafe",
         heap: str = "256m",
-        ports: Sequence[int] | None = None,
-        detached: bool = False,
     ) -> None:
         if nodes != 2:
             raise ClusterError("an Artemis replication pair has exactly 2 nodes")
-        if ports is not None and len(ports) != 2:
-            raise ClusterError("an Artemis pair needs exactly 2 ports")
-        self.dir = Path(dir).resolve()
+        self._own_dir = dir is None
+        where = Path(dir) if dir is not None else Path(tempfile.mkdtemp(prefix="msgsafe-artemis-"))
+        self.dir = where.resolve()
         self.detached = detached
         self.version = version
         self.user = user
         self.password = password
         self.heap = heap
-        self.ports: list[int] = list(ports) if ports is not None else free_ports(2)
+        self.ports: list[int] = free_ports(2) if base_port is None else [base_port, base_port + 1]
         self.pids: list[int | None] = [None, None]
         #: Byte offset of each node's log at its last start: roles are read after it.
         self._log_from: list[int] = [0, 0]
@@ -317,7 +319,9 @@ class ArtemisCluster(LocalCluster):
                 signal_pid(pid, signal.SIGKILL)
                 wait_gone(pid, 10.0)
             self.pids[node] = None
-        if self.detached and self.dir.exists():
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        elif self.detached and self.dir.exists():
             self.save_state()
 
     def kill(self, node: int) -> None:
@@ -440,14 +444,14 @@ class ArtemisCluster(LocalCluster):
         """Re-attach to a pair that :meth:`save_state` described."""
         try:
             cluster = cls(
-                dir,
+                dir=dir,
+                detached=bool(state.get("detached", True)),
                 version=str(state["version"]),
                 user=str(state["user"]),
                 password=str(state["password"]),
                 heap=str(state["heap"]),
-                ports=[int(p) for p in state["ports"]],
-                detached=bool(state.get("detached", True)),
             )
+            cluster.ports = [int(p) for p in state["ports"]]
             cluster.pids = [None if p is None else int(p) for p in state["pids"]]
             cluster._log_from = [int(o) for o in state.get("log_from", [0, 0])]
         except (KeyError, TypeError, ValueError) as exc:

@@ -56,7 +56,7 @@ def artemis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArtemisCluster
         started = time.monotonic()
         ArtemisCluster.fetch()
         fetched = time.monotonic() - started
-        cluster = ArtemisCluster(tmp_path_factory.mktemp("artemis"))
+        cluster = ArtemisCluster(dir=tmp_path_factory.mktemp("artemis"))
         started = time.monotonic()
         cluster.start()
     except ClusterError as exc:
