@@ -128,19 +128,17 @@ class KafkaCluster(LocalCluster):
     @classmethod
     def fetch(cls) -> None:
         """Resolve the Kafka jars into the cache (once); a damaged cache is fetched again."""
-        name = f"kafka-{VERSION}"
-        lib = maven.resolve(name, ["dependency:copy-dependencies"]) / "lib"
-        if maven.damaged_jar(lib, [f"kafka_2.13-{VERSION}.jar"]) is None:
-            return
-        log.warning("damaged Kafka jars in %s: fetching them again", lib)
-        shutil.rmtree(lib.parent)
-        lib = maven.resolve(name, ["dependency:copy-dependencies"]) / "lib"
-        damaged = maven.damaged_jar(lib, [f"kafka_2.13-{VERSION}.jar"])
-        if damaged is not None:
-            raise ClusterError(
-                f"{damaged} is damaged in Maven's own repository too: delete "
-                f"~/.m2/repository/org/apache/kafka and run `msgsafe cluster fetch kafka`"
-            )
+        for _ in range(2):
+            lib = maven.resolve(f"kafka-{VERSION}", ["dependency:copy-dependencies"]) / "lib"
+            damaged = maven.damaged_jar(lib, [f"kafka_2.13-{VERSION}.jar"])
+            if damaged is None:
+                return
+            log.warning("damaged Kafka jar %s in %s: fetching again", damaged, lib)
+            shutil.rmtree(lib.parent)
+        raise ClusterError(
+            f"{damaged} is damaged in Maven's own repository too: delete "
+            "~/.m2/repository/org/apache/kafka and run `msgsafe cluster fetch kafka`"
+        )
 
     def _lib(self) -> Path:
         lib = maven.resolve(f"kafka-{self.version}", ["dependency:copy-dependencies"]) / "lib"
@@ -222,20 +220,14 @@ class KafkaCluster(LocalCluster):
         return path
 
     def _java(self, lib: Path, main: str, *args: str, heap_mb: int) -> list[str]:
-        return [
-            maven.java(),
-            f"-Xmx{heap_mb}m",
-            f"-Xms{min(heap_mb, 128)}m",
-            "-XX:+UseG1GC",
+        jvm = [f"-Xmx{heap_mb}m", f"-Xms{min(heap_mb, 128)}m", "-XX:+UseG1GC"]
+        jvm += [
             "-XX:MaxGCPauseMillis=20",
             "-XX:+ExitOnOutOfMemoryError",
             "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
-            "-cp",
-            f"{lib}/*",
-            main,
-            *args,
         ]
+        jvm.append(f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}")
+        return [maven.java(), *jvm, "-cp", f"{lib}/*", main, *args]
 
     def _format(self, lib: Path) -> None:
         """Format the storage of every node that has none yet (one cluster id for all)."""
@@ -379,10 +371,14 @@ class KafkaCluster(LocalCluster):
         pid = self.pids[node]
         if not pid_alive(pid):
             return False
-        # A pid from cluster.json may have been reused by another process since.
+        # A pid from cluster.json may have been reused by another process since. An
+        # empty cmdline is no answer: it reads empty while a process is in exec, as a
+        # JVM launched a moment ago can be.
         with contextlib.suppress(OSError):
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            return str(self._node_dir(node) / "server.properties").encode() in cmdline
+            return (
+                not cmdline or str(self._node_dir(node) / "server.properties").encode() in cmdline
+            )
         return True
 
     def _paused(self, node: int) -> bool:
