@@ -22,7 +22,10 @@ start: a node is ``live`` once it logged that it is active and its acceptor answ
 
 Known limit (Artemis replication itself): after a fail-over, stopping both nodes and
 starting them again serves the primary's journal, which lacks what only the promoted
-backup accepted. Fail back first (``restart(0)``), then stop.
+backup accepted. Fail back first (``restart(0)``), then stop. And a pair has no third
+voter: a primary paused (SIGSTOP) for less than the cluster connection's failure check
+(30 s, TTL 60 s) keeps its role; one paused longer gets its backup promoted and, once
+resumed, both stay active (split brain, AMQ222294 in the logs).
 """
 
 from __future__ import annotations
