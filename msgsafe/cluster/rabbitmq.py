@@ -22,7 +22,8 @@ Layout of ``dir``: ``home/`` (the Erlang cookie every node and ``rabbitmqctl`` s
 
 Erlang nodes always run detached from the process that starts them (``-detached``); a
 cluster that is not ``detached`` kills them on :meth:`RabbitCluster.stop`, on context
-exit and, as a last resort, at interpreter exit.
+exit and, as a last resort, at interpreter exit. One node's files, environment and
+scripts are :class:`~msgsafe.cluster._rabbit_node.RabbitNode`'s.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
 
@@ -52,15 +52,12 @@ from msgsafe.cluster._process import (
     signal_pid,
     wait_gone,
 )
+from msgsafe.cluster._rabbit_node import CTL, SERVER, RabbitNode
 from msgsafe.cluster.base import ClusterError, LocalCluster, NodeInfo
 
 _R = TypeVar("_R")
 
 __all__ = ["INSTALL_HINT", "RabbitCluster", "RabbitNode"]
-
-_SBIN = Path("/usr/lib/rabbitmq/bin")
-_SERVER = _SBIN / "rabbitmq-server"
-_CTL = _SBIN / "rabbitmqctl"
 
 #: What to run when the broker is missing (the test command does it on fresh machines).
 INSTALL_HINT = "apt-get install -y rabbitmq-server"
@@ -76,25 +73,6 @@ def _whole(status: dict[str, Any] | None, names: set[str]) -> bool:
         and set(status.get("running_nodes", [])) == names
         and not status.get("partitions")
     )
-
-
-@dataclass(frozen=True, slots=True)
-class RabbitNode:
-    """One node's identity and files."""
-
-    index: int
-    name: str  #: Erlang node name, e.g. ``msgsafe3fa2c1n0@localhost``
-    port: int  #: AMQP 0-9-1 and AMQP 1.0 listener on 127.0.0.1
-    dist_port: int  #: Erlang distribution port
-    base: Path  #: this node's directory (data, logs, config)
-
-    @property
-    def pid_file(self) -> Path:
-        return self.base / "rabbit.pid"
-
-    @property
-    def log_dir(self) -> Path:
-        return self.base / "log"
 
 
 class RabbitCluster(LocalCluster):
@@ -243,8 +221,8 @@ class RabbitCluster(LocalCluster):
         """
         if self._started:
             return
-        if not _SERVER.exists() or not _CTL.exists():
-            raise ClusterError(f"RabbitMQ is not installed ({_SERVER} is missing): {INSTALL_HINT}")
+        if not SERVER.exists() or not CTL.exists():
+            raise ClusterError(f"RabbitMQ is not installed ({SERVER} is missing): {INSTALL_HINT}")
         limit = self.start_timeout if timeout is None else timeout
         self.dir.mkdir(parents=True, exist_ok=True)
         home = self.dir / "home"
@@ -258,7 +236,7 @@ class RabbitCluster(LocalCluster):
         )
         joined = self._nodes[0].base.exists()  # a stopped cluster started again
         for node in self._nodes:
-            self._write_node_files(node)
+            node.write_files(self.net_ticktime)
         if not self.detached:
             with _LIVE_LOCK:
                 _LIVE.add(self)
@@ -438,7 +416,7 @@ class RabbitCluster(LocalCluster):
             time.sleep(0.2)  # polling the node against the deadline
         raise ClusterError(
             f"RabbitMQ node {member.name} not ready within {timeout:.0f} s: {last}\n"
-            f"{self._log_tail(node)}"
+            f"{member.log_tail()}"
         )
 
     def ctl(self, node: int, *args: str, timeout: float = 60.0) -> str:
@@ -455,24 +433,7 @@ class RabbitCluster(LocalCluster):
     def env(self, node: int) -> dict[str, str]:
         """The environment RabbitMQ's own tools (``rabbitmqctl``, ``rabbitmq-plugins``)
         need to reach ``node``: its files and the shared Erlang cookie."""
-        member = self._nodes[node]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RABBITMQ_")}
-        env.update(
-            HOME=str(self.dir / "home"),
-            RABBITMQ_CONF_ENV_FILE=str(self.dir / "rabbitmq-env.conf"),
-            RABBITMQ_NODENAME=member.name,
-            RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
-            RABBITMQ_NODE_PORT=str(member.port),
-            RABBITMQ_DIST_PORT=str(member.dist_port),
-            RABBITMQ_MNESIA_BASE=str(member.base / "mnesia"),
-            RABBITMQ_LOG_BASE=str(member.log_dir),
-            RABBITMQ_PID_FILE=str(member.pid_file),
-            RABBITMQ_CONFIG_FILE=str(member.base / "rabbitmq.conf"),
-            RABBITMQ_ADVANCED_CONFIG_FILE=str(member.base / "advanced.config"),
-            RABBITMQ_ENABLED_PLUGINS_FILE=str(member.base / "enabled_plugins"),
-            RABBITMQ_PLUGINS_EXPAND_DIR=str(member.base / "plugins-expand"),
-        )
-        return env
+        return self._nodes[node].env(self.dir)
 
     # --- found again from another process ---------------------------------------------------
 
@@ -524,77 +485,19 @@ class RabbitCluster(LocalCluster):
 
     # --- internals ----------------------------------------------------------------------
 
-    def _write_node_files(self, node: RabbitNode) -> None:
-        node.base.mkdir(parents=True, exist_ok=True)
-        node.log_dir.mkdir(exist_ok=True)
-        (node.base / "rabbitmq.conf").write_text(
-            "\n".join(
-                [
-                    f"listeners.tcp.default = 127.0.0.1:{node.port}",
-                    "loopback_users = none",
-                    "cluster_partition_handling = pause_minority",
-                    f"net_ticktime = {self.net_ticktime}",
-                    # NOTE: the default disk alarm (50 MB free) would block publishers on
-                    # a busy CI disk; tests that want an alarm set it explicitly.
-                    "disk_free_limit.absolute = 1MB",
-                    "log.file.level = info",
-                    "log.console = false",
-                    "",
-                ]
-            )
-        )
-        (node.base / "advanced.config").write_text("[].\n")
-        (node.base / "enabled_plugins").write_text("[rabbitmq_amqp1_0].\n")
-
     def _launch(self, node: int) -> None:
-        member = self._nodes[node]
-        with contextlib.suppress(OSError):
-            member.pid_file.unlink()
-        proc = subprocess.run(
-            [str(_SERVER), "-detached"],
-            env=self.env(node),
-            cwd=member.base,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise ClusterError(
-                f"rabbitmq-server -detached for {member.name} failed ({proc.returncode}): "
-                f"{(proc.stderr or proc.stdout).strip()}"
-            )
+        self._nodes[node].launch(self.dir)
 
     def _run_ctl(
         self, node: int, args: list[str], timeout: float
     ) -> subprocess.CompletedProcess[str]:
-        try:
-            return subprocess.run(
-                [str(_CTL), "-n", self._nodes[node].name, *args],
-                env=self.env(node),
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            return subprocess.CompletedProcess(exc.cmd, 124, "", f"timed out after {timeout} s")
+        return self._nodes[node].run_ctl(self.dir, args, timeout)
 
     def _require_pid(self, node: int) -> int:
         pid = self.pid(node)
         if pid is None:
             raise ClusterError(f"node {self._nodes[node].name} is not running")
         return pid
-
-    def _log_tail(self, node: int, lines: int = 30) -> str:
-        out: list[str] = []
-        for path in sorted(self._nodes[node].log_dir.glob("*.log")):
-            with contextlib.suppress(OSError):
-                tail = path.read_text(errors="replace").splitlines()[-lines:]
-                out.append(f"--- {path.name}\n" + "\n".join(tail))
-        return "\n".join(out)
 
 
 @atexit.register

@@ -1,4 +1,5 @@
-"""The SQLite outbox schema, its version and its migrations.
+"""The SQLite outbox file: what it must look like, its schema, version and migrations,
+and what its errors mean to a caller.
 
 The file identifies itself with ``PRAGMA application_id`` (so a foreign SQLite file is
 recognised and left alone) and records its schema version in ``PRAGMA user_version``.
@@ -8,10 +9,14 @@ Migrations run in order inside one transaction; a file from a newer msgsafe is r
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
-from msgsafe.errors import OutboxCorrupt
+from msgsafe.errors import MsgsafeError, OutboxCorrupt, OutboxError, OutboxFull, OutboxLocked
 
-__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "migrate"]
+__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "check_header", "migrate", "translate_sqlite_error"]
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 5, 6, 11, 13, 26
 
 #: "msgs" in ASCII: marks a file as an msgsafe outbox.
 APPLICATION_ID = 0x6D736773
@@ -84,3 +89,29 @@ def migrate(conn: sqlite3.Connection, current: int) -> None:
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+
+
+def translate_sqlite_error(exc: sqlite3.Error, path: str = "") -> MsgsafeError:
+    """Map a SQLite error to the outbox error a caller can act on."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    where = f" ({path})" if path else ""
+    if code == _SQLITE_FULL:
+        return OutboxFull(f"the disk holding the outbox is full{where}: {exc}")
+    if code in (_SQLITE_BUSY, _SQLITE_LOCKED):
+        return OutboxLocked(f"the outbox file is locked by another process{where}: {exc}")
+    if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+        return OutboxCorrupt(f"the outbox file is damaged{where}: {exc}; it was left untouched")
+    return OutboxError(f"outbox storage error{where}: {exc}")
+
+
+def check_header(path: Path) -> None:
+    """Refuse a non-empty file that is not SQLite before SQLite gets to touch it."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(len(_SQLITE_MAGIC))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise OutboxError(f"cannot read the outbox file {path}: {exc}") from exc
+    if head and head != _SQLITE_MAGIC:
+        raise OutboxCorrupt(f"{path} is not an SQLite file; it was left untouched")

@@ -7,6 +7,10 @@ instead of interleaving with us. That single ownership is also why the key index
 
 Opening never modifies a file it does not recognise: a non-SQLite file, a damaged one or
 someone else's SQLite database raises :class:`OutboxCorrupt` and is left as it was.
+
+This module is the store contract (:class:`~msgsafe.ports.OutboxStore`) and the file's
+life; what an operator asks of the file (list, quarantine, replay, purge) is in
+:mod:`msgsafe.outbox._sqlite_operator`, a base class of :class:`SqliteOutbox`.
 """
 
 from __future__ import annotations
@@ -36,20 +40,17 @@ from msgsafe.errors import (
 )
 from msgsafe.message import Envelope
 from msgsafe.outbox._rows import (
-    OutboxEntry,
-    QuarantinedEntry,
     encode_headers,
     make_envelope,
     redact_target,
 )
-from msgsafe.outbox._schema import APPLICATION_ID, migrate
+from msgsafe.outbox._schema import APPLICATION_ID, check_header, migrate, translate_sqlite_error
+from msgsafe.outbox._sqlite_operator import OperatorQueries
 from msgsafe.outbox._writer import GroupCommitWriter, Handler, HandlerResult
 from msgsafe.ports import OutboxStats
 
 __all__ = ["SqliteOutbox"]
 
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 5, 6, 11, 13, 26
 _AGE_CHECK_S = 1.0
 _IN_CHUNK = 500  # ids per "IN (...)" list, far below SQLite's variable limit
 
@@ -82,20 +83,7 @@ _shared: dict[str, SqliteOutbox] = {}
 _shared_lock = threading.Lock()
 
 
-def translate_sqlite_error(exc: sqlite3.Error, path: str = "") -> MsgsafeError:
-    """Map a SQLite error to the outbox error a caller can act on."""
-    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-    where = f" ({path})" if path else ""
-    if code == _SQLITE_FULL:
-        return OutboxFull(f"the disk holding the outbox is full{where}: {exc}")
-    if code in (_SQLITE_BUSY, _SQLITE_LOCKED):
-        return OutboxLocked(f"the outbox file is locked by another process{where}: {exc}")
-    if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
-        return OutboxCorrupt(f"the outbox file is damaged{where}: {exc}; it was left untouched")
-    return OutboxError(f"outbox storage error{where}: {exc}")
-
-
-class SqliteOutbox:
+class SqliteOutbox(OperatorQueries):
     """An :class:`~msgsafe.ports.OutboxStore` in one SQLite file.
 
     Bounds: ``max_rows`` waiting messages, ``max_bytes`` of their payloads, and
@@ -158,7 +146,7 @@ class SqliteOutbox:
             raise ConfigurationError(f"outbox path {path} is a directory")
         if not path.parent.is_dir():
             raise ConfigurationError(f"outbox directory {path.parent} does not exist")
-        _check_header(path)
+        check_header(path)
         try:
             self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
@@ -336,33 +324,6 @@ class SqliteOutbox:
             _shared[key] = store
             return store
 
-    # --- for the CLI -----------------------------------------------------------------------
-
-    def list(self, limit: int = 100, offset: int = 0) -> builtins.list[OutboxEntry]:
-        """Waiting messages in queue order."""
-        result: builtins.list[OutboxEntry] = self._read(self._list_batch, (limit, offset))
-        return result
-
-    def quarantined(self, limit: int = 100, offset: int = 0) -> builtins.list[QuarantinedEntry]:
-        """Quarantined messages, oldest first, with the error that put them there."""
-        result: builtins.list[QuarantinedEntry] = self._read(
-            self._quarantined_batch, (limit, offset)
-        )
-        return result
-
-    def replay(self, ids: Sequence[str] | Literal["all"]) -> int:
-        """Move quarantined messages back to the end of the queue; returns how many."""
-        selected = None if ids == "all" else list(ids)
-        moved: int = self._call(self._replay_batch, selected)
-        return moved
-
-    def purge(self, ids: Sequence[str] | Literal["all"], *, waiting: bool = False) -> int:
-        """Delete quarantined messages (``ids`` or ``"all"``) for good; with
-        ``waiting=True`` also waiting ones. Returns how many were deleted."""
-        selected = None if ids == "all" else list(ids)
-        deleted: int = self._call(self._purge_batch, (selected, waiting))
-        return deleted
-
     def __repr__(self) -> str:
         return f"SqliteOutbox({str(self.path)!r}, target={self._target!r})"
 
@@ -485,7 +446,11 @@ class SqliteOutbox:
             results.append([make_envelope(*r[1:]) for r in rows])
         return HandlerResult(results)
 
-    def _remove(self, removed: Iterable[tuple[bytes | None, int]]) -> Callable[[], None]:
+    def _remove(
+        self, removed: Iterable[tuple[bytes | None, int]], *, quarantined: int = 0
+    ) -> Callable[[], None]:
+        """What to do in memory once rows ``(key, size)`` left the queue and the
+        quarantine changed by ``quarantined`` rows (run after the commit)."""
         gone = list(removed)
 
         def apply() -> None:
@@ -493,6 +458,7 @@ class SqliteOutbox:
             with self._lock:
                 self._counts.rows -= len(gone)
                 self._counts.bytes -= sum(size for _, size in gone)
+                self._counts.quarantined += quarantined
                 keys = self._keys
                 for key, _ in gone:
                     if key is not None:
@@ -547,14 +513,23 @@ class SqliteOutbox:
                         "DELETE FROM outbox WHERE id = ? RETURNING key, size", (message_id,)
                     ).fetchall()
                 )
-        remove = self._remove(removed)
+        return HandlerResult([None] * len(payloads), self._remove(removed, quarantined=quarantined))
+
+    def _restore(self, added: Iterable[tuple[bytes | None, int]]) -> Callable[[], None]:
+        """What to do in memory once quarantined rows ``(key, size)`` are back in the
+        queue (run after the commit)."""
+        back = list(added)
 
         def apply() -> None:
-            remove()
             with self._lock:
-                self._counts.quarantined += quarantined
+                self._counts.rows += len(back)
+                self._counts.bytes += sum(size for _, size in back)
+                self._counts.quarantined -= len(back)
+                for key, _ in back:
+                    if key is not None:
+                        self._keys[key] = self._keys.get(key, 0) + 1
 
-        return HandlerResult([None] * len(payloads), apply)
+        return apply
 
     def _release_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
@@ -570,101 +545,6 @@ class SqliteOutbox:
     ) -> HandlerResult[object]:
         oldest = _oldest(conn)
         return HandlerResult([oldest] * len(payloads))
-
-    def _list_batch(
-        self, conn: sqlite3.Connection, payloads: builtins.list[Any]
-    ) -> HandlerResult[object]:
-        results: builtins.list[object] = []
-        for payload in payloads:
-            limit, offset = payload
-            results.append(
-                [
-                    OutboxEntry(make_envelope(*r[:6]), r[6], r[7], r[8], r[9])
-                    for r in conn.execute(
-                        "SELECT id, destination, key, headers, body, created_at, target, attempts,"
-                        " ready_at, last_error FROM outbox ORDER BY seq LIMIT ? OFFSET ?",
-                        (limit, offset),
-                    )
-                ]
-            )
-        return HandlerResult(results)
-
-    def _quarantined_batch(
-        self, conn: sqlite3.Connection, payloads: builtins.list[Any]
-    ) -> HandlerResult[object]:
-        results: builtins.list[object] = []
-        for payload in payloads:
-            limit, offset = payload
-            results.append(
-                [
-                    QuarantinedEntry(make_envelope(*r[:6]), r[6], r[7], r[8], r[9])
-                    for r in conn.execute(
-                        "SELECT id, destination, key, headers, body, created_at, target, attempts,"
-                        " error, quarantined_at FROM quarantine ORDER BY seq LIMIT ? OFFSET ?",
-                        (limit, offset),
-                    )
-                ]
-            )
-        return HandlerResult(results)
-
-    def _replay_batch(
-        self, conn: sqlite3.Connection, payloads: builtins.list[Any]
-    ) -> HandlerResult[object]:
-        results: builtins.list[object] = []
-        added: builtins.list[tuple[bytes | None, int]] = []
-        for payload in payloads:
-            where, params = _selection(payload)
-            rows = conn.execute(
-                "DELETE FROM quarantine" + where + " RETURNING id, target, destination, key,"
-                " headers, body, created_at, size, seq",
-                params,
-            ).fetchall()
-            rows.sort(key=lambda r: r[8])
-            conn.executemany(
-                "INSERT OR IGNORE INTO outbox (id, target, destination, key, headers, body,"
-                " created_at, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [r[:8] for r in rows],
-            )
-            added.extend((r[3], r[7]) for r in rows)
-            results.append(len(rows))
-
-        def apply() -> None:
-            with self._lock:
-                self._counts.rows += len(added)
-                self._counts.bytes += sum(size for _, size in added)
-                self._counts.quarantined -= len(added)
-                for key, _ in added:
-                    if key is not None:
-                        self._keys[key] = self._keys.get(key, 0) + 1
-
-        return HandlerResult(results, apply)
-
-    def _purge_batch(
-        self, conn: sqlite3.Connection, payloads: builtins.list[Any]
-    ) -> HandlerResult[object]:
-        results: builtins.list[object] = []
-        dropped_q = 0
-        removed: builtins.list[tuple[bytes | None, int]] = []
-        for payload in payloads:
-            selected, waiting = payload
-            where, params = _selection(selected)
-            n = conn.execute("DELETE FROM quarantine" + where, params).rowcount
-            dropped_q += n
-            if waiting:
-                gone = conn.execute(
-                    "DELETE FROM outbox" + where + " RETURNING key, size", params
-                ).fetchall()
-                removed.extend(gone)
-                n += len(gone)
-            results.append(n)
-        remove = self._remove(removed)
-
-        def apply() -> None:
-            remove()
-            with self._lock:
-                self._counts.quarantined -= dropped_q
-
-        return HandlerResult(results, apply)
 
 
 _MULTI_ROWS = 1000  # rows per INSERT statement: 8000 parameters, well under SQLite's limit
@@ -705,26 +585,3 @@ def _insert_rows(conn: sqlite3.Connection, params: list[object]) -> None:
 def _oldest(conn: sqlite3.Connection) -> float | None:
     row = conn.execute("SELECT created_at FROM outbox ORDER BY seq LIMIT 1").fetchone()
     return None if row is None else float(row[0])
-
-
-def _selection(ids: list[str] | None) -> tuple[str, tuple[str, ...]]:
-    if ids is None:
-        return "", ()
-    if not ids:
-        return " WHERE 0", ()
-    if len(ids) > 30000:
-        raise OutboxError("select at most 30000 ids at once")
-    return f" WHERE id IN ({','.join('?' * len(ids))})", tuple(ids)
-
-
-def _check_header(path: Path) -> None:
-    """Refuse a non-empty file that is not SQLite before SQLite gets to touch it."""
-    try:
-        with path.open("rb") as fh:
-            head = fh.read(len(_SQLITE_MAGIC))
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise OutboxError(f"cannot read the outbox file {path}: {exc}") from exc
-    if head and head != _SQLITE_MAGIC:
-        raise OutboxCorrupt(f"{path} is not an SQLite file; it was left untouched")
