@@ -170,11 +170,15 @@ def up(
         cluster: LocalCluster
         if (dir / STATE_FILE).exists():
             cluster = load(dir)
-            if cluster.kind != kind:
-                raise ClusterError(f"{dir} holds a {cluster.kind} cluster, not {kind}")
             if any(info.running for info in cluster.nodes()):
                 raise ClusterError(
-                    f"a {kind} cluster already runs in {dir}: `msgsafe cluster down --dir {dir}`"
+                    f"a {cluster.kind} cluster already runs in {dir}: "
+                    f"`msgsafe cluster down --dir {dir}`"
+                )
+            if cluster.kind != kind or nodes is not None or base_port is not None:
+                raise ClusterError(
+                    f"{dir} already holds a {cluster.kind} cluster: start it again with "
+                    f"`msgsafe cluster up {cluster.kind} --dir {dir}`, or use a new --dir"
                 )
         else:
             options: dict[str, Any] = {"dir": dir, "detached": True}

@@ -49,7 +49,7 @@ from msgsafe.cluster._process import (
     wait_for,
     wait_gone,
 )
-from msgsafe.cluster.base import ClusterError, LocalCluster, NodeInfo
+from msgsafe.cluster.base import STATE_FILE, ClusterError, LocalCluster, NodeInfo
 
 __all__ = ["KafkaCluster"]
 
@@ -108,7 +108,8 @@ class KafkaCluster(LocalCluster):
         self.version = VERSION
         self.count = nodes
         self._own_dir = dir is None
-        self.dir = Path(dir) if dir is not None else Path(tempfile.mkdtemp(prefix="msgsafe-kafka-"))
+        # Absolute and canonical: the JVMs run in it, and their cmdline identifies them.
+        self.dir = Path(dir or tempfile.mkdtemp(prefix="msgsafe-kafka-")).resolve()
         self.detached = detached
         self.heap_mb = heap_mb
         self.overrides = dict(overrides or {})
@@ -261,17 +262,17 @@ class KafkaCluster(LocalCluster):
         topic replicated on every node (up to 3) takes an ``acks=all`` write."""
         timeout = 180.0 if timeout is None else timeout
         started = time.monotonic()
-        kafka_admin.confluent()
-        lib = self._lib()
         for node in range(self.count):
             if self._running(node):
                 raise ClusterError(f"kafka node {node} already runs (pid {self.pids[node]})")
-        for port in [*self.ports, *self.controller_ports]:
-            if not port_free(port):
-                raise ClusterError(f"port {port} on 127.0.0.1 is taken: choose another base port")
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "log4j2.properties").write_text(_LOG4J2)
-        try:
+        try:  # from here on, a failure stops what started and removes a temp dir
+            kafka_admin.confluent()
+            lib = self._lib()
+            for port in [*self.ports, *self.controller_ports]:
+                if not port_free(port):
+                    raise ClusterError(f"port {port} on 127.0.0.1 is taken: use another base port")
+            self.dir.mkdir(parents=True, exist_ok=True)
+            (self.dir / "log4j2.properties").write_text(_LOG4J2)
             self._format(lib)
             for node in range(self.count):
                 self._spawn(node, lib)
@@ -295,20 +296,22 @@ class KafkaCluster(LocalCluster):
     def stop(self, grace: float = 30.0) -> None:
         """SIGTERM every node (a controlled shutdown), SIGKILL what is left after
         ``grace`` seconds; remove the temp dir this cluster made. Idempotent."""
-        for node in range(self.count):
-            if self._running(node):
-                signal_pid(self.pids[node], signal.SIGCONT)
-                signal_pid(self.pids[node], signal.SIGTERM)
+        launched = any(pid is not None for pid in self.pids)
+        # Only our own nodes: a pid in cluster.json may belong to another process by now.
+        running = [(node, pid) for node, pid in enumerate(self.pids) if self._running(node)]
+        for _, pid in running:
+            signal_pid(pid, signal.SIGCONT)
+            signal_pid(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        for node in range(self.count):
-            pid = self.pids[node]
+        for node, pid in running:
             if not wait_gone(pid, max(0.0, deadline - time.monotonic())):
                 log.warning("node %d did not stop in %.0f s: SIGKILL", node, grace)
                 signal_pid(pid, signal.SIGKILL)
                 if not wait_gone(pid, 10.0):
                     raise ClusterError(f"kafka node {node} (pid {pid}) survived SIGKILL")
-            self.pids[node] = None
-        self._save()
+        self.pids = [None] * self.count
+        if launched or (self.dir / STATE_FILE).exists():  # no state for a start that never ran
+            self._save()
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
 
