@@ -162,10 +162,9 @@ def up(
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Start a cluster whose nodes keep running after this command (``down`` stops them).
+    """Start a cluster whose nodes keep running after this command (until down).
 
-    A directory that holds a stopped cluster of the same kind is started again with its
-    data and ports."""
+    A DIR that holds a stopped cluster is started again with its data and ports."""
     with _errors():
         cluster: LocalCluster
         if (dir / STATE_FILE).exists():
