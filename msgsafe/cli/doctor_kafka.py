@@ -184,22 +184,35 @@ def _replication(topic: str, replication: int) -> Finding:
     )
 
 
+def _not_reported(
+    subject: str, names: Sequence[str], configs: dict[str, str] | str, check: str
+) -> list[Finding]:
+    """UNKNOWN for each of ``names``: the broker's answer (``configs``: an error text or
+    an empty dict) says nothing about them, and doctor does not guess."""
+    reason = configs if isinstance(configs, str) else "the broker returned no configs"
+    return [
+        Finding(
+            Severity.UNKNOWN,
+            subject,
+            name,
+            "unknown",
+            f"{reason}; not guessing",
+            f"check with: {check}",
+            "kafka",
+        )
+        for name in names
+    ]
+
+
 def _topic_configs(topic: str, replication: int, configs: dict[str, str] | str) -> list[Finding]:
     subject = f"topic {topic}"
     if isinstance(configs, str) or not configs:
-        reason = configs if isinstance(configs, str) else "the broker returned no configs"
-        return [
-            Finding(
-                Severity.UNKNOWN,
-                subject,
-                name,
-                "unknown",
-                f"{reason}; not guessing",
-                f"check with: kafka-configs --describe --entity-type topics --entity-name {topic}",
-                "kafka",
-            )
-            for name in ("min.insync.replicas", "unclean.leader.election.enable")
-        ]
+        return _not_reported(
+            subject,
+            ("min.insync.replicas", "unclean.leader.election.enable"),
+            configs,
+            f"kafka-configs --describe --entity-type topics --entity-name {topic}",
+        )
     findings = [_min_isr(subject, replication, configs.get("min.insync.replicas"))]
     findings.append(_unclean(subject, configs.get("unclean.leader.election.enable")))
     return findings
@@ -257,18 +270,12 @@ def _unclean(subject: str, value: str | None) -> Finding:
 def _broker_defaults(broker: int, configs: dict[str, str] | str) -> list[Finding]:
     subject = f"broker {broker} defaults"
     if isinstance(configs, str) or not configs:
-        reason = configs if isinstance(configs, str) else "the broker returned no configs"
-        return [
-            Finding(
-                Severity.UNKNOWN,
-                subject,
-                "default.replication.factor, min.insync.replicas, unclean.leader.election",
-                "unknown",
-                f"{reason}; not guessing",
-                "check with: kafka-configs --describe --entity-type brokers --all",
-                "kafka",
-            )
-        ]
+        return _not_reported(
+            subject,
+            ("default.replication.factor, min.insync.replicas, unclean.leader.election",),
+            configs,
+            "kafka-configs --describe --entity-type brokers --all",
+        )
     findings: list[Finding] = []
     default_rf = configs.get("default.replication.factor")
     if default_rf is not None and default_rf.isdigit() and int(default_rf) < 3:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Literal
@@ -119,25 +119,22 @@ def list_(path: PathArg, limit: LimitOpt = 50, offset: int = 0, as_json: JsonOpt
     if as_json:
         print_json(rows)
         return
-    table = Table(title=f"waiting in {path}")
-    for column in ("message id", "destination", "key", "size", "attempts", "ready in", "error"):
-        table.add_column(column)
-    for row in rows:
-        table.add_row(
-            *map(
-                escape,
-                (
-                    str(row["message_id"]),
-                    str(row["destination"]),
-                    str(row["key"] or "-"),
-                    str(row["size"]),
-                    str(row["attempts"]),
-                    f"{row['ready_in_s']:.1f} s",
-                    str(row["last_error"] or "-"),
-                ),
+    _print_table(
+        f"waiting in {path}",
+        ("message id", "destination", "key", "size", "attempts", "ready in", "error"),
+        [
+            (
+                str(row["message_id"]),
+                str(row["destination"]),
+                str(row["key"] or "-"),
+                str(row["size"]),
+                str(row["attempts"]),
+                f"{row['ready_in_s']:.1f} s",
+                str(row["last_error"] or "-"),
             )
-        )
-    out.print(table)
+            for row in rows
+        ],
+    )
 
 
 @app.command()
@@ -161,24 +158,21 @@ def quarantine(
     if as_json:
         print_json(rows)
         return
-    table = Table(title=f"quarantined in {path}")
-    for column in ("message id", "destination", "key", "attempts", "when", "error"):
-        table.add_column(column)
-    for row in rows:
-        table.add_row(
-            *map(
-                escape,
-                (
-                    str(row["message_id"]),
-                    str(row["destination"]),
-                    str(row["key"] or "-"),
-                    str(row["attempts"]),
-                    str(row["quarantined_at"]),
-                    str(row["error"]),
-                ),
+    _print_table(
+        f"quarantined in {path}",
+        ("message id", "destination", "key", "attempts", "when", "error"),
+        [
+            (
+                str(row["message_id"]),
+                str(row["destination"]),
+                str(row["key"] or "-"),
+                str(row["attempts"]),
+                str(row["quarantined_at"]),
+                str(row["error"]),
             )
-        )
-    out.print(table)
+            for row in rows
+        ],
+    )
 
 
 @app.command()
@@ -276,3 +270,13 @@ def _selection(ids: list[str] | None, all_: bool) -> list[str] | Literal["all"]:
     if not all_ and not ids:
         raise typer.BadParameter("give message ids or --all")
     return "all" if all_ else list(ids or [])
+
+
+def _print_table(title: str, columns: Sequence[str], cells: Iterable[Sequence[str]]) -> None:
+    # Every cell is text from the store (ids, keys, errors): escaped, never rich markup.
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in cells:
+        table.add_row(*map(escape, row))
+    out.print(table)

@@ -396,16 +396,14 @@ class BlockingChannel:
         arguments: dict[str, Any] | None = None,
     ) -> Any:
         """``pika.BlockingChannel.queue_declare`` on a real connection to the same hosts."""
-        self._check_open()
-        return self._conn._declare(
-            lambda ch: ch.queue_declare(
-                queue,
-                passive=passive,
-                durable=durable,
-                exclusive=exclusive,
-                auto_delete=auto_delete,
-                arguments=arguments,
-            )
+        return self._passed(
+            "queue_declare",
+            queue,
+            passive=passive,
+            durable=durable,
+            exclusive=exclusive,
+            auto_delete=auto_delete,
+            arguments=arguments,
         )
 
     def exchange_declare(
@@ -419,17 +417,15 @@ class BlockingChannel:
         arguments: dict[str, Any] | None = None,
     ) -> Any:
         """``pika.BlockingChannel.exchange_declare`` on a real connection."""
-        self._check_open()
-        return self._conn._declare(
-            lambda ch: ch.exchange_declare(
-                exchange,
-                exchange_type=exchange_type,
-                passive=passive,
-                durable=durable,
-                auto_delete=auto_delete,
-                internal=internal,
-                arguments=arguments,
-            )
+        return self._passed(
+            "exchange_declare",
+            exchange,
+            exchange_type=exchange_type,
+            passive=passive,
+            durable=durable,
+            auto_delete=auto_delete,
+            internal=internal,
+            arguments=arguments,
         )
 
     def queue_bind(
@@ -440,22 +436,22 @@ class BlockingChannel:
         arguments: dict[str, Any] | None = None,
     ) -> Any:
         """``pika.BlockingChannel.queue_bind`` on a real connection."""
-        self._check_open()
-        return self._conn._declare(
-            lambda ch: ch.queue_bind(queue, exchange, routing_key=routing_key, arguments=arguments)
+        return self._passed(
+            "queue_bind", queue, exchange, routing_key=routing_key, arguments=arguments
         )
 
     def queue_purge(self, queue: str) -> Any:
         """``pika.BlockingChannel.queue_purge`` on a real connection."""
-        self._check_open()
-        return self._conn._declare(lambda ch: ch.queue_purge(queue))
+        return self._passed("queue_purge", queue)
 
     def queue_delete(self, queue: str, if_unused: bool = False, if_empty: bool = False) -> Any:
         """``pika.BlockingChannel.queue_delete`` on a real connection."""
+        return self._passed("queue_delete", queue, if_unused=if_unused, if_empty=if_empty)
+
+    def _passed(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        # The declare runs on a real pika channel: msgsafe publishes, pika declares.
         self._check_open()
-        return self._conn._declare(
-            lambda ch: ch.queue_delete(queue, if_unused=if_unused, if_empty=if_empty)
-        )
+        return self._conn._declare(lambda ch: getattr(ch, method)(*args, **kwargs))
 
     # --- closing -----------------------------------------------------------------------
 
