@@ -38,6 +38,10 @@ if [ "$mode" = all ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${want_apt[@]}" >/dev/null
   fi
+  # Apache Kafka, ActiveMQ Artemis and Qpid Broker-J jars from Maven Central, once, into
+  # the cache (~/.cache/msgsafe/brokers or $MSGSAFE_CACHE); later runs reuse them.
+  log "broker jars (msgsafe cluster fetch)"
+  for kind in kafka artemis qpid; do python3 -m msgsafe cluster fetch "$kind"; done
   pgver="$(ls /etc/postgresql | head -n1)"
   # The transactional-outbox tests connect to 127.0.0.1 without a password; a fresh
   # Debian cluster asks for one (scram), so trust loopback for this test machine.

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import typer
 
 from msgsafe.cli import demo, doctor, outbox, shell, verify
+from msgsafe.cluster import cli as cluster
 
 __all__ = ["app", "main"]
 
@@ -30,6 +31,7 @@ app.command(name="doctor")(doctor.doctor)
 app.command(name="send")(shell.send)
 app.command(name="consume")(shell.consume)
 app.add_typer(outbox.app, name="outbox")
+app.add_typer(cluster.app, name="cluster")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

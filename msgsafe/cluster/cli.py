@@ -272,7 +272,7 @@ def fetch(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m msgsafe.cluster.cli`` (until it is wired in as ``msgsafe cluster``)."""
+    """``python -m msgsafe.cluster.cli``, the same commands as ``msgsafe cluster``."""
     # Library loggers stay quiet unless something is wrong; progress shows INFO lines.
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     app(args=None if argv is None else list(argv), prog_name="msgsafe cluster")
