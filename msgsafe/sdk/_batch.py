@@ -8,7 +8,6 @@ or out with an error) gets an object of its own.
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Sequence
 from typing import Protocol
@@ -92,8 +91,7 @@ class BatchSend(LightFuture[BatchReceipt]):
     def _fail(self, index: int, error: MsgsafeError) -> None:
         message_id = self.batch.message_ids[index]
         # One error object per message: transports share one for many messages.
-        own = copy.copy(error)
-        own.message_id = message_id
+        own = error.with_id(message_id)
         with self._count_lock:
             self._errors[message_id] = own
             self._remaining -= 1

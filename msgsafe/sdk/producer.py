@@ -7,7 +7,6 @@ while the caller still owns the message. There is no third outcome.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import logging
 import math
@@ -115,7 +114,7 @@ class _Send(LightFuture[Receipt]):
         if error is None:
             self.set_result(new_receipt(env.message_id, Status.STORED, env.destination))
         else:
-            self.set_exception(_with_id(error, env.message_id))
+            self.set_exception(error.with_id(env.message_id))
         return 1
 
 
@@ -670,10 +669,3 @@ def _error_of(future: Future[None]) -> MsgsafeError | None:
     if exc is None or isinstance(exc, MsgsafeError):
         return exc
     return MsgsafeError(f"{type(exc).__name__}: {exc}")
-
-
-def _with_id(exc: MsgsafeError, message_id: str) -> MsgsafeError:
-    # One error object per future: each carries its own message id.
-    clone = copy.copy(exc)
-    clone.message_id = message_id
-    return clone

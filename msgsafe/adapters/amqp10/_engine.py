@@ -441,7 +441,7 @@ class Engine(MessagingHandler):
         _log.error("giving up on %s: %s", self.target, error)
         self._fatal = error
         for out in list(self._outstanding.values()):
-            self._resolve(out, _with_id(error, out.envelope.message_id))
+            self._resolve(out, error.with_id(out.envelope.message_id))
         self.connected.clear()
 
     # --- publishing ----------------------------------------------------------------------
@@ -465,7 +465,7 @@ class Engine(MessagingHandler):
 
     def _enqueue(self, envelope: Envelope, future: Future[None], deadline: float) -> None:
         if self._fatal is not None:
-            _set_exception(future, _with_id(self._fatal, envelope.message_id))
+            _set_exception(future, self._fatal.with_id(envelope.message_id))
             return
         if self._closing:
             _set_exception(
@@ -855,10 +855,6 @@ def _body_bytes(body: object) -> bytes:
     if body is None:
         return b""
     return str(body).encode()
-
-
-def _with_id(error: MsgsafeError, message_id: str) -> MsgsafeError:
-    return type(error)(error.message, endpoint=error.endpoint, message_id=message_id)
 
 
 def _set_exception(future: Future[None], error: BaseException) -> None:

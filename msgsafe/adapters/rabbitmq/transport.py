@@ -461,7 +461,7 @@ class RabbitTransport:
         if isinstance(entry, _Part):
             self._fail_part(entry, entry.unsettled(), error)
         else:
-            self._resolve(entry, _copy(error))
+            self._resolve(entry, error.with_id(entry.envelope.message_id))
 
     def _fail_part(self, part: _Part, indexes: Sequence[int], error: MsgsafeError) -> None:
         _fail_all(part.job.report, indexes, error, part.job.batch.message_ids)
@@ -1015,7 +1015,7 @@ class RabbitTransport:
 
     def _waiting_error(self, attempts: int, unreachable: bool, endpoint: str) -> MsgsafeError:
         if self._fatal is not None:
-            return _copy(self._fatal)
+            return self._fatal
         if attempts:
             return ConnectionLost(
                 "connection lost before the confirm and no host took the resend in time",
@@ -1108,19 +1108,8 @@ def _fail_all(
 ) -> None:
     """Report each of ``indexes`` failed with its own copy of ``error``, naming its id."""
     for index in indexes:
-        clone = _copy(error)
-        if clone.message_id is None:
-            clone.message_id = ids[index]
-        report_failed(report, index, clone)
+        report_failed(report, index, error.with_id(ids[index]))
 
 
 def _key_text(key: bytes | None) -> str:
     return key.decode("utf-8", "replace") if key else ""
-
-
-def _copy(error: MsgsafeError) -> MsgsafeError:
-    """A fresh instance per future: one exception object must not collect many tracebacks."""
-    clone = type(error).__new__(type(error))
-    clone.__dict__.update(error.__dict__)
-    clone.args = error.args
-    return clone
