@@ -6,8 +6,10 @@ Every adapter package (``rabbitmq``, ``kafka``, ``amqp10``, ``memory``) exports:
     open_receiver(url: BrokerUrl, options: Mapping[str, object], *, group: str | None) -> Receiver
 
 and, when its client library is missing, raises :class:`~msgsafe.errors.MissingExtra`
-on import, naming the extra to install. This module is the registry by URL protocol;
-adapters are imported lazily so a user of one broker never needs the others' libraries.
+on import, naming the extra to install. Which adapter serves a URL is decided once, by
+:data:`msgsafe.endpoints.SCHEMES` (scheme -> protocol, and the protocol is the package
+name); this module imports that package lazily, so a user of one broker never needs the
+others' libraries.
 """
 
 from __future__ import annotations
@@ -16,27 +18,18 @@ import importlib
 from collections.abc import Mapping
 from types import ModuleType
 
-from msgsafe.endpoints import BrokerUrl
+from msgsafe.endpoints import PROTOCOLS, BrokerUrl
 from msgsafe.errors import ConfigurationError
 from msgsafe.ports import Receiver, Transport
 
 __all__ = ["adapter_module", "open_receiver", "open_transport"]
 
-#: URL protocol -> adapter package (relative to msgsafe.adapters).
-_ADAPTERS = {
-    "rabbitmq": "rabbitmq",
-    "kafka": "kafka",
-    "amqp10": "amqp10",
-    "memory": "memory",
-}
-
 
 def adapter_module(protocol: str) -> ModuleType:
     """Import the adapter package for ``protocol`` (MissingExtra if its library is absent)."""
-    name = _ADAPTERS.get(protocol)
-    if name is None:
+    if protocol not in PROTOCOLS:
         raise ConfigurationError(f"no adapter for protocol {protocol!r}")
-    return importlib.import_module(f"msgsafe.adapters.{name}")
+    return importlib.import_module(f"{__name__}.{protocol}")
 
 
 def open_transport(url: BrokerUrl, options: Mapping[str, object]) -> Transport:
