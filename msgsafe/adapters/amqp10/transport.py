@@ -9,7 +9,7 @@ from concurrent.futures import Future
 from msgsafe.adapters.amqp10._engine import Engine
 from msgsafe.adapters.amqp10.config import Amqp10Options
 from msgsafe.endpoints import BrokerUrl, Endpoint
-from msgsafe.errors import ClosedError, MessageTooLarge, Refused
+from msgsafe.errors import ClosedError, Refused
 from msgsafe.message import Envelope
 
 __all__ = ["Amqp10Transport"]
@@ -75,17 +75,9 @@ class Amqp10Transport:
                 )
             )
             return future
-        # Envelope.size walks the headers; most envelopes have none.
-        size = envelope.size if envelope.headers else len(envelope.body) + len(envelope.key or b"")
-        if size > self._options.max_message_size:
-            future.set_exception(
-                MessageTooLarge(
-                    f"message of {size} bytes exceeds max_message_size "
-                    f"({self._options.max_message_size})",
-                    endpoint=self.target,
-                    message_id=envelope.message_id,
-                )
-            )
+        too_large = self._options.size_error(envelope, endpoint=self.target)
+        if too_large is not None:
+            future.set_exception(too_large)
             return future
         # One deadline from the call: waiting for room spends the same confirm_timeout.
         deadline = time.monotonic() + self._options.confirm_timeout

@@ -24,7 +24,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from msgsafe.adapters._reports import report_confirmed, report_failed
+from msgsafe.adapters._reports import call_logged, report_confirmed, report_failed
 from msgsafe.adapters.kafka._errors import PRODUCER_STATE, translate
 from msgsafe.adapters.kafka.config import KafkaOptions, producer_settings
 from msgsafe.endpoints import BrokerUrl
@@ -34,7 +34,6 @@ from msgsafe.errors import (
     ConfirmTimeout,
     ConnectionLost,
     InvalidMessage,
-    MessageTooLarge,
     MsgsafeError,
     Refused,
 )
@@ -102,7 +101,7 @@ class _Report:
         except KeyError:
             return
         if err is None:
-            _call(self.callback, None)
+            call_logged(self.callback, None)
         else:
             transport._failed(self, err)
 
@@ -248,17 +247,6 @@ class _BatchReports:
             report_failed(self.report, index, error)
 
 
-def _len_or_0(data: bytes | None) -> int:
-    return 0 if data is None else len(data)
-
-
-def _call(callback: PublishCallback, error: MsgsafeError | None) -> None:
-    try:
-        callback(error)
-    except Exception:
-        log.exception("kafka publish callback failed")
-
-
 class KafkaTransport:
     """Publishes to Kafka with ``acks=all`` and idempotence; see :class:`msgsafe.ports.Transport`.
 
@@ -272,7 +260,6 @@ class KafkaTransport:
         self._options = options
         self._settings = producer_settings(url, options)
         self._timeout = options.confirm_timeout
-        self._max_size = options.max_message_size
         self._lock = threading.Lock()
         self._closed = False
         self._closing = False
@@ -321,20 +308,14 @@ class KafkaTransport:
         or the error, exactly once (see :class:`msgsafe.ports.CallbackTransport`)."""
         message_id = envelope.message_id
         if self._closed:
-            _call(
+            call_logged(
                 callback,
                 ClosedError("transport is closed", endpoint=self._target, message_id=message_id),
             )
             return
-        if envelope.size > self._max_size:
-            _call(
-                callback,
-                MessageTooLarge(
-                    f"{envelope.size} bytes > max_message_size={self._max_size}",
-                    endpoint=self._target,
-                    message_id=message_id,
-                ),
-            )
+        too_large = self._options.size_error(envelope, endpoint=self._target)
+        if too_large is not None:
+            call_logged(callback, too_large)
             return
         headers: list[tuple[str, str | bytes | None]] = [(MESSAGE_ID_HEADER, message_id)]
         if envelope.headers:
@@ -376,7 +357,7 @@ class KafkaTransport:
         if error is not None:
             # librdkafka did not take it: no report will come.
             self._open.discard(report)
-            _call(callback, error)
+            call_logged(callback, error)
             return
         self._watch.append(report)
         self._published += 1
@@ -408,8 +389,7 @@ class KafkaTransport:
         extra: list[tuple[str, str | bytes | None]] = [
             kv for kv in batch.headers.items() if kv[0] != MESSAGE_ID_HEADER
         ]
-        limit = self._max_size - sum(len(k) + len(v or "") for k, v in extra)
-        longest = max(map(len, bodies)) + (0 if keys is None else max(map(_len_or_0, keys)))
+        too_large = self._options.oversized(batch, endpoint=target)
         produce = self._producer.produce
         poll = self._producer.poll
         name = MESSAGE_ID_HEADER
@@ -422,14 +402,8 @@ class KafkaTransport:
                 for index in range(start, stop):
                     body = bodies[index]
                     key = None if keys is None else keys[index]
-                    if longest > limit and len(body) + _len_or_0(key) > limit:
-                        chunk.fail(
-                            index,
-                            MessageTooLarge(
-                                f"{len(body)} bytes > max_message_size={self._max_size}",
-                                endpoint=target,
-                            ),
-                        )
+                    if too_large and index in too_large:
+                        chunk.fail(index, too_large[index])
                         continue
                     headers: list[tuple[str, str | bytes | None]] = (
                         [(name, ids[index]), *extra] if extra else [(name, ids[index])]
@@ -491,7 +465,7 @@ class KafkaTransport:
     def _failed(self, report: _Report, err: KafkaError) -> None:
         # Runs where reports are served (poll thread, a publisher, close()), for a report
         # already taken out of _open; must never raise into librdkafka.
-        _call(report.callback, self._delivery_error(err, report.message_id))
+        call_logged(report.callback, self._delivery_error(err, report.message_id))
 
     def _delivery_error(self, err: KafkaError, message_id: str | None = None) -> MsgsafeError:
         """The msgsafe error of a failed delivery report; recreates the producer when its
@@ -595,7 +569,7 @@ class KafkaTransport:
                 except KeyError:
                     pass  # its delivery report came in just now
                 else:
-                    _call(
+                    call_logged(
                         report.callback,
                         ConfirmTimeout(
                             f"no delivery report within confirm_timeout={self._timeout}s",
@@ -639,7 +613,7 @@ class KafkaTransport:
                 self._open.remove(report)
             except KeyError:
                 continue
-            _call(
+            call_logged(
                 report.callback,
                 ConnectionLost(
                     "transport closed before the broker confirmed",

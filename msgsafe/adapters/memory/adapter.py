@@ -3,17 +3,15 @@ adapters, with the broker's faults (see :mod:`msgsafe.adapters.memory.broker`)."
 
 from __future__ import annotations
 
-import logging
 import threading
 from concurrent.futures import Future
 
+from msgsafe.adapters._reports import call_logged
 from msgsafe.adapters.memory.broker import Leased, MemoryBroker
 from msgsafe.adapters.memory.config import MemoryOptions
-from msgsafe.errors import ClosedError, ConfirmTimeout, MessageTooLarge, MsgsafeError
+from msgsafe.errors import ClosedError, ConfirmTimeout, MsgsafeError
 from msgsafe.message import MESSAGE_ID_HEADER, Delivery, Envelope, Outcome
 from msgsafe.ports import PublishCallback, PublishFuture
-
-log = logging.getLogger("msgsafe.memory")
 
 __all__ = ["MemoryReceiver", "MemoryTransport"]
 
@@ -40,28 +38,23 @@ class MemoryTransport:
 
     def publish_callback(self, envelope: Envelope, callback: PublishCallback) -> None:
         if self._closed:
-            _call(callback, ClosedError("transport is closed", message_id=envelope.message_id))
-            return
-        if len(envelope.body) > self._options.max_message_size:
-            _call(
-                callback,
-                MessageTooLarge(
-                    f"{len(envelope.body)} bytes exceeds max_message_size="
-                    f"{self._options.max_message_size}",
-                    endpoint=self._target,
-                    message_id=envelope.message_id,
-                ),
+            call_logged(
+                callback, ClosedError("transport is closed", message_id=envelope.message_id)
             )
+            return
+        too_large = self._options.size_error(envelope, endpoint=self._target)
+        if too_large is not None:
+            call_logged(callback, too_large)
             return
         try:
             self._broker.accept(envelope)
         except MsgsafeError as exc:
             exc.endpoint = exc.endpoint or self._target
-            _call(callback, exc)
+            call_logged(callback, exc)
             return
         delay = self._broker.confirm_delay
         if delay <= 0:
-            _call(callback, None)
+            call_logged(callback, None)
         elif delay >= self._options.confirm_timeout:
             # The broker holds it but the confirm will come too late: a possible duplicate.
             self._later(
@@ -80,7 +73,7 @@ class MemoryTransport:
         def fire() -> None:
             with self._lock:
                 self._timers.discard(timer)
-            _call(callback, error)
+            call_logged(callback, error)
 
         timer = threading.Timer(delay, fire)
         timer.daemon = True
@@ -97,13 +90,6 @@ class MemoryTransport:
 
     def __repr__(self) -> str:
         return f"MemoryTransport(target={self._target!r})"
-
-
-def _call(callback: PublishCallback, error: MsgsafeError | None) -> None:
-    try:
-        callback(error)
-    except Exception:
-        log.exception("memory publish callback failed")
 
 
 class MemoryReceiver:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
@@ -34,16 +34,11 @@ import pika
 from pika.channel import Channel
 from pika.spec import Basic
 
-from msgsafe.adapters._reports import report_confirmed, report_failed
+from msgsafe.adapters._reports import call_logged, report_confirmed, report_failed
 from msgsafe.adapters.rabbitmq._errors import channel_close_error, describe, lost_error
 from msgsafe.adapters.rabbitmq._frames import FrameWriter, publish_properties
 from msgsafe.adapters.rabbitmq._link import IoThread, Link, log
-from msgsafe.adapters.rabbitmq.config import (
-    BROKER_MAX_MESSAGE_SIZE,
-    Destination,
-    RabbitOptions,
-    parse_destination,
-)
+from msgsafe.adapters.rabbitmq.config import Destination, RabbitOptions, parse_destination
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import (
     ClosedError,
@@ -164,7 +159,6 @@ class RabbitTransport:
         self._url = url
         self._options = options
         self._target = url.redacted()
-        self._max_body = min(options.max_message_size, BROKER_MAX_MESSAGE_SIZE)
         self._destinations: dict[str, Destination] = {}
         # Caller side: the window and the hand-over queue.
         self._cond = threading.Condition()
@@ -241,11 +235,11 @@ class RabbitTransport:
         try:
             dest = self._destination(envelope.destination)
         except ConfigurationError as exc:
-            _call(callback, exc)
+            call_logged(callback, exc)
             return
         error = self._check_size(envelope)
         if error is not None:
-            _call(callback, error)
+            call_logged(callback, error)
             return
         now = time.monotonic()
         timeout = self._options.confirm_timeout
@@ -265,7 +259,7 @@ class RabbitTransport:
             else:
                 self._outstanding += 1
         if error is not None:
-            _call(callback, error)
+            call_logged(callback, error)
             return
         self._incoming.append(_Item(envelope, dest, callback, now + timeout, now))
         self._wake()
@@ -335,28 +329,23 @@ class RabbitTransport:
         """Indexes of the messages of ``batch`` that may be sent; the others are reported
         failed with ``MessageTooLarge`` here."""
         count = len(batch)
-        bodies, ids, keys = batch.bodies, batch.message_ids, batch.keys
-        fixed = 64
-        if batch.headers:
-            fixed += sum(len(k) + len(v) + 8 for k, v in batch.headers.items())
-        limit = self._frame_max - _HEADER_FRAME_RESERVE
+        failed: dict[int, MsgsafeError] = dict(
+            self._options.oversized(batch, endpoint=self._target)
+        )
+        ids, keys = batch.message_ids, batch.keys
         longest_key = 0 if keys is None else max(len(k or b"") for k in keys)
-        if (
-            max(map(len, bodies)) <= self._max_body
-            and fixed + longest_key + 2 * max(map(len, ids)) <= limit
-        ):
+        most = _header_bytes(max(map(len, ids)), longest_key, batch.headers)
+        if most > self._frame_max - _HEADER_FRAME_RESERVE:
+            for index in range(count):
+                key = None if keys is None else keys[index]
+                error = self._frame_error(ids[index], key, batch.headers)
+                if error is not None and index not in failed:
+                    failed[index] = error
+        if not failed:
             return range(count)
-        good: list[int] = []
-        for index in range(count):
-            key = None if keys is None else keys[index]
-            error = self._check_size(
-                Envelope(batch.destination, bodies[index], ids[index], key, batch.headers)
-            )
-            if error is None:
-                good.append(index)
-            else:
-                report_failed(report, index, error)
-        return good
+        for index in sorted(failed):
+            report_failed(report, index, failed[index])
+        return [index for index in range(count) if index not in failed]
 
     def _wait_for_room(self, timeout: float) -> bool:
         # Called with self._cond held.
@@ -402,24 +391,24 @@ class RabbitTransport:
         return dest
 
     def _check_size(self, envelope: Envelope) -> MsgsafeError | None:
-        if len(envelope.body) > self._max_body:
-            return MessageTooLarge(
-                f"body of {len(envelope.body)} bytes exceeds the limit of {self._max_body}",
-                endpoint=self._target,
-                message_id=envelope.message_id,
-            )
+        error = self._options.size_error(envelope, endpoint=self._target)
+        if error is None:
+            error = self._frame_error(envelope.message_id, envelope.key, envelope.headers)
+        return error
+
+    def _frame_error(
+        self, message_id: str, key: bytes | None, headers: Mapping[str, str]
+    ) -> MessageTooLarge | None:
         # NOTE: AMQP 0-9-1 carries all properties in one content-header frame; RabbitMQ
         # closes the whole connection (501 FRAME_ERROR) when it exceeds frame_max, which
         # would take every other message in flight down with it.
-        header_bytes = len(envelope.key or b"") + 2 * len(envelope.message_id) + 64
-        if envelope.headers:
-            header_bytes += sum(len(k) + len(v) + 8 for k, v in envelope.headers.items())
+        header_bytes = _header_bytes(len(message_id), len(key or b""), headers)
         limit = self._frame_max - _HEADER_FRAME_RESERVE
         if header_bytes > limit:
             return MessageTooLarge(
                 f"headers of about {header_bytes} bytes exceed the frame limit of {limit}",
                 endpoint=self._target,
-                message_id=envelope.message_id,
+                message_id=message_id,
             )
         return None
 
@@ -453,7 +442,7 @@ class RabbitTransport:
         item.settled = True
         if error is not None and error.message_id is None:
             error.message_id = item.envelope.message_id
-        _call(item.callback, error)
+        call_logged(item.callback, error)
         self._settled(1)
 
     def _fail(self, entry: _Item | _Part, error: MsgsafeError) -> None:
@@ -1096,19 +1085,21 @@ def _skip_done(part: _Part) -> None:
         part.pos += 1
 
 
-def _call(callback: PublishCallback, error: MsgsafeError | None) -> None:
-    try:
-        callback(error)
-    except Exception:
-        log.exception("publish callback raised; ignored")
-
-
 def _fail_all(
     report: BatchReport, indexes: Sequence[int], error: MsgsafeError, ids: Sequence[str]
 ) -> None:
     """Report each of ``indexes`` failed with its own copy of ``error``, naming its id."""
     for index in indexes:
         report_failed(report, index, error.with_id(ids[index]))
+
+
+def _header_bytes(id_length: int, key_length: int, headers: Mapping[str, str]) -> int:
+    """About the size of a message's content-header frame: the id twice (property and
+    header), the key, the user headers and the fixed fields."""
+    size = 2 * id_length + key_length + 64
+    if headers:
+        size += sum(len(k) + len(v) + 8 for k, v in headers.items())
+    return size
 
 
 def _key_text(key: bytes | None) -> str:
