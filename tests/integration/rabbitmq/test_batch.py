@@ -18,7 +18,7 @@ import pytest
 
 from msgsafe.adapters import open_receiver, open_transport
 from msgsafe.adapters.rabbitmq import RabbitTransport
-from msgsafe.adapters.rabbitmq import transport as rabbit_transport_module
+from msgsafe.adapters.rabbitmq import _wire as rabbit_transport_module
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import MessageTooLarge, MsgsafeError, TransientError, Unroutable
 from msgsafe.message import Batch, Envelope
