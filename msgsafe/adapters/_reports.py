@@ -10,28 +10,43 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TypeVarTuple
 
 from msgsafe.errors import MsgsafeError
-from msgsafe.ports import BatchReport
+from msgsafe.ports import BatchReport, PublishCallback
 
-__all__ = ["call_logged", "report_confirmed", "report_failed"]
+__all__ = ["call_logged", "notify", "report_confirmed", "report_failed"]
 
 log = logging.getLogger("msgsafe.transport")
 
+_Args = TypeVarTuple("_Args")
 
-def call_logged(fn: Callable[..., object], *args: object) -> None:
-    """``fn(*args)``; whatever it raises is logged (with its traceback) and dropped."""
+
+def call_logged(
+    log: logging.Logger,
+    what: str,
+    callback: Callable[[*_Args], object],
+    *args: *_Args,
+) -> None:
+    """``callback(*args)``; anything it raises (``Exception``, not ``BaseException``) is
+    logged on ``log`` as ``"<what> raised; ignored"`` with its traceback and dropped."""
     try:
-        fn(*args)
+        callback(*args)
     except Exception:
-        log.exception("%s raised; ignored", getattr(fn, "__qualname__", None) or repr(fn))
+        log.exception("%s raised; ignored", what)
+
+
+def notify(log: logging.Logger, callback: PublishCallback, error: MsgsafeError | None) -> None:
+    """Give a publish callback its outcome (``None``: confirmed), guarded, logging on
+    the adapter's ``log``."""
+    call_logged(log, "publish callback", callback, error)
 
 
 def report_confirmed(report: BatchReport, count: int) -> None:
     """``report.confirmed(count)``, guarded."""
-    call_logged(report.confirmed, count)
+    call_logged(log, "BatchReport.confirmed", report.confirmed, count)
 
 
 def report_failed(report: BatchReport, index: int, error: MsgsafeError) -> None:
     """``report.failed(index, error)``, guarded."""
-    call_logged(report.failed, index, error)
+    call_logged(log, "BatchReport.failed", report.failed, index, error)

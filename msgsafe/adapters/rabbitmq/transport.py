@@ -37,7 +37,7 @@ import pika
 from pika.channel import Channel
 from pika.spec import Basic
 
-from msgsafe.adapters._reports import call_logged, report_failed
+from msgsafe.adapters._reports import notify, report_failed
 from msgsafe.adapters.rabbitmq._confirms import ConfirmLedger, _Item, _Job, _Part, fail_all
 from msgsafe.adapters.rabbitmq._connection import IoThread, Link, log
 from msgsafe.adapters.rabbitmq._errors import channel_close_error, describe, lost_error
@@ -162,11 +162,11 @@ class RabbitTransport:
         try:
             dest = self._destination(envelope.destination)
         except ConfigurationError as exc:
-            call_logged(callback, exc)
+            notify(log, callback, exc)
             return
         error = self._check_size(envelope)
         if error is not None:
-            call_logged(callback, error)
+            notify(log, callback, error)
             return
         now = time.monotonic()
         timeout = self._options.confirm_timeout
@@ -186,7 +186,7 @@ class RabbitTransport:
             else:
                 self._outstanding += 1
         if error is not None:
-            call_logged(callback, error)
+            notify(log, callback, error)
             return
         self._incoming.append(_Item(envelope, dest, callback, now + timeout, now))
         self._wake()
