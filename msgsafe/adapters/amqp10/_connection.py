@@ -45,7 +45,7 @@ from msgsafe.endpoints import BrokerUrl, Endpoint, EndpointList
 from msgsafe.errors import MsgsafeError
 from msgsafe.retry import RetryPolicy
 
-__all__ = ["Engine", "Side", "log"]
+__all__ = ["Engine", "EngineClient", "Side", "log"]
 
 log = logging.getLogger("msgsafe.adapters.amqp10")
 _TICK_S = 0.05
@@ -442,3 +442,23 @@ class Engine(MessagingHandler):
             for fd in self._injector.pipe:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+
+class EngineClient:
+    """What a transport and a receiver both show of the engine they own."""
+
+    _engine: Engine
+
+    @property
+    def target(self) -> str:
+        """The redacted URL (no credentials)."""
+        return self._engine.target
+
+    @property
+    def history(self) -> tuple[Endpoint, ...]:
+        """The endpoints connected to, in order (newest last)."""
+        return tuple(self._engine.history)
+
+    def wait_connected(self, timeout: float) -> bool:
+        """True once a connection is open (for start-up checks and tests)."""
+        return self._engine.connected.wait(timeout)

@@ -24,10 +24,10 @@ from proton import Delivery as ProtonDelivery
 from proton import Message
 from proton.reactor import AtLeastOnce
 
-from msgsafe.adapters.amqp10._connection import Engine, log
+from msgsafe.adapters.amqp10._connection import Engine, EngineClient, log
 from msgsafe.adapters.amqp10._wire import read_message
 from msgsafe.adapters.amqp10.config import Amqp10Options
-from msgsafe.endpoints import BrokerUrl, Endpoint
+from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import ClosedError, ConfigurationError, MsgsafeError
 from msgsafe.message import Delivery, Outcome
 
@@ -40,7 +40,7 @@ _SETTLE = {
 }
 
 
-class Amqp10Receiver:
+class Amqp10Receiver(EngineClient):
     """Consumes from AMQP 1.0 addresses with a bounded credit window.
 
     Implements :class:`msgsafe.ports.Receiver`. Each subscription is a receiver link
@@ -60,20 +60,6 @@ class Amqp10Receiver:
         self._closed = False
         self._subs = Subscriptions()
         self._engine = Engine(url, options, self._subs, role="receiver")
-
-    @property
-    def target(self) -> str:
-        """The redacted URL this receiver consumes from (no credentials)."""
-        return self._engine.target
-
-    @property
-    def history(self) -> tuple[Endpoint, ...]:
-        """The endpoints this receiver connected to, in order (newest last)."""
-        return tuple(self._engine.history)
-
-    def wait_connected(self, timeout: float) -> bool:
-        """True once a connection is open."""
-        return self._engine.connected.wait(timeout)
 
     def subscribe(self, destination: str) -> None:
         """Start consuming from the AMQP address ``destination``."""

@@ -24,11 +24,11 @@ from typing import Any
 from proton import Delivery as ProtonDelivery
 from proton.reactor import AtLeastOnce
 
-from msgsafe.adapters.amqp10._connection import Engine
+from msgsafe.adapters.amqp10._connection import Engine, EngineClient
 from msgsafe.adapters.amqp10._errors import detach_error, rejected_error
 from msgsafe.adapters.amqp10._wire import encode_envelope, send_bytes
 from msgsafe.adapters.amqp10.config import Amqp10Options
-from msgsafe.endpoints import BrokerUrl, Endpoint
+from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import (
     ClosedError,
     ConfirmTimeout,
@@ -49,7 +49,7 @@ _TERMINAL = (
 )
 
 
-class Amqp10Transport:
+class Amqp10Transport(EngineClient):
     """Publishes durable messages over AMQP 1.0 with unsettled sends (at-least-once).
 
     Implements :class:`msgsafe.ports.Transport`. Each envelope is sent as a durable
@@ -85,20 +85,6 @@ class Amqp10Transport:
         self._closed = False
         self._sends = Sends()
         self._engine = Engine(url, options, self._sends, role="sender")
-
-    @property
-    def target(self) -> str:
-        """The redacted URL this transport publishes to (no credentials)."""
-        return self._engine.target
-
-    @property
-    def history(self) -> tuple[Endpoint, ...]:
-        """The endpoints this transport connected to, in order (newest last)."""
-        return tuple(self._engine.history)
-
-    def wait_connected(self, timeout: float) -> bool:
-        """True once a connection is open (for start-up checks and tests)."""
-        return self._engine.connected.wait(timeout)
 
     def publish(self, envelope: Envelope) -> Future[None]:
         """Send ``envelope``; the future resolves when the broker accepted it."""
@@ -275,35 +261,22 @@ class Sends:
             self._pump()
 
     def detached(self, link: Any, condition: Any) -> None:
-        engine = self.engine
         address = link.target.address
         if self._links.get(address) == link:
             del self._links[address]
         # Transferred and unsettled on this link: the broker may hold them.
-        for tag, out in list(self._inflight.items()):
-            if out.envelope.destination == address:
-                del self._inflight[tag]
-                self._resolve(
-                    out,
-                    detach_error(
-                        condition,
-                        endpoint=engine.target,
-                        message_id=out.envelope.message_id,
-                        sent=True,
-                    ),
-                )
+        sent = [out for out in self._inflight.values() if out.envelope.destination == address]
         # Queued behind them: refused now, so that per-key order holds in the outbox.
-        queue = self._queues.pop(address, None)
-        for out in queue or ():
-            self._resolve(
-                out,
-                detach_error(
+        queued = self._queues.pop(address, None) or ()
+        for outs, was_sent in ((sent, True), (queued, False)):
+            for out in outs:
+                error = detach_error(
                     condition,
-                    endpoint=engine.target,
+                    endpoint=self.engine.target,
                     message_id=out.envelope.message_id,
-                    sent=False,
-                ),
-            )
+                    sent=was_sent,
+                )
+                self._resolve(out, error)
 
     def tick(self, now: float) -> None:
         deadlines = self._deadlines
