@@ -10,6 +10,24 @@ on import, naming the extra to install. Which adapter serves a URL is decided on
 :data:`msgsafe.endpoints.SCHEMES` (scheme -> protocol, and the protocol is the package
 name); this module imports that package lazily, so a user of one broker never needs the
 others' libraries.
+
+Every adapter package has the same files:
+
+- ``__init__.py``: the two entry points and the missing-extra guard (plus the names of
+  its classes, for import);
+- ``config.py``: its options, a :class:`~msgsafe.adapters._config.TransportOptions`;
+- ``transport.py`` / ``receiver.py``: the publishing and the consuming half;
+- ``_connection.py``: what owns the connection (its I/O thread) and fails over;
+- ``_wire.py``: bytes on the wire and header names;
+- ``_errors.py``: the client library's errors translated into :mod:`msgsafe.errors`;
+- at most one module of its own, named for what it is: ``rabbitmq/_confirms.py`` (the
+  publisher-confirm ledger), ``kafka/positions.py`` (where a checking group starts),
+  ``amqp10/_failover.py`` (the advertised fail-over list), ``memory/broker.py`` (the
+  in-process broker).
+
+Shared by all of them: :mod:`~msgsafe.adapters._config` (options from URL and keywords,
+numbers, the one size check) and :mod:`~msgsafe.adapters._reports` (calling back into
+the layer above from an I/O thread, logging what the callback raises).
 """
 
 from __future__ import annotations
