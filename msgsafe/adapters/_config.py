@@ -2,10 +2,10 @@
 and keyword arguments, validated at construction, unknown names refused (a typo must
 not be silently ignored), secrets hidden from ``repr``.
 
-Also the one size check every transport makes before sending
-(:meth:`TransportOptions.size_error`, :meth:`TransportOptions.oversized`): a message
-over the limit fails alone with :class:`~msgsafe.errors.MessageTooLarge`, before the
-broker could refuse it in a way that hurts the messages beside it.
+Also the one size check every transport makes before sending (:func:`size_error`,
+:func:`oversized`, against :attr:`TransportOptions.size_limit`): a message over the
+limit fails alone with :class:`~msgsafe.errors.MessageTooLarge`, before the broker could
+refuse it in a way that hurts the messages beside it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import ConfigurationError, MessageTooLarge
 from msgsafe.message import Batch, Envelope
 
-__all__ = ["TransportOptions", "build_config", "to_number"]
+__all__ = ["TransportOptions", "build_config", "oversized", "size_error", "to_number"]
 
 C = TypeVar("C", bound="TransportOptions")
 N = TypeVar("N", int, float)
@@ -67,38 +67,46 @@ class TransportOptions:
         the broker's own limit is lower (an adapter's options say so by overriding this)."""
         return self.max_message_size
 
-    def size_error(self, envelope: Envelope, *, endpoint: str) -> MessageTooLarge | None:
-        """The error for ``envelope`` when it is over :attr:`size_limit`, else None."""
-        # Envelope.size walks the headers; most envelopes have none.
-        size = envelope.size if envelope.headers else len(envelope.body) + len(envelope.key or b"")
-        if size <= self.size_limit:
-            return None
-        return self._too_large(size, envelope.message_id, endpoint)
 
-    def oversized(self, batch: Batch, *, endpoint: str) -> dict[int, MessageTooLarge]:
-        """The messages of ``batch`` over :attr:`size_limit`, by index, with their errors
-        (the same measure as :meth:`size_error`; empty at once when the largest body and
-        the largest key fit together)."""
-        limit = self.size_limit
-        bodies, keys = batch.bodies, batch.keys
-        fixed = sum(len(k) + len(v) for k, v in batch.headers.items()) if batch.headers else 0
-        longest_key = 0 if keys is None else max(len(k or b"") for k in keys)
-        if fixed + longest_key + max(map(len, bodies), default=0) <= limit:
-            return {}
-        found: dict[int, MessageTooLarge] = {}
-        for index, body in enumerate(bodies):
-            key = None if keys is None else keys[index]
-            size = fixed + len(body) + len(key or b"")
-            if size > limit:
-                found[index] = self._too_large(size, batch.message_ids[index], endpoint)
-        return found
+def size_error(envelope: Envelope, limit: int, endpoint: str) -> MessageTooLarge | None:
+    """The error for ``envelope`` when its body, key and headers (as
+    :attr:`~msgsafe.message.Envelope.size` counts them) pass ``limit`` bytes, else None.
 
-    def _too_large(self, size: int, message_id: str, endpoint: str) -> MessageTooLarge:
-        return MessageTooLarge(
-            f"message of {size} bytes exceeds the limit of {self.size_limit} bytes",
-            endpoint=endpoint,
-            message_id=message_id,
-        )
+    ``limit`` is the transport's :attr:`TransportOptions.size_limit`, read once: this
+    runs for every message.
+    """
+    key = envelope.key
+    size = len(envelope.body) if key is None else len(envelope.body) + len(key)
+    if envelope.headers:  # Envelope.size walks the headers; most envelopes have none
+        size = envelope.size
+    if size <= limit:
+        return None
+    return _too_large(size, limit, envelope.message_id, endpoint)
+
+
+def oversized(batch: Batch, limit: int, endpoint: str) -> dict[int, MessageTooLarge]:
+    """The messages of ``batch`` that :func:`size_error` refuses, by index, with their
+    errors (empty at once when the largest body and the largest key fit together)."""
+    bodies, keys = batch.bodies, batch.keys
+    fixed = sum(len(k) + len(v) for k, v in batch.headers.items()) if batch.headers else 0
+    longest_key = 0 if keys is None else max(len(k or b"") for k in keys)
+    if fixed + longest_key + max(map(len, bodies), default=0) <= limit:
+        return {}
+    found: dict[int, MessageTooLarge] = {}
+    for index, body in enumerate(bodies):
+        key = None if keys is None else keys[index]
+        size = fixed + len(body) + len(key or b"")
+        if size > limit:
+            found[index] = _too_large(size, limit, batch.message_ids[index], endpoint)
+    return found
+
+
+def _too_large(size: int, limit: int, message_id: str, endpoint: str) -> MessageTooLarge:
+    return MessageTooLarge(
+        f"message of {size} bytes exceeds the limit of {limit} bytes",
+        endpoint=endpoint,
+        message_id=message_id,
+    )
 
 
 def _coerce(name: str, value: object, hint: Any) -> object:

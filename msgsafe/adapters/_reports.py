@@ -13,11 +13,14 @@ from collections.abc import Callable
 from typing import TypeVarTuple
 
 from msgsafe.errors import MsgsafeError
-from msgsafe.ports import BatchReport, PublishCallback
+from msgsafe.ports import BatchReport
 
-__all__ = ["call_logged", "notify", "report_confirmed", "report_failed"]
+__all__ = ["PUBLISH_CALLBACK", "call_logged", "report_confirmed", "report_failed"]
 
 log = logging.getLogger("msgsafe.transport")
+
+#: What :func:`call_logged` names a publish callback in its log line.
+PUBLISH_CALLBACK = "publish callback"
 
 _Args = TypeVarTuple("_Args")
 
@@ -34,12 +37,6 @@ def call_logged(
         callback(*args)
     except Exception:
         log.exception("%s raised; ignored", what)
-
-
-def notify(log: logging.Logger, callback: PublishCallback, error: MsgsafeError | None) -> None:
-    """Give a publish callback its outcome (``None``: confirmed), guarded, logging on
-    the adapter's ``log``."""
-    call_logged(log, "publish callback", callback, error)
 
 
 def report_confirmed(report: BatchReport, count: int) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 from proton import Delivery as ProtonDelivery
 from proton.reactor import AtLeastOnce
 
+from msgsafe.adapters._config import size_error
 from msgsafe.adapters.amqp10._connection import Engine, EngineClient
 from msgsafe.adapters.amqp10._errors import detach_error, rejected_error
 from msgsafe.adapters.amqp10._wire import encode_envelope, send_bytes
@@ -76,6 +77,7 @@ class Amqp10Transport(EngineClient):
         self._url = url
         self._options = options
         self._limit = options.max_in_flight
+        self._size_limit = options.size_limit
         # Wake a blocked publish only when a quarter of the window is free again: one
         # wake-up per burst instead of one per confirm.
         self._low_water = max(0, options.max_in_flight - max(1, options.max_in_flight // 4))
@@ -96,7 +98,7 @@ class Amqp10Transport(EngineClient):
                 )
             )
             return future
-        too_large = self._options.size_error(envelope, endpoint=self.target)
+        too_large = size_error(envelope, self._size_limit, self.target)
         if too_large is not None:
             future.set_exception(too_large)
             return future

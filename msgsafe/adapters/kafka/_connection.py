@@ -26,7 +26,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from msgsafe.adapters._reports import notify, report_confirmed, report_failed
+from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_confirmed, report_failed
 from msgsafe.adapters.kafka._errors import PRODUCER_STATE, translate
 from msgsafe.adapters.kafka.config import KafkaOptions, producer_settings
 from msgsafe.endpoints import BrokerUrl
@@ -79,7 +79,7 @@ class _Report:
         except KeyError:
             return
         if err is None:
-            notify(log, self.callback, None)
+            call_logged(log, PUBLISH_CALLBACK, self.callback, None)
         else:
             link._failed(self, err)
 
@@ -277,7 +277,9 @@ class ProducerLink:
     def _failed(self, report: _Report, err: KafkaError) -> None:
         # Runs where reports are served (poll thread, a publisher, close()), for a report
         # already taken out of _open; must never raise into librdkafka.
-        notify(log, report.callback, self._delivery_error(err, report.message_id))
+        call_logged(
+            log, PUBLISH_CALLBACK, report.callback, self._delivery_error(err, report.message_id)
+        )
 
     def _delivery_error(self, err: KafkaError, message_id: str | None = None) -> MsgsafeError:
         """The msgsafe error of a failed delivery report; recreates the producer when its
@@ -383,8 +385,9 @@ class ProducerLink:
                 except KeyError:
                     pass  # its delivery report came in just now
                 else:
-                    notify(
+                    call_logged(
                         log,
+                        PUBLISH_CALLBACK,
                         report.callback,
                         ConfirmTimeout(
                             f"no delivery report within confirm_timeout={self._timeout}s",
@@ -422,8 +425,9 @@ class ProducerLink:
                 self.open.remove(report)
             except KeyError:
                 continue
-            notify(
+            call_logged(
                 log,
+                PUBLISH_CALLBACK,
                 report.callback,
                 ConnectionLost(
                     "transport closed before the broker confirmed",

@@ -15,7 +15,7 @@ from confluent_kafka import Message
 
 from msgsafe.message import MESSAGE_ID_HEADER
 
-__all__ = ["ID_HEADER", "RecordHeaders", "read_headers", "record_headers", "user_headers"]
+__all__ = ["ID_HEADER", "RecordHeaders", "read_headers", "user_headers"]
 
 #: The header that carries the message id.
 ID_HEADER = MESSAGE_ID_HEADER
@@ -27,11 +27,6 @@ RecordHeaders = list[tuple[str, str | bytes | None]]
 def user_headers(headers: Mapping[str, str]) -> RecordHeaders:
     """``headers`` as record headers, without one named like the id header."""
     return [kv for kv in headers.items() if kv[0] != ID_HEADER]
-
-
-def record_headers(message_id: str, extra: RecordHeaders) -> RecordHeaders:
-    """The headers of one record: the id first, then ``extra`` (see :func:`user_headers`)."""
-    return [(ID_HEADER, message_id), *extra] if extra else [(ID_HEADER, message_id)]
 
 
 def read_headers(msg: Message) -> tuple[str | None, dict[str, str]]:

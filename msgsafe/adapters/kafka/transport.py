@@ -18,10 +18,11 @@ from concurrent.futures import Future
 
 from confluent_kafka import KafkaException, Producer
 
-from msgsafe.adapters._reports import notify, report_failed
+from msgsafe.adapters._config import oversized, size_error
+from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_failed
 from msgsafe.adapters.kafka._connection import ProducerLink, _BatchReports, _Chunk, _Report, log
 from msgsafe.adapters.kafka._errors import translate
-from msgsafe.adapters.kafka._wire import ID_HEADER, RecordHeaders, record_headers, user_headers
+from msgsafe.adapters.kafka._wire import ID_HEADER, RecordHeaders, user_headers
 from msgsafe.adapters.kafka.config import KafkaOptions
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import ClosedError, InvalidMessage, MsgsafeError, Refused
@@ -60,6 +61,7 @@ class KafkaTransport:
         self._target = url.redacted()
         self._options = options
         self._timeout = options.confirm_timeout
+        self._size_limit = options.size_limit
         self._lock = threading.Lock()
         self._closed = False
         self._published = 0
@@ -93,19 +95,20 @@ class KafkaTransport:
         or the error, exactly once (see :class:`msgsafe.ports.CallbackTransport`)."""
         message_id = envelope.message_id
         if self._closed:
-            notify(
+            call_logged(
                 log,
+                PUBLISH_CALLBACK,
                 callback,
                 ClosedError("transport is closed", endpoint=self._target, message_id=message_id),
             )
             return
-        too_large = self._options.size_error(envelope, endpoint=self._target)
+        too_large = size_error(envelope, self._size_limit, self._target)
         if too_large is not None:
-            notify(log, callback, too_large)
+            call_logged(log, PUBLISH_CALLBACK, callback, too_large)
             return
-        headers = record_headers(
-            message_id, user_headers(envelope.headers) if envelope.headers else []
-        )
+        headers: RecordHeaders = [(ID_HEADER, message_id)]
+        if envelope.headers:
+            headers.extend(user_headers(envelope.headers))
         now = time.monotonic()
         link = self._link
         report = _Report(link, message_id, now + self._timeout, callback)
@@ -142,7 +145,7 @@ class KafkaTransport:
         if error is not None:
             # librdkafka did not take it: no report will come.
             link.open.discard(report)
-            notify(log, callback, error)
+            call_logged(log, PUBLISH_CALLBACK, callback, error)
             return
         link.watch.append(report)
         self._published += 1
@@ -170,7 +173,7 @@ class KafkaTransport:
         topic = batch.destination
         bodies, ids, keys = batch.bodies, batch.message_ids, batch.keys
         extra = user_headers(batch.headers)
-        too_large = self._options.oversized(batch, endpoint=target)
+        too_large = oversized(batch, self._size_limit, target)
         produce = link.producer.produce
         name = ID_HEADER
         # Registered before the first produce: a report may be served before the loop ends.

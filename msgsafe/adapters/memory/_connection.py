@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from msgsafe.adapters._reports import notify
+from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged
 from msgsafe.adapters.memory.broker import MemoryBroker
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import MsgsafeError
@@ -42,7 +42,7 @@ class LateConfirms:
         def fire() -> None:
             with self._lock:
                 self._timers.discard(timer)
-            notify(log, callback, error)
+            call_logged(log, PUBLISH_CALLBACK, callback, error)
 
         timer = threading.Timer(delay, fire)
         timer.daemon = True

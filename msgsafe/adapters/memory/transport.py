@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
-from msgsafe.adapters._reports import notify
+from msgsafe.adapters._config import size_error
+from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged
 from msgsafe.adapters.memory._connection import LateConfirms, log
 from msgsafe.adapters.memory._errors import at_endpoint
 from msgsafe.adapters.memory.broker import MemoryBroker
@@ -24,6 +25,7 @@ class MemoryTransport:
         self._broker = broker
         self._options = options
         self._target = target
+        self._size_limit = options.size_limit
         self._closed = False
         self._late = LateConfirms()
 
@@ -38,22 +40,25 @@ class MemoryTransport:
 
     def publish_callback(self, envelope: Envelope, callback: PublishCallback) -> None:
         if self._closed:
-            notify(
-                log, callback, ClosedError("transport is closed", message_id=envelope.message_id)
+            call_logged(
+                log,
+                PUBLISH_CALLBACK,
+                callback,
+                ClosedError("transport is closed", message_id=envelope.message_id),
             )
             return
-        too_large = self._options.size_error(envelope, endpoint=self._target)
+        too_large = size_error(envelope, self._size_limit, self._target)
         if too_large is not None:
-            notify(log, callback, too_large)
+            call_logged(log, PUBLISH_CALLBACK, callback, too_large)
             return
         try:
             self._broker.accept(envelope)
         except MsgsafeError as exc:
-            notify(log, callback, at_endpoint(exc, self._target))
+            call_logged(log, PUBLISH_CALLBACK, callback, at_endpoint(exc, self._target))
             return
         delay = self._broker.confirm_delay
         if delay <= 0:
-            notify(log, callback, None)
+            call_logged(log, PUBLISH_CALLBACK, callback, None)
         elif delay >= self._options.confirm_timeout:
             # The broker holds it but the confirm will come too late: a possible duplicate.
             self._late.later(

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from msgsafe.adapters._reports import notify, report_confirmed, report_failed
+from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_confirmed, report_failed
 from msgsafe.adapters.rabbitmq._connection import log
 from msgsafe.adapters.rabbitmq.config import Destination
 from msgsafe.errors import MessageTooLarge, MsgsafeError, Refused, Unroutable
@@ -137,7 +137,7 @@ class ConfirmLedger:
         item.settled = True
         if error is not None and error.message_id is None:
             error.message_id = item.envelope.message_id
-        notify(log, item.callback, error)
+        call_logged(log, PUBLISH_CALLBACK, item.callback, error)
         self._settled(1)
 
     def fail(self, entry: _Item | _Part, error: MsgsafeError) -> None:

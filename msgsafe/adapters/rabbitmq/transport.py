@@ -37,7 +37,8 @@ import pika
 from pika.channel import Channel
 from pika.spec import Basic
 
-from msgsafe.adapters._reports import notify, report_failed
+from msgsafe.adapters._config import oversized, size_error
+from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_failed
 from msgsafe.adapters.rabbitmq._confirms import ConfirmLedger, _Item, _Job, _Part, fail_all
 from msgsafe.adapters.rabbitmq._connection import IoThread, Link, log
 from msgsafe.adapters.rabbitmq._errors import channel_close_error, describe, lost_error
@@ -94,6 +95,7 @@ class RabbitTransport:
         self._url = url
         self._options = options
         self._target = url.redacted()
+        self._size_limit = options.size_limit
         self._destinations: dict[str, Destination] = {}
         # Caller side: the window and the hand-over queue.
         self._cond = threading.Condition()
@@ -162,11 +164,11 @@ class RabbitTransport:
         try:
             dest = self._destination(envelope.destination)
         except ConfigurationError as exc:
-            notify(log, callback, exc)
+            call_logged(log, PUBLISH_CALLBACK, callback, exc)
             return
         error = self._check_size(envelope)
         if error is not None:
-            notify(log, callback, error)
+            call_logged(log, PUBLISH_CALLBACK, callback, error)
             return
         now = time.monotonic()
         timeout = self._options.confirm_timeout
@@ -186,7 +188,7 @@ class RabbitTransport:
             else:
                 self._outstanding += 1
         if error is not None:
-            notify(log, callback, error)
+            call_logged(log, PUBLISH_CALLBACK, callback, error)
             return
         self._incoming.append(_Item(envelope, dest, callback, now + timeout, now))
         self._wake()
@@ -256,9 +258,7 @@ class RabbitTransport:
         """Indexes of the messages of ``batch`` that may be sent; the others are reported
         failed with ``MessageTooLarge`` here."""
         count = len(batch)
-        failed: dict[int, MsgsafeError] = dict(
-            self._options.oversized(batch, endpoint=self._target)
-        )
+        failed: dict[int, MsgsafeError] = dict(oversized(batch, self._size_limit, self._target))
         ids, keys = batch.message_ids, batch.keys
         longest_key = 0 if keys is None else max(len(k or b"") for k in keys)
         frame_max = self._frame_max
@@ -320,7 +320,7 @@ class RabbitTransport:
         return dest
 
     def _check_size(self, envelope: Envelope) -> MsgsafeError | None:
-        error = self._options.size_error(envelope, endpoint=self._target)
+        error = size_error(envelope, self._size_limit, self._target)
         if error is None:
             size = header_bytes(
                 len(envelope.message_id), len(envelope.key or b""), envelope.headers
