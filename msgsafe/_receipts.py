@@ -14,7 +14,6 @@ resolves, stores or fails the message and counts it for ``flush()``.
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -32,7 +31,6 @@ __all__ = [
     "Send",
     "StoreItem",
     "SubsetReport",
-    "with_id",
 ]
 
 
@@ -62,14 +60,6 @@ class StoreItem(Protocol):
     def stored(self, error: OutboxError | None) -> int:
         """Settle with the writer's outcome; returns how many flush() units finished."""
         ...
-
-
-def with_id(error: MsgsafeError, message_id: str) -> MsgsafeError:
-    """A copy of ``error`` naming ``message_id``: transports share one error object for
-    many messages, and each receipt's error must name its own message."""
-    clone = copy.copy(error)
-    clone.message_id = message_id
-    return clone
 
 
 class Send(LightFuture[Receipt]):
@@ -106,7 +96,7 @@ class Send(LightFuture[Receipt]):
         if error is None:
             self.set_result(new_receipt(env.message_id, Status.STORED, env.destination))
         else:
-            self.set_exception(with_id(error, env.message_id))
+            self.set_exception(error.with_id(env.message_id))
         return 1
 
 
@@ -169,7 +159,8 @@ class BatchSend(LightFuture[BatchReceipt]):
 
     def _fail(self, index: int, error: MsgsafeError) -> None:
         message_id = self.batch.message_ids[index]
-        own = with_id(error, message_id)
+        # One error object per message: transports share one for many messages.
+        own = error.with_id(message_id)
         with self._count_lock:
             self._errors[message_id] = own
             self._remaining -= 1

@@ -45,11 +45,15 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class _Scheme:
+    #: The protocol, which is also the name of its adapter package (msgsafe.adapters.NAME).
     protocol: str
     tls: bool
     default_port: int
 
 
+#: The one registry of what msgsafe connects to: URL scheme -> protocol (= adapter
+#: package), TLS, default port. :func:`msgsafe.adapters.adapter_module` imports the
+#: adapter a protocol names; adding a scheme here is all it takes to route a URL.
 SCHEMES: Mapping[str, _Scheme] = MappingProxyType(
     {
         "amqp": _Scheme("rabbitmq", False, 5672),
@@ -61,6 +65,9 @@ SCHEMES: Mapping[str, _Scheme] = MappingProxyType(
         "memory": _Scheme("memory", False, 0),
     }
 )
+
+#: Every protocol a scheme names: the adapter packages under msgsafe.adapters.
+PROTOCOLS: frozenset[str] = frozenset(spec.protocol for spec in SCHEMES.values())
 
 
 class Secret:

@@ -17,6 +17,7 @@ the endpoint (never with credentials) and the message id where one applies.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Self, TypeVar
 
 __all__ = [
     "AuthenticationError",
@@ -68,6 +69,16 @@ class MsgsafeError(Exception):
     def _extra(self) -> dict[str, object]:
         return {}
 
+    def with_id(self, message_id: str) -> Self:
+        """A copy of this error that names ``message_id``, every other field kept.
+
+        One error often stands for many messages (a nack, a lost connection, a refused
+        login); each future or report gets its own copy, so that each names its message
+        and one exception object does not collect the tracebacks of every waiter. The
+        copy is made the way pickling rebuilds an error: the same fields, no traceback.
+        """
+        return _rebuild(type(self), self.message, self.endpoint, message_id, self._extra())
+
     def __str__(self) -> str:
         parts = [self.message] if self.message else []
         if self.endpoint:
@@ -77,13 +88,16 @@ class MsgsafeError(Exception):
         return " | ".join(parts) if parts else type(self).__name__
 
 
+_E = TypeVar("_E", bound=MsgsafeError)
+
+
 def _rebuild(
-    cls: type[MsgsafeError],
+    cls: type[_E],
     message: str,
     endpoint: str | None,
     message_id: str | None,
     extra: dict[str, object],
-) -> MsgsafeError:
+) -> _E:
     err = cls.__new__(cls)
     MsgsafeError.__init__(err, message, endpoint=endpoint, message_id=message_id)
     for name, value in extra.items():

@@ -6,8 +6,28 @@ Every adapter package (``rabbitmq``, ``kafka``, ``amqp10``, ``memory``) exports:
     open_receiver(url: BrokerUrl, options: Mapping[str, object], *, group: str | None) -> Receiver
 
 and, when its client library is missing, raises :class:`~msgsafe.errors.MissingExtra`
-on import, naming the extra to install. This module is the registry by URL protocol;
-adapters are imported lazily so a user of one broker never needs the others' libraries.
+on import, naming the extra to install. Which adapter serves a URL is decided once, by
+:data:`msgsafe.endpoints.SCHEMES` (scheme -> protocol, and the protocol is the package
+name); this module imports that package lazily, so a user of one broker never needs the
+others' libraries.
+
+Every adapter package has the same files:
+
+- ``__init__.py``: the two entry points and the missing-extra guard (plus the names of
+  its classes, for import);
+- ``config.py``: its options, a :class:`~msgsafe.adapters._config.TransportOptions`;
+- ``transport.py`` / ``receiver.py``: the publishing and the consuming half;
+- ``_connection.py``: what owns the connection (its I/O thread) and fails over;
+- ``_wire.py``: bytes on the wire and header names;
+- ``_errors.py``: the client library's errors translated into :mod:`msgsafe.errors`;
+- at most one module of its own, named for what it is: ``rabbitmq/_confirms.py`` (the
+  publisher-confirm ledger), ``kafka/positions.py`` (where a checking group starts),
+  ``amqp10/_failover.py`` (the advertised fail-over list), ``memory/broker.py`` (the
+  in-process broker).
+
+Shared by all of them: :mod:`~msgsafe.adapters._config` (options from URL and keywords,
+numbers, the one size check) and :mod:`~msgsafe.adapters._reports` (calling back into
+the layer above from an I/O thread, logging what the callback raises).
 """
 
 from __future__ import annotations
@@ -16,27 +36,18 @@ import importlib
 from collections.abc import Mapping
 from types import ModuleType
 
-from msgsafe.endpoints import BrokerUrl
+from msgsafe.endpoints import PROTOCOLS, BrokerUrl
 from msgsafe.errors import ConfigurationError
 from msgsafe.ports import Receiver, Transport
 
 __all__ = ["adapter_module", "open_receiver", "open_transport"]
 
-#: URL protocol -> adapter package (relative to msgsafe.adapters).
-_ADAPTERS = {
-    "rabbitmq": "rabbitmq",
-    "kafka": "kafka",
-    "amqp10": "amqp10",
-    "memory": "memory",
-}
-
 
 def adapter_module(protocol: str) -> ModuleType:
     """Import the adapter package for ``protocol`` (MissingExtra if its library is absent)."""
-    name = _ADAPTERS.get(protocol)
-    if name is None:
+    if protocol not in PROTOCOLS:
         raise ConfigurationError(f"no adapter for protocol {protocol!r}")
-    return importlib.import_module(f"msgsafe.adapters.{name}")
+    return importlib.import_module(f"{__name__}.{protocol}")
 
 
 def open_transport(url: BrokerUrl, options: Mapping[str, object]) -> Transport:

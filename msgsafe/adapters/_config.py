@@ -1,6 +1,12 @@
 """Adapter configuration: frozen, keyword-only dataclasses built from URL query options
 and keyword arguments, validated at construction, unknown names refused (a typo must
-not be silently ignored), secrets hidden from ``repr``."""
+not be silently ignored), secrets hidden from ``repr``.
+
+Also the one size check every transport makes before sending (:func:`size_error`,
+:func:`oversized`, against :attr:`TransportOptions.size_limit`): a message over the
+limit fails alone with :class:`~msgsafe.errors.MessageTooLarge`, before the broker could
+refuse it in a way that hurts the messages beside it.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +18,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from msgsafe.endpoints import BrokerUrl
-from msgsafe.errors import ConfigurationError
+from msgsafe.errors import ConfigurationError, MessageTooLarge
+from msgsafe.message import Batch, Envelope
 
-__all__ = ["TransportOptions", "build_config"]
+__all__ = ["TransportOptions", "build_config", "oversized", "size_error", "to_number"]
 
 C = TypeVar("C", bound="TransportOptions")
+N = TypeVar("N", int, float)
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -32,7 +40,9 @@ class TransportOptions:
     confirm_timeout: float = 10.0
     #: Messages in flight (sent, not yet confirmed) at most.
     max_in_flight: int = 1000
-    #: Largest body accepted, in bytes; bigger ones raise MessageTooLarge before sending.
+    #: Largest message accepted, in bytes (body, key and headers, as
+    #: :attr:`~msgsafe.message.Envelope.size` counts); bigger ones fail with
+    #: MessageTooLarge before sending.
     max_message_size: int = 8 * 1024 * 1024
     #: Verify the broker's TLS certificate and host name. Turning it off is explicit.
     tls_verify: bool = True
@@ -50,6 +60,53 @@ class TransportOptions:
             raise ConfigurationError("max_in_flight must be >= 1")
         if self.max_message_size < 1:
             raise ConfigurationError("max_message_size must be >= 1")
+
+    @property
+    def size_limit(self) -> int:
+        """The largest message the transport sends: ``max_message_size``, or less where
+        the broker's own limit is lower (an adapter's options say so by overriding this)."""
+        return self.max_message_size
+
+
+def size_error(envelope: Envelope, limit: int, endpoint: str) -> MessageTooLarge | None:
+    """The error for ``envelope`` when its body, key and headers (as
+    :attr:`~msgsafe.message.Envelope.size` counts them) pass ``limit`` bytes, else None.
+
+    ``limit`` is the transport's :attr:`TransportOptions.size_limit`, read once: this
+    runs for every message.
+    """
+    key = envelope.key
+    size = len(envelope.body) if key is None else len(envelope.body) + len(key)
+    if envelope.headers:  # Envelope.size walks the headers; most envelopes have none
+        size = envelope.size
+    if size <= limit:
+        return None
+    return _too_large(size, limit, envelope.message_id, endpoint)
+
+
+def oversized(batch: Batch, limit: int, endpoint: str) -> dict[int, MessageTooLarge]:
+    """The messages of ``batch`` that :func:`size_error` refuses, by index, with their
+    errors (empty at once when the largest body and the largest key fit together)."""
+    bodies, keys = batch.bodies, batch.keys
+    fixed = sum(len(k) + len(v) for k, v in batch.headers.items()) if batch.headers else 0
+    longest_key = 0 if keys is None else max(len(k or b"") for k in keys)
+    if fixed + longest_key + max(map(len, bodies), default=0) <= limit:
+        return {}
+    found: dict[int, MessageTooLarge] = {}
+    for index, body in enumerate(bodies):
+        key = None if keys is None else keys[index]
+        size = fixed + len(body) + len(key or b"")
+        if size > limit:
+            found[index] = _too_large(size, limit, batch.message_ids[index], endpoint)
+    return found
+
+
+def _too_large(size: int, limit: int, message_id: str, endpoint: str) -> MessageTooLarge:
+    return MessageTooLarge(
+        f"message of {size} bytes exceeds the limit of {limit} bytes",
+        endpoint=endpoint,
+        message_id=message_id,
+    )
 
 
 def _coerce(name: str, value: object, hint: Any) -> object:
@@ -69,33 +126,31 @@ def _coerce(name: str, value: object, hint: Any) -> object:
         if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
             return value.lower() in _TRUE
         raise ConfigurationError(f"option {name!r} must be true or false")
-    if hint is int:
-        if isinstance(value, bool):
-            raise ConfigurationError(f"option {name!r} must be an integer")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        raise ConfigurationError(f"option {name!r} must be an integer")
-    if hint is float:
-        if isinstance(value, bool):
-            raise ConfigurationError(f"option {name!r} must be a number")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigurationError(f"option {name!r} must be a number")
+    if hint is int or hint is float:
+        return to_number(name, value, hint)
     if hint is str:
         if isinstance(value, str):
             return value
         raise ConfigurationError(f"option {name!r} must be a string")
     return value
+
+
+def to_number(name: str, value: object, kind: type[N]) -> N:
+    """``value`` (a number, or its text) as ``kind`` (int or float), else
+    :class:`ConfigurationError` naming option ``name`` (never its value).
+
+    ``bool`` is refused although it is an int; an int never takes a float's fraction.
+    """
+    if not isinstance(value, bool):
+        if isinstance(value, kind) or (kind is float and isinstance(value, int)):
+            return kind(value)
+        if isinstance(value, str):
+            try:
+                return kind(value)
+            except ValueError:
+                pass
+    wanted = "an integer" if kind is int else "a number"
+    raise ConfigurationError(f"option {name!r} must be {wanted}")
 
 
 def build_config(cls: type[C], url: BrokerUrl, options: Mapping[str, object]) -> C:

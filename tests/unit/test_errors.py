@@ -32,6 +32,19 @@ def test_rejected_keeps_condition_through_pickle() -> None:
     assert back.condition == "amqp:not-allowed"
 
 
+def test_with_id_copies_the_error_for_one_message() -> None:
+    try:
+        raise errors.Rejected("no", condition="amqp:not-allowed", endpoint="h1:5672")
+    except errors.Rejected as exc:
+        shared = exc
+    own = shared.with_id("id-7")
+    assert type(own) is errors.Rejected and own is not shared
+    assert (own.message, own.endpoint, own.message_id) == ("no", "h1:5672", "id-7")
+    assert own.condition == "amqp:not-allowed"
+    assert own.__traceback__ is None and shared.message_id is None
+    assert errors.ConfirmTimeout("late").with_id("id-8").maybe_delivered
+
+
 def test_classification() -> None:
     assert issubclass(errors.ConfigurationError, ValueError)
     assert issubclass(errors.InvalidMessage, errors.PermanentError)

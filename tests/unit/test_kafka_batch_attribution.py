@@ -12,8 +12,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
+from msgsafe.adapters.kafka._connection import _BatchReports, _Chunk
 from msgsafe.adapters.kafka._errors import translate
-from msgsafe.adapters.kafka.transport import _BatchReports, _Chunk
 from msgsafe.errors import ConfirmTimeout, MsgsafeError, PermanentError
 from msgsafe.message import Batch
 

@@ -18,8 +18,8 @@ import pytest
 from pika.spec import Basic
 
 from msgsafe.adapters.rabbitmq import RabbitOptions, RabbitTransport
+from msgsafe.adapters.rabbitmq._confirms import _Item, _Job, _Part
 from msgsafe.adapters.rabbitmq.config import parse_destination
-from msgsafe.adapters.rabbitmq.transport import _Item, _Job, _Part
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfirmTimeout, ConnectionLost, MsgsafeError, Refused, Unroutable
 from msgsafe.message import Batch, Envelope
@@ -86,7 +86,7 @@ def _in_flight(
     )
     with transport._cond:
         transport._outstanding += len(batch)
-    transport._in_flight_part(part, len(batch))
+    transport._ledger.in_flight_part(part, len(batch))
     return part
 
 
@@ -104,16 +104,16 @@ def test_out_of_order_and_multiple_acks_across_parts_and_an_envelope(
         env = Envelope.build("q", b"z")
         with transport._cond:
             transport._outstanding += 1
-        transport._in_flight[transport._next_tag] = _Item(
+        transport._ledger.in_flight[transport._ledger.next_tag] = _Item(
             env, parse_destination("q"), outcome.append, deadline, 0.0
         )  # tag 11
-        transport._next_tag += 1
+        transport._ledger.next_tag += 1
         _in_flight(transport, second, r2, deadline)  # tags 12-16
         transport._on_confirm(_ack(3))
         transport._on_confirm(_ack(5))
         transport._on_confirm(_ack(3))  # a repeat changes nothing
         transport._on_confirm(_ack(4, multiple=True))  # 1, 2, 4 (3 done): then pos past 5
-        transport._returned.add(first.message_ids[6])
+        transport._ledger.returned.add(first.message_ids[6])
         transport._on_confirm(_ack(14))  # out of order, in the second part
         transport._on_confirm(_ack(13, multiple=True))  # 6-10 (7 returned), 11, 12-13
 
@@ -133,7 +133,7 @@ def test_out_of_order_and_multiple_acks_across_parts_and_an_envelope(
     assert r2.confirmed_total == 4 and isinstance(r2.failures[4], Refused)
     assert not r1.twice and not r2.twice
     assert transport._outstanding == 0
-    assert not transport._spans and not transport._in_flight
+    assert not transport._ledger.spans and not transport._ledger.in_flight
 
 
 def test_connection_lost_requeues_only_the_unsettled(transport: RabbitTransport) -> None:
@@ -146,8 +146,8 @@ def test_connection_lost_requeues_only_the_unsettled(transport: RabbitTransport)
         transport._on_confirm(_ack(2))  # offset 1, out of order
         transport._on_confirm(_ack(1, multiple=True))  # 1: pos 2
         transport._on_confirm(_ack(5))  # offset 4
-        transport._requeue_in_flight()
-        requeued.extend(list(p.indexes) for p in transport._pending if isinstance(p, _Part))
+        transport._ledger.requeue_in_flight()
+        requeued.extend(list(p.indexes) for p in transport._ledger.pending if isinstance(p, _Part))
         transport._shutdown()
 
     _on_io(transport, scenario)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pika import frame, spec
 
-from msgsafe.adapters.rabbitmq._frames import FrameWriter, publish_properties
+from msgsafe.adapters.rabbitmq._wire import FrameWriter, publish_properties
 
 FRAME_MAX = 4096
 

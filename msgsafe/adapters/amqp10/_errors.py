@@ -17,7 +17,6 @@ from msgsafe.errors import (
     MsgsafeError,
     Refused,
     Rejected,
-    TransientError,
     Unroutable,
 )
 
@@ -96,8 +95,3 @@ def connection_error(condition: Any, *, endpoint: str) -> MsgsafeError:
     if _name(condition) in AUTH_CONDITIONS:
         return AuthenticationError(f"the broker refused the login ({text})", endpoint=endpoint)
     return ConnectError(f"could not connect ({text})", endpoint=endpoint)
-
-
-def is_permanent(error: MsgsafeError) -> bool:
-    """True for errors retrying cannot fix."""
-    return not isinstance(error, TransientError)

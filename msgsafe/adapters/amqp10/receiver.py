@@ -1,17 +1,46 @@
-"""The AMQP 1.0 consuming receiver (python-qpid-proton)."""
+"""The AMQP 1.0 consuming receiver (python-qpid-proton).
+
+:class:`Amqp10Receiver` is what callers see; :class:`Subscriptions` is what its
+:class:`~msgsafe.adapters.amqp10._connection.Engine` keeps across connections: every
+subscription (address and credit window), attached again after each fail-over, and the
+inbox of deliveries not yet handed out.
+
+Deliveries received on a connection that has since died cannot be settled on the new
+one (AMQP delivery state belongs to the link): settling them is a no-op, logged at
+debug level, and the broker redelivers them because they were never settled. A
+delivery is therefore never acknowledged twice; it may be *received* twice.
+"""
 
 from __future__ import annotations
 
-from msgsafe.adapters.amqp10._engine import Engine
+import collections
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from proton import Delivery as ProtonDelivery
+from proton import Message
+from proton.reactor import AtLeastOnce
+
+from msgsafe.adapters.amqp10._connection import Engine, EngineClient, log
+from msgsafe.adapters.amqp10._wire import read_message
 from msgsafe.adapters.amqp10.config import Amqp10Options
-from msgsafe.endpoints import BrokerUrl, Endpoint
-from msgsafe.errors import ClosedError, ConfigurationError
-from msgsafe.message import Delivery
+from msgsafe.endpoints import BrokerUrl
+from msgsafe.errors import ClosedError, ConfigurationError, MsgsafeError
+from msgsafe.message import Delivery, Outcome
 
-__all__ = ["Amqp10Receiver"]
+__all__ = ["Amqp10Receiver", "Subscriptions"]
+
+_SETTLE = {
+    Outcome.ACCEPT: ProtonDelivery.ACCEPTED,
+    Outcome.REQUEUE: ProtonDelivery.RELEASED,
+    Outcome.REJECT: ProtonDelivery.REJECTED,
+}
 
 
-class Amqp10Receiver:
+class Amqp10Receiver(EngineClient):
     """Consumes from AMQP 1.0 addresses with a bounded credit window.
 
     Implements :class:`msgsafe.ports.Receiver`. Each subscription is a receiver link
@@ -29,21 +58,8 @@ class Amqp10Receiver:
     def __init__(self, url: BrokerUrl, options: Amqp10Options, *, group: str | None) -> None:
         self._group = group
         self._closed = False
-        self._engine = Engine(url, options, role="receiver")
-
-    @property
-    def target(self) -> str:
-        """The redacted URL this receiver consumes from (no credentials)."""
-        return self._engine.target
-
-    @property
-    def history(self) -> tuple[Endpoint, ...]:
-        """The endpoints this receiver connected to, in order (newest last)."""
-        return tuple(self._engine.history)
-
-    def wait_connected(self, timeout: float) -> bool:
-        """True once a connection is open."""
-        return self._engine.connected.wait(timeout)
+        self._subs = Subscriptions()
+        self._engine = Engine(url, options, self._subs, role="receiver")
 
     def subscribe(self, destination: str) -> None:
         """Start consuming from the AMQP address ``destination``."""
@@ -51,7 +67,7 @@ class Amqp10Receiver:
             raise ClosedError("the receiver is closed", endpoint=self.target)
         if not isinstance(destination, str) or not destination:
             raise ConfigurationError("destination must be a non-empty address")
-        self._engine.subscribe(destination)
+        self._subs.subscribe(destination)
 
     def receive(self, *, max_messages: int, timeout: float | None) -> list[Delivery]:
         """Up to ``max_messages`` deliveries, waiting at most ``timeout`` seconds."""
@@ -59,7 +75,7 @@ class Amqp10Receiver:
             raise ClosedError("the receiver is closed", endpoint=self.target)
         if max_messages < 1:
             raise ConfigurationError("max_messages must be >= 1")
-        return self._engine.take(max_messages, timeout)
+        return self._subs.take(max_messages, timeout)
 
     def close(self, timeout: float | None = None) -> None:
         """Stop consuming; deliveries not yet handed out are released to the broker."""
@@ -76,3 +92,184 @@ class Amqp10Receiver:
 
     def __repr__(self) -> str:
         return f"Amqp10Receiver({self.target!r})"
+
+
+@dataclass(eq=False, slots=True)
+class _Subscription:
+    address: str
+    link: Any = None
+
+
+class Subscriptions:
+    """The subscriptions of one receiver and their inbox: the :class:`~msgsafe.adapters.
+    amqp10._connection.Side` of a receiving engine.
+
+    ``subscribe`` and ``take`` are called from any thread; the rest runs on the engine's
+    container thread.
+    """
+
+    #: The engine whose connection the links are attached on (set by :meth:`bind`).
+    engine: Engine
+
+    def __init__(self) -> None:
+        #: Deliveries received and not yet handed out, with their connection generation.
+        self._inbox: collections.deque[tuple[int, Delivery]] = collections.deque()
+        self._inbox_lock = threading.Condition()
+        # container thread only
+        self._subs: dict[str, _Subscription] = {}
+
+    # --- any thread ----------------------------------------------------------------------
+
+    def subscribe(self, address: str) -> None:
+        """Consume from ``address`` now and after every fail-over."""
+
+        def add() -> None:
+            if address in self._subs:
+                return
+            sub = _Subscription(address)
+            self._subs[address] = sub
+            if self.engine.opened:
+                self._attach(sub)
+
+        if not self.engine.call(add):
+            raise ClosedError("the receiver is closed", endpoint=self.engine.target)
+
+    def take(self, max_messages: int, timeout: float | None) -> list[Delivery]:
+        """Up to ``max_messages`` received deliveries, waiting at most ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._inbox_lock:
+            while not self._inbox:
+                if self.engine.stopped:
+                    raise ClosedError("the receiver is closed", endpoint=self.engine.target)
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return []
+                self._inbox_lock.wait(remaining if remaining is not None else 0.5)
+            batch: list[Delivery] = []
+            while self._inbox and len(batch) < max_messages:
+                batch.append(self._inbox.popleft()[1])
+            return batch
+
+    # --- the Side protocol (container thread) -------------------------------------------
+
+    def bind(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def opened(self) -> None:
+        for sub in self._subs.values():
+            self._attach(sub)
+
+    def lost(self) -> int:
+        for sub in self._subs.values():
+            sub.link = None
+        # Not yet handed out and unsettleable now: the broker redelivers them anyway.
+        generation = self.engine.generation
+        with self._inbox_lock:
+            kept = [(g, d) for g, d in self._inbox if g > generation]
+            self._inbox = collections.deque(kept)
+        return 0
+
+    def woken(self) -> None:
+        pass  # subscriptions and settlements arrive as commands
+
+    def delivery(self, dlv: Any) -> None:
+        if dlv.aborted:
+            dlv.settle()
+        elif dlv.readable and not dlv.partial:
+            self._received(dlv)
+
+    def flow(self, link: Any) -> None:
+        pass  # a receiver gives credit; it does not get any
+
+    def detached(self, link: Any, condition: Any) -> None:
+        for sub in self._subs.values():
+            if sub.link == link:
+                sub.link = None
+                # NOTE: RabbitMQ detaches consumers of a deleted queue; re-attach after a
+                # pause rather than spin.
+                self.engine.schedule(
+                    self.engine.options.reconnect_maximum, self._reattach_later(sub)
+                )
+
+    def tick(self, now: float) -> None:
+        pass  # deliveries have no deadline here: the application settles them
+
+    def fail_all(self, error: MsgsafeError) -> None:
+        pass  # nothing waits on the broker; receive() keeps returning what arrived
+
+    def closing(self) -> None:
+        """Release the deliveries not handed out yet (their settlement commands run next)."""
+        with self._inbox_lock:
+            items = list(self._inbox)
+            self._inbox.clear()
+        generation = self.engine.generation
+        for item_generation, delivery in items:
+            if item_generation == generation and delivery.settled is None:
+                delivery.nack(requeue=True)
+
+    def stopped(self) -> None:
+        with self._inbox_lock:
+            self._inbox_lock.notify_all()
+
+    # --- links and deliveries ------------------------------------------------------------
+
+    def _attach(self, sub: _Subscription) -> None:
+        engine = self.engine
+        link = engine.container.create_receiver(engine.conn, sub.address, options=AtLeastOnce())
+        link.flow(engine.options.credit)
+        sub.link = link
+
+    def _reattach_later(self, sub: _Subscription) -> Callable[[], None]:
+        engine = self.engine
+        generation = engine.generation
+
+        def reattach() -> None:
+            if generation == engine.generation and engine.opened and sub.link is None:
+                self._attach(sub)
+
+        return reattach
+
+    def _received(self, dlv: Any) -> None:
+        link = dlv.link
+        message = Message()
+        message.decode(link.recv(dlv.pending))
+        link.advance()
+        if not link.state & link.LOCAL_ACTIVE:
+            # Arrived while we close the link: give it back at once.
+            dlv.update(ProtonDelivery.RELEASED)
+            dlv.settle()
+            return
+        engine = self.engine
+        generation = engine.generation
+        message_id, key, headers, body = read_message(message)
+
+        def settle(outcome: Outcome) -> None:
+            engine.call(lambda: self._settle(generation, dlv, outcome))
+
+        delivery = Delivery(
+            body=body,
+            destination=link.source.address or "",
+            message_id=message_id,
+            settle=settle,
+            key=key,
+            headers=headers,
+            # NOTE: RabbitMQ's AMQP 1.0 plugin marks a redelivery by clearing
+            # first-acquirer and leaves delivery-count at 0; other peers count.
+            redelivered=bool(message.delivery_count) or not message.first_acquirer,
+        )
+        with self._inbox_lock:
+            self._inbox.append((generation, delivery))
+            self._inbox_lock.notify()
+
+    def _settle(self, generation: int, dlv: Any, outcome: Outcome) -> None:
+        engine = self.engine
+        if generation != engine.generation or not engine.opened:
+            # NOTE: the link this came on is gone; the broker redelivers what was never
+            # settled, so the ack becomes a no-op instead of a second acknowledgement.
+            log.debug("settle after fail-over ignored; the broker redelivers it")
+            return
+        dlv.update(_SETTLE[outcome])
+        dlv.settle()
+        link = dlv.link
+        if link.state & link.LOCAL_ACTIVE:
+            link.flow(1)

@@ -1,21 +1,56 @@
-"""The AMQP 1.0 publishing transport (python-qpid-proton)."""
+"""The AMQP 1.0 publishing transport (python-qpid-proton).
+
+:class:`Amqp10Transport` is what callers see: the window (``max_in_flight``) and the
+checks made before sending. :class:`Sends` is what its :class:`~msgsafe.adapters.amqp10.
+_connection.Engine` keeps across connections: every unresolved send (queued, or
+transferred and unsettled) with its deadline, one sender link per address, and the
+outcomes that resolve them. After a fail-over every unsettled send is transferred again
+with the same ``message_id`` (a possible duplicate the consumer recognises, never a
+loss), before anything queued later for the same address.
+"""
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import heapq
+import itertools
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
+from typing import Any
 
-from msgsafe.adapters.amqp10._engine import Engine
+from proton import Delivery as ProtonDelivery
+from proton.reactor import AtLeastOnce
+
+from msgsafe.adapters._config import size_error
+from msgsafe.adapters.amqp10._connection import Engine, EngineClient
+from msgsafe.adapters.amqp10._errors import detach_error, rejected_error
+from msgsafe.adapters.amqp10._wire import encode_envelope, send_bytes
 from msgsafe.adapters.amqp10.config import Amqp10Options
-from msgsafe.endpoints import BrokerUrl, Endpoint
-from msgsafe.errors import ClosedError, MessageTooLarge, Refused
+from msgsafe.endpoints import BrokerUrl
+from msgsafe.errors import (
+    ClosedError,
+    ConfirmTimeout,
+    ConnectError,
+    ConnectionLost,
+    MsgsafeError,
+    Refused,
+)
 from msgsafe.message import Envelope
 
-__all__ = ["Amqp10Transport"]
+__all__ = ["Amqp10Transport", "Sends"]
+
+_TERMINAL = (
+    ProtonDelivery.ACCEPTED,
+    ProtonDelivery.REJECTED,
+    ProtonDelivery.RELEASED,
+    ProtonDelivery.MODIFIED,
+)
 
 
-class Amqp10Transport:
+class Amqp10Transport(EngineClient):
     """Publishes durable messages over AMQP 1.0 with unsettled sends (at-least-once).
 
     Implements :class:`msgsafe.ports.Transport`. Each envelope is sent as a durable
@@ -42,6 +77,7 @@ class Amqp10Transport:
         self._url = url
         self._options = options
         self._limit = options.max_in_flight
+        self._size_limit = options.size_limit
         # Wake a blocked publish only when a quarter of the window is free again: one
         # wake-up per burst instead of one per confirm.
         self._low_water = max(0, options.max_in_flight - max(1, options.max_in_flight // 4))
@@ -49,21 +85,8 @@ class Amqp10Transport:
         self._waiting = 0
         self._room = threading.Condition(threading.Lock())
         self._closed = False
-        self._engine = Engine(url, options, role="sender")
-
-    @property
-    def target(self) -> str:
-        """The redacted URL this transport publishes to (no credentials)."""
-        return self._engine.target
-
-    @property
-    def history(self) -> tuple[Endpoint, ...]:
-        """The endpoints this transport connected to, in order (newest last)."""
-        return tuple(self._engine.history)
-
-    def wait_connected(self, timeout: float) -> bool:
-        """True once a connection is open (for start-up checks and tests)."""
-        return self._engine.connected.wait(timeout)
+        self._sends = Sends()
+        self._engine = Engine(url, options, self._sends, role="sender")
 
     def publish(self, envelope: Envelope) -> Future[None]:
         """Send ``envelope``; the future resolves when the broker accepted it."""
@@ -75,17 +98,9 @@ class Amqp10Transport:
                 )
             )
             return future
-        # Envelope.size walks the headers; most envelopes have none.
-        size = envelope.size if envelope.headers else len(envelope.body) + len(envelope.key or b"")
-        if size > self._options.max_message_size:
-            future.set_exception(
-                MessageTooLarge(
-                    f"message of {size} bytes exceeds max_message_size "
-                    f"({self._options.max_message_size})",
-                    endpoint=self.target,
-                    message_id=envelope.message_id,
-                )
-            )
+        too_large = size_error(envelope, self._size_limit, self.target)
+        if too_large is not None:
+            future.set_exception(too_large)
             return future
         # One deadline from the call: waiting for room spends the same confirm_timeout.
         deadline = time.monotonic() + self._options.confirm_timeout
@@ -100,7 +115,7 @@ class Amqp10Transport:
             )
             return future
         future.add_done_callback(self._done)
-        self._engine.publish(envelope, future, deadline)
+        self._sends.publish(envelope, future, deadline)
         return future
 
     def _acquire(self, deadline: float) -> bool:
@@ -128,7 +143,7 @@ class Amqp10Transport:
         if self._closed:
             return
         self._closed = True
-        self._engine.wait_idle(timeout)
+        self._sends.wait_idle(timeout)
         self._engine.shutdown(timeout)
 
     def __enter__(self) -> Amqp10Transport:
@@ -139,3 +154,285 @@ class Amqp10Transport:
 
     def __repr__(self) -> str:
         return f"Amqp10Transport({self.target!r})"
+
+
+@dataclass(eq=False, slots=True)
+class _Outgoing:
+    seq: int
+    envelope: Envelope
+    future: Future[None]
+    deadline: float
+    generation: int = 0  #: connection generation it was last transferred on; 0: never
+    tag: str | None = None
+    done: bool = False
+
+
+class Sends:
+    """The unresolved sends of one transport: the :class:`~msgsafe.adapters.amqp10.
+    _connection.Side` of a sender engine.
+
+    ``publish`` is called from any thread (a lock-free hand-over); everything else runs
+    on the engine's container thread.
+    """
+
+    #: The engine whose connection the sends go over (set by :meth:`bind`).
+    engine: Engine
+
+    def __init__(self) -> None:
+        #: Sends handed over by publish(): (envelope, future, deadline). deque.append and
+        #: popleft are atomic, so the hot path takes no lock beyond the wake-up flag.
+        self._incoming: collections.deque[tuple[Envelope, Future[None], float]] = (
+            collections.deque()
+        )
+        self._idle = threading.Condition()
+        # container thread only
+        self._seq = itertools.count(1)
+        self._tags = itertools.count(1)
+        self._links: dict[str, Any] = {}
+        self._queues: dict[str, collections.deque[_Outgoing]] = {}
+        self._inflight: dict[str, _Outgoing] = {}
+        self._outstanding: dict[int, _Outgoing] = {}
+        #: (deadline, seq) of every unresolved send; resolved ones are skipped lazily.
+        self._deadlines: list[tuple[float, int]] = []
+
+    # --- any thread ----------------------------------------------------------------------
+
+    def publish(self, envelope: Envelope, future: Future[None], deadline: float) -> None:
+        """Queue ``envelope``; ``future`` resolves with its outcome by ``deadline``
+        (``time.monotonic()`` seconds)."""
+        engine = self.engine
+        if engine.stopped:
+            _set_exception(future, _closed(engine, envelope))
+            return
+        self._incoming.append((envelope, future, deadline))
+        if engine.stopped:  # the thread ended between the check and the append
+            self._fail_incoming()
+            return
+        engine.wake()
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        """Wait until no send is unresolved; False when ``timeout`` passed first."""
+        with self._idle:
+            return self._idle.wait_for(
+                lambda: not self._outstanding and not self._incoming, timeout
+            )
+
+    def _fail_incoming(self) -> None:
+        # Hand-overs that will never be taken: popleft is atomic, so each fails once
+        # even when publish() and the container thread's exit race.
+        while True:
+            try:
+                envelope, future, _ = self._incoming.popleft()
+            except IndexError:
+                return
+            _set_exception(future, _closed(self.engine, envelope))
+
+    # --- the Side protocol (container thread) -------------------------------------------
+
+    def bind(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def opened(self) -> None:
+        self._pump()
+
+    def lost(self) -> int:
+        """Session resume: unsettled sends go back in front of their queues, in send order."""
+        self._links.clear()
+        resend = sorted(self._inflight.values(), key=lambda o: o.seq, reverse=True)
+        self._inflight.clear()
+        for out in resend:
+            out.tag = None
+            if not out.done:
+                self._queues.setdefault(out.envelope.destination, collections.deque()).appendleft(
+                    out
+                )
+        return len(resend)
+
+    def woken(self) -> None:
+        incoming = self._incoming
+        while incoming:
+            self._enqueue(*incoming.popleft())
+        self._pump()
+
+    def delivery(self, dlv: Any) -> None:
+        if dlv.updated:
+            self._outcome(dlv)
+
+    def flow(self, link: Any) -> None:
+        if link.is_sender and link.credit > 0:
+            self._pump()
+
+    def detached(self, link: Any, condition: Any) -> None:
+        address = link.target.address
+        if self._links.get(address) == link:
+            del self._links[address]
+        # Transferred and unsettled on this link: the broker may hold them.
+        sent = [out for out in self._inflight.values() if out.envelope.destination == address]
+        # Queued behind them: refused now, so that per-key order holds in the outbox.
+        queued = self._queues.pop(address, None) or ()
+        for outs, was_sent in ((sent, True), (queued, False)):
+            for out in outs:
+                error = detach_error(
+                    condition,
+                    endpoint=self.engine.target,
+                    message_id=out.envelope.message_id,
+                    sent=was_sent,
+                )
+                self._resolve(out, error)
+
+    def tick(self, now: float) -> None:
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, seq = heapq.heappop(deadlines)
+            out = self._outstanding.get(seq)
+            if out is not None:
+                self._resolve(out, self._timeout_error(out))
+        if not self._outstanding:
+            deadlines.clear()
+
+    def fail_all(self, error: MsgsafeError) -> None:
+        for out in list(self._outstanding.values()):
+            self._resolve(out, error.with_id(out.envelope.message_id))
+
+    def closing(self) -> None:
+        for out in list(self._outstanding.values()):
+            self._resolve(
+                out,
+                ConnectionLost(
+                    "closed before the broker confirmed",
+                    endpoint=self.engine.target,
+                    message_id=out.envelope.message_id,
+                ),
+            )
+
+    def stopped(self) -> None:
+        err = ClosedError("the AMQP 1.0 connection thread has stopped", endpoint=self.engine.target)
+        for out in list(self._outstanding.values()):
+            self._resolve(out, err)
+        self._fail_incoming()
+
+    # --- sending -------------------------------------------------------------------------
+
+    def _enqueue(self, envelope: Envelope, future: Future[None], deadline: float) -> None:
+        engine = self.engine
+        if engine.fatal is not None:
+            _set_exception(future, engine.fatal.with_id(envelope.message_id))
+            return
+        if engine.closing:
+            _set_exception(future, _closed(engine, envelope))
+            return
+        out = _Outgoing(next(self._seq), envelope, future, deadline)
+        self._outstanding[out.seq] = out
+        heapq.heappush(self._deadlines, (deadline, out.seq))
+        self._queues.setdefault(envelope.destination, collections.deque()).append(out)
+
+    def _pump(self) -> None:
+        engine = self.engine
+        if not engine.opened or engine.conn is None:
+            return
+        for address, queue in self._queues.items():
+            if not queue:
+                continue
+            link = self._links.get(address)
+            if link is None:
+                self._links[address] = engine.container.create_sender(
+                    engine.conn, address, options=AtLeastOnce()
+                )
+                continue
+            credit = link.credit
+            while queue and credit > 0:
+                out = queue.popleft()
+                if out.done:
+                    continue
+                self._transfer(link, out)
+                credit -= 1
+
+    def _transfer(self, link: Any, out: _Outgoing) -> None:
+        tag = str(next(self._tags))
+        send_bytes(link, tag, encode_envelope(out.envelope))
+        out.tag = tag
+        out.generation = self.engine.generation
+        self._inflight[tag] = out
+
+    def _outcome(self, dlv: Any) -> None:
+        state = dlv.remote_state
+        settled = dlv.settled
+        out = self._inflight.pop(dlv.tag, None)
+        if settled or state in _TERMINAL:
+            dlv.settle()
+        if out is None:
+            return
+        target = self.engine.target
+        error: MsgsafeError | None
+        mid = out.envelope.message_id
+        if state == ProtonDelivery.ACCEPTED:
+            error = None
+        elif state == ProtonDelivery.REJECTED:
+            error = rejected_error(dlv.remote.condition, endpoint=target, message_id=mid)
+        elif state in (ProtonDelivery.RELEASED, ProtonDelivery.MODIFIED):
+            # NOTE: both mean the broker did not take the message (RabbitMQ: no route,
+            # queue limit; Qpid: no consumer for a non-durable address): transient.
+            outcome = "modified" if state == ProtonDelivery.MODIFIED else "released"
+            error = Refused(f"the broker {outcome} the message", endpoint=target, message_id=mid)
+        elif settled:
+            error = ConnectionLost(
+                "the broker settled the message without an outcome",
+                endpoint=target,
+                message_id=mid,
+            )
+        else:  # a non-terminal state (e.g. received): keep waiting for the outcome
+            self._inflight[dlv.tag] = out
+            return
+        self._resolve(out, error)
+
+    def _timeout_error(self, out: _Outgoing) -> MsgsafeError:
+        engine = self.engine
+        timeout = engine.options.confirm_timeout
+        mid = out.envelope.message_id
+        if out.generation and out.tag is not None and out.generation == engine.generation:
+            return ConfirmTimeout(
+                f"no outcome within {timeout}s", endpoint=engine.target, message_id=mid
+            )
+        if out.generation:
+            return ConnectionLost(
+                "the connection was lost after sending and no candidate took over in time",
+                endpoint=engine.target,
+                message_id=mid,
+            )
+        if engine.opened:
+            return Refused(
+                f"the broker gave no credit within {timeout}s",
+                endpoint=engine.target,
+                message_id=mid,
+            )
+        return ConnectError(
+            f"no broker reachable within {timeout}s", endpoint=engine.target, message_id=mid
+        )
+
+    def _resolve(self, out: _Outgoing, error: MsgsafeError | None) -> None:
+        if out.done:
+            return
+        out.done = True
+        outstanding = self._outstanding
+        outstanding.pop(out.seq, None)
+        if not outstanding and not self._incoming:
+            with self._idle:
+                self._idle.notify_all()
+        if out.tag is not None:
+            self._inflight.pop(out.tag, None)
+        if error is None:
+            with contextlib.suppress(InvalidStateError):
+                out.future.set_result(None)
+        else:
+            _set_exception(out.future, error)
+
+
+def _closed(engine: Engine, envelope: Envelope) -> ClosedError:
+    return ClosedError(
+        "the transport is closed", endpoint=engine.target, message_id=envelope.message_id
+    )
+
+
+def _set_exception(future: Future[None], error: BaseException) -> None:
+    with contextlib.suppress(InvalidStateError):
+        future.set_exception(error)

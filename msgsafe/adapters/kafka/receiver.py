@@ -25,10 +25,11 @@ from functools import partial
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from msgsafe.adapters.kafka._errors import translate
+from msgsafe.adapters.kafka._wire import read_headers
 from msgsafe.adapters.kafka.config import KafkaOptions, consumer_settings
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import ClosedError, ConfigurationError, ConnectionLost
-from msgsafe.message import MESSAGE_ID_HEADER, Delivery, Outcome, new_message_id
+from msgsafe.message import Delivery, Outcome, new_message_id
 
 __all__ = ["KafkaReceiver"]
 
@@ -191,7 +192,7 @@ class KafkaReceiver:
                 redelivered = offset <= track.high
                 track.high = max(track.high, offset)
                 track.pending.append(offset)
-                message_id, headers = _read_headers(msg)
+                message_id, headers = read_headers(msg)
                 if redelivered:
                     self.redelivered += 1
                 deliveries.append(
@@ -317,18 +318,3 @@ class KafkaReceiver:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"KafkaReceiver({self._target!r}, group={self._group!r}, {state})"
-
-
-def _read_headers(msg: Message) -> tuple[str | None, dict[str, str]]:
-    message_id: str | None = None
-    headers: dict[str, str] = {}
-    raw_headers = msg.headers() or []
-    items = raw_headers.items() if isinstance(raw_headers, dict) else raw_headers
-    for name, raw in items:
-        value = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else (raw or "")
-        if name == MESSAGE_ID_HEADER:
-            if message_id is None:
-                message_id = value
-            continue
-        headers[name] = value
-    return message_id, headers

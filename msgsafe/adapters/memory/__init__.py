@@ -7,9 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from msgsafe.adapters._config import build_config
-from msgsafe.adapters.memory.adapter import MemoryReceiver, MemoryTransport
+from msgsafe.adapters.memory._connection import connect
 from msgsafe.adapters.memory.broker import MemoryBroker
 from msgsafe.adapters.memory.config import MemoryOptions
+from msgsafe.adapters.memory.receiver import MemoryReceiver
+from msgsafe.adapters.memory.transport import MemoryTransport
 from msgsafe.endpoints import BrokerUrl
 
 __all__ = [
@@ -25,7 +27,7 @@ __all__ = [
 def open_transport(url: BrokerUrl, options: Mapping[str, object]) -> MemoryTransport:
     """A transport into the broker named by ``url`` (created on first use)."""
     config = build_config(MemoryOptions, url, options)
-    return MemoryTransport(MemoryBroker.named(url.path), config, url.redacted())
+    return MemoryTransport(connect(url), config, url.redacted())
 
 
 def open_receiver(
@@ -33,4 +35,4 @@ def open_receiver(
 ) -> MemoryReceiver:
     """A receiver on the broker named by ``url``; ``group`` shares the work."""
     build_config(MemoryOptions, url, options)
-    return MemoryReceiver(MemoryBroker.named(url.path), group)
+    return MemoryReceiver(connect(url), group)

@@ -51,6 +51,11 @@ class RabbitOptions(TransportOptions):
         if self.frame_max < 4096:
             raise ConfigurationError("frame_max must be >= 4096")
 
+    @property
+    def size_limit(self) -> int:
+        """``max_message_size``, capped at what the broker accepts."""
+        return min(self.max_message_size, BROKER_MAX_MESSAGE_SIZE)
+
 
 @dataclass(frozen=True, slots=True)
 class Destination:

@@ -19,9 +19,9 @@ import pika
 from pika.channel import Channel
 from pika.spec import Basic
 
-from msgsafe.adapters.rabbitmq._link import IoThread, Link, log
+from msgsafe.adapters.rabbitmq._connection import IoThread, Link, log
+from msgsafe.adapters.rabbitmq._wire import KEY_HEADER
 from msgsafe.adapters.rabbitmq.config import RabbitOptions, parse_destination
-from msgsafe.adapters.rabbitmq.transport import KEY_HEADER
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import AuthenticationError, ClosedError, ConfigurationError, MsgsafeError
 from msgsafe.message import MESSAGE_ID_HEADER, Delivery, Outcome

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from proton import Message, symbol
 
-from msgsafe.adapters.amqp10._codec import encode_message
 from msgsafe.adapters.amqp10._failover import parse_failover_list
+from msgsafe.adapters.amqp10._wire import encode_message
 from msgsafe.adapters.amqp10.config import load_options
 from msgsafe.endpoints import Endpoint, MergePolicy, parse_url
 from msgsafe.errors import ConfigurationError

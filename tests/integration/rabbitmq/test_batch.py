@@ -18,7 +18,7 @@ import pytest
 
 from msgsafe.adapters import open_receiver, open_transport
 from msgsafe.adapters.rabbitmq import RabbitTransport
-from msgsafe.adapters.rabbitmq import transport as rabbit_transport_module
+from msgsafe.adapters.rabbitmq import _wire as rabbit_wire
 from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import MessageTooLarge, MsgsafeError, TransientError, Unroutable
@@ -138,7 +138,7 @@ def test_batch_and_single_publishes_interleave_in_order(
     internals as if they were not what the frame writer expects (another pika release),
     so every message goes through pika's own publish."""
     if writes == "basic_publish":
-        monkeypatch.setattr(rabbit_transport_module, "_pika_emit", lambda conn: None)
+        monkeypatch.setattr(rabbit_wire, "_pika_emit", lambda conn: None)
     transport = open_transport(
         parse_url(rabbit_urls.cluster), {"declare": "quorum", "max_in_flight": 500}
     )

@@ -1,0 +1,464 @@
+"""The proton ``Container`` thread that owns the connection and fails over.
+
+One :class:`Engine` owns one AMQP 1.0 connection at a time on its own thread, and the
+endpoint rotation that outlives it: the URL's hosts merged with the broker-advertised
+``failover-server-list`` (see :mod:`msgsafe.endpoints` and
+:mod:`~msgsafe.adapters.amqp10._failover`). After an unexpected disconnect it dials the
+next candidate and lets its :class:`Side` *resume the session*.
+
+The engine was split from what flows over the connection because the two change for
+different reasons: connecting, TLS, SASL, fail-over and the thread are the same for
+publishing and consuming, while the state that must survive a lost connection is not.
+That state lives in the side an engine serves, one per engine (one role per
+connection): the unresolved sends of a transport
+(:class:`~msgsafe.adapters.amqp10.transport.Sends`: resent with the same
+``message_id``, before anything queued later for the same address) or the
+subscriptions of a receiver (:class:`~msgsafe.adapters.amqp10.receiver.Subscriptions`:
+attached again; deliveries of the dead connection are never settled twice).
+
+Threading: callers hand work to the container thread through :meth:`Engine.call` (a
+deque and one ``EventInjector`` wake-up per batch) or their side's own hand-over queue
+and :meth:`Engine.wake`; every attribute below ``# container thread only`` is touched by
+that thread alone, and every :class:`Side` method but :meth:`Side.stopped` runs on it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from proton import SSLDomain
+from proton.handlers import EndpointStateHandler, MessagingHandler
+from proton.reactor import ApplicationEvent, Container, EventInjector, Handler
+
+from msgsafe.adapters.amqp10._errors import AUTH_CONDITIONS, condition_text, connection_error
+from msgsafe.adapters.amqp10._failover import parse_failover_list
+from msgsafe.adapters.amqp10.config import Amqp10Options
+from msgsafe.endpoints import BrokerUrl, Endpoint, EndpointList
+from msgsafe.errors import MsgsafeError
+from msgsafe.retry import RetryPolicy
+
+__all__ = ["Engine", "EngineClient", "Side", "log"]
+
+log = logging.getLogger("msgsafe.adapters.amqp10")
+_TICK_S = 0.05
+_WAKE = "msgsafe_wake"
+
+
+class Side(Protocol):
+    """What flows over an engine's connection: one per engine, called on its thread."""
+
+    def bind(self, engine: Engine) -> None:
+        """The engine this side serves (called once, before its thread starts)."""
+
+    def opened(self) -> None:
+        """A connection is open: attach links, resend what is unsettled."""
+
+    def lost(self) -> int:
+        """The connection is gone (the engine dials the next candidate); returns how
+        many unsettled sends wait to be resent (for the log)."""
+
+    def woken(self) -> None:
+        """Commands ran after a wake-up: take the callers' hand-overs, send."""
+
+    def delivery(self, dlv: Any) -> None:
+        """A delivery changed (an outcome came, or a message arrived)."""
+
+    def flow(self, link: Any) -> None:
+        """The peer gave ``link`` credit."""
+
+    def detached(self, link: Any, condition: Any) -> None:
+        """The peer detached ``link`` (``condition`` None: closed without an error)."""
+
+    def tick(self, now: float) -> None:
+        """Every ``_TICK_S`` seconds: deadlines."""
+
+    def fail_all(self, error: MsgsafeError) -> None:
+        """The peer refused for good (e.g. the login): fail what waits with ``error``."""
+
+    def closing(self) -> None:
+        """Shutdown began: give back or fail what is left (runs before the commands
+        still queued, so settlements it queues are sent)."""
+
+    def stopped(self) -> None:
+        """The container thread ended (runs on that thread, last): fail what remains."""
+
+
+class _Call(Handler):
+    """A proton timer handler that runs one callable on the container thread."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self._fn = fn
+
+    def on_timer_task(self, event: Any) -> None:
+        self._fn()
+
+
+class Engine(MessagingHandler):
+    """One AMQP 1.0 connection with fail-over, on its own thread, serving ``side``."""
+
+    def __init__(self, url: BrokerUrl, options: Amqp10Options, side: Side, *, role: str) -> None:
+        super().__init__(
+            prefetch=0, auto_accept=False, auto_settle=False, peer_close_is_error=False
+        )
+        # Deliveries are handled in on_delivery below; proton's per-delivery helper
+        # handlers would dispatch every disposition three more times.
+        handlers: list[Any] = list(self.handlers)  # type: ignore[arg-type]
+        self.handlers = [h for h in handlers if isinstance(h, EndpointStateHandler)]
+        self.target = url.redacted()
+        self.options = options
+        self._side = side
+        self._url = url
+        self._endpoints = EndpointList(
+            url.endpoints,
+            policy=RetryPolicy(
+                initial=options.reconnect_initial, maximum=options.reconnect_maximum
+            ),
+            merge=options.merge_policy,
+            allow=options.allows,
+        )
+        self._ssl_domain = self._make_ssl_domain() if url.tls else None
+        self._lock = threading.Lock()
+        self._commands: collections.deque[Callable[[], None]] = collections.deque()
+        self._wake_pending = False
+        self._stopped = False
+        self._injector = EventInjector()
+        self.container = Container(self)
+        self.container.container_id = f"msgsafe-{role}-{uuid.uuid4()}"
+        self.container.selectable(self._injector)
+        self.connected = threading.Event()
+        #: Endpoints connected to, in order (diagnostics and tests).
+        self.history: list[Endpoint] = []
+        # container thread only
+        #: The proton connection, while one is being opened or is open.
+        self.conn: Any = None
+        #: Counts connections dialed: state of an older one is stale.
+        self.generation = 0
+        #: True while ``conn`` is open.
+        self.opened = False
+        #: True once shutdown began.
+        self.closing = False
+        #: The permanent error that ended all attempts (bad credentials), if any.
+        self.fatal: MsgsafeError | None = None
+        self._current: Endpoint | None = None
+        self._reported_refusals = 0
+        side.bind(self)
+        self._thread = threading.Thread(
+            target=self._run, name=f"msgsafe-amqp10-{role}", daemon=True
+        )
+        self._thread.start()
+
+    # --- thread hand-over --------------------------------------------------------------
+
+    @property
+    def stopped(self) -> bool:
+        """True once the container thread ended (nothing handed over runs any more)."""
+        return self._stopped
+
+    def _run(self) -> None:
+        try:
+            self.container.run()
+        except Exception:  # the loop must not die silently: fail what waits on it
+            log.exception("AMQP 1.0 container thread failed")
+        finally:
+            with self._lock:
+                self._stopped = True
+                self._commands.clear()
+            self._side.stopped()
+
+    def call(self, fn: Callable[[], None]) -> bool:
+        """Run ``fn`` on the container thread soon; False when the thread has stopped."""
+        with self._lock:
+            if self._stopped:
+                return False
+            self._commands.append(fn)
+        self.wake()
+        return True
+
+    def wake(self) -> None:
+        """Have the container thread run the commands and :meth:`Side.woken` soon."""
+        # Unlocked fast path: a stale True still means the container has yet to clear the
+        # flag, and it drains the queues only after clearing it, so nothing is stranded.
+        if self._wake_pending:
+            return
+        with self._lock:
+            if self._wake_pending:
+                return
+            self._wake_pending = True
+        self._injector.trigger(ApplicationEvent(_WAKE))
+
+    def on_msgsafe_wake(self, event: Any) -> None:
+        with self._lock:
+            self._wake_pending = False
+        self._run_commands()
+        self._side.woken()
+
+    def _run_commands(self) -> None:
+        with self._lock:
+            batch = self._commands
+            self._commands = collections.deque()
+        for fn in batch:
+            fn()
+
+    def schedule(self, delay: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the container thread in ``delay`` seconds."""
+        self.container.schedule(delay, _Call(fn))
+
+    # --- connecting --------------------------------------------------------------------
+
+    def _make_ssl_domain(self) -> Any:
+        opts = self.options
+        domain = SSLDomain(SSLDomain.MODE_CLIENT)
+        if opts.tls_ca_file:
+            domain.set_trusted_ca_db(opts.tls_ca_file)
+        if opts.tls_cert_file and opts.tls_key_file:
+            domain.set_credentials(opts.tls_cert_file, opts.tls_key_file, None)
+        if opts.tls_verify:
+            domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME, opts.tls_ca_file)
+        else:
+            domain.set_peer_authentication(SSLDomain.ANONYMOUS_PEER)
+        return domain
+
+    def on_start(self, event: Any) -> None:
+        self.schedule(_TICK_S, self._tick)
+        self._connect_next()
+
+    def _connect_next(self) -> None:
+        if self.closing or self.fatal is not None:
+            return
+        endpoint, wait = self._endpoints.next()
+        if wait > 0:
+            gen = self.generation
+            self.schedule(wait, lambda: self._dial_if(gen, endpoint))
+        else:
+            self._dial(endpoint)
+
+    def _dial_if(self, generation: int, endpoint: Endpoint) -> None:
+        if generation == self.generation and self.conn is None:
+            self._dial(endpoint)
+
+    def _dial(self, endpoint: Endpoint) -> None:
+        if self.closing or self.fatal is not None:
+            return
+        opts = self.options
+        self.generation += 1
+        self._current = endpoint
+        self.opened = False
+        host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
+        scheme = "amqps" if endpoint.tls else "amqp"
+        user = self._url.username
+        mechs = opts.sasl_mechanisms or ("PLAIN" if user else "ANONYMOUS")
+        log.debug("connecting to %s (%s)", endpoint, "TLS" if endpoint.tls else "plain")
+        # NOTE: proton's own reconnect is off: it knows nothing of advertised candidates,
+        # and the session resume below must see every disconnect.
+        self.conn = self.container.connect(
+            url=f"{scheme}://{host}:{endpoint.port}",
+            reconnect=False,
+            heartbeat=opts.heartbeat or None,
+            ssl_domain=self._ssl_domain,
+            sasl_enabled=True,
+            allowed_mechs=mechs,
+            allow_insecure_mechs=opts.sasl_allow_insecure,
+            user=user,
+            password=self._url.password.reveal() if self._url.password else None,
+            virtual_host=opts.virtual_host,
+        )
+        gen = self.generation
+        self.schedule(opts.connect_timeout, lambda: self._connect_timeout(gen))
+
+    def _connect_timeout(self, generation: int) -> None:
+        if generation != self.generation or self.opened or self.conn is None:
+            return
+        log.warning("connecting to %s timed out", self._current)
+        conn = self.conn
+        self._lost(conn, None)
+        transport = conn.transport
+        if transport is not None:
+            transport.close_tail()
+            transport.close_head()
+
+    def on_connection_opened(self, event: Any) -> None:
+        if event.connection != self.conn or self._current is None:
+            return
+        current = self._current
+        self.opened = True
+        self.history.append(current)
+        log.info("connected to %s", current)
+        self._merge_candidates(event.connection.remote_properties, current)
+        self._side.opened()
+        self.connected.set()
+
+    def _merge_candidates(self, properties: Any, current: Endpoint) -> None:
+        candidates = parse_failover_list(properties, current=current)
+        if not candidates:
+            return
+        # NOTE: as Qpid JMS, REPLACE keeps the host we are connected to next to the
+        # advertised ones, so a cluster that lists only "the others" is still complete.
+        accepted = self._endpoints.advertise([*candidates, current])
+        refused = self._endpoints.refused[self._reported_refusals :]
+        self._reported_refusals = len(self._endpoints.refused)
+        for endpoint in refused:
+            if endpoint == current:
+                continue
+            if self._url.tls and not endpoint.tls:
+                log.warning(
+                    "not following advertised candidate %s from %s: plain TCP would "
+                    "downgrade this TLS connection",
+                    endpoint,
+                    current,
+                )
+            else:
+                log.warning(
+                    "not following advertised candidate %s from %s: outside failover_allow",
+                    endpoint,
+                    current,
+                )
+        if accepted:
+            log.info(
+                "fail-over candidates from %s: %s",
+                current,
+                ", ".join(str(e) for e in self._endpoints.endpoints),
+            )
+
+    def on_link_opened(self, event: Any) -> None:
+        # NOTE: the breaker closes only once the broker attaches a link: a member that
+        # opens and then refuses (a Qpid group without quorum) keeps backing off.
+        if event.connection == self.conn and self._current is not None:
+            self._endpoints.succeeded(self._current)
+
+    def on_transport_error(self, event: Any) -> None:
+        condition = event.transport.condition
+        if event.connection != self.conn:
+            return
+        name = str(condition.name) if condition is not None and condition.name else ""
+        if name in AUTH_CONDITIONS:
+            self._fail_fatal(connection_error(condition, endpoint=self.target))
+        else:
+            log.info("transport to %s failed: %s", self._current, condition_text(condition))
+
+    def on_connection_error(self, event: Any) -> None:
+        condition = event.connection.remote_condition
+        name = str(condition.name) if condition is not None and condition.name else ""
+        if name in AUTH_CONDITIONS and event.connection == self.conn:
+            self._fail_fatal(connection_error(condition, endpoint=self.target))
+        self._lost(event.connection, condition)
+
+    def on_connection_closing(self, event: Any) -> None:
+        self._lost(event.connection, None)
+
+    def on_session_error(self, event: Any) -> None:
+        event.connection.close()
+        self._lost(event.connection, event.session.remote_condition)
+
+    def on_disconnected(self, event: Any) -> None:
+        self._lost(event.connection, None)
+
+    def on_connection_closed(self, event: Any) -> None:
+        if self.closing:
+            self.container.stop()
+
+    def _lost(self, conn: Any, condition: Any) -> None:
+        """The connection ``conn`` is gone: the side keeps what must survive, then the
+        next candidate is dialed."""
+        if conn is None or conn != self.conn:
+            return
+        endpoint = self._current
+        was_open = self.opened
+        self.conn = None
+        self.opened = False
+        self.connected.clear()
+        if endpoint is not None:
+            self._endpoints.failed(endpoint)
+        resend = self._side.lost()
+        if was_open:
+            log.warning(
+                "connection to %s lost (%s); %d unsettled send(s) to resend, failing over",
+                endpoint,
+                condition_text(condition) or "disconnected",
+                resend,
+            )
+        if not self.closing:
+            self._connect_next()
+
+    def _fail_fatal(self, error: MsgsafeError) -> None:
+        log.error("giving up on %s: %s", self.target, error)
+        self.fatal = error
+        self._side.fail_all(error)
+        self.connected.clear()
+
+    # --- what flows over the connection: the side's ------------------------------------
+
+    def on_link_flow(self, event: Any) -> None:
+        self._side.flow(event.link)
+
+    def on_delivery(self, event: Any) -> None:
+        self._side.delivery(event.delivery)
+
+    def on_link_error(self, event: Any) -> None:
+        link = event.link
+        condition = link.remote_condition
+        log.warning("%s detached link %r: %s", self._current, link.name, condition_text(condition))
+        self._side.detached(link, condition)
+
+    def on_link_closing(self, event: Any) -> None:
+        self._side.detached(event.link, None)
+
+    def _tick(self) -> None:
+        self._side.tick(time.monotonic())
+        if not self.closing:
+            self.schedule(_TICK_S, self._tick)
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def shutdown(self, timeout: float | None) -> None:
+        """Let the side give back or fail what is left, close the connection, stop the
+        thread (waiting at most ``timeout`` seconds; None: 10)."""
+
+        def stop() -> None:
+            self.closing = True
+            self._side.closing()
+            self._run_commands()
+            if self.conn is not None:
+                # A clean close lets the broker release our unsettled deliveries at once;
+                # on_connection_closed stops the loop, the timer below if the peer is mute.
+                self.conn.close()
+                self.schedule(1.0, self.container.stop)
+            else:
+                self.container.stop()
+            self._injector.close()
+
+        if self.call(stop):
+            self._thread.join(timeout if timeout is not None else 10.0)
+        if not self._thread.is_alive():
+            # NOTE: proton's EventInjector never closes its wake-up pipe; a process that
+            # opens many transports would run out of file descriptors.
+            for fd in self._injector.pipe:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
+class EngineClient:
+    """What a transport and a receiver both show of the engine they own."""
+
+    _engine: Engine
+
+    @property
+    def target(self) -> str:
+        """The redacted URL (no credentials)."""
+        return self._engine.target
+
+    @property
+    def history(self) -> tuple[Endpoint, ...]:
+        """The endpoints connected to, in order (newest last)."""
+        return tuple(self._engine.history)
+
+    def wait_connected(self, timeout: float) -> bool:
+        """True once a connection is open (for start-up checks and tests)."""
+        return self._engine.connected.wait(timeout)

@@ -1,0 +1,437 @@
+"""The librdkafka producer, its poll thread, and every delivery report it owes.
+
+librdkafka owns the connections to the brokers and fails over by itself; what msgsafe
+adds is the thread that serves its delivery reports and the rules around them, split
+from the transport (what callers call) because they are the part that outlives a
+producer:
+
+- :class:`ProducerLink` polls librdkafka when publishers are not serving reports
+  themselves, and recreates the producer after a fatal error (the idempotence state is
+  lost): what the old one held fails transiently and goes to the outbox;
+- a watchdog on the same thread fails anything still open at ``confirm_timeout``, so
+  every message's outcome arrives in time (librdkafka bounds each one by
+  ``message.timeout.ms``, set inside ``confirm_timeout``, as a first line);
+- :class:`_Report` is one message's delivery callable, :class:`_Chunk` and
+  :class:`_BatchReports` those of a :class:`~msgsafe.message.Batch`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_confirmed, report_failed
+from msgsafe.adapters.kafka._errors import PRODUCER_STATE, translate
+from msgsafe.adapters.kafka.config import KafkaOptions, producer_settings
+from msgsafe.endpoints import BrokerUrl
+from msgsafe.errors import ConfigurationError, ConfirmTimeout, ConnectionLost, MsgsafeError
+from msgsafe.message import Batch
+from msgsafe.ports import BatchReport, PublishCallback
+
+__all__ = ["ProducerLink", "log"]
+
+log = logging.getLogger("msgsafe.kafka")
+
+#: Seconds the poll thread blocks in librdkafka when idle.
+_POLL_S = 0.05
+#: The poll thread leaves librdkafka to the publishers while they polled this recently.
+_INLINE_GRACE_S = 0.02
+#: Seconds between repeated "all brokers down" warnings.
+_DOWN_WARN_EVERY_S = 30.0
+_PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+
+
+class _Report:
+    """One message in librdkafka: its delivery callback and the watchdog's entry.
+
+    A slotted object rather than a future or a closure: on the hot path every container
+    object counts, because the cyclic GC walks all of them while messages are in flight.
+    """
+
+    __slots__ = ("callback", "deadline", "link", "message_id")
+
+    def __init__(
+        self,
+        link: ProducerLink,
+        message_id: str,
+        deadline: float,
+        callback: PublishCallback,
+    ) -> None:
+        self.link = link
+        self.message_id = message_id
+        self.deadline = deadline
+        self.callback = callback
+
+    def __call__(self, err: KafkaError | None, _msg: Message) -> None:
+        # librdkafka's delivery report. Runs where reports are served (poll thread, a
+        # publisher, close()) and must never raise into librdkafka.
+        link = self.link
+        try:
+            # NOTE: set.remove is atomic under the GIL: whoever removes the report
+            # settles it; a report that arrives after the watchdog did is dropped.
+            link.open.remove(self)
+        except KeyError:
+            return
+        if err is None:
+            call_logged(log, PUBLISH_CALLBACK, self.callback, None)
+        else:
+            link._failed(self, err)
+
+
+class _Chunk:
+    """The delivery callable of up to ``_CHUNK`` consecutive messages of one batch.
+
+    librdkafka's delivery report does not say which message it is for beyond the
+    message's key and value (confluent-kafka does not return headers there), so a
+    chunk counts its reports (``next()`` on an ``itertools.count`` is atomic, and
+    reports may be served on several threads) and keeps each failure's key and value.
+    Once every message of the chunk has a report, failures are matched to indexes by
+    ``(key, value)``, exactly where that content is unique in the chunk. Where identical
+    messages both failed and succeeded, all of them are failed as possibly delivered:
+    they go to the outbox, and the ones the broker had in fact confirmed become
+    duplicates with known ids, never losses.
+    """
+
+    __slots__ = ("_count", "failures", "owner", "size", "start", "stop")
+
+    def __init__(self, owner: _BatchReports, start: int, stop: int) -> None:
+        self.owner = owner
+        self.start = start
+        self.stop = stop
+        #: Reports owed (stop - start, kept: this is read once per delivery report).
+        self.size = stop - start
+        self._count = itertools.count(1)
+        #: (error, key, value) of each failed report, appended before it is counted.
+        self.failures: list[tuple[KafkaError, bytes | None, bytes | None]] = []
+
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        # librdkafka's delivery report; must never raise into librdkafka.
+        if err is not None:
+            self.failures.append((err, msg.key(), msg.value()))
+        if next(self._count) == self.size:
+            self.owner.chunk_done(self)
+
+    def fail(self, index: int, error: MsgsafeError) -> None:
+        """Message ``index`` never reached librdkafka: report it failed now, and count
+        it (no delivery report will come for it)."""
+        self.owner.fail_local(index, error)
+        if next(self._count) == self.size:
+            self.owner.chunk_done(self)
+
+
+class _BatchReports:
+    """Everything the transport tracks for one batch: its chunks, its deadline, and
+    which indexes are settled. Reports ``confirmed`` once per finished chunk."""
+
+    __slots__ = ("_lock", "_settled", "batch", "deadline", "finished", "link", "report")
+
+    def __init__(self, link: ProducerLink, batch: Batch, report: BatchReport) -> None:
+        self.link = link
+        self.batch = batch
+        self.report = report
+        self.deadline = float("inf")
+        self.finished = False
+        #: Indexes already reported (failed before librdkafka took them, or settled
+        #: with their chunk); under _lock.
+        self._settled: set[int] = set()
+        self._lock = threading.Lock()
+
+    def fail_local(self, index: int, error: MsgsafeError) -> None:
+        """Message ``index`` never reached librdkafka: report it failed now."""
+        with self._lock:
+            if self.finished or index in self._settled:
+                return
+            self._settled.add(index)
+        report_failed(self.report, index, error)
+
+    def chunk_done(self, chunk: _Chunk) -> None:
+        """Every message of ``chunk`` has a report: settle the ones not settled yet."""
+        with self._lock:
+            if self.finished:
+                return
+            indexes = [i for i in range(chunk.start, chunk.stop) if i not in self._settled]
+            self._settled.update(indexes)
+            if len(self._settled) == len(self.batch):
+                self.finished = True
+        failures = chunk.failures
+        if not failures:
+            self._confirm(len(indexes))
+            return
+        failed = self._attribute(indexes, failures)
+        self._confirm(len(indexes) - len(failed))
+        for index, error in failed.items():
+            report_failed(self.report, index, error)
+
+    def _attribute(
+        self,
+        indexes: list[int],
+        failures: list[tuple[KafkaError, bytes | None, bytes | None]],
+    ) -> dict[int, MsgsafeError]:
+        """Match failed reports to message indexes by (key, value); see :class:`_Chunk`."""
+        link = self.link
+        batch = self.batch
+        keys = batch.keys
+        same: dict[tuple[bytes | None, bytes], list[int]] = {}
+        for index in indexes:
+            key = None if keys is None else keys[index]
+            same.setdefault((key, batch.bodies[index]), []).append(index)
+        errors: dict[tuple[bytes | None, bytes], list[MsgsafeError]] = {}
+        for err, key, value in failures:
+            errors.setdefault((key, value or b""), []).append(link._delivery_error(err))
+        if any(content not in same for content in errors):
+            # A report that matches no message of the chunk: nothing says which failed.
+            unknown = ConfirmTimeout(
+                "a delivery report matched no message of its chunk", endpoint=link._target
+            )
+            log.error("kafka: %s; the chunk goes to the outbox", unknown.message)
+            return dict.fromkeys(indexes, unknown)
+        failed: dict[int, MsgsafeError] = {}
+        for content, found in errors.items():
+            members = same[content]
+            if len(found) >= len(members):
+                # Every message with this content failed: each gets an error of them.
+                failed.update(zip(members, found, strict=False))
+                continue
+            # Some of the identical messages were confirmed, some not, and nothing says
+            # which: all go to the outbox as possibly delivered.
+            ambiguous = ConfirmTimeout(
+                f"{len(found)} of {len(members)} identical messages failed "
+                f"({type(found[0]).__name__}: {found[0].message}); which ones is unknown",
+                endpoint=link._target,
+            )
+            failed.update(dict.fromkeys(members, ambiguous))
+        return failed
+
+    def _confirm(self, count: int) -> None:
+        if count:
+            report_confirmed(self.report, count)
+
+    def abandon(self, error: MsgsafeError) -> None:
+        """End the batch now: every message not settled fails with ``error`` (which must
+        say ``maybe_delivered``): nothing says which of them the broker confirmed."""
+        with self._lock:
+            if self.finished:
+                return
+            self.finished = True
+            rest = [i for i in range(len(self.batch)) if i not in self._settled]
+            self._settled.update(rest)
+        for index in rest:
+            report_failed(self.report, index, error)
+
+
+class ProducerLink:
+    """The producer of one transport and the thread that serves its delivery reports.
+
+    Publishers add to :attr:`open` and :attr:`watch` (single messages) or
+    :attr:`batches`, serve reports themselves while busy (:meth:`serve`, noting
+    :attr:`inline_at`) and read :attr:`producer` afresh for every message: it is
+    replaced after a fatal error.
+    """
+
+    def __init__(self, url: BrokerUrl, options: KafkaOptions) -> None:
+        self._target = url.redacted()
+        self._settings = producer_settings(url, options)
+        self._timeout = options.confirm_timeout
+        self._closing = False
+        #: True while the poll thread serves a replaced producer's last reports.
+        self._draining = False
+        #: The error that has the producer recreated on the poll thread's next round.
+        self.fatal: KafkaError | None = None
+        #: Reports in publish order with their deadline: the watchdog's list.
+        self.watch: deque[_Report] = deque()
+        #: Reports not settled yet; removing one from here is the right to settle it.
+        self.open: set[_Report] = set()
+        #: Batches in publish order: the watchdog's other list.
+        self.batches: deque[_BatchReports] = deque()
+        self._down_warned_at = -_DOWN_WARN_EVERY_S
+        #: When a publisher last served reports itself (time.monotonic()).
+        self.inline_at = 0.0
+        self._stop = threading.Event()
+        #: Producers recreated after a fatal error (for tests and metrics).
+        self.recreated = 0
+        self.producer = self._new_producer()
+        self._thread = threading.Thread(target=self._run, name="msgsafe-kafka-poll", daemon=True)
+        self._thread.start()
+
+    def _new_producer(self) -> Producer:
+        settings: dict[str, Any] = dict(self._settings)
+        settings["error_cb"] = self.on_error
+        try:
+            return Producer(settings)
+        except KafkaException as exc:
+            raise ConfigurationError(f"kafka producer settings: {exc.args[0].str()}") from exc
+
+    def serve(self, timeout: float) -> None:
+        """Serve delivery reports on this thread, blocking at most ``timeout`` seconds."""
+        try:
+            self.producer.poll(timeout)
+        except KafkaException as exc:
+            self.on_error(exc.args[0])
+
+    def _failed(self, report: _Report, err: KafkaError) -> None:
+        # Runs where reports are served (poll thread, a publisher, close()), for a report
+        # already taken out of _open; must never raise into librdkafka.
+        call_logged(
+            log, PUBLISH_CALLBACK, report.callback, self._delivery_error(err, report.message_id)
+        )
+
+    def _delivery_error(self, err: KafkaError, message_id: str | None = None) -> MsgsafeError:
+        """The msgsafe error of a failed delivery report; recreates the producer when its
+        own state is what failed."""
+        if self._closing and err.code() in _PURGED:
+            return ConnectionLost(
+                "transport closed before the broker confirmed",
+                endpoint=self._target,
+                message_id=message_id,
+            )
+        if err.code() in PRODUCER_STATE and not self._draining and self.fatal is None:
+            # NOTE: tansu answers PRODUCER_FENCED after a restart for a producer id it no
+            # longer knows; librdkafka keeps using it, so start a fresh producer.
+            log.warning("kafka %s: recreating the producer", err.name())
+            self.fatal = err
+        return translate(err, endpoint=self._target, message_id=message_id)
+
+    def on_error(self, err: KafkaError) -> None:
+        """librdkafka's ``error_cb`` (and what ``poll`` raises): a fatal error has the
+        producer recreated; the rest is logged."""
+        if err.fatal():
+            if self.fatal is not None or self._draining:
+                return
+            log.error("kafka producer fatal error %s: recreating the producer", err.name())
+            self.fatal = err
+        elif err.code() == KafkaError._ALL_BROKERS_DOWN:
+            # librdkafka repeats this on every reconnect round: warn once a while.
+            now = time.monotonic()
+            if now - self._down_warned_at >= _DOWN_WARN_EVERY_S:
+                self._down_warned_at = now
+                log.warning("kafka: all brokers down (%s)", self._target)
+        else:
+            log.info("kafka: %s: %s", err.name(), err.str())
+
+    # --- the poll thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if time.monotonic() - self.inline_at < _INLINE_GRACE_S:
+                # Publishers are serving reports themselves; only the watchdog runs.
+                self._stop.wait(_INLINE_GRACE_S)
+                if self.fatal is not None:
+                    self._recreate()
+                self._expire(time.monotonic())
+                continue
+            try:
+                self.producer.poll(_POLL_S)
+            except KafkaException as exc:
+                # NOTE: confluent-kafka raises a fatal error out of poll() as well as
+                # through error_cb.
+                self.on_error(exc.args[0])
+            except Exception:  # a callback bug must not stop delivery reports
+                log.exception("kafka poll failed")
+            if self.fatal is not None:
+                self._recreate()
+            self._expire(time.monotonic())
+
+    def _recreate(self) -> None:
+        old = self.producer
+        self.fatal = None
+        try:
+            self.producer = self._new_producer()
+        except MsgsafeError:
+            log.exception("kafka producer could not be recreated")
+            return
+        self.recreated += 1
+        # Everything the old producer held fails transiently (queued: Refused, in flight:
+        # ConnectionLost) and goes to the outbox; the watchdog catches any report that
+        # never comes.
+        self._draining = True
+        try:
+            old.purge(in_queue=True, in_flight=True, blocking=False)
+            old.poll(0)
+            old.flush(0)
+        except (KafkaException, RuntimeError):
+            log.debug("purging the failed producer", exc_info=True)
+        finally:
+            self._draining = False
+
+    def _expire(self, now: float) -> None:
+        batches = self.batches
+        while batches:
+            reports = batches[0]
+            if not reports.finished:
+                if reports.deadline > now:
+                    break
+                reports.abandon(
+                    ConfirmTimeout(
+                        f"no delivery report within confirm_timeout={self._timeout}s",
+                        endpoint=self._target,
+                    )
+                )
+            batches.popleft()
+        watch = self.watch
+        pending = self.open
+        while watch:
+            report = watch[0]
+            if report in pending:
+                if report.deadline > now:
+                    return
+                try:
+                    pending.remove(report)
+                except KeyError:
+                    pass  # its delivery report came in just now
+                else:
+                    call_logged(
+                        log,
+                        PUBLISH_CALLBACK,
+                        report.callback,
+                        ConfirmTimeout(
+                            f"no delivery report within confirm_timeout={self._timeout}s",
+                            endpoint=self._target,
+                            message_id=report.message_id,
+                        ),
+                    )
+            watch.popleft()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the poll thread, wait up to ``timeout`` for outstanding delivery reports,
+        then fail the rest with :class:`ConnectionLost` and release the producer. Once."""
+        self._stop.set()
+        self._thread.join()
+        producer = self.producer
+        wait = self._timeout if timeout is None else max(0.0, timeout)
+        try:
+            left = producer.flush(wait)
+            if left:
+                self._closing = True
+                producer.purge(in_queue=True, in_flight=True, blocking=False)
+                producer.poll(0)
+        except (KafkaException, RuntimeError):
+            log.debug("closing the kafka producer", exc_info=True)
+        self._closing = True
+        while self.batches:
+            self.batches.popleft().abandon(
+                ConnectionLost(
+                    "transport closed before the broker confirmed", endpoint=self._target
+                )
+            )
+        while self.watch:
+            report = self.watch.popleft()
+            try:
+                self.open.remove(report)
+            except KeyError:
+                continue
+            call_logged(
+                log,
+                PUBLISH_CALLBACK,
+                report.callback,
+                ConnectionLost(
+                    "transport closed before the broker confirmed",
+                    endpoint=self._target,
+                    message_id=report.message_id,
+                ),
+            )

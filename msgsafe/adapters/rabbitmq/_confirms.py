@@ -1,0 +1,390 @@
+"""The publisher-confirm ledger: every message from hand-over to outcome.
+
+Split from :class:`~msgsafe.adapters.rabbitmq.transport.RabbitTransport` because it is
+the one part with rules of its own, all about delivery tags: RabbitMQ numbers the
+messages of a channel 1, 2, 3... and answers with ``basic.ack`` / ``basic.nack`` for a
+tag or (``multiple``) for every tag up to it, possibly out of order, and sends
+``basic.return`` before the ack of a mandatory message it could not route. The
+transport (the caller side and the channel's life) and the frame writer
+(:mod:`~msgsafe.adapters.rabbitmq._wire`) only add to the ledger; the ledger alone
+settles: each message exactly once, with the window given back as it goes.
+
+Entries: an :class:`_Item` is one envelope (``publish``, ``publish_callback``), a
+:class:`_Part` is a run of messages of one batch handed over together. Both wait in
+``pending`` (in hand-over order) until written, then are in flight: items keyed by
+their tag, parts as a range of tags in ``spans``. When the channel goes, what is in
+flight returns to the front of ``pending`` in tag order and is resent, same
+``message_id``, on the next channel. Only the I/O thread touches a ledger.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_confirmed, report_failed
+from msgsafe.adapters.rabbitmq._connection import log
+from msgsafe.adapters.rabbitmq.config import Destination
+from msgsafe.errors import MessageTooLarge, MsgsafeError, Refused, Unroutable
+from msgsafe.message import Batch, Envelope
+from msgsafe.ports import BatchReport, PublishCallback
+
+if TYPE_CHECKING:
+    from msgsafe.adapters.rabbitmq._wire import FrameWriter
+
+__all__ = ["ConfirmLedger", "fail_all"]
+
+
+@dataclass(slots=True, eq=False)
+class _Item:
+    envelope: Envelope
+    dest: Destination
+    callback: PublishCallback
+    deadline: float
+    queued_at: float
+    attempts: int = 0
+    settled: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class _Job:
+    """A batch on its way: what its parts share."""
+
+    batch: Batch
+    dest: Destination
+    report: BatchReport
+    #: The frame encoder of the channel (number, frame_max) it was last written on.
+    writer: FrameWriter | None = None
+    writer_key: tuple[int, int] = (-1, -1)
+
+
+@dataclass(slots=True, eq=False)
+class _Part:
+    """Messages ``indexes`` of a batch, handed over, sent and confirmed together.
+
+    In flight, message ``indexes[k]`` has delivery tag ``first_tag + k``; ``indexes[:pos]``
+    are settled, and so are the offsets in ``done`` (acks that came out of order).
+    """
+
+    job: _Job
+    indexes: Sequence[int]
+    deadline: float
+    attempts: int = 0
+    first_tag: int = 0
+    pos: int = 0
+    done: set[int] = field(default_factory=set)
+
+    def unsettled(self) -> Sequence[int]:
+        if not self.done:
+            return self.indexes[self.pos :]
+        return [self.indexes[k] for k in range(self.pos, len(self.indexes)) if k not in self.done]
+
+    def rest(self, indexes: Sequence[int]) -> _Part:
+        """A part of the same job and deadline for ``indexes`` (to send again)."""
+        return _Part(self.job, indexes, self.deadline, self.attempts)
+
+
+class ConfirmLedger:
+    """What is pending and in flight on one transport, and how each message settles.
+
+    ``settled(count)`` is called whenever ``count`` messages got their outcome (the
+    transport gives their window slots back).
+    """
+
+    def __init__(self, settled: Callable[[int], None]) -> None:
+        self._settled = settled
+        #: Handed over, not written yet (or to resend), in order.
+        self.pending: collections.deque[_Item | _Part] = collections.deque()
+        #: Single envelopes written and not confirmed, by delivery tag.
+        self.in_flight: collections.OrderedDict[int, _Item] = collections.OrderedDict()
+        #: Parts of batches in flight, in delivery-tag order.
+        self.spans: collections.deque[_Part] = collections.deque()
+        #: Ids of messages the broker returned (unroutable) and has yet to ack.
+        self.returned: set[str] = set()
+        #: The delivery tag the next message written on the channel gets.
+        self.next_tag = 1
+
+    def new_channel(self) -> None:
+        """A fresh channel numbers its messages from 1 again."""
+        self.next_tag = 1
+        self.returned.clear()
+
+    # --- written -------------------------------------------------------------------------
+
+    def in_flight_item(self, item: _Item) -> None:
+        """``item`` was written with the next delivery tag."""
+        item.attempts += 1
+        self.in_flight[self.next_tag] = item
+        self.next_tag += 1
+
+    def in_flight_part(self, part: _Part, count: int) -> None:
+        """The first ``count`` messages of ``part`` were written, with the next tags."""
+        part.attempts += 1
+        part.first_tag = self.next_tag
+        part.pos = 0
+        part.done = set()
+        self.next_tag += count
+        self.spans.append(part)
+
+    # --- outcomes ------------------------------------------------------------------------
+
+    def resolve(self, item: _Item, error: MsgsafeError | None) -> None:
+        """Give ``item`` its outcome, unless it has one already."""
+        if item.settled:
+            return  # already reported (e.g. timed out, then confirmed late)
+        item.settled = True
+        if error is not None and error.message_id is None:
+            error.message_id = item.envelope.message_id
+        call_logged(log, PUBLISH_CALLBACK, item.callback, error)
+        self._settled(1)
+
+    def fail(self, entry: _Item | _Part, error: MsgsafeError) -> None:
+        """Fail an item, or every unsettled message of a part, with copies of ``error``."""
+        if isinstance(entry, _Part):
+            self.fail_part(entry, entry.unsettled(), error)
+        else:
+            self.resolve(entry, error.with_id(entry.envelope.message_id))
+
+    def fail_part(self, part: _Part, indexes: Sequence[int], error: MsgsafeError) -> None:
+        fail_all(part.job.report, indexes, error, part.job.batch.message_ids)
+        self._settled(len(indexes))
+
+    def returned_message(self, message_id: str) -> None:
+        # NOTE: RabbitMQ sends basic.return before the basic.ack of an unroutable
+        # mandatory message, and acks it anyway: the ack must not count as a confirm.
+        self.returned.add(message_id)
+
+    def confirm(self, tag: int, multiple: bool, nack: bool, endpoint: str) -> bool:
+        """Settle what a ``basic.ack`` / ``basic.nack`` for ``tag`` covers; True when
+        something was nacked (the transport then recycles the channel)."""
+        nacked = False
+        if multiple:
+            while self.in_flight:
+                first = next(iter(self.in_flight))
+                if first > tag:
+                    break
+                nacked |= self._confirmed(self.in_flight.popitem(last=False)[1], nack, endpoint)
+            if self.spans:
+                nacked |= self._confirm_parts_upto(tag, nack, endpoint)
+        else:
+            item = self.in_flight.pop(tag, None)
+            if item is not None:
+                nacked |= self._confirmed(item, nack, endpoint)
+            elif self.spans:
+                nacked |= self._confirm_part_tag(tag, nack, endpoint)
+        return nacked
+
+    def _confirm_parts_upto(self, tag: int, nack: bool, endpoint: str) -> bool:
+        spans = self.spans
+        nacked = False
+        while spans:
+            part = spans[0]
+            start = part.pos
+            if part.first_tag + start > tag:
+                break
+            stop = min(tag - part.first_tag + 1, len(part.indexes))
+            nacked |= self._settle_range(part, start, stop, nack, endpoint)
+            part.pos = stop
+            _skip_done(part)
+            if part.pos < len(part.indexes):
+                break
+            spans.popleft()
+        return nacked
+
+    def _confirm_part_tag(self, tag: int, nack: bool, endpoint: str) -> bool:
+        for part in self.spans:
+            offset = tag - part.first_tag
+            if offset < 0:
+                return False  # not in flight any more (e.g. timed out)
+            if offset >= len(part.indexes):
+                continue
+            if offset < part.pos or offset in part.done:
+                return False
+            nacked = self._settle_range(part, offset, offset + 1, nack, endpoint)
+            if offset == part.pos:
+                part.pos += 1
+                _skip_done(part)
+            else:
+                part.done.add(offset)
+            if part.pos >= len(part.indexes):
+                self.spans.remove(part)
+            return nacked
+        return False
+
+    def _settle_range(self, part: _Part, start: int, stop: int, nack: bool, endpoint: str) -> bool:
+        """Report messages at offsets ``start`` to ``stop`` of ``part`` (those not settled
+        already): confirmed, or failed when nacked or returned. True when nacked."""
+        job = part.job
+        indexes = part.indexes
+        done = part.done
+        settle: Sequence[int]
+        if done:
+            settle = [indexes[k] for k in range(start, stop) if k not in done]
+            done.difference_update(range(start, stop))
+        else:
+            settle = indexes[start:stop]
+        count = len(settle)
+        if not count:
+            return False
+        ids = job.batch.message_ids
+        if nack:
+            fail_all(job.report, settle, _nacked(endpoint), ids)
+            self._settled(count)
+            return True
+        returned = self.returned
+        unroutable = [i for i in settle if ids[i] in returned] if returned else []
+        for index in unroutable:
+            returned.discard(ids[index])
+            report_failed(
+                job.report, index, _unroutable(job.batch.destination, endpoint, ids[index])
+            )
+        if count > len(unroutable):
+            report_confirmed(job.report, count - len(unroutable))
+        self._settled(count)
+        return False
+
+    def _confirmed(self, item: _Item, nack: bool, endpoint: str) -> bool:
+        if nack:
+            self.resolve(item, _nacked(endpoint))
+            return True
+        if self.returned:
+            mid = item.envelope.message_id
+            if mid in self.returned:
+                self.returned.discard(mid)
+                self.resolve(item, _unroutable(item.envelope.destination, endpoint))
+                return False
+        self.resolve(item, None)
+        return False
+
+    # --- the channel went ----------------------------------------------------------------
+
+    def requeue_in_flight(self) -> None:
+        """Put everything in flight back at the front of ``pending``, in tag order."""
+        entries: list[tuple[int, _Item | _Part]] = []
+        if self.in_flight:
+            entries.extend(self.in_flight.items())
+            self.in_flight.clear()
+        for part in self.spans:
+            rest = part.unsettled()
+            if rest:
+                entries.append((part.first_tag + part.pos, part.rest(rest)))
+        self.spans.clear()
+        if entries:
+            entries.sort(key=lambda entry: entry[0])
+            self.pending.extendleft(reversed([entry for _tag, entry in entries]))
+        self.returned.clear()
+
+    def fail_culprits(
+        self, error: MsgsafeError | None, exchange: str | None, size: int | None
+    ) -> None:
+        """Fail the pending messages that made the broker close the channel (see
+        :func:`~msgsafe.adapters.rabbitmq._errors.channel_close_error`)."""
+        if error is None:
+            return
+        if exchange is not None:
+            self.fail_where(error, exchange=exchange)
+        elif size is not None:
+            self.fail_where(error, min_size=size)
+        elif isinstance(error, MessageTooLarge) and self.pending:
+            # NOTE: a frame error names no message; the first resent one is the likeliest.
+            first = self.pending.popleft()
+            if isinstance(first, _Part):
+                self.fail_part(first, first.indexes[:1], error)
+                if len(first.indexes) > 1:
+                    self.pending.appendleft(first.rest(first.indexes[1:]))
+            else:
+                self.fail(first, error)
+
+    def fail_where(
+        self,
+        error: MsgsafeError,
+        *,
+        queue: str | None = None,
+        exchange: str | None = None,
+        min_size: int | None = None,
+    ) -> None:
+        """Fail the pending messages to ``queue`` / ``exchange`` / of at least ``min_size``
+        body bytes (each criterion given must hold)."""
+        keep: collections.deque[_Item | _Part] = collections.deque()
+        for entry in self.pending:
+            dest = entry.job.dest if isinstance(entry, _Part) else entry.dest
+            if (queue is not None and dest.queue != queue) or (
+                exchange is not None and dest.exchange != exchange
+            ):
+                keep.append(entry)
+            elif min_size is None:
+                self.fail(entry, error)
+            elif isinstance(entry, _Part):
+                bodies = entry.job.batch.bodies
+                big = [i for i in entry.indexes if len(bodies[i]) >= min_size]
+                if big:
+                    self.fail_part(entry, big, error)
+                    small = [i for i in entry.indexes if len(bodies[i]) < min_size]
+                    if small:
+                        keep.append(entry.rest(small))
+                else:
+                    keep.append(entry)
+            elif len(entry.envelope.body) >= min_size:
+                self.fail(entry, error)
+            else:
+                keep.append(entry)
+        self.pending = keep
+
+    # --- deadlines -----------------------------------------------------------------------
+
+    def expire_in_flight(self, now: float, error: MsgsafeError) -> None:
+        """Fail what is in flight past its deadline with copies of ``error``."""
+        if self.in_flight:
+            expired = [tag for tag, it in self.in_flight.items() if now >= it.deadline]
+            for tag in expired:
+                self.fail(self.in_flight.pop(tag), error)
+        if self.spans and any(now >= part.deadline for part in self.spans):
+            late = [part for part in self.spans if now >= part.deadline]
+            self.spans = collections.deque(part for part in self.spans if now < part.deadline)
+            for part in late:
+                self.fail_part(part, part.unsettled(), error)
+
+    def expire_pending(
+        self, now: float, everything: bool, error: Callable[[int], MsgsafeError]
+    ) -> None:
+        """Fail what waits past its deadline (``everything``: all of it) with
+        ``error(attempts)``: what to say depends on whether a copy was ever sent."""
+        keep: collections.deque[_Item | _Part] = collections.deque()
+        for entry in self.pending:
+            if isinstance(entry, _Item) and entry.settled:
+                continue
+            if now >= entry.deadline or everything:
+                self.fail(entry, error(entry.attempts))
+            else:
+                keep.append(entry)
+        self.pending = keep
+
+
+def fail_all(
+    report: BatchReport, indexes: Sequence[int], error: MsgsafeError, ids: Sequence[str]
+) -> None:
+    """Report each of ``indexes`` failed with its own copy of ``error``, naming its id."""
+    for index in indexes:
+        report_failed(report, index, error.with_id(ids[index]))
+
+
+def _skip_done(part: _Part) -> None:
+    """Move ``part.pos`` past offsets settled out of order."""
+    done = part.done
+    while done and part.pos in done:
+        done.discard(part.pos)
+        part.pos += 1
+
+
+def _nacked(endpoint: str) -> Refused:
+    return Refused("the broker nacked the message", endpoint=endpoint)
+
+
+def _unroutable(destination: str, endpoint: str, message_id: str | None = None) -> Unroutable:
+    return Unroutable(
+        f"no queue bound for {destination!r} (basic.return)",
+        endpoint=endpoint,
+        message_id=message_id,
+    )

@@ -1,0 +1,520 @@
+"""Bytes on the wire: the header names, the frames of ``basic.publish`` and writing them.
+
+Header names: the id travels in the native ``message_id`` property and in the
+``msgsafe-id`` header (:data:`~msgsafe.message.MESSAGE_ID_HEADER`), the key in
+:data:`KEY_HEADER`; :func:`publish_properties` sets both, the receiver reads both.
+
+Frames: pika builds every published message from objects (a ``Basic.Publish`` method, a
+``BasicProperties``, three ``Frame`` objects) and marshals each field by field: about
+20 µs of Python per message. The messages of a :class:`~msgsafe.message.Batch` differ
+only in body, id and key, so :class:`FrameWriter` encodes the properties once per id
+length and key (with pika's own encoder, from a template whose id is a sentinel), then
+splices each message's id in. The bytes are the ones ``Channel.basic_publish`` would
+write (``tests/unit/test_rabbitmq_frames.py`` compares them).
+
+Writing: :class:`FrameSender` takes what the confirm ledger holds pending, in order,
+encodes it and writes it to the connection with one call per flush (or through
+``basic_publish`` when pika's internals are not what it expects), and tells the ledger
+which delivery tags went out. It was split from the transport because it is the one
+place that knows pika's internals; the transport only says when to flush.
+"""
+
+from __future__ import annotations
+
+import collections
+import struct
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import pika
+from pika import frame as pika_frame
+from pika import spec
+from pika.channel import Channel
+
+from msgsafe.adapters.rabbitmq._confirms import ConfirmLedger, _Part
+from msgsafe.adapters.rabbitmq._connection import log
+from msgsafe.adapters.rabbitmq._errors import describe
+from msgsafe.adapters.rabbitmq.config import Destination
+from msgsafe.errors import MessageTooLarge
+from msgsafe.message import MESSAGE_ID_HEADER, Envelope
+
+__all__ = [
+    "KEY_HEADER",
+    "FrameSender",
+    "FrameWriter",
+    "envelope_properties",
+    "frame_error",
+    "header_bytes",
+    "publish_properties",
+]
+
+#: Header carrying the message key (bytes) next to ``msgsafe-id``.
+KEY_HEADER = "msgsafe-key"
+
+#: Bytes kept free in a frame for the content header's fixed fields.
+_HEADER_FRAME_RESERVE = 512
+#: Destinations whose frame encoder for single envelopes is kept.
+_MAX_ITEM_WRITERS = 256
+#: The one message index of a single envelope, for FrameWriter.encode_into.
+_FIRST = (0,)
+
+#: Frame type octet, channel, payload size; then the content header's class id, weight
+#: and body size (AMQP 0-9-1 §4.2.3, §4.2.6.1).
+_HEADER_START = struct.Struct(">BHIHHQ")
+#: The previous frame's end octet, then a body frame's type, channel and payload size.
+_BODY_START = struct.Struct(">BBHI")
+_FRAME_END = b"\xce"
+_FRAME_HEADER = 2
+_FRAME_BODY = 3
+_FRAME_END_OCTET = 0xCE
+_BASIC_CLASS = 60
+#: Templates kept per writer (one per id length and key): keys beyond this are encoded
+#: message by message.
+_MAX_TEMPLATES = 4096
+
+
+def publish_properties(
+    message_id: str,
+    headers: Mapping[str, str],
+    id_header: str,
+    key_header: str,
+    key: bytes | None,
+    created_at: float,
+) -> pika.BasicProperties:
+    """The properties every message is published with: persistent, the id in the native
+    ``message_id`` and in the ``id_header``, the key (when there is one) in ``key_header``."""
+    table: dict[str, object] = dict(headers)
+    table[id_header] = message_id
+    if key is not None:
+        table[key_header] = key
+    return pika.BasicProperties(
+        delivery_mode=2,  # persistent
+        message_id=message_id,
+        headers=table,
+        timestamp=int(created_at),
+    )
+
+
+def envelope_properties(envelope: Envelope) -> pika.BasicProperties:
+    """:func:`publish_properties` of one envelope, with msgsafe's header names."""
+    return publish_properties(
+        envelope.message_id,
+        envelope.headers,
+        MESSAGE_ID_HEADER,
+        KEY_HEADER,
+        envelope.key,
+        envelope.created_at,
+    )
+
+
+def header_bytes(id_length: int, key_length: int, headers: Mapping[str, str]) -> int:
+    """About the size of a message's content-header frame: the id twice (property and
+    header), the key, the user headers and the fixed fields."""
+    size = 2 * id_length + key_length + 64
+    if headers:
+        size += sum(len(k) + len(v) + 8 for k, v in headers.items())
+    return size
+
+
+def frame_error(
+    size: int, frame_max: int, *, endpoint: str, message_id: str | None
+) -> MessageTooLarge | None:
+    """The error for a content header of about ``size`` bytes (:func:`header_bytes`)
+    that does not fit one frame, else None.
+
+    NOTE: AMQP 0-9-1 carries all properties in one content-header frame; RabbitMQ
+    closes the whole connection (501 FRAME_ERROR) when it exceeds frame_max, which would
+    take every other message in flight down with it.
+    """
+    limit = frame_max - _HEADER_FRAME_RESERVE
+    if size <= limit:
+        return None
+    return MessageTooLarge(
+        f"headers of about {size} bytes exceed the frame limit of {limit}",
+        endpoint=endpoint,
+        message_id=message_id,
+    )
+
+
+class FrameWriter:
+    """Encodes the frames of messages to one exchange and routing key on one channel.
+
+    ``routing_key`` None means each message's key is its routing key (an exchange
+    destination with an empty routing key).
+    """
+
+    __slots__ = (
+        "_body_max",
+        "_channel",
+        "_created_at",
+        "_exchange",
+        "_headers",
+        "_id_header",
+        "_key_header",
+        "_methods",
+        "_routing_key",
+        "_templates",
+    )
+
+    def __init__(
+        self,
+        *,
+        channel_number: int,
+        frame_max: int,
+        exchange: str,
+        routing_key: str | None,
+        headers: Mapping[str, str],
+        id_header: str,
+        key_header: str,
+        created_at: float,
+    ) -> None:
+        self._channel = channel_number
+        # Frame header (7 octets) and frame end (1) around each body fragment.
+        self._body_max = frame_max - 8
+        self._exchange = exchange
+        self._routing_key = routing_key
+        self._headers = headers
+        self._id_header = id_header
+        self._key_header = key_header
+        self._created_at = created_at
+        self._methods: dict[str, bytes] = {}
+        #: (id length, key) -> (properties split at the id, properties length)
+        self._templates: dict[tuple[int, bytes | None], tuple[list[bytes], int]] = {}
+
+    def _method(self, routing_key: str) -> bytes:
+        data = self._methods.get(routing_key)
+        if data is None:
+            method = spec.Basic.Publish(
+                exchange=self._exchange, routing_key=routing_key, mandatory=True
+            )
+            data = pika_frame.Method(self._channel, method).marshal()
+            if len(self._methods) < _MAX_TEMPLATES:
+                self._methods[routing_key] = data
+        return data
+
+    def _template(self, id_length: int, key: bytes | None) -> tuple[list[bytes], int]:
+        found = self._templates.get((id_length, key))
+        if found is not None:
+            return found
+        # A sentinel id of the same length: the encoding is the same up to the id.
+        for filler in "\x01\x02\x03\x04":
+            sentinel = filler * id_length
+            props = publish_properties(
+                sentinel, self._headers, self._id_header, self._key_header, key, self._created_at
+            )
+            encoded = b"".join(props.encode())
+            pieces = encoded.split(sentinel.encode())
+            if len(pieces) == 3:  # the native property and the header, nowhere else
+                break
+        else:  # pragma: no cover - every filler occurs in the headers
+            raise ValueError("cannot build a properties template")
+        template = (pieces, len(encoded))
+        if len(self._templates) < _MAX_TEMPLATES:
+            self._templates[(id_length, key)] = template
+        return template
+
+    def encode(
+        self,
+        bodies: Sequence[bytes],
+        ids: Sequence[str],
+        keys: Sequence[bytes | None] | None,
+        indexes: Iterable[int],
+    ) -> tuple[list[bytes], int]:
+        """The frames of messages ``indexes`` (in that order) as buffers to join, and
+        how many frames they are."""
+        out: list[bytes] = []
+        return out, self.encode_into(out, bodies, ids, keys, indexes)
+
+    def encode_into(
+        self,
+        out: list[bytes],
+        bodies: Sequence[bytes],
+        ids: Sequence[str],
+        keys: Sequence[bytes | None] | None,
+        indexes: Iterable[int],
+    ) -> int:
+        """Append the frames of messages ``indexes`` to ``out``; return how many."""
+        extend = out.extend
+        channel = self._channel
+        body_max = self._body_max
+        header_start = _HEADER_START.pack
+        body_start = _BODY_START.pack
+        end = _FRAME_END
+        frames = 0
+        fixed_route = self._routing_key
+        method = self._method(fixed_route) if fixed_route is not None else b""
+        last_length = -1
+        pieces: list[bytes] = []
+        props_length = 0
+        for index in indexes:
+            body = bodies[index]
+            mid = ids[index].encode()
+            key = None if keys is None else keys[index]
+            if key is None:
+                if len(mid) != last_length:
+                    last_length = len(mid)
+                    pieces, props_length = self._template(last_length, None)
+                props = mid.join(pieces)
+                length = props_length
+            else:
+                last_length = -1
+                key_pieces, length = self._template(len(mid), key)
+                props = mid.join(key_pieces)
+            if fixed_route is None:
+                method = self._method(key.decode("utf-8", "replace") if key else "")
+            size = len(body)
+            head = header_start(_FRAME_HEADER, channel, 12 + length, _BASIC_CLASS, 0, size)
+            if not size:
+                extend((method, head, props, end))
+                frames += 2
+            elif size <= body_max:
+                start = body_start(_FRAME_END_OCTET, _FRAME_BODY, channel, size)
+                extend((method, head, props, start, body, end))
+                frames += 3
+            else:
+                extend((method, head, props))
+                frames += 2
+                for offset in range(0, size, body_max):
+                    fragment = body[offset : offset + body_max]
+                    start = body_start(_FRAME_END_OCTET, _FRAME_BODY, channel, len(fragment))
+                    extend((start, fragment))
+                    frames += 1
+                extend((end,))
+        return frames
+
+
+class FrameSender:
+    """Writes what ``ledger.pending`` holds onto a channel, in order, and puts it in flight.
+
+    ``may_send(channel, dest)`` is asked before each destination's first message: False
+    (its queue is being declared) stops the flush there, so later messages wait too and
+    per-key order holds. Only the I/O thread calls it.
+    """
+
+    def __init__(
+        self, ledger: ConfirmLedger, may_send: Callable[[Channel, Destination], bool]
+    ) -> None:
+        self._ledger = ledger
+        self._may_send = may_send
+        #: Frame encoders of single envelopes per destination (see _item_writer).
+        self._item_writers: dict[str, tuple[tuple[int, int, int], FrameWriter]] = {}
+        #: Frames appended to the buffer of the flush under way.
+        self._out_frames = 0
+
+    def flush(self, channel: Channel) -> None:
+        """Send everything pending on ``channel`` (open, not blocked)."""
+        conn = channel.connection
+        emit = _pika_emit(conn)
+        if emit is not None and (not channel.is_open or not conn.is_open):
+            return  # the close callback resends
+        out: list[bytes] = []
+        try:
+            self._flush_pending(channel, emit, out)
+        finally:
+            if out and emit is not None:
+                self._emit(conn, emit, out)
+        _coalesce(channel)
+
+    def _flush_pending(
+        self, channel: Channel, emit: Callable[[bytes], None] | None, out: list[bytes]
+    ) -> None:
+        """Send what ``pending`` holds, in order: the frames of single envelopes are
+        appended to ``out`` (the caller writes them), a part is written on its own."""
+        publish = channel.basic_publish
+        ledger = self._ledger
+        pending = ledger.pending
+        frame_max = int(channel.connection.params.frame_max)
+        while pending:
+            entry = pending[0]
+            if isinstance(entry, _Part):
+                dest = entry.job.dest
+            else:
+                if entry.settled:
+                    pending.popleft()
+                    continue
+                dest = entry.dest
+            if not self._may_send(channel, dest):
+                return
+            pending.popleft()
+            if isinstance(entry, _Part):
+                if out and emit is not None:
+                    self._emit(channel.connection, emit, out)
+                if not self._send_part(channel, entry, emit):
+                    return
+                continue
+            item = entry
+            envelope = item.envelope
+            if emit is not None and not envelope.headers:
+                writer = self._item_writer(
+                    dest, envelope.destination, channel.channel_number, frame_max, envelope
+                )
+                key = envelope.key
+                self._out_frames += writer.encode_into(
+                    out,
+                    (envelope.body,),
+                    (envelope.message_id,),
+                    None if key is None else (key,),
+                    _FIRST,
+                )
+            else:
+                if out and emit is not None:
+                    self._emit(channel.connection, emit, out)
+                try:
+                    publish(
+                        dest.exchange,
+                        dest.routing_key or _key_text(envelope.key),
+                        envelope.body,
+                        envelope_properties(envelope),
+                        mandatory=True,
+                    )
+                except Exception as exc:
+                    # The channel or connection is closing; its close callback resends.
+                    log.debug("publish on a closing channel: %s", describe(exc))
+                    pending.appendleft(item)
+                    return
+            ledger.in_flight_item(item)
+
+    def _item_writer(
+        self, dest: Destination, name: str, number: int, frame_max: int, envelope: Envelope
+    ) -> FrameWriter:
+        """The frame encoder for single envelopes to ``name`` created in the same second
+        (the ``timestamp`` property) on this channel."""
+        second = int(envelope.created_at)
+        cache_key = (number, frame_max, second)
+        cached = self._item_writers.get(name)
+        if cached is not None and cached[0] == cache_key:
+            return cached[1]
+        writer = FrameWriter(
+            channel_number=number,
+            frame_max=frame_max,
+            exchange=dest.exchange,
+            routing_key=dest.routing_key or None,
+            headers={},
+            id_header=MESSAGE_ID_HEADER,
+            key_header=KEY_HEADER,
+            created_at=second,
+        )
+        if len(self._item_writers) >= _MAX_ITEM_WRITERS:
+            self._item_writers.clear()
+        self._item_writers[name] = (cache_key, writer)
+        return writer
+
+    def _emit(self, conn: Any, emit: Callable[[bytes], None], out: list[bytes]) -> None:
+        """Write the frames in ``out`` with one call. On failure the connection is going
+        down; its close callback resends what is in flight."""
+        data = b"".join(out)
+        out.clear()
+        frames, self._out_frames = self._out_frames, 0
+        _write(conn, emit, data, frames)
+
+    def _send_part(
+        self, channel: Channel, part: _Part, emit: Callable[[bytes], None] | None
+    ) -> bool:
+        """Write the frames of every message of ``part`` with one call and put it in
+        flight; False (``part`` back at the front of ``pending``) when the channel is
+        closing: its close callback resends. ``emit`` None: pika's internals are not as
+        expected (see :func:`_pika_emit`), so it goes through ``basic_publish``."""
+        conn = channel.connection
+        if emit is None:
+            return self._send_part_slowly(channel, part)
+        job = part.job
+        batch = job.batch
+        frame_max = int(conn.params.frame_max)
+        writer_key = (channel.channel_number, frame_max)
+        writer = job.writer if job.writer_key == writer_key else None
+        if writer is None:
+            dest = job.dest
+            writer = job.writer = FrameWriter(
+                channel_number=channel.channel_number,
+                frame_max=frame_max,
+                exchange=dest.exchange,
+                routing_key=dest.routing_key or None,
+                headers=batch.headers,
+                id_header=MESSAGE_ID_HEADER,
+                key_header=KEY_HEADER,
+                created_at=batch.created_at,
+            )
+            job.writer_key = writer_key
+        if not channel.is_open or not conn.is_open:
+            self._ledger.pending.appendleft(part)
+            return False
+        buffers, frames = writer.encode(batch.bodies, batch.message_ids, batch.keys, part.indexes)
+        if not _write(conn, emit, b"".join(buffers), frames):
+            self._ledger.pending.appendleft(part)
+            return False
+        self._ledger.in_flight_part(part, len(part.indexes))
+        return True
+
+    def _send_part_slowly(self, channel: Channel, part: _Part) -> bool:
+        """``_send_part`` through ``basic_publish`` (pika internals not as expected)."""
+        job = part.job
+        batch, dest = job.batch, job.dest
+        sent = 0
+        try:
+            for index in part.indexes:
+                key = batch.key(index)
+                mid = batch.message_ids[index]
+                channel.basic_publish(
+                    dest.exchange,
+                    dest.routing_key or _key_text(key),
+                    batch.bodies[index],
+                    publish_properties(
+                        mid, batch.headers, MESSAGE_ID_HEADER, KEY_HEADER, key, batch.created_at
+                    ),
+                    mandatory=True,
+                )
+                sent += 1
+        except Exception as exc:
+            log.debug("publish on a closing channel: %s", describe(exc))
+            self._ledger.pending.appendleft(part.rest(part.indexes[sent:]))
+            if sent:
+                part.indexes = part.indexes[:sent]
+                self._ledger.in_flight_part(part, sent)
+            return False
+        self._ledger.in_flight_part(part, sent)
+        return True
+
+
+def _coalesce(channel: Channel) -> None:
+    """Join the frames waiting in pika's send buffer into one chunk.
+
+    NOTE: pika sends each buffered frame with its own ``send()`` call (three per
+    message), and each call releases the GIL; with callers publishing from other threads
+    that costs a thread switch per frame. One chunk per batch is one system call. This
+    touches pika internals (1.3/1.4), so it does nothing when they are not as expected.
+    """
+    transport = getattr(channel.connection, "_transport", None)
+    buffers = getattr(transport, "_tx_buffers", None)
+    if isinstance(buffers, collections.deque) and len(buffers) > 1:
+        joined = b"".join(buffers)
+        buffers.clear()
+        buffers.append(joined)
+
+
+def _pika_emit(conn: Any) -> Callable[[bytes], None] | None:
+    """The connection's raw write (pika 1.3/1.4 internals), or None when they are not
+    as expected: then every message goes through ``basic_publish``."""
+    emit: Callable[[bytes], None] | None = getattr(conn, "_adapter_emit_data", None)
+    if emit is None or not isinstance(getattr(conn, "frames_sent", None), int):
+        return None
+    return emit
+
+
+def _write(conn: Any, emit: Callable[[bytes], None], data: bytes, frames: int) -> bool:
+    """Write ``data`` (``frames`` frames) to the connection in one call; False when the
+    connection is going down (its close callback resends what is in flight)."""
+    try:
+        # NOTE: what pika's Connection._output_marshaled_frames does per frame; the
+        # heartbeat checker reads these counters.
+        conn.bytes_sent += len(data)
+        conn.frames_sent += frames
+        emit(data)
+    except Exception as exc:
+        log.debug("write on a closing connection: %s", describe(exc))
+        return False
+    return True
+
+
+def _key_text(key: bytes | None) -> str:
+    """A key as a routing key (an exchange destination without one routes by key)."""
+    return key.decode("utf-8", "replace") if key else ""

@@ -1,0 +1,54 @@
+"""Every adapter package has the same files, and the registry knows each of them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import msgsafe.adapters
+from msgsafe.endpoints import PROTOCOLS
+
+ROOT = Path(msgsafe.adapters.__file__).parent
+SAME_FILES = {
+    "__init__.py",
+    "config.py",
+    "transport.py",
+    "receiver.py",
+    "_connection.py",
+    "_wire.py",
+    "_errors.py",
+}
+OWN_MODULE = {
+    "rabbitmq": "_confirms.py",
+    "kafka": "positions.py",
+    "amqp10": "_failover.py",
+    "memory": "broker.py",
+}
+
+
+def test_every_protocol_of_the_registry_has_an_adapter_package() -> None:
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    assert packages == set(PROTOCOLS)
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_an_adapter_has_the_common_files_and_at_most_one_of_its_own(protocol: str) -> None:
+    files = {p.name for p in (ROOT / protocol).glob("*.py")}
+    assert files >= SAME_FILES, f"{protocol} lacks {sorted(SAME_FILES - files)}"
+    assert files - SAME_FILES == {OWN_MODULE[protocol]}
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_an_adapter_offers_both_entry_points(protocol: str) -> None:
+    module = msgsafe.adapters.adapter_module(protocol)
+    assert callable(module.open_transport) and callable(module.open_receiver)
+
+
+def test_no_adapter_file_passes_600_lines() -> None:
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in ROOT.rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) >= 600
+    }
+    assert not long
