@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import logging
 import os
 import signal
 import socket
@@ -19,14 +20,24 @@ from pathlib import Path
 
 from msgsafe.cluster.base import ClusterError
 
+log = logging.getLogger("msgsafe.cluster")
+
+#: Seconds a SIGKILLed process may take to be gone (the kernel frees a large JVM heap).
+KILL_WAIT = 10.0
+
 __all__ = [
     "free_port",
     "free_ports",
+    "kill_pid",
+    "pause_pid",
     "pid_alive",
+    "pid_paused",
     "port_free",
     "port_open",
     "signal_pid",
     "spawn",
+    "stop_pid",
+    "stop_pids",
     "tail",
     "wait_for",
     "wait_gone",
@@ -97,6 +108,18 @@ def pid_alive(pid: int | None) -> bool:
         status = Path(f"/proc/{pid}/status").read_text()
         return "State:\tZ" not in status or "Threads:\t1\n" not in status
     return True
+
+
+def pid_paused(pid: int | None) -> bool:
+    """True while ``pid`` is stopped by SIGSTOP (``/proc/PID/stat`` state ``T``, or ``t``
+    under a tracer), whichever process stopped it; False when it runs or is gone."""
+    if pid is None:
+        return False
+    with contextlib.suppress(OSError, IndexError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        # The command name in parentheses may hold spaces: the state follows its last ")".
+        return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+    return False
 
 
 def signal_pid(pid: int | None, sig: signal.Signals) -> bool:
@@ -190,3 +213,39 @@ def tail(path: Path, lines: int = 30) -> str:
     except OSError:
         return ""
     return f"--- {path}\n" + "\n".join(text)
+
+
+def kill_pid(pid: int | None, what: str) -> None:
+    """SIGKILL ``pid`` and wait until it is gone (nothing when it already is);
+    :class:`ClusterError` naming ``what`` when it survives."""
+    signal_pid(pid, signal.SIGKILL)
+    if not wait_gone(pid, KILL_WAIT):
+        raise ClusterError(f"{what} (pid {pid}) survived SIGKILL")
+
+
+def stop_pids(pids: Sequence[tuple[str, int | None]], grace: float) -> None:
+    """Stop every ``(what, pid)`` at once: SIGCONT (a stopped process cannot act on
+    SIGTERM) and SIGTERM to all, then SIGKILL what is left after ``grace`` seconds in all
+    (:func:`kill_pid`). Pids that are None or gone are passed over."""
+    running = [(what, pid) for what, pid in pids if pid_alive(pid)]
+    for _, pid in running:
+        signal_pid(pid, signal.SIGCONT)
+        signal_pid(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for what, pid in running:
+        if not wait_gone(pid, max(0.0, deadline - time.monotonic())):
+            log.warning("%s did not stop in %.0f s: SIGKILL", what, grace)
+            kill_pid(pid, what)
+
+
+def stop_pid(pid: int | None, what: str, grace: float) -> None:
+    """:func:`stop_pids` of one process."""
+    stop_pids([(what, pid)], grace)
+
+
+def pause_pid(pid: int, what: str) -> None:
+    """SIGSTOP ``pid`` and return once the kernel shows it stopped (:func:`pid_paused`),
+    so that what the caller reads next already sees it paused."""
+    if not signal_pid(pid, signal.SIGSTOP):
+        raise ClusterError(f"{what} is not running")
+    wait_for(lambda: pid_paused(pid) or not pid_alive(pid), 10.0, f"{what} to stop")

@@ -27,29 +27,18 @@ import base64
 import contextlib
 import json
 import logging
-import shutil
-import signal
 import subprocess
 import tempfile
 import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar
 
 from msgsafe.cluster import kafka_admin, maven
-from msgsafe.cluster._process import (
-    free_ports,
-    pid_alive,
-    port_free,
-    port_open,
-    signal_pid,
-    spawn,
-    tail,
-    wait_for,
-    wait_gone,
-)
-from msgsafe.cluster.base import STATE_FILE, ClusterError, LocalCluster, NodeInfo
+from msgsafe.cluster._jvm import JvmCluster
+from msgsafe.cluster._process import free_ports, port_open, spawn, wait_for
+from msgsafe.cluster.base import ClusterError
 
 __all__ = ["KafkaCluster"]
 
@@ -82,7 +71,7 @@ def _cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
-class KafkaCluster(LocalCluster):
+class KafkaCluster(JvmCluster):
     """``nodes`` KRaft nodes (controller + broker each) on 127.0.0.1; see the module doc.
 
     ``dir`` None: a temp dir, removed by :meth:`stop`. ``base_port`` None: free ports.
@@ -129,27 +118,17 @@ class KafkaCluster(LocalCluster):
     @classmethod
     def fetch(cls) -> None:
         """Resolve the Kafka jars into the cache (once); a damaged cache is fetched again."""
-        for _ in range(2):
-            lib = maven.resolve(f"kafka-{VERSION}", ["dependency:copy-dependencies"]) / "lib"
-            damaged = maven.damaged_jar(lib, [f"kafka_2.13-{VERSION}.jar"])
-            if damaged is None:
-                return
-            log.warning("damaged Kafka jar %s in %s: fetching again", damaged, lib)
-            shutil.rmtree(lib.parent)
-        raise ClusterError(
-            f"{damaged} is damaged in Maven's own repository too: delete "
-            "~/.m2/repository/org/apache/kafka and run `msgsafe cluster fetch kafka`"
+        maven.fetch_lib(
+            f"kafka-{VERSION}",
+            [f"kafka_2.13-{VERSION}.jar"],
+            what="Kafka",
+            kind="kafka",
+            m2="org/apache/kafka",
         )
 
     def _lib(self) -> Path:
-        lib = maven.resolve(f"kafka-{self.version}", ["dependency:copy-dependencies"]) / "lib"
-        damaged = maven.damaged_jar(lib, [f"kafka_2.13-{self.version}.jar"])
-        if damaged is not None:
-            raise ClusterError(
-                f"the Kafka jars in {lib} are damaged ({damaged}): "
-                "run `msgsafe cluster fetch kafka` to fetch them again"
-            )
-        return lib
+        required = [f"kafka_2.13-{self.version}.jar"]
+        return maven.checked_lib(f"kafka-{self.version}", required, what="Kafka", kind="kafka")
 
     # --- configuration --------------------------------------------------------------------
 
@@ -262,15 +241,11 @@ class KafkaCluster(LocalCluster):
         topic replicated on every node (up to 3) takes an ``acks=all`` write."""
         timeout = 180.0 if timeout is None else timeout
         started = time.monotonic()
-        for node in range(self.count):
-            if self._running(node):
-                raise ClusterError(f"kafka node {node} already runs (pid {self.pids[node]})")
+        self._check_not_running()
         try:  # from here on, a failure stops what started and removes a temp dir
             kafka_admin.confluent()
             lib = self._lib()
-            for port in [*self.ports, *self.controller_ports]:
-                if not port_free(port):
-                    raise ClusterError(f"port {port} on 127.0.0.1 is taken: use another base port")
+            self._check_ports_free([*self.ports, *self.controller_ports])
             self.dir.mkdir(parents=True, exist_ok=True)
             (self.dir / "log4j2.properties").write_text(_LOG4J2)
             self._format(lib)
@@ -293,109 +268,18 @@ class KafkaCluster(LocalCluster):
         self.pids[node] = spawn(argv, log=self._log(node), cwd=self.dir, detached=self.detached)
         log.info("node %d launched (pid %d)", node, self.pids[node])
 
-    def stop(self, grace: float = 30.0) -> None:
-        """SIGTERM every node (a controlled shutdown), SIGKILL what is left after
-        ``grace`` seconds; remove the temp dir this cluster made. Idempotent."""
-        launched = any(pid is not None for pid in self.pids)
-        # Only our own nodes: a pid in cluster.json may belong to another process by now.
-        running = [(node, pid) for node, pid in enumerate(self.pids) if self._running(node)]
-        for _, pid in running:
-            signal_pid(pid, signal.SIGCONT)
-            signal_pid(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for node, pid in running:
-            if not wait_gone(pid, max(0.0, deadline - time.monotonic())):
-                log.warning("node %d did not stop in %.0f s: SIGKILL", node, grace)
-                signal_pid(pid, signal.SIGKILL)
-                if not wait_gone(pid, 10.0):
-                    raise ClusterError(f"kafka node {node} (pid {pid}) survived SIGKILL")
-        self.pids = [None] * self.count
-        if launched or (self.dir / STATE_FILE).exists():  # no state for a start that never ran
-            self._save()
-        if self._own_dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
+    # --- hooks of JvmCluster ----------------------------------------------------------------
 
-    def kill(self, node: int) -> None:
-        """SIGKILL ``node``; its data stays, as after a crash."""
-        pid = self._pid(node)
-        signal_pid(pid, signal.SIGKILL)
-        if not wait_gone(pid, 10.0):
-            raise ClusterError(f"kafka node {node} (pid {pid}) survived SIGKILL")
-        self.pids[node] = None
-        self._save()
+    def _marker(self, node: int) -> Path:
+        return self._node_dir(node) / "server.properties"
 
-    def restart(self, node: int, timeout: float | None = None) -> None:
-        """Stop ``node`` if it runs, start it on its ports with its data, and wait until
-        it is registered as an unfenced broker (it may still be catching up replicas:
-        see :meth:`wait_in_sync`)."""
-        timeout = 120.0 if timeout is None else timeout
-        self._check_index(node)
-        if self._running(node):
-            pid = self.pids[node]
-            signal_pid(pid, signal.SIGCONT)
-            signal_pid(pid, signal.SIGTERM)
-            if not wait_gone(pid, 30.0):
-                signal_pid(pid, signal.SIGKILL)
-                wait_gone(pid, 10.0)
-        self.pids[node] = None
-        wait_for(
-            lambda: port_free(self.ports[node]) and port_free(self.controller_ports[node]),
-            30.0,
-            f"the ports of kafka node {node} to be free",
-        )
-        started = time.monotonic()
-        self._spawn(node, self._lib())
-        self._save()
-        self._wait_registered([node], started + timeout)
-        log.info("node %d back in %.1f s", node, time.monotonic() - started)
+    def _node_ports(self, node: int) -> list[int]:
+        return [self.ports[node], self.controller_ports[node]]
 
-    def pause(self, node: int) -> None:
-        """SIGSTOP ``node``: its sockets stay open and it answers nothing."""
-        signal_pid(self._pid(node), signal.SIGSTOP)
-
-    def resume(self, node: int) -> None:
-        """SIGCONT ``node``."""
-        signal_pid(self._pid(node), signal.SIGCONT)
-
-    # --- processes ------------------------------------------------------------------------
-
-    def _check_index(self, node: int) -> None:
-        if not 0 <= node < self.count:
-            raise ClusterError(f"no kafka node {node} (nodes are 0..{self.count - 1})")
-
-    def _pid(self, node: int) -> int:
-        self._check_index(node)
-        pid = self.pids[node]
-        if pid is None or not self._running(node):
-            raise ClusterError(f"kafka node {node} is not running")
-        return pid
-
-    def _running(self, node: int) -> bool:
-        pid = self.pids[node]
-        if not pid_alive(pid):
-            return False
-        # A pid from cluster.json may have been reused by another process since. An
-        # empty cmdline is no answer: it reads empty while a process is in exec, as a
-        # JVM launched a moment ago can be.
-        with contextlib.suppress(OSError):
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            return (
-                not cmdline or str(self._node_dir(node) / "server.properties").encode() in cmdline
-            )
-        return True
-
-    def _paused(self, node: int) -> bool:
-        with contextlib.suppress(OSError, IndexError):
-            stat = Path(f"/proc/{self.pids[node]}/stat").read_text()
-            return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
-        return False
-
-    def _check_alive(self, nodes: list[int]) -> None:
-        for node in nodes:
-            if not self._running(node):
-                raise ClusterError(
-                    f"kafka node {node} exited while starting\n{tail(self._log(node))}"
-                )
+    def _wait_back(self, node: int, deadline: float) -> None:
+        # Registered as an unfenced broker; it may still be catching up replicas (see
+        # wait_in_sync).
+        self._wait_registered([node], deadline)
 
     # --- waiting on the brokers -------------------------------------------------------------
 
@@ -420,7 +304,7 @@ class KafkaCluster(LocalCluster):
             max(0.0, deadline - time.monotonic()),
             "every kafka broker to register",
             interval=0.2,
-            on_timeout=lambda: "\n".join(tail(self._log(n), 15) for n in waiting),
+            on_timeout=lambda: self._tails(waiting),
         )
 
     def _probe_write(self, deadline: float) -> None:
@@ -489,68 +373,35 @@ class KafkaCluster(LocalCluster):
             return None
         return best[1]
 
-    def nodes(self) -> list[NodeInfo]:
-        """Every node; role ``controller-leader`` for the active controller,
-        ``controller-follower`` for the other running nodes, ``paused`` when SIGSTOPped."""
+    def _roles(self) -> list[str | None]:
+        """``controller-leader`` for the active controller, ``controller-follower`` for
+        the other running nodes (:meth:`nodes` shows ``paused`` for a SIGSTOPped one)."""
         leader = self.controller_leader()
-        result = []
-        for node in range(self.count):
-            running = self._running(node)
-            role: str | None = None
-            if running:
-                role = "controller-leader" if node == leader else "controller-follower"
-                if self._paused(node):
-                    role = "paused"
-            result.append(
-                NodeInfo(
-                    name=f"kafka-{node}",
-                    pid=self.pids[node] if running else None,
-                    host="127.0.0.1",
-                    port=self.ports[node],
-                    running=running,
-                    role=role,
-                )
-            )
-        return result
+        return [
+            ("controller-leader" if node == leader else "controller-follower")
+            if self._running(node)
+            else None
+            for node in range(self.count)
+        ]
 
     # --- state ----------------------------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
-        """Ports, pids, cluster id and JVM options (see :meth:`from_state`)."""
+    def _own_state(self) -> dict[str, Any]:
         return {
-            "version": self.version,
-            "nodes": self.count,
-            "ports": self.ports,
             "controller_ports": self.controller_ports,
             "cluster_id": self.cluster_id,
-            "pids": self.pids,
-            "heap_mb": self.heap_mb,
             "overrides": self.overrides,
         }
 
     @classmethod
-    def from_state(cls, dir: Path, state: dict[str, Any]) -> Self:
-        """The cluster in ``dir`` as :meth:`state` described it (driven detached)."""
-        try:
-            cluster = cls(
-                int(state["nodes"]),
-                dir,
-                detached=True,
-                heap_mb=int(state["heap_mb"]),
-                overrides=state.get("overrides") or {},
-            )
-            cluster.version = str(state["version"])
-            cluster.ports = [int(p) for p in state["ports"]]
-            cluster.controller_ports = [int(p) for p in state["controller_ports"]]
-            cluster.cluster_id = str(state["cluster_id"])
-            cluster.pids = [int(p) if p is not None else None for p in state["pids"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ClusterError(f"{dir}/cluster.json does not describe a kafka cluster") from exc
-        return cluster
+    def _options(cls, state: dict[str, Any]) -> dict[str, Any]:
+        return {"overrides": state.get("overrides") or {}}
 
-    def _save(self) -> None:
-        if self.detached:
-            self.save_state()
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.controller_ports = [int(p) for p in state["controller_ports"]]
+        if len(self.controller_ports) != self.count:
+            raise ValueError("controller ports do not match the node count")
+        self.cluster_id = str(state["cluster_id"])
 
     # --- helpers for tests ------------------------------------------------------------------
 

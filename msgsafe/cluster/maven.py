@@ -8,6 +8,7 @@ was interrupted leaves no ``.complete`` marker and is redone.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -18,7 +19,9 @@ from pathlib import Path
 
 from msgsafe.cluster.base import ClusterError
 
-__all__ = ["cache_root", "damaged_jar", "java", "resolve"]
+__all__ = ["cache_root", "checked_lib", "damaged_jar", "fetch_lib", "java", "resolve"]
+
+log = logging.getLogger(__name__)
 
 _JAVA_HINT = "install Java 17 or newer: apt-get install -y openjdk-17-jre-headless"
 _MVN_HINT = "install Maven: apt-get install -y maven"
@@ -92,3 +95,37 @@ def resolve(name: str, goals: Sequence[str], *, timeout: float = 900.0) -> Path:
         raise ClusterError(f"mvn could not fetch {name}:\n" + "\n".join(out))
     marker.write_text("ok\n")
     return target
+
+
+_COPY = ["dependency:copy-dependencies"]
+
+
+def fetch_lib(name: str, required: Sequence[str], *, what: str, kind: str, m2: str) -> Path:
+    """The ``lib`` dir (the jars) of ``name``'s pom, resolved with its dependencies; a
+    damaged one is fetched once more. :class:`ClusterError` when it is damaged again:
+    then Maven's own repository (``~/.m2/repository/<m2>``) holds the damaged jar.
+    ``what`` names the broker in messages, ``kind`` its ``msgsafe cluster`` kind."""
+    for _ in range(2):
+        lib = resolve(name, _COPY) / "lib"
+        damaged = damaged_jar(lib, required)
+        if damaged is None:
+            return lib
+        log.warning("damaged %s jar %s in %s: fetching again", what, damaged, lib)
+        shutil.rmtree(lib.parent)
+    raise ClusterError(
+        f"{damaged} is damaged in Maven's own repository too: delete "
+        f"~/.m2/repository/{m2} and run `msgsafe cluster fetch {kind}`"
+    )
+
+
+def checked_lib(name: str, required: Sequence[str], *, what: str, kind: str) -> Path:
+    """The ``lib`` dir of ``name``'s pom (resolved on first use) after a check that no
+    jar is damaged; :class:`ClusterError` naming the command that fetches it again."""
+    lib = resolve(name, _COPY) / "lib"
+    damaged = damaged_jar(lib, required)
+    if damaged is not None:
+        raise ClusterError(
+            f"the {what} jars in {lib} are damaged ({damaged}): "
+            f"run `msgsafe cluster fetch {kind}` to fetch them again"
+        )
+    return lib

@@ -45,33 +45,22 @@ replication on ``P+2N+I``.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import logging
 import os
-import shutil
-import signal
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar
 from urllib.parse import quote
 
 from msgsafe.cluster import maven
-from msgsafe.cluster._process import (
-    free_ports,
-    pid_alive,
-    port_free,
-    signal_pid,
-    spawn,
-    tail,
-    wait_for,
-    wait_gone,
-)
-from msgsafe.cluster.base import ClusterError, LocalCluster, NodeInfo
+from msgsafe.cluster._jvm import HOST, JvmCluster
+from msgsafe.cluster._process import free_ports, spawn, tail, wait_for
+from msgsafe.cluster.base import ClusterError
 
 __all__ = ["MASTER", "REPLICA", "VERSION", "QpidCluster"]
 
@@ -84,10 +73,10 @@ _REQUIRED_JARS = (f"qpid-broker-core-{VERSION}.jar", f"qpid-bdbstore-{VERSION}.j
 #: Roles as :meth:`QpidCluster.nodes` reports them (Broker-J's NodeRole, lower case).
 MASTER = "master"
 REPLICA = "replica"
-_HOST = "127.0.0.1"
+_HOST = HOST
 
 
-class QpidCluster(LocalCluster):
+class QpidCluster(JvmCluster):
     """A Broker-J BDB HA group of ``nodes`` JVMs on 127.0.0.1; see the module doc.
 
     ``dir`` None: a temp dir, removed by :meth:`stop`. ``base_port`` None: free ports.
@@ -142,29 +131,14 @@ class QpidCluster(LocalCluster):
     def fetch(cls) -> None:
         """Resolve the Broker-J and JE jars into the cache (once); a damaged cache is
         fetched again."""
-        name = f"qpid-{VERSION}"
-        lib = maven.resolve(name, ["dependency:copy-dependencies"]) / "lib"
-        if maven.damaged_jar(lib, _REQUIRED_JARS) is None:
-            return
-        log.warning("damaged Broker-J jars in %s: fetching them again", lib)
-        shutil.rmtree(lib.parent)
-        lib = maven.resolve(name, ["dependency:copy-dependencies"]) / "lib"
-        damaged = maven.damaged_jar(lib, _REQUIRED_JARS)
-        if damaged is not None:
-            raise ClusterError(
-                f"{damaged} is damaged in Maven's own repository too: delete "
-                "~/.m2/repository/org/apache/qpid and run `msgsafe cluster fetch qpid`"
-            )
+        maven.fetch_lib(
+            f"qpid-{VERSION}", _REQUIRED_JARS, what="Broker-J", kind="qpid", m2="org/apache/qpid"
+        )
 
     def _lib(self) -> Path:
-        lib = maven.resolve(f"qpid-{self.version}", ["dependency:copy-dependencies"]) / "lib"
-        damaged = maven.damaged_jar(lib, _REQUIRED_JARS)
-        if damaged is not None:
-            raise ClusterError(
-                f"the Broker-J jars in {lib} are damaged ({damaged}): "
-                "run `msgsafe cluster fetch qpid` to fetch them again"
-            )
-        return lib
+        return maven.checked_lib(
+            f"qpid-{self.version}", _REQUIRED_JARS, what="Broker-J", kind="qpid"
+        )
 
     # --- configuration --------------------------------------------------------------------
 
@@ -288,12 +262,8 @@ class QpidCluster(LocalCluster):
         timeout = 180.0 if timeout is None else timeout
         started = time.monotonic()
         lib = self._lib()
-        for node in range(self.count):
-            if self._running(node):
-                raise ClusterError(f"qpid node {node} already runs (pid {self.pids[node]})")
-        for port in [*self.ports, *self.http_ports, *self.ha_ports]:
-            if not port_free(port):
-                raise ClusterError(f"port {port} on 127.0.0.1 is taken: choose another base port")
+        self._check_not_running()
+        self._check_ports_free([*self.ports, *self.http_ports, *self.ha_ports])
         self.dir.mkdir(parents=True, exist_ok=True)
         try:
             for node in range(self.count):
@@ -325,102 +295,24 @@ class QpidCluster(LocalCluster):
         )
         log.info("qpid: node %d started (pid %d)", node, self.pids[node])
 
-    def stop(self, grace: float = 30.0) -> None:
-        """SIGTERM every node, SIGKILL what is left after ``grace`` seconds; remove the
-        temp dir this cluster made. Idempotent."""
-        for node in range(self.count):
-            if self._running(node):
-                signal_pid(self.pids[node], signal.SIGCONT)
-                signal_pid(self.pids[node], signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for node in range(self.count):
-            pid = self.pids[node]
-            if not wait_gone(pid, max(0.0, deadline - time.monotonic())):
-                log.warning("qpid: node %d did not stop in %.0f s: SIGKILL", node, grace)
-                signal_pid(pid, signal.SIGKILL)
-                if not wait_gone(pid, 10.0):
-                    raise ClusterError(f"qpid node {node} (pid {pid}) survived SIGKILL")
-            self.pids[node] = None
-        self._save()
-        if self._own_dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
+    # --- hooks of JvmCluster ----------------------------------------------------------------
 
-    def kill(self, node: int) -> None:
-        """SIGKILL ``node``; its data stays, as after a crash."""
-        pid = self._pid(node)
-        signal_pid(pid, signal.SIGKILL)
-        if not wait_gone(pid, 10.0):
-            raise ClusterError(f"qpid node {node} (pid {pid}) survived SIGKILL")
-        self.pids[node] = None
-        self._save()
+    def _name(self, node: int) -> str:
+        return self.name(node)
 
-    def restart(self, node: int, timeout: float | None = None) -> None:
-        """Stop ``node`` if it runs, start it on its ports with its data, and wait until
-        it is MASTER or REPLICA again (it rejoins the group; with fewer than a quorum
-        of nodes running it stays WAITING and this times out)."""
-        timeout = 120.0 if timeout is None else timeout
-        self._check_index(node)
-        if self._running(node):
-            pid = self.pids[node]
-            signal_pid(pid, signal.SIGCONT)
-            signal_pid(pid, signal.SIGTERM)
-            if not wait_gone(pid, 30.0):
-                signal_pid(pid, signal.SIGKILL)
-                wait_gone(pid, 10.0)
-        self.pids[node] = None
-        ports = (self.ports[node], self.http_ports[node], self.ha_ports[node])
-        wait_for(
-            lambda: all(port_free(p) for p in ports),
-            30.0,
-            f"the ports of qpid node {node} to be free",
-        )
-        started = time.monotonic()
-        self._spawn(node, self._lib())
-        self._save()
-        self._wait_roles([node], (MASTER, REPLICA), started + timeout)
-        log.info("qpid: node %d back in %.1f s", node, time.monotonic() - started)
+    def _marker(self, node: int) -> Path:
+        return self._node_dir(node) / "config.json"
 
-    def pause(self, node: int) -> None:
-        """SIGSTOP ``node``: its sockets stay open and it answers nothing."""
-        signal_pid(self._pid(node), signal.SIGSTOP)
+    def _node_ports(self, node: int) -> list[int]:
+        return [self.ports[node], self.http_ports[node], self.ha_ports[node]]
 
-    def resume(self, node: int) -> None:
-        """SIGCONT ``node``."""
-        signal_pid(self._pid(node), signal.SIGCONT)
+    def _wait_back(self, node: int, deadline: float) -> None:
+        # MASTER or REPLICA again: it rejoined the group. With fewer than a quorum of
+        # nodes running it stays WAITING and this times out.
+        self._wait_roles([node], (MASTER, REPLICA), deadline)
 
-    # --- processes ------------------------------------------------------------------------
-
-    def _check_index(self, node: int) -> None:
-        if not 0 <= node < self.count:
-            raise ClusterError(f"no qpid node {node} (nodes are 0..{self.count - 1})")
-
-    def _pid(self, node: int) -> int:
-        self._check_index(node)
-        pid = self.pids[node]
-        if pid is None or not self._running(node):
-            raise ClusterError(f"qpid node {node} is not running")
-        return pid
-
-    def _running(self, node: int) -> bool:
-        pid = self.pids[node]
-        if not pid_alive(pid):
-            return False
-        # A pid from cluster.json may have been reused by another process since.
-        with contextlib.suppress(OSError):
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            return str(self._node_dir(node) / "config.json").encode() in cmdline
-        return True
-
-    def _paused(self, node: int) -> bool:
-        with contextlib.suppress(OSError, IndexError):
-            stat = Path(f"/proc/{self.pids[node]}/stat").read_text()
-            return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
-        return False
-
-    def _check_alive(self, nodes: Sequence[int]) -> None:
-        for node in nodes:
-            if not self._running(node):
-                raise ClusterError(f"qpid node {node} exited while starting\n{self._tails([node])}")
+    def _roles(self) -> list[str | None]:
+        return self.roles()
 
     def _tails(self, nodes: Sequence[int]) -> str:
         logs = [(self._log(n), 10) for n in nodes] + [
@@ -531,69 +423,29 @@ class QpidCluster(LocalCluster):
         self._check_index(node)
         return f"amqp10://{self._credentials()}{_HOST}:{self.ports[node]}"
 
-    def nodes(self) -> list[NodeInfo]:
-        """Every node with :meth:`role` (``paused`` when SIGSTOPped)."""
-        result = []
-        for node in range(self.count):
-            running = self._running(node)
-            role = "paused" if running and self._paused(node) else self.role(node)
-            result.append(
-                NodeInfo(
-                    name=self.name(node),
-                    pid=self.pids[node] if running else None,
-                    host=_HOST,
-                    port=self.ports[node],
-                    running=running,
-                    role=role,
-                )
-            )
-        return result
-
     # --- state ----------------------------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
-        """Ports, pids, group, credentials and JVM options (see :meth:`from_state`)."""
+    def _own_state(self) -> dict[str, Any]:
         return {
-            "version": self.version,
-            "nodes": self.count,
-            "ports": self.ports,
             "http_ports": self.http_ports,
             "ha_ports": self.ha_ports,
-            "pids": self.pids,
             "group": self.group,
             "user": self.user,
             "password": self.password,
-            "heap_mb": self.heap_mb,
             "context": self.context,
         }
 
     @classmethod
-    def from_state(cls, dir: Path, state: dict[str, Any]) -> Self:
-        """The cluster in ``dir`` as :meth:`state` described it (driven detached)."""
-        try:
-            count = int(state["nodes"])
-            ports = [int(p) for p in [*state["ports"], *state["http_ports"], *state["ha_ports"]]]
-            if len(ports) != 3 * count:
-                raise ValueError("port lists do not match the node count")
-            cluster = cls(
-                count,
-                dir,
-                detached=True,
-                group=str(state["group"]),
-                user=str(state["user"]),
-                password=str(state["password"]),
-                heap_mb=int(state["heap_mb"]),
-                context=state.get("context") or {},
-            )
-            cluster.version = str(state["version"])
-            cluster.ports = ports[:count]
-            cluster.http_ports = ports[count : 2 * count]
-            cluster.ha_ports = ports[2 * count :]
-            cluster.pids = [int(p) if p is not None else None for p in state["pids"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ClusterError(f"{dir}/cluster.json does not describe a qpid cluster") from exc
-        return cluster
+    def _options(cls, state: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "group": str(state["group"]),
+            "user": str(state["user"]),
+            "password": str(state["password"]),
+            "context": state.get("context") or {},
+        }
 
-    def _save(self) -> None:
-        if self.detached:
-            self.save_state()
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.http_ports = [int(p) for p in state["http_ports"]]
+        self.ha_ports = [int(p) for p in state["ha_ports"]]
+        if len(self.http_ports) != self.count or len(self.ha_ports) != self.count:
+            raise ValueError("port lists do not match the node count")

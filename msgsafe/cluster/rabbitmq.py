@@ -47,7 +47,9 @@ from typing import Any, ClassVar, Self, TypeVar
 
 from msgsafe.cluster._process import (
     free_ports,
+    pause_pid,
     pid_alive,
+    pid_paused,
     port_open,
     signal_pid,
     wait_gone,
@@ -140,7 +142,6 @@ class RabbitCluster(LocalCluster):
             )
             for i in range(count)
         ]
-        self._paused: set[int] = set()
         self._started = False
 
     # --- addresses ----------------------------------------------------------------------
@@ -193,11 +194,12 @@ class RabbitCluster(LocalCluster):
         return int(text) if text.isdigit() else None
 
     def nodes(self) -> list[NodeInfo]:
-        """Every node; role ``paused`` for a node stopped by :meth:`pause`."""
+        """Every node; role ``paused`` for a node stopped by SIGSTOP (:meth:`pause`, here
+        or in another process)."""
         result = []
         for node in self._nodes:
             running = self.is_running(node.index)
-            role = "paused" if running and node.index in self._paused else None
+            role = "paused" if running and self._is_paused(node.index) else None
             result.append(
                 NodeInfo(
                     name=node.name,
@@ -265,7 +267,6 @@ class RabbitCluster(LocalCluster):
         for i in range(self.size):
             with contextlib.suppress(Exception):
                 self.kill(i)
-        self._paused.clear()
         with _LIVE_LOCK:
             _LIVE.discard(self)
         if self._own_dir:
@@ -280,7 +281,6 @@ class RabbitCluster(LocalCluster):
         pid = self.pid(node)
         if pid is None:
             return
-        self._paused.discard(node)
         # NOTE: a stopped process still dies on SIGKILL; SIGCONT is not needed.
         signal_pid(pid, signal.SIGKILL)
         # -detached VMs are re-parented to init, which reaps them.
@@ -304,19 +304,17 @@ class RabbitCluster(LocalCluster):
             self.kill(i)
 
     def _sync_metadata_log(self, node: int) -> None:
-        if self.is_running(node) and node not in self._paused:
+        if self.is_running(node) and not self._is_paused(node):
             with contextlib.suppress(RuntimeError):  # ctl's failures and timeouts
                 self.ctl(node, "eval", "mnesia:sync_log().", timeout=15)
 
     def pause(self, node: int) -> None:
         """SIGSTOP ``node``: it holds its sockets open but answers nothing."""
-        signal_pid(self._require_pid(node), signal.SIGSTOP)
-        self._paused.add(node)
+        pause_pid(self._require_pid(node), f"node {self._nodes[node].name}")
 
     def resume(self, node: int) -> None:
         """SIGCONT ``node``."""
         signal_pid(self._require_pid(node), signal.SIGCONT)
-        self._paused.discard(node)
 
     def restart(self, node: int, timeout: float | None = None) -> None:
         """Start ``node`` again (after :meth:`kill`) and wait until it runs."""
@@ -344,8 +342,9 @@ class RabbitCluster(LocalCluster):
         recovery is to restart the minority's nodes, which is what happens here.
         """
         deadline = time.monotonic() + timeout
-        for i in list(self._paused):
-            self.resume(i)
+        for i in range(self.size):
+            if self._is_paused(i):
+                self.resume(i)
         restarted: set[int] = set()
         names = {n.name for n in self._nodes}
         while True:
@@ -492,6 +491,9 @@ class RabbitCluster(LocalCluster):
         self, node: int, args: list[str], timeout: float
     ) -> subprocess.CompletedProcess[str]:
         return self._nodes[node].run_ctl(self.dir, args, timeout)
+
+    def _is_paused(self, node: int) -> bool:
+        return pid_paused(self.pid(node))
 
     def _require_pid(self, node: int) -> int:
         pid = self.pid(node)

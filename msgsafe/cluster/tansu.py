@@ -46,12 +46,15 @@ from typing import Any, ClassVar, Self
 from msgsafe.cluster import kafka_admin
 from msgsafe.cluster._process import (
     free_port,
+    kill_pid,
+    pause_pid,
     pid_alive,
+    pid_paused,
     port_open,
     signal_pid,
     spawn,
+    stop_pid,
     wait_for,
-    wait_gone,
 )
 from msgsafe.cluster.base import ClusterError, LocalCluster, NodeInfo
 
@@ -78,18 +81,6 @@ def _moto_binary() -> str:
     if not os.access(found, os.X_OK):
         raise ClusterError(f"moto_server (local S3) is missing; {INSTALL_HINT}")
     return found
-
-
-def _stop_pid(pid: int | None, what: str) -> None:
-    """SIGTERM ``pid``, SIGKILL it after 5 s; wait until it is gone."""
-    if not pid_alive(pid):
-        return
-    signal_pid(pid, signal.SIGCONT)
-    signal_pid(pid, signal.SIGTERM)
-    if not wait_gone(pid, 5.0):
-        signal_pid(pid, signal.SIGKILL)
-        if not wait_gone(pid, 10.0):
-            raise ClusterError(f"{what} (pid {pid}) survived SIGKILL")
 
 
 class TansuBroker:
@@ -170,9 +161,7 @@ class TansuBroker:
         """SIGKILL the broker and wait until it is gone (no-op when not running)."""
         pid = self.pid
         if pid is not None:
-            signal_pid(pid, signal.SIGKILL)
-            if not wait_gone(pid, 10.0):
-                raise ClusterError(f"tansu broker {self.index} (pid {pid}) survived SIGKILL")
+            kill_pid(pid, f"tansu broker {self.index}")
         self._pid = None
 
     def restart(self, timeout: float = 30.0) -> None:
@@ -306,7 +295,7 @@ class TansuCluster(LocalCluster):
         Idempotent."""
         for broker in self.brokers:
             broker.kill()
-        _stop_pid(self.s3_pid, "moto_server")
+        stop_pid(self.s3_pid, "moto_server", 5.0)
         self.s3_pid = None
         self._save()
         if self._own_dir:
@@ -334,7 +323,8 @@ class TansuCluster(LocalCluster):
         return "kafka://" + ",".join(self.brokers[i].address for i in indexes)
 
     def nodes(self) -> list[NodeInfo]:
-        """Every broker (the S3 server is not a node: it is the shared disk)."""
+        """Every broker, role ``paused`` while SIGSTOPped (the S3 server is not a node:
+        it is the shared disk)."""
         return [
             NodeInfo(
                 name=f"tansu-{b.index}",
@@ -342,6 +332,7 @@ class TansuCluster(LocalCluster):
                 host="127.0.0.1",
                 port=b.port,
                 running=b.running,
+                role="paused" if pid_paused(b.pid) else None,
             )
             for b in self.brokers
         ]
@@ -366,7 +357,7 @@ class TansuCluster(LocalCluster):
         pid = self.brokers[node].pid
         if pid is None:
             raise ClusterError(f"tansu broker {node} is not running")
-        signal_pid(pid, signal.SIGSTOP)
+        pause_pid(pid, f"tansu broker {node}")
 
     def resume(self, node: int) -> None:
         """SIGCONT broker ``node`` (no-op when it is not running)."""

@@ -1,0 +1,275 @@
+"""What the JVM launchers with N numbered nodes (Kafka, Broker-J) share: one pid per
+node, kept in ``cluster.json`` when detached, and the same kill, pause, resume, stop and
+restart of those pids.
+
+A launcher subclasses :class:`JvmCluster`, sets :attr:`JvmCluster.count`,
+:attr:`JvmCluster.pids` and :attr:`JvmCluster.ports`, and answers the hooks: where a
+node lives (:meth:`JvmCluster._node_dir`), the file on its command line that identifies
+it (:meth:`JvmCluster._marker`), its log, its ports, how it is spawned and when a
+restarted node serves again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import signal
+import time
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Self
+
+from msgsafe.cluster._process import (
+    kill_pid,
+    pause_pid,
+    pid_alive,
+    pid_paused,
+    port_free,
+    signal_pid,
+    stop_pid,
+    stop_pids,
+    tail,
+    wait_for,
+)
+from msgsafe.cluster.base import STATE_FILE, ClusterError, LocalCluster, NodeInfo
+
+__all__ = ["HOST", "JvmCluster"]
+
+log = logging.getLogger(__name__)
+
+#: Every node listens on loopback only.
+HOST = "127.0.0.1"
+
+
+class JvmCluster(LocalCluster):
+    """Nodes ``0..count-1``, each one JVM whose pid is ``pids[node]`` (None: not started
+    or gone); see the module docstring for the hooks a launcher fills in."""
+
+    version: str
+    count: int
+    pids: list[int | None]
+    ports: list[int]
+    #: Each JVM's ``-Xmx`` in MiB.
+    heap_mb: int
+    #: True when ``dir`` is a temp dir this object made (removed by :meth:`stop`).
+    _own_dir: bool
+
+    # --- hooks ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def _node_dir(self, node: int) -> Path:
+        """The directory of ``node``'s configuration and data."""
+
+    @abstractmethod
+    def _marker(self, node: int) -> Path:
+        """A path on ``node``'s command line only: it tells our JVM from a process
+        that got a recorded pid after ours exited."""
+
+    @abstractmethod
+    def _log(self, node: int) -> Path:
+        """The file the node's JVM writes its output to."""
+
+    @abstractmethod
+    def _node_ports(self, node: int) -> Sequence[int]:
+        """Every port ``node`` binds (all must be free before it starts again)."""
+
+    @abstractmethod
+    def _lib(self) -> Path:
+        """The jars, checked (:class:`ClusterError` when missing or damaged)."""
+
+    @abstractmethod
+    def _spawn(self, node: int, lib: Path) -> None:
+        """Start ``node``'s JVM and set ``pids[node]``."""
+
+    @abstractmethod
+    def _wait_back(self, node: int, deadline: float) -> None:
+        """Wait until a restarted ``node`` serves again (``deadline`` on the monotonic
+        clock)."""
+
+    @abstractmethod
+    def _roles(self) -> list[str | None]:
+        """Every node's role as :meth:`nodes` shows it (None for one that does not run)."""
+
+    def _name(self, node: int) -> str:
+        """The node's name in :meth:`nodes`."""
+        return f"{self.kind}-{node}"
+
+    def _tails(self, nodes: Sequence[int]) -> str:
+        """What to quote from the logs of ``nodes`` when they fail."""
+        return "\n".join(tail(self._log(node), 15) for node in nodes)
+
+    # --- processes ------------------------------------------------------------------------
+
+    def _what(self, node: int) -> str:
+        return f"{self.kind} node {node}"
+
+    def _check_index(self, node: int) -> None:
+        if not 0 <= node < self.count:
+            raise ClusterError(f"no {self._what(node)} (nodes are 0..{self.count - 1})")
+
+    def _pid(self, node: int) -> int:
+        """``node``'s pid; :class:`ClusterError` when it does not run."""
+        self._check_index(node)
+        pid = self.pids[node]
+        if pid is None or not self._running(node):
+            raise ClusterError(f"{self._what(node)} is not running")
+        return pid
+
+    def _running(self, node: int) -> bool:
+        pid = self.pids[node]
+        if not pid_alive(pid):
+            return False
+        # A pid from cluster.json may have been reused by another process since. An
+        # empty cmdline is no answer: it reads empty while a process is in exec, as a
+        # JVM launched a moment ago can be.
+        with contextlib.suppress(OSError):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            return not cmdline or str(self._marker(node)).encode() in cmdline
+        return True
+
+    def _paused(self, node: int) -> bool:
+        return pid_paused(self.pids[node])
+
+    def _check_not_running(self) -> None:
+        for node in range(self.count):
+            if self._running(node):
+                raise ClusterError(f"{self._what(node)} already runs (pid {self.pids[node]})")
+
+    def _check_alive(self, nodes: Sequence[int]) -> None:
+        """:class:`ClusterError` with its log when one of ``nodes`` has exited."""
+        for node in nodes:
+            if not self._running(node):
+                raise ClusterError(
+                    f"{self._what(node)} exited while starting\n{self._tails([node])}"
+                )
+
+    @staticmethod
+    def _check_ports_free(ports: Sequence[int]) -> None:
+        for port in ports:
+            if not port_free(port):
+                raise ClusterError(f"port {port} on {HOST} is taken: use another base port")
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM every node, SIGKILL what is left after ``grace`` seconds; remove the
+        temp dir this cluster made. Idempotent."""
+        launched = any(pid is not None for pid in self.pids)
+        # Only our own nodes: a pid in cluster.json may belong to another process by now.
+        ours = [node for node in range(self.count) if self._running(node)]
+        stop_pids([(self._what(node), self.pids[node]) for node in ours], grace)
+        self.pids = [None] * self.count
+        if launched or (self.dir / STATE_FILE).exists():  # no state for a start that never ran
+            self._save()
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def kill(self, node: int) -> None:
+        """SIGKILL ``node``; its data stays, as after a crash."""
+        kill_pid(self._pid(node), self._what(node))
+        self.pids[node] = None
+        self._save()
+
+    def restart(self, node: int, timeout: float | None = None) -> None:
+        """Stop ``node`` if it runs, start it on its ports with its data, and wait until
+        it serves again (what that means is the launcher's ``_wait_back``)."""
+        timeout = 120.0 if timeout is None else timeout
+        self._check_index(node)
+        if self._running(node):
+            stop_pid(self.pids[node], self._what(node), 30.0)
+        self.pids[node] = None
+        ports = self._node_ports(node)
+        wait_for(
+            lambda: all(port_free(port) for port in ports),
+            30.0,
+            f"the ports of {self._what(node)} to be free",
+        )
+        started = time.monotonic()
+        self._spawn(node, self._lib())
+        self._save()
+        self._wait_back(node, started + timeout)
+        log.info("%s back in %.1f s", self._what(node), time.monotonic() - started)
+
+    def pause(self, node: int) -> None:
+        """SIGSTOP ``node``: its sockets stay open and it answers nothing."""
+        pause_pid(self._pid(node), self._what(node))
+
+    def resume(self, node: int) -> None:
+        """SIGCONT ``node``."""
+        signal_pid(self._pid(node), signal.SIGCONT)
+
+    # --- what it looks like ---------------------------------------------------------------
+
+    def nodes(self) -> list[NodeInfo]:
+        """Every node with its role, ``paused`` while it is SIGSTOPped (by any process)."""
+        roles = self._roles()
+        result = []
+        for node in range(self.count):
+            running = self._running(node)
+            result.append(
+                NodeInfo(
+                    name=self._name(node),
+                    pid=self.pids[node] if running else None,
+                    host=HOST,
+                    port=self.ports[node],
+                    running=running,
+                    role="paused" if running and self._paused(node) else roles[node],
+                )
+            )
+        return result
+
+    # --- state ----------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Version, node count, client ports, pids and heap, plus :meth:`_own_state`
+        (see :meth:`from_state`)."""
+        return {
+            "version": self.version,
+            "nodes": self.count,
+            "ports": self.ports,
+            "pids": self.pids,
+            "heap_mb": self.heap_mb,
+            **self._own_state(),
+        }
+
+    @classmethod
+    def from_state(cls, dir: Path, state: dict[str, Any]) -> Self:
+        """The cluster in ``dir`` as :meth:`state` described it (driven detached)."""
+        try:
+            count = int(state["nodes"])
+            # Every launcher's constructor takes (nodes, dir, detached=, heap_mb=, ...).
+            make: Callable[..., Self] = cls
+            cluster = make(
+                count, dir, detached=True, heap_mb=int(state["heap_mb"]), **cls._options(state)
+            )
+            cluster.version = str(state["version"])
+            cluster.ports = [int(p) for p in state["ports"]]
+            cluster.pids = [int(p) if p is not None else None for p in state["pids"]]
+            if len(cluster.ports) != count or len(cluster.pids) != count:
+                raise ValueError("port or pid list does not match the node count")
+            cluster._restore(state)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ClusterError(
+                f"{dir}/cluster.json does not describe a {cls.kind} cluster"
+            ) from exc
+        return cluster
+
+    @abstractmethod
+    def _own_state(self) -> dict[str, Any]:
+        """What :meth:`state` records beyond the common entries."""
+
+    @classmethod
+    @abstractmethod
+    def _options(cls, state: dict[str, Any]) -> dict[str, Any]:
+        """The constructor's own keyword arguments, from a :meth:`state`."""
+
+    @abstractmethod
+    def _restore(self, state: dict[str, Any]) -> None:
+        """Take the rest of a :meth:`state` (ports beyond the client ones, ids);
+        ``KeyError``, ``TypeError`` or ``ValueError`` when it does not fit."""
+
+    def _save(self) -> None:
+        if self.detached:
+            self.save_state()

@@ -1,0 +1,89 @@
+"""The process helpers every launcher shares, on plain child processes (no broker):
+the paused state read from /proc, stop and kill of pids, and the cluster.json round trip
+of the JVM launchers."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from msgsafe.cluster._process import (
+    kill_pid,
+    pid_alive,
+    pid_paused,
+    signal_pid,
+    stop_pids,
+    wait_for,
+)
+from msgsafe.cluster.base import ClusterError
+from msgsafe.cluster.kafka import KafkaCluster
+from msgsafe.cluster.qpid import QpidCluster
+
+_IDLE = [sys.executable, "-c", "import time\nwhile True: time.sleep(60)"]
+
+
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(_IDLE)
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_paused_is_read_from_proc_whoever_stopped_the_process(
+    child: subprocess.Popen[bytes],
+) -> None:
+    assert not pid_paused(child.pid)
+    # Stopped by a process other than the one asking: only /proc can tell.
+    subprocess.run(["kill", "-STOP", str(child.pid)], check=True)
+    wait_for(lambda: pid_paused(child.pid), 10.0, "the child to be stopped")
+    signal_pid(child.pid, signal.SIGCONT)
+    wait_for(lambda: not pid_paused(child.pid), 10.0, "the child to run again")
+    assert pid_paused(None) is False
+
+
+def test_stop_pids_ends_a_stopped_process_and_passes_over_gone_ones(
+    child: subprocess.Popen[bytes],
+) -> None:
+    signal_pid(child.pid, signal.SIGSTOP)
+    wait_for(lambda: pid_paused(child.pid), 10.0, "the child to be stopped")
+    stop_pids([("child", child.pid), ("nothing", None)], grace=10.0)
+    assert not pid_alive(child.pid)
+    kill_pid(child.pid, "child")  # already gone: nothing to do, no error
+
+
+def test_kill_pid_ends_an_idle_process(child: subprocess.Popen[bytes]) -> None:
+    kill_pid(child.pid, "child")
+    assert not pid_alive(child.pid)
+
+
+def test_kafka_state_round_trip(tmp_path: Path) -> None:
+    cluster = KafkaCluster(3, tmp_path, base_port=41000, overrides={"a": "b"})
+    cluster.pids = [None, 123456789, None]
+    again = KafkaCluster.from_state(tmp_path, cluster.state())
+    assert again.state() == cluster.state()
+    assert again.detached
+    assert [n.running for n in again.nodes()] == [False, False, False]
+
+
+def test_qpid_state_round_trip(tmp_path: Path) -> None:
+    cluster = QpidCluster(3, tmp_path, base_port=42000, group="g", context={"x": "y"})
+    again = QpidCluster.from_state(tmp_path, cluster.state())
+    assert again.state() == cluster.state()
+    assert again.http_ports == [42003, 42004, 42005]
+    assert [n.name for n in again.nodes()] == ["qpid-0", "qpid-1", "qpid-2"]
+
+
+def test_a_state_that_does_not_fit_is_refused(tmp_path: Path) -> None:
+    state = KafkaCluster(3, tmp_path, base_port=43000).state()
+    state["controller_ports"] = state["controller_ports"][:2]
+    with pytest.raises(ClusterError, match="does not describe a kafka cluster"):
+        KafkaCluster.from_state(tmp_path, state)
+    with pytest.raises(ClusterError, match="no kafka node 3"):
+        KafkaCluster(3, tmp_path, base_port=43000).kill(3)
