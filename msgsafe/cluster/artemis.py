@@ -95,7 +95,8 @@ class ArtemisCluster(LocalCluster):
     on ``base_port + i``, or on free ports when ``base_port`` is None. ``user`` and
     ``password`` are the only login the brokers accept (SASL PLAIN) and appear in
     :attr:`url`. ``heap`` is each JVM's ``-Xmx``. ``detached`` brokers outlive this process
-    (``msgsafe cluster up``); otherwise they die with it.
+    (``msgsafe cluster up``); otherwise they die with it. ``routing`` is the routing type
+    of auto-created addresses (``MULTICAST``: Artemis's own default, for tests of clients).
     """
 
     kind = "artemis"
@@ -111,6 +112,7 @@ class ArtemisCluster(LocalCluster):
         user: str = "msgsafe",
         password: str = "msgsafe",
         heap: str = "256m",
+        routing: str = "ANYCAST",
     ) -> None:
         if nodes != 2:
             raise ClusterError("an Artemis replication pair has exactly 2 nodes")
@@ -122,6 +124,9 @@ class ArtemisCluster(LocalCluster):
         self.user = user
         self.password = password
         self.heap = heap
+        if routing not in ("ANYCAST", "MULTICAST"):
+            raise ClusterError("routing is ANYCAST or MULTICAST (Artemis's own default)")
+        self.routing = routing
         self.ports: list[int] = free_ports(2) if base_port is None else [base_port, base_port + 1]
         self.pids: list[int | None] = [None, None]
         #: Byte offset of each node's log at its last start: roles are read after it.
@@ -182,6 +187,7 @@ class ArtemisCluster(LocalCluster):
             cluster_user=_xml(self.user),
             cluster_password=_xml(self.password),
             ha_policy=_PRIMARY_POLICY if node == 0 else _BACKUP_POLICY,
+            routing=self.routing,
         )
         path = self._node_dir(node) / "etc" / "broker.xml"
         tmp = path.with_suffix(".tmp")
@@ -559,9 +565,9 @@ _BROKER_XML = """\
     </security-settings>
 
     <address-settings>
-      <!-- A first send to a new address creates it with a durable anycast queue of the
-           same name: with the default (multicast) a message sent before any consumer
-           subscribed would be accepted and routed nowhere. -->
+      <!-- ANYCAST (the default here): a first send to a new address creates it with a
+           durable anycast queue of the same name; with multicast, a client that does not
+           ask for a queue (capability "queue") would have its message routed nowhere. -->
       <address-setting match="#">
         <dead-letter-address>DLQ</dead-letter-address>
         <expiry-address>ExpiryQueue</expiry-address>
@@ -574,8 +580,8 @@ _BROKER_XML = """\
         <auto-create-addresses>true</auto-create-addresses>
         <auto-delete-queues>false</auto-delete-queues>
         <auto-delete-addresses>false</auto-delete-addresses>
-        <default-address-routing-type>ANYCAST</default-address-routing-type>
-        <default-queue-routing-type>ANYCAST</default-queue-routing-type>
+        <default-address-routing-type>{routing}</default-address-routing-type>
+        <default-queue-routing-type>{routing}</default-queue-routing-type>
       </address-setting>
     </address-settings>
 

@@ -20,9 +20,10 @@ Every peer advertises its ``--advertise`` list in the open frame's ``failover-se
 property, as Qpid brokers do: a list of maps with ``network-host``, ``hostname``, ``port``
 and ``scheme``.
 
-With ``--refuse`` the peer behaves as a Qpid HA group member without quorum: it answers
-every open with an open immediately followed by a close carrying
-``amqp:resource-limit-exceeded`` ("virtual host unavailable"), so clients move on.
+With ``--refuse`` the peer behaves as a Qpid Broker-J HA replica (or a member of a group
+without quorum): it answers every open with an open immediately followed by a close
+carrying ``amqp:connection:forced`` ("Virtual host ... is not active"), exactly what a
+real Broker-J 9.2 replica sends, so clients move on.
 
 Run it as its own process so a kill is real::
 
@@ -137,7 +138,7 @@ def _run_peer(args: argparse.Namespace) -> None:
             # NOTE: Qpid Broker-J refuses messaging connections while the group has no
             # quorum; the close follows the open, as brokers report open failures.
             conn.condition = Condition(
-                "amqp:resource-limit-exceeded", "virtual host unavailable: no quorum"
+                "amqp:connection:forced", "Virtual host '127.0.0.1' is not active"
             )
             conn.close()
 

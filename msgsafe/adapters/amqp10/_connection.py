@@ -34,9 +34,17 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from proton import SSLDomain
+from proton import Data, SSLDomain
+from proton import Endpoint as ProtonEndpoint
 from proton.handlers import EndpointStateHandler, MessagingHandler
-from proton.reactor import ApplicationEvent, Container, EventInjector, Handler
+from proton.reactor import (
+    ApplicationEvent,
+    AtLeastOnce,
+    Container,
+    EventInjector,
+    Handler,
+    LinkOption,
+)
 
 from msgsafe.adapters.amqp10._errors import AUTH_CONDITIONS, condition_text, connection_error
 from msgsafe.adapters.amqp10._failover import parse_failover_list
@@ -101,6 +109,22 @@ class _Call(Handler):
         self._fn()
 
 
+class _Capability(LinkOption):
+    """Puts one capability symbol on the terminus naming the address (sender: target;
+    receiver: source), encoded as Qpid JMS does: an array of symbols."""
+
+    def __init__(self, capability: str) -> None:
+        self._capability = capability
+
+    def apply(self, link: Any) -> None:
+        terminus = link.target if link.is_sender else link.source
+        data = terminus.capabilities
+        data.put_array(False, Data.SYMBOL)
+        data.enter()
+        data.put_symbol(self._capability)
+        data.exit()
+
+
 class Engine(MessagingHandler):
     """One AMQP 1.0 connection with fail-over, on its own thread, serving ``side``."""
 
@@ -149,6 +173,9 @@ class Engine(MessagingHandler):
         self.fatal: MsgsafeError | None = None
         self._current: Endpoint | None = None
         self._reported_refusals = 0
+        self.link_options: list[Any] = [AtLeastOnce()]
+        if options.address_capability:
+            self.link_options.append(_Capability(options.address_capability))
         side.bind(self)
         self._thread = threading.Thread(
             target=self._run, name=f"msgsafe-amqp10-{role}", daemon=True
@@ -285,9 +312,21 @@ class Engine(MessagingHandler):
             transport.close_head()
 
     def on_connection_opened(self, event: Any) -> None:
-        if event.connection != self.conn or self._current is None:
+        conn = event.connection
+        if conn != self.conn or self._current is None:
             return
         current = self._current
+        if conn.state & ProtonEndpoint.REMOTE_CLOSED:
+            # NOTE: a Broker-J replica (or a node of a group without quorum) sends its open
+            # and, in the same read, a close (amqp:connection:forced, "Virtual host ... is
+            # not active"): it does not serve, so it is neither "connected" nor in the
+            # history; on_disconnected fails over.
+            log.info(
+                "%s closed the connection it had just opened: %s",
+                current,
+                condition_text(conn.remote_condition) or "no condition given",
+            )
+            return
         self.opened = True
         self.history.append(current)
         log.info("connected to %s", current)
@@ -358,7 +397,13 @@ class Engine(MessagingHandler):
         self._lost(event.connection, event.session.remote_condition)
 
     def on_disconnected(self, event: Any) -> None:
-        self._lost(event.connection, None)
+        # NOTE: proton's MessagingHandler swallows a close with amqp:connection:forced (it
+        # then waits for the transport to go): the broker's reason is read here.
+        conn = event.connection
+        condition = conn.remote_condition if conn is not None else None
+        if condition is None and event.transport is not None:
+            condition = event.transport.condition
+        self._lost(conn, condition)
 
     def on_connection_closed(self, event: Any) -> None:
         if self.closing:

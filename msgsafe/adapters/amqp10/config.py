@@ -28,6 +28,12 @@ class Amqp10Options(TransportOptions):
     #: Comma-separated ``host`` or ``host:port`` items; when set, an advertised
     #: candidate outside it is never followed.
     failover_allow: str | None = None
+    #: Capability symbol sent on every link's terminus (the target of a sender, the
+    #: source of a receiver), as Qpid JMS does for a queue. Artemis reads it to route to
+    #: an anycast queue of the address's name; without it, under Artemis's default
+    #: (multicast) routing, a first send creates an address with no queue and every
+    #: accepted message is dropped. Empty: no capability.
+    address_capability: str = "queue"
     #: Receiver window: credit plus unsettled deliveries, at most.
     credit: int = 100
     #: SASL mechanisms offered, space separated (None: PLAIN with credentials,

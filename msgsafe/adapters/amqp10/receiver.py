@@ -22,7 +22,6 @@ from typing import Any
 
 from proton import Delivery as ProtonDelivery
 from proton import Message
-from proton.reactor import AtLeastOnce
 
 from msgsafe.adapters.amqp10._connection import Engine, EngineClient, log
 from msgsafe.adapters.amqp10._wire import read_message
@@ -215,7 +214,9 @@ class Subscriptions:
 
     def _attach(self, sub: _Subscription) -> None:
         engine = self.engine
-        link = engine.container.create_receiver(engine.conn, sub.address, options=AtLeastOnce())
+        link = engine.container.create_receiver(
+            engine.conn, sub.address, options=engine.link_options
+        )
         link.flow(engine.options.credit)
         sub.link = link
 

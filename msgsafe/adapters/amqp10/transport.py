@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from proton import Delivery as ProtonDelivery
-from proton.reactor import AtLeastOnce
 
 from msgsafe.adapters._config import size_error
 from msgsafe.adapters.amqp10._connection import Engine, EngineClient
@@ -336,7 +335,7 @@ class Sends:
             link = self._links.get(address)
             if link is None:
                 self._links[address] = engine.container.create_sender(
-                    engine.conn, address, options=AtLeastOnce()
+                    engine.conn, address, options=engine.link_options
                 )
                 continue
             credit = link.credit

@@ -180,13 +180,21 @@ def test_allow_list_and_ignore_policy(amqp10_peers: PeerFactory) -> None:
     assert outsider.connections == 0
 
 
-def test_member_without_quorum_is_skipped(amqp10_peers: PeerFactory) -> None:
+def test_member_without_quorum_is_skipped(
+    amqp10_peers: PeerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A member that opens and closes at once (a Broker-J replica) is never counted as
+    connected: it is not in the history, ``wait_connected`` stays False, and the
+    broker's reason for the close is what the log says."""
     no_quorum = amqp10_peers.start(refuse=True)
     healthy = amqp10_peers.start()
     url = f"amqp10://127.0.0.1:{no_quorum.port},127.0.0.1:{healthy.port}"
     with _transport(url, confirm_timeout=10.0) as transport:
         transport.publish(Envelope.build("orders", b"x")).result(15)
-        assert transport.history[-1].port == healthy.port
+        assert [e.port for e in transport.history] == [healthy.port]
+    caplog.set_level(logging.INFO, logger="msgsafe.adapters.amqp10")
     with _transport(f"amqp10://127.0.0.1:{no_quorum.port}", confirm_timeout=1.0) as transport:
         err = transport.publish(Envelope.build("orders", b"x")).exception(10)
         assert isinstance(err, TransientError) and not err.maybe_delivered
+        assert transport.history == () and not transport.wait_connected(0)
+    assert any("is not active" in r.getMessage() for r in caplog.records), caplog.text

@@ -14,7 +14,11 @@ What these tests establish about Artemis 2.40 (and the client must cope with):
 - the backup does not listen while the primary lives: connecting is refused at TCP
   level (no open frame, no redirect);
 - SIGKILL of the primary: the backup serves within about a second, with every message
-  the primary had confirmed.
+  the primary had confirmed;
+- under Artemis's default routing (MULTICAST, which the pair here keeps), a link
+  attached without the ``queue`` capability auto-creates a multicast address with no
+  queue: every send is accepted and routed nowhere. The client sends the capability as
+  Qpid JMS does, so a first send creates an anycast queue.
 """
 
 from __future__ import annotations
@@ -56,7 +60,9 @@ def artemis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArtemisCluster
         started = time.monotonic()
         ArtemisCluster.fetch()
         fetched = time.monotonic() - started
-        cluster = ArtemisCluster(dir=tmp_path_factory.mktemp("artemis"))
+        # Artemis's own default routing (MULTICAST), not the ANYCAST `msgsafe cluster`
+        # configures: the client must not depend on a friendly broker configuration.
+        cluster = ArtemisCluster(dir=tmp_path_factory.mktemp("artemis"), routing="MULTICAST")
         started = time.monotonic()
         cluster.start()
     except ClusterError as exc:
@@ -269,8 +275,9 @@ def test_backup_refuses_connections_while_the_primary_lives(pair: ArtemisCluster
 
 
 def test_producer_and_consumer_through_the_live_only(pair: ArtemisCluster) -> None:
-    # A first send to a new address creates a durable anycast queue: nothing sent
-    # before the consumer subscribes may be dropped.
+    # Under the default MULTICAST routing, a first send (with the client's "queue"
+    # capability) creates a durable anycast queue: nothing sent before the consumer
+    # subscribes may be dropped.
     address = _address()
     ledger = _Ledger()
     with Producer(pair.node_url(0), outbox=False, confirm_timeout=30.0) as producer:
@@ -282,6 +289,27 @@ def test_producer_and_consumer_through_the_live_only(pair: ArtemisCluster) -> No
     assert counts["failed"] == 0, ledger.failed
     assert counts["receipted"] == 1_000
     assert counts["lost"] == 0 and counts["unknown"] == 0 and counts["duplicates"] == 0
+
+
+def test_multicast_default_without_the_queue_capability_routes_nowhere(
+    pair: ArtemisCluster,
+) -> None:
+    """Why the client sends the ``queue`` capability: with it off, Artemis accepts every
+    send to a new address and keeps none of them (what a client without it loses)."""
+    address = _address()
+    ledger = _Ledger()
+    with Producer(
+        pair.node_url(0), outbox=False, confirm_timeout=30.0, address_capability=""
+    ) as producer:
+        for i in range(100):
+            ledger.send(producer, address, i)
+        _wait(lambda: ledger.resolved() == 100, 60, "100 outcomes")
+    with Consumer(pair.node_url(0), address_capability="") as consumer:
+        consumer.subscribe(address)
+        got = consumer.poll(max_messages=100, timeout=2.0)
+    counts = ledger.counts("artemis multicast, no capability")
+    assert counts["receipted"] == 100 and counts["failed"] == 0
+    assert got == [], "Artemis kept a message sent to a queue-less multicast address"
 
 
 def test_primary_sigkill_during_counted_sends_loses_nothing(pair: ArtemisCluster) -> None:
