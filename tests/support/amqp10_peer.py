@@ -14,6 +14,8 @@ Behaviour is chosen per address so one peer serves every test:
 - ``silent/...``  incoming messages are never settled (a confirm timeout)
 - ``sink/...``    incoming messages are accepted at once and dropped (benchmarks: the
   peer's own cost kept out of a client's figures)
+- ``missing/...`` a sender link is refused with ``amqp:not-found`` (no such address, on a
+  connection that stays healthy)
 - anything else  stored durably (committed to the store) and then accepted
 
 Every peer advertises its ``--advertise`` list in the open frame's ``failover-server-list``
@@ -24,6 +26,13 @@ With ``--refuse`` the peer behaves as a Qpid Broker-J HA replica (or a member of
 without quorum): it answers every open with an open immediately followed by a close
 carrying ``amqp:connection:forced`` ("Virtual host ... is not active"), exactly what a
 real Broker-J 9.2 replica sends, so clients move on.
+
+With ``--stale`` the peer behaves as a Broker-J master just resumed after a pause (it
+still calls itself master, can commit nothing, and steps down): every sender link is
+refused with ``amqp:not-found``, and the connection is then closed
+(``amqp:connection:forced``) a moment later. A real group shows this only after a
+SIGSTOP of about a minute (``tests/integration/cluster/test_qpid_cluster.py`` does it
+once); here the client's handling of it is tested in a second.
 
 Run it as its own process so a kill is real::
 
@@ -73,7 +82,7 @@ def _schema(db: sqlite3.Connection) -> None:
 
 def _run_peer(args: argparse.Namespace) -> None:
     # proton is imported here so importing this module (for PeerProcess) needs no proton.
-    from proton import Condition, Delivery, Message, SSLDomain, symbol
+    from proton import Condition, Connection, Delivery, Message, SSLDomain, symbol
     from proton.handlers import MessagingHandler
     from proton.reactor import Container
 
@@ -146,6 +155,16 @@ def _run_peer(args: argparse.Namespace) -> None:
             link = event.link
             if args.refuse:
                 return  # never attach anything on a refused connection
+            if not link.is_sender and (
+                args.stale or str(link.remote_target.address).startswith("missing/")
+            ):
+                # Refusing an attach: answer it with no target, then (on the next turn:
+                # proton drops a detach queued in the same turn) detach with the error.
+                link.open()
+                event.container.schedule(0, _Close(link))
+                if args.stale:
+                    event.container.schedule(0.3, _Close(link.connection))
+                return
             if link.is_sender:
                 address = link.remote_source.address
                 link.source.address = address
@@ -278,6 +297,20 @@ def _run_peer(args: argparse.Namespace) -> None:
                         db.execute("UPDATE messages SET owner=NULL WHERE seq=?", (seq,))
                 dlv.settle()
 
+    class _Close:
+        """Closes a refused link (not-found) or a stale master's connection (forced)."""
+
+        def __init__(self, endpoint: Any) -> None:
+            self.endpoint = endpoint
+
+        def on_timer_task(self, event: Any) -> None:
+            if isinstance(self.endpoint, Connection):
+                condition = Condition("amqp:connection:forced", "no longer the master")
+            else:
+                condition = Condition("amqp:not-found", "no such address")
+            self.endpoint.condition = condition
+            self.endpoint.close()
+
     class _Flush:
         def __init__(self, peer: Peer) -> None:
             self.peer = peer
@@ -305,6 +338,7 @@ class PeerProcess:
     port: int = 0
     credit: int = 1000
     refuse: bool = False
+    stale: bool = False
     proc: subprocess.Popen[str] | None = field(default=None, repr=False)
     connections: int = 0
     _reader: threading.Thread | None = field(default=None, repr=False)
@@ -327,6 +361,8 @@ class PeerProcess:
             cmd += ["--advertise", item]
         if self.refuse:
             cmd.append("--refuse")
+        if self.stale:
+            cmd.append("--stale")
         if self.tls_cert is not None and self.tls_key is not None:
             cmd += ["--tls-cert", str(self.tls_cert), "--tls-key", str(self.tls_key)]
         self.proc = subprocess.Popen(
@@ -402,6 +438,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tls-key")
     parser.add_argument("--credit", type=int, default=1000, help="credit given to senders")
     parser.add_argument("--refuse", action="store_true", help="refuse every connection")
+    parser.add_argument("--stale", action="store_true", help="act as a stale master")
     args = parser.parse_args(argv)
     _run_peer(args)
 

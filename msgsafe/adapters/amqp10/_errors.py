@@ -25,6 +25,7 @@ __all__ = [
     "condition_text",
     "connection_error",
     "detach_error",
+    "is_not_found",
     "rejected_error",
 ]
 
@@ -47,6 +48,11 @@ def condition_text(condition: Any) -> str | None:
 
 def _name(condition: Any) -> str:
     return str(condition.name) if condition is not None and condition.name else ""
+
+
+def is_not_found(condition: Any) -> bool:
+    """True for ``amqp:not-found`` / ``amqp:resource-deleted``: no such address."""
+    return _name(condition) in _NOT_FOUND
 
 
 def rejected_error(condition: Any, *, endpoint: str, message_id: str) -> MsgsafeError:

@@ -24,8 +24,8 @@ from typing import Any
 from proton import Delivery as ProtonDelivery
 
 from msgsafe.adapters._config import size_error
-from msgsafe.adapters.amqp10._connection import Engine, EngineClient
-from msgsafe.adapters.amqp10._errors import detach_error, rejected_error
+from msgsafe.adapters.amqp10._connection import Engine, EngineClient, log
+from msgsafe.adapters.amqp10._errors import detach_error, is_not_found, rejected_error
 from msgsafe.adapters.amqp10._wire import encode_envelope, send_bytes
 from msgsafe.adapters.amqp10.config import Amqp10Options
 from msgsafe.endpoints import BrokerUrl
@@ -40,6 +40,10 @@ from msgsafe.errors import (
 from msgsafe.message import Envelope
 
 __all__ = ["Amqp10Transport", "Sends"]
+
+#: Seconds a connection that answered ``amqp:not-found`` must stay up before the address
+#: is asked for once more and a second refusal is final (see :meth:`Sends.detached`).
+_RECHECK_S = 2.0
 
 _TERMINAL = (
     ProtonDelivery.ACCEPTED,
@@ -193,6 +197,11 @@ class Sends:
         self._outstanding: dict[int, _Outgoing] = {}
         #: (deadline, seq) of every unresolved send; resolved ones are skipped lazily.
         self._deadlines: list[tuple[float, int]] = []
+        #: Addresses refused with not-found, held (not attached) until the verdict, with
+        #: the connection generation that refused them.
+        self._held: dict[str, int] = {}
+        #: Addresses asked for again on a connection that stayed up after refusing them.
+        self._rechecked: set[str] = set()
 
     # --- any thread ----------------------------------------------------------------------
 
@@ -237,6 +246,8 @@ class Sends:
     def lost(self) -> int:
         """Session resume: unsettled sends go back in front of their queues, in send order."""
         self._links.clear()
+        self._held.clear()
+        self._rechecked.clear()
         resend = sorted(self._inflight.values(), key=lambda o: o.seq, reverse=True)
         self._inflight.clear()
         for out in resend:
@@ -262,13 +273,39 @@ class Sends:
             self._pump()
 
     def detached(self, link: Any, condition: Any) -> None:
+        """The broker detached a sender link: what was transferred on it fails
+        (transient); what is queued behind it fails too, so that per-key order holds in
+        the outbox, unless the refusal is ``amqp:not-found`` from a connection not yet
+        known to be healthy.
+
+        A not-found is permanent (:class:`~msgsafe.errors.Unroutable`) only when a
+        healthy connection says it: a Broker-J master just resumed after a pause still
+        calls itself master, refuses new addresses with not-found, then steps down. So
+        the first not-found for an address holds its queue; if the connection is lost
+        within ``_RECHECK_S`` the queue is sent to the next candidate (or times out as a
+        transient error: STORED); if the connection stays up, the address is asked for
+        once more and a second not-found is final.
+        """
         address = link.target.address
         if self._links.get(address) == link:
             del self._links[address]
         # Transferred and unsettled on this link: the broker may hold them.
         sent = [out for out in self._inflight.values() if out.envelope.destination == address]
-        # Queued behind them: refused now, so that per-key order holds in the outbox.
-        queued = self._queues.pop(address, None) or ()
+        engine = self.engine
+        if is_not_found(condition) and address not in self._rechecked:
+            generation = engine.generation
+            self._held[address] = generation
+            log.info(
+                "%s answered not-found for %r: asking again in %.1fs if the connection holds",
+                engine.history[-1] if engine.history else engine.target,
+                address,
+                _RECHECK_S,
+            )
+            engine.schedule(_RECHECK_S, lambda: self._recheck(address, generation))
+            queued: Any = ()
+        else:
+            self._rechecked.discard(address)
+            queued = self._queues.pop(address, None) or ()
         for outs, was_sent in ((sent, True), (queued, False)):
             for out in outs:
                 error = detach_error(
@@ -278,6 +315,15 @@ class Sends:
                     sent=was_sent,
                 )
                 self._resolve(out, error)
+
+    def _recheck(self, address: str, generation: int) -> None:
+        if self._held.get(address) != generation:
+            return  # the connection was lost meanwhile: lost() released the queue
+        del self._held[address]
+        engine = self.engine
+        if generation == engine.generation and engine.opened:
+            self._rechecked.add(address)
+            self._pump()
 
     def tick(self, now: float) -> None:
         deadlines = self._deadlines
@@ -330,7 +376,7 @@ class Sends:
         if not engine.opened or engine.conn is None:
             return
         for address, queue in self._queues.items():
-            if not queue:
+            if not queue or address in self._held:
                 continue
             link = self._links.get(address)
             if link is None:

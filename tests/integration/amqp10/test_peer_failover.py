@@ -15,7 +15,7 @@ import pytest
 from msgsafe.adapters import open_receiver, open_transport
 from msgsafe.adapters.amqp10 import Amqp10Receiver, Amqp10Transport
 from msgsafe.endpoints import Endpoint, parse_url
-from msgsafe.errors import TransientError
+from msgsafe.errors import TransientError, Unroutable
 from msgsafe.message import Envelope
 from tests.fixtures.amqp10 import PeerFactory, TlsFiles
 from tests.integration.amqp10._tally import Drain, Tally, wait_until
@@ -198,3 +198,38 @@ def test_member_without_quorum_is_skipped(
         assert isinstance(err, TransientError) and not err.maybe_delivered
         assert transport.history == () and not transport.wait_connected(0)
     assert any("is not active" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_not_found_from_a_stale_master_is_transient(amqp10_peers: PeerFactory) -> None:
+    """A Broker-J master resumed after a pause refuses a new address (``amqp:not-found``)
+    and then steps down (its connection closes): the refusal is not the address's fault.
+    The messages stay queued and the next candidate confirms them, with their ids."""
+    stale = amqp10_peers.start(stale=True)
+    healthy = amqp10_peers.start()
+    url = f"amqp10://127.0.0.1:{stale.port},127.0.0.1:{healthy.port}"
+    tally = Tally()
+    with _transport(url, confirm_timeout=15.0) as transport:
+        for i in range(100):
+            env = Envelope.build("orders", b"%04d" % i, key=f"k{i % 4}")
+            tally.track(env.message_id, transport.publish(env))
+        wait_until(lambda: tally.resolved() == 100, 20, "100 outcomes")
+        assert transport.history[-1].port == healthy.port
+    _consume_all(f"amqp10://127.0.0.1:{healthy.port}", tally)
+    counts = tally.report("stale master")
+    assert counts["errors"] == 0, f"errors: {set(map(repr, tally.errors.values()))}"
+    assert counts["confirmed"] == 100
+    assert counts["lost"] == 0 and counts["unknown"] == 0
+
+
+def test_not_found_from_a_healthy_connection_is_unroutable(amqp10_peers: PeerFactory) -> None:
+    """The same refusal from a connection that stays up is the address's fault: after one
+    more attach on that connection it is :class:`Unroutable` (permanent), while another
+    address on the same connection is confirmed."""
+    peer = amqp10_peers.start()
+    with _transport(f"amqp10://127.0.0.1:{peer.port}", confirm_timeout=15.0) as transport:
+        missing = transport.publish(Envelope.build("missing/orders", b"x"))
+        fine = transport.publish(Envelope.build("orders", b"y"))
+        fine.result(10)
+        err = missing.exception(10)
+        assert isinstance(err, Unroutable), repr(err)
+        assert [e.port for e in transport.history] == [peer.port], "never reconnected"
