@@ -9,6 +9,8 @@ caller still owns the message.
 
 from __future__ import annotations
 
+import logging
+
 from msgsafe import errors
 from msgsafe.aio import AsyncProducer
 from msgsafe.consumer import Consumer
@@ -38,3 +40,11 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+# A library does not decide where its records go: without a handler configured by the
+# application, nothing reaches stderr (no "last resort" printing). The client libraries'
+# own loggers get the same treatment; an application that wants their records attaches
+# a handler to them (or to the root logger) and sets their level.
+for _name in ("msgsafe", "pika", "proton"):
+    logging.getLogger(_name).addHandler(logging.NullHandler())
+del _name

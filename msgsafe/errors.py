@@ -36,6 +36,7 @@ __all__ = [
     "OutboxFull",
     "OutboxLocked",
     "PermanentError",
+    "ProtocolMismatch",
     "Refused",
     "Rejected",
     "SendTimeout",
@@ -165,6 +166,10 @@ class PermanentError(MsgsafeError):
 
 class AuthenticationError(PermanentError):
     """The broker refused the credentials or the virtual host."""
+
+
+class ProtocolMismatch(PermanentError):
+    """The peer speaks another protocol (or TLS/plain) than the URL; the text says what to use."""
 
 
 class InvalidMessage(PermanentError, TypeError):

@@ -35,7 +35,7 @@ class TransportOptions:
     """Options every adapter understands. Adapters subclass this with their own."""
 
     #: Seconds to establish a connection to one endpoint before trying the next.
-    connect_timeout: float = 5.0
+    connect_timeout: float = 2.0
     #: Seconds a publish may wait for the broker's confirm before it fails transiently.
     confirm_timeout: float = 10.0
     #: Messages in flight (sent, not yet confirmed) at most.

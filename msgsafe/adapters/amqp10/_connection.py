@@ -60,6 +60,13 @@ _TICK_S = 0.05
 _WAKE = "msgsafe_wake"
 
 
+class _TimedOut:
+    """The condition of an attempt that got no open frame within ``connect_timeout``."""
+
+    name = "timed out"
+    description = None
+
+
 class Side(Protocol):
     """What flows over an engine's connection: one per engine, called on its thread."""
 
@@ -173,6 +180,8 @@ class Engine(MessagingHandler):
         self.fatal: MsgsafeError | None = None
         self._current: Endpoint | None = None
         self._reported_refusals = 0
+        #: Attempts that failed before opening since the last open connection (or start).
+        self._failures = 0
         self.link_options: list[Any] = [AtLeastOnce()]
         if options.address_capability:
             self.link_options.append(_Capability(options.address_capability))
@@ -188,6 +197,12 @@ class Engine(MessagingHandler):
     def stopped(self) -> bool:
         """True once the container thread ended (nothing handed over runs any more)."""
         return self._stopped
+
+    @property
+    def all_failed(self) -> bool:
+        """True when every configured endpoint failed its latest attempt and none opened
+        since: nothing is worth waiting for, sends fail (to the outbox) at once."""
+        return not self.opened and self._failures >= len(self._url.endpoints)
 
     def _run(self) -> None:
         try:
@@ -303,9 +318,8 @@ class Engine(MessagingHandler):
     def _connect_timeout(self, generation: int) -> None:
         if generation != self.generation or self.opened or self.conn is None:
             return
-        log.warning("connecting to %s timed out", self._current)
         conn = self.conn
-        self._lost(conn, None)
+        self._lost(conn, _TimedOut())
         transport = conn.transport
         if transport is not None:
             transport.close_tail()
@@ -328,6 +342,7 @@ class Engine(MessagingHandler):
             )
             return
         self.opened = True
+        self._failures = 0
         self.history.append(current)
         log.info("connected to %s", current)
         self._merge_candidates(event.connection.remote_properties, current)
@@ -429,6 +444,17 @@ class Engine(MessagingHandler):
                 condition_text(condition) or "disconnected",
                 resend,
             )
+        else:
+            # One WARNING per outage (the first failed attempt), the retries at DEBUG.
+            self._failures += 1
+            log.log(
+                logging.WARNING if self._failures == 1 else logging.DEBUG,
+                "cannot connect to %s: %s",
+                endpoint,
+                condition_text(condition) or "disconnected",
+            )
+            if self.all_failed:
+                self._side.tick(time.monotonic())
         if not self.closing:
             self._connect_next()
 

@@ -326,6 +326,11 @@ class Sends:
             self._pump()
 
     def tick(self, now: float) -> None:
+        if self.engine.all_failed and self._outstanding:
+            # Every host failed its latest attempt: waiting out the deadline helps no
+            # one, the outbox is the faster home (fail fast, first send included).
+            for waiting in list(self._outstanding.values()):
+                self._resolve(waiting, self._unreachable_error(waiting))
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
             _, seq = heapq.heappop(deadlines)
@@ -365,6 +370,9 @@ class Sends:
             return
         if engine.closing:
             _set_exception(future, _closed(engine, envelope))
+            return
+        if engine.all_failed:
+            _set_exception(future, self._unreachable_error(_Outgoing(0, envelope, future, 0.0)))
             return
         out = _Outgoing(next(self._seq), envelope, future, deadline)
         self._outstanding[out.seq] = out
@@ -452,6 +460,21 @@ class Sends:
             )
         return ConnectError(
             f"no broker reachable within {timeout}s", endpoint=engine.target, message_id=mid
+        )
+
+    def _unreachable_error(self, out: _Outgoing) -> MsgsafeError:
+        engine = self.engine
+        mid = out.envelope.message_id
+        if out.generation:
+            return ConnectionLost(
+                "the connection was lost after sending and every host has failed since",
+                endpoint=engine.target,
+                message_id=mid,
+            )
+        return ConnectError(
+            "no broker reachable: every host failed its latest attempt",
+            endpoint=engine.target,
+            message_id=mid,
         )
 
     def _resolve(self, out: _Outgoing, error: MsgsafeError | None) -> None:

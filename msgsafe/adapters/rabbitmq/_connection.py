@@ -93,7 +93,8 @@ class Link:
     - ``on_lost(exc)``: the connection is gone; ``on_fatal(err)``: an attempt failed with
       a permanent error (bad credentials, unknown vhost); attempts continue with backoff;
     - ``on_blocked(flag)``: ``connection.blocked`` / ``unblocked`` (resource alarm);
-    - ``on_closed()``: :meth:`close` finished.
+    - ``on_closed()``: :meth:`close` finished;
+    - ``on_down()``: every endpoint failed its latest attempt (:attr:`all_failed`).
     """
 
     def __init__(
@@ -108,6 +109,7 @@ class Link:
         on_channel_closed: Callable[[int, str], None],
         on_blocked: Callable[[bool], None],
         on_closed: Callable[[], None],
+        on_down: Callable[[], None] | None = None,
     ) -> None:
         self._url = url
         self._options = options
@@ -122,6 +124,7 @@ class Link:
         self._on_channel_closed = on_channel_closed
         self._on_blocked = on_blocked
         self._on_closed = on_closed
+        self._on_down = on_down
         self._connection: SelectConnection | None = None
         self._channel: Channel | None = None
         self._endpoint: Endpoint | None = None
@@ -129,6 +132,22 @@ class Link:
         self._closed = False
         self._timer: object | None = None
         self.connected = False
+        #: Failed attempts since the last good connection (or the start).
+        self._failures = 0
+
+    @property
+    def all_failed(self) -> bool:
+        """True when every endpoint failed its latest attempt and none connected since:
+        the cluster is unreachable now, nothing is worth waiting for."""
+        return self._failures >= len(self._url.endpoints)
+
+    def _note_failure(self, text: str) -> None:
+        # One WARNING per state change (the first failure after a good connection or the
+        # start), the repeats at DEBUG: an outage is one line, not one line per retry.
+        self._failures += 1
+        log.log(logging.WARNING if self._failures == 1 else logging.DEBUG, "%s", text)
+        if self.all_failed and self._on_down is not None:
+            self._on_down()
 
     @property
     def endpoint(self) -> str:
@@ -197,7 +216,7 @@ class Link:
         except Exception as exc:
             self._connection = None
             self._endpoints.failed(endpoint)
-            log.warning("cannot connect to %s: %s", endpoint, describe(exc))
+            self._note_failure(f"cannot connect to {endpoint}: {describe(exc)}")
             self._schedule(0.05)
 
     def _parameters(self, endpoint: Endpoint) -> pika.ConnectionParameters:
@@ -241,7 +260,7 @@ class Link:
             return
         if endpoint is not None:
             self._endpoints.failed(endpoint)
-        log.warning("connection to %s failed: %s", endpoint, err)
+        self._note_failure(f"connection to {endpoint} failed: {err.message}")
         if isinstance(err, AuthenticationError):
             self._on_fatal(err)
         self._schedule(0.0)
@@ -272,6 +291,7 @@ class Link:
         if self._endpoint is not None:
             self._endpoints.succeeded(self._endpoint)
         log.info("connected to %s", self._endpoint)
+        self._failures = 0
         self._on_ready(channel)
 
     def _channel_closed(self, channel: Channel, reason: BaseException) -> None:

@@ -30,6 +30,7 @@ __all__ = [
     "NOT_ALLOWED",
     "NOT_FOUND",
     "PRECONDITION_FAILED",
+    "cause",
     "channel_close_error",
     "describe",
     "lost_error",
@@ -98,7 +99,33 @@ def open_error(exc: BaseException, endpoint: str) -> MsgsafeError:
         return AuthenticationError(
             "the broker refused the credentials or the virtual host", endpoint=endpoint
         )
-    return ConnectError(f"could not connect: {describe(exc)}", endpoint=endpoint)
+    return ConnectError(f"could not connect: {cause(exc)}", endpoint=endpoint)
+
+
+def cause(exc: BaseException) -> str:
+    """One short phrase for why a connection attempt failed (refused, timed out, ...).
+
+    pika nests the socket error three levels deep in its connection workflow; a log line
+    or a CLI answer names the innermost cause, not pika's chain of wrappers.
+    """
+    items = _flatten(exc)
+    for item in items:
+        if isinstance(item, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(item, TimeoutError) or "Timeout" in type(item).__name__:
+            return "timed out"
+        if isinstance(item, OSError) and item.strerror:
+            return item.strerror.lower()
+    # NOTE: pika keeps the socket error in the text of its connector errors, not as a cause.
+    text = " ".join(repr(i) for i in items)
+    if "ConnectionRefusedError" in text:
+        return "connection refused"
+    if "Timeout" in text or "timed out" in text:
+        return "timed out"
+    for item in items:
+        if isinstance(item, pe.StreamLostError):
+            return "the peer closed the connection during the handshake"
+    return type(items[-1] if items else exc).__name__
 
 
 def _dropped_in_handshake(item: BaseException) -> bool:

@@ -130,6 +130,7 @@ class RabbitTransport:
             on_channel_closed=self._channel_closed,
             on_blocked=self._set_blocked,
             on_closed=self._link_closed,
+            on_down=self._fail_unreachable,
         )
         self._io.call(self._start)
 
@@ -373,10 +374,25 @@ class RabbitTransport:
             if self._outstanding == 0 or (self._waiters and self._outstanding <= self._low_water):
                 self._cond.notify_all()
 
+    def _fail_unreachable(self) -> None:
+        """Every host failed its latest attempt: what waits fails now with ConnectError
+        (the outbox is the faster home) instead of waiting out ``connect_timeout``."""
+        ledger = self._ledger
+        while self._incoming:
+            ledger.pending.append(self._incoming.popleft())
+        if ledger.pending and self._channel is None and self._link.all_failed:
+            endpoint = self._link.endpoint
+            ledger.expire_pending(
+                time.monotonic(), True, partial(self._waiting_error, True, endpoint)
+            )
+
     def _flush(self) -> None:
         ledger = self._ledger
         while self._incoming:
             ledger.pending.append(self._incoming.popleft())
+        if self._channel is None and self._link.all_failed:
+            self._fail_unreachable()
+            return
         channel = self._channel
         if channel is None:
             if self._fatal is not None:
