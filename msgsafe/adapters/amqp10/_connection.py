@@ -57,6 +57,9 @@ __all__ = ["Engine", "EngineClient", "Side", "log"]
 
 log = logging.getLogger("msgsafe.adapters.amqp10")
 _TICK_S = 0.05
+#: Seconds an endpoint that accepted TCP but sent nothing within ``connect_timeout`` (a
+#: paused process) is tried only when no other candidate is due.
+_MUTE_S = 30.0
 _WAKE = "msgsafe_wake"
 
 
@@ -180,6 +183,8 @@ class Engine(MessagingHandler):
         self.fatal: MsgsafeError | None = None
         self._current: Endpoint | None = None
         self._reported_refusals = 0
+        #: Endpoints that timed out connecting, and until when they are passed over.
+        self._mute: dict[Endpoint, float] = {}
         #: Attempts that failed before opening since the last open connection (or start).
         self._failures = 0
         self.link_options: list[Any] = [AtLeastOnce()]
@@ -275,12 +280,36 @@ class Engine(MessagingHandler):
     def _connect_next(self) -> None:
         if self.closing or self.fatal is not None:
             return
-        endpoint, wait = self._endpoints.next()
+        picked = self._next_endpoint()
+        if picked is None:
+            gen = self.generation
+            self.schedule(self.options.reconnect_initial, lambda: self._connect_next_if(gen))
+            return
+        endpoint, wait = picked
         if wait > 0:
             gen = self.generation
             self.schedule(wait, lambda: self._dial_if(gen, endpoint))
         else:
             self._dial(endpoint)
+
+    def _next_endpoint(self) -> tuple[Endpoint, float] | None:
+        """The rotation's next endpoint, passing over muted ones while another is left
+        (None: those others are backing off; ask again shortly). A paused node would
+        otherwise cost ``connect_timeout`` on every pass."""
+        now = time.monotonic()
+        rotation = self._endpoints.endpoints
+        choice = self._endpoints.next()
+        for _ in range(len(rotation)):
+            if self._mute.get(choice[0], 0.0) <= now:
+                return choice
+            choice = self._endpoints.next()
+        if all(self._mute.get(e, 0.0) > now for e in rotation):
+            return choice
+        return None
+
+    def _connect_next_if(self, generation: int) -> None:
+        if generation == self.generation and self.conn is None:
+            self._connect_next()
 
     def _dial_if(self, generation: int, endpoint: Endpoint) -> None:
         if generation == self.generation and self.conn is None:
@@ -319,6 +348,8 @@ class Engine(MessagingHandler):
         if generation != self.generation or self.opened or self.conn is None:
             return
         conn = self.conn
+        if self._current is not None:
+            self._mute[self._current] = time.monotonic() + _MUTE_S
         self._lost(conn, _TimedOut())
         transport = conn.transport
         if transport is not None:
@@ -342,6 +373,7 @@ class Engine(MessagingHandler):
             )
             return
         self.opened = True
+        self._mute.pop(current, None)
         self._failures = 0
         self.history.append(current)
         log.info("connected to %s", current)

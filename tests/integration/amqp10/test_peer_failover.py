@@ -8,7 +8,10 @@ duplicate carries a known id.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
+import threading
 
 import pytest
 
@@ -233,3 +236,48 @@ def test_not_found_from_a_healthy_connection_is_unroutable(amqp10_peers: PeerFac
         err = missing.exception(10)
         assert isinstance(err, Unroutable), repr(err)
         assert [e.port for e in transport.history] == [peer.port], "never reconnected"
+
+
+class _MuteListener:
+    """A loopback port whose kernel completes TCP handshakes that nothing ever answers
+    (what a SIGSTOPped broker is to a client); counts the connections it gets."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                self.accepted.append(self.sock.accept()[0])
+
+    def close(self) -> None:
+        for conn in [self.sock, *self.accepted]:
+            conn.close()
+
+
+def test_a_paused_node_costs_connect_timeout_once_not_on_every_pass(
+    amqp10_peers: PeerFactory,
+) -> None:
+    """A node that accepts TCP and never answers is passed over after one timeout, so the
+    next fail-over goes straight to a node that answers."""
+    mute = _MuteListener()
+    try:
+        healthy = amqp10_peers.start()
+        url = f"amqp10://127.0.0.1:{mute.port},127.0.0.1:{healthy.port}"
+        with _transport(url, confirm_timeout=20.0, connect_timeout=1.0) as transport:
+            transport.publish(Envelope.build("orders", b"1")).result(15)
+            assert len(mute.accepted) == 1, "the first pass tries the paused node once"
+            port = healthy.port
+            healthy.kill()
+            healthy = amqp10_peers.start(port=port)
+            wait_until(lambda: len(transport.history) == 2, 15, "a second connection")
+            transport.publish(Envelope.build("orders", b"2")).result(15)
+            assert [e.port for e in transport.history] == [port, port]
+        assert len(mute.accepted) == 1, "the paused node was dialed again within its hold"
+    finally:
+        mute.close()
