@@ -34,6 +34,14 @@ refused with ``amqp:not-found``, and the connection is then closed
 SIGSTOP of about a minute (``tests/integration/cluster/test_qpid_cluster.py`` does it
 once); here the client's handling of it is tested in a second.
 
+With ``--redirect HOST:PORT`` every connection is answered with an open and a close
+carrying ``amqp:connection:redirect`` to HOST:PORT (``--redirect self``: to the peer's
+own port, a redirect loop); with ``--link-redirect HOST:PORT`` connections are served
+but every sender link is detached with ``amqp:link:redirect``. No broker the suite
+runs sends redirects (Broker-J and Artemis on this machine never do), so the client's
+handling of them (``tests/integration/amqp10/test_peer_failover.py``, the ``redirect``
+tests: followed, refused by the allow-list, a loop bounded) can only be shown here.
+
 Run it as its own process so a kill is real::
 
     python tests/support/amqp10_peer.py --store /tmp/s.db --advertise amqp://127.0.0.1:5673
@@ -114,6 +122,7 @@ def _run_peer(args: argparse.Namespace) -> None:
             self.tag = 0
             self.flush_scheduled = False
             self.connections = 0
+            self.redirects = 0
             self.last_sweep = 0.0
 
         def on_start(self, event: Any) -> None:
@@ -123,6 +132,7 @@ def _run_peer(args: argparse.Namespace) -> None:
                 domain.set_credentials(args.tls_cert, args.tls_key, None)
                 acceptor.set_ssl_domain(domain)
             port = acceptor._selectable._delegate.getsockname()[1]
+            args.port = port  # what --redirect self names
             print(f"READY {port}", flush=True)
             event.container.schedule(_POLL_S, self)
 
@@ -131,6 +141,8 @@ def _run_peer(args: argparse.Namespace) -> None:
                 event.connection.properties = {symbol("failover-server-list"): candidates()}
 
         def on_connection_opened(self, event: Any) -> None:
+            if args.redirect:
+                return
             if args.refuse:
                 self._refuse(event.connection)
                 return
@@ -141,6 +153,11 @@ def _run_peer(args: argparse.Namespace) -> None:
             event.connection.open()
             if args.refuse:
                 self._refuse(event.connection)
+            elif args.redirect:
+                # On the next turn, as for links: a close queued in this one is not sent.
+                event.container.schedule(0, _Close(event.connection, redirect_info(args.redirect)))
+                self.redirects += 1
+                print(f"REDIRECTED {self.redirects}", flush=True)
 
         @staticmethod
         def _refuse(conn: Any) -> None:
@@ -153,8 +170,12 @@ def _run_peer(args: argparse.Namespace) -> None:
 
         def on_link_opening(self, event: Any) -> None:
             link = event.link
-            if args.refuse:
+            if args.refuse or args.redirect:
                 return  # never attach anything on a refused connection
+            if args.link_redirect and not link.is_sender:
+                link.open()
+                event.container.schedule(0, _Close(link, redirect_info(args.link_redirect)))
+                return
             if not link.is_sender and (
                 args.stale or str(link.remote_target.address).startswith("missing/")
             ):
@@ -297,14 +318,26 @@ def _run_peer(args: argparse.Namespace) -> None:
                         db.execute("UPDATE messages SET owner=NULL WHERE seq=?", (seq,))
                 dlv.settle()
 
-    class _Close:
-        """Closes a refused link (not-found) or a stale master's connection (forced)."""
+    def redirect_info(where: str) -> dict[Any, Any]:
+        host, _, port = where.rpartition(":")
+        if where == "self":
+            host, port = args.host, str(args.port)
+        return {symbol("network-host"): host, symbol("port"): int(port), symbol("hostname"): host}
 
-        def __init__(self, endpoint: Any) -> None:
+    class _Close:
+        """Closes a refused link (not-found, or redirected when ``redirect`` is given) or
+        a stale master's connection (forced)."""
+
+        def __init__(self, endpoint: Any, redirect: dict[Any, Any] | None = None) -> None:
             self.endpoint = endpoint
+            self.redirect = redirect
 
         def on_timer_task(self, event: Any) -> None:
-            if isinstance(self.endpoint, Connection):
+            is_connection = isinstance(self.endpoint, Connection)
+            if self.redirect is not None:
+                kind = "connection" if is_connection else "link"
+                condition = Condition(f"amqp:{kind}:redirect", "served elsewhere", self.redirect)
+            elif is_connection:
                 condition = Condition("amqp:connection:forced", "no longer the master")
             else:
                 condition = Condition("amqp:not-found", "no such address")
@@ -339,6 +372,9 @@ class PeerProcess:
     credit: int = 1000
     refuse: bool = False
     stale: bool = False
+    redirect: str | None = None
+    link_redirect: str | None = None
+    redirects: int = 0
     proc: subprocess.Popen[str] | None = field(default=None, repr=False)
     connections: int = 0
     _reader: threading.Thread | None = field(default=None, repr=False)
@@ -363,6 +399,10 @@ class PeerProcess:
             cmd.append("--refuse")
         if self.stale:
             cmd.append("--stale")
+        if self.redirect:
+            cmd += ["--redirect", self.redirect]
+        if self.link_redirect:
+            cmd += ["--link-redirect", self.link_redirect]
         if self.tls_cert is not None and self.tls_key is not None:
             cmd += ["--tls-cert", str(self.tls_cert), "--tls-key", str(self.tls_key)]
         self.proc = subprocess.Popen(
@@ -385,6 +425,8 @@ class PeerProcess:
                 self._ready.set()
             elif line.startswith("CONNECTED "):
                 self.connections = int(line.split()[1])
+            elif line.startswith("REDIRECTED "):
+                self.redirects = int(line.split()[1])
             else:
                 sys.stderr.write(f"[amqp10 peer {self.port}] {line}")
 
@@ -439,6 +481,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--credit", type=int, default=1000, help="credit given to senders")
     parser.add_argument("--refuse", action="store_true", help="refuse every connection")
     parser.add_argument("--stale", action="store_true", help="act as a stale master")
+    parser.add_argument("--redirect", help="HOST:PORT (or self) every connection goes to")
+    parser.add_argument("--link-redirect", help="HOST:PORT every sender link goes to")
     args = parser.parse_args(argv)
     _run_peer(args)
 

@@ -47,7 +47,7 @@ from proton.reactor import (
 )
 
 from msgsafe.adapters.amqp10._errors import AUTH_CONDITIONS, condition_text, connection_error
-from msgsafe.adapters.amqp10._failover import parse_failover_list
+from msgsafe.adapters.amqp10._failover import Redirects, parse_failover_list
 from msgsafe.adapters.amqp10.config import Amqp10Options
 from msgsafe.endpoints import BrokerUrl, Endpoint, EndpointList
 from msgsafe.errors import MsgsafeError
@@ -185,6 +185,7 @@ class Engine(MessagingHandler):
         self._reported_refusals = 0
         #: Endpoints that timed out connecting, and until when they are passed over.
         self._mute: dict[Endpoint, float] = {}
+        self._redirects = Redirects(options.allows)
         #: Attempts that failed before opening since the last open connection (or start).
         self._failures = 0
         self.link_options: list[Any] = [AtLeastOnce()]
@@ -280,6 +281,10 @@ class Engine(MessagingHandler):
     def _connect_next(self) -> None:
         if self.closing or self.fatal is not None:
             return
+        redirect = self._redirects.take()
+        if redirect is not None:
+            self._dial(*redirect)
+            return
         picked = self._next_endpoint()
         if picked is None:
             gen = self.generation
@@ -315,7 +320,7 @@ class Engine(MessagingHandler):
         if generation == self.generation and self.conn is None:
             self._dial(endpoint)
 
-    def _dial(self, endpoint: Endpoint) -> None:
+    def _dial(self, endpoint: Endpoint, hostname: str | None = None) -> None:
         if self.closing or self.fatal is not None:
             return
         opts = self.options
@@ -339,7 +344,7 @@ class Engine(MessagingHandler):
             allow_insecure_mechs=opts.sasl_allow_insecure,
             user=user,
             password=self._url.password.reveal() if self._url.password else None,
-            virtual_host=opts.virtual_host,
+            virtual_host=hostname or opts.virtual_host,
         )
         gen = self.generation
         self.schedule(opts.connect_timeout, lambda: self._connect_timeout(gen))
@@ -418,6 +423,7 @@ class Engine(MessagingHandler):
         # opens and then refuses (a Qpid group without quorum) keeps backing off.
         if event.connection == self.conn and self._current is not None:
             self._endpoints.succeeded(self._current)
+            self._redirects.served()
 
     def on_transport_error(self, event: Any) -> None:
         condition = event.transport.condition
@@ -469,6 +475,7 @@ class Engine(MessagingHandler):
         if endpoint is not None:
             self._endpoints.failed(endpoint)
         resend = self._side.lost()
+        redirected = self._redirects.pending or self._redirects.follow(condition, endpoint)
         if was_open:
             log.warning(
                 "connection to %s lost (%s); %d unsettled send(s) to resend, failing over",
@@ -476,7 +483,7 @@ class Engine(MessagingHandler):
                 condition_text(condition) or "disconnected",
                 resend,
             )
-        else:
+        elif not redirected:
             # One WARNING per outage (the first failed attempt), the retries at DEBUG.
             self._failures += 1
             log.log(
@@ -508,6 +515,13 @@ class Engine(MessagingHandler):
         link = event.link
         condition = link.remote_condition
         log.warning("%s detached link %r: %s", self._current, link.name, condition_text(condition))
+        conn = link.connection
+        if conn == self.conn and self._redirects.follow(condition, self._current):
+            # amqp:link:redirect: the whole session moves to the node named (same
+            # addresses); what is queued or unsettled is kept and resent there.
+            conn.close()
+            self._lost(conn, condition)
+            return
         self._side.detached(link, condition)
 
     def on_link_closing(self, event: Any) -> None:

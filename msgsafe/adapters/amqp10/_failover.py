@@ -5,22 +5,38 @@ properties: a list of maps, each with ``network-host`` (where to connect), ``hos
 (the name for the open frame / TLS), ``port`` and an optional ``scheme``. Qpid JMS reads
 ``network-host`` first; some peers send only ``hostname``, so both are accepted here.
 A candidate without a scheme inherits the current connection's (as Qpid JMS does).
+
+A peer may also close a connection (or detach a link) with ``amqp:connection:redirect``
+(``amqp:link:redirect``): the condition's info map names ``network-host``, ``port`` and
+``hostname`` (AMQP 1.0 part 2.8.17). :func:`parse_redirect` reads it; the target keeps
+the current connection's TLS, so a redirect never leads from TLS to plain TCP.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from msgsafe.endpoints import Endpoint
 
-__all__ = ["FAILOVER_SERVER_LIST", "parse_failover_list"]
+__all__ = [
+    "FAILOVER_SERVER_LIST",
+    "REDIRECTS",
+    "Redirects",
+    "parse_failover_list",
+    "parse_redirect",
+]
 
 FAILOVER_SERVER_LIST = "failover-server-list"
 _TLS_SCHEMES = frozenset({"amqps", "amqp+ssl", "amqpwss", "wss", "ssl"})
 _PLAIN_SCHEMES = frozenset({"amqp", "amqp+tcp", "tcp", "amqpws", "ws"})
 _log = logging.getLogger("msgsafe.adapters.amqp10")
+#: Redirects followed in a row (no connection served in between) before the client stops
+#: following them: a redirect loop ends there and the node is treated as unreachable.
+MAX_REDIRECTS = 5
+#: The conditions that send the client elsewhere.
+REDIRECTS = frozenset({"amqp:connection:redirect", "amqp:link:redirect"})
 
 
 def _get(entry: Mapping[Any, Any], key: str) -> Any:
@@ -78,3 +94,83 @@ def parse_failover_list(
         if endpoint not in found:
             found.append(endpoint)
     return found
+
+
+def parse_redirect(condition: Any, *, current: Endpoint) -> tuple[Endpoint, str | None] | None:
+    """Where a redirect ``condition`` sends the client, and the ``hostname`` to open
+    with there (None: the default); None when it is not a usable redirect."""
+    if condition is None or str(condition.name or "") not in REDIRECTS:
+        return None
+    info = condition.info if isinstance(condition.info, Mapping) else {}
+    host = _get(info, "network-host") or _get(info, "hostname")
+    port = _get(info, "port")
+    port = current.port if port is None else port
+    if not isinstance(host, str) or not host or any(c.isspace() for c in host):
+        return None
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        return None
+    hostname = _get(info, "hostname")
+    target = Endpoint(host=host.strip("[]"), port=int(port), tls=current.tls)
+    return target, str(hostname) if isinstance(hostname, str) and hostname else None
+
+
+class Redirects:
+    """The redirects an engine follows: under the rules of advertised candidates (TLS
+    kept, ``allows``, the user's ``failover_allow``) and at most :data:`MAX_REDIRECTS`
+    in a row. Used on the engine's thread only."""
+
+    def __init__(self, allows: Callable[[Endpoint], bool]) -> None:
+        self._allows = allows
+        self._count = 0
+        self._next: tuple[Endpoint, str | None] | None = None
+
+    def follow(self, condition: Any, current: Endpoint | None) -> bool:
+        """True when ``condition`` is a redirect from ``current`` to be followed: the
+        next dial (:meth:`take`) goes there."""
+        target = parse_redirect(condition, current=current) if current is not None else None
+        if target is None:
+            return False
+        endpoint = target[0]
+        if not self._allows(endpoint):
+            _log.warning(
+                "not following the redirect from %s to %s: outside failover_allow",
+                current,
+                endpoint,
+            )
+            return False
+        if self._count >= MAX_REDIRECTS:
+            _log.warning(
+                "not following the redirect from %s to %s: %d redirects in a row "
+                "(a redirect loop?)",
+                current,
+                endpoint,
+                self._count,
+            )
+            return False
+        self._count += 1
+        self._next = target
+        _log.warning(
+            "%s redirected the client to %s (%s: %s); following (%d of at most %d in a row)",
+            current,
+            endpoint,
+            condition.name,
+            condition.description or "no description",
+            self._count,
+            MAX_REDIRECTS,
+        )
+        return True
+
+    @property
+    def pending(self) -> bool:
+        """True while a followed redirect waits for its dial."""
+        return self._next is not None
+
+    def take(self) -> tuple[Endpoint, str | None] | None:
+        """Where to dial now (and the open hostname there), once per followed redirect."""
+        target, self._next = self._next, None
+        return target
+
+    def served(self) -> None:
+        """A connection served (the broker attached a link): the count of redirects in a
+        row starts again. An open alone is not enough: a peer may open, then redirect."""
+        self._count = 0

@@ -17,6 +17,7 @@ import pytest
 
 from msgsafe.adapters import open_receiver, open_transport
 from msgsafe.adapters.amqp10 import Amqp10Receiver, Amqp10Transport
+from msgsafe.adapters.amqp10._failover import MAX_REDIRECTS
 from msgsafe.endpoints import Endpoint, parse_url
 from msgsafe.errors import TransientError, Unroutable
 from msgsafe.message import Envelope
@@ -281,3 +282,66 @@ def test_a_paused_node_costs_connect_timeout_once_not_on_every_pass(
         assert len(mute.accepted) == 1, "the paused node was dialed again within its hold"
     finally:
         mute.close()
+
+
+def test_connection_redirect_is_followed(
+    amqp10_peers: PeerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``amqp:connection:redirect`` from the only node in the URL: the client dials the
+    node the redirect names (same TLS), sends there, and logs the redirect."""
+    caplog.set_level(logging.INFO, logger="msgsafe.adapters.amqp10")
+    target = amqp10_peers.start()
+    mover = amqp10_peers.start(redirect=f"127.0.0.1:{target.port}")
+    tally = Tally()
+    with _transport(f"amqp10://127.0.0.1:{mover.port}", confirm_timeout=15.0) as transport:
+        for i in range(50):
+            env = Envelope.build("orders", b"%04d" % i)
+            tally.track(env.message_id, transport.publish(env))
+        wait_until(lambda: tally.resolved() == 50, 20, "50 outcomes")
+        assert transport.history[-1].port == target.port
+    _consume_all(f"amqp10://127.0.0.1:{target.port}", tally)
+    counts = tally.report("connection redirect")
+    assert counts["confirmed"] == 50 and counts["lost"] == 0 and counts["unknown"] == 0
+    assert mover.redirects >= 1
+    assert any("redirected the client to" in r.getMessage() for r in caplog.records)
+
+
+def test_link_redirect_moves_the_session(amqp10_peers: PeerFactory) -> None:
+    """``amqp:link:redirect`` on a sender link: the messages stay queued and go to the
+    node named, with their ids."""
+    target = amqp10_peers.start()
+    mover = amqp10_peers.start(link_redirect=f"127.0.0.1:{target.port}")
+    tally = Tally()
+    with _transport(f"amqp10://127.0.0.1:{mover.port}", confirm_timeout=15.0) as transport:
+        for i in range(50):
+            env = Envelope.build("orders", b"%04d" % i)
+            tally.track(env.message_id, transport.publish(env))
+        wait_until(lambda: tally.resolved() == 50, 20, "50 outcomes")
+        assert [e.port for e in transport.history] == [mover.port, target.port]
+    _consume_all(f"amqp10://127.0.0.1:{target.port}", tally)
+    counts = tally.report("link redirect")
+    assert counts["confirmed"] == 50 and counts["lost"] == 0 and counts["unknown"] == 0
+
+
+def test_redirect_outside_the_allow_list_is_not_followed(amqp10_peers: PeerFactory) -> None:
+    target = amqp10_peers.start()
+    mover = amqp10_peers.start(redirect=f"127.0.0.1:{target.port}")
+    url = f"amqp10://127.0.0.1:{mover.port}?failover_allow=127.0.0.1:{mover.port}"
+    with _transport(url, confirm_timeout=2.0) as transport:
+        err = transport.publish(Envelope.build("orders", b"x")).exception(10)
+        assert isinstance(err, TransientError) and not err.maybe_delivered
+        assert target.port not in [e.port for e in transport.history]
+    assert target.connections == 0
+
+
+def test_a_redirect_loop_is_followed_a_bounded_number_of_times(
+    amqp10_peers: PeerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="msgsafe.adapters.amqp10")
+    loop = amqp10_peers.start(redirect="self")
+    with _transport(f"amqp10://127.0.0.1:{loop.port}", confirm_timeout=2.0) as transport:
+        err = transport.publish(Envelope.build("orders", b"x")).exception(10)
+        assert isinstance(err, TransientError) and not err.maybe_delivered
+    followed = [r for r in caplog.records if "redirected the client to" in r.getMessage()]
+    assert len(followed) == MAX_REDIRECTS, caplog.text
+    assert any("a redirect loop?" in r.getMessage() for r in caplog.records)
