@@ -30,7 +30,13 @@ from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_conf
 from msgsafe.adapters.kafka._errors import PRODUCER_STATE, translate
 from msgsafe.adapters.kafka.config import KafkaOptions, producer_settings
 from msgsafe.endpoints import BrokerUrl
-from msgsafe.errors import ConfigurationError, ConfirmTimeout, ConnectionLost, MsgsafeError
+from msgsafe.errors import (
+    ConfigurationError,
+    ConfirmTimeout,
+    ConnectError,
+    ConnectionLost,
+    MsgsafeError,
+)
 from msgsafe.message import Batch
 from msgsafe.ports import BatchReport, PublishCallback
 
@@ -45,6 +51,10 @@ _INLINE_GRACE_S = 0.02
 #: Seconds between repeated "all brokers down" warnings.
 _DOWN_WARN_EVERY_S = 30.0
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+#: Seconds new messages fail at once after librdkafka said "all brokers down"; then one
+#: message goes through again as a probe (librdkafka repeats the error while they stay
+#: down, a delivered message ends the outage).
+_DOWN_HOLD_S = 1.0
 
 
 class _Report:
@@ -79,6 +89,7 @@ class _Report:
         except KeyError:
             return
         if err is None:
+            link.down_until = 0.0
             call_logged(log, PUBLISH_CALLBACK, self.callback, None)
         else:
             link._failed(self, err)
@@ -250,6 +261,12 @@ class ProducerLink:
         #: Batches in publish order: the watchdog's other list.
         self.batches: deque[_BatchReports] = deque()
         self._down_warned_at = -_DOWN_WARN_EVERY_S
+        #: Until when (time.monotonic()) every broker counts as down: publishes fail at
+        #: once with ConnectError instead of waiting for message.timeout.ms.
+        self.down_until = 0.0
+        #: Set by error_cb: the poll thread purges librdkafka's queue (never-sent
+        #: messages then fail with ConnectError, nothing was sent).
+        self._purge_queue = False
         #: When a publisher last served reports itself (time.monotonic()).
         self.inline_at = 0.0
         self._stop = threading.Event()
@@ -281,9 +298,23 @@ class ProducerLink:
             log, PUBLISH_CALLBACK, report.callback, self._delivery_error(err, report.message_id)
         )
 
+    @property
+    def down(self) -> bool:
+        """True while every broker counts as down (see :attr:`down_until`)."""
+        return time.monotonic() < self.down_until
+
+    def unreachable(self, message_id: str | None = None) -> ConnectError:
+        """The error of a message never sent because every broker is down."""
+        return ConnectError(
+            "no broker reachable: all brokers down", endpoint=self._target, message_id=message_id
+        )
+
     def _delivery_error(self, err: KafkaError, message_id: str | None = None) -> MsgsafeError:
         """The msgsafe error of a failed delivery report; recreates the producer when its
         own state is what failed."""
+        if err.code() == KafkaError._PURGE_QUEUE and not self._closing and self.down_until:
+            # Purged from the local queue while all brokers were down: never sent.
+            return self.unreachable(message_id)
         if self._closing and err.code() in _PURGED:
             return ConnectionLost(
                 "transport closed before the broker confirmed",
@@ -308,6 +339,8 @@ class ProducerLink:
         elif err.code() == KafkaError._ALL_BROKERS_DOWN:
             # librdkafka repeats this on every reconnect round: warn once a while.
             now = time.monotonic()
+            self.down_until = now + _DOWN_HOLD_S
+            self._purge_queue = True
             if now - self._down_warned_at >= _DOWN_WARN_EVERY_S:
                 self._down_warned_at = now
                 log.warning("kafka: all brokers down (%s)", self._target)
@@ -323,6 +356,8 @@ class ProducerLink:
                 self._stop.wait(_INLINE_GRACE_S)
                 if self.fatal is not None:
                     self._recreate()
+                if self._purge_queue:
+                    self._purge_unsent()
                 self._expire(time.monotonic())
                 continue
             try:
@@ -335,7 +370,19 @@ class ProducerLink:
                 log.exception("kafka poll failed")
             if self.fatal is not None:
                 self._recreate()
+            if self._purge_queue:
+                self._purge_unsent()
             self._expire(time.monotonic())
+
+    def _purge_unsent(self) -> None:
+        # Messages still in librdkafka's queue were never sent: with every broker down
+        # they fail now (ConnectError, to the outbox) instead of at message.timeout.ms.
+        self._purge_queue = False
+        try:
+            self.producer.purge(in_queue=True, in_flight=False, blocking=False)
+            self.producer.poll(0)
+        except (KafkaException, RuntimeError):
+            log.debug("purging the local queue", exc_info=True)
 
     def _recreate(self) -> None:
         old = self.producer

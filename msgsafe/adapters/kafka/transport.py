@@ -106,6 +106,10 @@ class KafkaTransport:
         if too_large is not None:
             call_logged(log, PUBLISH_CALLBACK, callback, too_large)
             return
+        if self._link.down:
+            # Every broker is down: fail now (to the outbox), not at message.timeout.ms.
+            call_logged(log, PUBLISH_CALLBACK, callback, self._link.unreachable(message_id))
+            return
         headers: RecordHeaders = [(ID_HEADER, message_id)]
         if envelope.headers:
             headers.extend(user_headers(envelope.headers))
@@ -169,6 +173,10 @@ class KafkaTransport:
                 report_failed(report, index, error)
             return
         link = self._link
+        if link.down:
+            for index in range(count):
+                report_failed(report, index, link.unreachable(batch.message_ids[index]))
+            return
         reports = _BatchReports(link, batch, report)
         topic = batch.destination
         bodies, ids, keys = batch.bodies, batch.message_ids, batch.keys
