@@ -42,9 +42,13 @@ __all__ = [
 __version__ = "0.1.0"
 
 # A library does not decide where its records go: without a handler configured by the
-# application, nothing reaches stderr (no "last resort" printing). The client libraries'
-# own loggers get the same treatment; an application that wants their records attaches
-# a handler to them (or to the root logger) and sets their level.
-for _name in ("msgsafe", "pika", "proton"):
+# application, nothing reaches stderr (no "last resort" printing). The client libraries
+# underneath (pika, proton) log every failed reconnect with their own nested exception
+# text; msgsafe reports the same events once, in its own words, so their records stay
+# out of the application's handlers unless it asks for them:
+# ``logging.getLogger("pika").propagate = True`` (librdkafka's are off: log_level 0).
+logging.getLogger("msgsafe").addHandler(logging.NullHandler())
+for _name in ("pika", "proton"):
     logging.getLogger(_name).addHandler(logging.NullHandler())
+    logging.getLogger(_name).propagate = False
 del _name

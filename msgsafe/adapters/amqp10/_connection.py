@@ -70,6 +70,14 @@ class _TimedOut:
     description = None
 
 
+def _cause(condition: Any) -> str:
+    """Why an attempt failed, in a few words: a socket error proton reports under its
+    own condition name (``proton.pythonio``) is given by its description alone."""
+    if condition is not None and str(condition.name or "").startswith("proton."):
+        return str(condition.description or "disconnected").lower()
+    return condition_text(condition) or "disconnected"
+
+
 class Side(Protocol):
     """What flows over an engine's connection: one per engine, called on its thread."""
 
@@ -490,7 +498,7 @@ class Engine(MessagingHandler):
                 logging.WARNING if self._failures == 1 else logging.DEBUG,
                 "cannot connect to %s: %s",
                 endpoint,
-                condition_text(condition) or "disconnected",
+                _cause(condition),
             )
             if self.all_failed:
                 self._side.tick(time.monotonic())

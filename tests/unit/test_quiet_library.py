@@ -1,0 +1,80 @@
+"""A quiet library: an application that configured no logging sees nothing on stderr
+during an outage; one that logs at WARNING sees one concise line per state change (not
+one per retry), and no third-party exception text or traceback.
+
+Each case runs in a child process (logging is process-global) against a loopback port
+nothing listens on, sending for a few seconds so that every adapter retries many times.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCHEMES = ["amqp", "amqp10", "kafka"]
+#: Seconds of outage each child sends through: several reconnect rounds.
+OUTAGE_S = 3.0
+
+CHILD = textwrap.dedent(
+    """
+    import logging, sys, time
+    if sys.argv[2] == "warning":
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    import msgsafe
+    from msgsafe.errors import ConnectError
+    producer = msgsafe.Producer(sys.argv[1], outbox=False)
+    deadline = time.monotonic() + float(sys.argv[3])
+    sent = failed = 0
+    while time.monotonic() < deadline:
+        sent += 1
+        try:
+            producer.send("orders", b"x")
+        except ConnectError:
+            failed += 1
+        time.sleep(0.05)  # pacing the loop, not synchronisation
+    producer.close()
+    print(sent, failed)
+    """
+)
+
+
+def _refusing_port() -> int:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = int(sock.getsockname()[1])
+    sock.close()
+    return port
+
+
+def _run(scheme: str, mode: str) -> tuple[str, str]:
+    url = f"{scheme}://127.0.0.1:{_refusing_port()}/"
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, url, mode, str(OUTAGE_S)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    sent, failed = (int(n) for n in done.stdout.split())
+    assert sent == failed and sent > 10, done.stdout  # every send was answered, typed
+    return done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_unconfigured_logging_prints_nothing(scheme: str) -> None:
+    _, stderr = _run(scheme, "none")
+    assert stderr == ""
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_one_concise_line_per_outage_at_warning(scheme: str) -> None:
+    _, stderr = _run(scheme, "warning")
+    lines = stderr.splitlines()
+    assert 1 <= len(lines) <= 2, stderr
+    assert all(line.startswith("WARNING msgsafe") for line in lines), stderr
+    for noise in ("Traceback", "AMQPConnectionWorkflowFailed", "pika", "proton.", "Error("):
+        assert noise not in stderr, stderr
