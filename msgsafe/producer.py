@@ -50,7 +50,9 @@ class Producer:
 
     ``url`` selects the broker (see :func:`msgsafe.endpoints.parse_url`); ``outbox``
     is where messages go when the broker cannot take them: ``True`` (a SQLite file in
-    the user's data directory, one per target URL), a path, an ``OutboxStore`` (e.g.
+    the user's data directory, one per destination — scheme, hosts, virtual host — so
+    editing options or the URL's spelling keeps it; see :mod:`msgsafe.outbox.location`),
+    a path, an ``OutboxStore`` (e.g.
     ``msgsafe.outbox.PostgresOutbox``), or ``False`` to have ``send()`` raise instead.
     ``send_timeout`` bounds how long ``send()`` blocks; ``retry`` is the forwarder's
     backoff; further keyword ``options`` go to the adapter, which refuses unknown ones.
@@ -82,7 +84,7 @@ class Producer:
         #: The transport's batch seam when it has one (see msgsafe.ports.BatchTransport).
         self._publish_batch: _PublishBatch | None = getattr(self._transport, "publish_batch", None)
         try:
-            self._store = open_store(outbox, self._url)
+            self._store = open_store(outbox, self._url, options)
             self._settle = Settlement(self._store)
             # The hot path reads these directly (the same objects as the settlement's).
             self._lock = self._settle.lock

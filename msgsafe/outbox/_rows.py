@@ -1,10 +1,12 @@
-"""Envelope <-> row conversion shared by the SQLite and PostgreSQL stores, and the
-entries the stores list for the CLI."""
+"""Envelope <-> row conversion shared by the SQLite and PostgreSQL stores, the entries
+the stores list for the CLI, and the SQLite store's multi-row insert."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -14,10 +16,14 @@ from msgsafe.errors import ConfigurationError
 from msgsafe.message import Envelope
 
 __all__ = [
+    "COLUMNS",
+    "INSERT",
     "OutboxEntry",
     "QuarantinedEntry",
+    "Rows",
     "decode_headers",
     "encode_headers",
+    "insert_rows",
     "make_envelope",
     "redact_target",
 ]
@@ -90,3 +96,43 @@ class QuarantinedEntry:
     attempts: int
     error: str
     quarantined_at: float
+
+
+#: The SQLite store's insert of new rows; put() sends many rows per statement.
+INSERT = (
+    "INSERT OR IGNORE INTO outbox (id, target, destination, key, headers, body, created_at, size)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_MULTI_ROWS = 1000  # rows per INSERT statement: 8000 parameters, well under SQLite's limit
+COLUMNS = 8  # parameters per row of INSERT
+
+
+@dataclass(slots=True)
+class Rows:
+    """One put's rows as the flat parameter list of a multi-row INSERT."""
+
+    params: list[object]
+    count: int
+    size: int
+    keys: list[bytes]  #: the rows' keys (None left out), repeats included
+
+
+@functools.lru_cache(maxsize=8)
+def _multi_insert(rows: int) -> str:
+    return INSERT + ", (?, ?, ?, ?, ?, ?, ?, ?)" * (rows - 1)
+
+
+def insert_rows(conn: sqlite3.Connection, params: list[object]) -> None:
+    """Insert rows given as one flat parameter list with few statements.
+
+    NOTE: ``executemany`` gives up the GIL around every row's step and must win it back
+    each time; with busy sender threads that hand-off dominates (a 1000-row put took
+    ~150 ms instead of ~7 ms). Multi-row ``VALUES`` steps once per chunk.
+    """
+    step = _MULTI_ROWS * COLUMNS
+    if len(params) <= step:
+        conn.execute(_multi_insert(len(params) // COLUMNS), params)
+        return
+    for start in range(0, len(params), step):
+        chunk = params[start : start + step]
+        conn.execute(_multi_insert(len(chunk) // COLUMNS), chunk)

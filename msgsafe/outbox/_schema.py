@@ -1,5 +1,5 @@
-"""The SQLite outbox file: what it must look like, its schema, version and migrations,
-and what its errors mean to a caller.
+"""The SQLite outbox file: what it must look like, its lock, its schema, version and
+migrations, and what its errors mean to a caller.
 
 The file identifies itself with ``PRAGMA application_id`` (so a foreign SQLite file is
 recognised and left alone) and records its schema version in ``PRAGMA user_version``.
@@ -8,14 +8,26 @@ Migrations run in order inside one transaction; a file from a newer msgsafe is r
 
 from __future__ import annotations
 
+import fcntl
+import shlex
 import sqlite3
+import time
 from pathlib import Path
 
 from msgsafe.errors import MsgsafeError, OutboxCorrupt, OutboxError, OutboxFull, OutboxLocked
 
-__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "check_header", "migrate", "translate_sqlite_error"]
+__all__ = [
+    "APPLICATION_ID",
+    "SCHEMA_VERSION",
+    "check_header",
+    "migrate",
+    "salvage_hint",
+    "take_lock",
+    "translate_sqlite_error",
+]
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+_LOCK_WAIT_S = 0.1
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 5, 6, 11, 13, 26
 
 #: "msgs" in ASCII: marks a file as an msgsafe outbox.
@@ -100,8 +112,37 @@ def translate_sqlite_error(exc: sqlite3.Error, path: str = "") -> MsgsafeError:
     if code in (_SQLITE_BUSY, _SQLITE_LOCKED):
         return OutboxLocked(f"the outbox file is locked by another process{where}: {exc}")
     if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
-        return OutboxCorrupt(f"the outbox file is damaged{where}: {exc}; it was left untouched")
+        return OutboxCorrupt(f"the outbox file is damaged{where}: {exc}; {salvage_hint(path)}")
     return OutboxError(f"outbox storage error{where}: {exc}")
+
+
+def salvage_hint(path: str | Path) -> str:
+    """What to tell the owner of a damaged outbox file: it was not changed, and the
+    command that copies every intact message out of it."""
+    name = shlex.quote(str(path)) if path else "PATH"
+    return (
+        "it was left untouched; copy its intact messages to a new file with "
+        f"`msgsafe outbox salvage {name} --to NEW`, then forward them with "
+        "`msgsafe outbox drain NEW`"
+    )
+
+
+def take_lock(fd: int, path: Path) -> None:
+    """Take the advisory lock that makes ``fd``'s file ours, or raise
+    :class:`OutboxLocked`.
+
+    A process only glancing at the file (:mod:`msgsafe.outbox.discovery`) holds the lock
+    for milliseconds: worth a short wait before calling the file in use.
+    """
+    deadline = time.monotonic() + _LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise OutboxLocked(f"the outbox file {path} is in use by another process") from exc
+            time.sleep(0.005)
 
 
 def check_header(path: Path) -> None:

@@ -1,5 +1,5 @@
 """The operator's side of the SQLite outbox: list what waits, inspect the quarantine,
-replay it, purge.
+replay it, purge, find where given ids are, and absorb another outbox file.
 
 Split from :mod:`msgsafe.outbox.sqlite` along the line between the store contract that
 the producer and the forwarder rely on (:class:`~msgsafe.ports.OutboxStore`: put,
@@ -34,6 +34,15 @@ _QUARANTINED = (
     "SELECT id, destination, key, headers, body, created_at, target, attempts,"
     " error, quarantined_at FROM quarantine ORDER BY seq LIMIT ? OFFSET ?"
 )
+#: Rows moved by absorb() per transaction, and their payload bytes at most.
+_ABSORB_ROWS = 1000
+_ABSORB_BYTES = 16 << 20
+_WAITING_COLUMNS = (
+    "id, target, destination, key, headers, body, created_at, size, attempts, last_error"
+)
+_QUARANTINE_COLUMNS = (
+    "id, target, destination, key, headers, body, created_at, size, attempts, error, quarantined_at"
+)
 
 
 class OperatorQueries:
@@ -64,7 +73,60 @@ class OperatorQueries:
         deleted: int = self._call(self._purge_batch, (selected, waiting))
         return deleted
 
+    def locate(self, ids: Sequence[str]) -> dict[str, Literal["waiting", "quarantined"]]:
+        """Where each of ``ids`` is; ids in neither table are left out (unknown)."""
+        found: dict[str, Literal["waiting", "quarantined"]] = self._read(
+            self._locate_batch, builtins.list(ids)
+        )
+        return found
+
+    def absorb(self, other: OperatorQueries) -> tuple[int, int]:
+        """Move every message of ``other`` (another outbox file for the same destination,
+        opened by this process) into this one; returns ``(waiting, quarantined)`` moved.
+
+        Its waiting messages go ahead of the ones waiting here, in their own order, with
+        their ids and attempts; its quarantine joins this quarantine. Bounds do not apply:
+        these messages were accepted already. Rows move a chunk at a time, each chunk
+        committed here before it is deleted there: a crash in between leaves a message in
+        both files (sent twice at worst, never lost; an id already here is not added).
+        """
+        waiting = quarantined = 0
+        while rows := other._read(_take_rows, ("outbox", "seq DESC", _WAITING_COLUMNS)):
+            rows.reverse()
+            self._call(_prepend_waiting, rows)
+            other._call(_delete_rows, ("outbox", [r[0] for r in rows]))
+            waiting += len(rows)
+        while rows := other._read(_take_rows, ("quarantine", "seq", _QUARANTINE_COLUMNS)):
+            self._call(_append_quarantined, rows)
+            other._call(_delete_rows, ("quarantine", [r[0] for r in rows]))
+            quarantined += len(rows)
+        for store in (self, other):
+            store._call(store._recount_batch, None)
+        return waiting, quarantined
+
     # --- writer-thread handlers -----------------------------------------------------------
+
+    def _locate_batch(
+        self, conn: sqlite3.Connection, payloads: builtins.list[Any]
+    ) -> HandlerResult[object]:
+        results: builtins.list[object] = []
+        for ids in payloads:
+            found: dict[str, str] = {}
+            for start in range(0, len(ids), _MAX_SELECTED):
+                chunk = ids[start : start + _MAX_SELECTED]
+                marks = ",".join("?" * len(chunk))
+                for table, place in (("outbox", "waiting"), ("quarantine", "quarantined")):
+                    for (found_id,) in conn.execute(
+                        f"SELECT id FROM {table} WHERE id IN ({marks})", chunk
+                    ):
+                        found[found_id] = place
+            results.append(found)
+        return HandlerResult(results)
+
+    def _recount_batch(
+        self, conn: sqlite3.Connection, payloads: builtins.list[Any]
+    ) -> HandlerResult[object]:
+        return HandlerResult([None] * len(payloads), self._recounted(conn))
 
     def _waiting_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
@@ -138,6 +200,10 @@ class OperatorQueries:
         """The counter update for quarantined rows back in the queue."""
         raise NotImplementedError
 
+    def _recounted(self, conn: sqlite3.Connection) -> Callable[[], None]:
+        """The counters and key index rebuilt from the file, to apply after the commit."""
+        raise NotImplementedError
+
 
 def _entries(
     conn: sqlite3.Connection,
@@ -165,3 +231,56 @@ def _selection(ids: builtins.list[str] | None) -> tuple[str, tuple[str, ...]]:
     if len(ids) > _MAX_SELECTED:
         raise OutboxError(f"select at most {_MAX_SELECTED} ids at once")
     return f" WHERE id IN ({','.join('?' * len(ids))})", tuple(ids)
+
+
+def _take_rows(conn: sqlite3.Connection, payloads: builtins.list[Any]) -> HandlerResult[object]:
+    """Rows ``(seq, columns...)`` of one table in one order, a bounded chunk."""
+    results: builtins.list[object] = []
+    for table, order, columns in payloads:
+        rows: builtins.list[tuple[Any, ...]] = []
+        size = 0
+        for row in conn.execute(
+            f"SELECT seq, {columns} FROM {table} ORDER BY {order} LIMIT {_ABSORB_ROWS}"
+        ):
+            rows.append(row)
+            size += row[8]
+            if size >= _ABSORB_BYTES:
+                break
+        results.append(rows)
+    return HandlerResult(results)
+
+
+def _prepend_waiting(
+    conn: sqlite3.Connection, payloads: builtins.list[Any]
+) -> HandlerResult[object]:
+    """Insert waiting rows (ascending) ahead of every row of the queue: ``seq`` values
+    below the smallest one present (negative ones are fine for SQLite)."""
+    for rows in payloads:
+        first = conn.execute("SELECT min(seq) FROM outbox").fetchone()[0]
+        base = (1 if first is None else int(first)) - len(rows)
+        conn.executemany(
+            f"INSERT OR IGNORE INTO outbox (seq, {_WAITING_COLUMNS})"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(base + i, *row[1:]) for i, row in enumerate(rows)],
+        )
+    return HandlerResult([None] * len(payloads))
+
+
+def _append_quarantined(
+    conn: sqlite3.Connection, payloads: builtins.list[Any]
+) -> HandlerResult[object]:
+    for rows in payloads:
+        conn.executemany(
+            f"INSERT OR IGNORE INTO quarantine ({_QUARANTINE_COLUMNS})"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [row[1:] for row in rows],
+        )
+    return HandlerResult([None] * len(payloads))
+
+
+def _delete_rows(conn: sqlite3.Connection, payloads: builtins.list[Any]) -> HandlerResult[object]:
+    for table, seqs in payloads:
+        for start in range(0, len(seqs), _MAX_SELECTED):
+            chunk = seqs[start : start + _MAX_SELECTED]
+            conn.execute(f"DELETE FROM {table} WHERE seq IN ({','.join('?' * len(chunk))})", chunk)
+    return HandlerResult([None] * len(payloads))

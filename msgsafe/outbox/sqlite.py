@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import fcntl
-import functools
 import os
 import sqlite3
 import threading
@@ -40,24 +38,30 @@ from msgsafe.errors import (
 )
 from msgsafe.message import Envelope
 from msgsafe.outbox._rows import (
+    COLUMNS,
+    Rows,
     encode_headers,
+    insert_rows,
     make_envelope,
     redact_target,
 )
-from msgsafe.outbox._schema import APPLICATION_ID, check_header, migrate, translate_sqlite_error
+from msgsafe.outbox._schema import (
+    APPLICATION_ID,
+    check_header,
+    migrate,
+    salvage_hint,
+    take_lock,
+    translate_sqlite_error,
+)
 from msgsafe.outbox._sqlite_operator import OperatorQueries
 from msgsafe.outbox._writer import GroupCommitWriter, Handler, HandlerResult
 from msgsafe.ports import OutboxStats
 
-__all__ = ["SqliteOutbox"]
+__all__ = ["SqliteOutbox", "held_here"]
 
 _AGE_CHECK_S = 1.0
 _IN_CHUNK = 500  # ids per "IN (...)" list, far below SQLite's variable limit
 
-_INSERT = (
-    "INSERT OR IGNORE INTO outbox (id, target, destination, key, headers, body, created_at, size)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-)
 _CLAIM = """
 UPDATE outbox SET ready_at = :until, attempts = attempts + 1
 WHERE seq IN (
@@ -81,6 +85,17 @@ class _Counters:
 #: Stores opened through SqliteOutbox.shared, by real path.
 _shared: dict[str, SqliteOutbox] = {}
 _shared_lock = threading.Lock()
+#: Real paths of every file a SqliteOutbox of this process holds (shared or not).
+_held: set[str] = set()
+_held_lock = threading.Lock()  # NOTE: not _shared_lock: shared() opens while holding that
+
+
+def held_here(path: str | os.PathLike[str]) -> bool:
+    """True while a store of this process holds ``path``. Such a file must not even be
+    opened by another descriptor: closing any descriptor of a file drops the POSIX locks
+    SQLite holds on it for this process."""
+    with _held_lock:
+        return os.path.realpath(path) in _held
 
 
 class SqliteOutbox(OperatorQueries):
@@ -127,6 +142,7 @@ class SqliteOutbox(OperatorQueries):
         self._oldest_at: float | None = None
         self._oldest_checked = 0.0
         self._lock_fd = -1
+        self._holds = False  # this store's path is in _held
         self._conn: sqlite3.Connection | None = None
         try:
             self._open(check)
@@ -147,14 +163,16 @@ class SqliteOutbox(OperatorQueries):
         if not path.parent.is_dir():
             raise ConfigurationError(f"outbox directory {path.parent} does not exist")
         check_header(path)
+        if held_here(path):
+            raise OutboxLocked(f"the outbox file {path} is already open in this process")
         try:
             self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise OutboxError(f"cannot open the outbox file {path}: {exc}") from exc
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            raise OutboxLocked(f"the outbox file {path} is in use by another process") from exc
+        take_lock(self._lock_fd, path)
+        with _held_lock:
+            _held.add(os.path.realpath(path))
+        self._holds = True
         try:
             conn = sqlite3.connect(path, timeout=1.0, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
@@ -178,7 +196,7 @@ class SqliteOutbox(OperatorQueries):
                 if result != ["ok"]:
                     raise OutboxCorrupt(
                         f"the outbox file {path} failed its integrity check "
-                        f"({'; '.join(result[:3])}); it was left untouched"
+                        f"({'; '.join(result[:3])}); {salvage_hint(path)}"
                     )
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = FULL")
@@ -213,6 +231,10 @@ class SqliteOutbox(OperatorQueries):
         if self._lock_fd >= 0:
             # Closing our descriptor only after SQLite closed its own: closing any
             # descriptor of the file drops the process's POSIX locks on it.
+            if self._holds:
+                with _held_lock:
+                    _held.discard(os.path.realpath(self.path))
+                self._holds = False
             os.close(self._lock_fd)
             self._lock_fd = -1
 
@@ -346,7 +368,7 @@ class SqliteOutbox(OperatorQueries):
             raise ClosedError("the outbox is closed")
         return self._writer.call(handler, payload, read_only=True)
 
-    def _rows(self, envelopes: Sequence[Envelope]) -> _Rows:
+    def _rows(self, envelopes: Sequence[Envelope]) -> Rows:
         # Built in the caller's thread, straight into the flat parameter list of the
         # multi-row INSERT: no tuple per row, and the writer only binds.
         target = self._target
@@ -365,14 +387,14 @@ class SqliteOutbox(OperatorQueries):
             )
         ]
         keys = [env.key for env in envelopes if env.key is not None]
-        sizes = cast("builtins.list[int]", params[7::_COLUMNS])
-        return _Rows(params, len(envelopes), sum(sizes), keys)
+        sizes = cast("builtins.list[int]", params[7::COLUMNS])
+        return Rows(params, len(envelopes), sum(sizes), keys)
 
     def _put_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
     ) -> HandlerResult[object]:
         results: builtins.list[object] = []
-        accepted: builtins.list[_Rows] = []
+        accepted: builtins.list[Rows] = []
         rows, size = self._counts.rows, self._counts.bytes
         now = self._clock()
         if now - self._oldest_checked > _AGE_CHECK_S or self._oldest_at is None:
@@ -381,7 +403,7 @@ class SqliteOutbox(OperatorQueries):
             self._oldest_at, self._oldest_checked = _oldest(conn), now
         too_old = self._oldest_at is not None and now - self._oldest_at > self.max_age_s
         for payload in payloads:
-            batch: _Rows = payload
+            batch: Rows = payload
             if too_old:
                 results.append(
                     OutboxFull(
@@ -402,7 +424,7 @@ class SqliteOutbox(OperatorQueries):
         count = sum(batch.count for batch in accepted)
         before = conn.total_changes
         for batch in accepted:
-            _insert_rows(conn, batch.params)
+            insert_rows(conn, batch.params)
         # Fewer changes than rows: some ids were already stored (a put repeated after an
         # unknown outcome); the stored copies stay and the counters are rebuilt from the file.
         recount = self._recount(conn) if conn.total_changes - before != count else None
@@ -515,6 +537,19 @@ class SqliteOutbox(OperatorQueries):
                 )
         return HandlerResult([None] * len(payloads), self._remove(removed, quarantined=quarantined))
 
+    def _recounted(self, conn: sqlite3.Connection) -> Callable[[], None]:
+        """The counters and key index rebuilt from the file, to apply after the commit."""
+        rows, size, keys = self._recount(conn)
+        quarantined = conn.execute("SELECT count(*) FROM quarantine").fetchone()[0]
+
+        def apply() -> None:
+            self._oldest_checked = 0.0
+            with self._lock:
+                self._counts = _Counters(rows, size, quarantined)
+                self._keys = keys
+
+        return apply
+
     def _restore(self, added: Iterable[tuple[bytes | None, int]]) -> Callable[[], None]:
         """What to do in memory once quarantined rows ``(key, size)`` are back in the
         queue (run after the commit)."""
@@ -545,41 +580,6 @@ class SqliteOutbox(OperatorQueries):
     ) -> HandlerResult[object]:
         oldest = _oldest(conn)
         return HandlerResult([oldest] * len(payloads))
-
-
-_MULTI_ROWS = 1000  # rows per INSERT statement: 8000 parameters, well under SQLite's limit
-_COLUMNS = 8  # parameters per row of _INSERT
-
-
-@dataclass(slots=True)
-class _Rows:
-    """One put's rows as the flat parameter list of a multi-row INSERT."""
-
-    params: list[object]
-    count: int
-    size: int
-    keys: list[bytes]  #: the rows' keys (None left out), repeats included
-
-
-@functools.lru_cache(maxsize=8)
-def _multi_insert(rows: int) -> str:
-    return _INSERT + ", (?, ?, ?, ?, ?, ?, ?, ?)" * (rows - 1)
-
-
-def _insert_rows(conn: sqlite3.Connection, params: list[object]) -> None:
-    """Insert rows given as one flat parameter list with few statements.
-
-    NOTE: ``executemany`` gives up the GIL around every row's step and must win it back
-    each time; with busy sender threads that hand-off dominates (a 1000-row put took
-    ~150 ms instead of ~7 ms). Multi-row ``VALUES`` steps once per chunk.
-    """
-    step = _MULTI_ROWS * _COLUMNS
-    if len(params) <= step:
-        conn.execute(_multi_insert(len(params) // _COLUMNS), params)
-        return
-    for start in range(0, len(params), step):
-        chunk = params[start : start + step]
-        conn.execute(_multi_insert(len(chunk) // _COLUMNS), chunk)
 
 
 def _oldest(conn: sqlite3.Connection) -> float | None:
