@@ -4,67 +4,157 @@ stores or replicates a queue, so that is reported as unknown, never assumed."""
 
 from __future__ import annotations
 
-import contextlib
+from dataclasses import dataclass, field
 from typing import Any
 
+from msgsafe.adapters.amqp10._errors import condition_text
+from msgsafe.adapters.amqp10._failover import parse_failover_list, parse_redirect
+from msgsafe.adapters.amqp10.config import Amqp10Options, load_options
 from msgsafe.cli.findings import Finding, Severity
-from msgsafe.endpoints import BrokerUrl
+from msgsafe.endpoints import BrokerUrl, Endpoint, EndpointList
 from msgsafe.errors import ConnectError, MissingExtra
 
 __all__ = ["check_amqp10"]
 
 _TIMEOUT_S = 5.0
+#: How long an opened connection is watched for a close that follows the open.
+_SETTLE_S = 0.5
 
 
-def check_amqp10(url: BrokerUrl) -> list[Finding]:
-    """Findings from the first peer in ``url`` that opens a connection."""
-    try:
-        from proton import ProtonException
-        from proton.utils import BlockingConnection
-    except ImportError as exc:
-        raise MissingExtra("amqp10", "python-qpid-proton") from exc
-    last: Exception | None = None
-    for endpoint in url.endpoints:
-        host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
-        scheme = "amqps" if endpoint.tls else "amqp"
-        try:
-            connection = BlockingConnection(
+@dataclass
+class _Answer:
+    """What one node said to an open: its open frame, and a close if one came at once."""
+
+    endpoint: Endpoint
+    opened: bool = False
+    properties: dict[Any, Any] = field(default_factory=dict)
+    container: str = ""
+    capabilities: list[str] = field(default_factory=list)
+    closed: Any = None  #: the close condition (a refusal or a redirect), if any
+    error: str = ""
+
+
+def _probe(url: BrokerUrl, endpoint: Endpoint) -> _Answer:
+    """Open one connection to ``endpoint``; keep it up to ``_SETTLE_S`` to see a close
+    that follows the open (a Broker-J replica, a redirect)."""
+    from proton.handlers import MessagingHandler
+    from proton.reactor import Container
+
+    answer = _Answer(endpoint)
+
+    class Probe(MessagingHandler):
+        def on_start(self, event: Any) -> None:
+            host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
+            scheme = "amqps" if endpoint.tls else "amqp"
+            event.container.connect(
                 f"{scheme}://{host}:{endpoint.port}",
-                timeout=_TIMEOUT_S,
+                reconnect=False,
                 sasl_enabled=True,
                 allowed_mechs="PLAIN" if url.username else "ANONYMOUS",
                 allow_insecure_mechs=True,
                 user=url.username,
                 password=url.password.reveal() if url.password else None,
             )
-        except (ProtonException, OSError) as exc:
-            last = exc
-            continue
-        try:
-            return _findings(url, str(endpoint), connection.conn)
-        finally:
-            with contextlib.suppress(ProtonException, OSError):
-                connection.close()
-    raise ConnectError(
-        f"no AMQP 1.0 peer opened a connection: {type(last).__name__}", endpoint=url.redacted()
-    ) from last
+            event.container.schedule(_TIMEOUT_S, self)
+
+        def on_connection_opened(self, event: Any) -> None:
+            conn = event.connection
+            answer.opened = True
+            answer.properties = dict(conn.remote_properties or {})
+            answer.container = str(conn.remote_container or "")
+            answer.capabilities = [str(c) for c in (conn.remote_offered_capabilities or [])]
+            if conn.remote_condition is not None:
+                answer.closed = conn.remote_condition
+            event.container.schedule(_SETTLE_S, self)
+
+        def on_connection_remote_close(self, event: Any) -> None:
+            answer.closed = event.connection.remote_condition
+            event.connection.close()
+            event.container.stop()
+
+        def on_transport_error(self, event: Any) -> None:
+            cond = event.transport.condition
+            if not answer.opened:
+                answer.error = str(cond.description if cond else "transport error")
+            event.container.stop()
+
+        def on_timer_task(self, event: Any) -> None:
+            if not answer.opened:
+                answer.error = f"no open frame within {_TIMEOUT_S:.0f} s"
+            event.container.stop()
+
+    Container(Probe()).run()
+    return answer
 
 
-def _findings(url: BrokerUrl, endpoint: str, conn: Any) -> list[Finding]:
-    props = dict(conn.remote_properties or {})
-    caps = [str(c) for c in (conn.remote_offered_capabilities or [])]
+def check_amqp10(url: BrokerUrl) -> list[Finding]:
+    """Each node's role as it answers an open, then findings from the first node that
+    serves: its open frame, its ``failover-server-list`` and what the client does with
+    it (the URL's ``failover_merge`` and ``failover_allow``), and any redirect."""
+    try:
+        import proton  # noqa: F401
+    except ImportError as exc:
+        raise MissingExtra("amqp10", "python-qpid-proton") from exc
+    options = load_options(url, {})
+    answers = [_probe(url, endpoint) for endpoint in url.endpoints]
+    if not any(a.opened for a in answers):
+        errors = "; ".join(f"{a.endpoint}: {a.error}" for a in answers)
+        raise ConnectError(
+            f"no AMQP 1.0 peer opened a connection ({errors})", endpoint=url.redacted()
+        )
+    serving = [a for a in answers if a.opened and a.closed is None]
+    findings = [_role(a, options, bool(serving)) for a in answers]
+    if serving:
+        findings += _findings(url, serving[0], options)
+    return findings
+
+
+def _role(answer: _Answer, options: Amqp10Options, any_serving: bool) -> Finding:
+    subject = f"peer {answer.endpoint}"
+    if not answer.opened:
+        return Finding(
+            Severity.INFO if any_serving else Severity.WARNING,
+            subject,
+            "role",
+            f"unreachable: {answer.error}",
+            "not listening, paused or down (an Artemis backup does not listen while its live runs)",
+        )
+    if answer.closed is None:
+        product = str(answer.properties.get("product", "")) or "a peer"
+        return Finding(Severity.OK, subject, "role", f"serving ({product})")
+    text = condition_text(answer.closed) or "closed"
+    redirect = parse_redirect(answer.closed, current=answer.endpoint)
+    if redirect is not None:
+        target = redirect[0]
+        verdict = "followed" if options.allows(target) else "NOT followed: outside failover_allow"
+        return Finding(Severity.INFO, subject, "role", f"redirects to {target} ({verdict})", text)
+    return Finding(
+        Severity.INFO if any_serving else Severity.WARNING,
+        subject,
+        "role",
+        f"not serving: {text}",
+        "the node opens and closes at once (a Broker-J replica, or a group "
+        "without quorum): the client moves on to the next candidate",
+    )
+
+
+def _findings(url: BrokerUrl, answer: _Answer, options: Amqp10Options) -> list[Finding]:
+    endpoint = str(answer.endpoint)
+    props = answer.properties
+    caps = answer.capabilities
     product = " ".join(str(props.get(k, "")) for k in ("product", "version")).strip()
     findings = [
         Finding(
             Severity.INFO,
             f"peer {endpoint}",
             "open frame",
-            f"container {conn.remote_container}; {product or 'product not advertised'}; "
+            f"container {answer.container}; {product or 'product not advertised'}; "
             f"capabilities: {', '.join(caps) or 'none'}",
         )
     ]
     failover = props.get("failover-server-list")
     if failover:
+        findings.append(_client_plan(url, answer, options))
         findings.append(
             Finding(
                 Severity.OK,
@@ -128,3 +218,23 @@ def _findings(url: BrokerUrl, endpoint: str, conn: Any) -> list[Finding]:
         )
     )
     return findings
+
+
+def _client_plan(url: BrokerUrl, answer: _Answer, options: Amqp10Options) -> Finding:
+    """What the client does with the advertised list: the rotation it ends with."""
+    current = answer.endpoint
+    advertised = parse_failover_list(answer.properties, current=current)
+    rotation = EndpointList(url.endpoints, merge=options.merge_policy, allow=options.allows)
+    rotation.advertise([*advertised, current])
+    refused = [e for e in rotation.refused if e != current]
+    why = f"advertised: {', '.join(map(str, advertised)) or 'nothing usable'}"
+    if refused:
+        skipped = ", ".join(map(str, refused))
+        why += f"; not followed (TLS downgrade or outside failover_allow): {skipped}"
+    return Finding(
+        Severity.INFO,
+        f"peer {current}",
+        "client fail-over plan",
+        f"{options.merge_policy.value}: tries {', '.join(map(str, rotation.endpoints))}",
+        why,
+    )

@@ -486,3 +486,28 @@ def test_stop_leaves_no_process(artemis: ArtemisCluster) -> None:
     assert [n.running for n in artemis.nodes()] == [False, False]
     survivors = [pid for pid, t in before.items() if t is not None and _started_at(pid) == t]
     assert not survivors, f"still running after stop(): {survivors}"
+
+
+def test_doctor_reports_roles_and_what_the_client_does_with_the_list(
+    pair: ArtemisCluster,
+) -> None:
+    """``msgsafe doctor`` on the live and the backup: the live serves and advertises the
+    backup, which the client adds to its rotation (REPLACE keeps the live); the backup
+    does not listen while its live runs. With ``failover_allow`` naming only the live,
+    the advertised backup is reported as not followed."""
+    from msgsafe.cli.doctor_amqp10 import check_amqp10
+    from msgsafe.endpoints import parse_url
+
+    live, backup = (f"127.0.0.1:{p}" for p in pair.ports)
+    base = f"amqp10://{pair.user}:{pair.password}@"
+    findings = check_amqp10(parse_url(f"{base}{live},{backup}"))
+    roles = {f.subject: f.value for f in findings if f.setting == "role"}
+    print(f"[doctor] {roles}")
+    assert roles[f"peer {live}"] == "serving (apache-activemq-artemis)"
+    assert roles[f"peer {backup}"].startswith("unreachable")
+    plan = next(f for f in findings if f.setting == "client fail-over plan")
+    print(f"[doctor] {plan.value} | {plan.why}")
+    assert plan.value == f"replace: tries {backup}, {live}"
+    only_live = check_amqp10(parse_url(f"{base}{live}?failover_allow={live}"))
+    plan = next(f for f in only_live if f.setting == "client fail-over plan")
+    assert plan.value == f"replace: tries {live}" and backup in plan.why

@@ -340,3 +340,24 @@ def test_a_paused_master_is_replaced_and_its_stale_refusal_is_not_permanent(
     qpid.wait_group(60.0)
     received = read_back(qpid.url, "stale.orders", {receipt.message_id})
     assert counts("stale master", 1, [receipt], received)["lost"] == 0
+
+
+def test_doctor_reports_each_node_role(qpid: QpidCluster) -> None:
+    """``msgsafe doctor`` on every node: the master serves, each replica opens and closes
+    at once (not serving, with Broker-J's reason); Broker-J advertises no fail-over list,
+    so the client's rotation is the URL's."""
+    from msgsafe.cli.doctor_amqp10 import check_amqp10
+    from msgsafe.endpoints import parse_url
+
+    master = qpid.wait_master()
+    findings = check_amqp10(parse_url(qpid.url))
+    roles = {f.subject: f.value for f in findings if f.setting == "role"}
+    print(f"[doctor] {roles}")
+    for node in range(qpid.count):
+        role = roles[f"peer 127.0.0.1:{qpid.ports[node]}"]
+        if node == master:
+            assert role.startswith("serving") and "Broker-J" in role
+        else:
+            assert role.startswith("not serving: amqp:connection:forced"), role
+    lists = [f for f in findings if f.setting == "failover-server-list"]
+    assert [f.value for f in lists] == ["not advertised"]
