@@ -201,28 +201,28 @@ class _Report:
     future: Future[Receipt]
 
 
+#: A msgsafe error class, the ``KafkaError`` code it becomes and whether that is
+#: retriable; the first class that matches wins (subclasses before their bases).
+_KAFKA_CODES: tuple[tuple[type[BaseException], int, bool], ...] = (
+    (MessageTooLarge, KafkaError.MSG_SIZE_TOO_LARGE, False),
+    (Unroutable, KafkaError._UNKNOWN_TOPIC, False),
+    (AuthenticationError, KafkaError._AUTHENTICATION, False),
+    (InvalidMessage, KafkaError._INVALID_ARG, False),
+    (Rejected, KafkaError.INVALID_RECORD, False),
+    (PermanentError, KafkaError._FAIL, False),
+    (OutboxError, KafkaError._FS, True),
+    (ClosedError, KafkaError._DESTROY, False),
+    # Only without an outbox (or when storing failed): the message was not kept.
+    (TransientError, KafkaError._MSG_TIMED_OUT, True),
+)
+
+
 def kafka_error(exc: BaseException) -> KafkaError:
     """The ``KafkaError`` a confluent-kafka user would see for a msgsafe error."""
     text = str(exc)
-    if isinstance(exc, MessageTooLarge):
-        return KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, text)
-    if isinstance(exc, Unroutable):
-        return KafkaError(KafkaError._UNKNOWN_TOPIC, text)
-    if isinstance(exc, AuthenticationError):
-        return KafkaError(KafkaError._AUTHENTICATION, text)
-    if isinstance(exc, InvalidMessage):
-        return KafkaError(KafkaError._INVALID_ARG, text)
-    if isinstance(exc, Rejected):
-        return KafkaError(KafkaError.INVALID_RECORD, text)
-    if isinstance(exc, PermanentError):
-        return KafkaError(KafkaError._FAIL, text)
-    if isinstance(exc, OutboxError):
-        return KafkaError(KafkaError._FS, text, retriable=True)
-    if isinstance(exc, ClosedError):
-        return KafkaError(KafkaError._DESTROY, text)
-    if isinstance(exc, TransientError):
-        # Only without an outbox (or when storing failed): the message was not kept.
-        return KafkaError(KafkaError._MSG_TIMED_OUT, text, retriable=True)
+    for kind, code, retriable in _KAFKA_CODES:
+        if isinstance(exc, kind):
+            return KafkaError(code, text, retriable=retriable)
     return KafkaError(KafkaError._FAIL, f"{type(exc).__name__}: {text}")
 
 
