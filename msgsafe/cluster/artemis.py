@@ -43,13 +43,16 @@ from urllib.parse import quote
 
 from msgsafe.cluster._process import (
     free_ports,
+    kill_pid,
+    pause_pid,
     pid_alive,
+    pid_paused,
     port_open,
     signal_pid,
     spawn,
+    stop_pid,
     tail,
     wait_for,
-    wait_gone,
 )
 from msgsafe.cluster.base import ClusterError, LocalCluster, NodeInfo
 from msgsafe.cluster.maven import damaged_jar, java, resolve
@@ -321,12 +324,7 @@ class ArtemisCluster(LocalCluster):
         """SIGTERM the backup, then the primary (so the backup does not take over), and
         SIGKILL what is still there after a grace period."""
         for node in (1, 0):
-            pid = self.pids[node]
-            signal_pid(pid, signal.SIGCONT)  # a paused JVM cannot act on SIGTERM
-            if signal_pid(pid, signal.SIGTERM) and not wait_gone(pid, _STOP_GRACE):
-                _log.warning("Artemis %s ignored SIGTERM; killing it", _NAMES[node])
-                signal_pid(pid, signal.SIGKILL)
-                wait_gone(pid, 10.0)
+            stop_pid(self.pids[node], f"Artemis {_NAMES[node]}", _STOP_GRACE)
             self.pids[node] = None
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -336,10 +334,7 @@ class ArtemisCluster(LocalCluster):
     def kill(self, node: int) -> None:
         """SIGKILL node ``node`` (0 primary, 1 backup); its journal stays."""
         self._check(node)
-        pid = self.pids[node]
-        signal_pid(pid, signal.SIGKILL)
-        if not wait_gone(pid, 10.0):
-            raise ClusterError(f"Artemis {_NAMES[node]} (pid {pid}) survived SIGKILL")
+        kill_pid(self.pids[node], f"Artemis {_NAMES[node]}")
         self.pids[node] = None
         if self.detached:
             self.save_state()
@@ -387,8 +382,10 @@ class ArtemisCluster(LocalCluster):
     def pause(self, node: int) -> None:
         """SIGSTOP node ``node``: its sockets stay open and it answers nothing."""
         self._check(node)
-        if not signal_pid(self.pids[node], signal.SIGSTOP):
+        pid = self.pids[node]
+        if pid is None:
             raise ClusterError(f"Artemis {_NAMES[node]} is not running")
+        pause_pid(pid, f"Artemis {_NAMES[node]}")
 
     def resume(self, node: int) -> None:
         """SIGCONT a paused node."""
@@ -416,7 +413,8 @@ class ArtemisCluster(LocalCluster):
         return f"amqp10://{self._credentials()}{_HOST}:{self.ports[node]}"
 
     def nodes(self) -> list[NodeInfo]:
-        """Both nodes; ``role`` is ``live``, ``backup`` or None (starting or stopped)."""
+        """Both nodes; ``role`` is ``live``, ``backup``, ``paused`` (SIGSTOPped, by any
+        process) or None (starting or stopped)."""
         return [
             NodeInfo(
                 name=_NAMES[n],
@@ -424,7 +422,7 @@ class ArtemisCluster(LocalCluster):
                 host=_HOST,
                 port=self.ports[n],
                 running=pid_alive(self.pids[n]),
-                role=self._role(n),
+                role="paused" if pid_paused(self.pids[n]) else self._role(n),
             )
             for n in (0, 1)
         ]
