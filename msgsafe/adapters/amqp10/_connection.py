@@ -50,7 +50,7 @@ from msgsafe.adapters.amqp10._errors import AUTH_CONDITIONS, condition_text, con
 from msgsafe.adapters.amqp10._failover import Redirects, parse_failover_list
 from msgsafe.adapters.amqp10.config import Amqp10Options
 from msgsafe.endpoints import BrokerUrl, Endpoint, EndpointList
-from msgsafe.errors import MsgsafeError
+from msgsafe.errors import MsgsafeError, ProtocolMismatch
 from msgsafe.retry import RetryPolicy
 
 __all__ = ["Engine", "EngineClient", "Side", "log"]
@@ -68,6 +68,24 @@ class _TimedOut:
 
     name = "timed out"
     description = None
+
+
+def _mismatch(condition: Any, target: str) -> ProtocolMismatch | None:
+    """The peer answered our protocol header with another protocol's (proton quotes the
+    bytes it got): retrying will not help, the URL or the broker must change."""
+    text = str(getattr(condition, "description", None) or "")
+    if r"Unknown protocol ['AMQP\x00\x00\x09\x01'" in text:
+        return ProtocolMismatch(
+            "this port speaks AMQP 0-9-1, not AMQP 1.0: use amqp:// or enable the broker's "
+            "AMQP 1.0 support (RabbitMQ 3.x: rabbitmq-plugins enable rabbitmq_amqp1_0)",
+            endpoint=target,
+        )
+    if "SSL/TLS connection" in text:
+        return ProtocolMismatch(
+            "this port speaks TLS: use amqps:// (or the broker's plain AMQP 1.0 port)",
+            endpoint=target,
+        )
+    return None
 
 
 def _cause(condition: Any) -> str:
@@ -438,8 +456,11 @@ class Engine(MessagingHandler):
         if event.connection != self.conn:
             return
         name = str(condition.name) if condition is not None and condition.name else ""
+        mismatch = _mismatch(condition, self.target)
         if name in AUTH_CONDITIONS:
             self._fail_fatal(connection_error(condition, endpoint=self.target))
+        elif mismatch is not None:
+            self._fail_fatal(mismatch)
         else:
             log.info("transport to %s failed: %s", self._current, condition_text(condition))
 

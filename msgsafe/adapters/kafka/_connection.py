@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -36,6 +37,7 @@ from msgsafe.errors import (
     ConnectError,
     ConnectionLost,
     MsgsafeError,
+    ProtocolMismatch,
 )
 from msgsafe.message import Batch
 from msgsafe.ports import BatchReport, PublishCallback
@@ -55,6 +57,11 @@ _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 #: message goes through again as a probe (librdkafka repeats the error while they stay
 #: down, a delivered message ends the outage).
 _DOWN_HOLD_S = 1.0
+#: librdkafka's "Invalid response size N": the first four bytes the peer sent, read as a
+#: Kafka frame length. b"AMQP" (an AMQP broker's protocol header) is 1095586128; a TLS
+#: record starts 0x15 (alert) or 0x16 (handshake).
+_RESPONSE_SIZE = re.compile(r"Invalid response size (\d+)")
+_AMQP_HEADER = int.from_bytes(b"AMQP", "big")
 
 
 class _Report:
@@ -267,6 +274,8 @@ class ProducerLink:
         #: Set by error_cb: the poll thread purges librdkafka's queue (never-sent
         #: messages then fail with ConnectError, nothing was sent).
         self._purge_queue = False
+        #: The peer speaks another protocol: every publish fails with this, for good.
+        self.mismatch: ProtocolMismatch | None = None
         #: When a publisher last served reports itself (time.monotonic()).
         self.inline_at = 0.0
         self._stop = threading.Event()
@@ -301,10 +310,13 @@ class ProducerLink:
     @property
     def down(self) -> bool:
         """True while every broker counts as down (see :attr:`down_until`)."""
-        return time.monotonic() < self.down_until
+        return self.mismatch is not None or time.monotonic() < self.down_until
 
-    def unreachable(self, message_id: str | None = None) -> ConnectError:
-        """The error of a message never sent because every broker is down."""
+    def unreachable(self, message_id: str | None = None) -> MsgsafeError:
+        """The error of a message never sent because every broker is down (or speaks
+        another protocol: :class:`ProtocolMismatch`)."""
+        if self.mismatch is not None:
+            return self.mismatch.with_id(message_id) if message_id else self.mismatch
         return ConnectError(
             "no broker reachable: all brokers down", endpoint=self._target, message_id=message_id
         )
@@ -312,7 +324,7 @@ class ProducerLink:
     def _delivery_error(self, err: KafkaError, message_id: str | None = None) -> MsgsafeError:
         """The msgsafe error of a failed delivery report; recreates the producer when its
         own state is what failed."""
-        if err.code() == KafkaError._PURGE_QUEUE and not self._closing and self.down_until:
+        if err.code() == KafkaError._PURGE_QUEUE and not self._closing and self.down:
             # Purged from the local queue while all brokers were down: never sent.
             return self.unreachable(message_id)
         if self._closing and err.code() in _PURGED:
@@ -336,6 +348,8 @@ class ProducerLink:
                 return
             log.error("kafka producer fatal error %s: recreating the producer", err.name())
             self.fatal = err
+        elif self._mismatch(err):
+            return
         elif err.code() == KafkaError._ALL_BROKERS_DOWN:
             # librdkafka repeats this on every reconnect round: warn once a while.
             now = time.monotonic()
@@ -346,6 +360,26 @@ class ProducerLink:
                 log.warning("kafka: all brokers down (%s)", self._target)
         else:
             log.info("kafka: %s: %s", err.name(), err.str())
+
+    def _mismatch(self, err: KafkaError) -> bool:
+        # A reply that is no Kafka frame: the first bytes tell what the peer speaks.
+        found = _RESPONSE_SIZE.search(err.str() or "")
+        if found is None:
+            return False
+        size = int(found.group(1))
+        if size == _AMQP_HEADER:
+            spoken = "AMQP (a RabbitMQ or AMQP 1.0 broker): use amqp:// or amqp10://"
+        elif 0x15000000 <= size < 0x17000000:
+            spoken = "TLS: give the URL TLS (or use the broker's plain listener)"
+        else:
+            return False
+        if self.mismatch is None:
+            self.mismatch = ProtocolMismatch(
+                f"this port speaks {spoken}, or the Kafka listener's port", endpoint=self._target
+            )
+            log.error("kafka: %s", self.mismatch)
+        self._purge_queue = True
+        return True
 
     # --- the poll thread --------------------------------------------------------------------
 
