@@ -34,7 +34,8 @@ _FALSE = {"0", "false", "no", "off"}
 class TransportOptions:
     """Options every adapter understands. Adapters subclass this with their own."""
 
-    #: Seconds to establish a connection to one endpoint before trying the next.
+    #: Seconds to establish a connection to one endpoint before trying the next; when
+    #: every endpoint failed its latest attempt, sends fail (or are STORED) at once.
     connect_timeout: float = 2.0
     #: Seconds a publish may wait for the broker's confirm before it fails transiently.
     confirm_timeout: float = 10.0
@@ -173,6 +174,13 @@ def build_config(cls: type[C], url: BrokerUrl, options: Mapping[str, object]) ->
     values: dict[str, Any] = {
         name: _coerce(name, value, hints[name]) for name, value in merged.items()
     }
+    # An option given both ways must agree: which one wins would be a silent guess.
+    for name in sorted(set(url.options) & set(options)):
+        if _coerce(name, url.options[name], hints[name]) != values[name]:
+            raise ConfigurationError(
+                f"option {name!r} is given twice with different values (URL and keyword "
+                "argument): give it once"
+            )
     try:
         return cls(**values)
     except ConfigurationError:

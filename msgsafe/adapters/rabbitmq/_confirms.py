@@ -384,7 +384,8 @@ def _nacked(endpoint: str) -> Refused:
 
 def _unroutable(destination: str, endpoint: str, message_id: str | None = None) -> Unroutable:
     return Unroutable(
-        f"no queue bound for {destination!r} (basic.return)",
+        f"no queue bound for {destination!r} (basic.return): declare it, e.g. "
+        f"Producer(url, declare='quorum'), or bind a queue to the exchange",
         endpoint=endpoint,
         message_id=message_id,
     )
