@@ -323,16 +323,25 @@ def test_a_paused_master_is_replaced_and_its_stale_refusal_is_not_permanent(
     steps down. That refusal is transient: a client given every node must fail over to
     the real master or store the message, never raise it as a permanent error."""
     old = qpid.wait_master()
+    order = [old] + [n for n in range(qpid.count) if n != old]
+    url = "amqp10://msgsafe:msgsafe@" + ",".join(f"127.0.0.1:{qpid.ports[n]}" for n in order)
     paused = time.monotonic()
     qpid.pause(old)
     try:
-        new = qpid.wait_master(120.0, exclude=[old])
+        # Counted sends while the master is paused (its node first in the URL): stored
+        # while no node serves, forwarded to the new master once elected.
+        with Producer(url, outbox=tmp_path / "paused.db", confirm_timeout=10.0) as during:
+            held = [during.send("paused.orders", b"p%d" % i) for i in range(200)]
+            sent_in = time.monotonic() - paused
+            new = qpid.wait_master(120.0, exclude=[old])
+            elected = time.monotonic() - paused
+            wait_until(lambda: during.drain(5) == 0, 120, "the outbox to drain")
     finally:
         qpid.resume(old)
-    elected = time.monotonic() - paused
-    print(f"[pause] master {old} paused; node {new} master after {elected:.1f}s")
-    order = [old] + [n for n in range(qpid.count) if n != old]
-    url = "amqp10://msgsafe:msgsafe@" + ",".join(f"127.0.0.1:{qpid.ports[n]}" for n in order)
+    print(
+        f"[pause] master {old} paused; 200 sends took {sent_in:.1f}s; "
+        f"node {new} master after {elected:.1f}s"
+    )
     with Producer(url, outbox=tmp_path / "outbox.db", confirm_timeout=10.0) as producer:
         receipt = producer.send("stale.orders", b"after the pause")
         assert receipt.status in (Status.CONFIRMED, Status.STORED)
@@ -340,6 +349,9 @@ def test_a_paused_master_is_replaced_and_its_stale_refusal_is_not_permanent(
     qpid.wait_group(60.0)
     received = read_back(qpid.url, "stale.orders", {receipt.message_id})
     assert counts("stale master", 1, [receipt], received)["lost"] == 0
+    received = read_back(qpid.url, "paused.orders", {r.message_id for r in held})
+    result = counts("paused master", 200, held, received)
+    assert result["lost"] == 0 and result["unknown"] == 0
 
 
 def test_doctor_reports_each_node_role(qpid: QpidCluster) -> None:
