@@ -53,6 +53,8 @@ class JvmCluster(LocalCluster):
     ports: list[int]
     #: Each JVM's ``-Xmx`` in MiB.
     heap_mb: int
+    #: Seconds the last :meth:`start` took until the cluster served.
+    start_seconds: float
     #: True when ``dir`` is a temp dir this object made (removed by :meth:`stop`).
     _own_dir: bool
 
@@ -82,6 +84,14 @@ class JvmCluster(LocalCluster):
     @abstractmethod
     def _spawn(self, node: int, lib: Path) -> None:
         """Start ``node``'s JVM and set ``pids[node]``."""
+
+    @abstractmethod
+    def _prepare(self, lib: Path) -> None:
+        """Write what the nodes need before their first start (configuration, storage)."""
+
+    @abstractmethod
+    def _wait_serving(self, deadline: float) -> None:
+        """Wait until the started cluster serves (``deadline`` on the monotonic clock)."""
 
     @abstractmethod
     def _wait_back(self, node: int, deadline: float) -> None:
@@ -152,6 +162,36 @@ class JvmCluster(LocalCluster):
                 raise ClusterError(f"port {port} on {HOST} is taken: use another base port")
 
     # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self, timeout: float | None = None) -> None:
+        """Start every node and wait until the cluster serves (the launcher's docstring
+        says what that means); :attr:`start_seconds` says how long it took. On failure
+        stop what started, remove a temp dir and raise :class:`ClusterError` quoting the
+        failing node's log."""
+        timeout = 180.0 if timeout is None else timeout
+        started = time.monotonic()
+        self._check_not_running()
+        try:  # from here on, a failure stops what started and removes a temp dir
+            lib = self._lib()
+            self._check_ports_free([p for n in range(self.count) for p in self._node_ports(n)])
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._prepare(lib)
+            for node in range(self.count):
+                self._spawn(node, lib)
+            self._save()
+            log.info("%s: %d nodes launched, waiting until they serve", self.kind, self.count)
+            self._wait_serving(started + timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - started
+        log.info(
+            "%s: %d nodes serving in %.1f s: %s",
+            self.kind,
+            self.count,
+            self.start_seconds,
+            self.url,
+        )
 
     def stop(self, grace: float = 30.0) -> None:
         """SIGTERM every node, SIGKILL what is left after ``grace`` seconds; remove the

@@ -78,6 +78,11 @@ class KafkaCluster(JvmCluster):
     ``detached``: nodes outlive this process (``msgsafe cluster up``) and ``cluster.json``
     is kept current; otherwise they die with it. ``heap_mb`` is each JVM's ``-Xmx``.
     ``overrides`` replace or add ``server.properties`` entries on every node.
+
+    :meth:`start` formats each node's storage and returns once every broker is registered
+    and a topic replicated on every node (up to 3) takes an ``acks=all`` write;
+    :meth:`restart` once the node is an unfenced broker again (it may still be catching
+    up replicas: see :meth:`wait_in_sync`).
     """
 
     kind: ClassVar[str] = "kafka"
@@ -236,31 +241,18 @@ class KafkaCluster(JvmCluster):
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    def start(self, timeout: float | None = None) -> None:
-        """Format, start every node, and wait until all brokers are registered and a
-        topic replicated on every node (up to 3) takes an ``acks=all`` write."""
-        timeout = 180.0 if timeout is None else timeout
-        started = time.monotonic()
-        self._check_not_running()
-        try:  # from here on, a failure stops what started and removes a temp dir
-            kafka_admin.confluent()
-            lib = self._lib()
-            self._check_ports_free([*self.ports, *self.controller_ports])
-            self.dir.mkdir(parents=True, exist_ok=True)
-            (self.dir / "log4j2.properties").write_text(_LOG4J2)
-            self._format(lib)
-            for node in range(self.count):
-                self._spawn(node, lib)
-            self._save()
-            log.info("%d nodes launched, waiting for the brokers", self.count)
-            self._wait_registered(range(self.count), started + timeout)
-            log.info("every broker registered, writing with acks=all")
-            self._probe_write(started + timeout)
-        except BaseException:
-            self.stop()
-            raise
-        self.start_seconds = time.monotonic() - started
-        log.info("%d nodes serving in %.1f s: %s", self.count, self.start_seconds, self.url)
+    def _prepare(self, lib: Path) -> None:
+        # Before any JVM: the readiness probe of start() needs confluent-kafka.
+        kafka_admin.confluent()
+        (self.dir / "log4j2.properties").write_text(_LOG4J2)
+        self._format(lib)
+
+    def _wait_serving(self, deadline: float) -> None:
+        # Serving: every broker registered, and a topic replicated on every node (up to
+        # 3) takes an acks=all write.
+        self._wait_registered(range(self.count), deadline)
+        log.info("every broker registered, writing with acks=all")
+        self._probe_write(deadline)
 
     def _spawn(self, node: int, lib: Path) -> None:
         config = self._node_dir(node) / "server.properties"

@@ -85,6 +85,10 @@ class QpidCluster(JvmCluster):
     ``context`` adds entries to every virtual host node's context, e.g. Berkeley DB JE
     replication settings such as ``{"je.rep.replicaAckTimeout": "5 s"}``; the defaults
     are Broker-J's (quorum = majority, master SYNC, replicas NO_SYNC).
+
+    :meth:`start` returns once one node is MASTER with its virtual host active and every
+    other one an attached REPLICA; :meth:`restart` once the node is MASTER or REPLICA
+    again (with fewer than a quorum of nodes running it stays WAITING and this times out).
     """
 
     kind: ClassVar[str] = "qpid"
@@ -256,33 +260,19 @@ class QpidCluster(JvmCluster):
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    def start(self, timeout: float | None = None) -> None:
-        """Start every node and wait until one is MASTER with its virtual host active and
-        every other one is an attached REPLICA."""
-        timeout = 180.0 if timeout is None else timeout
-        started = time.monotonic()
-        lib = self._lib()
-        self._check_not_running()
-        self._check_ports_free([*self.ports, *self.http_ports, *self.ha_ports])
-        self.dir.mkdir(parents=True, exist_ok=True)
-        try:
-            for node in range(self.count):
-                node_dir = self._node_dir(node)
-                node_dir.mkdir(parents=True, exist_ok=True)
-                # Read by the broker only while config.json does not exist yet.
-                (node_dir / "initial-config.json").write_text(
-                    json.dumps(self._initial_config(node), indent=2)
-                )
-            for node in range(self.count):
-                self._spawn(node, lib)
-            self._save()
-            log.info("qpid: %d nodes launched, waiting for a master", self.count)
-            self.wait_group(max(0.0, started + timeout - time.monotonic()))
-        except BaseException:
-            self.stop()
-            raise
-        self.start_seconds = time.monotonic() - started
-        log.info("qpid: %d nodes serving in %.1f s: %s", self.count, self.start_seconds, self.url)
+    def _prepare(self, lib: Path) -> None:
+        for node in range(self.count):
+            node_dir = self._node_dir(node)
+            node_dir.mkdir(parents=True, exist_ok=True)
+            # Read by the broker only while config.json does not exist yet.
+            (node_dir / "initial-config.json").write_text(
+                json.dumps(self._initial_config(node), indent=2)
+            )
+
+    def _wait_serving(self, deadline: float) -> None:
+        # Serving: one node is MASTER with its virtual host active, every other one an
+        # attached REPLICA.
+        self.wait_group(max(0.0, deadline - time.monotonic()))
 
     def _spawn(self, node: int, lib: Path) -> None:
         env = {**os.environ, "QPID_WORK": str(self._node_dir(node))}
