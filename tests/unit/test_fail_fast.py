@@ -9,7 +9,12 @@ are measured by ``benchmarks/bench_failfast.py``.
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +23,7 @@ import pytest
 
 from msgsafe import Producer, Status
 from msgsafe.errors import ConnectError
+from msgsafe.outbox.sqlite import SqliteOutbox
 
 SCHEMES = ["amqp", "amqp10", "kafka"]
 #: Documented: every host refusing -> send() returns within 100 ms.
@@ -100,3 +106,52 @@ def test_black_holed_host_fails_within_the_connect_timeout(scheme: str, silent_p
         start = time.monotonic()
         producer.close()
         assert time.monotonic() - start < 1.0 * MARGIN
+
+
+#: Documented: Ctrl-C in a process sending through an outage exits within 2 s.
+SIGINT_S = 2.0
+
+SEND_LOOP = textwrap.dedent(
+    """
+    import sys, msgsafe
+    producer = msgsafe.Producer(sys.argv[1], outbox=sys.argv[2])
+    print("ready", flush=True)
+    try:
+        while True:
+            receipt = producer.send("orders", b"x")
+            print(receipt.message_id, receipt.status.name, flush=True)
+    except KeyboardInterrupt:
+        producer.close(1.0)
+    """
+)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_ctrl_c_during_an_outage_exits_at_once_and_loses_nothing(
+    scheme: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "outbox.db"
+    url = f"{scheme}://127.0.0.1:{_refusing_port()}/"
+    child = subprocess.Popen(
+        [sys.executable, "-c", SEND_LOOP, url, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    lines = [child.stdout.readline()]
+    assert lines[0].strip() == "ready"
+    while len(lines) < 50:  # sending through the outage: receipts are coming
+        lines.append(child.stdout.readline())
+    start = time.monotonic()
+    os.kill(child.pid, signal.SIGINT)
+    rest, _ = child.communicate(timeout=30)
+    took = time.monotonic() - start
+    assert child.returncode == 0
+    assert took < SIGINT_S * MARGIN, took
+    receipted = {line.split()[0] for line in lines[1:] + rest.splitlines() if line.strip()}
+    assert all(line.split()[1] == "STORED" for line in lines[1:] if line.strip())
+    store = SqliteOutbox(path)
+    try:
+        waiting = {entry.envelope.message_id for entry in store.list(limit=10**9)}
+    finally:
+        store.close()
+    lost = receipted - waiting
+    assert len(receipted) >= 49 and not lost, (len(receipted), len(lost))

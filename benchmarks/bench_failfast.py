@@ -1,0 +1,155 @@
+"""Fail-fast figures on real brokers: how long a caller waits when the broker is gone.
+
+For each protocol (RabbitMQ node for amqp:// and amqp10://, a tansu node for kafka://):
+confirm a few messages, SIGKILL the broker (its port now refuses), then measure
+
+- the first send after the outage, with an outbox (STORED) and without (ConnectError);
+- the worst of the next 50 sends (STORED);
+- close() during the outage;
+- a send to a black-holed host (a loopback listener that never answers), first send.
+
+And once: SIGINT to a child sending in a loop to a dead broker, until it exited; every id
+the child got a receipt for is counted (lost = receipted - in the outbox - confirmed).
+
+Run: ``python3 benchmarks/bench_failfast.py`` (prints one line per figure).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgsafe
+from msgsafe import Status
+from msgsafe.cluster.rabbitmq import RabbitCluster
+from msgsafe.cluster.tansu import TansuCluster
+from msgsafe.errors import ConnectError
+from msgsafe.outbox.sqlite import SqliteOutbox
+
+
+def _timed(fn: Callable[[], object]) -> tuple[float, object]:
+    start = time.monotonic()
+    try:
+        result: object = fn()
+    except ConnectError as exc:
+        result = exc
+    return time.monotonic() - start, result
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def measure(name: str, url: str, kill: Callable[[], None], options: dict[str, object]) -> None:
+    work = Path(tempfile.mkdtemp(prefix="msgsafe-bench-ff-"))
+    producer = msgsafe.Producer(url, outbox=work / "outbox.db", **options)
+    for _ in range(5):
+        assert producer.send("bench_ff", b"x").status is Status.CONFIRMED
+    kill()
+    took, first = _timed(lambda: producer.send("bench_ff", b"x"))
+    print(f"{name}: first send after the broker died: {_ms(took)} ({first})")
+    worst = 0.0
+    for _ in range(50):
+        took, receipt = _timed(lambda: producer.send("bench_ff", b"x"))
+        assert getattr(receipt, "status", None) is Status.STORED, receipt
+        worst = max(worst, took)
+    print(f"{name}: worst of 50 sends during the outage (STORED): {_ms(worst)}")
+    bare = msgsafe.Producer(url, outbox=False, **options)
+    took, error = _timed(lambda: bare.send("bench_ff", b"x"))
+    print(f"{name}: new producer, outbox=False, first send: {_ms(took)} ({type(error).__name__})")
+    bare.close()
+    took, _ = _timed(producer.close)
+    print(f"{name}: close() during the outage: {_ms(took)}")
+
+
+def black_holed(scheme: str) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    producer = msgsafe.Producer(f"{scheme}://127.0.0.1:{port}/", outbox=False)
+    took, error = _timed(lambda: producer.send("bench_ff", b"x"))
+    print(f"{scheme}: black-holed host, first send: {_ms(took)} ({type(error).__name__})")
+    took, _ = _timed(producer.close)
+    print(f"{scheme}: close() after a black-holed send: {_ms(took)}")
+    listener.close()
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys, msgsafe
+    producer = msgsafe.Producer(sys.argv[1], outbox=sys.argv[2])
+    print("ready", flush=True)
+    try:
+        while True:
+            receipt = producer.send("bench_ff", b"x")
+            print(receipt.message_id, receipt.status.name, flush=True)
+    except KeyboardInterrupt:
+        producer.close(1.0)
+    """
+)
+
+
+def ctrl_c(url: str) -> None:
+    work = Path(tempfile.mkdtemp(prefix="msgsafe-bench-ff-"))
+    path = work / "outbox.db"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, url, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 2.0
+    lines: list[str] = []
+    while time.monotonic() < deadline:
+        lines.append(child.stdout.readline())
+    start = time.monotonic()
+    os.kill(child.pid, signal.SIGINT)
+    rest, _ = child.communicate(timeout=30)
+    took = time.monotonic() - start
+    lines.extend(rest.splitlines())
+    receipted = {line.split()[0] for line in lines if line.strip()}
+    store = SqliteOutbox(path)
+    waiting = {entry.envelope.message_id for entry in store.list(limit=10**9)}
+    store.close()
+    lost = len(receipted - waiting)
+    print(f"Ctrl-C: SIGINT to exit: {_ms(took)}; receipted {len(receipted)}, lost {lost}")
+
+
+def main() -> None:
+    rabbit = RabbitCluster(size=1)
+    rabbit.start()
+    try:
+        measure("amqp", rabbit.node_url(0), rabbit.kill_all, {"declare": "classic"})
+        ctrl_c(rabbit.node_url(0))  # the node is dead: every send is STORED
+    finally:
+        rabbit.stop()
+    rabbit = RabbitCluster(size=1)
+    rabbit.start()
+    try:
+        first = msgsafe.Producer(rabbit.node_url(0), outbox=False, declare="classic")
+        first.send("bench_ff", b"declare")  # the queue the AMQP 1.0 sends go to
+        first.close()
+        measure("amqp10", rabbit.amqp10_url(0), rabbit.kill_all, {})
+    finally:
+        rabbit.stop()
+    tansu = TansuCluster(nodes=1)
+    tansu.start()
+    try:
+        tansu.create_topic("bench_ff", partitions=1)
+        measure("kafka", tansu.url, tansu.kill_all, {})
+    finally:
+        tansu.stop()
+    for scheme in ("amqp", "amqp10", "kafka"):
+        black_holed(scheme)
+
+
+if __name__ == "__main__":
+    main()
