@@ -55,8 +55,6 @@ class JvmCluster(LocalCluster):
     heap_mb: int
     #: Seconds the last :meth:`start` took until the cluster served.
     start_seconds: float
-    #: True when ``dir`` is a temp dir this object made (removed by :meth:`stop`).
-    _own_dir: bool
 
     # --- hooks ----------------------------------------------------------------------------
 

@@ -35,7 +35,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Self
@@ -119,9 +118,7 @@ class ArtemisCluster(LocalCluster):
     ) -> None:
         if nodes != 2:
             raise ClusterError("an Artemis replication pair has exactly 2 nodes")
-        self._own_dir = dir is None
-        where = Path(dir) if dir is not None else Path(tempfile.mkdtemp(prefix="msgsafe-artemis-"))
-        self.dir = where.resolve()
+        self._take_dir(dir, "msgsafe-artemis-")
         self.detached = detached
         self.version = version
         self.user = user

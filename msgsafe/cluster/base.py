@@ -14,6 +14,8 @@ Not thread-safe: drive a cluster from one thread. Nodes are addressed by index.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,6 +52,8 @@ class LocalCluster(ABC):
 
     dir: Path
     detached: bool
+    #: True when :attr:`dir` is a temp dir this object made (``stop`` removes it).
+    _own_dir: bool
 
     @classmethod
     def fetch(cls) -> None:
@@ -57,6 +61,14 @@ class LocalCluster(ABC):
         :class:`ClusterError` with the command to run when it cannot. Kinds that come
         from system packages only check that they are installed."""
         return None
+
+    def _take_dir(self, dir: str | os.PathLike[str] | None, prefix: str) -> None:
+        """Set :attr:`dir` to ``dir``, or to a new temp dir named ``prefix...`` that this
+        cluster owns."""
+        self._own_dir = dir is None
+        made = dir if dir is not None else tempfile.mkdtemp(prefix=prefix)
+        # Absolute and canonical: the nodes run in it, and their command lines name it.
+        self.dir = Path(made).resolve()
 
     # --- lifecycle ------------------------------------------------------------------------
 

@@ -28,7 +28,6 @@ import contextlib
 import json
 import logging
 import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Mapping
@@ -101,9 +100,7 @@ class KafkaCluster(JvmCluster):
             raise ClusterError("a Kafka cluster needs at least one node")
         self.version = VERSION
         self.count = nodes
-        self._own_dir = dir is None
-        # Absolute and canonical: the JVMs run in it, and their cmdline identifies them.
-        self.dir = Path(dir or tempfile.mkdtemp(prefix="msgsafe-kafka-")).resolve()
+        self._take_dir(dir, "msgsafe-kafka-")
         self.detached = detached
         self.heap_mb = heap_mb
         self.overrides = dict(overrides or {})

@@ -48,7 +48,6 @@ import base64
 import json
 import logging
 import os
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -110,8 +109,7 @@ class QpidCluster(JvmCluster):
             raise ClusterError("a Broker-J HA group needs at least one node")
         self.version = VERSION
         self.count = nodes
-        self._own_dir = dir is None
-        self.dir = Path(dir) if dir is not None else Path(tempfile.mkdtemp(prefix="msgsafe-qpid-"))
+        self._take_dir(dir, "msgsafe-qpid-")
         self.detached = detached
         self.group = group
         self.user = user

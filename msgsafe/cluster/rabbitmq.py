@@ -38,7 +38,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -121,10 +120,7 @@ class RabbitCluster(LocalCluster):
         #: only after 45-75 s; a shorter tick lets pause_minority and quorum leader
         #: election act within the time a test can afford.
         self.net_ticktime = net_ticktime
-        self._own_dir = where is None
-        self.dir = (
-            Path(where) if where is not None else Path(tempfile.mkdtemp(prefix="msgsafe-rabbit-"))
-        )
+        self._take_dir(where, "msgsafe-rabbit-")
         if base_port is None:
             picked = free_ports(2 * count)
             ports, dist_ports = picked[:count], picked[count:]

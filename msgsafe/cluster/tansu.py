@@ -35,7 +35,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -199,8 +198,7 @@ class TansuCluster(LocalCluster):
         if advertised_ports is not None and len(advertised_ports) != nodes:
             raise ClusterError("advertised_ports needs one port per broker")
         self.count = nodes
-        self._own_dir = dir is None
-        self.dir = Path(dir) if dir is not None else Path(tempfile.mkdtemp(prefix="msgsafe-tansu-"))
+        self._take_dir(dir, "msgsafe-tansu-")
         self.detached = detached
         self.bucket = bucket
         self.base_port = base_port
