@@ -214,6 +214,8 @@ class Engine(MessagingHandler):
         self._redirects = Redirects(options.allows)
         #: Attempts that failed before opening since the last open connection (or start).
         self._failures = 0
+        #: The latest failed attempt, in a few words (error messages name the cause).
+        self.last_failure = ""
         self.link_options: list[Any] = [AtLeastOnce()]
         if options.address_capability:
             self.link_options.append(_Capability(options.address_capability))
@@ -515,6 +517,7 @@ class Engine(MessagingHandler):
         elif not redirected:
             # One WARNING per outage (the first failed attempt), the retries at DEBUG.
             self._failures += 1
+            self.last_failure = f"cannot connect to {endpoint}: {_cause(condition)}"
             log.log(
                 logging.WARNING if self._failures == 1 else logging.DEBUG,
                 "cannot connect to %s: %s",

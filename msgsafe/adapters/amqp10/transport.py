@@ -472,7 +472,7 @@ class Sends:
                 message_id=mid,
             )
         return ConnectError(
-            "no broker reachable: every host failed its latest attempt",
+            f"no broker reachable ({engine.last_failure or 'every host failed'})",
             endpoint=engine.target,
             message_id=mid,
         )

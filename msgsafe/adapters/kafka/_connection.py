@@ -274,6 +274,8 @@ class ProducerLink:
         #: Set by error_cb: the poll thread purges librdkafka's queue (never-sent
         #: messages then fail with ConnectError, nothing was sent).
         self._purge_queue = False
+        #: librdkafka's latest connection failure (error messages name the cause).
+        self.last_failure = ""
         #: The peer speaks another protocol: every publish fails with this, for good.
         self.mismatch: ProtocolMismatch | None = None
         #: When a publisher last served reports itself (time.monotonic()).
@@ -317,8 +319,9 @@ class ProducerLink:
         another protocol: :class:`ProtocolMismatch`)."""
         if self.mismatch is not None:
             return self.mismatch.with_id(message_id) if message_id else self.mismatch
+        cause = self.last_failure or "all brokers down"
         return ConnectError(
-            "no broker reachable: all brokers down", endpoint=self._target, message_id=message_id
+            f"no broker reachable ({cause})", endpoint=self._target, message_id=message_id
         )
 
     def _delivery_error(self, err: KafkaError, message_id: str | None = None) -> MsgsafeError:
@@ -359,6 +362,8 @@ class ProducerLink:
                 self._down_warned_at = now
                 log.warning("kafka: all brokers down (%s)", self._target)
         else:
+            if err.code() == KafkaError._TRANSPORT:
+                self.last_failure = err.str()
             log.info("kafka: %s: %s", err.name(), err.str())
 
     def _mismatch(self, err: KafkaError) -> bool:

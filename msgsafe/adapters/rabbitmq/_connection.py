@@ -134,6 +134,8 @@ class Link:
         self.connected = False
         #: Failed attempts since the last good connection (or the start).
         self._failures = 0
+        #: The latest failed attempt, in a few words (error messages name the cause).
+        self.last_failure = ""
 
     @property
     def all_failed(self) -> bool:
@@ -145,6 +147,7 @@ class Link:
         # One WARNING per state change (the first failure after a good connection or the
         # start), the repeats at DEBUG: an outage is one line, not one line per retry.
         self._failures += 1
+        self.last_failure = text
         log.log(logging.WARNING if self._failures == 1 else logging.DEBUG, "%s", text)
         if self.all_failed and self._on_down is not None:
             self._on_down()

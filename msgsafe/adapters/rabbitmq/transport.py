@@ -560,8 +560,11 @@ class RabbitTransport:
         if self._blocked:
             return Refused("the broker blocked the connection (resource alarm)", endpoint=endpoint)
         if unreachable or self._channel is None:
+            cause = self._link.last_failure
             return ConnectError(
-                f"no broker reachable within {self._options.connect_timeout} s",
+                f"no broker reachable ({cause})"
+                if cause
+                else f"no broker reachable within {self._options.connect_timeout} s",
                 endpoint=self._target,
             )
         return ConfirmTimeout(
