@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from msgsafe.cluster._process import (
+    free_ports,
     kill_pid,
     pause_pid,
     pid_alive,
@@ -55,6 +56,38 @@ class JvmCluster(LocalCluster):
     heap_mb: int
     #: Seconds the last :meth:`start` took until the cluster served.
     start_seconds: float
+
+    def _setup(
+        self,
+        nodes: int,
+        dir: str | Path | None,
+        base_port: int | None,
+        detached: bool,
+        *,
+        heap_mb: int,
+        version: str,
+        what: str,
+        port_lists: int,
+    ) -> list[list[int]]:
+        """Set what every JVM launcher keeps (the constructor's first step) and return
+        ``port_lists`` lists of ``nodes`` ports each, the first being the client ports
+        (:attr:`ports`): free ports, or with ``base_port`` list ``k`` of node ``i`` is
+        ``base_port + k * nodes + i``. ``what`` names the cluster in the error for
+        ``nodes < 1``."""
+        if nodes < 1:
+            raise ClusterError(f"a {what} needs at least one node")
+        self.version = version
+        self.count = nodes
+        self._take_dir(dir, f"msgsafe-{self.kind}-")
+        self.detached = detached
+        self.heap_mb = heap_mb
+        self.pids = [None] * nodes
+        self.start_seconds = 0.0
+        total = port_lists * nodes
+        picked = free_ports(total) if base_port is None else [base_port + i for i in range(total)]
+        lists = [picked[k * nodes : (k + 1) * nodes] for k in range(port_lists)]
+        self.ports = lists[0]
+        return lists
 
     # --- hooks ----------------------------------------------------------------------------
 

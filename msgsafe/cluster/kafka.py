@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 
 from msgsafe.cluster import kafka_admin, maven
 from msgsafe.cluster._jvm import JvmCluster
-from msgsafe.cluster._process import free_ports, port_open, spawn, wait_for
+from msgsafe.cluster._process import port_open, spawn, wait_for
 from msgsafe.cluster.base import ClusterError
 
 __all__ = ["KafkaCluster"]
@@ -96,24 +96,18 @@ class KafkaCluster(JvmCluster):
         heap_mb: int = 384,
         overrides: Mapping[str, str] | None = None,
     ) -> None:
-        if nodes < 1:
-            raise ClusterError("a Kafka cluster needs at least one node")
-        self.version = VERSION
-        self.count = nodes
-        self._take_dir(dir, "msgsafe-kafka-")
-        self.detached = detached
-        self.heap_mb = heap_mb
+        _, self.controller_ports = self._setup(
+            nodes,
+            dir,
+            base_port,
+            detached,
+            heap_mb=heap_mb,
+            version=VERSION,
+            what="Kafka cluster",
+            port_lists=2,
+        )
         self.overrides = dict(overrides or {})
-        if base_port is None:
-            picked = free_ports(2 * nodes)
-            self.ports, self.controller_ports = picked[:nodes], picked[nodes:]
-        else:
-            self.ports = [base_port + i for i in range(nodes)]
-            self.controller_ports = [base_port + nodes + i for i in range(nodes)]
         self.cluster_id = _cluster_id()
-        self.pids: list[int | None] = [None] * nodes
-        #: Seconds the last :meth:`start` took until the cluster took an acks=all write.
-        self.start_seconds = 0.0
 
     # --- jars -----------------------------------------------------------------------------
 

@@ -58,8 +58,7 @@ from urllib.parse import quote
 
 from msgsafe.cluster import maven
 from msgsafe.cluster._jvm import HOST, JvmCluster
-from msgsafe.cluster._process import free_ports, spawn, tail, wait_for
-from msgsafe.cluster.base import ClusterError
+from msgsafe.cluster._process import spawn, tail, wait_for
 
 __all__ = ["MASTER", "REPLICA", "VERSION", "QpidCluster"]
 
@@ -105,27 +104,21 @@ class QpidCluster(JvmCluster):
         heap_mb: int = 256,
         context: Mapping[str, str] | None = None,
     ) -> None:
-        if nodes < 1:
-            raise ClusterError("a Broker-J HA group needs at least one node")
-        self.version = VERSION
-        self.count = nodes
-        self._take_dir(dir, "msgsafe-qpid-")
-        self.detached = detached
+        # ports: AMQP; then HTTP (management, roles) and BDB HA replication.
+        _, self.http_ports, self.ha_ports = self._setup(
+            nodes,
+            dir,
+            base_port,
+            detached,
+            heap_mb=heap_mb,
+            version=VERSION,
+            what="Broker-J HA group",
+            port_lists=3,
+        )
         self.group = group
         self.user = user
         self.password = password
-        self.heap_mb = heap_mb
         self.context = dict(context or {})
-        if base_port is None:
-            picked = free_ports(3 * nodes)
-        else:
-            picked = [base_port + i for i in range(3 * nodes)]
-        self.ports = picked[:nodes]  #: AMQP ports
-        self.http_ports = picked[nodes : 2 * nodes]
-        self.ha_ports = picked[2 * nodes :]
-        self.pids: list[int | None] = [None] * nodes
-        #: Seconds the last :meth:`start` took until a master and every replica served.
-        self.start_seconds = 0.0
 
     # --- jars -----------------------------------------------------------------------------
 
