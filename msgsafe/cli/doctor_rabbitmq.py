@@ -98,6 +98,8 @@ def _connect(url: BrokerUrl) -> Any:
     try:
         import pika
         import pika.exceptions
+
+        from msgsafe.adapters.rabbitmq._errors import cause
     except ImportError as exc:
         raise MissingExtra("rabbitmq", "pika") from exc
     user = url.username or "guest"
@@ -123,7 +125,8 @@ def _connect(url: BrokerUrl) -> Any:
         except pika.exceptions.AMQPError as exc:
             last = exc
     raise ConnectError(
-        f"no RabbitMQ node answered: {type(last).__name__}", endpoint=url.redacted()
+        f"no RabbitMQ node answered: {cause(last) if last else 'no endpoint'}",
+        endpoint=url.redacted(),
     ) from last
 
 

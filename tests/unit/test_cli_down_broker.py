@@ -42,3 +42,23 @@ def test_verify_against_a_down_broker_names_the_cause(scheme: str) -> None:
     assert "refused" in text.lower(), text
     assert "Traceback" not in text and "pika" not in text, text
     assert "lost = 0" not in text, text
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_doctor_against_a_down_broker_names_the_cause(scheme: str) -> None:
+    url = f"{scheme}://127.0.0.1:{_refusing_port()}/"
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "msgsafe", "doctor", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    took = time.monotonic() - start
+    text = done.stdout + done.stderr
+    assert done.returncode == 3, text
+    assert took < LIMIT_S, took
+    assert "Traceback" not in text and "ERROR pika" not in text, text
+    assert len(text.strip().splitlines()) == 1, text
+    if scheme == "amqp":
+        assert "connection refused" in text, text
