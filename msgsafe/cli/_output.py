@@ -54,6 +54,8 @@ class ExitCode(enum.IntEnum):
     WARNING = 5
     #: doctor: a setting that the failure stories show loses acknowledged messages.
     CRITICAL = 6
+    #: send: every message is safe, but some only in the outbox, not yet at the broker.
+    STORED = 7
 
 
 def print_json(data: object) -> None:

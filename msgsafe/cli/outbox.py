@@ -1,18 +1,25 @@
-"""``msgsafe outbox status|list|quarantine|drain|replay|purge PATH``: inspect and operate
-an outbox file.
+"""``msgsafe outbox status|list|quarantine|drain|replay|purge|salvage``: inspect and
+operate outbox files.
 
-The file belongs to one process at a time: while a producer holds it these commands exit
-with :class:`~msgsafe.errors.OutboxLocked` (code 3) instead of interleaving with it.
+``status`` with no path lists every default outbox (the user's data directory) with its
+destination and waiting count. A file belongs to one process at a time: while a producer
+holds it these commands exit with :class:`~msgsafe.errors.OutboxLocked` (code 3) instead
+of interleaving with it. Message ids that a file does not hold are errors (code 2), and
+nothing is changed. ``drain`` forwards to the destination the rows name; ``--url`` only
+supplies what rows never store (credentials).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import shlex
+import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, cast
 
 import typer
 from rich.markup import escape
@@ -30,13 +37,21 @@ from msgsafe.cli._output import (
     translate_errors,
 )
 from msgsafe.endpoints import parse_url
+from msgsafe.errors import AuthenticationError, ConnectError
 from msgsafe.message import Envelope
 from msgsafe.outbox import Forwarder, SqliteOutbox
+from msgsafe.outbox.destination import destination_of, destination_of_target
+from msgsafe.outbox.discovery import default_dir, find_outboxes
+from msgsafe.outbox.salvage import salvage as salvage_file
+from msgsafe.ports import Transport
 
 __all__ = ["app"]
 
 app = typer.Typer(
-    help="Inspect and operate an outbox file (messages waiting for their broker).",
+    help=(
+        "Inspect and operate outbox files (messages waiting for their broker). "
+        "`msgsafe outbox status` with no path lists every default outbox."
+    ),
     no_args_is_help=True,
 )
 
@@ -45,6 +60,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="JSON instead of tables.")
 LimitOpt = Annotated[int, typer.Option(help="Rows to show at most.")]
 IdsArg = Annotated[list[str] | None, typer.Argument(help="Message ids (or --all).")]
 AllOpt = Annotated[bool, typer.Option("--all", help="Every quarantined message.")]
+YesOpt = Annotated[
+    bool, typer.Option("--yes", "-y", help="Do not ask (needed when stdin is not a terminal).")
+]
 
 
 @contextmanager
@@ -68,8 +86,18 @@ def _when(epoch: float) -> str:
 
 
 @app.command()
-def status(path: PathArg, as_json: JsonOpt = False) -> None:
-    """Depth, bytes, oldest age and quarantined count."""
+def status(
+    path: Annotated[
+        Path | None,
+        typer.Argument(help="The outbox file; none: every default outbox, one line each."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Depth, bytes, oldest age and quarantined count of one file; with no PATH, every
+    default outbox with its destination and waiting count."""
+    if path is None:
+        _status_all(as_json)
+        return
     with _opened(path, as_json) as store:
         stats = store.stats()
         first = store.list(limit=1)
@@ -95,6 +123,44 @@ def status(path: PathArg, as_json: JsonOpt = False) -> None:
     table.add_row("oldest waiting", age)
     table.add_row("quarantined", str(stats.quarantined))
     out.print(table)
+
+
+def _status_all(as_json: bool) -> None:
+    # Targets come from the rows, which never hold credentials.
+    folder = default_dir()
+    found = find_outboxes(folder)
+    rows = [
+        {
+            "path": str(f.path),
+            "destination": None if f.destination is None else f.destination.key,
+            "target": f.target,
+            "waiting": f.waiting,
+            "quarantined": f.quarantined,
+            "state": f.state,
+            "error": f.error,
+        }
+        for f in found
+    ]
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        out.print(f"no outbox files in {folder}", markup=False)
+        return
+    _print_table(
+        f"outboxes in {folder}",
+        ("file", "destination", "waiting", "quarantined", "state"),
+        [
+            (
+                Path(str(row["path"])).name,
+                str(row["destination"] or "-"),
+                "-" if row["waiting"] is None else str(row["waiting"]),
+                "-" if row["quarantined"] is None else str(row["quarantined"]),
+                str(row["state"]) + (f": {row['error']}" if row["error"] else ""),
+            )
+            for row in rows
+        ],
+    )
 
 
 @app.command(name="list")
@@ -179,9 +245,12 @@ def quarantine(
 def replay(
     path: PathArg, ids: IdsArg = None, all_: AllOpt = False, as_json: JsonOpt = False
 ) -> None:
-    """Move quarantined messages back to the end of the queue."""
+    """Move quarantined messages back to the end of the queue. An id that is not in the
+    quarantine is an error (exit 2) and nothing moves."""
     selected = _selection(ids, all_)
     with _opened(path, as_json) as store:
+        if selected != "all":
+            _require(store, selected, path, ("quarantined",), as_json)
         moved = store.replay(selected)
     if as_json:
         print_json({"replayed": moved})
@@ -192,76 +261,248 @@ def replay(
 @app.command()
 def purge(
     path: PathArg,
-    ids: IdsArg = None,
-    all_: AllOpt = False,
+    ids: Annotated[
+        list[str] | None,
+        typer.Argument(help="Message ids, waiting or quarantined (or a flag below)."),
+    ] = None,
     waiting: Annotated[
-        bool, typer.Option("--waiting", help="Also delete messages still waiting to be sent.")
+        bool, typer.Option("--waiting", help="Every waiting message (never sent!).")
     ] = False,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    quarantined: Annotated[
+        bool, typer.Option("--quarantined", help="Every quarantined message.")
+    ] = False,
+    all_: Annotated[
+        bool, typer.Option("--all", help="Every message: waiting and quarantined.")
+    ] = False,
+    yes: YesOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Delete quarantined messages (and with --waiting, waiting ones) for good."""
-    selected = _selection(ids, all_)
-    what = "every quarantined" if selected == "all" else f"{len(selected)} quarantined"
-    if waiting:
-        what += " and waiting (never sent!)"
-    if not yes and not typer.confirm(f"Delete {what} message(s) in {path} for good?", err=True):
-        err.print("nothing deleted")
-        exit_with(ExitCode.ERROR)
+    """Delete messages for good: the given ids, or --waiting, --quarantined or --all.
+
+    Asks first; with stdin not a terminal it refuses (exit 2) unless --yes is given.
+    An id the file does not hold is an error (exit 2) and nothing is deleted.
+    """
+    scoped = waiting or quarantined or all_
+    if scoped and ids:
+        raise typer.BadParameter("give message ids or --waiting/--quarantined/--all, not both")
+    if not scoped and not ids:
+        raise typer.BadParameter("give message ids, or --waiting, --quarantined or --all")
+    if all_:
+        waiting = quarantined = True
+    if ids:
+        what = f"{len(ids)} message(s)"
+        waiting = quarantined = True
+    elif waiting and quarantined:
+        what = "every waiting (never sent!) and quarantined message"
+    else:
+        what = "every waiting (never sent!) message" if waiting else "every quarantined message"
     with _opened(path, as_json) as store:
-        deleted = store.purge(selected, waiting=waiting)
+        if ids:
+            _require(store, ids, path, ("waiting", "quarantined"), as_json)
+        _confirm(f"Delete {what} in {path} for good?", yes, as_json)
+        deleted = store.purge(ids or "all", waiting=waiting, quarantined=quarantined)
     if as_json:
         print_json({"purged": deleted})
     else:
         out.print(f"{deleted} message(s) deleted")
 
 
+def _require(
+    store: SqliteOutbox,
+    ids: Sequence[str],
+    path: Path,
+    places: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Exit 2 naming every id of ``ids`` that is not in one of ``places``."""
+    found = store.locate(ids)
+    missing = [i for i in ids if found.get(i) not in places]
+    if not missing:
+        return
+    where = " or ".join(places)
+    shown = ", ".join(missing[:10]) + (
+        f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+    )
+    elsewhere = {i: found[i] for i in missing if i in found}
+    note = "; ".join(f"{i} is {place}" for i, place in list(elsewhere.items())[:3])
+    fail(
+        f"{len(missing)} id(s) not {where} in {path}: {shown}"
+        + (f" ({note})" if note else "")
+        + "; nothing was changed",
+        ExitCode.USAGE,
+        as_json=as_json,
+    )
+
+
+def _confirm(question: str, yes: bool, as_json: bool) -> None:
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        fail(
+            "not deleting without confirmation: stdin is not a terminal; add --yes",
+            ExitCode.USAGE,
+            as_json=as_json,
+        )
+    if not typer.confirm(question, err=True):
+        err.print("nothing deleted")
+        exit_with(ExitCode.ERROR)
+
+
 @app.command()
 def drain(
     path: PathArg,
-    url: Annotated[str, typer.Option(help="Broker URL to forward to.")],
+    url: Annotated[
+        str | None,
+        typer.Option(
+            help="Broker URL; default: the one the messages were stored for. Give it when "
+            "the broker needs credentials (the outbox never stores them)."
+        ),
+    ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to keep trying.")] = 30.0,
     option: Annotated[
         list[str] | None, typer.Option("--option", "-o", help="Adapter option NAME=VALUE.")
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Forward the waiting messages to URL now; exit 1 if some remain after --timeout."""
+    """Forward the waiting messages now, to the broker they were stored for (or URL);
+    exit 1 if some remain after --timeout."""
     options = dict(parse_pairs(option, "--option"))
     with _opened(path, as_json) as store, translate_errors(as_json=as_json):
-        broker = parse_url(url)
-        first = store.list(limit=1)
-        if first and first[0].target and first[0].target != broker.redacted():
+        before = store.pending()
+        newest = store.list(limit=1, offset=max(0, before - 1))
+        stored_for = newest[0].target if newest else None
+        if url is None and before == 0:
+            _report_drain(before, 0, 0, store.stats().quarantined, None, as_json)
+            return
+        if url is None and not stored_for:
+            fail(f"the messages in {path} name no broker; give --url", as_json=as_json)
+        broker = parse_url(url or stored_for or "")
+        if stored_for and destination_of_target(stored_for) != destination_of(broker):
             err.print(
-                f"note: the messages were stored for {first[0].target}; "
+                f"note: the messages were stored for {stored_for}; "
                 f"forwarding them to {broker.redacted()}",
                 markup=False,
             )
-        before = store.pending()
         transport = open_transport(broker, options)
-        forwarder = Forwarder(store, transport)
+        guard = _LoginGuard(transport)
+        forwarder = Forwarder(store, cast(Transport, guard))
         try:
-            remaining = forwarder.drain(timeout)
+            remaining = _forward(forwarder, guard, timeout)
             stats = forwarder.stats()
+        except AuthenticationError as exc:
+            fail(
+                f"AuthenticationError: {exc}; nothing was quarantined. The outbox keeps no "
+                f"credentials: give them with --url, e.g. msgsafe outbox drain "
+                f"{shlex.quote(str(path))} --url 'amqp://USER:PASSWORD@...'",
+                as_json=as_json,
+            )
         finally:
             transport.close(10.0)
+    _report_drain(before, stats.delivered, remaining, stats.quarantined, stats.last_error, as_json)
+
+
+class _LoginGuard:
+    """The transport as the drain's forwarder sees it: a refused login fails a publish
+    transiently (the message is released, not quarantined: the login, not the message,
+    is wrong) and is remembered for :func:`_forward` to stop on."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+        self.refused: AuthenticationError | None = None
+
+    def publish(self, envelope: Envelope) -> Future[None]:
+        outcome: Future[None] = Future()
+
+        def settle(done: Future[None]) -> None:
+            exc = done.exception()
+            if isinstance(exc, AuthenticationError):
+                self.refused = exc
+                outcome.set_exception(ConnectError(f"AuthenticationError: {exc}"))
+            elif exc is not None:
+                outcome.set_exception(exc)
+            else:
+                outcome.set_result(None)
+
+        self._transport.publish(envelope).add_done_callback(settle)
+        return outcome
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._transport, name)
+
+
+def _forward(forwarder: Forwarder, guard: _LoginGuard, timeout: float) -> int:
+    """Drain for up to ``timeout`` s, stopping at a refused login."""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = forwarder.drain(min(0.5, max(0.0, deadline - time.monotonic())))
+        if guard.refused is not None:
+            raise guard.refused
+        if remaining == 0 or time.monotonic() >= deadline:
+            return remaining
+
+
+def _report_drain(
+    before: int,
+    delivered: int,
+    remaining: int,
+    quarantined: int,
+    last_error: str | None,
+    as_json: bool,
+) -> None:
     data = {
         "before": before,
-        "delivered": stats.delivered,
+        "delivered": delivered,
         "remaining": remaining,
-        "quarantined": stats.quarantined,
-        "last_error": stats.last_error,
+        "quarantined": quarantined,
+        "last_error": last_error,
     }
     if as_json:
         print_json(data)
     else:
         out.print(
-            f"{stats.delivered} delivered, {remaining} remaining, "
-            f"{stats.quarantined} quarantined"
-            + (f" (last error: {stats.last_error})" if stats.last_error and remaining else ""),
+            f"{delivered} delivered, {remaining} remaining, {quarantined} quarantined"
+            + (f" (last error: {last_error})" if last_error and remaining else ""),
             markup=False,
         )
     exit_with(ExitCode.LOSS if remaining else ExitCode.OK)
+
+
+@app.command()
+def salvage(
+    path: Annotated[Path, typer.Argument(help="The damaged outbox file (only read).")],
+    to: Annotated[
+        Path | None,
+        typer.Option("--to", help="The new outbox file; default: PATH with .salvaged added."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Copy every intact message of a damaged outbox file into a new file, and report
+    how many were copied and what could not be read. PATH is left as it was."""
+    target = to if to is not None else path.with_name(f"{path.stem}.salvaged{path.suffix}")
+    with translate_errors(as_json=as_json):
+        report = salvage_file(path, target)
+    data = {
+        "source": str(report.source),
+        "target": str(report.target),
+        "waiting": report.waiting,
+        "quarantined": report.quarantined,
+        "pages": report.pages,
+        "damaged_pages": report.damaged_pages,
+        "damaged_records": report.damaged_records,
+        "wal": report.wal,
+    }
+    if as_json:
+        print_json(data)
+        return
+    out.print(
+        f"copied {report.waiting} waiting and {report.quarantined} quarantined message(s) "
+        f"to {report.target}; skipped {report.damaged_pages} damaged page(s) and "
+        f"{report.damaged_records} unreadable record(s) of {report.pages} page(s) "
+        f"(write-ahead log: {report.wal}); {report.source} was left as it was.\n"
+        f"Move the damaged file aside, then forward the messages with: "
+        f"msgsafe outbox drain {shlex.quote(str(report.target))}",
+        markup=False,
+    )
 
 
 def _selection(ids: list[str] | None, all_: bool) -> list[str] | Literal["all"]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shlex
 import sys
 import time
 from collections import deque
@@ -28,6 +29,7 @@ from msgsafe.cli._output import (
     with_options,
 )
 from msgsafe.consumer import Consumer
+from msgsafe.endpoints import parse_url
 from msgsafe.errors import MsgsafeError
 from msgsafe.message import Delivery, Receipt
 from msgsafe.producer import Producer
@@ -66,7 +68,9 @@ def send(
 ) -> None:
     """Send each stdin line as one message; print a receipt per line.
 
-    Exit 0 when every line was confirmed or stored, 1 when any send failed.
+    Exit 0 when the broker confirmed every line; 7 when every line is safe but some only
+    in the outbox (its path and the command that forwards it are printed: nothing
+    forwards them once this command has exited); 1 when any send failed.
     """
     headers = dict(parse_pairs(header, "--header"))
     options = dict(parse_pairs(option, "--option"))
@@ -75,6 +79,7 @@ def send(
     counts = {"confirmed": 0, "stored": 0, "failed": 0}
     with translate_errors(as_json=as_json):
         producer = Producer(with_options(url, options), outbox=spec, send_timeout=send_timeout)
+        where: Path | None = getattr(producer.outbox, "path", None)
         try:
             pending: deque[tuple[int, Future[Receipt]]] = deque()
             for number, raw in enumerate(sys.stdin.buffer, start=1):
@@ -92,7 +97,33 @@ def send(
         err.print(
             f"{counts['confirmed']} confirmed, {counts['stored']} stored, {counts['failed']} failed"
         )
-    exit_with(ExitCode.LOSS if failed else ExitCode.OK)
+    if counts["stored"]:
+        _tell_stored(counts["stored"], where, url)
+    if failed:
+        exit_with(ExitCode.LOSS)
+    exit_with(ExitCode.STORED if counts["stored"] else ExitCode.OK)
+
+
+def _tell_stored(stored: int, where: Path | None, url: str) -> None:
+    """Say where the stored messages wait and how to forward them (on stderr, also with
+    --json: stdout holds only receipts)."""
+    if where is None:  # pragma: no cover - the command's outboxes are files
+        err.print(f"{stored} message(s) wait in the outbox, not yet at the broker", markup=False)
+        return
+    command = f"msgsafe outbox drain {shlex.quote(str(where))}"
+    try:
+        secret = parse_url(url).password is not None
+    except MsgsafeError:  # pragma: no cover - the producer parsed it already
+        secret = False
+    if secret:
+        # The outbox keeps no credentials; the broker will ask for them.
+        command += " --url URL"
+    err.print(
+        f"{stored} message(s) are only in the outbox {where}, not at the broker yet; "
+        "nothing forwards them now that this command ends (a later send to the same "
+        f"broker does). Forward them with: {command}",
+        markup=False,
+    )
 
 
 def _report(

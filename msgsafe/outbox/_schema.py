@@ -122,8 +122,8 @@ def salvage_hint(path: str | Path) -> str:
     name = shlex.quote(str(path)) if path else "PATH"
     return (
         "it was left untouched; copy its intact messages to a new file with "
-        f"`msgsafe outbox salvage {name} --to NEW`, then forward them with "
-        "`msgsafe outbox drain NEW`"
+        f"`msgsafe outbox salvage {name} --to NEW`, move it aside, then forward them "
+        "with `msgsafe outbox drain NEW`"
     )
 
 

@@ -66,11 +66,18 @@ class OperatorQueries:
         moved: int = self._call(self._replay_batch, selected)
         return moved
 
-    def purge(self, ids: Sequence[str] | Literal["all"], *, waiting: bool = False) -> int:
-        """Delete quarantined messages (``ids`` or ``"all"``) for good; with
-        ``waiting=True`` also waiting ones. Returns how many were deleted."""
+    def purge(
+        self,
+        ids: Sequence[str] | Literal["all"],
+        *,
+        waiting: bool = False,
+        quarantined: bool = True,
+    ) -> int:
+        """Delete messages (``ids`` or ``"all"``) for good: quarantined ones unless
+        ``quarantined=False``, waiting ones too with ``waiting=True``. Returns how many
+        were deleted."""
         selected = None if ids == "all" else builtins.list(ids)
-        deleted: int = self._call(self._purge_batch, (selected, waiting))
+        deleted: int = self._call(self._purge_batch, (selected, waiting, quarantined))
         return deleted
 
     def locate(self, ids: Sequence[str]) -> dict[str, Literal["waiting", "quarantined"]]:
@@ -167,9 +174,13 @@ class OperatorQueries:
         dropped_q = 0
         removed: builtins.list[tuple[bytes | None, int]] = []
         for payload in payloads:
-            selected, waiting = payload
+            selected, waiting, quarantined = payload
             where, params = _selection(selected)
-            n = conn.execute("DELETE FROM quarantine" + where, params).rowcount
+            n = (
+                conn.execute("DELETE FROM quarantine" + where, params).rowcount
+                if quarantined
+                else 0
+            )
             dropped_q += n
             if waiting:
                 gone = conn.execute(

@@ -312,11 +312,20 @@ class PostgresOutbox:
             )
             return cur.rowcount
 
-    def purge(self, ids: Sequence[str] | Literal["all"], *, waiting: bool = False) -> int:
-        """Delete quarantined (and with ``waiting=True`` also waiting) messages."""
+    def purge(
+        self,
+        ids: Sequence[str] | Literal["all"],
+        *,
+        waiting: bool = False,
+        quarantined: bool = True,
+    ) -> int:
+        """Delete quarantined messages unless ``quarantined=False``, and waiting ones too
+        with ``waiting=True``."""
         where, params = _selection(ids)
         with self._session() as conn, conn.transaction():
-            n = conn.execute(f"DELETE FROM {self._table}_quarantine{where}", params).rowcount
+            n = 0
+            if quarantined:
+                n += conn.execute(f"DELETE FROM {self._table}_quarantine{where}", params).rowcount
             if waiting:
                 n += conn.execute(f"DELETE FROM {self._table}{where}", params).rowcount
         return n

@@ -139,13 +139,14 @@ def test_outbox_replay_purge_drain(outbox_file: tuple[Path, list[Envelope]]) -> 
     replayed = run("outbox", "replay", str(path), envelopes[0].message_id, "--json")
     assert json.loads(replayed.stdout) == {"replayed": 1}
 
-    refused = run("outbox", "purge", str(path), "--all", stdin="n\n")
-    assert refused.returncode == ExitCode.ERROR
-    assert "nothing deleted" in refused.stderr
+    # stdin is a pipe here: no question can be asked, so nothing is deleted without --yes.
+    refused = run("outbox", "purge", str(path), "--quarantined", stdin="y\n")
+    assert refused.returncode == ExitCode.USAGE
+    assert "--yes" in refused.stderr
     assert json.loads(run("outbox", "status", str(path), "--json").stdout)["quarantined"] == 1
 
     assert run("outbox", "purge", str(path)).returncode == ExitCode.USAGE
-    purged = run("outbox", "purge", str(path), "--all", "--yes", "--json")
+    purged = run("outbox", "purge", str(path), "--quarantined", "--yes", "--json")
     assert json.loads(purged.stdout) == {"purged": 1}
 
     drained = run("outbox", "drain", str(path), "--url", "memory://ob", "--json")
