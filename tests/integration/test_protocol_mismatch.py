@@ -1,7 +1,8 @@
 """A broker of the wrong kind is a permanent, typed error (ProtocolMismatch) naming what
 the peer speaks and what to do, at once: never an outage retried forever into the
 outbox. Real brokers: a one-node RabbitMQ with its AMQP 1.0 plugin disabled (it answers
-an AMQP 1.0 header with its 0-9-1 header); its port for the Kafka client.
+an AMQP 1.0 header with its 0-9-1 header); its port for the Kafka client; a one-node
+tansu (Kafka protocol) for the AMQP 0-9-1 client.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 
 from msgsafe import Producer
 from msgsafe.cluster.rabbitmq import RabbitCluster
+from msgsafe.cluster.tansu import TansuCluster
 from msgsafe.errors import ProtocolMismatch
 
 pytestmark = pytest.mark.integration
@@ -89,3 +91,25 @@ def test_forwarder_quarantines_instead_of_retrying(
         assert producer.pending() == 0  # nothing stored to be retried forever
     finally:
         producer.close()
+
+
+@pytest.fixture(scope="module")
+def kafka_node() -> Iterator[TansuCluster]:
+    """One Kafka-protocol broker (tansu)."""
+    cluster = TansuCluster(nodes=1)
+    try:
+        cluster.start()
+    except (RuntimeError, OSError) as exc:
+        pytest.fail(f"cannot start tansu (make test installs it): {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def test_amqp_client_to_a_kafka_port(kafka_node: TansuCluster) -> None:
+    port = kafka_node.bootstrap.split(",")[0].rpartition(":")[2]
+    error, took = _first_send_error(f"amqp://127.0.0.1:{port}/")
+    assert isinstance(error, ProtocolMismatch), repr(error)
+    assert "Kafka" in str(error) and "kafka://" in str(error)
+    assert took < WITHIN_S * 2, took

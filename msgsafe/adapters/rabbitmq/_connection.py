@@ -20,10 +20,10 @@ from pika.adapters.select_connection import IOLoop, SelectConnection
 from pika.channel import Channel
 from pika.connection import Connection
 
-from msgsafe.adapters.rabbitmq._errors import describe, open_error
+from msgsafe.adapters.rabbitmq._errors import PROBE_S, describe, open_error
 from msgsafe.adapters.rabbitmq.config import RabbitOptions
 from msgsafe.endpoints import BrokerUrl, Endpoint, EndpointList
-from msgsafe.errors import AuthenticationError, MsgsafeError
+from msgsafe.errors import AuthenticationError, MsgsafeError, ProtocolMismatch
 from msgsafe.retry import RetryPolicy
 
 __all__ = ["IoThread", "Link"]
@@ -245,7 +245,9 @@ class Link:
             connection_attempts=1,
             retry_delay=0,
             socket_timeout=opts.connect_timeout,
-            stack_timeout=opts.connect_timeout,
+            # The handshake leaves room for asking a silent peer what it speaks (see
+            # identify_peer) within connect_timeout.
+            stack_timeout=max(PROBE_S, opts.connect_timeout - PROBE_S),
             frame_max=opts.frame_max,
             ssl_options=ssl_options,
             client_properties={"connection_name": opts.client_name},
@@ -263,9 +265,9 @@ class Link:
             return
         if endpoint is not None:
             self._endpoints.failed(endpoint)
+        if isinstance(err, (AuthenticationError, ProtocolMismatch)):
+            self._on_fatal(err)  # first: what fails now fails with this error
         self._note_failure(f"connection to {endpoint} failed: {err.message}")
-        if isinstance(err, AuthenticationError):
-            self._on_fatal(err)
         self._schedule(0.0)
 
     def _opened(self, conn: Connection) -> None:
