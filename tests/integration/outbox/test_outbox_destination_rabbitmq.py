@@ -1,4 +1,5 @@
-"""Stored messages follow the destination, not the URL's spelling, on a real RabbitMQ.
+"""Stored messages follow the destination, not the URL's spelling, on a real RabbitMQ;
+and ``msgsafe outbox drain PATH`` forwards a file to the broker its rows name.
 
 Every node of the session cluster sits behind a fault proxy. With all of them refusing,
 messages are STORED under one spelling of the URL; then the URL is edited five ways (an
@@ -6,10 +7,18 @@ option added, ``localhost`` for ``127.0.0.1``, the hosts in another order, an op
 moved from the query string to a keyword argument, the vhost left implicit): every
 producer finds the same outbox with everything stored so far, and the last one, with the
 brokers back, delivers all of it. Counted: every receipted id is consumed, lost 0.
+
+``drain`` with a wrong password stops at the refused login and quarantines nothing; with
+no ``--url`` it forwards to the broker the rows were stored for (guest, the default
+login), and every id is consumed.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -20,12 +29,15 @@ import msgsafe
 from msgsafe.adapters import open_receiver
 from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.endpoints import parse_url
+from msgsafe.message import Envelope
+from msgsafe.outbox import SqliteOutbox
 from msgsafe.retry import RetryPolicy
 from msgsafe.testing.faultproxy import FaultProxies
 from tests.integration.rabbitmq._ledger import Ledger, consume_until, wait_for
 
 pytestmark = pytest.mark.integration
 
+ROOT = Path(__file__).resolve().parents[3]
 FIRST = 300  #: stored under the first spelling
 EACH = 50  #: stored under each further spelling while the brokers still refuse
 
@@ -104,3 +116,63 @@ def test_stored_messages_survive_five_respellings_of_the_url(
     assert len(ledger.receipted) == FIRST + 4 * EACH
     assert not ledger.lost
     assert not ledger.unknown
+
+
+def msgsafe_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "msgsafe", *args],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        cwd=ROOT,
+        env=dict(os.environ),
+    )
+    print(f"$ msgsafe {' '.join(args)} -> {proc.returncode} ({time.monotonic() - started:.1f}s)")
+    return proc
+
+
+def test_drain_forwards_to_the_broker_the_rows_name(
+    rabbit_cluster: RabbitCluster, tmp_path: Path
+) -> None:
+    queue = f"drain-{uuid.uuid4().hex[:8]}"
+    port = rabbit_cluster.port(0)
+    path = tmp_path / "stored.sqlite3"
+    store = SqliteOutbox(path, target=f"amqp://127.0.0.1:{port}/%2F?declare=quorum")
+    envelopes = [Envelope.build(queue, f"d{i}".encode(), key=f"k{i % 3}") for i in range(200)]
+    store.put(envelopes)
+    store.close()
+    ledger = Ledger(
+        sent={e.message_id for e in envelopes}, receipted={e.message_id for e in envelopes}
+    )
+
+    wrong = msgsafe_cli(
+        "outbox",
+        "drain",
+        str(path),
+        "--url",
+        f"amqp://guest:wrong@127.0.0.1:{port}/%2F",
+        "--timeout",
+        "20",
+        "-o",
+        "declare=quorum",
+    )
+    assert wrong.returncode == 3, wrong.stderr
+    assert "AuthenticationError" in wrong.stderr and "--url" in wrong.stderr
+    assert "wrong" not in wrong.stderr.replace("--url 'amqp://USER:PASSWORD", "")
+    status = json.loads(msgsafe_cli("outbox", "status", str(path), "--json").stdout)
+    assert status["waiting"] == 200 and status["quarantined"] == 0
+
+    drained = msgsafe_cli("outbox", "drain", str(path), "--json")
+    assert drained.returncode == 0, drained.stderr
+    assert json.loads(drained.stdout)["delivered"] == 200
+    receiver = open_receiver(parse_url(rabbit_cluster.node_url(0)), {"prefetch": 500})
+    try:
+        receiver.subscribe(queue)
+        consume_until(receiver, ledger, expected=ledger.receipted, deadline_s=60)
+    finally:
+        receiver.close()
+    print(ledger.report("drain from the rows"))
+    assert not ledger.lost and not ledger.unknown
