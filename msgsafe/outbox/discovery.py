@@ -64,20 +64,23 @@ def default_dir() -> Path:
     return Path(platformdirs.user_data_dir("msgsafe")) / "outbox"
 
 
-def find_outboxes(directory: Path | None = None) -> list[OutboxFile]:
-    """Every ``*.sqlite3`` file of ``directory`` (default: :func:`default_dir`), peeked,
-    sorted by path. A missing directory holds none."""
+def find_outboxes(directory: Path | None = None, *, count: bool = True) -> list[OutboxFile]:
+    """Every ``*.sqlite3`` file of ``directory`` (default: :func:`default_dir`), peeked
+    (see :func:`peek` for ``count``), sorted by path. A missing directory holds none."""
     folder = default_dir() if directory is None else directory
     try:
         paths = sorted(p for p in folder.glob("*.sqlite3") if p.is_file())
     except OSError:
         return []
-    return [peek(path) for path in paths]
+    return [peek(path, count=count) for path in paths]
 
 
-def peek(path: Path) -> OutboxFile:
+def peek(path: Path, *, count: bool = True) -> OutboxFile:
     """What ``path`` holds, read in a few milliseconds under the file's lock; a file
-    held by a process (this one included) is reported ``in use`` and not opened."""
+    held by a process (this one included) is reported ``in use`` and not opened.
+
+    ``count=False`` only asks whether messages wait (``waiting`` and ``quarantined``
+    are then 0 or 1): no table is scanned, however large."""
     if held_here(path):
         return OutboxFile(path, "in use")
     try:
@@ -88,7 +91,7 @@ def peek(path: Path) -> OutboxFile:
         with _locked(path) as free:
             if not free:
                 return OutboxFile(path, "in use")
-            return _read(path)
+            return _read(path, count)
     except OSError as exc:
         return OutboxFile(path, "damaged", error=f"cannot read {path}: {exc}")
 
@@ -108,7 +111,7 @@ def _locked(path: Path) -> Iterator[bool]:
         os.close(fd)
 
 
-def _read(path: Path) -> OutboxFile:
+def _read(path: Path, count: bool = True) -> OutboxFile:
     # NOTE: a read-write connection, although only reading: a read-only one leaves
     # empty -wal and -shm files behind, which it may not delete.
     try:
@@ -118,8 +121,9 @@ def _read(path: Path) -> OutboxFile:
     try:
         if conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
             return OutboxFile(path, "foreign", error="not an msgsafe outbox")
-        waiting = conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
-        quarantined = conn.execute("SELECT count(*) FROM quarantine").fetchone()[0]
+        how = "SELECT count(*) FROM {}" if count else "SELECT EXISTS (SELECT 1 FROM {})"
+        waiting = conn.execute(how.format("outbox")).fetchone()[0]
+        quarantined = conn.execute(how.format("quarantine")).fetchone()[0]
         row = conn.execute("SELECT target FROM outbox ORDER BY seq DESC LIMIT 1").fetchone()
         if row is None:
             row = conn.execute("SELECT target FROM quarantine ORDER BY seq DESC LIMIT 1").fetchone()
@@ -140,19 +144,21 @@ def adopt_strays(store: SqliteOutbox, destination: Destination, directory: Path)
     adopted: list[str] = []
     moved = 0
     nearby: list[OutboxFile] = []
-    for found in find_outboxes(directory):
+    for found in find_outboxes(directory, count=False):
         if found.path == store.path or found.state != "ok" or not found.waiting:
             continue
         if found.destination is not None and destination.overlaps(found.destination):
-            nearby.append(found)
+            counted = peek(found.path)
+            if counted.state == "ok" and counted.waiting:
+                nearby.append(counted)
         if found.destination != destination:
             continue
         try:
             moved += _absorb(store, found.path)
         except MsgsafeError as exc:
             log.warning(
-                "an outbox file with %d waiting message(s) for %s could not be adopted: %s",
-                found.waiting,
+                "the outbox file %s holds waiting messages for %s but could not be adopted: %s",
+                found.path,
                 destination,
                 exc,
             )
