@@ -40,7 +40,7 @@ from msgsafe.cli._output import (
 )
 from msgsafe.cli._readback import start_at_beginning
 from msgsafe.consumer import Consumer
-from msgsafe.errors import MsgsafeError
+from msgsafe.errors import AuthenticationError, ConnectError, MsgsafeError, ProtocolMismatch
 from msgsafe.message import Receipt
 from msgsafe.producer import Producer
 
@@ -194,13 +194,22 @@ def _produce(
     # that is down, refuses the login or speaks another protocol ends the command here
     # with that cause (exit 3), within connect_timeout, instead of a run of STORED
     # messages waiting for a drain and a table of zeros.
+    first_confirmed = 1
     with Producer(with_options(url, options), outbox=False) as probe:
-        probe.send(
-            destination,
-            json.dumps({"run": run, "stream": 0, "seq": 0}).encode(),
-            key=_stream_key(run, 0),
-            headers={RUN_HEADER: run, STREAM_HEADER: "0", SEQ_HEADER: "0"},
-        )
+        try:
+            probe.send(
+                destination,
+                json.dumps({"run": run, "stream": 0, "seq": 0}).encode(),
+                key=_stream_key(run, 0),
+                headers={RUN_HEADER: run, STREAM_HEADER: "0", SEQ_HEADER: "0"},
+            )
+        except (ConnectError, AuthenticationError, ProtocolMismatch):
+            raise  # the broker cannot be used at all: the command cannot run
+        except MsgsafeError:
+            # Refused or rejected, this message only: the caller was told, as for any
+            # send that raised; the run goes on.
+            failed.add(0)
+            first_confirmed = 0
     with Producer(with_options(url, options), outbox=spec, send_timeout=120.0) as producer:
         progress = Progress(TextColumn("producing"), BarColumn(), MofNCompleteColumn(), console=err)
         with progress:
@@ -219,7 +228,7 @@ def _produce(
                 futures.append(future)
             producer.flush(180.0)
         producer.drain(timeout=60.0)
-    confirmed, stored = 1, 0
+    confirmed, stored = first_confirmed, 0
     for n, future in enumerate(futures, start=1):
         try:
             receipt = future.result(0)
