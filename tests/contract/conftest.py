@@ -62,10 +62,7 @@ def _kafka_case(request: pytest.FixtureRequest) -> Iterator[BrokerCase]:
 
     yield BrokerCase(
         name="kafka",
-        # One broker: the contract is about the SDK's semantics, and tansu brokers sharing
-        # one log answer ListOffsets from stale state when a client spreads over several
-        # (see msgsafe.cluster.tansu); fail-over between brokers has tests of its own.
-        url=cluster.broker_url(0),
+        url=cluster.url,
         new_destination=topic,
         needs_group=True,
         # Kafka has no per-message redelivery flag: it re-reads from the committed offset.

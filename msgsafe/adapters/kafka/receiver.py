@@ -38,6 +38,15 @@ log = logging.getLogger("msgsafe.kafka")
 _Partition = tuple[str, int]
 
 _UNKNOWN_TOPIC = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
+#: The group coordinator refuses this member's settings: librdkafka would rejoin with the
+#: same settings forever, receiving nothing, so the receiver raises instead.
+_GROUP_SETTINGS_REFUSED = frozenset(
+    {
+        KafkaError.INVALID_SESSION_TIMEOUT,
+        KafkaError.INCONSISTENT_GROUP_PROTOCOL,
+        KafkaError.INVALID_GROUP_ID,
+    }
+)
 
 #: Seconds one consume() call blocks at most, so commits and close stay responsive.
 _SLICE_S = 0.5
@@ -92,6 +101,8 @@ class KafkaReceiver:
         #: When to look again for subscribed topics reported unknown, and which they are.
         self._resubscribe_at: float | None = None
         self._unknown: set[str] = set()
+        #: A refusal of this member's group settings reported to the error callback.
+        self._refused: KafkaError | None = None
         #: Deliveries marked redelivered so far (best effort; for tests and metrics).
         self.redelivered = 0
 
@@ -145,6 +156,7 @@ class KafkaReceiver:
                     raise translate(exc.args[0], endpoint=self._target) from exc
                 except RuntimeError as exc:
                     raise ConnectionLost(f"kafka consumer: {exc}", endpoint=self._target) from exc
+                self._raise_if_refused(self._refused)
                 deliveries = self._wrap(messages)
                 if deliveries or (deadline is not None and time.monotonic() >= deadline):
                     return deliveries
@@ -179,6 +191,7 @@ class KafkaReceiver:
                 if err is not None:
                     if err.fatal():
                         raise translate(err, endpoint=self._target)
+                    self._raise_if_refused(err)
                     log.info("kafka consumer: %s", err.str())
                     if err.code() in _UNKNOWN_TOPIC:
                         self._unknown.add(msg.topic() or "")
@@ -294,6 +307,17 @@ class KafkaReceiver:
 
     def _on_error(self, err: KafkaError) -> None:
         log.info("kafka consumer: %s: %s", err.name(), err.str())
+        if err.code() in _GROUP_SETTINGS_REFUSED:
+            self._refused = err
+
+    def _raise_if_refused(self, err: KafkaError | None) -> None:
+        if err is not None and err.code() in _GROUP_SETTINGS_REFUSED:
+            raise ConfigurationError(
+                f"kafka group {self._group!r} refused this consumer: {err.str()} "
+                "(session_timeout_ms must lie within the brokers' "
+                "group.min.session.timeout.ms and group.max.session.timeout.ms)",
+                endpoint=self._target,
+            )
 
     # --- lifecycle --------------------------------------------------------------------------
 

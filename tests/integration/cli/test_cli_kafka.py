@@ -1,4 +1,6 @@
-"""The ``msgsafe`` command against Kafka-protocol brokers (tansu), as a subprocess."""
+"""The ``msgsafe`` command against the session's Apache Kafka cluster, as a subprocess
+(``msgsafe demo`` with no URL runs its own zero-Java tansu broker, as a user's first run
+does)."""
 
 from __future__ import annotations
 
@@ -6,11 +8,13 @@ import json
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from msgsafe.cluster.tansu import TansuCluster
+from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.message import Envelope
 from msgsafe.outbox import SqliteOutbox
 from tests.integration.cli._run import msgsafe
@@ -64,25 +68,52 @@ def test_verify_counts_every_message_back(kafka_url: str, kafka_topic: str, tmp_
     assert [s["expected"] for s in report["streams"]] == [100, 100, 100, 100]
 
 
-def test_doctor_flags_replication_factor_1(kafka_cluster: TansuCluster, kafka_topic: str) -> None:
-    # Every broker: doctor counts them, and tansu brokers' metadata can lag a topic
-    # created through another one.
-    result = msgsafe("doctor", kafka_cluster.url, kafka_topic, "--json")
+def _by_setting(report: dict[str, Any], topic: str) -> dict[str, dict[str, str]]:
+    return {f["setting"]: f for f in report["findings"] if f["subject"] == f"topic {topic}"}
+
+
+def test_doctor_flags_unsafe_topics_on_the_real_cluster(kafka_cluster: KafkaCluster) -> None:
+    """Topics created unsafe on Apache Kafka itself, each flagged by what it lacks; a
+    topic with the cluster's safe settings is not."""
+    tag = uuid.uuid4().hex[:8]
+    topics = {
+        "rf1": (1, {}),
+        "rf2": (2, {}),
+        "minisr1": (3, {"min.insync.replicas": "1"}),
+        "unclean": (3, {"unclean.leader.election.enable": "true"}),
+        "safe": (3, {}),
+    }
+    names = {kind: f"doctor-{kind}-{tag}" for kind in topics}
+    for kind, (replication, config) in topics.items():
+        kafka_cluster.create_topic(names[kind], 1, replication, config)
+    result = msgsafe("doctor", kafka_cluster.url, *names.values(), "--json")
     report = result.json()
     assert result.code == 6, report
-    critical = [f for f in report["findings"] if f["severity"] == "critical"]
-    assert any(
-        f["subject"] == f"topic {kafka_topic}"
-        and f["setting"] == "replication factor"
-        and f["value"] == "1"
-        for f in critical
-    ), critical
-    # tansu answers DescribeConfigs with nothing: reported as unknown, never guessed ok.
-    unknown = {f["setting"] for f in report["findings"] if f["severity"] == "unknown"}
-    assert "min.insync.replicas" in unknown
-    human = msgsafe("doctor", kafka_cluster.url, kafka_topic)
+    rf1 = _by_setting(report, names["rf1"])
+    assert rf1["replication factor"]["severity"] == "critical"
+    assert rf1["replication factor"]["value"] == "1"
+    rf2 = _by_setting(report, names["rf2"])
+    assert rf2["replication factor"]["severity"] == "warning"
+    assert rf2["replication factor"]["value"] == "2"
+    minisr1 = _by_setting(report, names["minisr1"])
+    assert minisr1["replication factor"]["severity"] == "ok"
+    assert minisr1["min.insync.replicas"]["severity"] == "critical"
+    assert minisr1["min.insync.replicas"]["value"] == "1"
+    unclean = _by_setting(report, names["unclean"])
+    assert unclean["unclean.leader.election.enable"]["severity"] == "critical"
+    assert unclean["unclean.leader.election.enable"]["value"] == "true"
+    safe = _by_setting(report, names["safe"])
+    assert {f["severity"] for f in safe.values()} == {"ok"}, safe
+    assert safe["min.insync.replicas"]["value"] == "2"
+    assert safe["unclean.leader.election.enable"]["value"] == "false"
+    # The cluster itself: three brokers, safe defaults.
+    cluster = [f for f in report["findings"] if not f["subject"].startswith("topic ")]
+    assert not [f for f in cluster if f["severity"] in ("critical", "warning")], cluster
+    human = msgsafe("doctor", kafka_cluster.url, names["unclean"], names["safe"])
     assert human.code == 6
-    assert "replication factor" in human.stdout and "fix:" in human.stdout
+    assert "unclean.leader.election.enable" in human.stdout and "fix:" in human.stdout
+    clean = msgsafe("doctor", kafka_cluster.url, names["safe"], "--json")
+    assert clean.code == 0, clean.json()
 
 
 def test_doctor_unreachable_broker_exits_3() -> None:
@@ -129,22 +160,19 @@ def test_outbox_drain_forwards_a_stored_file(
 
 
 def test_verify_while_its_broker_is_paused_and_resumed(
-    kafka: TansuCluster, kafka_topic: str, tmp_path: Path
+    kafka: KafkaCluster, kafka_topic: str, tmp_path: Path
 ) -> None:
     """What a user does with verify: inject a fault while it runs.
 
-    One broker and a pause (SIGSTOP for 5 s, then SIGCONT): tansu 0.6 brokers sharing a
-    log lose acknowledged records when two of them write one partition (see
-    msgsafe.cluster.tansu), which happens after a SIGKILL and restart or while a client
-    moves between brokers, and verify rightly reports them lost. The SIGKILL itself is
-    covered by the chaos matrix and tests/integration/kafka/test_broker_kill.py.
+    The leader of partition 0 is paused (SIGSTOP for 5 s, longer than the broker session
+    timeout, so the controller moves its partitions), then resumed (SIGCONT).
     """
     command = [
         sys.executable,
         "-m",
         "msgsafe",
         "verify",
-        kafka.broker_url(0),
+        kafka.url,
         kafka_topic,
         "--count",
         "1500",
@@ -156,23 +184,24 @@ def test_verify_while_its_broker_is_paused_and_resumed(
         "10",
         "--json",
     ]
-    # The broker is paused before verify starts, so the fault overlaps its producer (1500
+    # The node is paused before verify starts, so the fault overlaps its producer (1500
     # sends take well under a second) as well as its consumer's start.
-    kafka.pause(0)
+    node = kafka.leader_of(kafka_topic, 0)
+    kafka.pause(node)
     try:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             paused_at = time.monotonic()
             while proc.poll() is None and time.monotonic() - paused_at < 5.0:
                 time.sleep(0.1)  # the length of the fault, not a synchronisation
-            kafka.resume(0)
+            kafka.resume(node)
             stdout, stderr = proc.communicate(timeout=180)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
     finally:
-        kafka.resume(0)
+        kafka.resume(node)
     report = json.loads(stdout)
     print({k: v for k, v in report.items() if k != "streams"})
     lost = {s["key"]: s["lost_seqs"] for s in report["streams"] if s["lost"]}
@@ -185,8 +214,7 @@ def test_verify_finds_its_run_among_earlier_ones_and_a_consume_phase_can_repeat(
     kafka_url: str, kafka_topic: str, tmp_path: Path
 ) -> None:
     """A run's group reads the topic from its beginning and counts the earlier runs'
-    records as foreign; a consume-only phase of an earlier run can be repeated.
-    (One broker: see msgsafe.cluster.tansu on tansu's shared log.)"""
+    records as foreign; a consume-only phase of an earlier run can be repeated."""
     url = kafka_url
     common = ["--outbox", str(tmp_path / "outbox.sqlite3"), "--timeout", "5", "--json"]
     first = msgsafe("verify", url, kafka_topic, "--count", "200", *common)

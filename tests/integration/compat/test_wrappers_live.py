@@ -10,7 +10,7 @@ import pika as real_pika
 import pytest
 
 from msgsafe.cluster.rabbitmq import RabbitCluster
-from msgsafe.cluster.tansu import TansuCluster
+from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.compat import confluent_kafka, pika
 from msgsafe.errors import Unroutable
 
@@ -29,7 +29,7 @@ def _params(cluster: RabbitCluster) -> list[real_pika.ConnectionParameters]:
 
 
 def test_kafka_reports_list_topics_and_a_permanent_error(
-    kafka_cluster: TansuCluster, kafka_topic: str, tmp_path: Path
+    kafka_cluster: KafkaCluster, kafka_topic: str, tmp_path: Path
 ) -> None:
     reports: list[tuple[object, object]] = []
     producer = confluent_kafka.Producer(

@@ -1,4 +1,4 @@
-"""The examples that need a Kafka broker, against the suite's tansu cluster."""
+"""The examples that need a Kafka broker, against the suite's Apache Kafka cluster."""
 
 from __future__ import annotations
 

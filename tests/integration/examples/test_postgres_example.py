@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import msgsafe
-from msgsafe.cluster.tansu import TansuCluster
+from msgsafe.cluster.kafka import KafkaCluster
 from tests.integration.examples._run import run_example
 
 pytestmark = pytest.mark.integration
@@ -34,7 +34,7 @@ def test_transactional_outbox_on_memory(postgres_conninfo: str, tmp_path: Path) 
 
 
 def test_transactional_outbox_on_kafka(
-    postgres_conninfo: str, kafka_cluster: TansuCluster, kafka_url: str, tmp_path: Path
+    postgres_conninfo: str, kafka_cluster: KafkaCluster, kafka_url: str, tmp_path: Path
 ) -> None:
     kafka_cluster.create_topic("order-placed", partitions=3)
     result = run_example(

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 import msgsafe
-from msgsafe.cluster.tansu import TansuCluster
+from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.message import new_message_id
 from tests.integration.examples._run import EXAMPLES
+from tests.support.kafka_ledger import start_group_at_zero
 
 pytestmark = pytest.mark.integration
 
@@ -38,13 +39,13 @@ def _read(consumer: msgsafe.Consumer, want: int, seconds: float) -> list[str]:
 
 
 def test_spark_sink_publishes_and_a_rerun_deduplicates(
-    spark: Any, kafka_cluster: TansuCluster, kafka_url: str
+    spark: Any, kafka_cluster: KafkaCluster, kafka_url: str
 ) -> None:
     example = _example()
     topic = f"spark-{new_message_id()}"
     kafka_cluster.create_topic(topic, partitions=3)
     group = f"{topic}-check"
-    kafka_cluster.start_group_at_zero(topic, group)
+    start_group_at_zero(kafka_url, topic, group)
 
     report = example.publish_orders(spark, kafka_url, topic)
     print(report)

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 import msgsafe
-from msgsafe.cluster.tansu import TansuCluster
+from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.message import Delivery
+from tests.support.kafka_lab import heal, kill_all
 from tests.support.kafka_ledger import Ledger, consume_until
 
 pytestmark = pytest.mark.integration
@@ -24,7 +25,7 @@ CONFIRM_TIMEOUT = 3.0
 
 
 def test_all_brokers_down_stores_then_drains_in_key_order(
-    kafka: TansuCluster, kafka_topic: str, tmp_path: Path
+    kafka: KafkaCluster, kafka_topic: str, tmp_path: Path
 ) -> None:
     ledger = Ledger()
     seq: dict[str, tuple[str, int]] = {}  # id -> (key, per-key sequence number)
@@ -49,7 +50,7 @@ def test_all_brokers_down_stores_then_drains_in_key_order(
     ) as producer:
         receipts = send_all(producer, BEFORE)
 
-        kafka.kill_all()
+        kill_all(kafka)
         started = time.monotonic()
         down = send_all(producer, DOWN)
         stored_in = time.monotonic() - started
@@ -68,7 +69,7 @@ def test_all_brokers_down_stores_then_drains_in_key_order(
         assert producer.pending() >= DOWN
 
         restart_started = time.monotonic()
-        kafka.restart_all()
+        heal(kafka)
         after = send_all(producer, AFTER)
         assert producer.drain(120) == 0, "outbox did not drain after the restart"
         drained_s = time.monotonic() - restart_started
@@ -87,9 +88,7 @@ def test_all_brokers_down_stores_then_drains_in_key_order(
 
     consuming = time.monotonic()
     ledger.received.update(
-        consume_until(
-            kafka.broker_url(2), kafka_topic, ledger.receipted, deadline_s=90, on_delivery=record
-        )
+        consume_until(kafka.url, kafka_topic, ledger.receipted, deadline_s=90, on_delivery=record)
     )
     consume_s = time.monotonic() - consuming
     print(

@@ -1,4 +1,5 @@
-"""The Kafka adapter against real tansu brokers: round trip, headers, keys, typed errors."""
+"""The Kafka adapter against the session's Apache Kafka: round trip, headers, keys, typed
+errors."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 import pytest
 
 from msgsafe.adapters.kafka import KafkaOptions, open_receiver, open_transport
-from msgsafe.cluster.tansu import TansuCluster
+from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError, MessageTooLarge, Unroutable
 from msgsafe.message import Envelope
@@ -20,7 +21,7 @@ FAST_GROUP = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 500}
 
 
 def test_round_trip_carries_id_headers_and_key(
-    kafka_cluster: TansuCluster, kafka_topic: str
+    kafka_cluster: KafkaCluster, kafka_topic: str
 ) -> None:
     transport = open_transport(parse_url(kafka_cluster.url), {})
     envelopes = [
@@ -35,9 +36,7 @@ def test_round_trip_carries_id_headers_and_key(
         transport.close()
 
     start_group_at_zero(kafka_cluster.url, kafka_topic, f"rt-{kafka_topic}")
-    receiver = open_receiver(
-        parse_url(kafka_cluster.broker_url(2)), FAST_GROUP, group=f"rt-{kafka_topic}"
-    )
+    receiver = open_receiver(parse_url(kafka_cluster.url), FAST_GROUP, group=f"rt-{kafka_topic}")
     got = []
     try:
         receiver.subscribe(kafka_topic)
@@ -64,7 +63,7 @@ def test_round_trip_carries_id_headers_and_key(
 
 
 def test_committed_offsets_are_not_redelivered(
-    kafka_cluster: TansuCluster, kafka_topic: str
+    kafka_cluster: KafkaCluster, kafka_topic: str
 ) -> None:
     transport = open_transport(parse_url(kafka_cluster.url), {})
     try:
@@ -72,7 +71,7 @@ def test_committed_offsets_are_not_redelivered(
             future.result(15)
     finally:
         transport.close()
-    url = parse_url(kafka_cluster.broker_url(0))
+    url = parse_url(kafka_cluster.url)
     start_group_at_zero(kafka_cluster.url, kafka_topic, f"g-{kafka_topic}")
     first = open_receiver(url, FAST_GROUP, group=f"g-{kafka_topic}")
     acked: list[str | None] = []
@@ -103,7 +102,7 @@ def test_committed_offsets_are_not_redelivered(
     assert not set(acked) & set(rest)
 
 
-def test_requeue_delivers_again(kafka_cluster: TansuCluster, kafka_topic: str) -> None:
+def test_requeue_delivers_again(kafka_cluster: KafkaCluster, kafka_topic: str) -> None:
     transport = open_transport(parse_url(kafka_cluster.url), {})
     try:
         transport.publish(Envelope.build(kafka_topic, b"once", key="k")).result(15)
@@ -129,7 +128,7 @@ def test_requeue_delivers_again(kafka_cluster: TansuCluster, kafka_topic: str) -
     assert not seen[0].redelivered and seen[1].redelivered
 
 
-def test_too_large_is_permanent(kafka_cluster: TansuCluster, kafka_topic: str) -> None:
+def test_too_large_is_permanent(kafka_cluster: KafkaCluster, kafka_topic: str) -> None:
     url = parse_url(kafka_cluster.url)
     transport = open_transport(url, {"max_message_size": 1000})
     try:
@@ -146,7 +145,7 @@ def test_too_large_is_permanent(kafka_cluster: TansuCluster, kafka_topic: str) -
         transport.close()
 
 
-def test_unknown_topic_without_auto_create_is_unroutable(kafka_cluster: TansuCluster) -> None:
+def test_unknown_topic_without_auto_create_is_unroutable(kafka_cluster: KafkaCluster) -> None:
     transport = open_transport(
         parse_url(kafka_cluster.url),
         {"confirm_timeout": 4, "librdkafka": {"allow.auto.create.topics": "false"}},
@@ -194,3 +193,24 @@ def test_defaults_keep_the_promise() -> None:
     consumer = consumer_settings(url, options, "g")
     assert consumer["enable.auto.commit"] is False
     assert consumer["enable.auto.offset.store"] is False
+
+
+def test_a_session_timeout_the_broker_refuses_is_a_configuration_error(
+    kafka_cluster: KafkaCluster, kafka_topic: str
+) -> None:
+    # The cluster accepts session timeouts from 1 s up: 500 ms is refused at JoinGroup,
+    # which librdkafka would retry forever while the receiver gets nothing.
+    receiver = open_receiver(
+        parse_url(kafka_cluster.url),
+        {"session_timeout_ms": 500, "heartbeat_interval_ms": 100},
+        group=f"short-{kafka_topic}",
+    )
+    try:
+        receiver.subscribe(kafka_topic)
+        started = time.monotonic()
+        with pytest.raises(ConfigurationError, match="session"):
+            while time.monotonic() - started < 30:
+                receiver.receive(max_messages=10, timeout=0.5)
+        print(f"\nrefused session timeout raised after {time.monotonic() - started:.1f}s")
+    finally:
+        receiver.close()

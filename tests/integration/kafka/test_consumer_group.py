@@ -11,7 +11,7 @@ import pytest
 
 import msgsafe
 from msgsafe.adapters.kafka import open_receiver, open_transport
-from msgsafe.cluster.tansu import TansuCluster
+from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.endpoints import parse_url
 from msgsafe.message import Envelope
 from tests.support.kafka_ledger import start_group_at_zero
@@ -31,7 +31,7 @@ def _publish(url: str, envelopes: list[Envelope]) -> None:
 
 
 def test_sdk_consumer_drops_duplicates_by_message_id(
-    kafka_cluster: TansuCluster, kafka_topic: str
+    kafka_cluster: KafkaCluster, kafka_topic: str
 ) -> None:
     envelopes = [Envelope.build(kafka_topic, b"%d" % i, key=f"k{i % 4}") for i in range(300)]
     # Every tenth message published twice with the same id, as a retry after an
@@ -40,7 +40,7 @@ def test_sdk_consumer_drops_duplicates_by_message_id(
     seen: collections.Counter[str | None] = collections.Counter()
     start_group_at_zero(kafka_cluster.url, kafka_topic, f"g-{kafka_topic}")
     with msgsafe.Consumer(
-        kafka_cluster.broker_url(2), group=f"g-{kafka_topic}", dedup=True, **FAST_GROUP
+        kafka_cluster.url, group=f"g-{kafka_topic}", dedup=True, **FAST_GROUP
     ) as consumer:
         consumer.subscribe(kafka_topic)
         deadline = time.monotonic() + 60
@@ -59,7 +59,7 @@ def test_sdk_consumer_drops_duplicates_by_message_id(
 
 
 def test_two_members_share_the_topic_and_a_rebalance_loses_nothing(
-    kafka_cluster: TansuCluster, kafka_topic: str
+    kafka_cluster: KafkaCluster, kafka_topic: str
 ) -> None:
     envelopes = [Envelope.build(kafka_topic, b"x", key=f"k{i % 16}") for i in range(3000)]
     _publish(kafka_cluster.url, envelopes)
@@ -71,10 +71,8 @@ def test_two_members_share_the_topic_and_a_rebalance_loses_nothing(
     lock = threading.Lock()
     stop = threading.Event()
 
-    def member(name: str, broker: int) -> None:
-        receiver = open_receiver(
-            parse_url(kafka_cluster.broker_url(broker)), FAST_GROUP, group=group
-        )
+    def member(name: str) -> None:
+        receiver = open_receiver(parse_url(kafka_cluster.url), FAST_GROUP, group=group)
         try:
             receiver.subscribe(kafka_topic)
             while not stop.is_set():
@@ -86,9 +84,9 @@ def test_two_members_share_the_topic_and_a_rebalance_loses_nothing(
         finally:
             receiver.close()
 
-    first = threading.Thread(target=member, args=("a", 0))
+    first = threading.Thread(target=member, args=("a",))
     first.start()
-    second = threading.Thread(target=member, args=("b", 1))
+    second = threading.Thread(target=member, args=("b",))
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from msgsafe.adapters.kafka import open_transport
-from msgsafe.cluster.tansu import TansuCluster
+from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.endpoints import parse_url
 from msgsafe.message import Envelope
 from tests.support.kafka_ledger import start_group_at_zero
@@ -61,7 +61,7 @@ def _wait(condition: collections.abc.Callable[[], bool], timeout: float, what: s
 
 
 def test_consumer_killed_mid_batch_loses_nothing(
-    kafka_cluster: TansuCluster, kafka_topic: str, tmp_path: Path
+    kafka_cluster: KafkaCluster, kafka_topic: str, tmp_path: Path
 ) -> None:
     transport = open_transport(parse_url(kafka_cluster.url), {})
     sent: list[str] = []
@@ -77,7 +77,7 @@ def test_consumer_killed_mid_batch_loses_nothing(
     group = f"g-{kafka_topic}"
     start_group_at_zero(kafka_cluster.url, kafka_topic, group)
     first_out, second_out = tmp_path / "first.txt", tmp_path / "second.txt"
-    url = kafka_cluster.broker_url(1)
+    url = kafka_cluster.url
     # The child kills itself with SIGKILL in the middle of a 200-message batch.
     first = _start(url, kafka_topic, group, first_out, str(CRASH_AFTER))
     try:

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.cluster.rabbitmq import RabbitCluster
-from msgsafe.cluster.tansu import TansuCluster
 from msgsafe.spark import ContentIds, ForeachBatchSink, foreach_batch_sink, key_id
 from tests.integration.spark._support import (
     consume,
@@ -30,6 +30,7 @@ from tests.integration.spark._support import (
     tally,
     wait_for_file,
 )
+from tests.support.kafka_lab import heal, kill_all
 
 pytestmark = pytest.mark.integration
 
@@ -203,21 +204,20 @@ def _kill_during_batch(
 
 
 def test_broker_killed_during_a_batch_kafka(
-    spark: Any, kafka: TansuCluster, kafka_topic: str, tmp_path: Path
+    spark: Any, kafka: KafkaCluster, kafka_topic: str, tmp_path: Path
 ) -> None:
     started = time.monotonic()
     markers = tmp_path / "markers"
     markers.mkdir()
-    # Only broker 0 is named, so its death fails the tasks (with every broker listed,
-    # librdkafka would fail over inside the attempt and Spark would have nothing to retry).
-    url = kafka.broker_url(0)
-    sink = foreach_batch_sink(url, kafka_topic, key_col="key", confirm_timeout=5.0)
+    # Every node dies: with one left, librdkafka would fail over inside the attempt
+    # (partitions are replicated 3 ways) and Spark would have nothing to retry.
+    sink = foreach_batch_sink(kafka.url, kafka_topic, key_col="key", confirm_timeout=5.0)
     _kill_during_batch(
         spark,
         sink,
         markers,
-        functools.partial(kafka.kill, 0),
-        functools.partial(kafka.restart, 0),
+        functools.partial(kill_all, kafka),
+        functools.partial(heal, kafka),
     )
     report = sink.last_report
     assert report is not None

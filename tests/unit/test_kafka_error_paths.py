@@ -1,6 +1,12 @@
-"""Errors a tansu broker cannot produce, from librdkafka's mock cluster over loopback TCP:
-NOT_ENOUGH_REPLICAS (the ISR shrank below min.insync.replicas), a fatal idempotent
-producer error, partition leaders moving while traffic flows."""
+"""The Kafka adapter's error paths on librdkafka's mock cluster: NOT_ENOUGH_REPLICAS to
+the outbox and to a transient error in time, a fatal idempotence error, leaders moving
+under traffic, a full local queue.
+
+Why the mock: each needs a broker error on demand and for exactly as long as the test
+says (every produce refused until healed, a leader moved at message 500), which no real
+broker can be told to give; the same stories on the real cluster, where the broker
+decides, are in tests/chaos/test_kafka_seed.py.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,6 @@ import ctypes
 import time
 from pathlib import Path
 
-import pytest
 from confluent_kafka import KafkaError
 
 import msgsafe
@@ -18,8 +23,6 @@ from msgsafe.errors import TransientError
 from msgsafe.message import Envelope
 from tests.support.kafka_ledger import Ledger, consume_until, warm_up
 from tests.support.kafka_mock import MockKafkaCluster, _librdkafka
-
-pytestmark = pytest.mark.integration
 
 TOPIC = "orders"
 

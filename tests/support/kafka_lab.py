@@ -1,0 +1,153 @@
+"""The test suite's Apache Kafka: a :class:`~msgsafe.cluster.kafka.KafkaCluster` whose nodes
+also listen for clients behind fault proxies, and the healing every fault test ends with.
+
+Each node has two client listeners. ``PLAINTEXT`` (``cluster.bootstrap``) is the direct
+one, also used between brokers. ``PROXIED`` binds ``proxied_ports[i]`` and advertises
+``proxy_ports[i]``, where a :class:`~msgsafe.testing.faultproxy.FaultProxy` forwards to
+it: a client that bootstraps through a proxy learns only proxy addresses from metadata, so
+every byte it exchanges with any broker goes through a proxy, while replication between
+the brokers does not (a proxy fault is a client-side network fault, not a partition).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+from msgsafe.cluster import kafka_admin
+from msgsafe.cluster._process import free_ports, port_free, wait_for
+from msgsafe.cluster.base import ClusterError
+from msgsafe.cluster.kafka import KafkaCluster
+from msgsafe.testing.faultproxy import FaultProxy
+
+__all__ = ["LabKafka", "all_in_sync", "heal", "kill_all", "restart"]
+
+#: Install hint of a Kafka test failure: what the test command runs on a fresh machine.
+INSTALL_HINT = (
+    "needs Java 17 and Maven (apt-get install -y openjdk-17-jre-headless maven), then "
+    "`python3 -m msgsafe cluster fetch kafka` (bash scripts/bootstrap.sh all does both)"
+)
+
+
+class LabKafka(KafkaCluster):
+    """A Kafka cluster with a proxied client listener per node (see the module doc).
+    The proxies exist from :meth:`open_proxies` on, until :meth:`close_proxies`."""
+
+    def __init__(self, nodes: int = 3, *, heap_mb: int = 384) -> None:
+        super().__init__(nodes, heap_mb=heap_mb)
+        picked = free_ports(2 * nodes)
+        self.proxied_ports, self.proxy_ports = picked[:nodes], picked[nodes:]
+        self.proxies: list[FaultProxy] = []
+        self._proxy_lock = threading.Lock()
+
+    def _properties(self, node: int) -> dict[str, str]:
+        props = super()._properties(node)
+        props["listeners"] += f",PROXIED://127.0.0.1:{self.proxied_ports[node]}"
+        props["advertised.listeners"] += f",PROXIED://127.0.0.1:{self.proxy_ports[node]}"
+        props["listener.security.protocol.map"] += ",PROXIED:PLAINTEXT"
+        return props
+
+    def open_proxies(self) -> list[FaultProxy]:
+        """One proxy per node, listening on the advertised ``proxy_ports`` (made once)."""
+        with self._proxy_lock:
+            if not self.proxies:
+                proxies: list[FaultProxy] = []
+                try:
+                    for upstream, listen in zip(self.proxied_ports, self.proxy_ports, strict=True):
+                        proxies.append(
+                            FaultProxy(
+                                "127.0.0.1", upstream, listen_port=listen, connect_timeout=2.0
+                            )
+                        )
+                except BaseException:
+                    for proxy in proxies:
+                        proxy.close()
+                    raise
+                self.proxies = proxies
+            return self.proxies
+
+    def close_proxies(self) -> None:
+        with self._proxy_lock:
+            for proxy in self.proxies:
+                proxy.close()
+            self.proxies = []
+
+    @property
+    def proxied_url(self) -> str:
+        """``kafka://`` URL of every node's proxy (what a client behind the proxies uses)."""
+        return "kafka://" + ",".join(f"127.0.0.1:{p}" for p in self.proxy_ports)
+
+    def stop(self, grace: float = 30.0) -> None:
+        self.close_proxies()
+        super().stop(grace)
+
+
+def all_in_sync(bootstrap: str, brokers: int) -> bool:
+    """True when ``brokers`` brokers are registered and every partition of every topic
+    has a leader and all its replicas in sync."""
+    meta = kafka_admin.metadata(bootstrap, timeout=3.0)
+    if meta is None or len(meta.brokers) < brokers:
+        return False
+    for topic in meta.topics.values():
+        if topic.error is not None:
+            return False
+        for part in topic.partitions.values():
+            if part.leader < 0 or sorted(part.isrs) != sorted(part.replicas):
+                return False
+    return True
+
+
+def kill_all(cluster: KafkaCluster) -> None:
+    """SIGKILL every running node (their data stays, as after a power cut)."""
+    for index, node in enumerate(cluster.nodes()):
+        if node.running:
+            cluster.kill(index)
+
+
+def restart(cluster: KafkaCluster, nodes: Sequence[int], timeout: float = 120.0) -> None:
+    """Start every node of ``nodes`` (killed before) and wait until each is registered.
+
+    All are launched before any is waited for: when most nodes are down, none registers
+    until a majority of controllers runs. They are launched from the calling thread:
+    a node dies with the thread that started it (it is started with PR_SET_PDEATHSIG,
+    which the kernel ties to the forking thread), so no short-lived worker may start
+    one. NOTE: this reaches into :class:`KafkaCluster`'s launch steps, which its public
+    ``restart(node)`` runs one node at a time.
+    """
+    if not nodes:
+        return
+    lib = cluster._lib()
+    started = time.monotonic()
+    for node in nodes:
+        wait_for(
+            lambda n=node: port_free(cluster.ports[n]) and port_free(cluster.controller_ports[n]),
+            30.0,
+            f"the ports of kafka node {node} to be free",
+        )
+        cluster._spawn(node, lib)
+    cluster._wait_registered(list(nodes), started + timeout)
+
+
+def heal(cluster: KafkaCluster, timeout: float = 180.0) -> float:
+    """Every node running and resumed, every replica of every topic in sync; returns the
+    seconds it took. Only what a test broke is touched: paused nodes get SIGCONT, killed
+    nodes are restarted (all at once: a controller quorum needs two of them), running
+    ones are left alone. Raises :class:`ClusterError` past ``timeout``."""
+    started = time.monotonic()
+    if isinstance(cluster, LabKafka):
+        for proxy in cluster.proxies:
+            proxy.heal()
+    dead: list[int] = []
+    for index, node in enumerate(cluster.nodes()):
+        if not node.running:
+            dead.append(index)
+        elif node.role == "paused":
+            cluster.resume(index)
+    restart(cluster, dead, timeout)
+    deadline = started + timeout
+    while not all_in_sync(cluster.bootstrap, cluster.count):
+        if time.monotonic() > deadline:
+            raise ClusterError(f"kafka replicas not in sync {timeout:.0f} s after healing")
+        time.sleep(0.2)  # polling interval of the deadline loop above
+    return time.monotonic() - started
