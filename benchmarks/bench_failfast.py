@@ -48,22 +48,28 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
 
 
-def measure(name: str, url: str, kill: Callable[[], None], options: dict[str, object]) -> None:
+def measure(
+    name: str,
+    url: str,
+    kill: Callable[[], None],
+    options: dict[str, object],
+    destination: str = "bench_ff",
+) -> None:
     work = Path(tempfile.mkdtemp(prefix="msgsafe-bench-ff-"))
     producer = msgsafe.Producer(url, outbox=work / "outbox.db", **options)
     for _ in range(5):
-        assert producer.send("bench_ff", b"x").status is Status.CONFIRMED
+        assert producer.send(destination, b"x").status is Status.CONFIRMED
     kill()
-    took, first = _timed(lambda: producer.send("bench_ff", b"x"))
+    took, first = _timed(lambda: producer.send(destination, b"x"))
     print(f"{name}: first send after the broker died: {_ms(took)} ({first})")
     worst = 0.0
     for _ in range(50):
-        took, receipt = _timed(lambda: producer.send("bench_ff", b"x"))
+        took, receipt = _timed(lambda: producer.send(destination, b"x"))
         assert getattr(receipt, "status", None) is Status.STORED, receipt
         worst = max(worst, took)
     print(f"{name}: worst of 50 sends during the outage (STORED): {_ms(worst)}")
     bare = msgsafe.Producer(url, outbox=False, **options)
-    took, error = _timed(lambda: bare.send("bench_ff", b"x"))
+    took, error = _timed(lambda: bare.send(destination, b"x"))
     print(f"{name}: new producer, outbox=False, first send: {_ms(took)} ({type(error).__name__})")
     bare.close()
     took, _ = _timed(producer.close)
@@ -137,7 +143,7 @@ def main() -> None:
         first = msgsafe.Producer(rabbit.node_url(0), outbox=False, declare="classic")
         first.send("bench_ff", b"declare")  # the queue the AMQP 1.0 sends go to
         first.close()
-        measure("amqp10", rabbit.amqp10_url(0), rabbit.kill_all, {})
+        measure("amqp10", rabbit.amqp10_url(0), rabbit.kill_all, {}, "/amq/queue/bench_ff")
     finally:
         rabbit.stop()
     tansu = TansuCluster(nodes=1)
