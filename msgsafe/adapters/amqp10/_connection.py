@@ -234,9 +234,11 @@ class Engine(MessagingHandler):
 
     @property
     def all_failed(self) -> bool:
-        """True when every configured endpoint failed its latest attempt and none opened
-        since: nothing is worth waiting for, sends fail (to the outbox) at once."""
-        return not self.opened and self._failures >= len(self._url.endpoints)
+        """True when every endpoint of the rotation (the URL's and those a peer advertised)
+        failed its latest attempt and none opened since: nothing is worth waiting for,
+        sends fail (to the outbox) at once. An advertised backup not tried yet is worth
+        waiting for: the URL may name only the node that just died."""
+        return not self.opened and self._failures >= len(self._endpoints.endpoints)
 
     def _run(self) -> None:
         try:

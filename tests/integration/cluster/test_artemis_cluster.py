@@ -312,14 +312,17 @@ def test_multicast_default_without_the_queue_capability_routes_nowhere(
     assert got == [], "Artemis kept a message sent to a queue-less multicast address"
 
 
-def test_primary_sigkill_during_counted_sends_loses_nothing(pair: ArtemisCluster) -> None:
+def test_primary_sigkill_during_counted_sends_loses_nothing(
+    pair: ArtemisCluster, tmp_path: Path
+) -> None:
     """The producer knows only the primary's address; the backup it fails over to comes
-    from the primary's failover-server-list. With no outbox, every send must still be
-    CONFIRMED (by the primary before the kill, by the backup after it)."""
+    from the primary's failover-server-list. Every send is receipted: CONFIRMED by the
+    primary before the kill or by the backup after it, or STORED while no node served
+    (fail fast) and forwarded to the backup; the backup alone then holds every one."""
     address = _address()
     ledger = _Ledger()
     total = 6_000
-    producer = Producer(pair.node_url(0), outbox=False, confirm_timeout=60.0)
+    producer = Producer(pair.node_url(0), outbox=tmp_path / "outbox.db", confirm_timeout=60.0)
     try:
 
         def sender() -> None:
@@ -339,6 +342,7 @@ def test_primary_sigkill_during_counted_sends_loses_nothing(pair: ArtemisCluster
         thread.join(120)
         _wait(lambda: ledger.resolved() == total, 120, "every send to resolve")
         resolved = time.monotonic() - killed
+        assert producer.drain(timeout=120) == 0, "stored messages must reach the backup"
     finally:
         producer.close()
     print(
@@ -429,16 +433,19 @@ def test_both_killed_the_journal_survives_and_the_backup_waits_for_the_primary(
     assert counts["lost"] == 0 and counts["unknown"] == 0
 
 
-def test_restarted_primary_takes_over_again_under_traffic(pair: ArtemisCluster) -> None:
+def test_restarted_primary_takes_over_again_under_traffic(
+    pair: ArtemisCluster, tmp_path: Path
+) -> None:
     """Fail-back: with the backup live, the old primary comes back, copies the backup's
     journal and becomes live; the backup returns to being its replica. A producer with
-    both addresses loses nothing across the two hand-overs."""
+    both addresses loses nothing across the two hand-overs (what no node could take
+    while they swapped is STORED and forwarded)."""
     address = _address()
     ledger = _Ledger()
     pair.kill(0)
     _wait(lambda: pair.nodes()[1].role == "live", 30, "the backup to become live")
     stop = threading.Event()
-    producer = Producer(pair.url, outbox=False, confirm_timeout=60.0)
+    producer = Producer(pair.url, outbox=tmp_path / "outbox.db", confirm_timeout=60.0)
     try:
 
         def sender() -> None:
@@ -461,6 +468,7 @@ def test_restarted_primary_takes_over_again_under_traffic(pair: ArtemisCluster) 
         stop.set()
         thread.join(30)
         _wait(lambda: ledger.resolved() == len(ledger.sent), 120, "every send to resolve")
+        assert producer.drain(timeout=120) == 0, "stored messages must reach the live"
     finally:
         stop.set()
         producer.close()
