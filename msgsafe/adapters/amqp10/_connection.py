@@ -34,8 +34,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from proton import Data, SSLDomain
 from proton import Endpoint as ProtonEndpoint
+from proton import SSLDomain
 from proton.handlers import EndpointStateHandler, MessagingHandler
 from proton.reactor import (
     ApplicationEvent,
@@ -43,14 +43,21 @@ from proton.reactor import (
     Container,
     EventInjector,
     Handler,
-    LinkOption,
 )
 
-from msgsafe.adapters.amqp10._errors import AUTH_CONDITIONS, condition_text, connection_error
+from msgsafe.adapters.amqp10._errors import (
+    AUTH_CONDITIONS,
+    TimedOut,
+    condition_text,
+    connection_error,
+    failure_cause,
+    protocol_mismatch,
+)
 from msgsafe.adapters.amqp10._failover import Redirects, parse_failover_list
+from msgsafe.adapters.amqp10._wire import Capability
 from msgsafe.adapters.amqp10.config import Amqp10Options
 from msgsafe.endpoints import BrokerUrl, Endpoint, EndpointList
-from msgsafe.errors import MsgsafeError, ProtocolMismatch
+from msgsafe.errors import MsgsafeError
 from msgsafe.retry import RetryPolicy
 
 __all__ = ["Engine", "EngineClient", "Side", "log"]
@@ -61,39 +68,6 @@ _TICK_S = 0.05
 #: paused process) is tried only when no other candidate is due.
 _MUTE_S = 30.0
 _WAKE = "msgsafe_wake"
-
-
-class _TimedOut:
-    """The condition of an attempt that got no open frame within ``connect_timeout``."""
-
-    name = "timed out"
-    description = None
-
-
-def _mismatch(condition: Any, target: str) -> ProtocolMismatch | None:
-    """The peer answered our protocol header with another protocol's (proton quotes the
-    bytes it got): retrying will not help, the URL or the broker must change."""
-    text = str(getattr(condition, "description", None) or "")
-    if r"Unknown protocol ['AMQP\x00\x00\x09\x01'" in text:
-        return ProtocolMismatch(
-            "this port speaks AMQP 0-9-1, not AMQP 1.0: use amqp:// or enable the broker's "
-            "AMQP 1.0 support (RabbitMQ 3.x: rabbitmq-plugins enable rabbitmq_amqp1_0)",
-            endpoint=target,
-        )
-    if "SSL/TLS connection" in text:
-        return ProtocolMismatch(
-            "this port speaks TLS: use amqps:// (or the broker's plain AMQP 1.0 port)",
-            endpoint=target,
-        )
-    return None
-
-
-def _cause(condition: Any) -> str:
-    """Why an attempt failed, in a few words: a socket error proton reports under its
-    own condition name (``proton.pythonio``) is given by its description alone."""
-    if condition is not None and str(condition.name or "").startswith("proton."):
-        return str(condition.description or "disconnected").lower()
-    return condition_text(condition) or "disconnected"
 
 
 class Side(Protocol):
@@ -143,22 +117,6 @@ class _Call(Handler):
 
     def on_timer_task(self, event: Any) -> None:
         self._fn()
-
-
-class _Capability(LinkOption):
-    """Puts one capability symbol on the terminus naming the address (sender: target;
-    receiver: source), encoded as Qpid JMS does: an array of symbols."""
-
-    def __init__(self, capability: str) -> None:
-        self._capability = capability
-
-    def apply(self, link: Any) -> None:
-        terminus = link.target if link.is_sender else link.source
-        data = terminus.capabilities
-        data.put_array(False, Data.SYMBOL)
-        data.enter()
-        data.put_symbol(self._capability)
-        data.exit()
 
 
 class Engine(MessagingHandler):
@@ -218,7 +176,7 @@ class Engine(MessagingHandler):
         self.last_failure = ""
         self.link_options: list[Any] = [AtLeastOnce()]
         if options.address_capability:
-            self.link_options.append(_Capability(options.address_capability))
+            self.link_options.append(Capability(options.address_capability))
         side.bind(self)
         self._thread = threading.Thread(
             target=self._run, name=f"msgsafe-amqp10-{role}", daemon=True
@@ -385,7 +343,7 @@ class Engine(MessagingHandler):
         conn = self.conn
         if self._current is not None:
             self._mute[self._current] = time.monotonic() + _MUTE_S
-        self._lost(conn, _TimedOut())
+        self._lost(conn, TimedOut())
         transport = conn.transport
         if transport is not None:
             transport.close_tail()
@@ -460,7 +418,7 @@ class Engine(MessagingHandler):
         if event.connection != self.conn:
             return
         name = str(condition.name) if condition is not None and condition.name else ""
-        mismatch = _mismatch(condition, self.target)
+        mismatch = protocol_mismatch(condition, self.target)
         if name in AUTH_CONDITIONS:
             self._fail_fatal(connection_error(condition, endpoint=self.target))
         elif mismatch is not None:
@@ -519,12 +477,12 @@ class Engine(MessagingHandler):
         elif not redirected:
             # One WARNING per outage (the first failed attempt), the retries at DEBUG.
             self._failures += 1
-            self.last_failure = f"cannot connect to {endpoint}: {_cause(condition)}"
+            self.last_failure = f"cannot connect to {endpoint}: {failure_cause(condition)}"
             log.log(
                 logging.WARNING if self._failures == 1 else logging.DEBUG,
                 "cannot connect to %s: %s",
                 endpoint,
-                _cause(condition),
+                failure_cause(condition),
             )
             if self.all_failed:
                 self._side.tick(time.monotonic())

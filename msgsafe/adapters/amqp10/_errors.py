@@ -15,6 +15,7 @@ from msgsafe.errors import (
     ConnectionLost,
     MessageTooLarge,
     MsgsafeError,
+    ProtocolMismatch,
     Refused,
     Rejected,
     Unroutable,
@@ -22,10 +23,13 @@ from msgsafe.errors import (
 
 __all__ = [
     "AUTH_CONDITIONS",
+    "TimedOut",
     "condition_text",
     "connection_error",
     "detach_error",
+    "failure_cause",
     "is_not_found",
+    "protocol_mismatch",
     "rejected_error",
 ]
 
@@ -101,3 +105,36 @@ def connection_error(condition: Any, *, endpoint: str) -> MsgsafeError:
     if _name(condition) in AUTH_CONDITIONS:
         return AuthenticationError(f"the broker refused the login ({text})", endpoint=endpoint)
     return ConnectError(f"could not connect ({text})", endpoint=endpoint)
+
+
+class TimedOut:
+    """The condition of an attempt that got no open frame within ``connect_timeout``."""
+
+    name = "timed out"
+    description = None
+
+
+def protocol_mismatch(condition: Any, target: str) -> ProtocolMismatch | None:
+    """The peer answered our protocol header with another protocol's (proton quotes the
+    bytes it got): retrying will not help, the URL or the broker must change."""
+    text = str(getattr(condition, "description", None) or "")
+    if r"Unknown protocol ['AMQP\x00\x00\x09\x01'" in text:
+        return ProtocolMismatch(
+            "this port speaks AMQP 0-9-1, not AMQP 1.0: use amqp:// or enable the broker's "
+            "AMQP 1.0 support (RabbitMQ 3.x: rabbitmq-plugins enable rabbitmq_amqp1_0)",
+            endpoint=target,
+        )
+    if "SSL/TLS connection" in text:
+        return ProtocolMismatch(
+            "this port speaks TLS: use amqps:// (or the broker's plain AMQP 1.0 port)",
+            endpoint=target,
+        )
+    return None
+
+
+def failure_cause(condition: Any) -> str:
+    """Why an attempt failed, in a few words: a socket error proton reports under its
+    own condition name (``proton.pythonio``) is given by its description alone."""
+    if condition is not None and str(condition.name or "").startswith("proton."):
+        return str(condition.description or "disconnected").lower()
+    return condition_text(condition) or "disconnected"

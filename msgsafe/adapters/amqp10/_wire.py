@@ -22,9 +22,19 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
+from proton import Data
+from proton.reactor import LinkOption
+
 from msgsafe.message import MESSAGE_ID_HEADER, Envelope
 
-__all__ = ["KEY_HEADER", "encode_envelope", "encode_message", "read_message", "send_bytes"]
+__all__ = [
+    "KEY_HEADER",
+    "Capability",
+    "encode_envelope",
+    "encode_message",
+    "read_message",
+    "send_bytes",
+]
 
 #: Application property that carries the envelope's key.
 KEY_HEADER = "msgsafe-key"
@@ -142,3 +152,19 @@ except ImportError:  # pragma: no cover - older or repackaged bindings
         link.delivery(tag)
         link.stream(data)
         link.advance()
+
+
+class Capability(LinkOption):
+    """Puts one capability symbol on the terminus naming the address (sender: target;
+    receiver: source), encoded as Qpid JMS does: an array of symbols."""
+
+    def __init__(self, capability: str) -> None:
+        self._capability = capability
+
+    def apply(self, link: Any) -> None:
+        terminus = link.target if link.is_sender else link.source
+        data = terminus.capabilities
+        data.put_array(False, Data.SYMBOL)
+        data.enter()
+        data.put_symbol(self._capability)
+        data.exit()

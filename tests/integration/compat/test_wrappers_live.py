@@ -9,8 +9,8 @@ from pathlib import Path
 import pika as real_pika
 import pytest
 
-from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.cluster.kafka import KafkaCluster
+from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.compat import confluent_kafka, pika
 from msgsafe.errors import Unroutable
 
