@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from msgsafe import Producer
+from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.cluster.rabbitmq import RabbitCluster
-from msgsafe.cluster.tansu import TansuCluster
 from msgsafe.errors import ProtocolMismatch
 
 pytestmark = pytest.mark.integration
@@ -93,22 +93,8 @@ def test_forwarder_quarantines_instead_of_retrying(
         producer.close()
 
 
-@pytest.fixture(scope="module")
-def kafka_node() -> Iterator[TansuCluster]:
-    """One Kafka-protocol broker (tansu)."""
-    cluster = TansuCluster(nodes=1)
-    try:
-        cluster.start()
-    except (RuntimeError, OSError) as exc:
-        pytest.fail(f"cannot start tansu (make test installs it): {exc}")
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-def test_amqp_client_to_a_kafka_port(kafka_node: TansuCluster) -> None:
-    port = kafka_node.bootstrap.split(",")[0].rpartition(":")[2]
+def test_amqp_client_to_a_kafka_port(kafka_cluster: KafkaCluster) -> None:
+    port = kafka_cluster.ports[0]
     error, took = _first_send_error(f"amqp://127.0.0.1:{port}/")
     assert isinstance(error, ProtocolMismatch), repr(error)
     assert "Kafka" in str(error) and "kafka://" in str(error)

@@ -94,8 +94,8 @@ def consume_until(
 
 
 def start_group_at_zero(url: str, topic: str, group: str) -> None:
-    """Start a checking group at offset 0 (tansu's ListOffsets(earliest) is unreliable
-    after restarts; see :meth:`msgsafe.cluster.tansu.TansuCluster.start_group_at_zero`)."""
+    """Start a checking group at offset 0 of every partition (committed before it joins,
+    so it reads the whole topic whatever ``auto.offset.reset`` says)."""
     start_group_at_beginning(parse_url(url), topic, group)
 
 
@@ -115,8 +115,7 @@ def read_log(
     ids still missing are not in it); returns how often each id is in the log. ``on_id``
     sees ids in log order per partition.
 
-    NOTE: this checks what the log holds, independent of tansu's group and
-    ListOffsets answers, which are unreliable after broker restarts.
+    NOTE: this checks what the log holds, independent of any group's committed offsets.
     """
     from confluent_kafka import Consumer, TopicPartition
 
