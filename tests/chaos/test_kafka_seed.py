@@ -560,3 +560,68 @@ def test_consumer_killed_mid_batch_group_rebalances_dedup_drops_redeliveries(
     # sink drops every one of them by id.
     assert redelivered >= crash_after % 200
     assert dropped_by_sink == redelivered
+
+
+# --- the leader cut off from its followers by a network partition (ISR shrink) ----------
+
+
+def test_leader_cut_off_by_a_partition_loses_nothing(tmp_path: Path) -> None:
+    """Three nodes, one per network namespace; the client reaches each through a proxy.
+    The leader of the topic's partition is cut off from the two other nodes (not from
+    the client) for 15 s under steady traffic: the controller, on the majority side,
+    fences it and a follower from the ISR leads; the isolated leader cannot shrink its
+    ISR alone, so it acknowledges no acks=all write by itself. After the heal it
+    rejoins as a follower. No send() blocks past send_timeout, nothing is lost."""
+    from tests.support.kafka_lab import NetKafka
+    from tests.support.netns import NetLab, NetLabError, require_netns_support
+
+    try:
+        require_netns_support()
+    except NetLabError as exc:
+        pytest.fail(f"the partition story needs root and iproute2 (ip netns): {exc}")
+    seen: dict[str, object] = {}
+    with NetLab(3) as lab:
+        cluster = NetKafka(lab, tmp_path / "kafka")
+        try:
+            try:
+                cluster.start()
+            except Exception as exc:
+                pytest.fail(f"cannot start Kafka in network namespaces: {exc}")
+            leader = _follower_node(cluster)  # type: ignore[arg-type]
+            topic = _topic(cluster, leader)  # type: ignore[arg-type]
+            others = [n for n in range(cluster.count) if n != leader]
+            majority = ",".join(f"127.0.0.1:{cluster.ports[n]}" for n in others)
+
+            def majority_view() -> tuple[int, list[int]]:
+                part = kafka_admin.partitions(majority, topic)[0]
+                return int(part.leader), sorted(part.isrs)
+
+            def inject() -> None:
+                lab.cut(leader)
+                seen["cut"] = time.monotonic()
+
+            def heal_net() -> None:
+                # What the majority side says before the heal: a new leader, and the
+                # isolated node out of the ISR.
+                try:
+                    seen["during"] = majority_view()
+                finally:
+                    lab.heal(leader)
+
+            fault = Fault(
+                "seed: leader cut off (network partition) 15 s",
+                inject,
+                heal_net,
+                15.0,
+                recovered=lambda: all_in_sync(cluster.bootstrap, cluster.count),
+            )
+            _traffic_cell(cluster, topic, fault, tmp_path / "outbox.db")  # type: ignore[arg-type]
+            new_leader, isr = seen["during"]  # type: ignore[misc]
+            print(
+                f"[netns partition] leader {leader} cut off; majority side during the cut: "
+                f"leader {new_leader}, ISR {isr}; after the heal: {majority_view()}"
+            )
+            assert new_leader in others, f"no fail-over during the partition: {seen}"
+            assert leader not in isr, f"the ISR kept the isolated leader: {isr}"
+        finally:
+            cluster.stop()

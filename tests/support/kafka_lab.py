@@ -11,17 +11,21 @@ the brokers does not (a proxy fault is a client-side network fault, not a partit
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from msgsafe.cluster import kafka_admin
-from msgsafe.cluster._process import free_ports, port_free, wait_for
+from msgsafe.cluster._process import free_ports, port_free, spawn, wait_for
 from msgsafe.cluster.base import ClusterError
 from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.testing.faultproxy import FaultProxy
+from tests.support.netns import socket_in_netns
 
-__all__ = ["LabKafka", "all_in_sync", "heal", "kill_all", "restart"]
+__all__ = ["LabKafka", "NetKafka", "all_in_sync", "heal", "kill_all", "restart"]
 
 #: Install hint of a Kafka test failure: what the test command runs on a fresh machine.
 INSTALL_HINT = (
@@ -151,3 +155,73 @@ def heal(cluster: KafkaCluster, timeout: float = 180.0) -> float:
             raise ClusterError(f"kafka replicas not in sync {timeout:.0f} s after healing")
         time.sleep(0.2)  # polling interval of the deadline loop above
     return time.monotonic() - started
+
+
+class NetKafka(KafkaCluster):
+    """A Kafka cluster with node ``i`` inside host ``i``'s namespace of ``lab``
+    (:class:`tests.support.netns.NetLab`), so that :meth:`NetLab.cut` partitions it.
+
+    Nodes talk to each other (replication, controller quorum) on their lab addresses.
+    Clients reach node ``i`` only through a fault proxy on ``127.0.0.1:ports[i]`` here,
+    which opens its upstream connections in the lab's client namespace: the client keeps
+    reaching a node that is cut off from the others, as clients of a partitioned broker
+    do. Each node advertises its proxy on a listener of its own. A node's proxy exists
+    from its first launch until :meth:`stop`; :meth:`restart` is not supported (the
+    proxy holds the node's client port).
+    """
+
+    #: Ports every node uses on its own lab address (one namespace each, so no clash).
+    BROKER_PORT, CONTROLLER_PORT, CLIENT_PORT = 9092, 9093, 9094
+
+    def __init__(self, lab: Any, dir: Path, *, heap_mb: int = 384) -> None:
+        super().__init__(lab.n, dir, heap_mb=heap_mb)
+        self.lab = lab
+        self.lab_proxies: dict[int, FaultProxy] = {}
+
+    def _properties(self, node: int) -> dict[str, str]:
+        props = super()._properties(node)
+        addr = self.lab.addr(node)
+        props.update(
+            {
+                "controller.quorum.voters": ",".join(
+                    f"{i}@{self.lab.addr(i)}:{self.CONTROLLER_PORT}" for i in range(self.count)
+                ),
+                "listeners": (
+                    f"PLAINTEXT://{addr}:{self.BROKER_PORT},"
+                    f"CONTROLLER://{addr}:{self.CONTROLLER_PORT},"
+                    f"CLIENT://{addr}:{self.CLIENT_PORT}"
+                ),
+                "advertised.listeners": (
+                    f"PLAINTEXT://{addr}:{self.BROKER_PORT},CLIENT://127.0.0.1:{self.ports[node]}"
+                ),
+                "listener.security.protocol.map": (
+                    "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,CLIENT:PLAINTEXT"
+                ),
+            }
+        )
+        return props
+
+    def _spawn(self, node: int, lib: Path) -> None:
+        if node not in self.lab_proxies:
+            self.lab_proxies[node] = FaultProxy(
+                self.lab.addr(node),
+                self.CLIENT_PORT,
+                listen_port=self.ports[node],
+                upstream_socket=functools.partial(socket_in_netns, self.lab.client_netns),
+                connect_timeout=2.0,
+            )
+        config = self._node_dir(node) / "server.properties"
+        java = self._java(lib, "kafka.Kafka", str(config), heap_mb=self.heap_mb)
+        argv = ["ip", "netns", "exec", self.lab.netns(node), *java]
+        self.pids[node] = spawn(argv, log=self._log(node), cwd=self.dir)
+
+    def restart(self, node: int, timeout: float | None = None) -> None:
+        raise ClusterError("NetKafka nodes are not restarted: heal the lab's links instead")
+
+    def stop(self, grace: float = 30.0) -> None:
+        try:
+            super().stop(grace)
+        finally:
+            for proxy in self.lab_proxies.values():
+                proxy.close()
+            self.lab_proxies = {}
