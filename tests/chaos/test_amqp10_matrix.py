@@ -106,8 +106,7 @@ def test_outbox_disk_full(
     rabbit_proxies: FaultProxies,
     small_disk: Path,
 ) -> None:
-    # NOTE: under a reset the AMQP 1.0 transport retries each publish until its
-    # confirm_timeout (2 s) before the message is stored, so few sends reach the outbox
-    # while the fault lasts; large bodies fill the disk all the same.
+    # Every host refusing, sends are stored at once (fail fast), so the disk fills with
+    # the same small bodies as in the other protocols' cells.
     fault = disk_full_fault(list(rabbit_proxies), small_disk, leave=150_000)
-    _cell(rabbit, rabbit_proxies, fault, small_disk / "outbox.db", body_size=32_768)
+    _cell(rabbit, rabbit_proxies, fault, small_disk / "outbox.db", body_size=512)
