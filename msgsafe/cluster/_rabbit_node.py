@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from msgsafe.cluster.base import ClusterError
+from msgsafe.cluster.base import ClusterError, TlsFiles
 
 __all__ = ["CTL", "SERVER", "RabbitNode"]
 
@@ -34,6 +34,8 @@ class RabbitNode:
     port: int  #: AMQP 0-9-1 and AMQP 1.0 listener on 127.0.0.1
     dist_port: int  #: Erlang distribution port
     base: Path  #: this node's directory (data, logs, config)
+    tls_port: int | None = None  #: a TLS listener on 127.0.0.1 (AMQP 0-9-1 and 1.0)
+    tls: TlsFiles | None = None  #: its certificate files (given with ``tls_port``)
 
     @property
     def pid_file(self) -> Path:
@@ -80,12 +82,25 @@ class RabbitNode:
                     "disk_free_limit.absolute = 1MB",
                     "log.file.level = info",
                     "log.console = false",
+                    *self._tls_lines(),
                     "",
                 ]
             )
         )
         (self.base / "advanced.config").write_text("[].\n")
         (self.base / "enabled_plugins").write_text("[rabbitmq_amqp1_0].\n")
+
+    def _tls_lines(self) -> list[str]:
+        if self.tls_port is None or self.tls is None:
+            return []
+        return [
+            f"listeners.ssl.default = 127.0.0.1:{self.tls_port}",
+            f"ssl_options.cacertfile = {self.tls.ca}",
+            f"ssl_options.certfile = {self.tls.cert}",
+            f"ssl_options.keyfile = {self.tls.key}",
+            "ssl_options.verify = verify_none",
+            "ssl_options.fail_if_no_peer_cert = false",
+        ]
 
     def launch(self, cluster_dir: Path) -> None:
         """``rabbitmq-server -detached`` for this node (returns once the VM is forked)."""

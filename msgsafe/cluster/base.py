@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Self
 
-__all__ = ["STATE_FILE", "ClusterError", "LocalCluster", "NodeInfo"]
+__all__ = ["STATE_FILE", "ClusterError", "LocalCluster", "NodeInfo", "TlsFiles"]
 
 #: The file in a cluster's dir that lets another process find and drive it.
 STATE_FILE = "cluster.json"
@@ -42,6 +42,16 @@ class NodeInfo:
     port: int
     running: bool
     role: str | None = None  #: master/replica, live/backup: where the broker tells it
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """PEM files for a TLS listener: the CA clients trust, the server's certificate and
+    its private key."""
+
+    ca: Path
+    cert: Path
+    key: Path
 
 
 class LocalCluster(ABC):

@@ -54,7 +54,7 @@ from msgsafe.cluster._process import (
     wait_gone,
 )
 from msgsafe.cluster._rabbit_node import CTL, SERVER, RabbitNode
-from msgsafe.cluster.base import ClusterError, LocalCluster, NodeInfo
+from msgsafe.cluster.base import ClusterError, LocalCluster, NodeInfo, TlsFiles
 
 _R = TypeVar("_R")
 
@@ -102,6 +102,7 @@ class RabbitCluster(LocalCluster):
         username: str = "guest",
         password: str = "guest",
         start_timeout: float = 90.0,
+        tls: TlsFiles | None = None,
     ) -> None:
         if size is not None and nodes is not None and size != nodes:
             raise ClusterError("give the number of nodes once (nodes=, or size=)")
@@ -122,11 +123,14 @@ class RabbitCluster(LocalCluster):
         self.net_ticktime = net_ticktime
         self._take_dir(where, "msgsafe-rabbit-")
         if base_port is None:
-            picked = free_ports(2 * count)
-            ports, dist_ports = picked[:count], picked[count:]
+            picked = free_ports(3 * count)
+            ports, dist_ports = picked[:count], picked[count : 2 * count]
+            tls_ports = picked[2 * count :]
         else:
             ports = [base_port + i for i in range(count)]
             dist_ports = [base_port + count + i for i in range(count)]
+            tls_ports = [base_port + 2 * count + i for i in range(count)]
+        self.tls = tls
         suffix = secrets.token_hex(3)
         self._nodes = [
             RabbitNode(
@@ -135,6 +139,8 @@ class RabbitCluster(LocalCluster):
                 port=ports[i],
                 dist_port=dist_ports[i],
                 base=self.dir / f"n{i}",
+                tls_port=tls_ports[i] if tls is not None else None,
+                tls=tls,
             )
             for i in range(count)
         ]
@@ -176,6 +182,13 @@ class RabbitCluster(LocalCluster):
     def amqp10_url(self, node: int) -> str:
         """``amqp10://guest:guest@127.0.0.1:P`` of ``node`` (same port as 0-9-1)."""
         return f"amqp10://{self.username}:{self.password}@127.0.0.1:{self._nodes[node].port}"
+
+    def tls_port(self, node: int) -> int:
+        """The TLS listener (AMQP 0-9-1 and 1.0) of ``node``; a cluster made with ``tls=``."""
+        port = self._nodes[node].tls_port
+        if port is None:
+            raise ClusterError("this cluster has no TLS listener: make it with tls=TlsFiles(...)")
+        return port
 
     def port(self, node: int) -> int:
         """The AMQP port (0-9-1 and 1.0) of ``node``."""

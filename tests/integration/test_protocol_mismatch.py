@@ -1,8 +1,9 @@
 """A broker of the wrong kind is a permanent, typed error (ProtocolMismatch) naming what
 the peer speaks and what to do, at once: never an outage retried forever into the
-outbox. Real brokers: a one-node RabbitMQ with its AMQP 1.0 plugin disabled (it answers
-an AMQP 1.0 header with its 0-9-1 header); its port for the Kafka client; a one-node
-tansu (Kafka protocol) for the AMQP 0-9-1 client.
+outbox. Every pair of the three protocols, and TLS against plain both ways, on real
+brokers: a one-node RabbitMQ with its AMQP 1.0 plugin disabled (it answers an AMQP 1.0
+header with its 0-9-1 header) and a TLS listener beside its plain one; the session's
+Apache Kafka; an ActiveMQ Artemis pair (AMQP 1.0, no AMQP 0-9-1).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from msgsafe import Producer
+from msgsafe.cluster.artemis import ArtemisCluster
+from msgsafe.cluster.base import ClusterError, TlsFiles
 from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.errors import ProtocolMismatch
@@ -27,9 +30,10 @@ WITHIN_S = 2.0
 
 
 @pytest.fixture(scope="module")
-def rabbit_without_amqp10() -> Iterator[RabbitCluster]:
-    """One RabbitMQ node speaking AMQP 0-9-1 only (the AMQP 1.0 plugin disabled)."""
-    cluster = RabbitCluster(size=1)
+def rabbit_without_amqp10(amqp10_tls: TlsFiles) -> Iterator[RabbitCluster]:
+    """One RabbitMQ node speaking AMQP 0-9-1 only (the AMQP 1.0 plugin disabled), on a
+    plain port and a TLS port."""
+    cluster = RabbitCluster(size=1, tls=amqp10_tls)
     try:
         cluster.start()
     except RuntimeError as exc:
@@ -99,3 +103,89 @@ def test_amqp_client_to_a_kafka_port(kafka_cluster: KafkaCluster) -> None:
     assert isinstance(error, ProtocolMismatch), repr(error)
     assert "Kafka" in str(error) and "kafka://" in str(error)
     assert took < WITHIN_S * 2, took
+
+
+def test_amqp10_client_to_a_kafka_port(kafka_cluster: KafkaCluster) -> None:
+    # NOTE: Kafka closes the connection on an AMQP header without a byte of its own.
+    error, took = _first_send_error(f"amqp10://127.0.0.1:{kafka_cluster.ports[0]}")
+    assert isinstance(error, ProtocolMismatch), repr(error)
+    assert "Kafka" in str(error) and "kafka://" in str(error)
+    assert took < WITHIN_S, took
+
+
+@pytest.fixture(scope="module")
+def artemis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArtemisCluster]:
+    """An ActiveMQ Artemis pair: its acceptor speaks AMQP 1.0 (and Artemis's own
+    protocols), never AMQP 0-9-1 or Kafka."""
+    try:
+        ArtemisCluster.fetch()
+        cluster = ArtemisCluster(dir=tmp_path_factory.mktemp("artemis-mismatch"))
+        cluster.start()
+    except ClusterError as exc:
+        pytest.fail(f"cannot start Artemis (python3 -m msgsafe cluster fetch artemis): {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def test_amqp_client_to_an_amqp10_broker(artemis: ArtemisCluster) -> None:
+    error, took = _first_send_error(f"amqp://u:p@127.0.0.1:{artemis.ports[0]}/")
+    assert isinstance(error, ProtocolMismatch), repr(error)
+    assert "AMQP 1.0" in str(error) and "amqp10://" in str(error)
+    assert took < WITHIN_S, took
+
+
+def test_kafka_client_to_an_amqp10_broker(artemis: ArtemisCluster) -> None:
+    # NOTE: Artemis closes the connection on a Kafka request without a byte of its own.
+    error, took = _first_send_error(f"kafka://127.0.0.1:{artemis.ports[0]}")
+    assert isinstance(error, ProtocolMismatch), repr(error)
+    assert "AMQP 1.0" in str(error) and "amqp10://" in str(error)
+    assert took < WITHIN_S, took
+
+
+#: (scheme, which port, what the error must name): a plain client on a TLS port, a TLS
+#: client on a plain port, for each protocol.
+TLS_PAIRS = [
+    ("amqp", "tls", "TLS", "amqps://"),
+    ("amqps", "plain", "plain TCP, not TLS", "amqp://"),
+    ("amqp10", "tls", "TLS", "amqp10s://"),
+    ("amqp10s", "plain", "plain TCP, not TLS", "amqp10://"),
+    ("kafka", "tls", "TLS", "kafka+ssl://"),
+    ("kafka+ssl", "kafka", "plain TCP, not TLS", "kafka://"),
+]
+
+
+@pytest.mark.parametrize(("scheme", "port_kind", "spoken", "advice"), TLS_PAIRS)
+def test_tls_against_plain_both_ways(
+    scheme: str,
+    port_kind: str,
+    spoken: str,
+    advice: str,
+    rabbit_without_amqp10: RabbitCluster,
+    kafka_cluster: KafkaCluster,
+    amqp10_tls: TlsFiles,
+) -> None:
+    port = {
+        "tls": rabbit_without_amqp10.tls_port(0),
+        "plain": rabbit_without_amqp10.port(0),
+        "kafka": kafka_cluster.ports[0],
+    }[port_kind]
+    query = f"?tls_ca_file={amqp10_tls.ca}" if scheme.endswith(("s", "ssl")) else ""
+    path = "/" if scheme.startswith("amqp") and not scheme.startswith("amqp10") else ""
+    error, took = _first_send_error(f"{scheme}://guest:guest@127.0.0.1:{port}{path}{query}")
+    assert isinstance(error, ProtocolMismatch), repr(error)
+    assert spoken in str(error) and advice in str(error), str(error)
+    assert took < WITHIN_S, took
+
+
+def test_a_good_tls_connection_is_no_mismatch(
+    rabbit_without_amqp10: RabbitCluster, amqp10_tls: TlsFiles
+) -> None:
+    """The control for the pairs above: the same TLS port with amqps:// confirms."""
+    url = (
+        f"amqps://guest:guest@127.0.0.1:{rabbit_without_amqp10.tls_port(0)}/"
+        f"?tls_ca_file={amqp10_tls.ca}"
+    )
+    with Producer(url, outbox=False, declare="quorum") as producer:
+        assert producer.send("tls-control", b"x").status.name == "CONFIRMED"

@@ -57,7 +57,7 @@ from msgsafe.adapters.amqp10._failover import Redirects, parse_failover_list
 from msgsafe.adapters.amqp10._wire import Capability
 from msgsafe.adapters.amqp10.config import Amqp10Options
 from msgsafe.endpoints import BrokerUrl, Endpoint, EndpointList
-from msgsafe.errors import MsgsafeError
+from msgsafe.errors import MsgsafeError, ProtocolMismatch
 from msgsafe.retry import RetryPolicy
 
 __all__ = ["Engine", "EngineClient", "Side", "log"]
@@ -417,8 +417,10 @@ class Engine(MessagingHandler):
         condition = event.transport.condition
         if event.connection != self.conn:
             return
+        if self.fatal is not None:
+            return
         name = str(condition.name) if condition is not None and condition.name else ""
-        mismatch = protocol_mismatch(condition, self.target)
+        mismatch = self._mismatch(condition)
         if name in AUTH_CONDITIONS:
             self._fail_fatal(connection_error(condition, endpoint=self.target))
         elif mismatch is not None:
@@ -453,6 +455,10 @@ class Engine(MessagingHandler):
         if self.closing:
             self.container.stop()
 
+    def _mismatch(self, condition: Any) -> ProtocolMismatch | None:
+        current = None if self._current is None else str(self._current)
+        return protocol_mismatch(condition, self.target, current)
+
     def _lost(self, conn: Any, condition: Any) -> None:
         """The connection ``conn`` is gone: the side keeps what must survive, then the
         next candidate is dialed."""
@@ -460,6 +466,12 @@ class Engine(MessagingHandler):
             return
         endpoint = self._current
         was_open = self.opened
+        if not was_open and self.fatal is None:
+            # NOTE: proton may report the peer's close before the transport error that
+            # tells the peer spoke another protocol (a Kafka port closes at once).
+            mismatch = self._mismatch(condition)
+            if mismatch is not None:
+                self._fail_fatal(mismatch)
         self.conn = None
         self.opened = False
         self.connected.clear()

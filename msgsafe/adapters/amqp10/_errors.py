@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from msgsafe.adapters import _peer
 from msgsafe.errors import (
     AuthenticationError,
     ConnectError,
@@ -114,19 +115,37 @@ class TimedOut:
     description = None
 
 
-def protocol_mismatch(condition: Any, target: str) -> ProtocolMismatch | None:
+def protocol_mismatch(
+    condition: Any, target: str, endpoint: str | None = None
+) -> ProtocolMismatch | None:
     """The peer answered our protocol header with another protocol's (proton quotes the
-    bytes it got): retrying will not help, the URL or the broker must change."""
+    bytes it got), or closed without a header and answers Kafka's question at
+    ``endpoint``: retrying will not help, the URL or the broker must change."""
     text = str(getattr(condition, "description", None) or "")
+    # NOTE: a Kafka broker closes the connection on an AMQP header without sending a byte
+    # of its own; only its port, asked Kafka's question, tells what it is.
+    if (
+        endpoint is not None
+        and "no protocol header found" in text
+        and _peer.identify_peer(endpoint, header=None, kafka=True) == "Kafka"
+    ):
+        return ProtocolMismatch(
+            "this port speaks Kafka, not AMQP 1.0: use kafka://", endpoint=target
+        )
     if r"Unknown protocol ['AMQP\x00\x00\x09\x01'" in text:
         return ProtocolMismatch(
             "this port speaks AMQP 0-9-1, not AMQP 1.0: use amqp:// or enable the broker's "
             "AMQP 1.0 support (RabbitMQ 3.x: rabbitmq-plugins enable rabbitmq_amqp1_0)",
             endpoint=target,
         )
-    if "SSL/TLS connection" in text:
+    if "wrong version number" in text:
         return ProtocolMismatch(
-            "this port speaks TLS: use amqps:// (or the broker's plain AMQP 1.0 port)",
+            f"{_peer.PLAIN_NOT_TLS}: use amqp10:// (or the broker's TLS port)", endpoint=target
+        )
+    if "SSL/TLS connection" in text or r"Unknown protocol ['\x15\x03" in text:
+        # NOTE: proton quotes the first bytes of the peer's TLS alert as "Unknown protocol".
+        return ProtocolMismatch(
+            "this port speaks TLS: use amqp10s:// (or the broker's plain AMQP 1.0 port)",
             endpoint=target,
         )
     return None

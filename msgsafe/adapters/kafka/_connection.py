@@ -27,6 +27,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from msgsafe.adapters import _peer
 from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_confirmed, report_failed
 from msgsafe.adapters.kafka._errors import PRODUCER_STATE, translate
 from msgsafe.adapters.kafka.config import KafkaOptions, producer_settings
@@ -62,6 +63,13 @@ _DOWN_HOLD_S = 1.0
 #: record starts 0x15 (alert) or 0x16 (handshake).
 _RESPONSE_SIZE = re.compile(r"Invalid response size (\d+)")
 _AMQP_HEADER = int.from_bytes(b"AMQP", "big")
+#: librdkafka's connection failure of one broker: its address and the state it failed in.
+_FAILED_IN = re.compile(r"^(\S+?)(?:/\S*)?: .*\(after \d+ms in state (\w+)")
+_ADVICE = {
+    "AMQP 0-9-1": "use amqp://",
+    "AMQP 1.0": "use amqp10://",
+    "TLS": "give the URL TLS (kafka+ssl://) or use the broker's plain listener",
+}
 
 
 class _Report:
@@ -278,6 +286,10 @@ class ProducerLink:
         self.last_failure = ""
         #: The peer speaks another protocol: every publish fails with this, for good.
         self.mismatch: ProtocolMismatch | None = None
+        self._endpoints = [str(e) for e in url.endpoints]
+        #: Brokers whose TCP connect failed (refused, timed out): nothing to ask there.
+        self._unreachable: set[str] = set()
+        self._peers_asked = False
         #: When a publisher last served reports itself (time.monotonic()).
         self.inline_at = 0.0
         self._stop = threading.Event()
@@ -354,6 +366,8 @@ class ProducerLink:
         elif self._mismatch(err):
             return
         elif err.code() == KafkaError._ALL_BROKERS_DOWN:
+            if not self._peers_asked and self._ask_peers():
+                return
             # librdkafka repeats this on every reconnect round: warn once a while.
             now = time.monotonic()
             self.down_until = now + _DOWN_HOLD_S
@@ -364,25 +378,57 @@ class ProducerLink:
         else:
             if err.code() == KafkaError._TRANSPORT:
                 self.last_failure = err.str()
+                failed = _FAILED_IN.search(self.last_failure)
+                if failed is not None and failed.group(2) == "CONNECT":
+                    self._unreachable.add(failed.group(1))
             log.info("kafka: %s: %s", err.name(), err.str())
 
     def _mismatch(self, err: KafkaError) -> bool:
         # A reply that is no Kafka frame: the first bytes tell what the peer speaks.
-        found = _RESPONSE_SIZE.search(err.str() or "")
-        if found is None:
-            return False
-        size = int(found.group(1))
-        if size == _AMQP_HEADER:
-            spoken = "AMQP (a RabbitMQ or AMQP 1.0 broker): use amqp:// or amqp10://"
-        elif 0x15000000 <= size < 0x17000000:
-            spoken = "TLS: give the URL TLS (or use the broker's plain listener)"
+        text = err.str() or ""
+        found = _RESPONSE_SIZE.search(text)
+        size = int(found.group(1)) if found is not None else None
+        if "connecting to a PLAINTEXT broker listener?" in text:
+            # NOTE: librdkafka's own guess when a TLS handshake meets a Kafka broker that
+            # closes at once: our kafka+ssl:// URL names a plain listener.
+            said = f"{_peer.PLAIN_NOT_TLS}: use kafka:// (or the broker's SSL listener)"
+        elif size == _AMQP_HEADER:
+            said = (
+                "this port speaks AMQP (a RabbitMQ or AMQP 1.0 broker): use amqp:// or "
+                "amqp10://, or the Kafka listener's port"
+            )
+        elif size is not None and 0x15000000 <= size < 0x17000000:
+            said = f"this port speaks TLS, not Kafka: {_ADVICE['TLS']}"
         else:
             return False
         if self.mismatch is None:
-            self.mismatch = ProtocolMismatch(
-                f"this port speaks {spoken}, or the Kafka listener's port", endpoint=self._target
-            )
+            self.mismatch = ProtocolMismatch(said, endpoint=self._target)
             log.error("kafka: %s", self.mismatch)
+        self._purge_queue = True
+        return True
+
+    def _ask_peers(self) -> bool:
+        """Ask, once, what the bootstrap brokers that took our connection speak.
+
+        NOTE: an AMQP 1.0 broker (ActiveMQ Artemis) closes the connection on our first
+        request without a byte of its own, which librdkafka reports only as "all brokers
+        down"; the port itself tells what it is (``_peer``). Brokers whose TCP connect
+        failed are not asked, so an outage costs nothing here.
+        """
+        self._peers_asked = True
+        spoken = None
+        for endpoint in self._endpoints:
+            if endpoint in self._unreachable:
+                continue
+            spoken = _peer.identify_peer(endpoint, header=_peer.AMQP10_HEADER, kafka=False)
+            if spoken is None:
+                return False
+        if spoken is None:
+            return False
+        self.mismatch = ProtocolMismatch(
+            f"this port speaks {spoken}, not Kafka: {_ADVICE[spoken]}", endpoint=self._target
+        )
+        log.error("kafka: %s", self.mismatch)
         self._purge_queue = True
         return True
 

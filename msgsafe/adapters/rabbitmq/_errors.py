@@ -9,11 +9,11 @@ refusals are :class:`AuthenticationError` (permanent: retrying will not help).
 from __future__ import annotations
 
 import re
-import socket
-import struct
 
 from pika import exceptions as pe
 
+from msgsafe.adapters import _peer
+from msgsafe.adapters._peer import PROBE_S
 from msgsafe.errors import (
     AuthenticationError,
     ConnectError,
@@ -112,6 +112,10 @@ def open_error(exc: BaseException, endpoint: str) -> MsgsafeError:
                 endpoint=endpoint,
             )
     text = " ".join(repr(i) for i in _flatten(exc))
+    if "WRONG_VERSION_NUMBER" in text:
+        return ProtocolMismatch(
+            f"{_peer.PLAIN_NOT_TLS}: use amqp:// (or the broker's TLS port)", endpoint=endpoint
+        )
     if any(word in text for word in _AUTH_WORDS):
         return AuthenticationError(
             "the broker refused the credentials or the virtual host", endpoint=endpoint
@@ -124,45 +128,17 @@ _ADVICE = {
     "Kafka": "use kafka:// (or the broker's AMQP port)",
     "TLS": "use amqps://",
 }
-PROBE_S = 0.5
-#: ApiVersions v0, correlation id 7, client id "msgsafe": any Kafka broker answers it.
-_KAFKA_PROBE = struct.pack(">ihhih", 17, 18, 0, 7, 7) + b"msgsafe"
-
-
-def _ask(host: str, port: int, hello: bytes) -> bytes:
-    try:
-        with socket.create_connection((host, port), timeout=PROBE_S) as sock:
-            sock.settimeout(PROBE_S)
-            sock.sendall(hello)
-            return sock.recv(8)
-    except OSError:
-        return b""
-
-
 def identify_peer(endpoint: str, *, kafka_only: bool = False) -> str | None:
     """What a peer that dropped our AMQP 0-9-1 header speaks ("AMQP 1.0", "Kafka",
-    "TLS"), asked in two short exchanges (at most ~2 s); None when it cannot be told.
+    "TLS"), asked in at most two short exchanges; None when it cannot be told.
 
-    An AMQP 1.0 broker answers the header with its own; a TLS port with an alert record;
-    a Kafka broker says nothing to it but answers an ApiVersions request.
     ``kafka_only``: the peer already stayed silent to the header; only ask Kafka's
     question (at most ``PROBE_S``, which the adapter keeps inside connect_timeout).
     """
-    host, _, port_text = endpoint.rpartition(":")
-    if not port_text.isdigit():
-        return None
-    host, port = host.strip("[]"), int(port_text)
-    reply = b"" if kafka_only else _ask(host, port, b"AMQP\x00\x00\x09\x01")
-    if reply[:4] == b"AMQP" and reply[4:6] in (b"\x00\x01", b"\x02\x01", b"\x03\x01"):
-        return "AMQP 1.0"
-    if reply[:1] in (b"\x15", b"\x16") and reply[1:2] == b"\x03":
-        return "TLS"
-    if reply:
-        return None
-    answer = _ask(host, port, _KAFKA_PROBE)
-    if len(answer) == 8 and struct.unpack(">i", answer[4:8])[0] == 7:
-        return "Kafka"
-    return None
+    spoken = _peer.identify_peer(
+        endpoint, header=None if kafka_only else _peer.AMQP091_HEADER, kafka=True
+    )
+    return None if spoken == "AMQP 0-9-1" else spoken
 
 
 def cause(exc: BaseException) -> str:
