@@ -4,7 +4,9 @@ topic and as broker defaults — read with confluent-kafka's AdminClient."""
 
 from __future__ import annotations
 
+import re
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,16 +19,35 @@ __all__ = ["check_kafka"]
 _TIMEOUT_S = 5.0
 
 
-def _admin(url: BrokerUrl) -> Any:
+#: librdkafka's reason for one failed connection: "... failed: Connection refused (after".
+_FAILED = re.compile(r"(?:failed|timed out|Disconnected)[^()]*?(?::\s*([^()]+?))?\s*\(after")
+
+
+def _cause(failures: list[str]) -> str:
+    """The latest connection failure librdkafka reported, in a few words."""
+    for text in reversed(failures):
+        if "Connection refused" in text:
+            return "connection refused"
+        if "timed out" in text:
+            return "timed out"
+        found = _FAILED.search(text)
+        if found is not None and found.group(1):
+            return found.group(1).strip().lower()
+    return ""
+
+
+def _admin(url: BrokerUrl, failures: deque[str] | None = None) -> Any:
     try:
         from confluent_kafka.admin import AdminClient
     except ImportError as exc:
         raise MissingExtra("kafka", "confluent-kafka") from exc
-    conf: dict[str, str | int | float | bool] = {
+    conf: dict[str, Any] = {
         "bootstrap.servers": ",".join(str(e) for e in url.endpoints),
         # NOTE: librdkafka logs every refused connection to stderr; the findings say it.
         "log_level": 0,
     }
+    if failures is not None:
+        conf["error_cb"] = lambda err: failures.append(err.str())
     if url.tls:
         conf["security.protocol"] = "SASL_SSL" if url.username else "SSL"
     elif url.username:
@@ -42,12 +63,15 @@ def check_kafka(url: BrokerUrl, topics: Sequence[str]) -> list[Finding]:
     """Findings for the cluster at ``url`` and ``topics`` (all non-internal when empty)."""
     from confluent_kafka import KafkaException
 
-    admin = _admin(url)
+    failures: deque[str] = deque(maxlen=8)
+    admin = _admin(url, failures)
     try:
         metadata = admin.list_topics(timeout=_TIMEOUT_S)
     except KafkaException as exc:
+        admin.poll(0)  # NOTE: error_cb runs only from poll(); the failures wait there.
+        cause = _cause(list(failures)) or exc.args[0].str()
         raise ConnectError(
-            f"no Kafka broker answered metadata: {exc.args[0].str()}", endpoint=url.redacted()
+            f"no Kafka broker answered metadata: {cause}", endpoint=url.redacted()
         ) from exc
     findings: list[Finding] = []
     brokers = sorted(metadata.brokers)

@@ -60,5 +60,4 @@ def test_doctor_against_a_down_broker_names_the_cause(scheme: str) -> None:
     assert took < LIMIT_S, took
     assert "Traceback" not in text and "ERROR pika" not in text, text
     assert len(text.strip().splitlines()) == 1, text
-    if scheme == "amqp":
-        assert "connection refused" in text, text
+    assert "connection refused" in text.lower(), text

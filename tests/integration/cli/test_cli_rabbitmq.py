@@ -144,3 +144,27 @@ def test_send_consume_and_credentials_never_printed(
     )
     assert bad.code != 0
     assert "s3cret-pw" not in bad.stdout + bad.stderr
+
+
+@pytest.mark.parametrize("protocol", ["amqp", "amqp10"])
+def test_verify_with_a_wrong_password_says_the_login_failed(
+    rabbit_cluster: RabbitCluster, protocol: str
+) -> None:
+    """A refused login ends verify at once (exit 3) naming the refusal; it never prints a
+    table with ``lost = 0`` about messages that were never accepted."""
+    port = rabbit_cluster.port(0)
+    secret = f"wrong-{secrets.token_hex(6)}"
+    url = (
+        f"amqp://guest:{secret}@127.0.0.1:{port}/"
+        if protocol == "amqp"
+        # NOTE: RabbitMQ's AMQP 1.0 plugin answers a refused login only after 3 s.
+        else f"amqp10://guest:{secret}@127.0.0.1:{port}?connect_timeout=5"
+    )
+    run = msgsafe("verify", url, f"verify-auth-{secrets.token_hex(3)}", "--count", "20")
+    text = run.stdout + run.stderr
+    assert run.code == 3, text
+    assert "AuthenticationError" in text and "refused" in text, text
+    assert "lost = 0" not in text and "lost" not in run.stdout, text
+    assert secret not in text, text
+    assert "Traceback" not in text, text
+    assert run.seconds < 30, run.seconds
