@@ -67,6 +67,9 @@ _TICK_S = 0.05
 #: Seconds an endpoint that accepted TCP but sent nothing within ``connect_timeout`` (a
 #: paused process) is tried only when no other candidate is due.
 _MUTE_S = 30.0
+#: Seconds more a peer that already answered (its SASL frames) gets to finish the login:
+#: a broker may delay a refused login on purpose (RabbitMQ's AMQP 1.0 plugin: 3 s).
+_LOGIN_GRACE_S = 5.0
 _WAKE = "msgsafe_wake"
 
 
@@ -337,10 +340,15 @@ class Engine(MessagingHandler):
         gen = self.generation
         self.schedule(opts.connect_timeout, lambda: self._connect_timeout(gen))
 
-    def _connect_timeout(self, generation: int) -> None:
+    def _connect_timeout(self, generation: int, *, graced: bool = False) -> None:
         if generation != self.generation or self.opened or self.conn is None:
             return
         conn = self.conn
+        if not graced and conn.transport is not None and conn.transport.frames_input > 0:
+            # The peer is an AMQP 1.0 broker and alive (it sent its SASL mechanisms):
+            # wait for its verdict on the login rather than call it an outage.
+            self.schedule(_LOGIN_GRACE_S, lambda: self._connect_timeout(generation, graced=True))
+            return
         if self._current is not None:
             self._mute[self._current] = time.monotonic() + _MUTE_S
         self._lost(conn, TimedOut())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,8 @@ from msgsafe.retry import RetryPolicy
 __all__ = ["IoThread", "Link"]
 
 log = logging.getLogger("msgsafe.rabbitmq")
+#: Connections lost within this many seconds of opening, twice in a row: backoff.
+_SERVED_S = 1.0
 
 
 class IoThread:
@@ -136,6 +139,10 @@ class Link:
         self._failures = 0
         #: The latest failed attempt, in a few words (error messages name the cause).
         self.last_failure = ""
+        #: When the current connection opened its channel (time.monotonic()).
+        self._served_since = 0.0
+        #: The latest connection was lost within _SERVED_S of opening.
+        self._lost_quickly = False
 
     @property
     def all_failed(self) -> bool:
@@ -296,6 +303,7 @@ class Link:
         if self._endpoint is not None:
             self._endpoints.succeeded(self._endpoint)
         log.info("connected to %s", self._endpoint)
+        self._served_since = time.monotonic()
         self._failures = 0
         self._on_ready(channel)
 
@@ -321,8 +329,14 @@ class Link:
         if self._closing:
             self._finish()
             return
-        if self._endpoint is not None:
+        quick = time.monotonic() - self._served_since < _SERVED_S
+        if self._endpoint is not None and quick and self._lost_quickly:
+            # A second connection in a row lost soon after it opened counts as a failed
+            # attempt (backoff: a flapping broker is not hammered). Otherwise the next
+            # try goes out at once, and a caller sending meanwhile learns within a TCP
+            # connect whether the broker is still there (refused: stored).
             self._endpoints.failed(self._endpoint)
+        self._lost_quickly = quick
         log.warning("connection to %s lost: %s", self._endpoint, describe(reason))
         self._on_lost(reason)
         self._schedule(0.0)
