@@ -152,3 +152,31 @@ def test_file_locked_by_a_plain_sqlite_writer(tmp_path: Path) -> None:
         assert s.stats().depth == 5
     finally:
         s.close()
+
+
+def test_outbox_files_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    """Message bodies are the application's data: the outbox, its WAL and shared-memory
+    file, and a salvaged copy are readable by their owner only (0600), also under the
+    common umask 022 that would leave a plain new file world-readable."""
+    import os
+    import stat
+
+    from msgsafe.outbox.salvage import salvage
+
+    old = os.umask(0o022)
+    try:
+        path = tmp_path / "outbox.db"
+        store = SqliteOutbox(path)
+        store.put([Envelope.build("q", b"secret body")])
+        files = [f for f in (path, Path(f"{path}-wal"), Path(f"{path}-shm")) if f.exists()]
+        assert len(files) >= 2, siblings(path)  # the file and its WAL at least
+        modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in files}
+        store.close()
+        assert set(modes.values()) == {0o600}, modes
+        copy = tmp_path / "salvaged.db"
+        salvage(path, copy)
+        copies = [p for p in tmp_path.iterdir() if p.name.startswith("salvaged.db")]
+        assert copies
+        assert {stat.S_IMODE(p.stat().st_mode) for p in copies} == {0o600}, copies
+    finally:
+        os.umask(old)
