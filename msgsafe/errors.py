@@ -22,6 +22,7 @@ from typing import Self, TypeVar
 __all__ = [
     "AuthenticationError",
     "BatchFailed",
+    "CertificateError",
     "ClosedError",
     "ConfigurationError",
     "ConfirmTimeout",
@@ -166,6 +167,11 @@ class PermanentError(MsgsafeError):
 
 class AuthenticationError(PermanentError):
     """The broker refused the credentials or the virtual host."""
+
+
+class CertificateError(AuthenticationError):
+    """The broker's TLS certificate failed verification (untrusted CA, wrong host name,
+    expired): no retry can fix it, the certificate or the client's trust must change."""
 
 
 class ProtocolMismatch(PermanentError):

@@ -102,7 +102,7 @@ class RabbitCluster(LocalCluster):
         username: str = "guest",
         password: str = "guest",
         start_timeout: float = 90.0,
-        tls: TlsFiles | None = None,
+        tls: TlsFiles | Sequence[TlsFiles] | None = None,
     ) -> None:
         if size is not None and nodes is not None and size != nodes:
             raise ClusterError("give the number of nodes once (nodes=, or size=)")
@@ -130,7 +130,9 @@ class RabbitCluster(LocalCluster):
             ports = [base_port + i for i in range(count)]
             dist_ports = [base_port + count + i for i in range(count)]
             tls_ports = [base_port + 2 * count + i for i in range(count)]
-        self.tls = tls
+        per_node = [tls] * count if tls is None or isinstance(tls, TlsFiles) else list(tls)
+        if len(per_node) != count:
+            raise ClusterError(f"tls= gives {len(per_node)} sets of files for {count} nodes")
         suffix = secrets.token_hex(3)
         self._nodes = [
             RabbitNode(
@@ -139,8 +141,8 @@ class RabbitCluster(LocalCluster):
                 port=ports[i],
                 dist_port=dist_ports[i],
                 base=self.dir / f"n{i}",
-                tls_port=tls_ports[i] if tls is not None else None,
-                tls=tls,
+                tls_port=tls_ports[i] if per_node[i] is not None else None,
+                tls=per_node[i],
             )
             for i in range(count)
         ]
@@ -184,7 +186,8 @@ class RabbitCluster(LocalCluster):
         return f"amqp10://{self.username}:{self.password}@127.0.0.1:{self._nodes[node].port}"
 
     def tls_port(self, node: int) -> int:
-        """The TLS listener (AMQP 0-9-1 and 1.0) of ``node``; a cluster made with ``tls=``."""
+        """The TLS listener (AMQP 0-9-1 and 1.0) of ``node``; a cluster made with ``tls=``
+        (one :class:`TlsFiles` for every node, or one per node)."""
         port = self._nodes[node].tls_port
         if port is None:
             raise ClusterError("this cluster has no TLS listener: make it with tls=TlsFiles(...)")

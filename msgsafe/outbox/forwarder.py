@@ -8,7 +8,11 @@ One round (:meth:`Forwarder.step`) claims a batch, publishes it and settles ever
   a jittered, capped wait (:class:`~msgsafe.retry.RetryPolicy`): while the broker refuses
   it sends one probe message per backoff period, and returns to full batches as soon as
   a probe is confirmed;
-- :class:`~msgsafe.errors.PermanentError` -> quarantined with the error text.
+- :class:`~msgsafe.errors.PermanentError` -> quarantined with the error text, except the
+  errors about the connection rather than the message (a refused login, a certificate
+  that fails verification, a port of another protocol): those keep every message
+  waiting, are logged once as an ERROR, and back off like a refusal until the
+  configuration is fixed.
 
 Order: for a key, at most one message is in flight; the next one of that key is
 published only after its predecessor was confirmed (or quarantined). Keyless messages
@@ -31,10 +35,12 @@ from functools import partial
 
 from msgsafe._callbacks import call_logged
 from msgsafe.errors import (
+    AuthenticationError,
     ConfigurationError,
     ConfirmTimeout,
     MsgsafeError,
     PermanentError,
+    ProtocolMismatch,
 )
 from msgsafe.message import Envelope
 from msgsafe.ports import OutboxStore, Transport
@@ -43,6 +49,8 @@ from msgsafe.retry import Backoff, RetryPolicy
 __all__ = ["Forwarder", "ForwarderStats"]
 
 log = logging.getLogger("msgsafe.outbox")
+#: Permanent for a send, but about the connection, not the message: never quarantined.
+_NOT_THE_MESSAGE = (AuthenticationError, ProtocolMismatch)
 
 #: How often an idle forwarder looks for rows whose retry time has come.
 _IDLE_POLL_S = 1.0
@@ -116,6 +124,8 @@ class Forwarder:
         self._delivered = 0
         self._retried = 0
         self._last_error: str | None = None
+        #: The ERROR for a refused connection was logged (until the next confirm).
+        self._refusal_logged = False
         self._unsettled: list[Callable[[], None]] = []
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -283,6 +293,10 @@ class Forwarder:
                 answered = True
                 delivered.append(env.message_id)
                 self._next_of_key(rnd, env)
+            elif isinstance(exc, _NOT_THE_MESSAGE):
+                self._connection_refused(exc)
+                rnd.stopped = True
+                releases.append((env, f"{type(exc).__name__}: {exc}"))
             elif isinstance(exc, PermanentError):
                 answered = True
                 self._quarantine(env, exc)
@@ -304,6 +318,7 @@ class Forwarder:
             self._release(releases, self._clock())
         elif answered:
             self._backoff.success()
+            self._refusal_logged = False
 
     def _launch(self, rnd: _Round, env: Envelope) -> None:
         try:
@@ -370,6 +385,18 @@ class Forwarder:
                 return False
             self._unsettled.pop(0)
         return True
+
+    def _connection_refused(self, exc: MsgsafeError) -> None:
+        text = f"{type(exc).__name__}: {exc}"
+        self._note_error(text)
+        if not self._refusal_logged:
+            # One line per state change; the backoff keeps probing, at its capped pace.
+            self._refusal_logged = True
+            log.error(
+                "outbox forwarding waits: the broker refused the connection (%s); every "
+                "message stays in the outbox until the configuration is fixed",
+                text,
+            )
 
     def _note_error(self, text: str) -> None:
         self._last_error = text

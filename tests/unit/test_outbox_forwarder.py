@@ -14,7 +14,14 @@ import pytest
 
 from msgsafe.adapters import open_transport
 from msgsafe.endpoints import parse_url
-from msgsafe.errors import MsgsafeError, Refused, Rejected
+from msgsafe.errors import (
+    AuthenticationError,
+    CertificateError,
+    MsgsafeError,
+    ProtocolMismatch,
+    Refused,
+    Rejected,
+)
 from msgsafe.message import Envelope
 from msgsafe.outbox import Forwarder, SqliteOutbox
 from msgsafe.retry import RetryPolicy
@@ -308,3 +315,39 @@ def test_drain_pushes_now_after_a_long_outage(store: SqliteOutbox, clock: Clock)
     started = time.monotonic()
     assert fwd.drain(10) == 0  # no waiting for the backoff or per-row retry times
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        AuthenticationError("the broker refused the credentials"),
+        CertificateError("the broker's TLS certificate failed verification: expired"),
+        ProtocolMismatch("this port speaks AMQP 0-9-1, not AMQP 1.0: use amqp://"),
+    ],
+    ids=["login refused", "certificate", "wrong protocol"],
+)
+def test_a_connection_refused_for_good_keeps_every_message_and_pauses(
+    store: SqliteOutbox, clock: Clock, caplog: pytest.LogCaptureFixture, error: MsgsafeError
+) -> None:
+    """Permanent for a send, but about the connection: nothing is quarantined, one ERROR
+    says why, the forwarder backs off, and delivers everything once it is fixed."""
+    sent = envs(5, keys=2)
+    store.put(sent)
+    broken = [True]
+    transport = ScriptedTransport(lambda e: error if broken[0] else None)
+    fwd = Forwarder(store, transport, clock=clock)
+    with caplog.at_level("ERROR", logger="msgsafe.outbox"):
+        for _ in range(4):
+            fwd.step()
+            clock.now += 60  # past any backoff
+    assert store.stats().depth == 5 and store.stats().quarantined == 0
+    refusals = [r for r in caplog.records if "refused the connection" in r.getMessage()]
+    assert len(refusals) == 1, [r.getMessage() for r in caplog.records]
+    assert type(error).__name__ in refusals[0].getMessage()
+    # While it refuses, one probe per round (not the whole backlog each time).
+    assert len(transport.published) <= 2 * 4
+    broken[0] = False
+    for _ in range(3):  # a probe is confirmed first, then full batches
+        fwd.step()
+        clock.now += 60
+    assert store.stats().depth == 0 and store.stats().quarantined == 0

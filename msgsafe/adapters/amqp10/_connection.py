@@ -48,6 +48,7 @@ from proton.reactor import (
 from msgsafe.adapters.amqp10._errors import (
     AUTH_CONDITIONS,
     TimedOut,
+    certificate_error,
     condition_text,
     connection_error,
     failure_cause,
@@ -57,7 +58,7 @@ from msgsafe.adapters.amqp10._failover import Redirects, parse_failover_list
 from msgsafe.adapters.amqp10._wire import Capability
 from msgsafe.adapters.amqp10.config import Amqp10Options
 from msgsafe.endpoints import BrokerUrl, Endpoint, EndpointList
-from msgsafe.errors import MsgsafeError, ProtocolMismatch
+from msgsafe.errors import CertificateError, MsgsafeError, ProtocolMismatch
 from msgsafe.retry import RetryPolicy
 
 __all__ = ["Engine", "EngineClient", "Side", "log"]
@@ -463,9 +464,12 @@ class Engine(MessagingHandler):
         if self.closing:
             self.container.stop()
 
-    def _mismatch(self, condition: Any) -> ProtocolMismatch | None:
+    def _mismatch(self, condition: Any) -> ProtocolMismatch | CertificateError | None:
+        # What no retry can fix about this peer: its protocol, or its certificate.
         current = None if self._current is None else str(self._current)
-        return protocol_mismatch(condition, self.target, current)
+        return certificate_error(condition, self.target) or protocol_mismatch(
+            condition, self.target, current
+        )
 
     def _lost(self, conn: Any, condition: Any) -> None:
         """The connection ``conn`` is gone: the side keeps what must survive, then the

@@ -12,6 +12,7 @@ from typing import Any
 from msgsafe.adapters import _peer
 from msgsafe.errors import (
     AuthenticationError,
+    CertificateError,
     ConnectError,
     ConnectionLost,
     MessageTooLarge,
@@ -149,6 +150,19 @@ def protocol_mismatch(
             endpoint=target,
         )
     return None
+
+
+def certificate_error(condition: Any, target: str) -> CertificateError | None:
+    """The peer's TLS certificate failed verification (proton: "certificate verify
+    failed", whatever the reason: untrusted CA, wrong host name, expired)."""
+    text = str(getattr(condition, "description", None) or "")
+    if "certificate verify failed" not in text:
+        return None
+    return CertificateError(
+        "the broker's TLS certificate failed verification (untrusted CA, wrong host name "
+        "or expired; give tls_ca_file= the CA that signed it, and a host name it names)",
+        endpoint=target,
+    )
 
 
 def failure_cause(condition: Any) -> str:

@@ -33,6 +33,7 @@ from msgsafe.adapters.kafka._errors import PRODUCER_STATE, translate
 from msgsafe.adapters.kafka.config import KafkaOptions, producer_settings
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import (
+    CertificateError,
     ConfigurationError,
     ConfirmTimeout,
     ConnectError,
@@ -284,8 +285,9 @@ class ProducerLink:
         self._purge_queue = False
         #: librdkafka's latest connection failure (error messages name the cause).
         self.last_failure = ""
-        #: The peer speaks another protocol: every publish fails with this, for good.
-        self.mismatch: ProtocolMismatch | None = None
+        #: The peer speaks another protocol, or its certificate cannot be verified: every
+        #: publish fails with this, for good.
+        self.mismatch: ProtocolMismatch | CertificateError | None = None
         self._endpoints = [str(e) for e in url.endpoints]
         #: Brokers whose TCP connect failed (refused, timed out): nothing to ask there.
         self._unreachable: set[str] = set()
@@ -366,7 +368,7 @@ class ProducerLink:
         elif self._mismatch(err):
             return
         elif err.code() == KafkaError._ALL_BROKERS_DOWN:
-            if not self._peers_asked and self._ask_peers():
+            if self.mismatch is None and not self._peers_asked and self._ask_peers():
                 return
             # librdkafka repeats this on every reconnect round: warn once a while.
             now = time.monotonic()
@@ -388,6 +390,19 @@ class ProducerLink:
         text = err.str() or ""
         found = _RESPONSE_SIZE.search(text)
         size = int(found.group(1)) if found is not None else None
+        if "certificate verify failed" in text:
+            # NOTE: librdkafka names the reason after the colon (self-signed certificate,
+            # hostname mismatch, certificate has expired, ...).
+            reason = text.split("certificate verify failed", 1)[1].strip(" :")
+            reason = reason.split(" (after ")[0] or "untrusted CA, wrong host name or expired"
+            if self.mismatch is None:
+                self.mismatch = CertificateError(
+                    f"the broker's TLS certificate failed verification: {reason}",
+                    endpoint=self._target,
+                )
+                log.error("kafka: %s", self.mismatch)
+            self._purge_queue = True
+            return True
         if "connecting to a PLAINTEXT broker listener?" in text:
             # NOTE: librdkafka's own guess when a TLS handshake meets a Kafka broker that
             # closes at once: our kafka+ssl:// URL names a plain listener.
@@ -416,18 +431,28 @@ class ProducerLink:
         failed are not asked, so an outage costs nothing here.
         """
         self._peers_asked = True
+        tls = str(self._settings.get("security.protocol", "")).endswith("SSL")
         spoken = None
         for endpoint in self._endpoints:
             if endpoint in self._unreachable:
                 continue
-            spoken = _peer.identify_peer(endpoint, header=_peer.AMQP10_HEADER, kafka=False)
+            # NOTE: with TLS, a plain Kafka listener cuts the handshake (librdkafka guesses
+            # "PLAINTEXT listener?" only sometimes): ask it Kafka's question in the clear.
+            if tls:
+                found = _peer.identify_peer(endpoint, header=None, kafka=True)
+                spoken = "plain Kafka" if found == "Kafka" else None
+            else:
+                spoken = _peer.identify_peer(endpoint, header=_peer.AMQP10_HEADER, kafka=False)
             if spoken is None:
                 return False
         if spoken is None:
             return False
-        self.mismatch = ProtocolMismatch(
-            f"this port speaks {spoken}, not Kafka: {_ADVICE[spoken]}", endpoint=self._target
+        said = (
+            f"{_peer.PLAIN_NOT_TLS}: use kafka:// (or the broker's SSL listener)"
+            if spoken == "plain Kafka"
+            else f"this port speaks {spoken}, not Kafka: {_ADVICE[spoken]}"
         )
+        self.mismatch = ProtocolMismatch(said, endpoint=self._target)
         log.error("kafka: %s", self.mismatch)
         self._purge_queue = True
         return True

@@ -9,6 +9,7 @@ refusals are :class:`AuthenticationError` (permanent: retrying will not help).
 from __future__ import annotations
 
 import re
+import ssl
 
 from pika import exceptions as pe
 
@@ -16,6 +17,7 @@ from msgsafe.adapters import _peer
 from msgsafe.adapters._peer import PROBE_S
 from msgsafe.errors import (
     AuthenticationError,
+    CertificateError,
     ConnectError,
     ConnectionLost,
     MessageTooLarge,
@@ -74,6 +76,9 @@ def _flatten(exc: BaseException) -> list[BaseException]:
             continue
         seen.append(item)
         stack.extend(getattr(item, "exceptions", ()) or ())
+        inner = getattr(item, "exception", None)  # pika's connector errors keep it here
+        if isinstance(inner, BaseException):
+            stack.append(inner)
         stack.extend(a for a in item.args if isinstance(a, BaseException))
         if item.__cause__ is not None:
             stack.append(item.__cause__)
@@ -109,6 +114,12 @@ def open_error(exc: BaseException, endpoint: str) -> MsgsafeError:
         if spoken is not None:
             return ProtocolMismatch(
                 f"this port speaks {spoken}, not AMQP 0-9-1: {_ADVICE[spoken]}",
+                endpoint=endpoint,
+            )
+    for item in items:
+        if isinstance(item, ssl.SSLCertVerificationError):
+            return CertificateError(
+                f"the broker's TLS certificate failed verification: {item.verify_message}",
                 endpoint=endpoint,
             )
     text = " ".join(repr(i) for i in _flatten(exc))

@@ -13,6 +13,7 @@ from msgsafe.adapters import open_receiver, open_transport
 from msgsafe.adapters.amqp10 import Amqp10Receiver, Amqp10Transport
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import (
+    CertificateError,
     ConfigurationError,
     ConfirmTimeout,
     ConnectError,
@@ -172,10 +173,10 @@ def test_tls_verifies_the_peer_name(amqp10_peers: PeerFactory, amqp10_tls: TlsFi
     url = f"amqp10s://localhost:{peer.port}"
     with _transport(url, tls_ca_file=str(amqp10_tls.ca)) as t:
         t.publish(Envelope.build("orders", b"over tls")).result(10)
-    # Not trusted (system CAs only): refused, nothing sent.
+    # Not trusted (system CAs only): refused for good (no retry can fix it), nothing sent.
     with _transport(url, confirm_timeout=1.0) as t:
         err = t.publish(Envelope.build("orders", b"x")).exception(10)
-        assert isinstance(err, ConnectError)
+        assert isinstance(err, CertificateError), repr(err)
     # Explicit opt-out.
     with _transport(url, tls_verify=False) as t:
         t.publish(Envelope.build("orders", b"unverified")).result(10)
