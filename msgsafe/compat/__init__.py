@@ -13,7 +13,8 @@ and pipelined confirms::
 Each submodule needs its client library (the ``kafka`` / ``rabbitmq`` extra) and is
 imported only when named. See ``docs/migration.md`` for exactly what changes.
 
-- :mod:`msgsafe.compat.pika` — pika's names, with msgsafe's ``BlockingConnection``;
+- :mod:`msgsafe.compat.pika` — pika's names, with msgsafe's ``BlockingConnection`` and
+  ``BlockingChannel``;
   :mod:`._pika_config` maps pika's parameters and errors.
 - :mod:`msgsafe.compat.confluent_kafka` — confluent-kafka's names, with msgsafe's
   ``Producer``; :mod:`._kafka_config` maps the librdkafka settings.

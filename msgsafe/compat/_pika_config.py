@@ -25,24 +25,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from msgsafe.errors import AuthenticationError, ConfigurationError, InvalidMessage, Unroutable
 
-__all__ = ["NOT_CARRIED", "connection_url", "destination_of", "publish_error", "returned_message"]
+__all__ = ["connection_url", "destination_of", "publish_error", "returned_message"]
 
-
-#: BasicProperties msgsafe does not carry to the broker (it carries headers and message_id;
-#: delivery_mode is always persistent).
-NOT_CARRIED = (
-    "content_type",
-    "content_encoding",
-    "priority",
-    "correlation_id",
-    "reply_to",
-    "expiration",
-    "timestamp",
-    "type",
-    "user_id",
-    "app_id",
-    "cluster_id",
-)
 
 #: AMQP reply code RabbitMQ returns a mandatory message with when no queue is bound.
 _NO_ROUTE = 312
