@@ -156,8 +156,7 @@ def test_rejected_message_raises_nack_error_from_its_own_publish(
     broker.reject_next(1)
     with pytest.raises(pika.exceptions.NackError) as info:
         ch.basic_publish("", "q", b"bad")
-    [returned] = info.value.messages
-    assert returned.body == b"bad" and returned.method.routing_key == "q"
+    assert info.value.messages == []  # as pika: only returned messages are listed
     assert isinstance(info.value.__cause__, Rejected)
     ch.basic_publish("", "q", b"good")
     conn.close()

@@ -146,9 +146,10 @@ class BlockingChannel(ClosesOnExit, _blocking.BlockingChannel):  # type: ignore[
         """Publish persistent and ``mandatory``; return once the broker confirmed the
         message or the outbox stored it (a message no broker can take now: no exception).
 
-        Raises ``UnroutableError`` (confirm mode) / ``NackError`` with this message in
-        ``.messages`` when it failed for good; ``TypeError`` for a bad body and pika's
-        ``UnsupportedAMQPFieldException`` for a property AMQP cannot carry. With
+        Raises ``UnroutableError`` (confirm mode, this message in ``.messages``) /
+        ``NackError`` (``.messages`` empty, as pika's) when it failed for good;
+        ``TypeError`` for a bad body and pika's ``UnsupportedAMQPFieldException`` for a
+        property AMQP cannot carry. With
         ``pipelined=True`` it returns at once and raises the failures of *earlier*
         messages instead.
         """
@@ -196,6 +197,10 @@ class BlockingChannel(ClosesOnExit, _blocking.BlockingChannel):  # type: ignore[
         if exc is None:
             return
         error = publish_error(exc, [returned])
+        if isinstance(error, pe.NackError):
+            # NOTE: pika's NackError lists only messages the broker also returned: none
+            # for a plain nack.
+            error = pe.NackError([])
         if isinstance(error, pe.UnroutableError):
             with self._lock:
                 self._returns.append(returned)
