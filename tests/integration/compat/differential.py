@@ -52,6 +52,7 @@ def differ(
     client observed (after ``intended``). Returns the observation."""
     observed = scenario(side)
     name = request.node.originalname
+    print(f"\n{name}[{side.name}]: {observed!r}")
     if not side.wrapped:
         _REAL[name] = observed
         return observed
