@@ -2,7 +2,7 @@
 
 Change one import line and a legacy producer gains msgsafe's promise (broker-confirmed
 or stored in the local outbox, never silently lost), fail-over across the listed hosts
-and pipelined confirms::
+and publisher confirms::
 
     from confluent_kafka import Producer                  # before
     from msgsafe.compat.confluent_kafka import Producer   # after
