@@ -30,7 +30,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from msgsafe.compat._common import ClosesOnExit
 from msgsafe.compat._pika_config import destination_of, publish_error, returned_message
 from msgsafe.errors import ClosedError, InvalidMessage, MsgsafeError
-from msgsafe.message import AMQP_PROPERTIES_HEADER, Receipt
+from msgsafe.message import AMQP_PROPERTIES_HEADER, Envelope, Receipt
 
 if TYPE_CHECKING:
     from msgsafe.compat.pika._connection import BlockingConnection
@@ -57,13 +57,11 @@ class _Failure:
 
 @dataclass(frozen=True, slots=True)
 class _Held:
-    """A message published inside ``tx_select``: sent at ``tx_commit``."""
+    """A message on its way: sent at once, or at ``tx_commit`` inside ``tx_select``."""
 
-    destination: str
-    body: bytes
-    headers: dict[str, str]
-    message_id: str | None
-    returned: Any
+    envelope: Envelope
+    returned: Any  #: the pika ReturnedMessage an exception or return callback shows
+    mandatory: bool
 
 
 def encode_properties(props: BasicProperties) -> str:
@@ -164,11 +162,14 @@ class BlockingChannel(ClosesOnExit, _blocking.BlockingChannel):  # type: ignore[
         body = bytes(body)
         props = properties if properties is not None else BasicProperties()
         held = _Held(
-            destination_of(exchange, routing_key),
-            body,
-            {AMQP_PROPERTIES_HEADER: encode_properties(props)},
-            props.message_id or None,
+            Envelope.build(
+                destination_of(exchange, routing_key),
+                body,
+                headers={AMQP_PROPERTIES_HEADER: encode_properties(props)},
+                message_id=props.message_id or None,
+            ),
             returned_message(exchange, routing_key, props, body),
+            mandatory,
         )
         if self._held is not None:
             self._held.append(held)
@@ -177,26 +178,32 @@ class BlockingChannel(ClosesOnExit, _blocking.BlockingChannel):  # type: ignore[
         if pipelined:
             future.add_done_callback(lambda f: self._settled(held.returned, f))
         else:
-            self._await(future, held.returned)
+            self._await(future, held)
 
     def _send(self, held: _Held) -> Future[Receipt]:
         try:
-            return self._conn.producer.send_async(
-                held.destination, held.body, headers=held.headers, message_id=held.message_id
-            )
+            return self._conn.producer.send_envelope(held.envelope)
         except InvalidMessage:
             raise
         except ClosedError as exc:
             raise pe.ChannelWrongStateError("Channel is closed.") from exc
         except MsgsafeError as exc:
-            raise publish_error(exc, [held.returned]) from exc
+            raise publish_error(exc, [held.returned], self._conn.virtual_host) from exc
 
-    def _await(self, future: Future[Receipt], returned: Any) -> None:
+    def _await(self, future: Future[Receipt], held: _Held) -> None:
         """Block until ``future`` settles; raise pika's exception for its failure."""
         exc = future.exception()
         if exc is None:
             return
-        error = publish_error(exc, [returned])
+        returned = held.returned
+        error = publish_error(exc, [returned], self._conn.virtual_host)
+        if isinstance(error, pe.ChannelClosedByBroker):
+            self._mark_closed()
+        # NOTE: RabbitMQ drops an unroutable message published without mandatory and
+        # pika never hears of it; the wrapper keeps it in the outbox instead (msgsafe
+        # publishes mandatory, and the broker returned it).
+        if isinstance(error, pe.UnroutableError) and not held.mandatory and self._park(held):
+            return
         if isinstance(error, pe.NackError):
             # NOTE: pika's NackError lists only messages the broker also returned: none
             # for a plain nack.
@@ -214,6 +221,21 @@ class BlockingChannel(ClosesOnExit, _blocking.BlockingChannel):  # type: ignore[
                 )
                 return
         raise error from exc
+
+    def _park(self, held: _Held) -> bool:
+        """Put ``held`` in the outbox (the forwarder tries it again, and quarantines it
+        while it stays unroutable); False when there is no outbox."""
+        outbox = self._conn.producer.outbox
+        if outbox is None:
+            return False
+        outbox.put([held.envelope])
+        log.warning(
+            "unroutable message %s to %r/%r (published without mandatory) kept in the outbox",
+            held.envelope.message_id,
+            held.returned.method.exchange,
+            held.returned.method.routing_key,
+        )
+        return True
 
     def _settled(self, returned: Any, future: Future[Receipt]) -> None:
         # Runs on msgsafe's I/O or outbox thread: record, never raise here.

@@ -102,6 +102,11 @@ class BlockingConnection(ClosesOnExit):
         return self._closed
 
     @property
+    def virtual_host(self) -> str:
+        """The virtual host every channel publishes to (the parameters')."""
+        return str(self._parameters[0].virtual_host)
+
+    @property
     def publisher_confirms_supported(self) -> bool:
         """True: msgsafe publishes with confirms on every broker it talks to."""
         return True

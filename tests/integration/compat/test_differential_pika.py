@@ -398,3 +398,57 @@ def test_sleep_process_data_events_and_closing_twice(
         return seen
 
     differ(request, side, real, scenario)
+
+
+def test_unroutable_by_confirm_mode_and_mandatory(
+    request: pytest.FixtureRequest, side: Side, real: Side
+) -> None:
+    """Equal as seen by the code; beyond it, an unroutable message published without
+    mandatory (which RabbitMQ drops for pika) is kept in the wrapper's outbox."""
+
+    def scenario(s: Side) -> Any:
+        exchange = _fresh("ex")
+        seen: list[Any] = []
+        conn = s.make()
+        for confirm in (False, True):
+            for mandatory in (True, False):
+                ch = conn.channel()
+                ch.exchange_declare(exchange, exchange_type="direct", auto_delete=True)
+                ch.add_on_return_callback(lambda c, m, p, b: seen.append(("returned", b)))
+                if confirm:
+                    ch.confirm_delivery()
+                body = f"confirm={confirm} mandatory={mandatory}".encode()
+                try:
+                    result = ch.basic_publish(exchange, "nobody", body, None, mandatory)
+                    seen.append(("publish", result))
+                except s.module.exceptions.UnroutableError as exc:
+                    seen.append(("UnroutableError", [m.body for m in exc.messages]))
+                conn.process_data_events(0.2)
+                ch.close()
+        stats = conn.producer.outbox.stats() if s.wrapped else None
+        kept = None if stats is None else stats.depth + stats.quarantined
+        conn.close()
+        return seen, kept
+
+    (_seen, kept) = differ(request, side, real, scenario, intended=lambda r: (r[0], 2))
+    assert kept == (2 if side.wrapped else None)  # the two published without mandatory
+
+
+def test_publish_to_a_missing_exchange(
+    request: pytest.FixtureRequest, side: Side, real: Side
+) -> None:
+    def scenario(s: Side) -> Any:
+        conn = s.make()
+        ch = conn.channel()
+        ch.confirm_delivery()
+        seen: list[Any] = []
+        try:
+            ch.basic_publish(_fresh("missing"), "rk", b"x")
+            seen.append("returned")
+        except s.module.exceptions.AMQPError as exc:
+            seen.append((type(exc).__name__, getattr(exc, "reply_code", None)))
+        seen.append(("channel open", ch.is_open))
+        conn.close()
+        return seen
+
+    differ(request, side, real, scenario)
