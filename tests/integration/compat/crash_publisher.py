@@ -2,8 +2,9 @@
 
     python crash_publisher.py PORT,PORT,... QUEUE OUTBOX COUNT
 
-Publishes COUNT messages ``crash-N`` (the id in ``message_id``) in confirm mode and
-prints ``returned N`` after each ``basic_publish`` returned. Written as legacy code is.
+Publishes COUNT messages ``crash-N`` (body and ``message_id``) in confirm mode and
+prints ``returned crash-N`` after each ``basic_publish`` returned. Written as legacy
+code is.
 """
 
 import sys
@@ -19,8 +20,8 @@ def main() -> None:
     channel.confirm_delivery()
     for i in range(count):
         properties = pika.BasicProperties(message_id=f"crash-{i}", delivery_mode=2)
-        channel.basic_publish("", queue, f"{i}".encode(), properties)
-        print(f"returned {i}", flush=True)
+        channel.basic_publish("", queue, f"crash-{i}".encode(), properties)
+        print(f"returned crash-{i}", flush=True)
     connection.close()
 
 
