@@ -174,6 +174,7 @@ class Producer(ClosesOnExit):
         self._reports: queue.SimpleQueue[_Report] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._served = threading.Condition(self._lock)
+        self._flushing = 0  #: flush() calls waiting on _served (reads need no lock)
         self._unreported = 0
         self._closed = False
         self._admin: Any = None
@@ -248,8 +249,11 @@ class Producer(ClosesOnExit):
 
     def _arrived(self, report: _Report) -> None:
         self._reports.put(report)
-        with self._served:
-            self._served.notify_all()
+        # NOTE: a flush() counts itself in before it looks at the queue, so one that
+        # missed this report sees _flushing here; without one, no lock per message.
+        if self._flushing:
+            with self._served:
+                self._served.notify_all()
 
     def _send(
         self,
@@ -389,10 +393,12 @@ class Producer(ClosesOnExit):
                 # Another thread may hold the last reports: wait for a report to be
                 # served anywhere (or to arrive), never on the queue alone.
                 with self._served:
-                    if self._unreported > 0 and self._reports.empty():
-                        self._served.wait(
-                            _FLUSH_SLICE_S if left is None else min(left, _FLUSH_SLICE_S)
-                        )
+                    self._flushing += 1
+                    try:
+                        if self._unreported > 0 and self._reports.empty():
+                            self._served.wait(min(left or _FLUSH_SLICE_S, _FLUSH_SLICE_S))
+                    finally:
+                        self._flushing -= 1
         left = self._confirm_timeout if deadline is None else deadline - time.monotonic()
         if left > 0 and self._producer is not None and self._producer.pending() > 0:
             self._producer.drain(left)
