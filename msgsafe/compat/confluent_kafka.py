@@ -284,8 +284,11 @@ class Producer(ClosesOnExit):
         """``produce`` each of ``messages`` (dicts of ``value``, ``key``, ``headers``,
         ``timestamp``, ``partition``, ``callback`` / ``on_delivery``); returns how many
         were queued. A message that could not be queued gets its error as a
-        ``KafkaError`` under ``"_error"``, as with confluent-kafka."""
+        ``KafkaError`` under ``"_error"``; malformed input raises ``TypeError`` and a
+        ``timestamp`` ``NotImplementedError`` before anything is queued, as with
+        confluent-kafka."""
         self._check_open()
+        _check_batch(messages)
         queued = 0
         for message in messages:
             try:
@@ -473,11 +476,30 @@ class Producer(ClosesOnExit):
 _FLUSH_SLICE_S = 0.05
 
 
+def _check_batch(messages: object) -> None:
+    """confluent-kafka's checks of ``produce_batch`` input, with its messages."""
+    if not isinstance(messages, list):
+        raise TypeError("messages must be a list")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise TypeError(f"Message at index {index} must be a dict")
+        for field in ("value", "key"):
+            item = message.get(field)
+            if item is not None and not isinstance(item, (str, bytes)):
+                raise TypeError(f"Message {field} at index {index} must be bytes or str")
+        if not isinstance(message.get("partition", PARTITION_UA), int):
+            raise TypeError(f"Message partition at index {index} must be int")
+        if "timestamp" in message:
+            raise NotImplementedError("Message timestamps are not currently supported")
+
+
 def _merged_config(
     config: Mapping[str, object] | None, settings: Mapping[str, object]
 ) -> dict[str, object]:
     """``config`` and keyword ``settings`` as one dict, ``default.topic.config`` merged
     in underneath (librdkafka applies it to every topic)."""
+    if config is None and not settings:
+        raise TypeError("expected configuration dict")  # as confluent-kafka's Producer()
     if config is not None and not isinstance(config, Mapping):
         raise TypeError(f"expected configuration dict, not {type(config).__name__}")
     merged = {**(config or {}), **settings}

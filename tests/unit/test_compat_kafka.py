@@ -323,6 +323,12 @@ def test_produce_batch_purge_and_credentials(broker: MemoryBroker, tmp_path: Pat
     ]
     assert producer.produce_batch("t", messages, on_delivery=record) == 2
     assert "_error" in messages[2] and "_error" not in messages[0]
+    with pytest.raises(TypeError, match="index 1 must be a dict"):
+        producer.produce_batch("t", [{"value": b"ok"}, "not a dict"])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="value at index 0"):
+        producer.produce_batch("t", [{"value": 123}])
+    with pytest.raises(TypeError, match="expected configuration dict"):
+        Producer()
     with pytest.warns(CompatWarning, match="purge"):
         assert producer.purge() is None
     with pytest.warns(CompatWarning, match="list_topics"):
