@@ -72,10 +72,11 @@ def test_pika_declares_pass_through_and_unroutable_is_raised(
     for i in range(200):
         channel.basic_publish(exchange, "bound", f"{i}".encode())
     with pytest.raises(pika.exceptions.UnroutableError) as info:
-        channel.basic_publish(exchange, "nobody-bound", b"lost?")
+        channel.basic_publish(exchange, "nobody-bound", b"lost?", mandatory=True)
     [returned] = info.value.messages
     assert returned.body == b"lost?" and returned.method.routing_key == "nobody-bound"
     assert isinstance(info.value.__cause__, Unroutable)
     assert channel.queue_declare(queue, passive=True).method.message_count == 200
     channel.queue_delete(queue)
+    channel.exchange_delete(exchange)
     connection.close()
