@@ -25,6 +25,7 @@ import argparse
 import datetime
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -151,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             kafka.stop()
     finally:
         rabbit.stop()
+        shutil.rmtree(work, ignore_errors=True)
     mean = {name: statistics.mean(values) for name, values in rates.items()}
     median = {name: statistics.median(values) for name, values in rates.items()}
     pairs = {
