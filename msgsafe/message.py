@@ -14,7 +14,9 @@ from types import MappingProxyType
 from msgsafe.errors import ClosedError, InvalidMessage
 
 __all__ = [
+    "AMQP_PROPERTIES_HEADER",
     "MESSAGE_ID_HEADER",
+    "RECORD_HEADERS_HEADER",
     "Batch",
     "BatchReceipt",
     "Delivery",
@@ -29,6 +31,17 @@ __all__ = [
 
 #: Header that carries the message id on every protocol, next to the native id field.
 MESSAGE_ID_HEADER = "msgsafe-id"
+
+#: Header holding a message's complete AMQP 0-9-1 basic properties as pika encodes them
+#: (base64), set by ``msgsafe.compat.pika``: the RabbitMQ adapter publishes them in place
+#: of the header (id, persistence and key still its own), so every field and header value
+#: type a pika publisher set survives msgsafe's text headers and the outbox.
+AMQP_PROPERTIES_HEADER = "msgsafe-amqp-properties"
+
+#: Header holding a Kafka record's complete header list (JSON of ``[name, base64 or
+#: null]`` pairs), set by ``msgsafe.compat.confluent_kafka``: the Kafka adapter writes the
+#: list in its place, so repeated names, ``None`` and non-UTF-8 values survive.
+RECORD_HEADERS_HEADER = "msgsafe-record-headers"
 
 _uuid7_lock = threading.Lock()
 #: The last sub-millisecond counter value taken (unix ms << 12 | counter).

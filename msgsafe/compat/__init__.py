@@ -2,7 +2,7 @@
 
 Change one import line and a legacy producer gains msgsafe's promise (broker-confirmed
 or stored in the local outbox, never silently lost), fail-over across the listed hosts
-and pipelined confirms::
+and publisher confirms::
 
     from confluent_kafka import Producer                  # before
     from msgsafe.compat.confluent_kafka import Producer   # after
@@ -13,7 +13,8 @@ and pipelined confirms::
 Each submodule needs its client library (the ``kafka`` / ``rabbitmq`` extra) and is
 imported only when named. See ``docs/migration.md`` for exactly what changes.
 
-- :mod:`msgsafe.compat.pika` — pika's names, with msgsafe's ``BlockingConnection``;
+- :mod:`msgsafe.compat.pika` — pika's names, with msgsafe's ``BlockingConnection`` and
+  ``BlockingChannel``;
   :mod:`._pika_config` maps pika's parameters and errors.
 - :mod:`msgsafe.compat.confluent_kafka` — confluent-kafka's names, with msgsafe's
   ``Producer``; :mod:`._kafka_config` maps the librdkafka settings.

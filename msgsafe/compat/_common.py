@@ -1,17 +1,41 @@
-"""What both wrappers share: the warning category and header conversion."""
+"""What both wrappers share: the warning category, header conversion and ``with``."""
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any, Self
 
 from msgsafe.errors import InvalidMessage
 
-__all__ = ["CompatWarning", "header_text", "headers_dict", "warn"]
+__all__ = ["ClosesOnExit", "CompatWarning", "header_text", "headers_dict", "warn"]
 
 
 class CompatWarning(UserWarning):
     """A setting or argument of the wrapped library was overridden or is not carried."""
+
+
+class ClosesOnExit:
+    """``with obj:`` closes ``obj`` on leaving the block when it is still open, as the
+    wrapped libraries' connections, channels and producers do."""
+
+    is_open: Any
+
+    def close(self) -> Any:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.is_open:
+            self.close()
 
 
 def warn(message: str, *, depth: int = 1) -> None:

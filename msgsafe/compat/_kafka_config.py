@@ -67,7 +67,7 @@ _COMMON = frozenset(
 )
 
 #: Callables confluent-kafka accepts in the config that msgsafe does not call.
-_IGNORED_CALLBACKS = ("error_cb", "stats_cb", "throttle_cb", "logger", "oauth_cb")
+_IGNORED_CALLBACKS = ("error_cb", "stats_cb", "throttle_cb", "oauth_cb")
 
 #: Settings the list_topics() metadata client needs (connection and security only).
 _ADMIN_PREFIXES = ("bootstrap.servers", "metadata.broker.list", "security.", "sasl.", "ssl.")
@@ -80,7 +80,7 @@ DEFAULT_QUEUE_MAX = 100_000
 class ProducerConfig:
     """What :func:`translate_config` made of a confluent-kafka config dict."""
 
-    url: str = field(repr=False)  #: may hold SASL credentials: never log it
+    url: str = field(repr=False)  #: may hold SASL credentials: never log it; "" without brokers
     options: dict[str, Any]
     outbox: OutboxSpec
     on_delivery: DeliveryCallback | None
@@ -91,6 +91,10 @@ class ProducerConfig:
 
 def _bootstrap_url(config: Mapping[str, object]) -> tuple[str, list[str]]:
     servers = config.get("bootstrap.servers", config.get("metadata.broker.list"))
+    if servers is None or servers == "":
+        # NOTE: librdkafka makes a producer without brokers (it warns, and its messages
+        # time out): the URL is empty and the wrapper fails each message.
+        return "", []
     if not isinstance(servers, str) or not servers.strip():
         raise ConfigurationError("'bootstrap.servers' must name at least one broker")
     hosts = []
@@ -154,6 +158,9 @@ def translate_config(config: Mapping[str, object]) -> ProducerConfig:
             if not callable(value):
                 raise ConfigurationError(f"{name!r} must be callable")
             on_delivery = value
+        elif name == "logger":
+            # librdkafka's log lines go to it; msgsafe logs through ``logging`` itself.
+            continue
         elif name in _IGNORED_CALLBACKS:
             notes.append(
                 f"{name!r} is not called by msgsafe (connection errors are handled by "

@@ -8,6 +8,7 @@ so that each file reads as one thing: this one is pure translation, no I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
@@ -25,27 +26,16 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from msgsafe.errors import AuthenticationError, ConfigurationError, InvalidMessage, Unroutable
 
-__all__ = ["NOT_CARRIED", "connection_url", "destination_of", "publish_error", "returned_message"]
+__all__ = ["connection_url", "destination_of", "publish_error", "returned_message"]
 
-
-#: BasicProperties msgsafe does not carry to the broker (it carries headers and message_id;
-#: delivery_mode is always persistent).
-NOT_CARRIED = (
-    "content_type",
-    "content_encoding",
-    "priority",
-    "correlation_id",
-    "reply_to",
-    "expiration",
-    "timestamp",
-    "type",
-    "user_id",
-    "app_id",
-    "cluster_id",
-)
 
 #: AMQP reply code RabbitMQ returns a mandatory message with when no queue is bound.
 _NO_ROUTE = 312
+#: AMQP reply code RabbitMQ closes a channel with on a publish to a missing exchange.
+_NOT_FOUND = 404
+#: NOTE: the text msgsafe's RabbitMQ adapter gives ``Unroutable`` for that close
+#: (``msgsafe.adapters.rabbitmq._errors.classify_close``); the name keeps its quotes.
+_MISSING_EXCHANGE = re.compile(r"no such exchange: (.*)$")
 
 
 def _host(params: Parameters) -> str:
@@ -114,15 +104,22 @@ def returned_message(exchange: str, routing_key: str, props: BasicProperties, bo
     return ReturnedMessage(method, props, body)
 
 
-def publish_error(exc: BaseException, messages: Sequence[Any]) -> Exception:
+def publish_error(exc: BaseException, messages: Sequence[Any], vhost: str = "/") -> Exception:
     """The pika exception a publisher in confirm mode would see for a msgsafe error.
 
+    ``Unroutable`` for a missing exchange -> ``ChannelClosedByBroker`` (404);
     ``Unroutable`` -> ``UnroutableError``; ``AuthenticationError`` ->
     ``ProbableAuthenticationError``; every other failure of a message (rejected, too
     large, not stored because the outbox is off or full) -> ``NackError``.
     """
     error: Exception
-    if isinstance(exc, Unroutable):
+    missing = _MISSING_EXCHANGE.match(str(exc)) if isinstance(exc, Unroutable) else None
+    if missing is not None:
+        # pika: the broker closes the channel (404) on a publish to a missing exchange.
+        error = pe.ChannelClosedByBroker(
+            _NOT_FOUND, f"NOT_FOUND - no exchange {missing.group(1)} in vhost '{vhost}'"
+        )
+    elif isinstance(exc, Unroutable):
         error = pe.UnroutableError(list(messages))
     elif isinstance(exc, AuthenticationError):
         error = pe.ProbableAuthenticationError(str(exc))

@@ -36,7 +36,6 @@ from typing import Any
 from msgsafe.errors import MissingExtra
 
 try:
-    import confluent_kafka as _ck
     from confluent_kafka import (
         OFFSET_BEGINNING,
         OFFSET_END,
@@ -56,28 +55,24 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtra("kafka", "confluent-kafka") from exc
 
-from msgsafe.compat._common import headers_dict, warn
+from msgsafe.compat._common import ClosesOnExit, warn
 from msgsafe.compat._kafka_config import (
     DeliveryCallback,
     ProducerConfig,
     options_for,
     translate_config,
 )
-from msgsafe.endpoints import parse_url
-from msgsafe.errors import (
-    AuthenticationError,
-    ClosedError,
-    ConfigurationError,
-    InvalidMessage,
-    MessageTooLarge,
-    MsgsafeError,
-    OutboxError,
-    PermanentError,
-    Rejected,
-    TransientError,
-    Unroutable,
+from msgsafe.compat._kafka_report import (
+    OFFSET_INVALID,
+    PARTITION_UA,
+    DeliveredMessage,
+    RecordHeaders,
+    kafka_error,
+    record_headers,
 )
-from msgsafe.message import MESSAGE_ID_HEADER, Receipt, Status, new_message_id
+from msgsafe.endpoints import parse_url
+from msgsafe.errors import ConfigurationError, InvalidMessage, MsgsafeError
+from msgsafe.message import MESSAGE_ID_HEADER, Receipt, new_message_id
 from msgsafe.producer import Producer as _SafeProducer
 
 __all__ = [
@@ -98,132 +93,16 @@ __all__ = [
     "Producer",
     "TopicPartition",
     "admin",
+    "kafka_error",
     "libversion",
     "version",
 ]
 
-#: The offset a delivery report carries when msgsafe does not know it (see DeliveredMessage).
-OFFSET_INVALID: int = _ck.OFFSET_INVALID
-#: librdkafka's "unassigned partition".
-PARTITION_UA = -1
 #: Header on delivery-report messages: b"confirmed" or b"stored" (not sent to the broker).
 STATUS_HEADER = "msgsafe-status"
 
-
-class DeliveredMessage:
-    """The ``msg`` a delivery callback receives; the accessors of ``confluent_kafka.Message``.
-
-    ``partition()`` is ``PARTITION_UA`` (-1) and ``offset()`` ``OFFSET_INVALID`` (-1001):
-    msgsafe confirms a message without reporting where the broker put it, and a stored
-    message has no offset yet. ``stored()`` / the ``msgsafe-status`` header say which;
-    ``message_id()`` is the id the consumer sees in the ``msgsafe-id`` header.
-    """
-
-    __slots__ = ("_error", "_headers", "_key", "_message_id", "_status", "_topic", "_value")
-
-    def __init__(
-        self,
-        *,
-        topic: str,
-        value: bytes | None,
-        key: bytes | None,
-        headers: list[tuple[str, bytes]],
-        message_id: str,
-        status: Status | None,
-        error: KafkaError | None,
-    ) -> None:
-        self._topic = topic
-        self._value = value
-        self._key = key
-        self._headers = headers
-        self._message_id = message_id
-        self._status = status
-        self._error = error
-
-    def topic(self) -> str:
-        return self._topic
-
-    def value(self) -> bytes | None:
-        return self._value
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def headers(self) -> list[tuple[str, bytes]]:
-        """The produced headers plus ``msgsafe-id`` and ``msgsafe-status``."""
-        return list(self._headers)
-
-    def partition(self) -> int:
-        return PARTITION_UA
-
-    def offset(self) -> int:
-        return OFFSET_INVALID
-
-    def error(self) -> KafkaError | None:
-        return self._error
-
-    def timestamp(self) -> tuple[int, int]:
-        return (_ck.TIMESTAMP_NOT_AVAILABLE, 0)
-
-    def latency(self) -> float | None:
-        return None
-
-    def leader_epoch(self) -> int | None:
-        return None
-
-    def message_id(self) -> str:
-        """The msgsafe id (UUIDv7) the message carries in its ``msgsafe-id`` header."""
-        return self._message_id
-
-    def stored(self) -> bool:
-        """True when the message waits in the outbox (forwarded later), not yet confirmed."""
-        return self._status is Status.STORED
-
-    def len(self) -> int:
-        return len(self._value or b"")
-
-    def __len__(self) -> int:
-        return len(self._value or b"")
-
-    def __repr__(self) -> str:
-        status = self._status.value if self._status else "failed"
-        return f"DeliveredMessage(topic={self._topic!r}, id={self._message_id!r}, {status})"
-
-
-@dataclass(frozen=True, slots=True)
-class _Report:
-    callback: DeliveryCallback | None
-    topic: str
-    value: bytes | None
-    key: bytes | None
-    headers: list[tuple[str, bytes]]
-    message_id: str
-    future: Future[Receipt]
-
-
-#: A msgsafe error class, the ``KafkaError`` code it becomes and whether that is
-#: retriable; the first class that matches wins (subclasses before their bases).
-_KAFKA_CODES: tuple[tuple[type[BaseException], int, bool], ...] = (
-    (MessageTooLarge, KafkaError.MSG_SIZE_TOO_LARGE, False),
-    (Unroutable, KafkaError._UNKNOWN_TOPIC, False),
-    (AuthenticationError, KafkaError._AUTHENTICATION, False),
-    (InvalidMessage, KafkaError._INVALID_ARG, False),
-    (Rejected, KafkaError.INVALID_RECORD, False),
-    (PermanentError, KafkaError._FAIL, False),
-    (OutboxError, KafkaError._FS, True),
-    (ClosedError, KafkaError._DESTROY, False),
-    # Only without an outbox (or when storing failed): the message was not kept.
-    (TransientError, KafkaError._MSG_TIMED_OUT, True),
-)
-
-
-def kafka_error(exc: BaseException) -> KafkaError:
-    """The ``KafkaError`` a confluent-kafka user would see for a msgsafe error."""
-    text = str(exc)
-    for kind, code, retriable in _KAFKA_CODES:
-        if isinstance(exc, kind):
-            return KafkaError(code, text, retriable=retriable)
-    return KafkaError(KafkaError._FAIL, f"{type(exc).__name__}: {text}")
+#: What a closed producer's methods raise, in confluent-kafka's words.
+_CLOSED = "Producer has been closed"
 
 
 def _as_bytes(what: str, value: object) -> bytes | None:
@@ -236,40 +115,71 @@ def _as_bytes(what: str, value: object) -> bytes | None:
     raise TypeError(f"{what} must be str or bytes, not {type(value).__name__}")
 
 
-def _close_quietly(producer: _SafeProducer, timeout: float) -> None:
+@dataclass(frozen=True, slots=True)
+class _Report:
+    callback: DeliveryCallback | None
+    topic: str
+    value: bytes | None
+    key: bytes | None
+    headers: RecordHeaders
+    message_id: str
+    future: Future[Receipt]
+
+
+def _close_quietly(producer: _SafeProducer | None, timeout: float) -> None:
     # At interpreter exit or garbage collection: sends in flight get their chance to be
     # confirmed or stored; what is stored stays in the outbox for the next run.
-    with contextlib.suppress(MsgsafeError):
-        producer.close(timeout)
+    if producer is not None:
+        with contextlib.suppress(MsgsafeError):
+            producer.close(timeout)
 
 
-class Producer:
+class Producer(ClosesOnExit):
     """A ``confluent_kafka.Producer`` that confirms with ``acks=all`` or stores in the outbox.
 
-    ``config`` is the confluent-kafka dict (see :func:`translate_config` for the mapping;
-    ``msgsafe.outbox`` selects the outbox, default the user's data directory). ``_url``
-    replaces the broker URL (tests point it at ``memory://``). Thread-safe like the
-    original: ``produce`` from any thread; callbacks run in ``poll``/``flush``.
+    ``Producer(config)``, ``Producer(**config)`` or both (keywords win), as
+    confluent-kafka takes them; ``default.topic.config`` is merged in. See
+    :func:`translate_config` for the mapping; ``msgsafe.outbox`` selects the outbox
+    (default the user's data directory). A bad setting raises ``KafkaException`` with
+    ``_INVALID_ARG``. Without ``bootstrap.servers`` the producer is made (as librdkafka
+    does) and every message fails with ``_MSG_TIMED_OUT``. ``_url`` replaces the broker
+    URL (tests point it at ``memory://``). Thread-safe like the original: ``produce``,
+    ``poll`` and ``flush`` from any threads; callbacks run in ``poll``/``flush``.
     """
 
-    def __init__(self, config: Mapping[str, object] | None = None, /, *, _url: str | None = None):
-        translated = translate_config(config or {})
-        for note in translated.warnings:
-            warn(note)
-        url = parse_url(_url or translated.url)
-        options = options_for(url.protocol, translated.options)
+    def __init__(
+        self,
+        config: Mapping[str, object] | None = None,
+        /,
+        *,
+        _url: str | None = None,
+        **settings: object,
+    ):
+        merged = _merged_config(config, settings)
+        try:
+            translated = translate_config(merged)
+            for note in translated.warnings:
+                warn(note)
+            target = _url or translated.url
+            producer = None
+            if target:
+                options = options_for(parse_url(target).protocol, translated.options)
+                producer = _SafeProducer(target, outbox=translated.outbox, **options)
+        except ConfigurationError as exc:
+            raise KafkaException(kafka_error(exc)) from exc
         self._config: ProducerConfig = translated
         confirm_timeout = translated.options.get("confirm_timeout")
         self._confirm_timeout = confirm_timeout if isinstance(confirm_timeout, float) else 10.0
-        self._producer = _SafeProducer(_url or translated.url, outbox=translated.outbox, **options)
+        self._producer = producer
         self._reports: queue.SimpleQueue[_Report] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._served = threading.Condition(self._lock)
+        self._flushing = 0  #: flush() calls waiting on _served (reads need no lock)
         self._unreported = 0
+        self._closed = False
         self._admin: Any = None
         self._warned: set[str] = set()
-        self._finalizer = weakref.finalize(
-            self, _close_quietly, self._producer, self._confirm_timeout
-        )
+        self._finalizer = weakref.finalize(self, _close_quietly, producer, self._confirm_timeout)
 
     # --- producing ----------------------------------------------------------------------
 
@@ -288,9 +198,11 @@ class Producer:
 
         Raises ``BufferError`` when ``queue.buffering.max.messages`` reports wait to be
         served (call ``poll``), ``TypeError`` for bad argument types, ``KafkaException``
-        for a message msgsafe refuses before sending (e.g. ``MSG_SIZE_TOO_LARGE``) and
-        ``NotImplementedError`` for an explicit ``partition`` (msgsafe partitions by key).
+        for a message msgsafe refuses before sending (e.g. ``MSG_SIZE_TOO_LARGE``),
+        ``NotImplementedError`` for an explicit ``partition`` (msgsafe partitions by key)
+        and ``RuntimeError`` after :meth:`close`.
         """
+        self._check_open()
         if partition not in (PARTITION_UA, None):
             raise NotImplementedError(
                 "msgsafe.compat.confluent_kafka does not produce to an explicit partition; "
@@ -307,16 +219,14 @@ class Producer:
                 "confluent_kafka directly for compacted-topic deletes"
             )
         key_bytes = _as_bytes("key", key)
-        header_map = headers_dict(headers)
+        record, header_map = record_headers(headers)
         with self._lock:
             if self._unreported >= self._config.queue_max:
                 raise BufferError("Local: Queue full (serve delivery reports with poll())")
             self._unreported += 1
         message_id = new_message_id()
         try:
-            future = self._producer.send_async(
-                topic, body, key=key_bytes, headers=header_map, message_id=message_id
-            )
+            future = self._send(topic, body, key_bytes, header_map, message_id)
         except InvalidMessage:
             self._unreported_done()
             raise
@@ -331,26 +241,94 @@ class Producer:
             topic=topic,
             value=body,
             key=key_bytes,
-            headers=[(k, v.encode()) for k, v in header_map.items()],
+            headers=record,
             message_id=message_id,
             future=future,
         )
-        future.add_done_callback(lambda _f: self._reports.put(report))
+        future.add_done_callback(lambda _f: self._arrived(report))
+
+    def _arrived(self, report: _Report) -> None:
+        self._reports.put(report)
+        # NOTE: a flush() counts itself in before it looks at the queue, so one that
+        # missed this report sees _flushing here; without one, no lock per message.
+        if self._flushing:
+            with self._served:
+                self._served.notify_all()
+
+    def _send(
+        self,
+        topic: str,
+        body: bytes,
+        key: bytes | None,
+        headers: dict[str, str],
+        message_id: str,
+    ) -> Future[Receipt]:
+        if self._producer is None:
+            # NOTE: librdkafka accepts a producer without brokers; its messages time out.
+            failed: Future[Receipt] = Future()
+            failed.set_exception(
+                ConfigurationError("no bootstrap.servers: the message was not sent")
+            )
+            return failed
+        return self._producer.send_async(
+            topic, body, key=key, headers=headers, message_id=message_id
+        )
+
+    def produce_batch(
+        self,
+        topic: str,
+        messages: list[dict[str, Any]],
+        partition: int = PARTITION_UA,
+        on_delivery: DeliveryCallback | None = None,
+    ) -> int:
+        """``produce`` each of ``messages`` (dicts of ``value``, ``key``, ``headers``,
+        ``timestamp``, ``partition``, ``callback`` / ``on_delivery``); returns how many
+        were queued. A message that could not be queued gets its error as a
+        ``KafkaError`` under ``"_error"``; malformed input raises ``TypeError`` and a
+        ``timestamp`` ``NotImplementedError`` before anything is queued, as with
+        confluent-kafka."""
+        self._check_open()
+        _check_batch(messages)
+        queued = 0
+        for message in messages:
+            try:
+                self.produce(
+                    topic,
+                    message.get("value"),
+                    message.get("key"),
+                    message.get("partition", partition),
+                    message.get("callback", message.get("on_delivery", on_delivery)),
+                    message.get("timestamp", 0),
+                    message.get("headers"),
+                )
+            except KafkaException as exc:
+                message["_error"] = exc.args[0]
+            except (BufferError, TypeError, NotImplementedError, MsgsafeError) as exc:
+                message["_error"] = KafkaError(KafkaError._INVALID_ARG, str(exc))
+            else:
+                queued += 1
+        return queued
 
     def _unreported_done(self) -> None:
         with self._lock:
             self._unreported -= 1
+            self._served.notify_all()
 
     def _warn_once(self, what: str, message: str) -> None:
         if what not in self._warned:
             self._warned.add(what)
             warn(message, depth=2)
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(_CLOSED)
+
     # --- delivery reports ---------------------------------------------------------------
 
     def poll(self, timeout: float | None = None) -> int:
         """Serve delivery callbacks, waiting up to ``timeout`` seconds for the first
         (None or a negative value: until one arrives). Returns how many were served."""
+        self._check_open()
         try:
             if timeout is not None and timeout == 0:
                 first = self._reports.get_nowait()
@@ -370,16 +348,17 @@ class Producer:
             self._serve(report)
 
     def _serve(self, report: _Report) -> None:
-        self._unreported_done()
         exc = report.future.exception()
         status = report.future.result().status if exc is None else None
         message_id = report.message_id
-        headers = [
+        headers: list[tuple[str, bytes | None]] = [
             *report.headers,
             (MESSAGE_ID_HEADER, message_id.encode()),
             (STATUS_HEADER, status.value.encode() if status else b"failed"),
         ]
         error = kafka_error(exc) if exc is not None else None
+        if isinstance(exc, ConfigurationError):
+            error = KafkaError(KafkaError._MSG_TIMED_OUT, str(exc), retriable=False)
         msg = DeliveredMessage(
             topic=report.topic,
             value=report.value,
@@ -389,29 +368,62 @@ class Producer:
             status=status,
             error=error,
         )
-        if report.callback is not None:
-            # NOTE: like confluent-kafka, an exception in the callback propagates out of
-            # poll()/flush(); the report counts as served.
-            report.callback(error, msg)
+        try:
+            if report.callback is not None:
+                # NOTE: like confluent-kafka, an exception in the callback propagates out
+                # of poll()/flush(); the report counts as served.
+                report.callback(error, msg)
+        finally:
+            self._unreported_done()
 
     def flush(self, timeout: float | None = None) -> int:
         """Serve callbacks until every produced message is reported, or ``timeout``.
 
-        Then, while time is left, give the outbox up to that long (at most
-        ``message.timeout.ms`` when no timeout is given) to forward what it holds, so a
-        short-lived script leaves nothing behind when the brokers are back. Returns the
-        number of messages not yet reported (0 when all are confirmed or stored).
+        Safe while other threads call ``poll``/``flush``/``produce``: a report another
+        thread serves counts too. Then, while time is left, give the outbox up to that
+        long (at most ``message.timeout.ms`` when no timeout is given) to forward what it
+        holds, so a short-lived script leaves nothing behind when the brokers are back.
+        Returns the number of messages not yet reported (0 when all are confirmed or
+        stored).
         """
+        self._check_open()
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         while len(self) > 0:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return len(self)
-            self.poll(left)
+            if self.poll(0) == 0:
+                # Another thread may hold the last reports: wait for a report to be
+                # served anywhere (or to arrive), never on the queue alone.
+                with self._served:
+                    self._flushing += 1
+                    try:
+                        if self._unreported > 0 and self._reports.empty():
+                            self._served.wait(min(left or _FLUSH_SLICE_S, _FLUSH_SLICE_S))
+                    finally:
+                        self._flushing -= 1
         left = self._confirm_timeout if deadline is None else deadline - time.monotonic()
-        if left > 0 and self._producer.pending() > 0:
+        if left > 0 and self._producer is not None and self._producer.pending() > 0:
             self._producer.drain(left)
         return len(self)
+
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
+        """Accepted, and nothing is dropped: every produced message is on its way to be
+        confirmed or stored (msgsafe never discards an accepted message)."""
+        self._check_open()
+        self._warn_once("purge", "purge() drops nothing: produced messages stay safe")
+
+    def set_sasl_credentials(self, username: str, password: str) -> None:
+        """Use these credentials for the ``list_topics`` client from now on; the
+        producing connection keeps the ones it was made with (see the migration notes)."""
+        self._check_open()
+        self._config.admin["sasl.username"] = username
+        self._config.admin["sasl.password"] = password
+        if self._admin is not None:
+            self._admin.set_sasl_credentials(username, password)
+        self._warn_once(
+            "sasl", "set_sasl_credentials() applies to list_topics(); producing keeps its login"
+        )
 
     def __len__(self) -> int:
         """Messages produced whose delivery callback has not been served yet."""
@@ -426,11 +438,10 @@ class Producer:
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
         """Cluster metadata from a real confluent-kafka client on the same brokers."""
+        self._check_open()
         if self._admin is None:
             from confluent_kafka.admin import AdminClient
 
-            if not self._config.admin:
-                raise ConfigurationError("list_topics needs 'bootstrap.servers'")
             self._admin = AdminClient(dict(self._config.admin))
         return self._admin.list_topics(topic=topic, timeout=timeout)
 
@@ -438,15 +449,62 @@ class Producer:
 
     def pending(self) -> int:
         """Messages waiting in the outbox to be forwarded."""
-        return self._producer.pending()
+        return 0 if self._producer is None else self._producer.pending()
 
-    def close(self, timeout: float = 30.0) -> None:
+    def close(self, timeout: float = 30.0) -> bool:
         """Flush within ``timeout`` (callbacks served), then stop; what the outbox holds
-        stays there for the next producer on the same outbox. Idempotent."""
-        if self._finalizer.alive:
+        stays there for the next producer on the same outbox. Returns True, as
+        confluent-kafka; calling it again does nothing."""
+        if not self._closed:
             self.flush(timeout)
+            self._closed = True
             self._finalizer.detach()
             _close_quietly(self._producer, timeout)
+        return True
+
+    @property
+    def is_open(self) -> bool:
+        """msgsafe addition: False once :meth:`close` ran (``with`` closes on leaving)."""
+        return not self._closed
 
     def __repr__(self) -> str:
-        return f"<msgsafe.compat.confluent_kafka.Producer {self._producer.target}>"
+        target = self._producer.target if self._producer is not None else "(no brokers)"
+        return f"<msgsafe.compat.confluent_kafka.Producer {target}>"
+
+
+#: Longest single wait of flush() for a report served by another thread.
+_FLUSH_SLICE_S = 0.05
+
+
+def _check_batch(messages: object) -> None:
+    """confluent-kafka's checks of ``produce_batch`` input, with its messages."""
+    if not isinstance(messages, list):
+        raise TypeError("messages must be a list")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise TypeError(f"Message at index {index} must be a dict")
+        for field in ("value", "key"):
+            item = message.get(field)
+            if item is not None and not isinstance(item, (str, bytes)):
+                raise TypeError(f"Message {field} at index {index} must be bytes or str")
+        if not isinstance(message.get("partition", PARTITION_UA), int):
+            raise TypeError(f"Message partition at index {index} must be int")
+        if "timestamp" in message:
+            raise NotImplementedError("Message timestamps are not currently supported")
+
+
+def _merged_config(
+    config: Mapping[str, object] | None, settings: Mapping[str, object]
+) -> dict[str, object]:
+    """``config`` and keyword ``settings`` as one dict, ``default.topic.config`` merged
+    in underneath (librdkafka applies it to every topic)."""
+    if config is None and not settings:
+        raise TypeError("expected configuration dict")  # as confluent-kafka's Producer()
+    if config is not None and not isinstance(config, Mapping):
+        raise TypeError(f"expected configuration dict, not {type(config).__name__}")
+    merged = {**(config or {}), **settings}
+    topic_config = merged.pop("default.topic.config", None)
+    if isinstance(topic_config, Mapping):
+        for name, value in topic_config.items():
+            merged.setdefault(name, value)
+    return merged

@@ -1,8 +1,11 @@
 """msgsafe.compat.pika: parameters to URL, and basic_publish against the memory broker
-(pipelined, stored on refusal, failures raised as pika's exceptions with their messages)."""
+(blocking until confirmed or stored, properties carried whole, failures raised as pika's
+exceptions for that message; the pipelined opt-in reports them later)."""
 
 from __future__ import annotations
 
+import base64
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,10 +13,11 @@ from pathlib import Path
 import pika as real_pika
 import pytest
 
-from msgsafe.compat import CompatWarning, pika
+from msgsafe.compat import pika
 from msgsafe.compat._pika_config import connection_url, publish_error
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError, MessageTooLarge, Rejected, Unroutable
+from msgsafe.message import AMQP_PROPERTIES_HEADER, Envelope
 from msgsafe.testing import MemoryBroker
 
 
@@ -24,11 +28,22 @@ def broker() -> Iterator[MemoryBroker]:
     MemoryBroker.forget(b.name)
 
 
-def _connection(broker: MemoryBroker, tmp_path: Path) -> pika.BlockingConnection:
+def _connection(
+    broker: MemoryBroker, tmp_path: Path, *, pipelined: bool = False
+) -> pika.BlockingConnection:
     params = pika.ConnectionParameters(host="127.0.0.1", port=1)
     return pika.BlockingConnection(
-        params, outbox=tmp_path / "outbox.sqlite3", _url=f"memory://{broker.name}"
+        params,
+        outbox=tmp_path / "outbox.sqlite3",
+        pipelined=pipelined,
+        _url=f"memory://{broker.name}",
     )
+
+
+def _props(envelope: Envelope) -> real_pika.BasicProperties:
+    props = real_pika.BasicProperties()
+    props.decode(base64.b64decode(envelope.headers[AMQP_PROPERTIES_HEADER]))
+    return props
 
 
 # --- parameters ----------------------------------------------------------------------------
@@ -36,8 +51,20 @@ def _connection(broker: MemoryBroker, tmp_path: Path) -> pika.BlockingConnection
 
 def test_the_module_is_pika_with_one_class_replaced() -> None:
     assert pika.BasicProperties is real_pika.BasicProperties
-    assert pika.exceptions is real_pika.exceptions
+    assert pika.exceptions.UnroutableError is real_pika.exceptions.UnroutableError
     assert pika.BlockingConnection is not real_pika.BlockingConnection
+    from msgsafe.compat.pika import exceptions
+
+    assert exceptions.NackError is real_pika.exceptions.NackError
+    assert set(exceptions.__all__) >= {"AMQPError", "ChannelWrongStateError", "UnroutableError"}
+
+
+def test_the_channel_is_a_pika_blocking_channel_overriding_every_public_name() -> None:
+    real = real_pika.adapters.blocking_connection.BlockingChannel
+    assert issubclass(pika.BlockingChannel, real)
+    public = {n for n in dir(real) if not n.startswith("_")} | {"__enter__", "__exit__", "__int__"}
+    inherited = sorted(n for n in public if getattr(pika.BlockingChannel, n) is getattr(real, n))
+    assert inherited == []
 
 
 def test_a_list_of_parameters_becomes_a_host_list() -> None:
@@ -79,32 +106,32 @@ def test_error_mapping() -> None:
 # --- publishing ----------------------------------------------------------------------------
 
 
-def test_publish_is_confirmed_with_headers_and_message_id(
+def test_publish_blocks_until_confirmed_and_carries_every_property(
     broker: MemoryBroker, tmp_path: Path
 ) -> None:
     conn = _connection(broker, tmp_path)
     ch = conn.channel()
     ch.confirm_delivery()
-    props = pika.BasicProperties(headers={"n": 1, "s": "x"}, message_id="order-1", delivery_mode=1)
+    props = pika.BasicProperties(
+        content_type="application/json",
+        correlation_id="c-1",
+        app_id="legacy",
+        priority=3,
+        headers={"n": 1, "none": None, "raw": b"\xff\xfe", "nested": {"a": [1, 2]}},
+        message_id="order-1",
+        delivery_mode=1,
+    )
     ch.basic_publish("", "tasks", b"one", properties=props)
-    ch.basic_publish("ex", "rk", "two")  # str body, exchange/routing-key destination
-    assert ch.wait_for_confirms(5)
-    [one] = broker.messages("tasks")
+    [one] = broker.messages("tasks")  # there when basic_publish returned
     assert one.message_id == "order-1" and one.body == b"one"
-    assert dict(one.headers) == {"n": "1", "s": "x"}
+    carried = _props(one)
+    assert carried.content_type == "application/json" and carried.priority == 3
+    assert carried.correlation_id == "c-1" and carried.app_id == "legacy"
+    assert carried.headers == {"n": 1, "none": None, "raw": b"\xff\xfe", "nested": {"a": [1, 2]}}
+    ch.basic_publish("ex", "rk", "two")  # str body, exchange/routing-key destination
     assert [m.body for m in broker.messages("ex/rk")] == [b"two"]
     conn.close()
     assert conn.is_closed and ch.is_closed
-
-
-def test_properties_not_carried_warn_once(broker: MemoryBroker, tmp_path: Path) -> None:
-    conn = _connection(broker, tmp_path)
-    ch = conn.channel()
-    props = pika.BasicProperties(content_type="application/json")
-    with pytest.warns(CompatWarning, match="content_type"):
-        ch.basic_publish("", "q", b"x", properties=props)
-    ch.basic_publish("", "q", b"x", properties=props)
-    conn.close()
 
 
 def test_refused_messages_are_stored_without_an_exception_and_forwarded_on_close(
@@ -115,35 +142,38 @@ def test_refused_messages_are_stored_without_an_exception_and_forwarded_on_close
     broker.refuse_writes()
     for i in range(20):
         ch.basic_publish("", "q", str(i).encode())
-    assert ch.wait_for_confirms(5)
-    assert conn.producer.pending() == 20 and broker.ids("q") == []
+    assert conn.producer.pending() == 20 and broker.ids("q") == []  # stored on return
     broker.accept_writes()
     conn.close()  # the outbox gets its chance to forward
     assert sorted(int(m.body) for m in broker.messages("q")) == list(range(20))
 
 
-def test_rejected_message_raises_nack_error_from_the_next_call(
+def test_rejected_message_raises_nack_error_from_its_own_publish(
     broker: MemoryBroker, tmp_path: Path
 ) -> None:
     conn = _connection(broker, tmp_path)
     ch = conn.channel()
     broker.reject_next(1)
-    ch.basic_publish("", "q", b"bad")
     with pytest.raises(pika.exceptions.NackError) as info:
-        ch.wait_for_confirms(5)
-    [returned] = info.value.messages
-    assert returned.body == b"bad" and returned.method.routing_key == "q"
+        ch.basic_publish("", "q", b"bad")
+    assert info.value.messages == []  # as pika: only returned messages are listed
     assert isinstance(info.value.__cause__, Rejected)
-    ch.basic_publish("", "q", b"good")  # the failure was reported once
+    ch.basic_publish("", "q", b"good")
     conn.close()
     assert [m.body for m in broker.messages("q")] == [b"good"]
 
 
-def test_failure_raised_by_close(broker: MemoryBroker, tmp_path: Path) -> None:
-    conn = _connection(broker, tmp_path)
+def test_pipelined_mode_reports_a_failure_from_a_later_call(
+    broker: MemoryBroker, tmp_path: Path
+) -> None:
+    conn = _connection(broker, tmp_path, pipelined=True)
     ch = conn.channel()
     broker.reject_next(1)
     ch.basic_publish("", "q", b"bad")
+    with pytest.raises(pika.exceptions.NackError):
+        ch.wait_for_confirms(5)
+    broker.reject_next(1)
+    ch.basic_publish("", "q", b"bad again")
     with pytest.raises(pika.exceptions.NackError):
         conn.close()
     assert conn.is_closed
@@ -151,11 +181,47 @@ def test_failure_raised_by_close(broker: MemoryBroker, tmp_path: Path) -> None:
         ch.basic_publish("", "q", b"x")
 
 
-def test_bad_input_raises_type_error(broker: MemoryBroker, tmp_path: Path) -> None:
+def test_transactions_hold_messages_until_commit(broker: MemoryBroker, tmp_path: Path) -> None:
+    conn = _connection(broker, tmp_path)
+    ch = conn.channel()
+    assert isinstance(ch.tx_select().method, pika.spec.Tx.SelectOk)
+    ch.basic_publish("", "q", b"dropped")
+    assert isinstance(ch.tx_rollback().method, pika.spec.Tx.RollbackOk)
+    ch.basic_publish("", "q", b"kept")
+    assert broker.ids("q") == []
+    assert isinstance(ch.tx_commit().method, pika.spec.Tx.CommitOk)
+    assert [m.body for m in broker.messages("q")] == [b"kept"]
+    conn.close()
+
+
+def test_closing_twice_raises_wrong_state_like_pika(broker: MemoryBroker, tmp_path: Path) -> None:
+    conn = _connection(broker, tmp_path)
+    ch = conn.channel()
+    ch.close()
+    with pytest.raises(pika.exceptions.ChannelWrongStateError):
+        ch.close()
+    conn.close()
+    with pytest.raises(pika.exceptions.ConnectionWrongStateError):
+        conn.close()
+    with conn:  # like pika, leaving a closed connection's block does not raise
+        pass
+
+
+def test_sleep_and_process_data_events_wait(broker: MemoryBroker, tmp_path: Path) -> None:
+    conn = _connection(broker, tmp_path)
+    started = time.monotonic()
+    conn.sleep(0.2)
+    conn.process_data_events(time_limit=0.2)
+    assert time.monotonic() - started >= 0.4
+    assert conn.publisher_confirms_supported
+    conn.close()
+
+
+def test_bad_input_raises_like_pika(broker: MemoryBroker, tmp_path: Path) -> None:
     conn = _connection(broker, tmp_path)
     ch = conn.channel()
     with pytest.raises(TypeError):
         ch.basic_publish("", "q", 42)  # type: ignore[arg-type]
-    with pytest.raises(TypeError):
-        ch.basic_publish("", "q", b"x", pika.BasicProperties(headers={"t": {"nested": 1}}))
+    with pytest.raises(pika.exceptions.UnsupportedAMQPFieldException):
+        ch.basic_publish("", "q", b"x", pika.BasicProperties(headers={"t": object()}))
     conn.close()

@@ -9,11 +9,13 @@ the one the receipt names.
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Mapping
 
 from confluent_kafka import Message
 
-from msgsafe.message import MESSAGE_ID_HEADER
+from msgsafe.message import MESSAGE_ID_HEADER, RECORD_HEADERS_HEADER
 
 __all__ = ["ID_HEADER", "RecordHeaders", "read_headers", "user_headers"]
 
@@ -25,8 +27,21 @@ RecordHeaders = list[tuple[str, str | bytes | None]]
 
 
 def user_headers(headers: Mapping[str, str]) -> RecordHeaders:
-    """``headers`` as record headers, without one named like the id header."""
-    return [kv for kv in headers.items() if kv[0] != ID_HEADER]
+    """``headers`` as record headers, without one named like the id header; the list a
+    :data:`~msgsafe.message.RECORD_HEADERS_HEADER` holds is written out in its place."""
+    if RECORD_HEADERS_HEADER not in headers:
+        return [kv for kv in headers.items() if kv[0] != ID_HEADER]
+    out: RecordHeaders = []
+    for name, value in headers.items():
+        if name == RECORD_HEADERS_HEADER:
+            out.extend(
+                (n, None if v is None else base64.b64decode(v))
+                for n, v in json.loads(value)
+                if n != ID_HEADER
+            )
+        elif name != ID_HEADER:
+            out.append((name, value))
+    return out
 
 
 def read_headers(msg: Message) -> tuple[str | None, dict[str, str]]:

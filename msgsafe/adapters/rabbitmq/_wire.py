@@ -21,6 +21,7 @@ place that knows pika's internals; the transport only says when to flush.
 
 from __future__ import annotations
 
+import base64
 import collections
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,11 +37,12 @@ from msgsafe.adapters.rabbitmq._connection import log
 from msgsafe.adapters.rabbitmq._errors import describe
 from msgsafe.adapters.rabbitmq.config import Destination
 from msgsafe.errors import MessageTooLarge
-from msgsafe.message import MESSAGE_ID_HEADER, Envelope
+from msgsafe.message import AMQP_PROPERTIES_HEADER, MESSAGE_ID_HEADER, Envelope
 
 __all__ = [
     "KEY_HEADER",
     "FrameSender",
+    "carried_properties",
     "FrameWriter",
     "envelope_properties",
     "frame_error",
@@ -96,7 +98,11 @@ def publish_properties(
 
 
 def envelope_properties(envelope: Envelope) -> pika.BasicProperties:
-    """:func:`publish_properties` of one envelope, with msgsafe's header names."""
+    """:func:`publish_properties` of one envelope, with msgsafe's header names; an
+    envelope carrying :data:`~msgsafe.message.AMQP_PROPERTIES_HEADER` is published with
+    those properties instead (see :func:`carried_properties`)."""
+    if AMQP_PROPERTIES_HEADER in envelope.headers:
+        return carried_properties(envelope)
     return publish_properties(
         envelope.message_id,
         envelope.headers,
@@ -105,6 +111,28 @@ def envelope_properties(envelope: Envelope) -> pika.BasicProperties:
         envelope.key,
         envelope.created_at,
     )
+
+
+def carried_properties(envelope: Envelope) -> pika.BasicProperties:
+    """The properties a pika publisher set (decoded from the envelope's
+    ``AMQP_PROPERTIES_HEADER``) with msgsafe's own on top: persistent, the id in
+    ``message_id`` and the ``msgsafe-id`` header, the key, the other text headers; the
+    send time as ``timestamp`` only where the publisher set none."""
+    props = pika.BasicProperties()
+    props.decode(base64.b64decode(envelope.headers[AMQP_PROPERTIES_HEADER]))
+    table: dict[str, object] = dict(props.headers or {})
+    for name, value in envelope.headers.items():
+        if name != AMQP_PROPERTIES_HEADER:
+            table[name] = value
+    table[MESSAGE_ID_HEADER] = envelope.message_id
+    if envelope.key is not None:
+        table[KEY_HEADER] = envelope.key
+    props.headers = table
+    props.delivery_mode = 2  # persistent
+    props.message_id = envelope.message_id
+    if props.timestamp is None:
+        props.timestamp = int(envelope.created_at)
+    return props
 
 
 def header_bytes(id_length: int, key_length: int, headers: Mapping[str, str]) -> int:

@@ -6,23 +6,15 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-import pika as real_pika
 import pytest
 
 from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.compat import confluent_kafka, pika
 from msgsafe.errors import Unroutable
+from tests.integration.compat.differential import rabbit_params
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-
-
-def _params(cluster: RabbitCluster) -> list[real_pika.ConnectionParameters]:
-    creds = pika.PlainCredentials(cluster.username, cluster.password)
-    return [
-        pika.ConnectionParameters("127.0.0.1", cluster.port(i), credentials=creds)
-        for i in range(cluster.size)
-    ]
 
 
 # --- confluent-kafka ---------------------------------------------------------------------
@@ -68,7 +60,9 @@ def test_pika_declares_pass_through_and_unroutable_is_raised(
 ) -> None:
     queue = f"compat-{uuid.uuid4().hex[:8]}"
     exchange = f"compat-ex-{uuid.uuid4().hex[:8]}"
-    connection = pika.BlockingConnection(_params(rabbit_cluster), outbox=tmp_path / "o.sqlite3")
+    connection = pika.BlockingConnection(
+        rabbit_params(rabbit_cluster), outbox=tmp_path / "o.sqlite3"
+    )
     channel = connection.channel()
     declared = channel.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
     assert declared.method.queue == queue
@@ -77,12 +71,12 @@ def test_pika_declares_pass_through_and_unroutable_is_raised(
     channel.confirm_delivery()
     for i in range(200):
         channel.basic_publish(exchange, "bound", f"{i}".encode())
-    channel.basic_publish(exchange, "nobody-bound", b"lost?")
     with pytest.raises(pika.exceptions.UnroutableError) as info:
-        channel.wait_for_confirms(30)
+        channel.basic_publish(exchange, "nobody-bound", b"lost?", mandatory=True)
     [returned] = info.value.messages
     assert returned.body == b"lost?" and returned.method.routing_key == "nobody-bound"
     assert isinstance(info.value.__cause__, Unroutable)
     assert channel.queue_declare(queue, passive=True).method.message_count == 200
     channel.queue_delete(queue)
+    channel.exchange_delete(exchange)
     connection.close()

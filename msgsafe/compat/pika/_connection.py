@@ -1,0 +1,235 @@
+"""msgsafe's ``BlockingConnection``: pika's blocking connection whose channels publish
+through msgsafe (see :mod:`msgsafe.compat.pika`)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from msgsafe.errors import MissingExtra
+
+try:
+    import pika
+    from pika import exceptions as pe
+    from pika.connection import Parameters
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise MissingExtra("rabbitmq", "pika") from exc
+
+from msgsafe.compat._common import ClosesOnExit
+from msgsafe.compat._pika_config import connection_url
+from msgsafe.compat.pika._channel import CLOSE_WAIT_S, BlockingChannel
+from msgsafe.endpoints import parse_url
+from msgsafe.errors import MsgsafeError
+from msgsafe.outbox.location import OutboxSpec
+from msgsafe.producer import Producer as _SafeProducer
+
+__all__ = ["BlockingConnection"]
+
+#: Seconds close() gives the outbox to forward what it holds.
+_CLOSE_DRAIN_S = 10.0
+
+
+class BlockingConnection(ClosesOnExit):
+    """A ``pika.BlockingConnection`` whose channels publish through msgsafe.
+
+    ``parameters``: a ``ConnectionParameters`` / ``URLParameters`` or a list of them
+    (every host is a fail-over candidate, tried in order). ``outbox``: where messages go
+    while no broker can take them (msgsafe's ``outbox=``; default a file in the user's
+    data directory). ``pipelined``: ``basic_publish`` returns at once and reports
+    failures from a later call (faster; a message whose publish returned may still be in
+    flight when the process dies). ``_url`` replaces the broker URL (tests point it at
+    ``memory://``).
+
+    Unlike pika, the constructor does not fail while the brokers are down: messages are
+    stored and forwarded when one is back. Declares and consuming run on a real pika
+    connection to the same hosts, opened on first use.
+    """
+
+    def __init__(
+        self,
+        parameters: Parameters | Sequence[Parameters] | None = None,
+        *,
+        outbox: OutboxSpec = True,
+        pipelined: bool = False,
+        _url: str | None = None,
+    ) -> None:
+        if parameters is None:
+            params: list[Parameters] = [pika.ConnectionParameters()]
+        elif isinstance(parameters, Parameters):
+            params = [parameters]
+        else:
+            params = list(parameters)
+        url, options = connection_url(params)
+        target = _url or url
+        if parse_url(target).protocol != "rabbitmq":
+            options = {}
+        self._parameters = params
+        self.pipelined = pipelined
+        self._producer = _SafeProducer(target, outbox=outbox, **options)
+        self._lock = threading.Lock()
+        self._channels: dict[int, BlockingChannel] = {}
+        self._real: Any = None  # pika.BlockingConnection for declares, opened on first use
+        self._closed = False
+        self._woken = threading.Event()  # set by close(): ends a wait with no connection
+        self._finalizer = weakref.finalize(self, _close_quietly, self._producer)
+
+    # --- channels ----------------------------------------------------------------------
+
+    def channel(self, channel_number: int | None = None) -> BlockingChannel:
+        """A channel (numbers are labels: publishing shares msgsafe's connection)."""
+        self._check_open()
+        with self._lock:
+            number = channel_number or max(self._channels, default=0) + 1
+            existing = self._channels.get(number)
+            if existing is not None and existing.is_open:
+                return existing
+            channel = BlockingChannel(self, number)
+            self._channels[number] = channel
+            return channel
+
+    # --- state -------------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        return not self._closed
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @property
+    def virtual_host(self) -> str:
+        """The virtual host every channel publishes to (the parameters')."""
+        return str(self._parameters[0].virtual_host)
+
+    @property
+    def publisher_confirms_supported(self) -> bool:
+        """True: msgsafe publishes with confirms on every broker it talks to."""
+        return True
+
+    publisher_confirms = publisher_confirms_supported
+
+    @property
+    def basic_nack_supported(self) -> bool:
+        return bool(self._real_connection().basic_nack_supported)
+
+    @property
+    def consumer_cancel_notify_supported(self) -> bool:
+        return bool(self._real_connection().consumer_cancel_notify_supported)
+
+    @property
+    def exchange_exchange_bindings_supported(self) -> bool:
+        return bool(self._real_connection().exchange_exchange_bindings_supported)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise pe.ConnectionWrongStateError("BlockingConnection.close() was called")
+
+    # --- events ------------------------------------------------------------------------
+
+    def process_data_events(self, time_limit: float | None = 0) -> None:
+        """Process I/O for up to ``time_limit`` seconds as pika does (consumer callbacks
+        of the real connection, return callbacks), then raise failures of pipelined
+        publishes. With no real connection open it waits the whole ``time_limit``
+        (``None``: until every publish so far is confirmed or stored)."""
+        self._check_open()
+        real = self._real
+        if real is not None and real.is_open:
+            real.process_data_events(time_limit)
+        elif time_limit is None:
+            self._producer.flush(None)
+        elif time_limit > 0:
+            self._woken.wait(time_limit)
+        for channel in list(self._channels.values()):
+            channel._dispatch_returns()
+            channel._raise_failures()
+
+    def sleep(self, duration: float) -> None:
+        """Process events for ``duration`` seconds (pika's ``sleep``)."""
+        deadline = time.monotonic() + duration
+        self.process_data_events(0)
+        while (left := deadline - time.monotonic()) > 0:
+            self.process_data_events(left)
+
+    def add_on_connection_blocked_callback(self, callback: Callable[..., None]) -> None:
+        """``callback(connection, method_frame)`` when RabbitMQ blocks publishers (from
+        the real connection's events; msgsafe's own publishing waits or stores)."""
+        self._real_connection().add_on_connection_blocked_callback(
+            lambda _conn, method: callback(self, method)
+        )
+
+    def add_on_connection_unblocked_callback(self, callback: Callable[..., None]) -> None:
+        """``callback(connection, method_frame)`` when RabbitMQ unblocks publishers."""
+        self._real_connection().add_on_connection_unblocked_callback(
+            lambda _conn, method: callback(self, method)
+        )
+
+    def add_callback_threadsafe(self, callback: Callable[[], None]) -> None:
+        self._real_connection().add_callback_threadsafe(callback)
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Any:
+        return self._real_connection().call_later(delay, callback)
+
+    def remove_timeout(self, timeout_id: Any) -> None:
+        self._real_connection().remove_timeout(timeout_id)
+
+    # --- the real connection -------------------------------------------------------------
+
+    def _real_connection(self) -> Any:
+        """The pika connection for declares and consuming, opened on first use."""
+        self._check_open()
+        with self._lock:
+            if self._real is None or not self._real.is_open:
+                self._real = pika.BlockingConnection(self._parameters)
+            return self._real
+
+    def _drop_real(self) -> None:
+        real, self._real = self._real, None
+        if real is not None:
+            with contextlib.suppress(pe.AMQPError, OSError):
+                real.close()
+
+    # --- msgsafe -----------------------------------------------------------------------
+
+    @property
+    def producer(self) -> _SafeProducer:
+        """The msgsafe producer behind every channel (outbox depth, target)."""
+        return self._producer
+
+    # --- closing -----------------------------------------------------------------------
+
+    def close(self, reply_code: int = 200, reply_text: str = "Normal shutdown") -> None:
+        """Wait for every confirm (up to 30 s), let the outbox forward what it holds (up
+        to 10 s), then disconnect; raises ``UnroutableError`` / ``NackError`` for
+        pipelined messages that failed since the last check, and
+        ``ConnectionWrongStateError`` when already closed, as pika.
+
+        Messages still in the outbox stay there for the next connection on it.
+        """
+        self._check_open()
+        self._closed = True
+        self._woken.set()
+        self._producer.flush(CLOSE_WAIT_S)
+        if self._producer.pending() > 0:
+            with contextlib.suppress(MsgsafeError):
+                self._producer.drain(_CLOSE_DRAIN_S)
+        self._drop_real()
+        self._finalizer()
+        failures = [c for c in self._channels.values() if c._has_failures()]
+        for channel in self._channels.values():
+            channel._mark_closed()
+        for channel in failures:
+            channel._raise_failures()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<msgsafe.compat.pika.BlockingConnection {self._producer.target} {state}>"
+
+
+def _close_quietly(producer: _SafeProducer) -> None:
+    with contextlib.suppress(MsgsafeError):
+        producer.close(CLOSE_WAIT_S)
