@@ -23,6 +23,7 @@ import msgsafe
 from msgsafe.cluster.artemis import ArtemisCluster
 from msgsafe.testing.faultproxy import FaultProxies
 from tests.chaos._matrix import (
+    AMQP10_OPTIONS,
     RETRY,
     Fault,
     consume_with,
@@ -36,12 +37,6 @@ from tests.fixtures.amqp10 import heal_pair
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 SEND_TIMEOUT = 5.0
-OPTIONS: dict[str, object] = {
-    "connect_timeout": 1.0,
-    "confirm_timeout": 2.0,
-    "heartbeat": 2.0,
-    "reconnect_maximum": 1.0,
-}
 
 
 @pytest.fixture
@@ -63,7 +58,7 @@ def _cell(
     address = f"chaos10.{uuid.uuid4().hex[:8]}"
     url = f"amqp10://{pair.user}:{pair.password}@{proxies.hosts}"
     with msgsafe.Producer(
-        url, outbox=outbox, send_timeout=SEND_TIMEOUT, retry=RETRY, **OPTIONS
+        url, outbox=outbox, send_timeout=SEND_TIMEOUT, retry=RETRY, **AMQP10_OPTIONS
     ) as producer:
         run_cell(
             "amqp10",
