@@ -69,6 +69,7 @@ def run_raw(url: str, address: str, count: int, window: int) -> tuple[float, flo
             self.elapsed = 0.0
             self.cpu_started = 0.0
             self.cpu = 0.0
+            self.error = ""
 
         def on_start(self, event: Any) -> None:
             conn = event.container.connect(parsed, reconnect=False, **_sasl_kwargs(url))
@@ -99,8 +100,18 @@ def run_raw(url: str, address: str, count: int, window: int) -> tuple[float, flo
 
         on_released = on_rejected
 
+        def on_transport_error(self, event: Any) -> None:
+            self.error = f"transport: {event.transport.condition}"
+
+        def on_connection_remote_close(self, event: Any) -> None:
+            self.error = f"closed by the broker: {event.connection.remote_condition}"
+
     handler = Send()
     Container(handler).run()
+    if handler.accepted < count:
+        raise RuntimeError(
+            f"raw sender: {handler.accepted} of {count} accepted, then {handler.error or 'ended'}"
+        )
     return count / handler.elapsed, handler.cpu / count * 1e6
 
 
