@@ -23,7 +23,11 @@ What a client sees (measured with python-qpid-proton 0.40 against this group):
   ``qpid.virtualhost_properties_supported``);
 - a replica accepts TCP and SASL, sends ``open`` and at once ``close`` with
   ``amqp:connection:forced`` "Virtual host '<hostname>' is not active" (no info map, no
-  redirect): the client must try the next host itself;
+  redirect): the client must try the next host itself. Broker-J 9.2 cannot be set to do
+  otherwise: a BDB HA replica's virtual host answers ``getRedirectHost`` with null, and
+  the only redirect it sends (``amqp:connection:redirect`` with ``network-host`` and
+  ``port``) comes from a "Redirector" virtual host node, whose target is a fixed address
+  per port that no election updates. A URL must therefore name every node;
 - a node of a group without quorum (2 of 3 down) sends ``open`` then ``close`` with
   ``amqp:not-found`` "Unknown hostname in connection open";
 - a SIGSTOPped node accepts TCP (the kernel does) and never answers.

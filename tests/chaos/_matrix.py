@@ -32,6 +32,14 @@ from msgsafe.testing.faultproxy import FaultProxy
 #: time of the transports rather than of the backoff.
 RETRY = RetryPolicy(initial=0.2, maximum=2.0)
 
+#: The AMQP 1.0 client's options in every cell: fail over within a second or two.
+AMQP10_OPTIONS: dict[str, object] = {
+    "connect_timeout": 1.0,
+    "confirm_timeout": 2.0,
+    "heartbeat": 2.0,
+    "reconnect_maximum": 1.0,
+}
+
 #: Every finished cell of this run, in order (read by conftest.py).
 RESULTS: list[CellResult] = []
 

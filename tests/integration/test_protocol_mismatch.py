@@ -18,7 +18,7 @@ import pytest
 
 from msgsafe import Producer
 from msgsafe.cluster.artemis import ArtemisCluster
-from msgsafe.cluster.base import ClusterError, TlsFiles
+from msgsafe.cluster.base import TlsFiles
 from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.errors import ProtocolMismatch
@@ -113,32 +113,16 @@ def test_amqp10_client_to_a_kafka_port(kafka_cluster: KafkaCluster) -> None:
     assert took < WITHIN_S, took
 
 
-@pytest.fixture(scope="module")
-def artemis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArtemisCluster]:
-    """An ActiveMQ Artemis pair: its acceptor speaks AMQP 1.0 (and Artemis's own
-    protocols), never AMQP 0-9-1 or Kafka."""
-    try:
-        ArtemisCluster.fetch()
-        cluster = ArtemisCluster(dir=tmp_path_factory.mktemp("artemis-mismatch"))
-        cluster.start()
-    except ClusterError as exc:
-        pytest.fail(f"cannot start Artemis (python3 -m msgsafe cluster fetch artemis): {exc}")
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-def test_amqp_client_to_an_amqp10_broker(artemis: ArtemisCluster) -> None:
-    error, took = _first_send_error(f"amqp://u:p@127.0.0.1:{artemis.ports[0]}/")
+def test_amqp_client_to_an_amqp10_broker(artemis_pair: ArtemisCluster) -> None:
+    error, took = _first_send_error(f"amqp://u:p@127.0.0.1:{artemis_pair.ports[0]}/")
     assert isinstance(error, ProtocolMismatch), repr(error)
     assert "AMQP 1.0" in str(error) and "amqp10://" in str(error)
     assert took < WITHIN_S, took
 
 
-def test_kafka_client_to_an_amqp10_broker(artemis: ArtemisCluster) -> None:
+def test_kafka_client_to_an_amqp10_broker(artemis_pair: ArtemisCluster) -> None:
     # NOTE: Artemis closes the connection on a Kafka request without a byte of its own.
-    error, took = _first_send_error(f"kafka://127.0.0.1:{artemis.ports[0]}")
+    error, took = _first_send_error(f"kafka://127.0.0.1:{artemis_pair.ports[0]}")
     assert isinstance(error, ProtocolMismatch), repr(error)
     assert "AMQP 1.0" in str(error) and "amqp10://" in str(error)
     assert took < WITHIN_S, took

@@ -37,10 +37,31 @@ once); here the client's handling of it is tested in a second.
 With ``--redirect HOST:PORT`` every connection is answered with an open and a close
 carrying ``amqp:connection:redirect`` to HOST:PORT (``--redirect self``: to the peer's
 own port, a redirect loop); with ``--link-redirect HOST:PORT`` connections are served
-but every sender link is detached with ``amqp:link:redirect``. No broker the suite
-runs sends redirects (Broker-J and Artemis on this machine never do), so the client's
-handling of them (``tests/integration/amqp10/test_peer_failover.py``, the ``redirect``
-tests: followed, refused by the allow-list, a loop bounded) can only be shown here.
+but every sender link is detached with ``amqp:link:redirect``.
+
+Which tests still need it, and why (everything else runs on the real brokers: the
+session's ActiveMQ Artemis pair, the Broker-J group, RabbitMQ's AMQP 1.0 plugin):
+
+- ``tests/integration/amqp10/test_peer_basics.py``: every outcome on demand on one
+  healthy connection (``rejected``, ``released``, ``modified``, never settled) — no
+  broker here settles a transfer as ``modified`` or leaves it unsettled when asked; and a
+  TLS listener with the suite's throw-away CA (the session's Artemis pair has no TLS
+  acceptor).
+- ``tests/integration/amqp10/test_peer_failover.py``:
+  the redirect tests (followed, refused by the allow-list, a loop bounded) — no broker
+  the suite runs sends redirects: a Broker-J 9.2 BDB HA replica closes with
+  ``amqp:connection:forced`` (its virtual host's ``getRedirectHost`` is hard-wired to
+  null; only a static "Redirector" virtual host node redirects), Artemis never does;
+  a TLS peer advertising plain-TCP candidates (the downgrade refused) and arbitrary
+  advertised lists for the allow-list / IGNORE cases — no broker can be made to advertise
+  a list other than its own cluster's; the stale Broker-J master (``--stale``), which a
+  real group shows only after a SIGSTOP of about a minute (done once in
+  ``test_qpid_cluster.py``); a link refused with ``amqp:not-found`` on a connection that
+  stays healthy; and the URL-list / advertised-candidate fail-over counts at 5 to 10k
+  messages in seconds, whose real-broker counterparts run in
+  ``tests/integration/cluster/test_artemis_cluster.py`` and ``test_qpid_cluster.py``.
+- ``benchmarks/bench_amqp10.py --broker peer``: a broker whose own cost can be removed
+  (``sink/``), to measure the clients alone.
 
 Run it as its own process so a kill is real::
 

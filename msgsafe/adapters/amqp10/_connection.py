@@ -66,8 +66,12 @@ __all__ = ["Engine", "EngineClient", "Side", "log"]
 log = logging.getLogger("msgsafe.adapters.amqp10")
 _TICK_S = 0.05
 #: Seconds an endpoint that accepted TCP but sent nothing within ``connect_timeout`` (a
-#: paused process) is tried only when no other candidate is due.
-_MUTE_S = 30.0
+#: paused process) is tried only when no other candidate is due: 5 s after its first
+#: timeout, doubling up to 30 s while it stays silent. NOTE: not 30 s at once: an
+#: Artemis live paused for less than its backup's failure check is, once resumed, the
+#: only node that serves (the backup keeps refusing); a 30 s hold kept every send STORED
+#: for 30 s after the resume (measured in the chaos matrix).
+_MUTE_S = (5.0, 30.0)
 #: Seconds more a peer that already answered (its SASL frames) gets to finish the login:
 #: a broker may delay a refused login on purpose (RabbitMQ's AMQP 1.0 plugin: 3 s).
 _LOGIN_GRACE_S = 5.0
@@ -173,6 +177,7 @@ class Engine(MessagingHandler):
         self._reported_refusals = 0
         #: Endpoints that timed out connecting, and until when they are passed over.
         self._mute: dict[Endpoint, float] = {}
+        self._mute_hold: dict[Endpoint, float] = {}
         self._redirects = Redirects(options.allows)
         #: Attempts that failed before opening since the last open connection (or start).
         self._failures = 0
@@ -351,7 +356,9 @@ class Engine(MessagingHandler):
             self.schedule(_LOGIN_GRACE_S, lambda: self._connect_timeout(generation, graced=True))
             return
         if self._current is not None:
-            self._mute[self._current] = time.monotonic() + _MUTE_S
+            hold = min(_MUTE_S[1], 2 * self._mute_hold.get(self._current, _MUTE_S[0] / 2))
+            self._mute_hold[self._current] = hold
+            self._mute[self._current] = time.monotonic() + hold
         self._lost(conn, TimedOut())
         transport = conn.transport
         if transport is not None:
@@ -376,6 +383,7 @@ class Engine(MessagingHandler):
             return
         self.opened = True
         self._mute.pop(current, None)
+        self._mute_hold.pop(current, None)
         self._failures = 0
         self.history.append(current)
         log.info("connected to %s", current)

@@ -15,29 +15,17 @@ import threading
 
 import pytest
 
-from msgsafe.adapters import open_receiver, open_transport
-from msgsafe.adapters.amqp10 import Amqp10Receiver, Amqp10Transport
+from msgsafe.adapters.amqp10 import Amqp10Transport
 from msgsafe.adapters.amqp10._failover import MAX_REDIRECTS
 from msgsafe.endpoints import Endpoint, parse_url
 from msgsafe.errors import TransientError, Unroutable
 from msgsafe.message import Envelope
 from tests.fixtures.amqp10 import PeerFactory, TlsFiles
+from tests.integration.amqp10._open import receiver_for, transport_for
 from tests.integration.amqp10._tally import Drain, Tally, wait_until
 from tests.support.amqp10_peer import PeerProcess
 
 pytestmark = pytest.mark.integration
-
-
-def _transport(url: str, **options: object) -> Amqp10Transport:
-    transport = open_transport(parse_url(url), options)
-    assert isinstance(transport, Amqp10Transport)
-    return transport
-
-
-def _receiver(url: str, **options: object) -> Amqp10Receiver:
-    receiver = open_receiver(parse_url(url), options)
-    assert isinstance(receiver, Amqp10Receiver)
-    return receiver
 
 
 def _peer_at(peers: list[PeerProcess], endpoint: Endpoint) -> PeerProcess:
@@ -63,7 +51,7 @@ def _publish_killing(
 
 
 def _consume_all(url: str, tally: Tally, timeout: float = 60.0) -> None:
-    with _receiver(url, credit=500) as receiver:
+    with receiver_for(url, credit=500) as receiver:
         receiver.subscribe("orders")
         drain = Drain(receiver, tally)
         drain.start()
@@ -77,7 +65,7 @@ def test_url_host_list_10k_messages_connected_node_killed(amqp10_peers: PeerFact
     peers = [amqp10_peers.start() for _ in range(3)]
     url = "amqp10://" + ",".join(f"127.0.0.1:{p.port}" for p in peers)
     tally = Tally()
-    with _transport(url, confirm_timeout=30.0) as transport:
+    with transport_for(url, confirm_timeout=30.0) as transport:
         assert transport.wait_connected(10)
         first = transport.history[0]
         victim = _peer_at(peers, first)
@@ -99,7 +87,7 @@ def test_one_url_resumes_on_advertised_candidate(amqp10_peers: PeerFactory) -> N
     primary = amqp10_peers.start(advertise=[f"amqp://127.0.0.1:{p.port}" for p in backups])
     url = f"amqp10://127.0.0.1:{primary.port}"  # ONE host: the candidates come from the peer
     tally = Tally()
-    with _transport(url, confirm_timeout=30.0) as transport, _receiver(url, credit=200) as rx:
+    with transport_for(url, confirm_timeout=30.0) as transport, receiver_for(url, credit=200) as rx:
         rx.subscribe("orders")
         assert transport.wait_connected(10) and rx.wait_connected(10)
         drain = Drain(rx, tally)
@@ -134,7 +122,7 @@ def test_tls_connection_never_follows_a_plain_candidate(
     url = f"amqp10s://localhost:{primary.port}"
     tally = Tally()
     caplog.set_level(logging.WARNING, logger="msgsafe.adapters.amqp10")
-    with _transport(url, tls_ca_file=str(amqp10_tls.ca), confirm_timeout=20.0) as transport:
+    with transport_for(url, tls_ca_file=str(amqp10_tls.ca), confirm_timeout=20.0) as transport:
         assert transport.wait_connected(10)
         refusals = [r for r in caplog.records if "downgrade" in r.getMessage()]
         assert refusals, "the refused plain candidate must be logged"
@@ -157,7 +145,7 @@ def test_tls_session_with_only_plain_candidates_fails_transiently(
     plain = amqp10_peers.start()
     primary = amqp10_peers.start(tls=amqp10_tls, advertise=[f"amqp://127.0.0.1:{plain.port}"])
     url = f"amqp10s://localhost:{primary.port}"
-    with _transport(url, tls_ca_file=str(amqp10_tls.ca), confirm_timeout=2.0) as transport:
+    with transport_for(url, tls_ca_file=str(amqp10_tls.ca), confirm_timeout=2.0) as transport:
         transport.publish(Envelope.build("orders", b"before")).result(10)
         primary.kill()
         err = transport.publish(Envelope.build("orders", b"after")).exception(10)
@@ -169,8 +157,8 @@ def test_allow_list_and_ignore_policy(amqp10_peers: PeerFactory) -> None:
     outsider = amqp10_peers.start()
     primary = amqp10_peers.start(advertise=[f"amqp://127.0.0.1:{outsider.port}"])
     url = f"amqp10://127.0.0.1:{primary.port}"
-    allow = _transport(url, confirm_timeout=1.0, failover_allow=f"127.0.0.1:{primary.port}")
-    ignore = _transport(url, confirm_timeout=1.0, failover_merge="ignore")
+    allow = transport_for(url, confirm_timeout=1.0, failover_allow=f"127.0.0.1:{primary.port}")
+    ignore = transport_for(url, confirm_timeout=1.0, failover_merge="ignore")
     try:
         for transport in (allow, ignore):
             transport.publish(Envelope.build("orders", b"before")).result(10)
@@ -193,11 +181,11 @@ def test_member_without_quorum_is_skipped(
     no_quorum = amqp10_peers.start(refuse=True)
     healthy = amqp10_peers.start()
     url = f"amqp10://127.0.0.1:{no_quorum.port},127.0.0.1:{healthy.port}"
-    with _transport(url, confirm_timeout=10.0) as transport:
+    with transport_for(url, confirm_timeout=10.0) as transport:
         transport.publish(Envelope.build("orders", b"x")).result(15)
         assert [e.port for e in transport.history] == [healthy.port]
     caplog.set_level(logging.INFO, logger="msgsafe.adapters.amqp10")
-    with _transport(f"amqp10://127.0.0.1:{no_quorum.port}", confirm_timeout=1.0) as transport:
+    with transport_for(f"amqp10://127.0.0.1:{no_quorum.port}", confirm_timeout=1.0) as transport:
         err = transport.publish(Envelope.build("orders", b"x")).exception(10)
         assert isinstance(err, TransientError) and not err.maybe_delivered
         assert transport.history == () and not transport.wait_connected(0)
@@ -212,7 +200,7 @@ def test_not_found_from_a_stale_master_is_transient(amqp10_peers: PeerFactory) -
     healthy = amqp10_peers.start()
     url = f"amqp10://127.0.0.1:{stale.port},127.0.0.1:{healthy.port}"
     tally = Tally()
-    with _transport(url, confirm_timeout=15.0) as transport:
+    with transport_for(url, confirm_timeout=15.0) as transport:
         for i in range(100):
             env = Envelope.build("orders", b"%04d" % i, key=f"k{i % 4}")
             tally.track(env.message_id, transport.publish(env))
@@ -230,7 +218,7 @@ def test_not_found_from_a_healthy_connection_is_unroutable(amqp10_peers: PeerFac
     more attach on that connection it is :class:`Unroutable` (permanent), while another
     address on the same connection is confirmed."""
     peer = amqp10_peers.start()
-    with _transport(f"amqp10://127.0.0.1:{peer.port}", confirm_timeout=15.0) as transport:
+    with transport_for(f"amqp10://127.0.0.1:{peer.port}", confirm_timeout=15.0) as transport:
         missing = transport.publish(Envelope.build("missing/orders", b"x"))
         fine = transport.publish(Envelope.build("orders", b"y"))
         fine.result(10)
@@ -270,7 +258,7 @@ def test_a_paused_node_costs_connect_timeout_once_not_on_every_pass(
     try:
         healthy = amqp10_peers.start()
         url = f"amqp10://127.0.0.1:{mute.port},127.0.0.1:{healthy.port}"
-        with _transport(url, confirm_timeout=20.0, connect_timeout=1.0) as transport:
+        with transport_for(url, confirm_timeout=20.0, connect_timeout=1.0) as transport:
             transport.publish(Envelope.build("orders", b"1")).result(15)
             assert len(mute.accepted) == 1, "the first pass tries the paused node once"
             port = healthy.port
@@ -293,7 +281,7 @@ def test_connection_redirect_is_followed(
     target = amqp10_peers.start()
     mover = amqp10_peers.start(redirect=f"127.0.0.1:{target.port}")
     tally = Tally()
-    with _transport(f"amqp10://127.0.0.1:{mover.port}", confirm_timeout=15.0) as transport:
+    with transport_for(f"amqp10://127.0.0.1:{mover.port}", confirm_timeout=15.0) as transport:
         for i in range(50):
             env = Envelope.build("orders", b"%04d" % i)
             tally.track(env.message_id, transport.publish(env))
@@ -312,7 +300,7 @@ def test_link_redirect_moves_the_session(amqp10_peers: PeerFactory) -> None:
     target = amqp10_peers.start()
     mover = amqp10_peers.start(link_redirect=f"127.0.0.1:{target.port}")
     tally = Tally()
-    with _transport(f"amqp10://127.0.0.1:{mover.port}", confirm_timeout=15.0) as transport:
+    with transport_for(f"amqp10://127.0.0.1:{mover.port}", confirm_timeout=15.0) as transport:
         for i in range(50):
             env = Envelope.build("orders", b"%04d" % i)
             tally.track(env.message_id, transport.publish(env))
@@ -327,7 +315,7 @@ def test_redirect_outside_the_allow_list_is_not_followed(amqp10_peers: PeerFacto
     target = amqp10_peers.start()
     mover = amqp10_peers.start(redirect=f"127.0.0.1:{target.port}")
     url = f"amqp10://127.0.0.1:{mover.port}?failover_allow=127.0.0.1:{mover.port}"
-    with _transport(url, confirm_timeout=2.0) as transport:
+    with transport_for(url, confirm_timeout=2.0) as transport:
         err = transport.publish(Envelope.build("orders", b"x")).exception(10)
         assert isinstance(err, TransientError) and not err.maybe_delivered
         assert target.port not in [e.port for e in transport.history]
@@ -339,7 +327,7 @@ def test_a_redirect_loop_is_followed_a_bounded_number_of_times(
 ) -> None:
     caplog.set_level(logging.INFO, logger="msgsafe.adapters.amqp10")
     loop = amqp10_peers.start(redirect="self")
-    with _transport(f"amqp10://127.0.0.1:{loop.port}", confirm_timeout=2.0) as transport:
+    with transport_for(f"amqp10://127.0.0.1:{loop.port}", confirm_timeout=2.0) as transport:
         err = transport.publish(Envelope.build("orders", b"x")).exception(10)
         assert isinstance(err, TransientError) and not err.maybe_delivered
     followed = [r for r in caplog.records if "redirected the client to" in r.getMessage()]

@@ -11,12 +11,11 @@ import uuid
 import pika
 import pytest
 
-from msgsafe.adapters import open_receiver, open_transport
-from msgsafe.adapters.amqp10 import Amqp10Receiver, Amqp10Transport
 from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import AuthenticationError
 from msgsafe.message import Envelope
+from tests.integration.amqp10._open import receiver_for, transport_for
 from tests.integration.amqp10._tally import Drain, Tally, wait_until
 
 pytestmark = pytest.mark.integration
@@ -37,26 +36,14 @@ def _amqp10_cluster_url(cluster: RabbitCluster) -> str:
     return f"amqp10://{cluster.username}:{cluster.password}@{hosts}"
 
 
-def _transport(url: str, **options: object) -> Amqp10Transport:
-    transport = open_transport(parse_url(url), options)
-    assert isinstance(transport, Amqp10Transport)
-    return transport
-
-
-def _receiver(url: str, **options: object) -> Amqp10Receiver:
-    receiver = open_receiver(parse_url(url), options)
-    assert isinstance(receiver, Amqp10Receiver)
-    return receiver
-
-
 def test_sasl_plain_round_trip_and_bad_password(rabbit_cluster: RabbitCluster) -> None:
     queue = _quorum_queue(rabbit_cluster)
     address = f"/amq/queue/{queue}"
     url = rabbit_cluster.amqp10_url(0)
     env = Envelope.build(address, b"hello", key="k")
-    with _transport(url) as t:
+    with transport_for(url) as t:
         t.publish(env).result(20)
-    with _receiver(url) as r:
+    with receiver_for(url) as r:
         r.subscribe(address)
         [got] = r.receive(max_messages=10, timeout=20)
         assert got.message_id == env.message_id and got.body == b"hello" and got.key == b"k"
@@ -64,7 +51,7 @@ def test_sasl_plain_round_trip_and_bad_password(rabbit_cluster: RabbitCluster) -
     bad = url.replace(f":{rabbit_cluster.password}@", ":wrong-password@")
     # NOTE: RabbitMQ's AMQP 1.0 plugin answers a failed SASL login after 3 s, past the
     # default 2 s connect timeout: a peer that already answered gets the time to refuse.
-    with _transport(bad, confirm_timeout=5.0) as t:
+    with transport_for(bad, confirm_timeout=5.0) as t:
         err = t.publish(Envelope.build(address, b"x")).exception(20)
         assert isinstance(err, AuthenticationError)
         assert "wrong-password" not in str(err)
@@ -75,7 +62,7 @@ def test_10k_messages_connected_node_killed(rabbit: RabbitCluster) -> None:
     address = f"/amq/queue/{queue}"
     url = _amqp10_cluster_url(rabbit)
     tally = Tally()
-    with _transport(url, confirm_timeout=60.0) as transport:
+    with transport_for(url, confirm_timeout=60.0) as transport:
         assert transport.wait_connected(20)
         first = transport.history[0]
         victim = next(i for i in range(rabbit.size) if rabbit.port(i) == first.port)
@@ -90,7 +77,7 @@ def test_10k_messages_connected_node_killed(rabbit: RabbitCluster) -> None:
         wait_until(lambda: tally.resolved() == 10_000, 120, "every publish to resolve")
         history = transport.history
     survivors = ",".join(f"127.0.0.1:{rabbit.port(i)}" for i in range(rabbit.size) if i != victim)
-    with _receiver(f"amqp10://guest:guest@{survivors}", credit=500) as rx:
+    with receiver_for(f"amqp10://guest:guest@{survivors}", credit=500) as rx:
         rx.subscribe(address)
         drain = Drain(rx, tally)
         drain.start()

@@ -1,48 +1,57 @@
-"""msgsafe.Producer / Consumer over AMQP 1.0 against killable test peers."""
+"""msgsafe.Producer / Consumer over AMQP 1.0 against the session's ActiveMQ Artemis
+live/backup pair (``artemis_pair``): the outbox while no node serves, and a consumer
+that follows the fail-over it learned from the live's open frame."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
 
 from msgsafe import Consumer, Producer, Status
+from msgsafe.cluster.artemis import ArtemisCluster
 from msgsafe.message import Receipt
-from tests.fixtures.amqp10 import PeerFactory
 from tests.integration.amqp10._tally import wait_until
 
 pytestmark = pytest.mark.integration
 
 
-def test_producer_stores_while_the_only_peer_is_down_and_forwards_later(
-    amqp10_peers: PeerFactory, tmp_path: Path
+def _address(what: str) -> str:
+    return f"sdk.{what}.{uuid.uuid4().hex[:8]}"
+
+
+def test_producer_stores_while_no_node_serves_and_forwards_later(
+    artemis_pair: ArtemisCluster, tmp_path: Path
 ) -> None:
-    peer = amqp10_peers.start()
-    port = peer.port
-    url = f"amqp10://127.0.0.1:{port}"
+    """Both nodes SIGKILLed (the backup first, so it never takes over) after 700 of 2,000
+    sends: the rest is STORED; once the pair is back the outbox drains and every
+    receipted id is read back."""
+    url = artemis_pair.node_url(0)  # the live only: the backup is learned from the open frame
+    address = _address("orders")
     receipts: list[Receipt] = []
-    sent: list[str] = []
     producer = Producer(url, outbox=tmp_path / "outbox.db", confirm_timeout=2.0)
     try:
         futures = []
         for i in range(2_000):
-            futures.append(producer.send_async("orders", b"%06d" % i, key=f"k{i % 8}"))
+            futures.append(producer.send_async(address, b"%06d" % i, key=f"k{i % 8}"))
             if i == 700:
                 wait_until(lambda: all(f.done() for f in futures), 30, "the first 700 outcomes")
-                peer.kill()
+                artemis_pair.kill(1)
+                artemis_pair.kill(0)
         receipts = [f.result(60) for f in futures]
-        sent = [r.message_id for r in receipts]
         stored = sum(r.status is Status.STORED for r in receipts)
         confirmed = sum(r.status is Status.CONFIRMED for r in receipts)
-        assert stored > 0, "with the only peer dead, sends must go to the outbox"
-        # The broker comes back on the same address with the same store.
-        amqp10_peers.start(port=port)
+        assert stored > 0, "with no node serving, sends must go to the outbox"
+        artemis_pair.restart(0)
+        artemis_pair.restart(1)
         wait_until(lambda: producer.drain(5) == 0, 60, "the outbox to drain")
     finally:
         producer.close()
+    sent = [r.message_id for r in receipts]
     received: list[str] = []
-    with Consumer(url, dedup=True) as consumer:
-        consumer.subscribe("orders")
+    with Consumer(artemis_pair.url, dedup=True) as consumer:
+        consumer.subscribe(address)
 
         def take() -> bool:
             for delivery in consumer.poll(max_messages=500, timeout=0.2):
@@ -61,15 +70,17 @@ def test_producer_stores_while_the_only_peer_is_down_and_forwards_later(
     assert set(received) <= set(sent)
 
 
-def test_consumer_keeps_receiving_across_fail_over(amqp10_peers: PeerFactory) -> None:
-    backup = amqp10_peers.start()
-    primary = amqp10_peers.start(advertise=[f"amqp://127.0.0.1:{backup.port}"])
-    url = f"amqp10://127.0.0.1:{primary.port}"
+def test_consumer_keeps_receiving_across_fail_over(artemis_pair: ArtemisCluster) -> None:
+    """A consumer given only the live's address reads 100 of 200 messages; the live is
+    SIGKILLed; 200 more are sent to the promoted backup; the consumer, now on the backup
+    it learned from the open frame, receives every id (dedup drops redeliveries)."""
+    url = artemis_pair.node_url(0)
+    address = _address("jobs")
     with Producer(url, outbox=False, confirm_timeout=20.0) as producer:
-        first = [producer.send("jobs", b"a%d" % i) for i in range(200)]
+        first = [producer.send(address, b"a%d" % i) for i in range(200)]
     received: set[str] = set()
     with Consumer(url, dedup=True, credit=50) as consumer:
-        consumer.subscribe("jobs")
+        consumer.subscribe(address)
 
         def take() -> bool:
             for delivery in consumer.poll(max_messages=100, timeout=0.2):
@@ -79,9 +90,11 @@ def test_consumer_keeps_receiving_across_fail_over(amqp10_peers: PeerFactory) ->
             return len(received) >= 100
 
         wait_until(take, 30, "the first hundred deliveries")
-        primary.kill()
-        with Producer(f"amqp10://127.0.0.1:{backup.port}", outbox=False) as producer:
-            second = [producer.send("jobs", b"b%d" % i) for i in range(200)]
+        artemis_pair.kill(0)
+        # The backup listens once it took over (about a second); before, it refuses TCP.
+        wait_until(lambda: artemis_pair.nodes()[1].role == "live", 30, "the backup to serve")
+        with Producer(artemis_pair.node_url(1), outbox=False, confirm_timeout=20.0) as producer:
+            second = [producer.send(address, b"b%d" % i) for i in range(200)]
         wanted = {r.message_id for r in first + second}
         wait_until(lambda: take() and wanted <= received, 60, "every id after the fail-over")
     print(f"[sdk consumer fail-over] wanted={len(wanted)} received={len(received)}")
