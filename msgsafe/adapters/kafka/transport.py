@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future
+from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
@@ -37,6 +38,9 @@ _INLINE_EVERY_MASK = 255
 _ROOM_POLL_S = 0.01
 #: Messages of a batch that share one delivery callable (and serve reports between).
 _CHUNK = 256
+#: Seconds of one flush() while hurrying: librdkafka skips linger.ms only while a flush
+#: call runs, and a flush that ends before a broker thread wakes flushes nothing.
+_HURRY_FLUSH_S = 0.005
 #: Share of confirm_timeout that publish may wait for room in a full local queue.
 _ROOM_WAIT_SHARE = 0.25
 
@@ -216,6 +220,29 @@ class KafkaTransport:
                 link.serve(0)
         finally:
             reports.deadline = time.monotonic() + self._timeout
+
+    def hurry(self, done: Future[Any], timeout: float) -> None:
+        """Keep librdkafka flushing (no ``linger.ms``) until ``done`` resolves or
+        ``timeout`` passes (see :class:`msgsafe.ports.HurryingTransport`); delivery
+        reports are served on this thread meanwhile."""
+        deadline = time.monotonic() + timeout
+        link = self._link
+        while not done.done() and not self._closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            # NOTE: keeps the poll thread out of librdkafka (see ProducerLink.inline_at):
+            # a delivery report it serves leaves this flush() waiting out its 10 ms
+            # inner poll for an event already taken.
+            link.inline_at = time.monotonic()
+            try:
+                link.producer.flush(min(_HURRY_FLUSH_S, left))
+            except KafkaException as exc:
+                link.on_error(exc.args[0])
+                return
+            except Exception:  # a report callback bug: the plain wait still follows
+                log.exception("kafka flush failed")
+                return
 
     def _produce_when_room(
         self,
