@@ -456,9 +456,8 @@ def report_lines(
 def update_readme(path: Path, body: str) -> None:
     """Replace the ``## Kafka`` section of ``path`` (created if missing)."""
     section = (
-        "## Kafka\n\n`python -m benchmarks.bench_kafka --readme benchmarks/README.md`\n\n"
-        + body
-        + "\n"
+        "## Kafka\n\n`flock /tmp/msgsafe-bench.lock python3 -m benchmarks.bench_kafka "
+        "--messages 1000000 --rounds 3 --readme benchmarks/README.md`\n\n" + body + "\n"
     )
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     start = text.find("## Kafka\n")
