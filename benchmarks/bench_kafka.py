@@ -1,35 +1,41 @@
 """Kafka publish throughput: msgsafe vs a raw confluent-kafka ``Producer``, same settings.
 
-1M 100-byte messages to one 3-partition topic, in one run against one broker:
+1M 100-byte messages to one 3-partition topic (replication factor 3), in one run against
+one 3-node Apache Kafka cluster. The baseline every goal is read against is ``raw + id``:
+the same guarantees as msgsafe (``acks=all``, idempotence, the same ``linger.ms``,
+``batch.num.messages`` and queue size) and the same ``msgsafe-id`` header, since a
+producer without an id cannot tell a resent message from a new one.
 
-- ``raw`` — ``confluent_kafka.Producer`` with ``acks=all``, ``enable.idempotence=true``,
-  the same ``linger.ms``, ``batch.num.messages`` and queue size the SDK uses; one
-  delivery callback counting successes, ``poll(0)`` every 1000 messages, ``flush()`` at
-  the end. No msgsafe code.
-- ``raw + id`` — the same, each message also carrying a UUID in a header (ids made
-  before the clock starts): what a hand-written producer needs so that a retried
-  message can be told from a new one. Shown for reference; the ratio is against ``raw``.
-- ``raw, positional`` — ``raw`` with the delivery callback passed positionally
-  (``produce(topic, value, None, -1, callback)``): the binding parses keyword arguments
-  about 1 µs slower per call, and the SDK's adapter calls ``produce`` positionally.
-  Shown so the ratio can also be read against the fastest raw call.
+- ``raw + id`` — ``confluent_kafka.Producer``, each message carrying a UUID in the
+  ``msgsafe-id`` header (ids made before the clock starts, which flatters the raw side);
+  one delivery callback counting successes, ``poll(0)`` every 1000 messages, ``flush()``
+  at the end. No msgsafe code.
+- ``raw`` — the same without the header; ``raw, positional`` — ``raw`` with the delivery
+  callback passed positionally (``produce(topic, value, None, -1, callback)``): the
+  binding parses keyword arguments about 1 µs slower per call. Shown for reference.
 - ``batch`` — ``msgsafe.Producer.send_batch_async`` with batches of 10,000 bodies (fresh
   UUIDv7 ids made inside, the ``msgsafe-id`` header, one receipt per batch), then every
   receipt; every message must be CONFIRMED.
-- ``transport`` — the adapter alone (``Envelope.build`` + ``KafkaTransport.publish``),
-  to show which layer the time goes to.
 - ``sdk`` — ``msgsafe.Producer.send_async`` for every message (a fresh UUIDv7 id, the
   ``msgsafe-id`` header, a receipt per message), then ``flush()``; every receipt must
-  be CONFIRMED.
+  be CONFIRMED. ``transport`` — the adapter alone (``Envelope.build`` +
+  ``KafkaTransport.publish``), to show which layer the time goes to.
+- ``send`` — ``msgsafe.Producer.send`` one message at a time, each blocking until
+  CONFIRMED (``--sync-messages``, 2,000); against ``raw send``: ``produce()`` with the
+  id header then ``flush()`` per message, the hand-written synchronous send. The two
+  take turns in blocks of 20 messages (see :func:`run_sync_pair`).
 
-Rounds alternate raw / sdk so both see the same broker state; the best round of each is
-reported with the ratio sdk/raw (goal >= 0.9), wall-clock and CPU time per message.
+A warm-up round (``raw + id``, not counted) lets the brokers' JIT settle first; then
+rounds alternate raw / msgsafe so both see the same broker state; the best round of each
+is reported with the ratios against ``raw + id`` (goal >= 0.95), wall-clock and CPU time
+per message (``time.process_time()``: the client process, all its threads).
 
 The brokers are a 3-node Apache Kafka cluster started here
 (:class:`msgsafe.cluster.kafka.KafkaCluster`: KRaft, replication factor 3,
 ``min.insync.replicas=2``) unless ``--url kafka://...`` names another.
 
-    python -m benchmarks.bench_kafka [--messages 1000000] [--readme benchmarks/README.md]
+    python -m benchmarks.bench_kafka [--messages 1000000] [--rounds 3]
+        [--readme benchmarks/README.md]
 """
 
 from __future__ import annotations
@@ -175,13 +181,11 @@ def produce_call_cost(calls: int = 200_000, rounds: int = 3) -> dict[str, float]
     return best
 
 
-def run_batch(url: str, topic: str, count: int, outbox: Path) -> tuple[float, float]:
-    """(messages per second, CPU microseconds per message) of ``Producer.send_batch_async``
-    in batches of BATCH bodies."""
+def _producer(url: str, outbox: Path) -> Any:
+    """A msgsafe.Producer with the raw producer's settings (see :func:`raw_settings`)."""
     import msgsafe
 
-    bodies = [BODY] * BATCH
-    with msgsafe.Producer(
+    return msgsafe.Producer(
         url,
         outbox=outbox,
         send_timeout=60,
@@ -189,7 +193,15 @@ def run_batch(url: str, topic: str, count: int, outbox: Path) -> tuple[float, fl
         linger_ms=LINGER_MS,
         batch_num_messages=BATCH,
         max_in_flight=QUEUE,
-    ) as producer:
+    )
+
+
+def run_batch(url: str, topic: str, count: int, outbox: Path) -> tuple[float, float]:
+    """(messages per second, CPU microseconds per message) of ``Producer.send_batch_async``
+    in batches of BATCH bodies."""
+
+    bodies = [BODY] * BATCH
+    with _producer(url, outbox) as producer:
         producer.send(topic, b"warm-up")
         started, cpu = time.perf_counter(), time.process_time()
         futures = []
@@ -217,15 +229,7 @@ def run_sdk(url: str, topic: str, count: int, outbox: Path) -> tuple[float, floa
         if future.exception() is None and future.result().status is msgsafe.Status.CONFIRMED:
             confirmed += 1
 
-    with msgsafe.Producer(
-        url,
-        outbox=outbox,
-        send_timeout=60,
-        confirm_timeout=30,
-        linger_ms=LINGER_MS,
-        batch_num_messages=BATCH,
-        max_in_flight=QUEUE,
-    ) as producer:
+    with _producer(url, outbox) as producer:
         producer.send(topic, b"warm-up")  # connected before the clock starts
         started, cpu = time.perf_counter(), time.process_time()
         send = producer.send_async
@@ -237,6 +241,54 @@ def run_sdk(url: str, topic: str, count: int, outbox: Path) -> tuple[float, floa
     if confirmed != count:
         raise SystemExit(f"sdk: only {confirmed} of {count} confirmed")
     return count / elapsed, cpu / count * 1e6
+
+
+def run_sync_pair(
+    url: str, bootstrap: str, topic: str, count: int, outbox: Path
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(messages per second, CPU µs per message) of a hand-written synchronous send
+    (``produce()`` with the id header, then ``flush()`` until its delivery report) and
+    of ``msgsafe.Producer.send`` (returning once CONFIRMED), one message at a time each.
+
+    Both producers are open at once and take turns in blocks of 20 messages, so drifts
+    in the shared machine's load hit both alike (a per-message latency is a few ms,
+    and rounds of separate runs differed by 2x on a loaded machine)."""
+    from confluent_kafka import Producer
+
+    import msgsafe
+
+    raw = Producer(raw_settings(bootstrap))
+    delivered = 0
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        nonlocal delivered
+        if err is None:
+            delivered += 1
+
+    headers = [[("msgsafe-id", str(uuid.uuid4()))] for _ in range(count)]
+    raw.list_topics(topic, timeout=10)
+    spent = {"raw": [0.0, 0.0], "sdk": [0.0, 0.0]}
+    confirmed = 0
+    with _producer(url, outbox) as producer:
+        producer.send(topic, b"warm-up")
+        send = producer.send
+        for block in range(0, count, 20):
+            size = min(20, count - block)
+            started, cpu = time.perf_counter(), time.process_time()
+            for header in headers[block : block + size]:
+                raw.produce(topic, BODY, headers=header, on_delivery=on_delivery)
+                raw.flush(30)
+            spent["raw"][0] += time.perf_counter() - started
+            spent["raw"][1] += time.process_time() - cpu
+            started, cpu = time.perf_counter(), time.process_time()
+            for _ in range(size):
+                confirmed += send(topic, BODY).status is msgsafe.Status.CONFIRMED
+            spent["sdk"][0] += time.perf_counter() - started
+            spent["sdk"][1] += time.process_time() - cpu
+    if delivered != count or confirmed != count:
+        raise SystemExit(f"sync: raw delivered {delivered}, send confirmed {confirmed} of {count}")
+    (raw_s, raw_cpu), (sdk_s, sdk_cpu) = spent["raw"], spent["sdk"]
+    return (count / raw_s, raw_cpu / count * 1e6), (count / sdk_s, sdk_cpu / count * 1e6)
 
 
 def run_transport(url: str, topic: str, count: int) -> tuple[float, float]:
@@ -299,6 +351,7 @@ def _broker(url: str | None) -> Iterator[tuple[str, str]]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--sync-messages", type=int, default=2_000)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument(
         "--url", default=None, help="kafka://host:port,... (default: start a 3-node cluster)"
@@ -313,89 +366,98 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from msgsafe.cluster.kafka_admin import create_topic
 
-    raw_runs: list[tuple[float, float]] = []
-    raw_id_runs: list[tuple[float, float]] = []
-    raw_pos_runs: list[tuple[float, float]] = []
-    batch_runs: list[tuple[float, float]] = []
-    sdk_runs: list[tuple[float, float]] = []
-    transport_runs: list[tuple[float, float]] = []
+    runs: dict[str, list[tuple[float, float]]] = {}
+
+    def record(name: str, n: int, result: tuple[float, float]) -> None:
+        runs.setdefault(name, []).append(result)
+        print(f"round {n + 1}: {name} {result[0]:,.0f} msg/s, {result[1]:.1f} µs CPU", flush=True)
+
     with _broker(args.url) as (url, bootstrap), tempfile.TemporaryDirectory() as tmp:
         for n in range(args.rounds):
             topic = f"bench-{uuid.uuid4().hex[:8]}"
             # Replicated like production topics: acks=all waits for the in-sync followers.
             create_topic(bootstrap, topic, 3, 3, timeout=30)
-            raw_runs.append(run_raw(bootstrap, topic, args.messages))
-            print(f"round {n + 1}: raw {raw_runs[-1][0]:,.0f} msg/s", flush=True)
-            batch_runs.append(run_batch(url, topic, args.messages, Path(tmp) / f"b{n}.db"))
-            print(f"round {n + 1}: batch {batch_runs[-1][0]:,.0f} msg/s", flush=True)
-            raw_id_runs.append(run_raw(bootstrap, topic, args.messages, ids=True))
-            print(f"round {n + 1}: raw + id {raw_id_runs[-1][0]:,.0f} msg/s", flush=True)
-            raw_pos_runs.append(run_raw(bootstrap, topic, args.messages, positional=True))
-            print(f"round {n + 1}: raw positional {raw_pos_runs[-1][0]:,.0f} msg/s", flush=True)
+            # NOTE: the first run into a new topic measured half the rate of later ones
+            # (its log segments and the brokers' JIT warming up): not counted.
+            warm = run_raw(bootstrap, topic, min(args.messages, 200_000), ids=True)
+            print(f"round {n + 1}: warm-up {warm[0]:,.0f} msg/s (not counted)", flush=True)
+            record("raw + id", n, run_raw(bootstrap, topic, args.messages, ids=True))
+            record("batch", n, run_batch(url, topic, args.messages, Path(tmp) / f"b{n}.db"))
+            record("raw", n, run_raw(bootstrap, topic, args.messages))
+            record("raw positional", n, run_raw(bootstrap, topic, args.messages, positional=True))
             if args.skip_per_message:
                 continue
-            sdk_runs.append(run_sdk(url, topic, args.messages, Path(tmp) / f"o{n}.db"))
-            print(f"round {n + 1}: sdk {sdk_runs[-1][0]:,.0f} msg/s", flush=True)
-            transport_runs.append(run_transport(url, topic, args.messages))
-            print(f"round {n + 1}: transport {transport_runs[-1][0]:,.0f} msg/s", flush=True)
-    calls = produce_call_cost()
-    raw, raw_cpu = max(raw_runs)
-    raw_id, raw_id_cpu = max(raw_id_runs)
-    raw_pos, raw_pos_cpu = max(raw_pos_runs)
-    batch, batch_cpu = max(batch_runs)
-    ratio = batch / raw
-    per_message = []
-    if sdk_runs:
-        sdk, sdk_cpu = max(sdk_runs)
-        adapter, adapter_cpu = max(transport_runs)
-        per_message = [
-            f"| msgsafe.Producer.send_async, one message a call | {sdk:,.0f} | {sdk_cpu:.1f} "
-            f"| {sdk / raw:.2f} |",
-            f"| adapter alone: Envelope.build + KafkaTransport.publish | {adapter:,.0f} "
-            f"| {adapter_cpu:.1f} | {adapter / raw:.2f} |",
-        ]
-    lines = [
-        f"{args.messages:,} messages of {len(BODY)} bytes, acks=all, idempotence, "
-        f"linger.ms={LINGER_MS:g}, batch.num.messages={BATCH}, best of {args.rounds} "
-        "alternating round(s), Apache Kafka 4.1.2 (3 KRaft nodes on loopback, "
-        "replication factor 3, min.insync.replicas=2).",
-        "",
-        "| producer | msg/s | CPU µs/msg | / raw |",
-        "|---|---|---|---|",
-        f"| raw confluent-kafka Producer | {raw:,.0f} | {raw_cpu:.1f} | 1.00 |",
-        f"| raw + a UUID header per message | {raw_id:,.0f} | {raw_id_cpu:.1f} "
-        f"| {raw_id / raw:.2f} |",
-        f"| raw, callback passed positionally (no keyword argument) | {raw_pos:,.0f} "
-        f"| {raw_pos_cpu:.1f} | {raw_pos / raw:.2f} |",
-        f"| msgsafe.Producer.send_batch_async, {BATCH:,} a batch | {batch:,.0f} "
-        f"| {batch_cpu:.1f} | **{ratio:.2f}** |",
-        *per_message,
-        "",
-        f"Ratio batch/raw: **{ratio:.2f}** (goal >= 0.9); batch / (raw + id): "
-        f"{batch / raw_id:.2f}; batch / (raw, positional): {batch / raw_pos:.2f}.",
-        "",
-        "One `Producer.produce()` call alone (no broker; best of 3 x 200,000 calls), CPU: "
-        + ", ".join(f"{name} {us:.2f} µs" for name, us in calls.items())
-        + ".",
-        "",
-        "Runs, in order (msg/s): "
-        + "; ".join(
-            f"raw {r[0]:,.0f}, batch {b[0]:,.0f}, raw + id {i[0]:,.0f}, raw positional {q[0]:,.0f}"
-            for r, b, i, q in zip(raw_runs, batch_runs, raw_id_runs, raw_pos_runs, strict=True)
-        ),
-    ]
-    text = "\n".join(lines)
+            record("sdk", n, run_sdk(url, topic, args.messages, Path(tmp) / f"o{n}.db"))
+            record("transport", n, run_transport(url, topic, args.messages))
+            raw_send, send = run_sync_pair(
+                url, bootstrap, topic, args.sync_messages, Path(tmp) / f"s{n}.db"
+            )
+            record("raw send", n, raw_send)
+            record("send", n, send)
+    text = "\n".join(report_lines(args, runs, produce_call_cost()))
     print(text)
     if args.readme:
         update_readme(args.readme, text)
 
 
+def report_lines(
+    args: argparse.Namespace, runs: dict[str, list[tuple[float, float]]], calls: dict[str, float]
+) -> list[str]:
+    """The README section's body: the best round of each variant, ratios against raw + id."""
+    best = {name: max(results) for name, results in runs.items()}
+    base, base_sync = best["raw + id"][0], best.get("raw send", (1.0, 0.0))[0]
+    rows = [
+        ("raw confluent-kafka Producer + the msgsafe-id header (baseline)", "raw + id", base),
+        ("raw, no id header", "raw", base),
+        ("raw, no id header, callback passed positionally", "raw positional", base),
+        (f"msgsafe.Producer.send_batch_async, {BATCH:,} a batch", "batch", base),
+        ("msgsafe.Producer.send_async, one message a call", "sdk", base),
+        ("adapter alone: Envelope.build + KafkaTransport.publish", "transport", base),
+        ("raw synchronous send: produce() + flush() per message (baseline)", "raw send", base_sync),
+        ("msgsafe.Producer.send, blocking until CONFIRMED", "send", base_sync),
+    ]
+    lines = [
+        f"{args.messages:,} messages of {len(BODY)} bytes ({args.sync_messages:,} for the "
+        f"synchronous sends), acks=all, idempotence, linger.ms={LINGER_MS:g}, "
+        f"batch.num.messages={BATCH}, best of {args.rounds} alternating round(s) (each after "
+        "a warm-up run), Apache Kafka 4.1.2 (3 KRaft nodes on loopback, "
+        "replication factor 3, min.insync.replicas=2).",
+        "",
+        "| producer | msg/s | CPU µs/msg | / baseline |",
+        "|---|---|---|---|",
+    ]
+    for label, name, against in rows:
+        if name in best:
+            rate, cpu = best[name]
+            bold = "**" if name in ("batch", "sdk", "send") else ""
+            ratio = f"{bold}{rate / against:.2f}{bold}"
+            lines.append(f"| {label} | {rate:,.0f} | {cpu:.1f} | {ratio} |")
+    lines.append("")
+    ratios = [f"send_batch_async / (raw + id): **{best['batch'][0] / base:.2f}**"]
+    if "sdk" in best:
+        ratios.append(f"send_async / (raw + id): **{best['sdk'][0] / base:.2f}**")
+        ratios.append(f"send / raw send: **{best['send'][0] / base_sync:.2f}**")
+    lines.append("Goal >= 0.95: " + "; ".join(ratios) + ".")
+    lines.append("")
+    lines.append(
+        "One `Producer.produce()` call alone (no broker; best of 3 x 200,000 calls), CPU: "
+        + ", ".join(f"{name} {us:.2f} µs" for name, us in calls.items())
+        + "."
+    )
+    lines.append("")
+    per_round = []
+    for n in range(args.rounds):
+        parts = [f"{name} {done[n][0]:,.0f}" for name, done in runs.items() if n < len(done)]
+        per_round.append(", ".join(parts))
+    lines.append("Runs, in order (msg/s): " + "; ".join(per_round) + ".")
+    return lines
+
+
 def update_readme(path: Path, body: str) -> None:
     """Replace the ``## Kafka`` section of ``path`` (created if missing)."""
     section = (
-        "## Kafka\n\n`python -m benchmarks.bench_kafka --readme benchmarks/README.md`\n\n"
-        + body
-        + "\n"
+        "## Kafka\n\n`flock /tmp/msgsafe-bench.lock python3 -m benchmarks.bench_kafka "
+        "--messages 1000000 --rounds 3 --readme benchmarks/README.md`\n\n" + body + "\n"
     )
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     start = text.find("## Kafka\n")

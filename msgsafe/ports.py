@@ -5,8 +5,9 @@ proton types. An adapter implements :class:`Transport` (publishing) and
 :class:`Receiver` (consuming); an outbox store implements :class:`OutboxStore`. An
 adapter may also implement :class:`CallbackTransport`, the same publishing with a
 callback instead of a future per message, and :class:`BatchTransport`, many messages
-to one destination in one call with one report object; the producer uses each when it
-is there.
+to one destination in one call with one report object, and :class:`HurryingTransport`,
+which stops batching-by-waiting for a caller blocked on one message; the producer uses
+each when it is there.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from msgsafe._futures import LightFuture
 from msgsafe.errors import MsgsafeError
@@ -25,6 +26,7 @@ __all__ = [
     "BatchReport",
     "BatchTransport",
     "CallbackTransport",
+    "HurryingTransport",
     "OutboxStats",
     "OutboxStore",
     "PublishCallback",
@@ -97,6 +99,22 @@ class CallbackTransport(Transport, Protocol):
 
     def publish_callback(self, envelope: Envelope, callback: PublishCallback) -> None:
         """Send ``envelope``; ``callback`` learns the outcome, exactly once."""
+        ...
+
+
+@runtime_checkable
+class HurryingTransport(Transport, Protocol):
+    """A transport that batches by waiting (Kafka's ``linger.ms``) and can stop waiting
+    for a caller that blocks on one message.
+
+    ``hurry(done, timeout)`` returns once ``done`` is resolved or ``timeout`` seconds
+    passed, sending what the transport holds without lingering meanwhile; it never
+    resolves ``done`` itself and never raises. A blocking ``send`` gains nothing from
+    the linger (nothing else of its own will join the batch) and would pay it per call.
+    """
+
+    def hurry(self, done: Future[Any], timeout: float) -> None:
+        """Send without lingering until ``done`` resolves or ``timeout`` passes."""
         ...
 
 

@@ -13,7 +13,7 @@ settling, the flush count, the barrier, the outbox writer — is
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
@@ -83,6 +83,10 @@ class Producer:
         )
         #: The transport's batch seam when it has one (see msgsafe.ports.BatchTransport).
         self._publish_batch: _PublishBatch | None = getattr(self._transport, "publish_batch", None)
+        #: The transport's way to skip its linger for a blocking send (HurryingTransport).
+        self._hurry: Callable[[Future[Any], float], None] | None = getattr(
+            self._transport, "hurry", None
+        )
         try:
             self._store = open_store(outbox, self._url, options)
             self._settle = Settlement(self._store)
@@ -132,6 +136,9 @@ class Producer:
             destination, body, key=key, headers=headers, message_id=message_id
         )
         future = self._submit(envelope, transaction)
+        if self._hurry is not None and transaction is None:
+            # The caller waits for this one message: a linger would only add latency.
+            self._hurry(future, self._send_timeout)
         try:
             return future.result(self._send_timeout)
         except FutureTimeout:

@@ -42,6 +42,10 @@ if [ "$mode" = all ]; then
   # the cache (~/.cache/msgsafe/brokers or $MSGSAFE_CACHE); later runs reuse them.
   log "broker jars (msgsafe cluster fetch)"
   for kind in kafka artemis qpid; do python3 -m msgsafe cluster fetch "$kind"; done
+  # Spark's own Kafka sink (spark-sql-kafka-0-10 and its runtime jars) for spark.jars:
+  # the Spark tests and benchmark compare msgsafe's sink with it.
+  log "Spark Kafka sink jars"
+  python3 -m tests.support.spark_kafka >/dev/null
   pgver="$(ls /etc/postgresql | head -n1)"
   # The transactional-outbox tests connect to 127.0.0.1 without a password; a fresh
   # Debian cluster asks for one (scram), so trust loopback for this test machine.

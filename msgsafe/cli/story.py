@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol, Self
+from typing import Any, Protocol, Self
 
 from msgsafe.cli._output import with_options
 from msgsafe.cli._readback import start_at_beginning
@@ -33,7 +33,15 @@ from msgsafe.errors import ConfigurationError, MsgsafeError
 from msgsafe.message import Receipt, Status
 from msgsafe.producer import Producer
 
-__all__ = ["DemoConfig", "DemoReport", "Fault", "open_fault", "run_story"]
+__all__ = [
+    "DEMO_CLUSTERS",
+    "DemoCluster",
+    "DemoConfig",
+    "DemoReport",
+    "Fault",
+    "open_fault",
+    "run_story",
+]
 
 #: Header naming the demo run, so a shared destination never mixes two runs.
 RUN_HEADER = "msgsafe-demo-run"
@@ -111,41 +119,76 @@ def open_fault(url: BrokerUrl, kill_cmd: str | None, restart_cmd: str | None) ->
     return NoFault()
 
 
-class EmbeddedKafka:
-    """One tansu broker whose log is a local S3 bucket (moto), so a SIGKILL loses only
-    what the broker had not confirmed — the restart finds every confirmed message.
+#: The clusters ``msgsafe demo --cluster`` can start (through :mod:`msgsafe.cluster`).
+DEMO_CLUSTERS = ("tansu", "kafka")
 
-    Harness failures (a missing binary, a broker that does not start) surface as
-    :class:`~msgsafe.errors.MsgsafeError` whose message says how to fix them.
+
+class DemoCluster:
+    """A local cluster the demo starts, kills a node of and restarts.
+
+    ``tansu``: one Kafka-protocol broker (no Java) whose log is a local S3 bucket (moto),
+    so a SIGKILL loses only what the broker had not confirmed. ``kafka``: three Apache
+    Kafka KRaft nodes (replication factor 3, ``min.insync.replicas=2``, no unclean
+    election); the kill is a SIGKILL of the node leading partition 0 of the demo's topic,
+    so in-flight writes meet a leader fail-over, and the restart waits until its replicas
+    are back in sync. Harness failures (a missing binary or Java, a node that does not
+    start) surface as :class:`~msgsafe.errors.MsgsafeError` saying how to fix them.
     """
 
-    def __init__(self) -> None:
-        from msgsafe.cluster.tansu import TansuCluster
+    def __init__(self, kind: str = "tansu") -> None:
+        if kind not in DEMO_CLUSTERS:
+            raise ConfigurationError(f"--cluster {kind!r}: one of {', '.join(DEMO_CLUSTERS)}")
+        self.kind = kind
+        self._cluster: Any
+        if kind == "kafka":
+            from msgsafe.cluster.kafka import KafkaCluster
 
-        self._cluster = TansuCluster(nodes=1)
-        self.description = "SIGKILL of the embedded Kafka-protocol broker (tansu)"
-        self.restart_s = 0.0
+            self._cluster = KafkaCluster(nodes=3)
+            self.description = "SIGKILL of the Apache Kafka node leading partition 0"
+        else:
+            from msgsafe.cluster.tansu import TansuCluster
+
+            self._cluster = TansuCluster(nodes=1)
+            self.description = "SIGKILL of the embedded Kafka-protocol broker (tansu)"
+        self._topic: str | None = None
+        self._killed = 0
+        self.start_s = 0.0
 
     @property
     def url(self) -> str:
-        return self._cluster.url
+        return str(self._cluster.url)
 
     def create_topic(self, name: str) -> None:
         with _harness():
             self._cluster.create_topic(name, partitions=3)
+        self._topic = name
+        self._aim()
+
+    def _aim(self) -> None:
+        # The node to kill: the one leading partition 0 now (leaders move on restarts).
+        if self.kind == "kafka" and self._topic is not None:
+            with _harness():
+                self._killed = self._cluster.leader_of(self._topic, 0)
+            self.description = (
+                f"SIGKILL of Apache Kafka node {self._killed} (of 3), leader of partition 0"
+            )
 
     def kill(self) -> None:
+        self._aim()
         with _harness():
-            self._cluster.kill(0)
+            self._cluster.kill(self._killed)
 
     def restart(self) -> None:
         with _harness():
-            self._cluster.restart(0)
-            self.restart_s = self._cluster.last_restart_s
+            self._cluster.restart(self._killed)
+            if self.kind == "kafka" and self._topic is not None:
+                self._cluster.wait_in_sync(self._topic)
 
     def __enter__(self) -> Self:
+        started = time.monotonic()
         with _harness():
             self._cluster.start()
+        self.start_s = time.monotonic() - started
         return self
 
     def __exit__(
@@ -164,7 +207,7 @@ def _harness() -> Iterator[None]:
     try:
         yield
     except (ClusterError, OSError) as exc:
-        raise MsgsafeError(f"embedded Kafka broker: {exc}") from exc
+        raise MsgsafeError(f"demo cluster: {exc}") from exc
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -202,6 +245,11 @@ class DemoReport:
     consumed: int = 0
     lost: int = 0
     duplicates: int = 0
+    #: Ids read back more than once that were STORED (sent again from the outbox) and
+    #: CONFIRMED (never sent again by msgsafe).
+    duplicated_stored: int = 0
+    duplicated_confirmed: int = 0
+    confirm_timeout: float = 0.0
     unexpected: int = 0
     outbox_left: int = 0
     quarantined: int = 0
@@ -294,6 +342,10 @@ def run_story(
     report.consumed = sum(1 for i in accepted if received[i] > 0)
     report.lost = sum(1 for i in accepted if received[i] == 0 and i not in in_outbox)
     report.duplicates = sum(n - 1 for i, n in received.items() if i in accepted and n > 1)
+    repeated = [accepted[i] for i, n in received.items() if i in accepted and n > 1]
+    report.duplicated_stored = sum(1 for s in repeated if s is Status.STORED)
+    report.duplicated_confirmed = sum(1 for s in repeated if s is Status.CONFIRMED)
+    report.confirm_timeout = config.confirm_timeout
     report.unexpected = sum(n for i, n in received.items() if i not in accepted)
     report.seconds = round(time.monotonic() - started, 2)
     return report

@@ -1,10 +1,11 @@
 """The ``msgsafe`` command against the session's Apache Kafka cluster, as a subprocess
 (``msgsafe demo`` with no URL runs its own zero-Java tansu broker, as a user's first run
-does)."""
+does; ``msgsafe demo --cluster kafka`` its own 3-node Apache Kafka)."""
 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -31,6 +32,31 @@ def test_demo_the_readme_command_prints_lost_0_within_a_minute() -> None:
         assert row in result.stdout
     assert "killing the broker" in result.stderr
     assert result.seconds < 60
+
+
+def test_demo_on_its_own_apache_kafka_kills_a_leader_and_loses_nothing() -> None:
+    """``--cluster kafka``: the demo starts three Apache Kafka nodes through
+    msgsafe.cluster, SIGKILLs the leader of partition 0 mid-run, restarts it, counts
+    every message back and stops the cluster (no node left listening)."""
+    result = msgsafe("demo", "--cluster", "kafka", "--count", "1000", "--json", timeout=240)
+    assert result.code == 0, result.stderr[-3000:]
+    report = result.json()
+    print({k: v for k, v in report.items() if k != "timeline"}, f"{result.seconds:.1f} s")
+    assert "Apache Kafka node" in report["fault"] and "leader of partition 0" in report["fault"]
+    assert report["sent"] == 1000
+    assert report["confirmed"] + report["stored"] == 1000
+    assert report["confirmed"] > 0 and report["stored"] > 0, "the kill did not hit the run"
+    assert report["stored_then_delivered"] == report["stored"]
+    assert report["consumed"] == 1000 and report["lost"] == 0 and report["unexpected"] == 0
+    # Every extra copy is of a message sent again from the outbox (its id known).
+    assert report["duplicated_confirmed"] == 0
+    assert report["duplicated_stored"] <= report["stored"]
+    assert "cluster up in" in result.stderr
+    # The cluster was stopped: no node still listens on its port.
+    for hostport in report["broker"].split("://", 1)[1].split(","):
+        host, port = hostport.rsplit(":", 1)
+        with socket.socket() as sock:
+            assert sock.connect_ex((host, int(port))) != 0, f"{hostport} outlived the demo"
 
 
 def test_demo_json_report_counts_every_message(kafka_url: str) -> None:
