@@ -48,17 +48,16 @@ from proton.reactor import (
 from msgsafe.adapters.amqp10._errors import (
     AUTH_CONDITIONS,
     TimedOut,
-    certificate_error,
     condition_text,
     connection_error,
     failure_cause,
-    protocol_mismatch,
+    unfixable,
 )
 from msgsafe.adapters.amqp10._failover import Redirects, parse_failover_list
 from msgsafe.adapters.amqp10._wire import Capability
 from msgsafe.adapters.amqp10.config import Amqp10Options
 from msgsafe.endpoints import BrokerUrl, Endpoint, EndpointList
-from msgsafe.errors import CertificateError, MsgsafeError, ProtocolMismatch
+from msgsafe.errors import MsgsafeError
 from msgsafe.retry import RetryPolicy
 
 __all__ = ["Engine", "EngineClient", "Side", "log"]
@@ -437,7 +436,7 @@ class Engine(MessagingHandler):
         if self.fatal is not None:
             return
         name = str(condition.name) if condition is not None and condition.name else ""
-        mismatch = self._mismatch(condition)
+        mismatch = unfixable(condition, self.target, self._current)
         if name in AUTH_CONDITIONS:
             self._fail_fatal(connection_error(condition, endpoint=self.target))
         elif mismatch is not None:
@@ -472,13 +471,6 @@ class Engine(MessagingHandler):
         if self.closing:
             self.container.stop()
 
-    def _mismatch(self, condition: Any) -> ProtocolMismatch | CertificateError | None:
-        # What no retry can fix about this peer: its protocol, or its certificate.
-        current = None if self._current is None else str(self._current)
-        return certificate_error(condition, self.target) or protocol_mismatch(
-            condition, self.target, current
-        )
-
     def _lost(self, conn: Any, condition: Any) -> None:
         """The connection ``conn`` is gone: the side keeps what must survive, then the
         next candidate is dialed."""
@@ -489,7 +481,7 @@ class Engine(MessagingHandler):
         if not was_open and self.fatal is None:
             # NOTE: proton may report the peer's close before the transport error that
             # tells the peer spoke another protocol (a Kafka port closes at once).
-            mismatch = self._mismatch(condition)
+            mismatch = unfixable(condition, self.target, self._current)
             if mismatch is not None:
                 self._fail_fatal(mismatch)
         self.conn = None

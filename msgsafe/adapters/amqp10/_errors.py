@@ -26,6 +26,7 @@ from msgsafe.errors import (
 __all__ = [
     "AUTH_CONDITIONS",
     "TimedOut",
+    "certificate_error",
     "condition_text",
     "connection_error",
     "detach_error",
@@ -33,6 +34,7 @@ __all__ = [
     "is_not_found",
     "protocol_mismatch",
     "rejected_error",
+    "unfixable",
 ]
 
 #: Conditions that mean the credentials (or the vhost) were refused.
@@ -163,6 +165,15 @@ def certificate_error(condition: Any, target: str) -> CertificateError | None:
         "or expired; give tls_ca_file= the CA that signed it, and a host name it names)",
         endpoint=target,
     )
+
+
+def unfixable(
+    condition: Any, target: str, endpoint: object | None
+) -> ProtocolMismatch | CertificateError | None:
+    """What no retry can fix about the peer at ``endpoint``: its protocol, or its
+    certificate (None when the failure may pass)."""
+    where = None if endpoint is None else str(endpoint)
+    return certificate_error(condition, target) or protocol_mismatch(condition, target, where)
 
 
 def failure_cause(condition: Any) -> str:
