@@ -40,6 +40,7 @@ import pika
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._readme import replace_section
 from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.compat import confluent_kafka as compat_kafka
@@ -192,19 +193,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _write_readme(path: Path, body: str) -> None:
     """Replace the ``## Drop-in wrappers`` section of ``path`` (added if missing)."""
-    title = "## Drop-in wrappers\n"
     section = (
-        title + "\n`flock /tmp/msgsafe-bench.lock python benchmarks/bench_compat.py "
+        "## Drop-in wrappers\n\n`flock /tmp/msgsafe-bench.lock python benchmarks/bench_compat.py "
         "--readme benchmarks/README.md`\n\n" + body + "\n"
     )
-    text = path.read_text()
-    start = text.find(title)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + 1)
-        text = text[:start] + section + ("" if end < 0 else text[end:])
-    path.write_text(text)
+    replace_section(path, section)
 
 
 if __name__ == "__main__":

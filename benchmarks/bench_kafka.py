@@ -42,12 +42,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._readme import replace_section
 
 BODY = b"x" * 100
 LINGER_MS = 5.0
@@ -459,14 +464,7 @@ def update_readme(path: Path, body: str) -> None:
         "## Kafka\n\n`flock /tmp/msgsafe-bench.lock python3 -m benchmarks.bench_kafka "
         "--messages 1000000 --rounds 3 --readme benchmarks/README.md`\n\n" + body + "\n"
     )
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    start = text.find("## Kafka\n")
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + 1)
-        text = text[:start] + section + ("" if end < 0 else text[end:])
-    path.write_text(text)
+    replace_section(path, section)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ BODY = b"x" * 100
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._readme import replace_section  # noqa: E402
 from msgsafe import Producer, Status  # noqa: E402
 from msgsafe.adapters import open_transport  # noqa: E402
 from msgsafe.endpoints import parse_url  # noqa: E402
@@ -399,14 +400,7 @@ def update_readme(path: Path, body: str) -> None:
         "## Outbox\n\n`flock /tmp/msgsafe-bench.lock python3 benchmarks/bench_outbox.py"
         " --readme benchmarks/README.md`\n\n" + body + "\n"
     )
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    start = text.find("## Outbox\n")
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + 1)
-        text = text[:start] + section + ("" if end < 0 else text[end:])
-    path.write_text(text)
+    replace_section(path, section)
 
 
 if __name__ == "__main__":

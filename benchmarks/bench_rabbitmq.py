@@ -30,7 +30,6 @@ import collections
 import datetime
 import os
 import platform
-import re
 import sys
 import threading
 import time
@@ -45,6 +44,7 @@ from pika.spec import Basic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._readme import replace_section
 from msgsafe.adapters.rabbitmq import RabbitOptions, RabbitTransport
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import MsgsafeError
@@ -302,16 +302,6 @@ def _run(name: str, fn: Callable[[str, str, int], float], url: str, n: int) -> t
     return rate, cpu_us
 
 
-def _write_readme(path: Path, section: str) -> None:
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(r"^## RabbitMQ\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _m: section, text)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--messages", type=int, default=100_000)
@@ -409,9 +399,9 @@ def main(argv: list[str] | None = None) -> int:
             f"| SDK batch / raw blocking | **{batch / blocking:.1f}x** | | >= 5x |\n\n"
             f"Runs, in order: {runs} msg/s. Per round, transport/raw "
             f"{per_round('transport')}; batch/raw {per_round('batch')}; producer batch/raw "
-            f"{per_round('pbatch')}.\n\n"
+            f"{per_round('pbatch')}.\n"
         )
-        _write_readme(args.readme, section)
+        replace_section(args.readme, section)
     return 0
 
 

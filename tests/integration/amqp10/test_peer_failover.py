@@ -1,5 +1,10 @@
 """Fail-over and session resume against killable proton test peers.
 
+Why the peer: no real broker here can be made to send what these tests need: redirects
+(Broker-J replicas close instead, Artemis never redirects), arbitrary or plain-TCP
+advertised lists under TLS, a stale master's not-found on demand (the real-broker counts
+are in ``test_sdk.py`` and ``tests/integration/cluster/``).
+
 The peers of one test share a store, as the members of a Qpid HA group share their
 queues: what one accepted, the others hold. Each test records every id sent, confirmed
 and received and asserts ``lost == 0`` (confirmed, never received) and that every
