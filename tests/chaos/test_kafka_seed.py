@@ -573,12 +573,9 @@ def test_leader_cut_off_by_a_partition_loses_nothing(tmp_path: Path) -> None:
     ISR alone, so it acknowledges no acks=all write by itself. After the heal it
     rejoins as a follower. No send() blocks past send_timeout, nothing is lost."""
     from tests.support.kafka_lab import NetKafka
-    from tests.support.netns import NetLab, NetLabError, require_netns_support
+    from tests.support.netns import NetLab, netns_or_fail
 
-    try:
-        require_netns_support()
-    except NetLabError as exc:
-        pytest.fail(f"the partition story needs root and iproute2 (ip netns): {exc}")
+    netns_or_fail("the partition story")
     seen: dict[str, object] = {}
     with NetLab(3) as lab:
         cluster = NetKafka(lab, tmp_path / "kafka")

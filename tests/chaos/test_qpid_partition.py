@@ -35,13 +35,10 @@ def test_master_cut_off_by_a_partition_loses_nothing(tmp_path: Path) -> None:
     """The master cut off for 25 s while 4 threads send: sends to the isolated master end
     STORED (or confirmed by the new master), the majority elects a new master during the
     cut, and after the heal the group is whole with the old master a replica."""
-    from tests.support.netns import NetLab, NetLabError, require_netns_support
+    from tests.support.netns import NetLab, netns_or_fail
     from tests.support.qpid_lab import NetQpid
 
-    try:
-        require_netns_support()
-    except NetLabError as exc:
-        pytest.fail(f"the partition story needs root and iproute2 (ip netns): {exc}")
+    netns_or_fail("the partition story")
     seen: dict[str, object] = {}
     with NetLab(3) as lab:
         group = NetQpid(lab, tmp_path / "qpid", context=_TIMEOUTS)

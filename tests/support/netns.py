@@ -79,6 +79,16 @@ class NetLabError(RuntimeError):
     """The lab could not be built or driven (not root, ``ip`` missing, a command failed)."""
 
 
+def netns_or_fail(what: str) -> None:
+    """Fail the calling test (never skip it) when ``what`` cannot run here, saying why."""
+    import pytest
+
+    try:
+        require_netns_support()
+    except NetLabError as exc:
+        pytest.fail(f"{what} needs root and iproute2 (ip netns): {exc}")
+
+
 def require_netns_support() -> None:
     """Raise :class:`NetLabError` saying what to install or how to run, if unsupported."""
     if os.geteuid() != 0:
