@@ -240,14 +240,21 @@ class KafkaTransport:
             # NOTE: keeps the poll thread out of librdkafka (see ProducerLink.inline_at):
             # a report it serves would reach this thread only after its next wake-up.
             link.inline_at = time.monotonic()
-            if not flush:
-                link.serve(min(_HURRY_POLL_S, left))
-                continue
-            flush = False
             try:
+                if not flush:
+                    link.serve(min(_HURRY_POLL_S, left))
+                    continue
+                flush = False
                 link.producer.flush(min(_HURRY_FLUSH_S, left))
             except KafkaException as exc:
                 link.on_error(exc.args[0])
+            except SystemError:
+                # NOTE: confluent-kafka's poll()/flush() return NULL without an exception
+                # when a signal handler raised inside them: Ctrl-C would surface as a
+                # SystemError. Signals run on the main thread only: give it back.
+                if threading.current_thread() is threading.main_thread():
+                    raise KeyboardInterrupt from None
+                raise
             except Exception:  # a report callback bug: the plain wait still follows
                 log.exception("kafka flush failed")
                 return
