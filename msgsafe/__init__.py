@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from msgsafe import errors
-from msgsafe.aio import AsyncProducer
+from msgsafe.aio import AsyncConsumer, AsyncDelivery, AsyncProducer
 from msgsafe.consumer import Consumer
 from msgsafe.errors import MsgsafeError
 from msgsafe.message import Delivery, Envelope, Outcome, Receipt, Status, new_message_id
@@ -23,6 +23,8 @@ from msgsafe.retry import RetryPolicy
 Message = Envelope
 
 __all__ = [
+    "AsyncConsumer",
+    "AsyncDelivery",
     "AsyncProducer",
     "Consumer",
     "Delivery",

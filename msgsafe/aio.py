@@ -1,22 +1,31 @@
-"""The asyncio face of the producer: the same futures, awaited.
+"""The asyncio face of the producer and the consumer: the same objects, awaited.
 
-Nothing here talks to a broker: :class:`AsyncProducer` wraps a :class:`Producer`,
-whose adapter I/O runs on its own thread, so awaiting a send never blocks the loop.
+Nothing here talks to a broker: :class:`AsyncProducer` wraps a :class:`Producer` and
+:class:`AsyncConsumer` a :class:`Consumer`, whose adapter I/O runs on its own thread;
+what could block (a poll, a settle) runs in a worker thread, so the loop never waits.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Self
 
-from msgsafe.errors import SendTimeout
-from msgsafe.message import BatchReceipt, Envelope, Receipt
+from msgsafe.consumer import Consumer
+from msgsafe.errors import ClosedError, ConfigurationError, SendTimeout
+from msgsafe.message import BatchReceipt, Delivery, Envelope, Outcome, Receipt
 from msgsafe.producer import OutboxSpec, Producer
 from msgsafe.retry import RetryPolicy
+from msgsafe.telemetry.stats import ConsumerStats, ProducerStats
 
-__all__ = ["AsyncProducer"]
+__all__ = ["AsyncConsumer", "AsyncDelivery", "AsyncProducer"]
+
+#: Deliveries fetched per poll, and the longest a poll waits in its worker thread (so
+#: that close() and cancellation are seen soon).
+_FETCH = 64
+_POLL_SLICE_S = 0.5
 
 
 class AsyncProducer:
@@ -29,11 +38,17 @@ class AsyncProducer:
         outbox: OutboxSpec = True,
         send_timeout: float = 30.0,
         retry: RetryPolicy | None = None,
+        telemetry: bool = False,
         **options: object,
     ) -> None:
         self._send_timeout = send_timeout
         self._producer = Producer(
-            url, outbox=outbox, send_timeout=send_timeout, retry=retry, **options
+            url,
+            outbox=outbox,
+            send_timeout=send_timeout,
+            retry=retry,
+            telemetry=telemetry,
+            **options,
         )
 
     @property
@@ -95,9 +110,180 @@ class AsyncProducer:
         """How many messages wait in the outbox."""
         return self._producer.pending()
 
+    def stats(self) -> ProducerStats:
+        """The producer's figures (see :meth:`Producer.stats`)."""
+        return self._producer.stats()
+
     async def close(self, timeout: float | None = 30.0) -> None:
         """Close the underlying producer without blocking the loop."""
         await asyncio.to_thread(self._producer.close, timeout)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class AsyncDelivery:
+    """A received message whose settling is awaited: ``await delivery.ack()``.
+
+    The same contract as :class:`~msgsafe.message.Delivery` (settle exactly once; a
+    second settle raises :class:`~msgsafe.errors.ClosedError`); the settle runs in a
+    worker thread because an adapter may wait for its I/O thread there.
+    """
+
+    __slots__ = ("_delivery",)
+
+    def __init__(self, delivery: Delivery) -> None:
+        self._delivery = delivery
+
+    @property
+    def body(self) -> bytes:
+        return self._delivery.body
+
+    @property
+    def destination(self) -> str:
+        return self._delivery.destination
+
+    @property
+    def message_id(self) -> str | None:
+        return self._delivery.message_id
+
+    @property
+    def key(self) -> bytes | None:
+        return self._delivery.key
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._delivery.headers
+
+    @property
+    def redelivered(self) -> bool:
+        return self._delivery.redelivered
+
+    @property
+    def settled(self) -> Outcome | None:
+        """The outcome given, or None while unsettled."""
+        return self._delivery.settled
+
+    @property
+    def sync(self) -> Delivery:
+        """The underlying delivery (its ``ack()`` blocks)."""
+        return self._delivery
+
+    async def settle(self, outcome: Outcome) -> None:
+        """Settle with an explicit outcome."""
+        await asyncio.to_thread(self._delivery.settle, outcome)
+
+    async def ack(self) -> None:
+        """The message was processed: remove it from the broker."""
+        await self.settle(Outcome.ACCEPT)
+
+    async def nack(self, requeue: bool = True) -> None:
+        """Not processed: redeliver it, or (``requeue=False``) reject it."""
+        await self.settle(Outcome.REQUEUE if requeue else Outcome.REJECT)
+
+    def __repr__(self) -> str:
+        return f"Async{self._delivery!r}"
+
+
+class AsyncConsumer:
+    """``async for delivery in consumer`` with the guarantees of :class:`Consumer`:
+    at least once, unsettled deliveries go back to the broker on close, optional dedup.
+
+    Arguments as :class:`Consumer`. Cancelling a task that waits for a delivery loses
+    nothing: what its poll fetched is handed out by the next wait.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        group: str | None = None,
+        dedup: bool | int = False,
+        telemetry: bool = False,
+        **options: object,
+    ) -> None:
+        self._consumer = Consumer(url, group=group, dedup=dedup, telemetry=telemetry, **options)
+        self._ready: deque[AsyncDelivery] = deque()
+        #: A poll running in a worker thread; kept across a cancelled wait.
+        self._polling: asyncio.Future[list[Delivery]] | None = None
+        self._closed = False
+
+    @property
+    def sync(self) -> Consumer:
+        """The underlying thread-safe consumer."""
+        return self._consumer
+
+    async def subscribe(self, destination: str) -> Self:
+        """Consume from ``destination`` (a queue, topic or address). Returns self."""
+        await asyncio.to_thread(self._consumer.subscribe, destination)
+        return self
+
+    async def poll(
+        self, max_messages: int = 1, timeout: float | None = None
+    ) -> list[AsyncDelivery]:
+        """Up to ``max_messages`` deliveries, waiting at most ``timeout`` seconds for the
+        first (None: until one arrives)."""
+        if max_messages < 1:
+            raise ConfigurationError("max_messages must be >= 1")
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while not self._ready:
+            if self._closed:
+                raise ClosedError("consumer is closed")
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return []
+            await self._fetch(_POLL_SLICE_S if left is None else min(left, _POLL_SLICE_S))
+        count = min(max_messages, len(self._ready))
+        return [self._ready.popleft() for _ in range(count)]
+
+    async def _fetch(self, timeout: float) -> None:
+        if self._polling is None:
+            self._polling = asyncio.ensure_future(
+                asyncio.to_thread(self._consumer.poll, _FETCH, timeout)
+            )
+        # NOTE: shielded: a cancelled wait leaves the poll running, and its deliveries
+        # are handed out by the next wait instead of being stranded unsettled.
+        polling = self._polling
+        try:
+            batch = await asyncio.shield(polling)
+        except ClosedError:
+            self._polling = None
+            self._closed = True
+            return
+        self._polling = None
+        self._ready.extend(AsyncDelivery(delivery) for delivery in batch)
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> AsyncDelivery:
+        """The next delivery; the iteration ends when the consumer is closed."""
+        try:
+            return (await self.poll(1, None))[0]
+        except ClosedError:
+            raise StopAsyncIteration from None
+
+    def stats(self) -> ConsumerStats:
+        """The consumer's figures (see :meth:`Consumer.stats`)."""
+        return self._consumer.stats()
+
+    async def close(self, timeout: float | None = 10.0) -> None:
+        """Stop consuming; unsettled deliveries go back to the broker. Idempotent."""
+        self._closed = True
+        polling, self._polling = self._polling, None
+        if polling is not None:
+            # The poll ends within its slice; what it fetched is unsettled and goes back.
+            await asyncio.gather(polling, return_exceptions=True)
+        await asyncio.to_thread(self._consumer.close, timeout)
 
     async def __aenter__(self) -> Self:
         return self

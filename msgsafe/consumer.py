@@ -14,6 +14,9 @@ from msgsafe.endpoints import parse_url
 from msgsafe.errors import ClosedError, ConfigurationError
 from msgsafe.message import Delivery, Outcome
 from msgsafe.ports import Receiver
+from msgsafe.telemetry._observer import observing
+from msgsafe.telemetry.consumer import ConsumerTelemetry
+from msgsafe.telemetry.stats import ConsumerStats
 
 __all__ = ["Consumer"]
 
@@ -24,7 +27,9 @@ class Consumer:
     ``group`` shares the work between consumers (a Kafka consumer group, a shared
     queue); ``dedup=True`` (or a window size) drops messages whose id this consumer
     already acknowledged — the duplicates that at-least-once delivery and producer
-    retries can cause — acknowledging them for you. Options go to the adapter.
+    retries can cause — acknowledging them for you. ``telemetry=True`` adds
+    OpenTelemetry spans and metrics (see :mod:`msgsafe.telemetry`); :meth:`stats`
+    works without it. Options go to the adapter.
     """
 
     def __init__(
@@ -33,6 +38,7 @@ class Consumer:
         *,
         group: str | None = None,
         dedup: bool | int = False,
+        telemetry: bool = False,
         **options: object,
     ) -> None:
         if isinstance(dedup, bool):
@@ -42,7 +48,9 @@ class Consumer:
         else:
             raise ConfigurationError("dedup must be True, False or a positive window size")
         self._url = parse_url(url)
-        self._receiver: Receiver = open_receiver(self._url, options, group=group)
+        self._telemetry = ConsumerTelemetry(self._url, otel=telemetry)
+        with observing(self._telemetry):
+            self._receiver: Receiver = open_receiver(self._url, options, group=group)
         self._closed = False
         self._lock = threading.Lock()
         #: message id -> copies held back while the first copy is unsettled.
@@ -62,6 +70,9 @@ class Consumer:
         self._check_open()
         if max_messages < 1:
             raise ConfigurationError("max_messages must be >= 1")
+        return self._telemetry.deliver(self._poll(max_messages, timeout))
+
+    def _poll(self, max_messages: int, timeout: float | None) -> list[Delivery]:
         if self._dedup is None:
             return self._receiver.receive(max_messages=max_messages, timeout=timeout)
         # Dropped duplicates must not end the wait early: an empty list means the
@@ -131,6 +142,16 @@ class Consumer:
             except ClosedError:
                 return
             yield from batch
+
+    def stats(self) -> ConsumerStats:
+        """What this consumer did since it was created: received, acked, requeued,
+        rejected, duplicates dropped, fail-overs and redirects (no OpenTelemetry needed)."""
+        return self._telemetry.stats(self.duplicates_dropped)
+
+    @property
+    def target(self) -> str:
+        """The broker URL without credentials."""
+        return self._url.redacted()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -32,6 +32,7 @@ from urllib.parse import parse_qsl, quote, unquote
 
 from msgsafe.errors import ConfigurationError
 from msgsafe.retry import Backoff, RetryPolicy
+from msgsafe.telemetry._observer import current as observer_now
 
 __all__ = [
     "BrokerUrl",
@@ -359,6 +360,11 @@ class EndpointList:
         self._set_order(list(self._configured))
         #: Advertised endpoints refused by policy (TLS downgrade, allow-list), for logs.
         self.refused: list[Endpoint] = []
+        #: Who hears of fail-overs (see msgsafe.telemetry._observer); None: nobody.
+        self._observer = observer_now()
+        #: The endpoint of the last good connection, and whether one was dialled since.
+        self._served: Endpoint | None = None
+        self._dialled = False
 
     def _set_order(self, order: list[Endpoint]) -> None:
         self._order = order
@@ -378,6 +384,7 @@ class EndpointList:
     def next(self) -> tuple[Endpoint, float]:
         """The next endpoint to try and how many seconds to wait before trying it."""
         with self._lock:
+            self._dialled = True
             n = len(self._order)
             for i in range(n):
                 ep = self._order[(self._cursor + i) % n]
@@ -400,6 +407,12 @@ class EndpointList:
             state = self._states.get(endpoint)
             if state:
                 state.backoff.success()
+            previous, dialled = self._served, self._dialled
+            self._served, self._dialled = endpoint, False
+        if self._observer is not None and previous is not None and dialled:
+            # A new connection after an earlier one served: the client failed over.
+            reason = "reconnect" if previous == endpoint else "next-endpoint"
+            self._observer.failover(str(previous), str(endpoint), reason)
 
     def advertise(self, candidates: Iterable[Endpoint]) -> tuple[Endpoint, ...]:
         """Merge broker-advertised ``candidates``; returns the ones accepted.

@@ -29,6 +29,9 @@ from msgsafe.outbox import Forwarder
 from msgsafe.outbox.location import OutboxSpec, open_store
 from msgsafe.ports import OutboxStore, PublishCallback, Transport
 from msgsafe.retry import RetryPolicy
+from msgsafe.telemetry._observer import observing
+from msgsafe.telemetry.producer import ProducerTelemetry
+from msgsafe.telemetry.stats import ProducerStats
 
 __all__ = ["OutboxSpec", "Producer"]
 
@@ -55,7 +58,9 @@ class Producer:
     a path, an ``OutboxStore`` (e.g.
     ``msgsafe.outbox.PostgresOutbox``), or ``False`` to have ``send()`` raise instead.
     ``send_timeout`` bounds how long ``send()`` blocks; ``retry`` is the forwarder's
-    backoff; further keyword ``options`` go to the adapter, which refuses unknown ones.
+    backoff; ``telemetry=True`` adds OpenTelemetry spans and metrics (see
+    :mod:`msgsafe.telemetry`; :meth:`stats` works without it); further keyword
+    ``options`` go to the adapter, which refuses unknown ones.
 
     Thread-safe: any number of threads may call ``send``/``send_async`` at once.
     """
@@ -67,6 +72,7 @@ class Producer:
         outbox: OutboxSpec = True,
         send_timeout: float = 30.0,
         retry: RetryPolicy | None = None,
+        telemetry: bool = False,
         **options: object,
     ) -> None:
         if send_timeout <= 0:
@@ -76,7 +82,9 @@ class Producer:
         self._closed = False
         self._store: OutboxStore | None = None
         self._forwarder: Forwarder | None = None
-        self._transport: Transport = open_transport(self._url, options)
+        self._telemetry = ProducerTelemetry(self._url, otel=telemetry)
+        with observing(self._telemetry):
+            self._transport: Transport = open_transport(self._url, options)
         #: The transport's callback seam when it has one (no future per message).
         self._publish_callback: _PublishWithCallback | None = getattr(
             self._transport, "publish_callback", None
@@ -98,6 +106,7 @@ class Producer:
                 self._forwarder = Forwarder(self._store, self._transport, policy=retry)
                 self._forwarder.start()
                 self._settle.start(self._forwarder.wake)
+            self._telemetry.attach(self._store, self._forwarder)
         except BaseException:
             self._transport.close(0)
             if self._store is not None:
@@ -135,7 +144,7 @@ class Producer:
         envelope = Envelope.build(
             destination, body, key=key, headers=headers, message_id=message_id
         )
-        future = self._submit(envelope, transaction)
+        future = self._tracked(envelope, transaction)
         if self._hurry is not None and transaction is None:
             # The caller waits for this one message: a linger would only add latency.
             self._hurry(future, self._send_timeout)
@@ -167,12 +176,12 @@ class Producer:
         envelope = Envelope.build(
             destination, body, key=key, headers=headers, message_id=message_id
         )
-        return self._submit(envelope, transaction)
+        return self._tracked(envelope, transaction)
 
     def send_envelope(self, envelope: Envelope) -> Future[Receipt]:
         """Send a prepared :class:`~msgsafe.message.Envelope` (its id kept): the hook for
         wrappers and sinks that derive ids themselves."""
-        return self._submit(envelope, None)
+        return self._tracked(envelope, None)
 
     def send_batch(
         self,
@@ -234,6 +243,13 @@ class Producer:
     def submit_batch(self, batch: Batch) -> Future[BatchReceipt]:
         """Send a prepared :class:`~msgsafe.message.Batch` (its ids kept): the hook for
         sinks that build columns themselves."""
+        telemetry = self._telemetry
+        batch, span = telemetry.start_batch(batch)
+        future = self._submit_batch(batch)
+        telemetry.track_batch(future, len(batch), span)
+        return future
+
+    def _submit_batch(self, batch: Batch) -> Future[BatchReceipt]:
         settle = self._settle
         send = BatchSend(settle, batch)
         count = len(batch)
@@ -284,6 +300,13 @@ class Producer:
                 self._transport.publish(batch.envelope(index)).add_done_callback(
                     lambda f, one=one: one(_error_of(f))  # type: ignore[misc]
                 )
+
+    def _tracked(self, envelope: Envelope, transaction: Any) -> Future[Receipt]:
+        telemetry = self._telemetry
+        envelope, span = telemetry.start(envelope)
+        future = self._submit(envelope, transaction)
+        telemetry.track(future, span)
+        return future
 
     def _submit(self, envelope: Envelope, transaction: Any) -> Future[Receipt]:
         if transaction is not None and getattr(self._store, "put_in", None) is None:
@@ -381,6 +404,13 @@ class Producer:
             return self._forwarder.pending()
         return self._store.stats().depth
 
+    def stats(self) -> ProducerStats:
+        """What this producer did since it was created, and its outbox now: sent,
+        confirmed, stored, failed (by error type), in flight, drained, outbox depth and
+        oldest age, fail-overs and redirects, confirm latency. Works without
+        OpenTelemetry; cheap enough to poll (one outbox query)."""
+        return self._telemetry.stats()
+
     @property
     def outbox(self) -> OutboxStore | None:
         """The outbox store, or None when disabled."""
@@ -416,6 +446,7 @@ class Producer:
         self._transport.close(left())
         if self._store is not None:
             self._store.close()
+        self._telemetry.close()
 
     def __enter__(self) -> Self:
         return self

@@ -10,6 +10,8 @@ import msgsafe.testing
 def test_top_level_names() -> None:
     assert msgsafe.__all__ == sorted(msgsafe.__all__)
     assert msgsafe.__all__ == [
+        "AsyncConsumer",
+        "AsyncDelivery",
         "AsyncProducer",
         "Consumer",
         "Delivery",

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from msgsafe.endpoints import Endpoint
+from msgsafe.telemetry._observer import current as observer_now
 
 __all__ = [
     "FAILOVER_SERVER_LIST",
@@ -123,6 +124,8 @@ class Redirects:
         self._allows = allows
         self._count = 0
         self._next: tuple[Endpoint, str | None] | None = None
+        #: Who hears of followed redirects (see msgsafe.telemetry._observer).
+        self._observer = observer_now()
 
     def follow(self, condition: Any, current: Endpoint | None) -> bool:
         """True when ``condition`` is a redirect from ``current`` to be followed: the
@@ -158,6 +161,8 @@ class Redirects:
             self._count,
             MAX_REDIRECTS,
         )
+        if self._observer is not None:
+            self._observer.redirect(str(current), str(endpoint), str(condition.name))
         return True
 
     @property

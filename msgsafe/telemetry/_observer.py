@@ -1,0 +1,50 @@
+"""Connection events (fail-over, redirect) from an adapter's I/O thread to its owner.
+
+An adapter's connection code does not know which producer or consumer it serves, and
+the seams carry no telemetry argument. Instead the owner opens its transport inside
+:func:`observing`; the objects that follow connections (``EndpointList``, AMQP 1.0's
+``Redirects``) take :func:`current` when they are built — in the caller's thread, during
+``open_transport`` — and report to it later from any thread. Outside :func:`observing`
+they get ``None`` and report nothing: no cost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from typing import Protocol
+
+__all__ = ["ConnectionObserver", "current", "observing"]
+
+
+class ConnectionObserver(Protocol):
+    """What an owner of connections hears. Called on I/O threads: must not block or raise."""
+
+    def failover(self, previous: str, endpoint: str, reason: str) -> None:
+        """A new connection to ``endpoint`` serves after the one to ``previous`` ended."""
+        ...
+
+    def redirect(self, previous: str, endpoint: str, reason: str) -> None:
+        """The broker at ``previous`` sent the client to ``endpoint`` (``reason``: why)."""
+        ...
+
+
+_CURRENT: contextvars.ContextVar[ConnectionObserver | None] = contextvars.ContextVar(
+    "msgsafe_connection_observer", default=None
+)
+
+
+def current() -> ConnectionObserver | None:
+    """The observer of the connections being built now, or None."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def observing(observer: ConnectionObserver | None) -> Iterator[None]:
+    """Connections built inside this block report to ``observer``."""
+    token = _CURRENT.set(observer)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)

@@ -1,0 +1,96 @@
+"""A consumer's telemetry: the counters behind ``Consumer.stats()`` always, a span per
+delivery (linked to the producer's span through the headers) with ``telemetry=True``.
+
+Each delivery handed to the application is wrapped so that its settling is counted
+(and ends its span); an error inside OpenTelemetry is logged, never raised into the
+application's ``ack()``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from msgsafe.endpoints import BrokerUrl
+from msgsafe.message import Delivery, Outcome
+from msgsafe.telemetry.stats import ConsumerCounters, ConsumerStats
+
+if TYPE_CHECKING:
+    from msgsafe.telemetry._otel import OtelConsumer
+
+__all__ = ["ConsumerTelemetry"]
+
+log = logging.getLogger("msgsafe.telemetry")
+
+
+class ConsumerTelemetry(ConsumerCounters):
+    """Counters for ``stats()``; with ``otel`` also OpenTelemetry spans and metrics.
+    It is the consumer's :class:`~msgsafe.telemetry._observer.ConnectionObserver`."""
+
+    def __init__(self, url: BrokerUrl, *, otel: bool) -> None:
+        super().__init__()
+        self.target = url.redacted()
+        self._otel: OtelConsumer | None = None
+        if otel:
+            from msgsafe.telemetry._otel import OtelConsumer
+
+            server = url.endpoints[0].host if url.endpoints else url.path
+            self._otel = OtelConsumer(url.protocol, self.target, server)
+
+    def deliver(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """Count ``deliveries`` and return them wrapped: their settling is counted too."""
+        if not deliveries:
+            return deliveries
+        self.add_received(len(deliveries))
+        return [self._wrap(delivery) for delivery in deliveries]
+
+    def _wrap(self, delivery: Delivery) -> Delivery:
+        otel = self._otel
+        span: Any = None
+        if otel is not None:
+            try:
+                span = otel.received(delivery.destination, delivery.message_id, delivery.headers)
+            except Exception:
+                log.warning("telemetry: cannot start a receive span", exc_info=True)
+        inner = delivery.settle
+
+        def settle(outcome: Outcome) -> None:
+            inner(outcome)
+            self.add_settled(outcome.value)
+            if span is not None and otel is not None:
+                try:
+                    otel.settled(span, delivery.destination, outcome.value)
+                except Exception:
+                    log.warning("telemetry: cannot end a receive span", exc_info=True)
+
+        return Delivery(
+            body=delivery.body,
+            destination=delivery.destination,
+            message_id=delivery.message_id,
+            key=delivery.key,
+            headers=delivery.headers,
+            redelivered=delivery.redelivered,
+            settle=settle,
+        )
+
+    # --- ConnectionObserver ----------------------------------------------------------------
+
+    def failover(self, previous: str, endpoint: str, reason: str) -> None:
+        super().failover(previous, endpoint, reason)
+        self._connection_event("failover", previous, endpoint, reason)
+
+    def redirect(self, previous: str, endpoint: str, reason: str) -> None:
+        super().redirect(previous, endpoint, reason)
+        self._connection_event("redirect", previous, endpoint, reason)
+
+    def _connection_event(self, kind: str, previous: str, endpoint: str, reason: str) -> None:
+        if self._otel is None:
+            return
+        try:
+            self._otel.connection_event(kind, previous, endpoint, reason)
+        except Exception:
+            log.warning("telemetry: cannot record a %s", kind, exc_info=True)
+
+    def stats(self, duplicates_dropped: int) -> ConsumerStats:
+        """The snapshot ``Consumer.stats()`` returns."""
+        return self.snapshot(self.target, duplicates_dropped=duplicates_dropped)

@@ -1,0 +1,235 @@
+"""A producer's telemetry: the counters behind ``Producer.stats()`` always, spans and
+metrics when it was built with ``telemetry=True``.
+
+The producer calls :meth:`ProducerTelemetry.start` before it builds a message (the
+span's context goes into the headers) and :meth:`ProducerTelemetry.track` with the
+receipt future; everything else happens in the future's done-callback, on whatever
+thread resolves it. Telemetry never breaks sending: an error inside OpenTelemetry (a
+processor, an exporter) is logged and the message goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import replace
+from functools import partial
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from msgsafe.endpoints import BrokerUrl
+from msgsafe.errors import BatchFailed
+from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status
+from msgsafe.telemetry.stats import ProducerCounters, ProducerStats
+
+if TYPE_CHECKING:
+    from msgsafe.outbox.forwarder import Forwarder
+    from msgsafe.ports import OutboxStore
+    from msgsafe.telemetry._otel import OtelProducer
+
+__all__ = ["ProducerTelemetry"]
+
+log = logging.getLogger("msgsafe.telemetry")
+
+
+class ProducerTelemetry(ProducerCounters):
+    """Counters for ``stats()``; with ``otel`` also OpenTelemetry spans and metrics.
+    It is the producer's :class:`~msgsafe.telemetry._observer.ConnectionObserver`."""
+
+    def __init__(self, url: BrokerUrl, *, otel: bool) -> None:
+        super().__init__()
+        self.target = url.redacted()
+        self._store: OutboxStore | None = None
+        self._forwarder: Forwarder | None = None
+        self._otel: OtelProducer | None = None
+        if otel:
+            from msgsafe.telemetry._otel import OtelProducer
+
+            server = url.endpoints[0].host if url.endpoints else url.path
+            self._otel = OtelProducer(url.protocol, self.target, server, self._gauges)
+
+    def attach(self, store: OutboxStore | None, forwarder: Forwarder | None) -> None:
+        """The outbox whose depth, age and drained count ``stats()`` reports."""
+        self._store = store
+        self._forwarder = forwarder
+
+    # --- the send path ------------------------------------------------------------------
+
+    def start(self, envelope: Envelope) -> tuple[Envelope, Any]:
+        """Before a message is sent: its span, and the envelope whose headers carry the
+        span's context (the same envelope, and no span, without OpenTelemetry)."""
+        otel = self._otel
+        if otel is None:
+            return envelope, None
+        try:
+            headers, span = otel.start(envelope.destination, envelope.headers, None)
+            span.set_attribute("messaging.message.id", envelope.message_id)
+            return replace(envelope, headers=MappingProxyType(headers)), span
+        except Exception:
+            log.warning("telemetry: cannot start a send span", exc_info=True)
+            return envelope, None
+
+    def start_batch(self, batch: Batch) -> tuple[Batch, Any]:
+        """:meth:`start` for a batch: one span, its context in every message's headers."""
+        otel = self._otel
+        if otel is None:
+            return batch, None
+        try:
+            headers, span = otel.start(batch.destination, batch.headers, len(batch))
+            return replace(batch, headers=MappingProxyType(headers)), span
+        except Exception:
+            log.warning("telemetry: cannot start a send span", exc_info=True)
+            return batch, None
+
+    def track(self, future: Future[Receipt], span: Any = None) -> None:
+        """Count one message sent; its outcome is counted when ``future`` resolves."""
+        self.add_sent(1)
+        if self._otel is not None:
+            self._traced(future, 1, span)
+        future.add_done_callback(self._one_done)
+
+    def track_batch(self, future: Future[BatchReceipt], count: int, span: Any = None) -> None:
+        """Count a batch of ``count`` sent; outcomes are counted when ``future`` resolves."""
+        self.add_sent(count)
+        if self._otel is not None:
+            self._traced(future, count, span)
+        future.add_done_callback(self._batch_done)
+
+    def _traced(self, future: Future[Any], count: int, span: Any) -> None:
+        otel = self._otel
+        assert otel is not None
+        destination = _destination_of(future)
+        try:
+            otel.sent(count, destination)
+        except Exception:
+            log.warning("telemetry: cannot count a send", exc_info=True)
+        future.add_done_callback(partial(self._otel_done, span, destination, time.monotonic()))
+
+    def _one_done(self, future: Future[Receipt]) -> None:
+        error = future.exception()
+        if error is not None:
+            self.add_settled(0, 0, {type(error).__name__: 1}, None)
+            return
+        receipt = future.result()
+        if receipt.status is Status.CONFIRMED:
+            envelope = getattr(future, "envelope", None)
+            latency = None if envelope is None else max(0.0, time.time() - envelope.created_at)
+            self.add_settled(1, 0, None, latency)
+        else:
+            self.add_settled(0, 1, None, None)
+
+    def _batch_done(self, future: Future[BatchReceipt]) -> None:
+        confirmed, stored, failed, _ = _batch_outcome(future)
+        self.add_settled(confirmed, stored, failed, None)
+
+    def _otel_done(self, span: Any, destination: str, started: float, future: Future[Any]) -> None:
+        otel = self._otel
+        assert otel is not None
+        confirmed, stored, failed, error = _batch_outcome(future)
+        message_id = None
+        result = None if future.exception() is not None else future.result()
+        if isinstance(result, Receipt):
+            message_id = result.message_id
+        elif error is not None and not isinstance(error, BatchFailed):
+            message_id = getattr(error, "message_id", None)
+        try:
+            otel.settled(
+                span,
+                destination,
+                message_id=message_id,
+                confirmed=confirmed,
+                stored=stored,
+                failed=failed,
+                error=error,
+                latency_s=time.monotonic() - started,
+            )
+        except Exception:
+            log.warning("telemetry: cannot record a settled send", exc_info=True)
+
+    # --- ConnectionObserver ----------------------------------------------------------------
+
+    def failover(self, previous: str, endpoint: str, reason: str) -> None:
+        super().failover(previous, endpoint, reason)
+        self._connection_event("failover", previous, endpoint, reason)
+
+    def redirect(self, previous: str, endpoint: str, reason: str) -> None:
+        super().redirect(previous, endpoint, reason)
+        self._connection_event("redirect", previous, endpoint, reason)
+
+    def _connection_event(self, kind: str, previous: str, endpoint: str, reason: str) -> None:
+        if self._otel is None:
+            return
+        try:
+            self._otel.connection_event(kind, previous, endpoint, reason)
+        except Exception:
+            log.warning("telemetry: cannot record a %s", kind, exc_info=True)
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def stats(self) -> ProducerStats:
+        """The snapshot ``Producer.stats()`` returns."""
+        depth, age, drained = 0, None, 0
+        if self._forwarder is not None:
+            snap = self._forwarder.stats()
+            depth, age, drained = snap.depth, snap.oldest_age_s, snap.delivered
+        elif self._store is not None:
+            store_snap = self._store.stats()
+            depth, age = store_snap.depth, store_snap.oldest_age_s
+        return self.snapshot(
+            self.target, drained=drained, outbox_depth=depth, outbox_oldest_age_s=age
+        )
+
+    def _gauges(self) -> Mapping[str, float]:
+        snap = self.stats()
+        gauges: dict[str, float] = {
+            "msgsafe.producer.in_flight": snap.in_flight,
+            "msgsafe.outbox.depth": snap.outbox_depth,
+            "msgsafe.outbox.drained": snap.drained,
+        }
+        if snap.outbox_oldest_age_s is not None:
+            gauges["msgsafe.outbox.oldest_age"] = snap.outbox_oldest_age_s
+        return gauges
+
+    def close(self) -> None:
+        """The producer closed: its outbox is no longer read for metrics."""
+        self._store = None
+        self._forwarder = None
+        if self._otel is not None:
+            self._otel.inst.sources.discard(self._otel)
+
+
+def _destination_of(future: Future[Any]) -> str:
+    envelope = getattr(future, "envelope", None)
+    if envelope is not None:
+        return str(envelope.destination)
+    batch = getattr(future, "batch", None)
+    return str(batch.destination) if batch is not None else ""
+
+
+def _batch_outcome(
+    future: Future[Any],
+) -> tuple[int, int, Mapping[str, int], BaseException | None]:
+    """(confirmed, stored, failed by error type, the error) of a resolved receipt future."""
+    error = future.exception()
+    if isinstance(error, BatchFailed):
+        failed: dict[str, int] = {}
+        for exc in error.errors.values():
+            failed[type(exc).__name__] = failed.get(type(exc).__name__, 0) + 1
+        receipt = error.receipt
+        if isinstance(receipt, BatchReceipt):
+            return receipt.confirmed, receipt.stored, failed, error
+        return 0, 0, failed, error
+    if error is not None:
+        return 0, 0, {type(error).__name__: _size_of(future)}, error
+    result = future.result()
+    if isinstance(result, Receipt):
+        confirmed = 1 if result.status is Status.CONFIRMED else 0
+        return confirmed, 1 - confirmed, {}, None
+    return result.confirmed, result.stored, {}, None
+
+
+def _size_of(future: Future[Any]) -> int:
+    batch = getattr(future, "batch", None)
+    return len(batch) if batch is not None else 1
