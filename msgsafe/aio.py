@@ -235,7 +235,7 @@ class AsyncConsumer:
             raise ConfigurationError("max_messages must be >= 1")
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        while not self._ready:
+        while not self._ready or self._closed:
             if self._closed:
                 raise ClosedError("consumer is closed")
             left = None if deadline is None else deadline - loop.time()
@@ -279,6 +279,8 @@ class AsyncConsumer:
     async def close(self, timeout: float | None = 10.0) -> None:
         """Stop consuming; unsettled deliveries go back to the broker. Idempotent."""
         self._closed = True
+        # Fetched and not handed out: unsettled, so the broker delivers them again.
+        self._ready.clear()
         polling, self._polling = self._polling, None
         if polling is not None:
             # The poll ends within its slice; what it fetched is unsettled and goes back.

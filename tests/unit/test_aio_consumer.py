@@ -1,0 +1,98 @@
+"""AsyncConsumer: ``async for`` over deliveries, ``await delivery.ack()``, the same
+guarantees as Consumer (at least once; unsettled deliveries go back on close)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from msgsafe import AsyncConsumer, Producer
+from msgsafe.errors import ClosedError
+from msgsafe.testing import MemoryBroker
+
+
+@pytest.fixture
+def broker() -> Iterator[MemoryBroker]:
+    made = MemoryBroker.install(MemoryBroker(f"aioc-{uuid.uuid4().hex[:8]}"))
+    try:
+        yield made
+    finally:
+        MemoryBroker.forget(made.name)
+
+
+def _send(broker: MemoryBroker, count: int) -> set[str]:
+    with Producer(f"memory://{broker.name}", outbox=False) as producer:
+        return set(producer.send_batch("q", [b"%d" % i for i in range(count)]).message_ids)
+
+
+def test_async_for_acks_every_message_once(broker: MemoryBroker) -> None:
+    sent = _send(broker, 200)
+
+    async def main() -> list[str]:
+        got: list[str] = []
+        async with AsyncConsumer(f"memory://{broker.name}") as consumer:
+            await consumer.subscribe("q")
+            async for delivery in consumer:
+                got.append(str(delivery.message_id))
+                await delivery.ack()
+                if len(got) == len(sent):
+                    break
+            stats = consumer.stats()
+            assert stats.received == stats.acked == len(sent)
+            with pytest.raises(ClosedError):
+                await delivery.ack()  # settled once only
+        async with AsyncConsumer(f"memory://{broker.name}") as again:
+            await again.subscribe("q")
+            assert await again.poll(1, timeout=0.2) == []  # every one was acknowledged
+        return got
+
+    got = asyncio.run(main())
+    assert sorted(got) == sorted(sent)
+
+
+def test_unsettled_and_cancelled_deliveries_are_not_lost(broker: MemoryBroker) -> None:
+    sent: set[str] = set()
+
+    async def first_pass() -> set[str]:
+        acked: set[str] = set()
+        consumer = AsyncConsumer(f"memory://{broker.name}")
+        await consumer.subscribe("q")
+        # A wait cancelled while its poll runs (nothing there yet): what that poll then
+        # fetches is handed to the next wait, not stranded.
+        waiting = asyncio.ensure_future(consumer.poll(5, timeout=5))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert consumer._polling is not None
+        sent.update(await asyncio.to_thread(_send, broker, 50))
+        for delivery in await consumer.poll(10, timeout=5):
+            await delivery.ack()
+            acked.add(str(delivery.message_id))
+        for delivery in await consumer.poll(5, timeout=5):
+            await delivery.ack()
+            acked.add(str(delivery.message_id))
+        await consumer.poll(5, timeout=5)  # taken, never settled: back on close
+        await consumer.close()
+        with pytest.raises(ClosedError):
+            await consumer.poll(1, timeout=0.1)
+        return acked
+
+    async def second_pass(expected: int) -> set[str]:
+        got: set[str] = set()
+        async with AsyncConsumer(f"memory://{broker.name}") as consumer:
+            await consumer.subscribe("q")
+            while len(got) < expected:
+                for delivery in await consumer.poll(64, timeout=5):
+                    got.add(str(delivery.message_id))
+                    await delivery.ack()
+        return got
+
+    acked = asyncio.run(first_pass())
+    assert len(acked) == 15
+    rest = asyncio.run(second_pass(len(sent) - len(acked)))
+    assert acked | rest == sent and not acked & rest
