@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import typer
 
-from msgsafe.cli import demo, doctor, outbox, shell, verify
+from msgsafe.cli import demo, doctor, outbox, outbox_watch, shell, verify
 from msgsafe.cluster import cli as cluster
 
 __all__ = ["app", "main"]
@@ -31,6 +31,7 @@ app.command(name="verify")(verify.verify)
 app.command(name="doctor")(doctor.doctor)
 app.command(name="send")(shell.send)
 app.command(name="consume")(shell.consume)
+outbox.app.command(name="watch")(outbox_watch.watch)
 app.add_typer(outbox.app, name="outbox")
 app.add_typer(cluster.app, name="cluster")
 

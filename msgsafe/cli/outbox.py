@@ -1,5 +1,5 @@
 """``msgsafe outbox status|list|quarantine|drain|replay|purge|salvage``: inspect and
-operate outbox files.
+operate outbox files (``watch``, the live view, is :mod:`msgsafe.cli.outbox_watch`).
 
 ``status`` with no path lists every default outbox (the user's data directory) with its
 destination and waiting count. A file belongs to one process at a time: while a producer
@@ -36,7 +36,7 @@ from msgsafe.cli._output import (
     print_json,
     translate_errors,
 )
-from msgsafe.endpoints import parse_url
+from msgsafe.endpoints import BrokerUrl, parse_url
 from msgsafe.errors import AuthenticationError, ConnectError
 from msgsafe.message import Envelope
 from msgsafe.outbox import Forwarder, SqliteOutbox
@@ -45,7 +45,7 @@ from msgsafe.outbox.discovery import default_dir, find_outboxes
 from msgsafe.outbox.salvage import salvage as salvage_file
 from msgsafe.ports import Transport
 
-__all__ = ["app"]
+__all__ = ["app", "broker_for", "opened"]
 
 app = typer.Typer(
     help=(
@@ -66,7 +66,7 @@ YesOpt = Annotated[
 
 
 @contextmanager
-def _opened(path: Path, as_json: bool) -> Iterator[SqliteOutbox]:
+def opened(path: Path, as_json: bool) -> Iterator[SqliteOutbox]:
     if not path.is_file():
         fail(f"no outbox file at {path}", as_json=as_json)
     with translate_errors(as_json=as_json):
@@ -98,7 +98,7 @@ def status(
     if path is None:
         _status_all(as_json)
         return
-    with _opened(path, as_json) as store:
+    with opened(path, as_json) as store:
         stats = store.stats()
         first = store.list(limit=1)
         target = first[0].target if first else None
@@ -166,7 +166,7 @@ def _status_all(as_json: bool) -> None:
 @app.command(name="list")
 def list_(path: PathArg, limit: LimitOpt = 50, offset: int = 0, as_json: JsonOpt = False) -> None:
     """Waiting messages in queue order."""
-    with _opened(path, as_json) as store:
+    with opened(path, as_json) as store:
         entries = store.list(limit=limit, offset=offset)
     now = time.time()
     rows = [
@@ -208,7 +208,7 @@ def quarantine(
     path: PathArg, limit: LimitOpt = 50, offset: int = 0, as_json: JsonOpt = False
 ) -> None:
     """Messages moved aside after a permanent error, with that error."""
-    with _opened(path, as_json) as store:
+    with opened(path, as_json) as store:
         entries = store.quarantined(limit=limit, offset=offset)
     rows = [
         {
@@ -248,7 +248,7 @@ def replay(
     """Move quarantined messages back to the end of the queue. An id that is not in the
     quarantine is an error (exit 2) and nothing moves."""
     selected = _selection(ids, all_)
-    with _opened(path, as_json) as store:
+    with opened(path, as_json) as store:
         if selected != "all":
             _require(store, selected, path, ("quarantined",), as_json)
         moved = store.replay(selected)
@@ -296,7 +296,7 @@ def purge(
         what = "every waiting (never sent!) and quarantined message"
     else:
         what = "every waiting (never sent!) message" if waiting else "every quarantined message"
-    with _opened(path, as_json) as store:
+    with opened(path, as_json) as store:
         if ids:
             _require(store, ids, path, ("waiting", "quarantined"), as_json)
         _confirm(f"Delete {what} in {path} for good?", yes, as_json)
@@ -367,22 +367,12 @@ def drain(
     """Forward the waiting messages now, to the broker they were stored for (or URL);
     exit 1 if some remain after --timeout."""
     options = dict(parse_pairs(option, "--option"))
-    with _opened(path, as_json) as store, translate_errors(as_json=as_json):
+    with opened(path, as_json) as store, translate_errors(as_json=as_json):
         before = store.pending()
-        newest = store.list(limit=1, offset=max(0, before - 1))
-        stored_for = newest[0].target if newest else None
         if url is None and before == 0:
             _report_drain(before, 0, 0, store.stats().quarantined, None, as_json)
             return
-        if url is None and not stored_for:
-            fail(f"the messages in {path} name no broker; give --url", as_json=as_json)
-        broker = parse_url(url or stored_for or "")
-        if stored_for and destination_of_target(stored_for) != destination_of(broker):
-            err.print(
-                f"note: the messages were stored for {stored_for}; "
-                f"forwarding them to {broker.redacted()}",
-                markup=False,
-            )
+        broker = broker_for(store, path, url, as_json)
         transport = open_transport(broker, options)
         guard = _LoginGuard(transport)
         forwarder = Forwarder(store, cast(Transport, guard))
@@ -399,6 +389,23 @@ def drain(
         finally:
             transport.close(10.0)
     _report_drain(before, stats.delivered, remaining, stats.quarantined, stats.last_error, as_json)
+
+
+def broker_for(store: SqliteOutbox, path: Path, url: str | None, as_json: bool) -> BrokerUrl:
+    """Where ``store``'s messages go: ``url``, or the broker the rows were stored for
+    (a note when the two differ; exit 3 when neither names one)."""
+    newest = store.list(limit=1, offset=max(0, store.pending() - 1))
+    stored_for = newest[0].target if newest else None
+    if url is None and not stored_for:
+        fail(f"the messages in {path} name no broker; give --url", as_json=as_json)
+    broker = parse_url(url or stored_for or "")
+    if stored_for and destination_of_target(stored_for) != destination_of(broker):
+        err.print(
+            f"note: the messages were stored for {stored_for}; "
+            f"forwarding them to {broker.redacted()}",
+            markup=False,
+        )
+    return broker
 
 
 class _LoginGuard:

@@ -46,7 +46,8 @@ _QUARANTINE_COLUMNS = (
 
 
 class OperatorQueries:
-    """``list``, ``quarantined``, ``replay`` and ``purge`` of a SQLite outbox."""
+    """``list``, ``destinations``, ``quarantined``, ``replay`` and ``purge`` of a SQLite
+    outbox."""
 
     def list(self, limit: int = 100, offset: int = 0) -> builtins.list[OutboxEntry]:
         """Waiting messages in queue order."""
@@ -58,6 +59,11 @@ class OperatorQueries:
         result: builtins.list[QuarantinedEntry] = self._read(
             self._quarantined_batch, (limit, offset)
         )
+        return result
+
+    def destinations(self, limit: int = 20) -> builtins.list[tuple[str, int]]:
+        """Waiting messages per destination, the fullest first (at most ``limit``)."""
+        result: builtins.list[tuple[str, int]] = self._read(self._destinations_batch, limit)
         return result
 
     def replay(self, ids: Sequence[str] | Literal["all"]) -> int:
@@ -139,6 +145,17 @@ class OperatorQueries:
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
     ) -> HandlerResult[object]:
         return _entries(conn, payloads, _WAITING, OutboxEntry)
+
+    def _destinations_batch(
+        self, conn: sqlite3.Connection, payloads: builtins.list[Any]
+    ) -> HandlerResult[object]:
+        query = (
+            "SELECT destination, COUNT(*) FROM outbox GROUP BY destination"
+            " ORDER BY 2 DESC, 1 LIMIT ?"
+        )
+        return HandlerResult(
+            [[(str(d), int(n)) for d, n in conn.execute(query, (limit,))] for limit in payloads]
+        )
 
     def _quarantined_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]

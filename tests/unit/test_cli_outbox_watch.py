@@ -1,0 +1,75 @@
+"""``msgsafe outbox watch``: the live view forwards the file while it shows depth,
+drain rate, oldest row and per-destination counts, and stops once it is empty."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from msgsafe.cli import app
+from msgsafe.cli.outbox_watch import Sample, render
+from msgsafe.message import Envelope
+from msgsafe.outbox import SqliteOutbox
+from msgsafe.testing import MemoryBroker
+
+
+@pytest.fixture
+def broker() -> Iterator[MemoryBroker]:
+    made = MemoryBroker.install(MemoryBroker(f"watch-{uuid.uuid4().hex[:8]}"))
+    try:
+        yield made
+    finally:
+        MemoryBroker.forget(made.name)
+
+
+def test_watch_forwards_until_empty_and_shows_the_figures(
+    broker: MemoryBroker, tmp_path: Path
+) -> None:
+    path = tmp_path / "o.db"
+    store = SqliteOutbox(path, target=f"memory://{broker.name}")
+    ids = {"orders": 30, "audit": 12}
+    sent: set[str] = set()
+    for destination, count in ids.items():
+        envelopes = [Envelope.build(destination, b"x" * 10) for _ in range(count)]
+        store.put(envelopes)
+        sent.update(e.message_id for e in envelopes)
+    assert store.destinations() == [("orders", 30), ("audit", 12)]
+    store.close()
+
+    result = CliRunner().invoke(
+        app, ["outbox", "watch", str(path), "--until-empty", "--interval", "0.05", "--for", "30"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "waiting" in result.output and "drain rate" in result.output
+    assert set(broker.ids("orders")) | set(broker.ids("audit")) == sent
+    again = SqliteOutbox(path)
+    try:
+        assert again.pending() == 0
+    finally:
+        again.close()
+
+
+def test_the_view_of_a_sample() -> None:
+    sample = Sample(
+        path="/data/o.db",
+        target="amqp://h1:5672",
+        waiting=1200,
+        bytes=120_000,
+        oldest_age_s=95.0,
+        quarantined=2,
+        delivered=800,
+        rate=400.0,
+        refusing=False,
+        last_error=None,
+        per_destination=(("orders", 1000), ("audit", 200)),
+    )
+    console = Console(record=True, width=80)
+    console.print(render(sample))
+    text = console.export_text()
+    for expected in ("1,200", "95.0 s", "400 msg/s", "3.0 s", "forwarding", "orders", "audit"):
+        assert expected in text, expected
