@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from msgsafe.errors import MissingExtra
@@ -28,7 +28,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without the extra installed
     raise MissingExtra("otel", "opentelemetry-api") from exc
 
-__all__ = ["OtelConsumer", "OtelProducer", "Span", "system_of"]
+__all__ = ["Figures", "OtelConsumer", "OtelProducer", "Span", "system_of"]
 
 log = logging.getLogger("msgsafe.telemetry")
 
@@ -41,56 +41,74 @@ def system_of(protocol: str) -> str:
     return _SYSTEMS.get(protocol, protocol)
 
 
-class _Gauged(Protocol):
+#: What a source reports at a collection: metric name -> [(value, extra attributes)].
+Figures = Mapping[str, Sequence[tuple[float, Mapping[str, str]]]]
+
+
+class _Source(Protocol):
     attributes: Mapping[str, str]
 
-    def gauges(self) -> Mapping[str, float]: ...
+    def figures(self) -> Figures: ...
+
+    def flush(self) -> None:
+        """Record what was buffered since the last collection."""
+        ...
+
+
+#: Counters read at collection time from the stats counters (nothing is recorded per
+#: message): name, unit, description.
+_COUNTERS = (
+    ("msgsafe.producer.sent", "{message}", "messages accepted by send"),
+    ("msgsafe.producer.confirmed", "{message}", "confirmed by the broker"),
+    ("msgsafe.producer.stored", "{message}", "committed to the outbox"),
+    ("msgsafe.producer.failed", "{message}", "neither confirmed nor stored, by error.type"),
+    ("msgsafe.outbox.drained", "{message}", "delivered from the outbox"),
+    ("msgsafe.connection.failovers", "{event}", "new connections after a lost one"),
+    ("msgsafe.connection.redirects", "{event}", "redirects followed"),
+    ("msgsafe.consumer.received", "{message}", "deliveries handed to the application"),
+    ("msgsafe.consumer.settled", "{message}", "deliveries settled, by msgsafe.outcome"),
+)
+_GAUGES = (
+    ("msgsafe.producer.in_flight", "{message}", "sent, not yet settled"),
+    ("msgsafe.outbox.depth", "{message}", "messages waiting in the outbox"),
+    ("msgsafe.outbox.oldest_age", "s", "age of the oldest message in the outbox"),
+)
+
+
+#: The collection of this metric records the latencies buffered since the last one.
+_FLUSH_ON = "msgsafe.producer.sent"
 
 
 class _Instruments:
-    """One set of instruments per process; observable ones read every live source."""
+    """One set of instruments per process, observed at collection time from every live
+    producer and consumer: the send path pays nothing for metrics. Confirm latencies
+    are buffered per producer and recorded into the histogram at each collection
+    (NOTE: the SDK's per-record attribute handling costs more than a whole send)."""
 
     def __init__(self) -> None:
         meter = metrics.get_meter(_SCOPE)
-        count = meter.create_counter
-        self.sent = count("msgsafe.producer.sent", "{message}", "messages accepted by send")
-        self.confirmed = count("msgsafe.producer.confirmed", "{message}", "confirmed by the broker")
-        self.stored = count("msgsafe.producer.stored", "{message}", "committed to the outbox")
-        self.failed = count("msgsafe.producer.failed", "{message}", "neither confirmed nor stored")
-        self.failovers = count(
-            "msgsafe.connection.failovers", "{event}", "new connection after a lost one"
-        )
-        self.redirects = count("msgsafe.connection.redirects", "{event}", "redirects followed")
-        self.received = count("msgsafe.consumer.received", "{message}", "deliveries handed over")
-        self.settled = count("msgsafe.consumer.settled", "{message}", "deliveries settled")
         self.latency = meter.create_histogram(
             "msgsafe.producer.confirm_latency", "s", "send to broker confirm"
         )
-        self.sources: weakref.WeakSet[_Gauged] = weakref.WeakSet()
-        for name, unit, text in (
-            ("msgsafe.producer.in_flight", "{message}", "sent, not yet settled"),
-            ("msgsafe.outbox.depth", "{message}", "messages waiting in the outbox"),
-            ("msgsafe.outbox.oldest_age", "s", "age of the oldest message in the outbox"),
-        ):
+        self.sources: weakref.WeakSet[_Source] = weakref.WeakSet()
+        for name, unit, text in _COUNTERS:
+            meter.create_observable_counter(name, [self._reader(name)], unit, text)
+        for name, unit, text in _GAUGES:
             meter.create_observable_gauge(name, [self._reader(name)], unit, text)
-        meter.create_observable_counter(
-            "msgsafe.outbox.drained",
-            [self._reader("msgsafe.outbox.drained")],
-            "{message}",
-            "delivered from the outbox",
-        )
 
     def _reader(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def read(options: CallbackOptions) -> Iterable[Observation]:
             found = []
             for source in list(self.sources):
                 try:
-                    value = source.gauges().get(name)
+                    if name == _FLUSH_ON:
+                        source.flush()
+                    points = source.figures().get(name, ())
                 except Exception:  # a closed store, a broken callback: skip, never raise
-                    log.debug("telemetry gauge %s unreadable", name, exc_info=True)
+                    log.debug("telemetry figure %s unreadable", name, exc_info=True)
                     continue
-                if value is not None:
-                    found.append(Observation(value, dict(source.attributes)))
+                for value, extra in points:
+                    found.append(Observation(value, {**source.attributes, **extra}))
             return found
 
         return read
@@ -132,10 +150,8 @@ class _Side:
             self._open.pop(id(span), None)
 
     def connection_event(self, kind: str, previous: str, endpoint: str, reason: str) -> None:
-        """A fail-over or redirect: counted, an event on every open span, and a span of
-        its own so that it shows in a trace even while nothing is in flight."""
-        counter = self.inst.failovers if kind == "failover" else self.inst.redirects
-        counter.add(1, {**self.attributes, "msgsafe.reason": reason})
+        """A fail-over or redirect (counted by the stats counters): an event on every open
+        span, and a span of its own so that it shows in a trace while nothing is in flight."""
         event = {"msgsafe.from": previous, "msgsafe.to": endpoint, "msgsafe.reason": reason}
         with self._lock:
             spans = list(self._open.values())
@@ -151,11 +167,19 @@ class OtelProducer(_Side):
     """A producer's spans (one per send or batch) and metrics."""
 
     def __init__(
-        self, protocol: str, target: str, server: str, gauges: Callable[[], Mapping[str, float]]
+        self, protocol: str, target: str, server: str, figures: Callable[[], Figures]
     ) -> None:
         super().__init__(protocol, target, server)
-        self.gauges = gauges
+        self.figures = figures
+        self._latencies: list[float] = []
         self.inst.sources.add(self)
+
+    def flush(self) -> None:
+        with self._lock:
+            latencies, self._latencies = self._latencies, []
+        record = self.inst.latency.record
+        for value in latencies:
+            record(value, self.attributes)
 
     def start(
         self, destination: str, headers: Mapping[str, str] | None, count: int | None
@@ -165,7 +189,6 @@ class OtelProducer(_Side):
             **self.attributes,
             "messaging.destination.name": destination,
             "messaging.operation.type": "send",
-            "messaging.operation.name": "send",
         }
         if count is not None:
             attributes["messaging.batch.message_count"] = count
@@ -176,9 +199,6 @@ class OtelProducer(_Side):
         propagate.inject(carrier, context=trace.set_span_in_context(span))
         self.opened(span)
         return carrier, span
-
-    def sent(self, count: int, destination: str) -> None:
-        self.inst.sent.add(count, {**self.attributes, "messaging.destination.name": destination})
 
     def settled(
         self,
@@ -192,16 +212,10 @@ class OtelProducer(_Side):
         error: BaseException | None,
         latency_s: float | None,
     ) -> None:
-        """Metrics for a settled send or batch, and its span ended with the outcome."""
-        attrs = {**self.attributes, "messaging.destination.name": destination}
-        if confirmed:
-            self.inst.confirmed.add(confirmed, attrs)
-            if latency_s is not None:
-                self.inst.latency.record(latency_s, attrs)
-        if stored:
-            self.inst.stored.add(stored, attrs)
-        for kind, number in failed.items():
-            self.inst.failed.add(number, {**attrs, "error.type": kind})
+        """A settled send or batch: its latency recorded when confirmed, its span ended
+        with the outcome."""
+        if confirmed and latency_s is not None:
+            self._latencies.append(latency_s)  # list.append is atomic: no lock needed
         if span is None:
             return
         self.closed(span)
@@ -225,12 +239,21 @@ class OtelProducer(_Side):
 class OtelConsumer(_Side):
     """A consumer's spans (one per delivery, linked to its producer's) and metrics."""
 
+    def __init__(
+        self, protocol: str, target: str, server: str, figures: Callable[[], Figures]
+    ) -> None:
+        super().__init__(protocol, target, server)
+        self.figures = figures
+        self.inst.sources.add(self)
+
+    def flush(self) -> None:
+        """Nothing buffered on the consumer side."""
+
     def received(
         self, destination: str, message_id: str | None, headers: Mapping[str, str]
     ) -> Span:
         """A CONSUMER span for a delivery, linked to the span that sent it (its headers)."""
         attrs = {**self.attributes, "messaging.destination.name": destination}
-        self.inst.received.add(1, attrs)
         context = trace.get_current_span(propagate.extract(dict(headers))).get_span_context()
         links = [Link(context)] if context.is_valid else None
         attributes: dict[str, Any] = {**attrs, "messaging.operation.type": "process"}
@@ -242,9 +265,7 @@ class OtelConsumer(_Side):
         self.opened(span)
         return span
 
-    def settled(self, span: Span, destination: str, outcome: str) -> None:
-        attrs = {**self.attributes, "messaging.destination.name": destination}
-        self.inst.settled.add(1, {**attrs, "msgsafe.outcome": outcome})
+    def settled(self, span: Span, outcome: str) -> None:
         self.closed(span)
         span.set_attribute("msgsafe.outcome", outcome)
         span.end()

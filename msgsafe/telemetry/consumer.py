@@ -16,7 +16,7 @@ from msgsafe.message import Delivery, Outcome
 from msgsafe.telemetry.stats import ConsumerCounters, ConsumerStats
 
 if TYPE_CHECKING:
-    from msgsafe.telemetry._otel import OtelConsumer
+    from msgsafe.telemetry._otel import Figures, OtelConsumer
 
 __all__ = ["ConsumerTelemetry"]
 
@@ -35,7 +35,7 @@ class ConsumerTelemetry(ConsumerCounters):
             from msgsafe.telemetry._otel import OtelConsumer
 
             server = url.endpoints[0].host if url.endpoints else url.path
-            self._otel = OtelConsumer(url.protocol, self.target, server)
+            self._otel = OtelConsumer(url.protocol, self.target, server, self._figures)
 
     def deliver(self, deliveries: list[Delivery]) -> list[Delivery]:
         """Count ``deliveries`` and return them wrapped: their settling is counted too."""
@@ -59,7 +59,7 @@ class ConsumerTelemetry(ConsumerCounters):
             self.add_settled(outcome.value)
             if span is not None and otel is not None:
                 try:
-                    otel.settled(span, delivery.destination, outcome.value)
+                    otel.settled(span, outcome.value)
                 except Exception:
                     log.warning("telemetry: cannot end a receive span", exc_info=True)
 
@@ -90,6 +90,23 @@ class ConsumerTelemetry(ConsumerCounters):
             self._otel.connection_event(kind, previous, endpoint, reason)
         except Exception:
             log.warning("telemetry: cannot record a %s", kind, exc_info=True)
+
+    def _figures(self) -> Figures:
+        """The metrics' values at a collection (see msgsafe.telemetry._otel)."""
+        with self.lock:
+            received = self.received
+            settled = dict(self.settled)
+            failovers, redirects = dict(self.failovers), dict(self.redirects)
+        return {
+            "msgsafe.consumer.received": [(received, {})],
+            "msgsafe.consumer.settled": [(n, {"msgsafe.outcome": k}) for k, n in settled.items()],
+            "msgsafe.connection.failovers": [
+                (n, {"msgsafe.reason": k}) for k, n in failovers.items()
+            ],
+            "msgsafe.connection.redirects": [
+                (n, {"msgsafe.reason": k}) for k, n in redirects.items()
+            ],
+        }
 
     def stats(self, duplicates_dropped: int) -> ConsumerStats:
         """The snapshot ``Consumer.stats()`` returns."""

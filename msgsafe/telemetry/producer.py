@@ -27,7 +27,7 @@ from msgsafe.telemetry.stats import ProducerCounters, ProducerStats
 if TYPE_CHECKING:
     from msgsafe.outbox.forwarder import Forwarder
     from msgsafe.ports import OutboxStore
-    from msgsafe.telemetry._otel import OtelProducer
+    from msgsafe.telemetry._otel import Figures, OtelProducer
 
 __all__ = ["ProducerTelemetry"]
 
@@ -48,7 +48,7 @@ class ProducerTelemetry(ProducerCounters):
             from msgsafe.telemetry._otel import OtelProducer
 
             server = url.endpoints[0].host if url.endpoints else url.path
-            self._otel = OtelProducer(url.protocol, self.target, server, self._gauges)
+            self._otel = OtelProducer(url.protocol, self.target, server, self._figures)
 
     def attach(self, store: OutboxStore | None, forwarder: Forwarder | None) -> None:
         """The outbox whose depth, age and drained count ``stats()`` reports."""
@@ -66,7 +66,15 @@ class ProducerTelemetry(ProducerCounters):
         try:
             headers, span = otel.start(envelope.destination, envelope.headers, None)
             span.set_attribute("messaging.message.id", envelope.message_id)
-            return replace(envelope, headers=MappingProxyType(headers)), span
+            traced = Envelope(
+                envelope.destination,
+                envelope.body,
+                envelope.message_id,
+                envelope.key,
+                MappingProxyType(headers),
+                envelope.created_at,
+            )
+            return traced, span
         except Exception:
             log.warning("telemetry: cannot start a send span", exc_info=True)
             return envelope, None
@@ -87,24 +95,18 @@ class ProducerTelemetry(ProducerCounters):
         """Count one message sent; its outcome is counted when ``future`` resolves."""
         self.add_sent(1)
         if self._otel is not None:
-            self._traced(future, 1, span)
+            self._traced(future, span)
         future.add_done_callback(self._one_done)
 
     def track_batch(self, future: Future[BatchReceipt], count: int, span: Any = None) -> None:
         """Count a batch of ``count`` sent; outcomes are counted when ``future`` resolves."""
         self.add_sent(count)
         if self._otel is not None:
-            self._traced(future, count, span)
+            self._traced(future, span)
         future.add_done_callback(self._batch_done)
 
-    def _traced(self, future: Future[Any], count: int, span: Any) -> None:
-        otel = self._otel
-        assert otel is not None
+    def _traced(self, future: Future[Any], span: Any) -> None:
         destination = _destination_of(future)
-        try:
-            otel.sent(count, destination)
-        except Exception:
-            log.warning("telemetry: cannot count a send", exc_info=True)
         future.add_done_callback(partial(self._otel_done, span, destination, time.monotonic()))
 
     def _one_done(self, future: Future[Receipt]) -> None:
@@ -181,23 +183,34 @@ class ProducerTelemetry(ProducerCounters):
             self.target, drained=drained, outbox_depth=depth, outbox_oldest_age_s=age
         )
 
-    def _gauges(self) -> Mapping[str, float]:
+    def _figures(self) -> Figures:
+        """The metrics' values at a collection (see msgsafe.telemetry._otel)."""
         snap = self.stats()
-        gauges: dict[str, float] = {
-            "msgsafe.producer.in_flight": snap.in_flight,
-            "msgsafe.outbox.depth": snap.outbox_depth,
-            "msgsafe.outbox.drained": snap.drained,
+        none: Mapping[str, str] = {}
+        figures: dict[str, list[tuple[float, Mapping[str, str]]]] = {
+            "msgsafe.producer.sent": [(snap.sent, none)],
+            "msgsafe.producer.confirmed": [(snap.confirmed, none)],
+            "msgsafe.producer.stored": [(snap.stored, none)],
+            "msgsafe.producer.failed": [(n, {"error.type": k}) for k, n in snap.failed.items()],
+            "msgsafe.producer.in_flight": [(snap.in_flight, none)],
+            "msgsafe.outbox.depth": [(snap.outbox_depth, none)],
+            "msgsafe.outbox.drained": [(snap.drained, none)],
+            "msgsafe.connection.failovers": _by_reason(snap.failovers),
+            "msgsafe.connection.redirects": _by_reason(snap.redirects),
         }
         if snap.outbox_oldest_age_s is not None:
-            gauges["msgsafe.outbox.oldest_age"] = snap.outbox_oldest_age_s
-        return gauges
+            figures["msgsafe.outbox.oldest_age"] = [(snap.outbox_oldest_age_s, none)]
+        return figures
 
     def close(self) -> None:
-        """The producer closed: its outbox is no longer read for metrics."""
+        """The producer closed: its outbox is no longer read (the counters stay, and
+        stay observed until the producer is garbage)."""
         self._store = None
         self._forwarder = None
-        if self._otel is not None:
-            self._otel.inst.sources.discard(self._otel)
+
+
+def _by_reason(counts: Mapping[str, int]) -> list[tuple[float, Mapping[str, str]]]:
+    return [(n, {"msgsafe.reason": reason}) for reason, n in counts.items()]
 
 
 def _destination_of(future: Future[Any]) -> str:
