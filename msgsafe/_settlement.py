@@ -40,6 +40,7 @@ from msgsafe._receipts import BatchPart, BatchSend, Send, StoreItem
 from msgsafe.errors import MsgsafeError, OutboxError, TransientError
 from msgsafe.message import Receipt, Status, new_receipt
 from msgsafe.ports import OutboxStore
+from msgsafe.telemetry.stats import OutcomeCounts
 
 __all__ = ["Settlement"]
 
@@ -62,8 +63,10 @@ class Settlement:
     starts (``next()`` is atomic: sending takes no lock for it).
     """
 
-    def __init__(self, store: OutboxStore | None) -> None:
+    def __init__(self, store: OutboxStore | None, outcomes: OutcomeCounts | None = None) -> None:
         self.store = store
+        #: How single sends ended, for Producer.stats() (see msgsafe.telemetry.stats).
+        self.outcomes = outcomes or OutcomeCounts()
         self.lock = threading.Lock()
         self.tickets = itertools.count(1)
         self._spent = 0
@@ -149,6 +152,7 @@ class Settlement:
             for item in batch:
                 settled += item.stored(error)
         finally:
+            self.outcomes.stored(settled, error)
             self.settled(settled)
 
     # --- the barrier in front of the outbox ------------------------------------------------
@@ -224,6 +228,7 @@ class Settlement:
             else:
                 send.set_exception(error)
         finally:
+            self.outcomes.resolved(receipt, error)
             self.settled(1)
 
     # --- what flush() waits for ------------------------------------------------------------

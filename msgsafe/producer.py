@@ -97,7 +97,7 @@ class Producer:
         )
         try:
             self._store = open_store(outbox, self._url, options)
-            self._settle = Settlement(self._store)
+            self._settle = Settlement(self._store, self._telemetry.outcomes)
             # The hot path reads these directly (the same objects as the settlement's).
             self._lock = self._settle.lock
             self._tickets = self._settle.tickets
@@ -303,6 +303,10 @@ class Producer:
 
     def _tracked(self, envelope: Envelope, transaction: Any) -> Future[Receipt]:
         telemetry = self._telemetry
+        if not telemetry.tracing:
+            future = self._submit(envelope, transaction)
+            telemetry.sent_one()  # the outcome is counted by the settlement
+            return future
         envelope, span = telemetry.start(envelope)
         future = self._submit(envelope, transaction)
         telemetry.track(future, span)

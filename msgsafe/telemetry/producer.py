@@ -51,7 +51,8 @@ class ProducerTelemetry(ProducerCounters):
             self._otel = OtelProducer(url.protocol, self.target, server, self._figures)
 
     def attach(self, store: OutboxStore | None, forwarder: Forwarder | None) -> None:
-        """The outbox whose depth, age and drained count ``stats()`` reports."""
+        """The outbox whose depth, age and drained count ``stats()`` reports (the
+        producer's settlement counts single sends into :attr:`outcomes`)."""
         self._store = store
         self._forwarder = forwarder
 
@@ -91,16 +92,21 @@ class ProducerTelemetry(ProducerCounters):
             log.warning("telemetry: cannot start a send span", exc_info=True)
             return batch, None
 
+    @property
+    def tracing(self) -> bool:
+        """True with OpenTelemetry: sends go through :meth:`start` and :meth:`track`."""
+        return self._otel is not None
+
     def track(self, future: Future[Receipt], span: Any = None) -> None:
-        """Count one message sent; its outcome is counted when ``future`` resolves."""
-        self.add_sent(1)
-        if self._otel is not None:
-            self._traced(future, span)
-        future.add_done_callback(self._one_done)
+        """One message sent with OpenTelemetry on: its span ends, and its latency is
+        measured, when ``future`` resolves (its outcome is counted by the settlement)."""
+        self.sent_one()
+        self._traced(future, span)
 
     def track_batch(self, future: Future[BatchReceipt], count: int, span: Any = None) -> None:
-        """Count a batch of ``count`` sent; outcomes are counted when ``future`` resolves."""
-        self.add_sent(count)
+        """A batch of ``count`` sent; its outcomes are counted when ``future`` resolves
+        (one callback per batch)."""
+        self.add_batch(count)
         if self._otel is not None:
             self._traced(future, span)
         future.add_done_callback(self._batch_done)
@@ -109,22 +115,9 @@ class ProducerTelemetry(ProducerCounters):
         destination = _destination_of(future)
         future.add_done_callback(partial(self._otel_done, span, destination, time.monotonic()))
 
-    def _one_done(self, future: Future[Receipt]) -> None:
-        error = future.exception()
-        if error is not None:
-            self.add_settled(0, 0, {type(error).__name__: 1}, None)
-            return
-        receipt = future.result()
-        if receipt.status is Status.CONFIRMED:
-            envelope = getattr(future, "envelope", None)
-            latency = None if envelope is None else max(0.0, time.time() - envelope.created_at)
-            self.add_settled(1, 0, None, latency)
-        else:
-            self.add_settled(0, 1, None, None)
-
     def _batch_done(self, future: Future[BatchReceipt]) -> None:
         confirmed, stored, failed, _ = _batch_outcome(future)
-        self.add_settled(confirmed, stored, failed, None)
+        self.add_batch_outcome(confirmed, stored, failed)
 
     def _otel_done(self, span: Any, destination: str, started: float, future: Future[Any]) -> None:
         otel = self._otel
@@ -136,6 +129,9 @@ class ProducerTelemetry(ProducerCounters):
             message_id = result.message_id
         elif error is not None and not isinstance(error, BatchFailed):
             message_id = getattr(error, "message_id", None)
+        latency = time.monotonic() - started
+        if confirmed:
+            self.add_latency(latency)
         try:
             otel.settled(
                 span,
@@ -145,7 +141,7 @@ class ProducerTelemetry(ProducerCounters):
                 stored=stored,
                 failed=failed,
                 error=error,
-                latency_s=time.monotonic() - started,
+                latency_s=latency,
             )
         except Exception:
             log.warning("telemetry: cannot record a settled send", exc_info=True)

@@ -8,14 +8,18 @@ message after it settled.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from msgsafe.message import Receipt, Status
+
 __all__ = [
     "ConnectionCounters",
+    "OutcomeCounts",
     "ConsumerCounters",
     "ConsumerStats",
     "ProducerCounters",
@@ -40,8 +44,9 @@ class ProducerStats:
     outbox_oldest_age_s: float | None  #: age of the oldest of them, None when empty
     failovers: Mapping[str, int] = field(default_factory=lambda: _EMPTY)  #: by reason
     redirects: Mapping[str, int] = field(default_factory=lambda: _EMPTY)  #: by condition
-    confirm_latency_mean_s: float | None = None  #: send() to broker confirm, mean
-    confirm_latency_max_s: float | None = None  #: and the longest one
+    #: send() to broker confirm, mean and longest (measured with ``telemetry=True`` only)
+    confirm_latency_mean_s: float | None = None
+    confirm_latency_max_s: float | None = None
 
     @property
     def failed_total(self) -> int:
@@ -90,42 +95,89 @@ class ConnectionCounters:
             return MappingProxyType(dict(self.failovers)), MappingProxyType(dict(self.redirects))
 
 
+def _value(counter: itertools.count[int]) -> int:
+    """The next value an ``itertools.count`` would return, without taking it."""
+    return int(counter.__reduce__()[1][0])
+
+
+class OutcomeCounts:
+    """How single sends ended, counted where the producer's bookkeeping settles them
+    (:class:`msgsafe._settlement.Settlement`): one ``next()`` of an ``itertools.count``
+    per message (atomic, no lock, no callback); failures, rare, under a lock."""
+
+    __slots__ = ("_confirmed", "_stored", "failed", "lock")
+
+    def __init__(self) -> None:
+        self._confirmed = itertools.count()
+        self._stored = itertools.count()
+        self.lock = threading.Lock()
+        self.failed: Counter[str] = Counter()
+
+    def resolved(self, receipt: Receipt | None, error: BaseException | None) -> None:
+        """One send ended with ``receipt`` (or ``error``)."""
+        if error is not None:
+            with self.lock:
+                self.failed[type(error).__name__] += 1
+        elif receipt is not None and receipt.status is Status.CONFIRMED:
+            next(self._confirmed)
+        else:
+            next(self._stored)
+
+    def stored(self, units: int, error: BaseException | None) -> None:
+        """``units`` sends went through the outbox writer, stored unless ``error``."""
+        if not units:
+            return
+        if error is not None:
+            with self.lock:
+                self.failed[type(error).__name__] += units
+            return
+        for _ in range(units):
+            next(self._stored)
+
+    def figures(self) -> tuple[int, int, Counter[str]]:
+        """Confirmed, stored and failed so far."""
+        with self.lock:
+            failed = Counter(self.failed)
+        return _value(self._confirmed), _value(self._stored), failed
+
+
 class ProducerCounters(ConnectionCounters):
-    """What :class:`ProducerStats` reports, counted as messages settle. Thread-safe."""
+    """What :class:`ProducerStats` reports. Thread-safe. Single sends are counted by an
+    :class:`OutcomeCounts` the producer's settlement updates; batches (one figure per
+    batch) and confirm latencies (only with OpenTelemetry) here."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.sent = 0
-        self.confirmed = 0
-        self.stored = 0
-        self.failed: Counter[str] = Counter()
+        self.outcomes = OutcomeCounts()
+        self._sent = itertools.count()
+        self._batched = 0
+        self._confirmed = 0
+        self._stored = 0
+        self._failed: Counter[str] = Counter()
         self._latency_sum = 0.0
         self._latency_count = 0
         self._latency_max = 0.0
 
-    def add_sent(self, count: int) -> None:
-        with self.lock:
-            self.sent += count
+    def sent_one(self) -> None:
+        """One single send accepted (atomic, no lock)."""
+        next(self._sent)
 
-    def add_settled(
-        self,
-        confirmed: int,
-        stored: int,
-        failed: Mapping[str, int] | None,
-        latency_s: float | None,
-    ) -> None:
-        """``confirmed`` + ``stored`` + the failed ones settled; ``latency_s`` is the
-        confirm latency when some were confirmed (one figure per send or batch)."""
+    def add_batch(self, count: int) -> None:
         with self.lock:
-            self.confirmed += confirmed
-            self.stored += stored
-            if failed:
-                self.failed.update(failed)
-            if latency_s is not None and confirmed:
-                self._latency_sum += latency_s
-                self._latency_count += 1
-                if latency_s > self._latency_max:
-                    self._latency_max = latency_s
+            self._batched += count
+
+    def add_batch_outcome(self, confirmed: int, stored: int, failed: Mapping[str, int]) -> None:
+        with self.lock:
+            self._confirmed += confirmed
+            self._stored += stored
+            self._failed.update(failed)
+
+    def add_latency(self, latency_s: float) -> None:
+        with self.lock:
+            self._latency_sum += latency_s
+            self._latency_count += 1
+            if latency_s > self._latency_max:
+                self._latency_max = latency_s
 
     def snapshot(
         self,
@@ -136,25 +188,32 @@ class ProducerCounters(ConnectionCounters):
         outbox_oldest_age_s: float | None,
     ) -> ProducerStats:
         failovers, redirects = self.connection_figures()
+        # Outcomes before sends: a message is counted sent before it can settle, so the
+        # difference (in flight) is never negative.
+        confirmed, stored, failed = self.outcomes.figures()
         with self.lock:
-            failed = MappingProxyType(dict(self.failed))
-            settled = self.confirmed + self.stored + sum(failed.values())
+            confirmed += self._confirmed
+            stored += self._stored
+            failed.update(self._failed)
+            sent = _value(self._sent) + self._batched
             count = self._latency_count
-            return ProducerStats(
-                target=target,
-                sent=self.sent,
-                confirmed=self.confirmed,
-                stored=self.stored,
-                failed=failed,
-                in_flight=self.sent - settled,
-                drained=drained,
-                outbox_depth=outbox_depth,
-                outbox_oldest_age_s=outbox_oldest_age_s,
-                failovers=failovers,
-                redirects=redirects,
-                confirm_latency_mean_s=self._latency_sum / count if count else None,
-                confirm_latency_max_s=self._latency_max if count else None,
-            )
+            mean = self._latency_sum / count if count else None
+            longest = self._latency_max if count else None
+        return ProducerStats(
+            target=target,
+            sent=sent,
+            confirmed=confirmed,
+            stored=stored,
+            failed=MappingProxyType(dict(failed)),
+            in_flight=max(0, sent - confirmed - stored - sum(failed.values())),
+            drained=drained,
+            outbox_depth=outbox_depth,
+            outbox_oldest_age_s=outbox_oldest_age_s,
+            failovers=failovers,
+            redirects=redirects,
+            confirm_latency_mean_s=mean,
+            confirm_latency_max_s=longest,
+        )
 
 
 class ConsumerCounters(ConnectionCounters):
