@@ -182,9 +182,15 @@ class OtelProducer(_Side):
             record(value, self.attributes)
 
     def start(
-        self, destination: str, headers: Mapping[str, str] | None, count: int | None
+        self,
+        destination: str,
+        headers: Mapping[str, str] | None,
+        *,
+        count: int | None = None,
+        message_id: str | None = None,
     ) -> tuple[dict[str, str], Span]:
-        """A PRODUCER span for a send, and the headers carrying its context."""
+        """A PRODUCER span for a send (of ``count`` messages, or of ``message_id``), and
+        the headers carrying its context."""
         attributes: dict[str, Any] = {
             **self.attributes,
             "messaging.destination.name": destination,
@@ -192,6 +198,8 @@ class OtelProducer(_Side):
         }
         if count is not None:
             attributes["messaging.batch.message_count"] = count
+        if message_id is not None:
+            attributes["messaging.message.id"] = message_id
         span = self.tracer.start_span(
             f"send {destination}", kind=SpanKind.PRODUCER, attributes=attributes
         )
@@ -203,9 +211,7 @@ class OtelProducer(_Side):
     def settled(
         self,
         span: Span | None,
-        destination: str,
         *,
-        message_id: str | None,
         confirmed: int,
         stored: int,
         failed: Mapping[str, int],
@@ -219,8 +225,6 @@ class OtelProducer(_Side):
         if span is None:
             return
         self.closed(span)
-        if message_id is not None:
-            span.set_attribute("messaging.message.id", message_id)
         if error is not None:
             span.set_attribute("error.type", type(error).__name__)
             span.record_exception(error)

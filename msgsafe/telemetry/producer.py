@@ -65,8 +65,9 @@ class ProducerTelemetry(ProducerCounters):
         if otel is None:
             return envelope, None
         try:
-            headers, span = otel.start(envelope.destination, envelope.headers, None)
-            span.set_attribute("messaging.message.id", envelope.message_id)
+            headers, span = otel.start(
+                envelope.destination, envelope.headers, message_id=envelope.message_id
+            )
             traced = Envelope(
                 envelope.destination,
                 envelope.body,
@@ -86,7 +87,7 @@ class ProducerTelemetry(ProducerCounters):
         if otel is None:
             return batch, None
         try:
-            headers, span = otel.start(batch.destination, batch.headers, len(batch))
+            headers, span = otel.start(batch.destination, batch.headers, count=len(batch))
             return replace(batch, headers=MappingProxyType(headers)), span
         except Exception:
             log.warning("telemetry: cannot start a send span", exc_info=True)
@@ -112,31 +113,22 @@ class ProducerTelemetry(ProducerCounters):
         future.add_done_callback(self._batch_done)
 
     def _traced(self, future: Future[Any], span: Any) -> None:
-        destination = _destination_of(future)
-        future.add_done_callback(partial(self._otel_done, span, destination, time.monotonic()))
+        future.add_done_callback(partial(self._otel_done, span, time.monotonic()))
 
     def _batch_done(self, future: Future[BatchReceipt]) -> None:
         confirmed, stored, failed, _ = _batch_outcome(future)
         self.add_batch_outcome(confirmed, stored, failed)
 
-    def _otel_done(self, span: Any, destination: str, started: float, future: Future[Any]) -> None:
+    def _otel_done(self, span: Any, started: float, future: Future[Any]) -> None:
         otel = self._otel
         assert otel is not None
         confirmed, stored, failed, error = _batch_outcome(future)
-        message_id = None
-        result = None if future.exception() is not None else future.result()
-        if isinstance(result, Receipt):
-            message_id = result.message_id
-        elif error is not None and not isinstance(error, BatchFailed):
-            message_id = getattr(error, "message_id", None)
         latency = time.monotonic() - started
         if confirmed:
             self.add_latency(latency)
         try:
             otel.settled(
                 span,
-                destination,
-                message_id=message_id,
                 confirmed=confirmed,
                 stored=stored,
                 failed=failed,
@@ -207,14 +199,6 @@ class ProducerTelemetry(ProducerCounters):
 
 def _by_reason(counts: Mapping[str, int]) -> list[tuple[float, Mapping[str, str]]]:
     return [(n, {"msgsafe.reason": reason}) for reason, n in counts.items()]
-
-
-def _destination_of(future: Future[Any]) -> str:
-    envelope = getattr(future, "envelope", None)
-    if envelope is not None:
-        return str(envelope.destination)
-    batch = getattr(future, "batch", None)
-    return str(batch.destination) if batch is not None else ""
 
 
 def _batch_outcome(
