@@ -39,6 +39,7 @@ def test_every_example_is_tested() -> None:
         "send_batch.py",
         "kafka_keys.py",
         "testing_your_code.py",
+        "observability.py",
         # tests/integration/examples/:
         "transactional_outbox.py",
         "spark_sink.py",
@@ -86,6 +87,17 @@ def test_async_producer(run: Callable[..., Run]) -> None:
     lines = result.lines()
     assert re.fullmatch(r"sent 500 in \d+\.\d\ds", lines[0])
     assert lines[1:] == ["receipts: CONFIRMED 500", "failed 0"]
+
+
+def test_observability(run: Callable[..., Run]) -> None:
+    result = run("observability.py")
+    assert result.code == 0, result.stderr
+    assert result.lines() == [
+        "producer: sent 25, confirmed 20, stored 5, drained 5, in flight 0",
+        "consumer: received 25, acked 25",
+        "spans: PRODUCER 25, CONSUMER 25, detours 5",
+        "lost 0",
+    ]
 
 
 def test_kafka_keys_on_memory(run: Callable[..., Run]) -> None:
