@@ -17,7 +17,7 @@ try:
     from opentelemetry import metrics, trace
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 except ImportError:  # pragma: no cover - the message says how to get it
@@ -26,6 +26,8 @@ except ImportError:  # pragma: no cover - the message says how to get it
         "(or bash scripts/bootstrap.sh all)",
         pytrace=False,
     )
+
+__all__ = ["SpanProcessor", "install", "metric_points", "metric_total", "spans_of", "trace"]
 
 _LOCK = threading.Lock()
 _INSTALLED: tuple[InMemorySpanExporter, InMemoryMetricReader] | None = None

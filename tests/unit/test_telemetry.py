@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace import SpanProcessor
 
 from msgsafe import Consumer, Producer, Status
 from msgsafe.endpoints import Endpoint, EndpointList
@@ -18,7 +16,7 @@ from msgsafe.errors import Rejected
 from msgsafe.retry import RetryPolicy
 from msgsafe.telemetry._observer import observing
 from msgsafe.testing import MemoryBroker
-from tests.support.otel import install, metric_total, spans_of
+from tests.support.otel import SpanProcessor, install, metric_total, spans_of, trace
 
 FAST = RetryPolicy(initial=0.01, maximum=0.05)
 

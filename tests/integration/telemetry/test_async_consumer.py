@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pika
 import pytest
-from opentelemetry import trace
 
 from msgsafe import AsyncConsumer, Producer
 from msgsafe.cluster.rabbitmq import RabbitCluster
 from tests.fixtures.rabbitmq import RabbitUrls
-from tests.support.otel import install, metric_total, spans_of
+from tests.support.otel import install, metric_total, spans_of, trace
 
 pytestmark = pytest.mark.integration
 
