@@ -1,11 +1,13 @@
 """A producer's telemetry: the counters behind ``Producer.stats()`` always, spans and
 metrics when it was built with ``telemetry=True``.
 
-The producer calls :meth:`ProducerTelemetry.start` before it builds a message (the
-span's context goes into the headers) and :meth:`ProducerTelemetry.track` with the
-receipt future; everything else happens in the future's done-callback, on whatever
-thread resolves it. Telemetry never breaks sending: an error inside OpenTelemetry (a
-processor, an exporter) is logged and the message goes on.
+Without OpenTelemetry a single send costs one ``next()`` here (:meth:`sent_one`) and
+one in the settlement (:class:`~msgsafe.telemetry.stats.OutcomeCounts`); a batch one
+done-callback. With it, the producer calls :meth:`ProducerTelemetry.start` for a
+message (the span's context goes into its headers) and :meth:`ProducerTelemetry.track`
+with the receipt future, whose done-callback ends the span on whatever thread resolves
+it. Telemetry never breaks sending: an error inside OpenTelemetry (a processor, an
+exporter) is logged and the message goes on.
 """
 
 from __future__ import annotations
