@@ -23,6 +23,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from msgsafe.errors import BatchFailed, ClosedError, InvalidMessage, SendTimeout
 from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status
@@ -206,6 +207,14 @@ class PartitionSender:
     def settle_all(self) -> None:
         """Wait for every receipt still in flight."""
         timeout = self.plan.receipt_timeout
+        last: Future[Any] | None = None
+        if self._chunks:
+            last = self._chunks[-1][0]
+        elif self._window:
+            last = self._window[-1][0]
+        if last is not None and self.tally.error is None:
+            # Nothing more will join the adapter's last batch: it need not linger.
+            self.producer.hurry(last, timeout)
         while self._chunks:
             self.tally.settle_batch(*self._chunks.popleft(), timeout)
         while self._window:
