@@ -242,6 +242,10 @@ class KafkaTransport:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
+            # NOTE: keeps the poll thread out of librdkafka (see ProducerLink.inline_at):
+            # a report it serves would reach this thread only after its next wake-up.
+            # One that is in its poll() already leaves it after the next report.
+            link.inline_at = time.monotonic()
             try:
                 if link.polling:
                     # NOTE: the poll thread already waits in librdkafka's poll(), and
@@ -256,10 +260,6 @@ class KafkaTransport:
                     else:
                         wait((done,), min(_HURRY_WAIT_S, left))
                     continue
-                # NOTE: keeps the poll thread out of librdkafka (see
-                # ProducerLink.inline_at): a report it serves would reach this thread
-                # only after its next wake-up.
-                link.inline_at = time.monotonic()
                 if not flush:
                     link.serve(min(_HURRY_POLL_S, left))
                     continue
