@@ -287,6 +287,14 @@ class Producer:
             self._publish_batch_part(batch.select(rest), SubsetReport(send, rest))
         return send
 
+    def hurry(self, receipt: Future[Any], timeout: float | None = None) -> None:
+        """Wait until ``receipt`` (a future this producer returned) resolves or ``timeout``
+        passes (default ``send_timeout``), having the adapter send what it holds now
+        instead of after its batching delay (Kafka's ``linger.ms``). For a caller about
+        to block on its last sends; never raises, never resolves anything itself."""
+        if self._hurry is not None:
+            self._hurry(receipt, self._send_timeout if timeout is None else timeout)
+
     def _publish_batch_part(self, batch: Batch, report: BatchSend | SubsetReport) -> None:
         if self._publish_batch is not None:
             self._publish_batch(batch, report)

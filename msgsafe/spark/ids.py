@@ -24,17 +24,43 @@ from collections.abc import Mapping, Sequence
 
 _blake2b = hashlib.blake2b
 
-__all__ = ["ContentIds", "key_id", "to_uuid8"]
+__all__ = ["ContentIds", "key_id", "to_uuid8", "to_uuid8_many"]
 
 _NAMESPACE = b"msgsafe.spark/1\x00"
+
+#: The UUID variant digit for the 17th hex digit of a digest (RFC 9562: 10xx).
+_VARIANT = {d: "89ab"[int(d, 16) & 0x3] for d in "0123456789abcdef"}
 
 
 def to_uuid8(digest: bytes) -> str:
     """The first 16 bytes of ``digest`` as a UUIDv8 string."""
     # Formatting the hex directly is several times cheaper than uuid.UUID per row.
     h = digest[:16].hex()
-    variant = "89ab"[int(h[16], 16) & 0x3]
-    return f"{h[:8]}-{h[8:12]}-8{h[13:16]}-{variant}{h[17:20]}-{h[20:32]}"
+    return f"{h[:8]}-{h[8:12]}-8{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
+
+
+def to_uuid8_many(digests: Sequence[bytes]) -> list[str]:
+    """``[to_uuid8(d) for d in digests]`` for 16-byte digests, formatted in bulk with
+    numpy when it is installed (a third of the cost per id)."""
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy comes with PySpark's pandas
+        return [to_uuid8(digest) for digest in digests]
+    if not digests:
+        return []
+    raw = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(-1, 16).copy()
+    raw[:, 6] = (raw[:, 6] & 0x0F) | 0x80  # version 8
+    raw[:, 8] = (raw[:, 8] & 0x3F) | 0x80  # variant 10xx
+    hexed = np.frombuffer(raw.tobytes().hex().encode(), dtype=np.uint8).reshape(-1, 32)
+    text = np.full((len(digests), 36), ord("-"), dtype=np.uint8)
+    for start, stop, at in _UUID_GROUPS:
+        text[:, at : at + stop - start] = hexed[:, start:stop]
+    joined = text.tobytes().decode()
+    return [joined[i : i + 36] for i in range(0, len(joined), 36)]
+
+
+#: (hex digits start, stop, position in the text) of the five groups of a UUID.
+_UUID_GROUPS = ((0, 8, 0), (8, 12, 9), (12, 16, 14), (16, 20, 19), (20, 32, 24))
 
 
 def _field(data: bytes) -> bytes:
@@ -112,3 +138,34 @@ class ContentIds:
             # distinct ids by their rank among equals; the rank is the same on replay.
             digest = _blake2b(digest + occurrence.to_bytes(8, "big"), digest_size=16).digest()
         return to_uuid8(digest)
+
+    def column_ids(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None) -> list[str]:
+        """The ids of consecutive rows without headers, equal to ``[next_id(v, k, {}) ...]``
+        (the Arrow path's hot loop: one hasher copy per row, formatting in bulk)."""
+        copy = self._hasher.copy
+        digests: list[bytes] = []
+        append = digests.append
+        for index, value in enumerate(values):
+            key = None if keys is None else keys[index]
+            hasher = copy()
+            hasher.update(
+                len(value).to_bytes(4, "big")
+                + value
+                + (b"N" if key is None else len(key).to_bytes(4, "big") + key)
+            )
+            append(hasher.digest())
+        seen = self._seen
+        slots = [digest[:8] for digest in digests]
+        fresh = dict.fromkeys(slots, 1)
+        if len(fresh) == len(slots) and seen.keys().isdisjoint(fresh):
+            # The common case: no row repeats one before it, every rank is 0.
+            seen.update(fresh)
+        else:
+            for index, slot in enumerate(slots):
+                occurrence = seen.get(slot, 0)
+                seen[slot] = occurrence + 1
+                if occurrence:
+                    digests[index] = _blake2b(
+                        digests[index] + occurrence.to_bytes(8, "big"), digest_size=16
+                    ).digest()
+        return to_uuid8_many(digests)

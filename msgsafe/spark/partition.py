@@ -1,7 +1,8 @@
 """What runs in an executor: publish one partition of a batch and wait for every receipt.
 
 :func:`publish_partition` is pure Python over an iterator of row tuples, so it is tested
-without Spark; the sink calls it from ``mapPartitionsWithIndex``. It returns only when
+without Spark; the sink calls it from ``mapPartitionsWithIndex`` (and
+:mod:`msgsafe.spark.arrow` for a sink with header columns). It returns only when
 every row of the partition is safe (CONFIRMED, or STORED with an outbox) and raises on
 the first row that is not, after letting the rest in flight settle, so that Spark fails
 the task and runs it again. The retry publishes the same ids (:mod:`.ids`).
@@ -22,15 +23,21 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from msgsafe.errors import BatchFailed, ClosedError, InvalidMessage, SendTimeout
 from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status
-from msgsafe.producer import Producer
 from msgsafe.spark import producers
 from msgsafe.spark.ids import ContentIds, key_id
 from msgsafe.spark.producers import SinkOutbox
 
-__all__ = ["PartitionPlan", "PartitionResult", "publish_partition"]
+__all__ = [
+    "PartitionPlan",
+    "PartitionResult",
+    "PartitionSender",
+    "empty_result",
+    "publish_partition",
+]
 
 log = logging.getLogger("msgsafe.spark")
 
@@ -140,15 +147,110 @@ def _as_bytes(value: object, is_text: bool, what: str, row: int) -> bytes:
     raise InvalidMessage(f"row {row}: {what} must be bytes or a string, not {type(value).__name__}")
 
 
-def _submit(
-    producer: Producer,
-    destination: str,
-    bodies: list[bytes],
-    ids: list[str],
-    keys: list[bytes | None] | None,
-) -> tuple[Future[BatchReceipt], int]:
-    # Columns checked row by row above: the batch is built without checking them again.
-    return producer.submit_batch(Batch(destination, bodies, ids, keys)), len(bodies)
+class PartitionSender:
+    """The sends of one partition attempt: chunks (or single envelopes) in flight up to
+    ``plan.max_in_flight``, their receipts tallied, and the outcome as a result or an
+    error. Shared by the row path (:func:`publish_partition`) and the Arrow path
+    (:mod:`msgsafe.spark.arrow`). Not thread-safe: one per task.
+    """
+
+    __slots__ = (
+        "_chunk_limit",
+        "_chunks",
+        "_limit",
+        "_window",
+        "attempt",
+        "batch_id",
+        "count",
+        "partition",
+        "plan",
+        "producer",
+        "started",
+        "tally",
+    )
+
+    def __init__(self, plan: PartitionPlan, batch_id: int, partition: int, attempt: int) -> None:
+        self.started = time.monotonic()
+        self.plan = plan
+        self.batch_id = batch_id
+        self.partition = partition
+        self.attempt = attempt
+        self.producer = producers.producer_for(plan.url, plan.outbox, plan.options)
+        self.tally = _Tally()
+        #: Rows handed to the producer so far.
+        self.count = 0
+        self._window: deque[tuple[Future[Receipt], str]] = deque()
+        self._chunks: deque[tuple[Future[BatchReceipt], int]] = deque()
+        self._limit = plan.max_in_flight
+        self._chunk_limit = max(1, plan.max_in_flight // max(1, plan.chunk_rows))
+
+    def submit(self, bodies: list[bytes], ids: list[str], keys: list[bytes | None] | None) -> bool:
+        """Send one chunk of columns (checked by the caller); False once a receipt failed
+        (the caller stops reading rows)."""
+        # Columns checked row by row by the caller: the batch is built without checking
+        # them again.
+        batch = Batch(self.plan.destination, bodies, ids, keys)
+        self._chunks.append((self.producer.submit_batch(batch), len(bodies)))
+        self.count += len(bodies)
+        if len(self._chunks) >= self._chunk_limit:
+            self.tally.settle_batch(*self._chunks.popleft(), self.plan.receipt_timeout)
+        return self.tally.error is None
+
+    def send(self, envelope: Envelope) -> bool:
+        """Send one envelope; False once a receipt failed."""
+        self._window.append((self.producer.send_envelope(envelope), envelope.message_id))
+        self.count += 1
+        if len(self._window) >= self._limit:
+            self.tally.settle(*self._window.popleft(), self.plan.receipt_timeout)
+        return self.tally.error is None
+
+    def settle_all(self) -> None:
+        """Wait for every receipt still in flight."""
+        timeout = self.plan.receipt_timeout
+        last: Future[Any] | None = None
+        if self._chunks:
+            last = self._chunks[-1][0]
+        elif self._window:
+            last = self._window[-1][0]
+        if last is not None and self.tally.error is None:
+            # Nothing more will join the adapter's last batch: it need not linger.
+            self.producer.hurry(last, timeout)
+        while self._chunks:
+            self.tally.settle_batch(*self._chunks.popleft(), timeout)
+        while self._window:
+            self.tally.settle(*self._window.popleft(), timeout)
+
+    def finish(self) -> PartitionResult:
+        """The result once everything settled, or the first error (with the counts in a
+        note) so that the task fails and Spark retries it."""
+        self.settle_all()
+        tally = self.tally
+        if tally.error is not None:
+            error = tally.error
+            plan = self.plan
+            note = (
+                f"msgsafe Spark sink: batch {self.batch_id} partition {self.partition} "
+                f"attempt {self.attempt} to {plan.target} {plan.destination!r}: {self.count} "
+                f"rows sent, {tally.confirmed} confirmed, {tally.stored} stored, "
+                f"{tally.failed} failed; the task fails so that Spark retries it with the "
+                "same message ids"
+            )
+            log.warning("%s: %s", note, error)
+            error.add_note(note)
+            raise error
+        return PartitionResult(
+            partition=self.partition,
+            attempt=self.attempt,
+            rows=self.count,
+            confirmed=tally.confirmed,
+            stored=tally.stored,
+            seconds=time.monotonic() - self.started,
+        )
+
+
+def empty_result(partition: int, attempt: int, started: float) -> PartitionResult:
+    """The result of a partition without rows (no producer opened)."""
+    return PartitionResult(partition, attempt, 0, 0, 0, time.monotonic() - started)
 
 
 def publish_partition(
@@ -173,9 +275,10 @@ def publish_partition(
     if first is None:
         # An empty partition opens no connection: empty batches stay cheap even where
         # Spark starts a fresh Python worker per task.
-        return PartitionResult(partition, attempt, 0, 0, 0, time.monotonic() - started)
+        return empty_result(partition, attempt, started)
     rows = itertools.chain((first,), iterator)
-    producer = producers.producer_for(plan.url, plan.outbox, plan.options)
+    sender = PartitionSender(plan, batch_id, partition, attempt)
+    sender.started = started
     destination = plan.destination
     content_ids = (
         None if plan.id_indexes is not None else ContentIds(destination, batch_id, partition)
@@ -184,19 +287,13 @@ def publish_partition(
     value_index, value_is_text, value_name = plan.value_index, plan.value_is_text, plan.value_name
     key_index, key_is_text = plan.key_index, plan.key_is_text
     header_layout = plan.headers
-    tally = _Tally()
-    timeout = plan.receipt_timeout
     count = 0
     # Per-row header columns need an envelope per row; otherwise rows go in chunks.
     batched = not header_layout
-    window: deque[tuple[Future[Receipt], str]] = deque()
-    chunks: deque[tuple[Future[BatchReceipt], int]] = deque()
     chunk_rows = max(1, plan.chunk_rows)
-    chunk_limit = max(1, plan.max_in_flight // chunk_rows)
     bodies: list[bytes] = []
     keys: list[bytes | None] | None = [] if key_index is not None else None
     ids: list[str] = []
-    limit = plan.max_in_flight
     try:
         for row in rows:
             value = row[value_index]
@@ -225,13 +322,11 @@ def publish_partition(
                 if keys is not None:
                     keys.append(key)
                 if len(bodies) >= chunk_rows:
-                    chunks.append(_submit(producer, destination, bodies, ids, keys))
+                    going = sender.submit(bodies, ids, keys)
                     bodies, ids = [], []
                     keys = [] if keys is not None else None
-                    if len(chunks) >= chunk_limit:
-                        tally.settle_batch(*chunks.popleft(), timeout)
-                        if tally.error is not None:
-                            break
+                    if not going:
+                        break
                 continue
             envelope = Envelope(
                 destination=destination,
@@ -240,40 +335,15 @@ def publish_partition(
                 key=key,
                 headers=headers,
             )
-            window.append((producer.send_envelope(envelope), message_id))
-            if len(window) >= limit:
-                tally.settle(*window.popleft(), timeout)
-                if tally.error is not None:
-                    break
-        if bodies and tally.error is None:
-            chunks.append(_submit(producer, destination, bodies, ids, keys))
+            if not sender.send(envelope):
+                break
+        if bodies and sender.tally.error is None:
+            sender.submit(bodies, ids, keys)
     except ClosedError:
         # Someone closed the cached producer: the next attempt opens a fresh one.
-        producers.discard(producer)
+        producers.discard(sender.producer)
+        sender.settle_all()
         raise
     except BaseException as exc:
-        tally.fail(exc)
-    finally:
-        while chunks:
-            tally.settle_batch(*chunks.popleft(), timeout)
-        while window:
-            tally.settle(*window.popleft(), timeout)
-    if tally.error is not None:
-        error = tally.error
-        note = (
-            f"msgsafe Spark sink: batch {batch_id} partition {partition} attempt {attempt} "
-            f"to {plan.target} {destination!r}: {count} rows sent, {tally.confirmed} confirmed, "
-            f"{tally.stored} stored, {tally.failed} failed; the task fails so that Spark "
-            "retries it with the same message ids"
-        )
-        log.warning("%s: %s", note, error)
-        error.add_note(note)
-        raise error
-    return PartitionResult(
-        partition=partition,
-        attempt=attempt,
-        rows=count,
-        confirmed=tally.confirmed,
-        stored=tally.stored,
-        seconds=time.monotonic() - started,
-    )
+        sender.tally.fail(exc)
+    return sender.finish()

@@ -294,6 +294,8 @@ class ProducerLink:
         self._peers_asked = False
         #: When a publisher last served reports itself (time.monotonic()).
         self.inline_at = 0.0
+        #: True while the poll thread waits in librdkafka's poll (see KafkaTransport.hurry).
+        self.polling = False
         self._stop = threading.Event()
         #: Producers recreated after a fatal error (for tests and metrics).
         self.recreated = 0
@@ -470,6 +472,7 @@ class ProducerLink:
                     self._purge_unsent()
                 self._expire(time.monotonic())
                 continue
+            self.polling = True
             try:
                 self.producer.poll(_POLL_S)
             except KafkaException as exc:
@@ -478,6 +481,8 @@ class ProducerLink:
                 self.on_error(exc.args[0])
             except Exception:  # a callback bug must not stop delivery reports
                 log.exception("kafka poll failed")
+            finally:
+                self.polling = False
             if self.fatal is not None:
                 self._recreate()
             if self._purge_queue:
