@@ -230,8 +230,10 @@ def test_buffer_error_when_reports_are_not_served(broker: MemoryBroker, tmp_path
 
 def test_argument_errors(broker: MemoryBroker, tmp_path: Path) -> None:
     p = _producer(broker, tmp_path)
-    with pytest.raises(NotImplementedError, match="partition"):
-        p.produce("t", b"x", partition=2)
+    with pytest.warns(CompatWarning, match="partition"):
+        p.produce("t", b"x", partition=2)  # placed by key, as the warning says
+    with pytest.raises(TypeError, match="partition"):
+        p.produce("t", b"x", partition="2")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="tombstone"):
         p.produce("t", None)
     with pytest.raises(TypeError):
@@ -243,7 +245,7 @@ def test_argument_errors(broker: MemoryBroker, tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         p.produce("t", b"x", timestamp=1234)  # warned once only
-    assert len(p) == 2
+    assert len(p) == 3
     p.close()
     with pytest.raises(RuntimeError, match="closed"):  # as confluent-kafka
         p.produce("t", b"after close")
