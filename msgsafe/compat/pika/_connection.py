@@ -78,6 +78,8 @@ class BlockingConnection(ClosesOnExit):
         self._lock = threading.Lock()
         self._channels: dict[int, BlockingChannel] = {}
         self._real: Any = real  # pika.BlockingConnection for declares (reopened on use)
+        #: The thread that opened the real connection: the only one publishing directly.
+        self._real_thread: int | None = None if real is None else threading.get_ident()
         self._closed = False
         self._woken = threading.Event()  # set by close(): ends a wait with no connection
         self._finalizer = weakref.finalize(self, _close_quietly, self._producer)
@@ -196,6 +198,7 @@ class BlockingConnection(ClosesOnExit):
         with self._lock:
             if self._real is None or not self._real.is_open:
                 self._real = pika.BlockingConnection(self._parameters)
+                self._real_thread = threading.get_ident()
             return self._real
 
     def _drop_real(self) -> None:
