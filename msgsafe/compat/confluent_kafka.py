@@ -30,7 +30,6 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 from msgsafe.errors import MissingExtra
@@ -65,6 +64,7 @@ from msgsafe.compat._kafka_config import (
 from msgsafe.compat._kafka_report import (
     OFFSET_INVALID,
     PARTITION_UA,
+    STATUS_HEADER,
     DeliveredMessage,
     RecordHeaders,
     kafka_error,
@@ -72,7 +72,7 @@ from msgsafe.compat._kafka_report import (
 )
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError, InvalidMessage, MsgsafeError
-from msgsafe.message import MESSAGE_ID_HEADER, Receipt, new_message_id
+from msgsafe.message import Receipt, new_message_id
 from msgsafe.producer import Producer as _SafeProducer
 
 __all__ = [
@@ -98,8 +98,6 @@ __all__ = [
     "version",
 ]
 
-#: Header on delivery-report messages: b"confirmed" or b"stored" (not sent to the broker).
-STATUS_HEADER = "msgsafe-status"
 
 #: What a closed producer's methods raise, in confluent-kafka's words.
 _CLOSED = "Producer has been closed"
@@ -115,15 +113,29 @@ def _as_bytes(what: str, value: object) -> bytes | None:
     raise TypeError(f"{what} must be str or bytes, not {type(value).__name__}")
 
 
-@dataclass(frozen=True, slots=True)
 class _Report:
-    callback: DeliveryCallback | None
-    topic: str
-    value: bytes | None
-    key: bytes | None
-    headers: RecordHeaders
-    message_id: str
-    future: Future[Receipt]
+    """One produced message waiting for its delivery callback (a plain slotted class:
+    one is made per message, and a frozen dataclass costs twice as much to build)."""
+
+    __slots__ = ("callback", "future", "headers", "key", "message_id", "topic", "value")
+
+    def __init__(
+        self,
+        callback: DeliveryCallback | None,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: RecordHeaders,
+        message_id: str,
+        future: Future[Receipt],
+    ) -> None:
+        self.callback = callback
+        self.topic = topic
+        self.value = value
+        self.key = key
+        self.headers = headers
+        self.message_id = message_id
+        self.future = future
 
 
 def _close_quietly(producer: _SafeProducer | None, timeout: float) -> None:
@@ -218,13 +230,13 @@ class Producer(ClosesOnExit):
             self._warn_once(
                 "timestamp", "produce(timestamp=...) is ignored; the producer stamps the send time"
             )
-        body = _as_bytes("value", value)
+        body = value if type(value) is bytes else _as_bytes("value", value)
         if body is None:
             raise TypeError(
                 "msgsafe does not produce tombstones (value=None); pass b'' or use "
                 "confluent_kafka directly for compacted-topic deletes"
             )
-        key_bytes = _as_bytes("key", key)
+        key_bytes = key if key is None or type(key) is bytes else _as_bytes("key", key)
         record, header_map = record_headers(headers)
         with self._lock:
             if self._unreported >= self._config.queue_max:
@@ -321,9 +333,9 @@ class Producer(ClosesOnExit):
                 queued += 1
         return queued
 
-    def _unreported_done(self) -> None:
+    def _unreported_done(self, count: int = 1) -> None:
         with self._lock:
-            self._unreported -= 1
+            self._unreported -= count
             self._served.notify_all()
 
     def _warn_once(self, what: str, message: str) -> None:
@@ -353,25 +365,24 @@ class Producer(ClosesOnExit):
                 first = self._reports.get(timeout=wait)
         except queue.Empty:
             return 0
-        served = 1
-        self._serve(first)
-        while True:
-            try:
-                report = self._reports.get_nowait()
-            except queue.Empty:
-                return served
-            served += 1
-            self._serve(report)
+        served = 0
+        report = first
+        try:
+            while True:
+                served += 1
+                self._serve(report)
+                try:
+                    report = self._reports.get_nowait()
+                except queue.Empty:
+                    return served
+        finally:
+            # Counted once per poll, not per report; a report whose callback raised is
+            # served too.
+            self._unreported_done(served)
 
     def _serve(self, report: _Report) -> None:
         exc = report.future.exception()
         status = report.future.result().status if exc is None else None
-        message_id = report.message_id
-        headers: list[tuple[str, bytes | None]] = [
-            *report.headers,
-            (MESSAGE_ID_HEADER, message_id.encode()),
-            (STATUS_HEADER, status.value.encode() if status else b"failed"),
-        ]
         error = kafka_error(exc) if exc is not None else None
         if isinstance(exc, _Unsent):
             error = KafkaError(exc.code, str(exc), retriable=False)
@@ -379,18 +390,15 @@ class Producer(ClosesOnExit):
             topic=report.topic,
             value=report.value,
             key=report.key,
-            headers=headers,
-            message_id=message_id,
+            headers=report.headers,
+            message_id=report.message_id,
             status=status,
             error=error,
         )
-        try:
-            if report.callback is not None:
-                # NOTE: like confluent-kafka, an exception in the callback propagates out
-                # of poll()/flush(); the report counts as served.
-                report.callback(error, msg)
-        finally:
-            self._unreported_done()
+        if report.callback is not None:
+            # NOTE: like confluent-kafka, an exception in the callback propagates out of
+            # poll()/flush(); the report counts as served (poll's finally).
+            report.callback(error, msg)
 
     def flush(self, timeout: float | None = None) -> int:
         """Serve callbacks until every produced message is reported, or ``timeout``.
