@@ -1,10 +1,12 @@
 """msgsafe's ``BlockingChannel``: pika's channel with ``basic_publish`` through msgsafe.
 
 It *is* a ``pika.adapters.blocking_connection.BlockingChannel`` (``isinstance`` holds) and
-overrides every public name of it: publishing and transactions go through msgsafe's
-producer, everything else (declares, binds, ``basic_qos``, consuming, ``consume()``) runs
-unchanged on a real pika channel of a real connection to the same hosts, opened on first
-use. ``tests/unit/test_compat_pika.py`` pins that no public name is left inherited.
+overrides every public name of it: a blocking publish is confirmed on the caller's thread
+through the real connection while that works (:mod:`msgsafe.compat.pika._direct`) and
+goes through msgsafe's producer otherwise, as do pipelined publishes and transactions;
+everything else (declares, binds, ``basic_qos``, consuming, ``consume()``) runs unchanged
+on a real pika channel of the real connection to the same hosts.
+``tests/unit/test_compat_pika.py`` pins that no public name is left inherited.
 """
 
 from __future__ import annotations

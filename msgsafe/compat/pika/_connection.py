@@ -193,7 +193,8 @@ class BlockingConnection(ClosesOnExit):
     # --- the real connection -------------------------------------------------------------
 
     def _real_connection(self) -> Any:
-        """The pika connection for declares and consuming, opened on first use."""
+        """The pika connection for declares, consuming and the direct publish path (made
+        by the constructor unless lazy; reopened here when it was lost)."""
         self._check_open()
         with self._lock:
             if self._real is None or not self._real.is_open:
