@@ -262,9 +262,10 @@ def test_a_transient_message_without_properties(
             props.delivery_mode,
             props.message_id is not None,
             props.timestamp is not None,
+            props.headers,  # None on both: the wrapper adds no header
         )
 
-    differ(request, side, real, scenario, intended=lambda r: (r[0], 2, True, True))
+    differ(request, side, real, scenario, intended=lambda r: (r[0], 2, True, True, r[4]))
 
 
 # --- the rest of the channel and connection ----------------------------------------------
