@@ -1,4 +1,4 @@
-.PHONY: demo test test-fast lint bench
+.PHONY: demo test test-fast lint bench client-suites
 
 demo:            ## install and run the demo of the promise (lost = 0)
 	bash scripts/demo.sh
@@ -14,3 +14,6 @@ lint:
 
 bench:           ## run every benchmark and print ratios measured in one run
 	bash scripts/bootstrap.sh all && for b in benchmarks/bench_*.py; do python3 "$$b"; done
+
+client-suites:   ## the clients' own test suites, real client vs wrapper (checkouts: tests/thirdparty/README.md)
+	python3 -m tests.thirdparty.client_suites --checkout pika=$(PIKA_CHECKOUT) --checkout confluent-kafka=$(CONFLUENT_KAFKA_CHECKOUT)

@@ -29,11 +29,12 @@ from msgsafe.errors import (
     TransientError,
     Unroutable,
 )
-from msgsafe.message import RECORD_HEADERS_HEADER, Status
+from msgsafe.message import MESSAGE_ID_HEADER, RECORD_HEADERS_HEADER, Status
 
 __all__ = [
     "OFFSET_INVALID",
     "PARTITION_UA",
+    "STATUS_HEADER",
     "DeliveredMessage",
     "RecordHeaders",
     "kafka_error",
@@ -47,6 +48,10 @@ PARTITION_UA = -1
 
 #: Record headers as a delivery report and the broker hold them.
 RecordHeaders = list[tuple[str, bytes | None]]
+
+
+#: Header on delivery-report messages: b"confirmed" or b"stored" (not sent to the broker).
+STATUS_HEADER = "msgsafe-status"
 
 
 def record_headers(
@@ -124,8 +129,14 @@ class DeliveredMessage:
         return self._key
 
     def headers(self) -> list[tuple[str, bytes | None]]:
-        """The produced headers plus ``msgsafe-id`` and ``msgsafe-status``."""
-        return list(self._headers)
+        """The produced headers plus ``msgsafe-id`` and ``msgsafe-status`` (made on
+        request: most callbacks never look)."""
+        status = self._status.value.encode() if self._status is not None else b"failed"
+        return [
+            *self._headers,
+            (MESSAGE_ID_HEADER, self._message_id.encode()),
+            (STATUS_HEADER, status),
+        ]
 
     def partition(self) -> int:
         return PARTITION_UA

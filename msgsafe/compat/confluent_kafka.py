@@ -28,9 +28,8 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 from msgsafe.errors import MissingExtra
@@ -65,6 +64,7 @@ from msgsafe.compat._kafka_config import (
 from msgsafe.compat._kafka_report import (
     OFFSET_INVALID,
     PARTITION_UA,
+    STATUS_HEADER,
     DeliveredMessage,
     RecordHeaders,
     kafka_error,
@@ -72,7 +72,7 @@ from msgsafe.compat._kafka_report import (
 )
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError, InvalidMessage, MsgsafeError
-from msgsafe.message import MESSAGE_ID_HEADER, Receipt, new_message_id
+from msgsafe.message import Receipt, new_message_id
 from msgsafe.producer import Producer as _SafeProducer
 
 __all__ = [
@@ -98,8 +98,6 @@ __all__ = [
     "version",
 ]
 
-#: Header on delivery-report messages: b"confirmed" or b"stored" (not sent to the broker).
-STATUS_HEADER = "msgsafe-status"
 
 #: What a closed producer's methods raise, in confluent-kafka's words.
 _CLOSED = "Producer has been closed"
@@ -115,15 +113,29 @@ def _as_bytes(what: str, value: object) -> bytes | None:
     raise TypeError(f"{what} must be str or bytes, not {type(value).__name__}")
 
 
-@dataclass(frozen=True, slots=True)
 class _Report:
-    callback: DeliveryCallback | None
-    topic: str
-    value: bytes | None
-    key: bytes | None
-    headers: RecordHeaders
-    message_id: str
-    future: Future[Receipt]
+    """One produced message waiting for its delivery callback (a plain slotted class:
+    one is made per message, and a frozen dataclass costs twice as much to build)."""
+
+    __slots__ = ("callback", "future", "headers", "key", "message_id", "topic", "value")
+
+    def __init__(
+        self,
+        callback: DeliveryCallback | None,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: RecordHeaders,
+        message_id: str,
+        future: Future[Receipt],
+    ) -> None:
+        self.callback = callback
+        self.topic = topic
+        self.value = value
+        self.key = key
+        self.headers = headers
+        self.message_id = message_id
+        self.future = future
 
 
 def _close_quietly(producer: _SafeProducer | None, timeout: float) -> None:
@@ -158,6 +170,7 @@ class Producer(ClosesOnExit):
         merged = _merged_config(config, settings)
         try:
             translated = translate_config(merged)
+            _check_with_librdkafka(translated.options.get("librdkafka"))
             for note in translated.warnings:
                 warn(note)
             target = _url or translated.url
@@ -176,6 +189,8 @@ class Producer(ClosesOnExit):
         self._served = threading.Condition(self._lock)
         self._flushing = 0  #: flush() calls waiting on _served (reads need no lock)
         self._unreported = 0
+        #: Without brokers: (deadline, future) of messages waiting to time out or be purged.
+        self._held: list[tuple[float, Future[Receipt]]] = []
         self._closed = False
         self._admin: Any = None
         self._warned: set[str] = set()
@@ -199,26 +214,29 @@ class Producer(ClosesOnExit):
         Raises ``BufferError`` when ``queue.buffering.max.messages`` reports wait to be
         served (call ``poll``), ``TypeError`` for bad argument types, ``KafkaException``
         for a message msgsafe refuses before sending (e.g. ``MSG_SIZE_TOO_LARGE``),
-        ``NotImplementedError`` for an explicit ``partition`` (msgsafe partitions by key)
-        and ``RuntimeError`` after :meth:`close`.
+        and ``RuntimeError`` after :meth:`close`. An explicit ``partition`` is ignored with a
+        warning (msgsafe places messages by key).
         """
         self._check_open()
         if partition not in (PARTITION_UA, None):
-            raise NotImplementedError(
-                "msgsafe.compat.confluent_kafka does not produce to an explicit partition; "
-                "use a key (messages with the same key keep their order)"
+            if not isinstance(partition, int):
+                raise TypeError(f"partition must be int, not {type(partition).__name__}")
+            self._warn_once(
+                "partition",
+                "produce(partition=...) is ignored: msgsafe places a message by its key "
+                "(messages with the same key keep their order)",
             )
         if timestamp:
             self._warn_once(
                 "timestamp", "produce(timestamp=...) is ignored; the producer stamps the send time"
             )
-        body = _as_bytes("value", value)
+        body = value if type(value) is bytes else _as_bytes("value", value)
         if body is None:
             raise TypeError(
                 "msgsafe does not produce tombstones (value=None); pass b'' or use "
                 "confluent_kafka directly for compacted-topic deletes"
             )
-        key_bytes = _as_bytes("key", key)
+        key_bytes = key if key is None or type(key) is bytes else _as_bytes("key", key)
         record, header_map = record_headers(headers)
         with self._lock:
             if self._unreported >= self._config.queue_max:
@@ -264,12 +282,12 @@ class Producer(ClosesOnExit):
         message_id: str,
     ) -> Future[Receipt]:
         if self._producer is None:
-            # NOTE: librdkafka accepts a producer without brokers; its messages time out.
-            failed: Future[Receipt] = Future()
-            failed.set_exception(
-                ConfigurationError("no bootstrap.servers: the message was not sent")
-            )
-            return failed
+            # NOTE: librdkafka accepts a producer without brokers; its messages wait
+            # message.timeout.ms in the queue, then time out (or purge() fails them).
+            held: Future[Receipt] = Future()
+            with self._lock:
+                self._held.append((time.monotonic() + self._confirm_timeout, held))
+            return held
         return self._producer.send_async(
             topic, body, key=key, headers=headers, message_id=message_id
         )
@@ -280,6 +298,7 @@ class Producer(ClosesOnExit):
         messages: list[dict[str, Any]],
         partition: int = PARTITION_UA,
         on_delivery: DeliveryCallback | None = None,
+        callback: DeliveryCallback | None = None,
     ) -> int:
         """``produce`` each of ``messages`` (dicts of ``value``, ``key``, ``headers``,
         ``timestamp``, ``partition``, ``callback`` / ``on_delivery``); returns how many
@@ -288,7 +307,12 @@ class Producer(ClosesOnExit):
         ``timestamp`` ``NotImplementedError`` before anything is queued, as with
         confluent-kafka."""
         self._check_open()
+        if not isinstance(topic, str):
+            raise TypeError(f"topic must be str, not {type(topic).__name__}")
+        if not isinstance(partition, int):
+            raise TypeError(f"partition must be int, not {type(partition).__name__}")
         _check_batch(messages)
+        on_delivery = on_delivery or callback
         queued = 0
         for message in messages:
             try:
@@ -309,9 +333,9 @@ class Producer(ClosesOnExit):
                 queued += 1
         return queued
 
-    def _unreported_done(self) -> None:
+    def _unreported_done(self, count: int = 1) -> None:
         with self._lock:
-            self._unreported -= 1
+            self._unreported -= count
             self._served.notify_all()
 
     def _warn_once(self, what: str, message: str) -> None:
@@ -329,6 +353,10 @@ class Producer(ClosesOnExit):
         """Serve delivery callbacks, waiting up to ``timeout`` seconds for the first
         (None or a negative value: until one arrives). Returns how many were served."""
         self._check_open()
+        if self._held:
+            self._fail_held(time.monotonic(), _no_brokers)
+            if self._held and (timeout is None or timeout < 0 or timeout > _FLUSH_SLICE_S):
+                timeout = _FLUSH_SLICE_S  # come back to time the held messages out
         try:
             if timeout is not None and timeout == 0:
                 first = self._reports.get_nowait()
@@ -337,44 +365,40 @@ class Producer(ClosesOnExit):
                 first = self._reports.get(timeout=wait)
         except queue.Empty:
             return 0
-        served = 1
-        self._serve(first)
-        while True:
-            try:
-                report = self._reports.get_nowait()
-            except queue.Empty:
-                return served
-            served += 1
-            self._serve(report)
+        served = 0
+        report = first
+        try:
+            while True:
+                served += 1
+                self._serve(report)
+                try:
+                    report = self._reports.get_nowait()
+                except queue.Empty:
+                    return served
+        finally:
+            # Counted once per poll, not per report; a report whose callback raised is
+            # served too.
+            self._unreported_done(served)
 
     def _serve(self, report: _Report) -> None:
         exc = report.future.exception()
         status = report.future.result().status if exc is None else None
-        message_id = report.message_id
-        headers: list[tuple[str, bytes | None]] = [
-            *report.headers,
-            (MESSAGE_ID_HEADER, message_id.encode()),
-            (STATUS_HEADER, status.value.encode() if status else b"failed"),
-        ]
         error = kafka_error(exc) if exc is not None else None
-        if isinstance(exc, ConfigurationError):
-            error = KafkaError(KafkaError._MSG_TIMED_OUT, str(exc), retriable=False)
+        if isinstance(exc, _Unsent):
+            error = KafkaError(exc.code, str(exc), retriable=False)
         msg = DeliveredMessage(
             topic=report.topic,
             value=report.value,
             key=report.key,
-            headers=headers,
-            message_id=message_id,
+            headers=report.headers,
+            message_id=report.message_id,
             status=status,
             error=error,
         )
-        try:
-            if report.callback is not None:
-                # NOTE: like confluent-kafka, an exception in the callback propagates out
-                # of poll()/flush(); the report counts as served.
-                report.callback(error, msg)
-        finally:
-            self._unreported_done()
+        if report.callback is not None:
+            # NOTE: like confluent-kafka, an exception in the callback propagates out of
+            # poll()/flush(); the report counts as served (poll's finally).
+            report.callback(error, msg)
 
     def flush(self, timeout: float | None = None) -> int:
         """Serve callbacks until every produced message is reported, or ``timeout``.
@@ -408,10 +432,25 @@ class Producer(ClosesOnExit):
         return len(self)
 
     def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
-        """Accepted, and nothing is dropped: every produced message is on its way to be
-        confirmed or stored (msgsafe never discards an accepted message)."""
+        """With ``in_queue``, messages still waiting for brokers that were never configured
+        fail with ``_PURGE_QUEUE`` (their callbacks run from the next ``poll``/``flush``).
+        Nothing else is dropped: a message handed to the brokers is on its way to be
+        confirmed or stored, and msgsafe never discards it."""
         self._check_open()
-        self._warn_once("purge", "purge() drops nothing: produced messages stay safe")
+        if in_queue and self._held:
+            self._fail_held(None, _purged)
+        if self._producer is not None:
+            self._warn_once("purge", "purge() drops nothing: produced messages stay safe")
+
+    def _fail_held(self, now: float | None, error: Callable[[], _Unsent]) -> None:
+        """Fail the held messages whose deadline is before ``now`` (None: all of them)."""
+        with self._lock:
+            due = [f for deadline, f in self._held if now is None or deadline <= now]
+            if not due:
+                return
+            self._held = [(d, f) for d, f in self._held if now is not None and d > now]
+        for future in due:
+            future.set_exception(error())
 
     def set_sasl_credentials(self, username: str, password: str) -> None:
         """Use these credentials for the ``list_topics`` client from now on; the
@@ -476,6 +515,22 @@ class Producer(ClosesOnExit):
 _FLUSH_SLICE_S = 0.05
 
 
+class _Unsent(MsgsafeError):
+    """A message of a producer without brokers that was never sent, with its error code."""
+
+    def __init__(self, code: int, text: str):
+        super().__init__(text)
+        self.code = code
+
+
+def _no_brokers() -> _Unsent:
+    return _Unsent(KafkaError._MSG_TIMED_OUT, "Local: Message timed out (no bootstrap.servers)")
+
+
+def _purged() -> _Unsent:
+    return _Unsent(KafkaError._PURGE_QUEUE, "Local: Purged in queue")
+
+
 def _check_batch(messages: object) -> None:
     """confluent-kafka's checks of ``produce_batch`` input, with its messages."""
     if not isinstance(messages, list):
@@ -491,6 +546,16 @@ def _check_batch(messages: object) -> None:
             raise TypeError(f"Message partition at index {index} must be int")
         if "timestamp" in message:
             raise NotImplementedError("Message timestamps are not currently supported")
+
+
+def _check_with_librdkafka(settings: Mapping[str, str] | None) -> None:
+    """Raise librdkafka's own ``KafkaException`` for a setting it does not know or a value
+    it refuses, at construction as confluent-kafka does (a short-lived client without
+    brokers checks them; it connects nowhere)."""
+    if settings:
+        from confluent_kafka import Producer as _Probe
+
+        _Probe({**settings, "log_level": 0})
 
 
 def _merged_config(

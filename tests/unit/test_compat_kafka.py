@@ -230,8 +230,10 @@ def test_buffer_error_when_reports_are_not_served(broker: MemoryBroker, tmp_path
 
 def test_argument_errors(broker: MemoryBroker, tmp_path: Path) -> None:
     p = _producer(broker, tmp_path)
-    with pytest.raises(NotImplementedError, match="partition"):
-        p.produce("t", b"x", partition=2)
+    with pytest.warns(CompatWarning, match="partition"):
+        p.produce("t", b"x", partition=2)  # placed by key, as the warning says
+    with pytest.raises(TypeError, match="partition"):
+        p.produce("t", b"x", partition="2")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="tombstone"):
         p.produce("t", None)
     with pytest.raises(TypeError):
@@ -243,7 +245,7 @@ def test_argument_errors(broker: MemoryBroker, tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         p.produce("t", b"x", timestamp=1234)  # warned once only
-    assert len(p) == 2
+    assert len(p) == 3
     p.close()
     with pytest.raises(RuntimeError, match="closed"):  # as confluent-kafka
         p.produce("t", b"after close")
@@ -321,8 +323,9 @@ def test_produce_batch_purge_and_credentials(broker: MemoryBroker, tmp_path: Pat
         {"value": b"b", "key": b"k", "headers": [("h", b"1"), ("h", None)]},
         {"value": b"c", "partition": 3},
     ]
-    assert producer.produce_batch("t", messages, on_delivery=record) == 2
-    assert "_error" in messages[2] and "_error" not in messages[0]
+    with pytest.warns(CompatWarning, match="partition"):
+        assert producer.produce_batch("t", messages, on_delivery=record) == 3
+    assert not any("_error" in message for message in messages)
     with pytest.raises(TypeError, match="index 1 must be a dict"):
         producer.produce_batch("t", [{"value": b"ok"}, "not a dict"])  # type: ignore[list-item]
     with pytest.raises(TypeError, match="value at index 0"):
@@ -333,8 +336,8 @@ def test_produce_batch_purge_and_credentials(broker: MemoryBroker, tmp_path: Pat
         assert producer.purge() is None
     with pytest.warns(CompatWarning, match="list_topics"):
         producer.set_sasl_credentials("u", "p")
-    assert producer.flush(5) == 0 and len(record.reports) == 2
-    assert [m.body for m in broker.messages("t")] == [b"a", b"b"]
+    assert producer.flush(5) == 0 and len(record.reports) == 3
+    assert [m.body for m in broker.messages("t")] == [b"a", b"b", b"c"]
     producer.close()
 
 

@@ -13,8 +13,11 @@ from pathlib import Path
 import pika as real_pika
 import pytest
 
+from msgsafe.adapters.rabbitmq._wire import carried_properties
 from msgsafe.compat import pika
 from msgsafe.compat._pika_config import connection_url, publish_error
+from msgsafe.compat.pika._channel import encode_properties
+from msgsafe.compat.pika._direct import direct_properties
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError, MessageTooLarge, Rejected, Unroutable
 from msgsafe.message import AMQP_PROPERTIES_HEADER, Envelope
@@ -65,6 +68,36 @@ def test_the_channel_is_a_pika_blocking_channel_overriding_every_public_name() -
     public = {n for n in dir(real) if not n.startswith("_")} | {"__enter__", "__exit__", "__int__"}
     inherited = sorted(n for n in public if getattr(pika.BlockingChannel, n) is getattr(real, n))
     assert inherited == []
+
+
+@pytest.mark.parametrize(
+    "props",
+    [
+        real_pika.BasicProperties(),
+        real_pika.BasicProperties(
+            content_type="a/b",
+            headers={"int": 1, "none": None, "bytes": b"\xff", "list": [1, "x"]},
+            timestamp=5,
+            priority=3,
+            correlation_id="c",
+            app_id="a",
+            delivery_mode=1,
+            message_id="theirs",
+        ),
+    ],
+)
+def test_the_direct_path_publishes_the_properties_the_adapter_would(
+    props: real_pika.BasicProperties,
+) -> None:
+    envelope = Envelope.build(
+        "q",
+        b"x",
+        headers={AMQP_PROPERTIES_HEADER: encode_properties(props)},
+        message_id="m-1",
+    )
+    direct = direct_properties(props, "m-1", envelope.created_at)
+    assert direct.__dict__ == carried_properties(envelope).__dict__
+    assert props.message_id in (None, "theirs") and props.delivery_mode in (None, 1)  # unchanged
 
 
 def test_a_list_of_parameters_becomes_a_host_list() -> None:

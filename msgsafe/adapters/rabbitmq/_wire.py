@@ -116,18 +116,21 @@ def envelope_properties(envelope: Envelope) -> pika.BasicProperties:
 def carried_properties(envelope: Envelope) -> pika.BasicProperties:
     """The properties a pika publisher set (decoded from the envelope's
     ``AMQP_PROPERTIES_HEADER``) with msgsafe's own on top: persistent, the id in
-    ``message_id`` and the ``msgsafe-id`` header, the key, the other text headers; the
-    send time as ``timestamp`` only where the publisher set none."""
+    ``message_id``, the key, the other text headers; the send time as ``timestamp`` only
+    where the publisher set none.
+
+    No ``msgsafe-id`` header: receivers read the id from ``message_id`` first, and a
+    consumer of the pika publisher sees the headers it was sent (``None`` when none)."""
     props = pika.BasicProperties()
     props.decode(base64.b64decode(envelope.headers[AMQP_PROPERTIES_HEADER]))
     table: dict[str, object] = dict(props.headers or {})
     for name, value in envelope.headers.items():
         if name != AMQP_PROPERTIES_HEADER:
             table[name] = value
-    table[MESSAGE_ID_HEADER] = envelope.message_id
     if envelope.key is not None:
         table[KEY_HEADER] = envelope.key
-    props.headers = table
+    if table or props.headers is not None:
+        props.headers = table
     props.delivery_mode = 2  # persistent
     props.message_id = envelope.message_id
     if props.timestamp is None:

@@ -1,10 +1,12 @@
 """msgsafe's ``BlockingChannel``: pika's channel with ``basic_publish`` through msgsafe.
 
 It *is* a ``pika.adapters.blocking_connection.BlockingChannel`` (``isinstance`` holds) and
-overrides every public name of it: publishing and transactions go through msgsafe's
-producer, everything else (declares, binds, ``basic_qos``, consuming, ``consume()``) runs
-unchanged on a real pika channel of a real connection to the same hosts, opened on first
-use. ``tests/unit/test_compat_pika.py`` pins that no public name is left inherited.
+overrides every public name of it: a blocking publish is confirmed on the caller's thread
+through the real connection while that works (:mod:`msgsafe.compat.pika._direct`) and
+goes through msgsafe's producer otherwise, as do pipelined publishes and transactions;
+everything else (declares, binds, ``basic_qos``, consuming, ``consume()``) runs unchanged
+on a real pika channel of the real connection to the same hosts.
+``tests/unit/test_compat_pika.py`` pins that no public name is left inherited.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import base64
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -29,8 +32,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from msgsafe.compat._common import ClosesOnExit
 from msgsafe.compat._pika_config import destination_of, publish_error, returned_message
+from msgsafe.compat.pika._direct import DirectPublisher, direct_properties
 from msgsafe.errors import ClosedError, InvalidMessage, MsgsafeError
-from msgsafe.message import AMQP_PROPERTIES_HEADER, Envelope, Receipt
+from msgsafe.message import AMQP_PROPERTIES_HEADER, Envelope, Receipt, Status, new_message_id
 
 if TYPE_CHECKING:
     from msgsafe.compat.pika._connection import BlockingConnection
@@ -97,6 +101,8 @@ class BlockingChannel(ClosesOnExit, _blocking.BlockingChannel):  # type: ignore[
         self._confirming = False
         self._closed = False
         self._real: Any = None  # the pika channel for everything but publishing
+        # A lazy connection may have no broker yet: direct publishing waits for a confirm.
+        self._direct = DirectPublisher(connection, resting=connection._real is None)
 
     # --- state -------------------------------------------------------------------------
 
@@ -161,12 +167,18 @@ class BlockingChannel(ClosesOnExit, _blocking.BlockingChannel):  # type: ignore[
             raise TypeError(f"body must be bytes or str, not {type(body).__name__}")
         body = bytes(body)
         props = properties if properties is not None else BasicProperties()
+        message_id = props.message_id or new_message_id()
+        blocking = not pipelined and self._held is None
+        if blocking and self._direct.publish(
+            exchange, routing_key, body, direct_properties(props, message_id, time.time())
+        ):
+            return  # the broker confirmed it, on this thread, as pika's own publish
         held = _Held(
             Envelope.build(
                 destination_of(exchange, routing_key),
                 body,
                 headers={AMQP_PROPERTIES_HEADER: encode_properties(props)},
-                message_id=props.message_id or None,
+                message_id=message_id,
             ),
             returned_message(exchange, routing_key, props, body),
             mandatory,
@@ -177,8 +189,10 @@ class BlockingChannel(ClosesOnExit, _blocking.BlockingChannel):  # type: ignore[
         future = self._send(held)
         if pipelined:
             future.add_done_callback(lambda f: self._settled(held.returned, f))
-        else:
-            self._await(future, held)
+            return
+        self._await(future, held)
+        if future.exception() is None and future.result().status is Status.CONFIRMED:
+            self._direct.resume()
 
     def _send(self, held: _Held) -> Future[Receipt]:
         try:
@@ -423,6 +437,7 @@ class BlockingChannel(ClosesOnExit, _blocking.BlockingChannel):  # type: ignore[
         if self._conn.pipelined:
             self._conn.producer.flush(CLOSE_WAIT_S)
         self._closed = True
+        self._direct.close()
         real, self._real = self._real, None
         if real is not None and real.is_open:
             real.close(reply_code, reply_text)
@@ -430,6 +445,7 @@ class BlockingChannel(ClosesOnExit, _blocking.BlockingChannel):  # type: ignore[
 
     def _mark_closed(self) -> None:
         self._closed = True
+        self._direct.close()
         self._real = None
 
     def __int__(self) -> int:

@@ -44,9 +44,11 @@ class BlockingConnection(ClosesOnExit):
     flight when the process dies). ``_url`` replaces the broker URL (tests point it at
     ``memory://``).
 
-    Unlike pika, the constructor does not fail while the brokers are down: messages are
-    stored and forwarded when one is back. Declares and consuming run on a real pika
-    connection to the same hosts, opened on first use.
+    As pika, the constructor connects (the real pika connection that declares and
+    consuming use) and raises pika's ``AMQPConnectionError`` when no host answers.
+    ``lazy=True`` opts out: the constructor then does not fail while the brokers are
+    down, messages are stored and forwarded when one is back, and the real connection
+    opens on first use.
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class BlockingConnection(ClosesOnExit):
         *,
         outbox: OutboxSpec = True,
         pipelined: bool = False,
+        lazy: bool = False,
         _url: str | None = None,
     ) -> None:
         if parameters is None:
@@ -69,10 +72,14 @@ class BlockingConnection(ClosesOnExit):
             options = {}
         self._parameters = params
         self.pipelined = pipelined
+        # NOTE: before the producer exists, so a refused connection leaves nothing open.
+        real = None if lazy or _url else pika.BlockingConnection(params)
         self._producer = _SafeProducer(target, outbox=outbox, **options)
         self._lock = threading.Lock()
         self._channels: dict[int, BlockingChannel] = {}
-        self._real: Any = None  # pika.BlockingConnection for declares, opened on first use
+        self._real: Any = real  # pika.BlockingConnection for declares (reopened on use)
+        #: The thread that opened the real connection: the only one publishing directly.
+        self._real_thread: int | None = None if real is None else threading.get_ident()
         self._closed = False
         self._woken = threading.Event()  # set by close(): ends a wait with no connection
         self._finalizer = weakref.finalize(self, _close_quietly, self._producer)
@@ -168,6 +175,12 @@ class BlockingConnection(ClosesOnExit):
             lambda _conn, method: callback(self, method)
         )
 
+    def update_secret(self, new_secret: str, reason: str) -> None:
+        """pika's ``update_secret`` on the real connection (declares and consuming); the
+        publishing connection keeps the secret it logged in with (see the migration
+        notes). Raises ``ConnectionWrongStateError`` once closed."""
+        self._real_connection().update_secret(new_secret, reason)
+
     def add_callback_threadsafe(self, callback: Callable[[], None]) -> None:
         self._real_connection().add_callback_threadsafe(callback)
 
@@ -180,11 +193,13 @@ class BlockingConnection(ClosesOnExit):
     # --- the real connection -------------------------------------------------------------
 
     def _real_connection(self) -> Any:
-        """The pika connection for declares and consuming, opened on first use."""
+        """The pika connection for declares, consuming and the direct publish path (made
+        by the constructor unless lazy; reopened here when it was lost)."""
         self._check_open()
         with self._lock:
             if self._real is None or not self._real.is_open:
                 self._real = pika.BlockingConnection(self._parameters)
+                self._real_thread = threading.get_ident()
             return self._real
 
     def _drop_real(self) -> None:
