@@ -390,16 +390,16 @@ class ProducerLink:
         text = err.str() or ""
         found = _RESPONSE_SIZE.search(text)
         size = int(found.group(1)) if found is not None else None
-        if "certificate verify failed" in text:
+        refused = _peer.client_certificate_refused(text)
+        if refused is None and "certificate verify failed" in text:
             # NOTE: librdkafka names the reason after the colon (self-signed certificate,
             # hostname mismatch, certificate has expired, ...).
             reason = text.split("certificate verify failed", 1)[1].strip(" :")
             reason = reason.split(" (after ")[0] or "untrusted CA, wrong host name or expired"
+            refused = f"the broker's TLS certificate failed verification: {reason}"
+        if refused is not None:
             if self.mismatch is None:
-                self.mismatch = CertificateError(
-                    f"the broker's TLS certificate failed verification: {reason}",
-                    endpoint=self._target,
-                )
+                self.mismatch = CertificateError(refused, endpoint=self._target)
                 log.error("kafka: %s", self.mismatch)
             self._purge_queue = True
             return True
