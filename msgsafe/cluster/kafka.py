@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from msgsafe.cluster import kafka_admin, maven
+from msgsafe.cluster import tls as cluster_tls
 from msgsafe.cluster._jvm import JvmCluster
 from msgsafe.cluster._process import port_open, spawn, wait_for
 from msgsafe.cluster.base import ClusterError
@@ -77,6 +78,10 @@ class KafkaCluster(JvmCluster):
     ``detached``: nodes outlive this process (``msgsafe cluster up``) and ``cluster.json``
     is kept current; otherwise they die with it. ``heap_mb`` is each JVM's ``-Xmx``.
     ``overrides`` replace or add ``server.properties`` entries on every node.
+    ``tls``: certificates made in ``dir/tls`` (:mod:`msgsafe.cluster.tls`) and two more
+    listeners per node, by the name ``localhost``: ``SSL`` (:meth:`tls_url`), which
+    requires a client certificate, and ``EXPIRED``, which presents the expired one (for
+    checking that clients refuse it); brokers still talk among themselves in plain TCP.
 
     :meth:`start` formats each node's storage and returns once every broker is registered
     and a topic replicated on every node (up to 3) takes an ``acks=all`` write;
@@ -85,6 +90,7 @@ class KafkaCluster(JvmCluster):
     """
 
     kind: ClassVar[str] = "kafka"
+    supports_tls: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -95,8 +101,9 @@ class KafkaCluster(JvmCluster):
         *,
         heap_mb: int = 384,
         overrides: Mapping[str, str] | None = None,
+        tls: bool = False,
     ) -> None:
-        _, self.controller_ports = self._setup(
+        lists = self._setup(
             nodes,
             dir,
             base_port,
@@ -104,8 +111,16 @@ class KafkaCluster(JvmCluster):
             heap_mb=heap_mb,
             version=VERSION,
             what="Kafka cluster",
-            port_lists=2,
+            port_lists=4 if tls else 2,
         )
+        self.controller_ports = lists[1]
+        #: Each node's SSL and EXPIRED listener (empty without ``tls``).
+        self.tls_ports: list[int] = lists[2] if tls else []
+        self.expired_ports: list[int] = lists[3] if tls else []
+        self.tls: cluster_tls.ClusterTls | None = None
+        if tls:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.tls = cluster_tls.make(self.dir, java_stores=True)
         self.overrides = dict(overrides or {})
         self.cluster_id = _cluster_id()
 
@@ -185,7 +200,43 @@ class KafkaCluster(JvmCluster):
             "background.threads": "4",
             "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
         }
+        props.update(self._tls_properties(node))
         props.update(self.overrides)
+        return props
+
+    def _tls_properties(self, node: int) -> dict[str, str]:
+        if self.tls is None:
+            return {}
+        host = cluster_tls.HOST
+        props = {
+            "listeners": (
+                f"PLAINTEXT://127.0.0.1:{self.ports[node]},"
+                f"CONTROLLER://127.0.0.1:{self.controller_ports[node]},"
+                f"SSL://127.0.0.1:{self.tls_ports[node]},"
+                f"EXPIRED://127.0.0.1:{self.expired_ports[node]}"
+            ),
+            "advertised.listeners": (
+                f"PLAINTEXT://127.0.0.1:{self.ports[node]},"
+                f"SSL://{host}:{self.tls_ports[node]},"
+                f"EXPIRED://{host}:{self.expired_ports[node]}"
+            ),
+            "listener.security.protocol.map": (
+                "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,EXPIRED:SSL"
+            ),
+        }
+        for name, store, client_auth in (
+            ("ssl", "server", "required"),
+            ("expired", "expired", "none"),
+        ):
+            prefix = f"listener.name.{name}."
+            props[prefix + "ssl.keystore.type"] = "PKCS12"
+            props[prefix + "ssl.keystore.location"] = str(self.tls.store(store))
+            props[prefix + "ssl.keystore.password"] = cluster_tls.STORE_PASSWORD
+            props[prefix + "ssl.key.password"] = cluster_tls.STORE_PASSWORD
+            props[prefix + "ssl.truststore.type"] = "PKCS12"
+            props[prefix + "ssl.truststore.location"] = str(self.tls.store("trust"))
+            props[prefix + "ssl.truststore.password"] = cluster_tls.STORE_PASSWORD
+            props[prefix + "ssl.client.auth"] = client_auth
         return props
 
     def _write_config(self, node: int) -> Path:
@@ -257,7 +308,8 @@ class KafkaCluster(JvmCluster):
         return self._node_dir(node) / "server.properties"
 
     def _node_ports(self, node: int) -> list[int]:
-        return [self.ports[node], self.controller_ports[node]]
+        extra = [self.tls_ports[node], self.expired_ports[node]] if self.tls else []
+        return [self.ports[node], self.controller_ports[node], *extra]
 
     def _wait_back(self, node: int, deadline: float) -> None:
         # Registered as an unfenced broker; it may still be catching up replicas (see
@@ -334,6 +386,28 @@ class KafkaCluster(JvmCluster):
         """``kafka://127.0.0.1:P1,127.0.0.1:P2,...``"""
         return f"kafka://{self.bootstrap}"
 
+    def tls_url(self, *, expired: bool = False) -> str:
+        """``kafka+ssl://localhost:P1,...`` of the SSL listeners (``expired``: of the
+        listeners presenting the expired certificate) with the CA and client certificate."""
+        if self.tls is None:
+            raise ClusterError("this cluster has no TLS listeners: make it with tls=True")
+        ports = self.expired_ports if expired else self.tls_ports
+        hosts = ",".join(f"{cluster_tls.HOST}:{p}" for p in ports)
+        return f"kafka+ssl://{hosts}?{self.tls.query()}"
+
+    def describe(self) -> dict[str, Any]:
+        """The common description; with ``tls`` also the certificate paths, the SSL and
+        EXPIRED listeners' ports and the TLS URL."""
+        described = super().describe()
+        if self.tls is not None:
+            described["tls"] = {
+                **self.tls.describe(),
+                "ports": self.tls_ports,
+                "expired_ports": self.expired_ports,
+                "url": self.tls_url(),
+            }
+        return described
+
     def node_url(self, node: int) -> str:
         """``kafka://127.0.0.1:P`` of ``node`` only."""
         self._check_index(node)
@@ -374,6 +448,8 @@ class KafkaCluster(JvmCluster):
             "controller_ports": self.controller_ports,
             "cluster_id": self.cluster_id,
             "overrides": self.overrides,
+            "tls_ports": self.tls_ports,
+            "expired_ports": self.expired_ports,
         }
 
     @classmethod
@@ -382,6 +458,10 @@ class KafkaCluster(JvmCluster):
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.controller_ports = [int(p) for p in state["controller_ports"]]
+        if state.get("tls_ports"):
+            self.tls = cluster_tls.load(self.dir)
+            self.tls_ports = [int(p) for p in state["tls_ports"]]
+            self.expired_ports = [int(p) for p in state["expired_ports"]]
         if len(self.controller_ports) != self.count:
             raise ValueError("controller ports do not match the node count")
         self.cluster_id = str(state["cluster_id"])
