@@ -395,7 +395,7 @@ class ProducerLink:
             # NOTE: librdkafka names the reason after the colon (self-signed certificate,
             # hostname mismatch, certificate has expired, ...).
             reason = text.split("certificate verify failed", 1)[1].strip(" :")
-            reason = reason.split("(after ")[0].strip() or "untrusted CA, wrong host name or expired"
+            reason = reason.split("(after ")[0].strip() or "untrusted CA, host name or expired"
             refused = f"the broker's TLS certificate failed verification: {reason}"
         if refused is not None:
             if self.mismatch is None:
