@@ -28,11 +28,12 @@ def round_trip(
     count: int = 50,
     ignore: Callable[[bytes], bool] = lambda body: False,
     timeout: float = 30.0,
+    **producer_options: object,
 ) -> tuple[int, int]:
     """Send ``count`` messages (each CONFIRMED), consume them back through ``url``;
     assert none lost and every duplicate a known id. Returns (sent, received)."""
     sent: set[str] = set()
-    with msgsafe.Producer(url, outbox=False) as producer:
+    with msgsafe.Producer(url, outbox=False, **producer_options) as producer:
         for i in range(count):
             receipt = producer.send(destination, f"m{i}".encode())
             assert receipt.status is Status.CONFIRMED
