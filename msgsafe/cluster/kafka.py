@@ -33,8 +33,9 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import quote
 
-from msgsafe.cluster import kafka_admin, maven
+from msgsafe.cluster import _kafka_listeners, kafka_admin, maven
 from msgsafe.cluster import tls as cluster_tls
 from msgsafe.cluster._jvm import JvmCluster
 from msgsafe.cluster._process import port_open, spawn, wait_for
@@ -82,6 +83,8 @@ class KafkaCluster(JvmCluster):
     listeners per node, by the name ``localhost``: ``SSL`` (:meth:`tls_url`), which
     requires a client certificate, and ``EXPIRED``, which presents the expired one (for
     checking that clients refuse it); brokers still talk among themselves in plain TCP.
+    ``scram_users`` (name -> password): a ``SASL`` listener per node (SASL_PLAINTEXT,
+    SCRAM-SHA-256/512, :meth:`sasl_url`) and these users, created at format time.
 
     :meth:`start` formats each node's storage and returns once every broker is registered
     and a topic replicated on every node (up to 3) takes an ``acks=all`` write;
@@ -102,6 +105,7 @@ class KafkaCluster(JvmCluster):
         heap_mb: int = 384,
         overrides: Mapping[str, str] | None = None,
         tls: bool = False,
+        scram_users: Mapping[str, str] | None = None,
     ) -> None:
         lists = self._setup(
             nodes,
@@ -111,12 +115,15 @@ class KafkaCluster(JvmCluster):
             heap_mb=heap_mb,
             version=VERSION,
             what="Kafka cluster",
-            port_lists=4 if tls else 2,
+            port_lists=2 + (2 if tls else 0) + (1 if scram_users else 0),
         )
         self.controller_ports = lists[1]
         #: Each node's SSL and EXPIRED listener (empty without ``tls``).
         self.tls_ports: list[int] = lists[2] if tls else []
         self.expired_ports: list[int] = lists[3] if tls else []
+        #: Each node's SASL listener (empty without ``scram_users``).
+        self.sasl_ports: list[int] = lists[-1] if scram_users else []
+        self.scram_users = dict(scram_users or {})
         self.tls: cluster_tls.ClusterTls | None = None
         if tls:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -157,14 +164,8 @@ class KafkaCluster(JvmCluster):
             "process.roles": "broker,controller",
             "node.id": str(node),
             "controller.quorum.voters": voters,
-            "listeners": (
-                f"PLAINTEXT://127.0.0.1:{self.ports[node]},"
-                f"CONTROLLER://127.0.0.1:{self.controller_ports[node]}"
-            ),
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.ports[node]}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             "log.dirs": str(self._node_dir(node) / "data"),
             # Durability: every write on 3 nodes, acks=all needs 2 in sync, and a replica
             # that was out of sync never becomes leader (it would drop acknowledged data).
@@ -200,44 +201,18 @@ class KafkaCluster(JvmCluster):
             "background.threads": "4",
             "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
         }
-        props.update(self._tls_properties(node))
+        props.update(_kafka_listeners.properties(self._listeners(node), self.tls))
         props.update(self.overrides)
         return props
 
-    def _tls_properties(self, node: int) -> dict[str, str]:
-        if self.tls is None:
-            return {}
-        host = cluster_tls.HOST
-        props = {
-            "listeners": (
-                f"PLAINTEXT://127.0.0.1:{self.ports[node]},"
-                f"CONTROLLER://127.0.0.1:{self.controller_ports[node]},"
-                f"SSL://127.0.0.1:{self.tls_ports[node]},"
-                f"EXPIRED://127.0.0.1:{self.expired_ports[node]}"
-            ),
-            "advertised.listeners": (
-                f"PLAINTEXT://127.0.0.1:{self.ports[node]},"
-                f"SSL://{host}:{self.tls_ports[node]},"
-                f"EXPIRED://{host}:{self.expired_ports[node]}"
-            ),
-            "listener.security.protocol.map": (
-                "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,EXPIRED:SSL"
-            ),
-        }
-        for name, store, client_auth in (
-            ("ssl", "server", "required"),
-            ("expired", "expired", "none"),
-        ):
-            prefix = f"listener.name.{name}."
-            props[prefix + "ssl.keystore.type"] = "PKCS12"
-            props[prefix + "ssl.keystore.location"] = str(self.tls.store(store))
-            props[prefix + "ssl.keystore.password"] = cluster_tls.STORE_PASSWORD
-            props[prefix + "ssl.key.password"] = cluster_tls.STORE_PASSWORD
-            props[prefix + "ssl.truststore.type"] = "PKCS12"
-            props[prefix + "ssl.truststore.location"] = str(self.tls.store("trust"))
-            props[prefix + "ssl.truststore.password"] = cluster_tls.STORE_PASSWORD
-            props[prefix + "ssl.client.auth"] = client_auth
-        return props
+    def _listeners(self, node: int) -> _kafka_listeners.NodeListeners:
+        return _kafka_listeners.NodeListeners(
+            plain=self.ports[node],
+            controller=self.controller_ports[node],
+            tls=self.tls_ports[node] if self.tls_ports else None,
+            expired=self.expired_ports[node] if self.expired_ports else None,
+            sasl=self.sasl_ports[node] if self.sasl_ports else None,
+        )
 
     def _write_config(self, node: int) -> Path:
         path = self._node_dir(node) / "server.properties"
@@ -270,7 +245,15 @@ class KafkaCluster(JvmCluster):
                     )
                 continue
             argv = self._java(
-                lib, _STORAGE_TOOL, "format", "-t", self.cluster_id, "-c", str(config), heap_mb=128
+                lib,
+                _STORAGE_TOOL,
+                "format",
+                "-t",
+                self.cluster_id,
+                "-c",
+                str(config),
+                *_kafka_listeners.scram_arguments(self.scram_users),
+                heap_mb=128,
             )
             proc = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -308,8 +291,9 @@ class KafkaCluster(JvmCluster):
         return self._node_dir(node) / "server.properties"
 
     def _node_ports(self, node: int) -> list[int]:
-        extra = [self.tls_ports[node], self.expired_ports[node]] if self.tls else []
-        return [self.ports[node], self.controller_ports[node], *extra]
+        ports = self._listeners(node)
+        optional = [p for p in (ports.tls, ports.expired, ports.sasl) if p is not None]
+        return [ports.plain, ports.controller, *optional]
 
     def _wait_back(self, node: int, deadline: float) -> None:
         # Registered as an unfenced broker; it may still be catching up replicas (see
@@ -395,6 +379,15 @@ class KafkaCluster(JvmCluster):
         hosts = ",".join(f"{cluster_tls.HOST}:{p}" for p in ports)
         return f"kafka+ssl://{hosts}?{self.tls.query()}"
 
+    def sasl_url(self, user: str, password: str, mechanism: str = "SCRAM-SHA-256") -> str:
+        """``kafka://user:password@127.0.0.1:P1,...?sasl_mechanism=...`` of the SASL
+        listeners (any user and password: wrong ones are for tests of refusal)."""
+        if not self.sasl_ports:
+            raise ClusterError("this cluster has no SASL listeners: make it with scram_users=")
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.sasl_ports)
+        creds = f"{quote(user, safe='')}:{quote(password, safe='')}"
+        return f"kafka://{creds}@{hosts}?sasl_mechanism={mechanism}"
+
     def describe(self) -> dict[str, Any]:
         """The common description; with ``tls`` also the certificate paths, the SSL and
         EXPIRED listeners' ports and the TLS URL."""
@@ -405,6 +398,12 @@ class KafkaCluster(JvmCluster):
                 "ports": self.tls_ports,
                 "expired_ports": self.expired_ports,
                 "url": self.tls_url(),
+            }
+        if self.sasl_ports:
+            described["sasl"] = {
+                "ports": self.sasl_ports,
+                "mechanisms": list(_kafka_listeners.SCRAM_MECHANISMS),
+                "users": sorted(self.scram_users),  # names only: passwords stay in the dir
             }
         return described
 
@@ -450,6 +449,8 @@ class KafkaCluster(JvmCluster):
             "overrides": self.overrides,
             "tls_ports": self.tls_ports,
             "expired_ports": self.expired_ports,
+            "sasl_ports": self.sasl_ports,
+            "scram_users": self.scram_users,
         }
 
     @classmethod
@@ -462,6 +463,8 @@ class KafkaCluster(JvmCluster):
             self.tls = cluster_tls.load(self.dir)
             self.tls_ports = [int(p) for p in state["tls_ports"]]
             self.expired_ports = [int(p) for p in state["expired_ports"]]
+        self.sasl_ports = [int(p) for p in state.get("sasl_ports") or []]
+        self.scram_users = dict(state.get("scram_users") or {})
         if len(self.controller_ports) != self.count:
             raise ValueError("controller ports do not match the node count")
         self.cluster_id = str(state["cluster_id"])

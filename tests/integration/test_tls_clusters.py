@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import msgsafe
 from msgsafe.cluster.artemis import ArtemisCluster
-from msgsafe.cluster.base import ClusterError
 from msgsafe.cluster.kafka import KafkaCluster
 from tests.support.tls_checks import assert_fails_closed, round_trip
 
@@ -27,31 +25,10 @@ pytestmark = pytest.mark.integration
 TlsCluster = KafkaCluster | ArtemisCluster
 
 
-def _started(cluster: TlsCluster, what: str) -> Iterator[TlsCluster]:
-    try:
-        cluster.start()
-    except ClusterError as exc:
-        cluster.stop()
-        pytest.fail(f"cannot start {what} (msgsafe cluster fetch {cluster.kind}): {exc}")
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-@pytest.fixture(scope="module")
-def kafka_tls() -> Iterator[TlsCluster]:
-    yield from _started(KafkaCluster(nodes=3, tls=True), "Apache Kafka")
-
-
-@pytest.fixture(scope="module")
-def artemis_tls() -> Iterator[TlsCluster]:
-    yield from _started(ArtemisCluster(tls=True), "ActiveMQ Artemis")
-
-
 @pytest.fixture(params=["kafka", "artemis"])
 def tls_cluster(request: pytest.FixtureRequest) -> TlsCluster:
-    cluster: TlsCluster = request.getfixturevalue(f"{request.param}_tls")
+    fixture = "kafka_secure" if request.param == "kafka" else "artemis_tls"
+    cluster: TlsCluster = request.getfixturevalue(fixture)
     return cluster
 
 

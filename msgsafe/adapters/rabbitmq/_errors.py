@@ -142,6 +142,8 @@ _ADVICE = {
     "Kafka": "use kafka:// (or the broker's AMQP port)",
     "TLS": "use amqps://",
 }
+
+
 def identify_peer(endpoint: str, *, kafka_only: bool = False) -> str | None:
     """What a peer that dropped our AMQP 0-9-1 header speaks ("AMQP 1.0", "Kafka",
     "TLS"), asked in at most two short exchanges; None when it cannot be told.
