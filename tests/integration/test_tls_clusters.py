@@ -18,7 +18,7 @@ import pytest
 import msgsafe
 from msgsafe.cluster.artemis import ArtemisCluster
 from msgsafe.cluster.kafka import KafkaCluster
-from tests.support.tls_checks import assert_fails_closed, round_trip
+from tests.support.tls_checks import WITHIN_S, assert_fails_closed, assert_refused_login, round_trip
 
 pytestmark = pytest.mark.integration
 
@@ -80,3 +80,9 @@ def test_a_plain_failover_candidate_is_refused_and_logged(
     assert refused, "the primary's plain candidate (its backup) must be refused and logged"
     followed = [m for m in logged if "fail-over candidates" in m and plain_backup in m]
     assert followed == [], followed
+
+
+def test_a_wrong_password_fails_fast_over_tls(artemis_tls: TlsCluster, tmp_path: Path) -> None:
+    url = artemis_tls.tls_url().replace("msgsafe:msgsafe@", "msgsafe:not-the-password@")
+    took = assert_refused_login(url, tmp_path / "outbox.db", secret="not-the-password")
+    assert took < WITHIN_S, took

@@ -25,7 +25,7 @@ import msgsafe
 from msgsafe.cluster import tls as cluster_tls
 from msgsafe.cluster.base import ClusterError
 from msgsafe.cluster.rabbitmq import RabbitCluster
-from tests.support.tls_checks import assert_fails_closed, round_trip
+from tests.support.tls_checks import assert_fails_closed, assert_refused_login, round_trip
 
 pytestmark = pytest.mark.integration
 
@@ -93,3 +93,16 @@ def test_a_certificate_that_cannot_verify_fails_closed(
     text = assert_fails_closed(url, tmp_path / "outbox.db", secret="guest")
     said = "client certificate" if not client else "verif"
     assert said in text, (fault, text)
+
+
+@pytest.mark.parametrize("scheme", ["amqps", "amqp10s"])
+def test_a_wrong_password_fails_fast_and_stores_nothing(
+    tls_lab: RabbitCluster, tmp_path: Path, scheme: str
+) -> None:
+    url = _url(scheme, tls_lab, host="localhost", node=0, ca="trusted").replace(
+        "guest:guest@", "guest:not-the-password@"
+    )
+    # NOTE: RabbitMQ's AMQP 1.0 plugin answers a failed SASL login only after 3 s.
+    limit = 2.0 if scheme == "amqps" else 4.0
+    took = assert_refused_login(url, tmp_path / "outbox.db", secret="not-the-password")
+    assert took < limit, took

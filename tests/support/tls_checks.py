@@ -13,9 +13,9 @@ import pytest
 
 import msgsafe
 from msgsafe import Status
-from msgsafe.errors import CertificateError
+from msgsafe.errors import AuthenticationError, CertificateError
 
-__all__ = ["WITHIN_S", "assert_fails_closed", "round_trip"]
+__all__ = ["WITHIN_S", "assert_fails_closed", "assert_refused_login", "round_trip"]
 
 #: Documented: a certificate that cannot verify is refused within 2 s.
 WITHIN_S = 2.0
@@ -52,23 +52,39 @@ def round_trip(
     return len(sent), len(received)
 
 
-def assert_fails_closed(url: str, outbox: Path, *, secret: str | None = None) -> str:
-    """``send()`` through ``url`` (with an outbox) raises CertificateError within
-    :data:`WITHIN_S`, stores nothing, and the next send is refused too. Returns the
-    error's text (checked not to hold ``secret``)."""
+def _refused(
+    url: str, outbox: Path, error: type[AuthenticationError], secret: str | None
+) -> tuple[float, str]:
+    """``send()`` through ``url`` (with an outbox) raises ``error``, stores nothing, and
+    the next send is refused too; (seconds the first took, the error's text)."""
     producer = msgsafe.Producer(url, outbox=outbox)
     try:
         start = time.monotonic()
-        with pytest.raises(CertificateError) as caught:
-            producer.send("tls-faults", b"x")
+        with pytest.raises(error) as caught:
+            producer.send("security-faults", b"x")
         took = time.monotonic() - start
         assert producer.pending() == 0, "stored as if the broker were down"
-        with pytest.raises(CertificateError):
-            producer.send("tls-faults", b"y")
+        with pytest.raises(error):
+            producer.send("security-faults", b"y")
     finally:
         producer.close(timeout=1)
-    assert took < WITHIN_S, took
     text = str(caught.value)
     if secret is not None:
-        assert secret not in text, "credentials in an error"
+        assert secret not in text and secret not in repr(caught.value), "credentials in an error"
+    return took, text
+
+
+def assert_fails_closed(url: str, outbox: Path, *, secret: str | None = None) -> str:
+    """A CertificateError within :data:`WITHIN_S`, nothing stored, no second chance (see
+    :func:`_refused`). Returns the error's text."""
+    took, text = _refused(url, outbox, CertificateError, secret)
+    assert took < WITHIN_S, took
     return text
+
+
+def assert_refused_login(url: str, outbox: Path, *, secret: str) -> float:
+    """An AuthenticationError (not a certificate's), nothing stored, no second chance;
+    returns the seconds the first send took."""
+    took, text = _refused(url, outbox, AuthenticationError, secret)
+    assert "certificate" not in text, text
+    return took
