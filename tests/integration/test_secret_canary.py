@@ -2,7 +2,8 @@
 unique SASL/SCRAM secret (Kafka) are planted in URLs, keyword options, pika credentials
 and a librdkafka config; the producer, consumer, forwarder, the ``msgsafe`` command
 (``send``, ``consume``, ``demo``, ``verify``, ``doctor``, ``outbox``, ``cluster``, with
-and without ``--json``, at DEBUG logging), both compat wrappers and the Spark sink run
+and without ``--json``, at DEBUG logging), both compat wrappers and the Spark sink (a
+real batch, and one whose tasks fail on the wrong login) run
 through a connection failure, a fail-over and an outbox detour. Every byte they produce —
 log records with tracebacks, reprs, ``str()``/``repr()``/pickles of every exception,
 process output (librdkafka and proton write there), CLI stdout/stderr, the outbox file
@@ -282,3 +283,27 @@ def test_no_secret_anywhere(
     failed = {where.split(":")[0] for where, _ in sweep.parts if where.endswith(": str")}
     assert {"amqp wrong password", "amqp10 wrong password", "kafka wrong"} <= failed, failed
     assert "pika wrong password" in failed and "bad value" in failed, failed
+
+
+def test_no_secret_in_the_spark_sink(
+    sweep: Sweep, spark: Any, rabbit_cluster: RabbitCluster, canary_user: str
+) -> None:
+    """The Spark sink with the planted password, right and wrong: its reports, reprs
+    and the task failure Spark raises on the driver (which quotes the executor's error)
+    hold no secret."""
+    from msgsafe.spark import foreach_batch_sink
+
+    url = f"amqp://{USER}:{CANARY}@127.0.0.1:{rabbit_cluster.port(0)}/"
+    queue = f"canary-spark-{secrets.token_hex(3)}"
+    frame = spark.createDataFrame([(f"v{i}".encode(),) for i in range(40)], "value binary")
+    sink = foreach_batch_sink(url, queue, declare="quorum")
+    report = sink(frame, 1)
+    assert report.confirmed == 40, report
+    sweep.add("spark report", f"{report!r} {sink!r} {sink.reports!r}")
+    wrong = foreach_batch_sink(url.replace(CANARY, f"{CANARY}-wrong"), queue)
+    failed = sweep.attempt("spark wrong password", lambda: wrong(frame, 2))
+    assert isinstance(failed, Exception), failed
+    assert "AuthenticationError" in str(failed)
+    found = sweep.found(CANARY)
+    print(f"spark canary sweep: {sweep.size} bytes, {len(found)} occurrences")
+    assert found == [], found
