@@ -4,7 +4,8 @@ Artemis's TLS acceptors (the primary/backup pair), both started with ``tls=True`
 an untrusted CA, the wrong host name, an expired certificate (the listeners that present
 one) and a missing client certificate each fail closed with a CertificateError within
 2 s, nothing stored; and a real broker's fail-over advertisement that would move the TLS
-session to plain TCP (Artemis lists its backup's plain acceptor) is refused and logged.
+session to plain TCP (Artemis lists its backup's plain acceptor), or to a host outside
+``failover_allow=``, is refused and logged.
 """
 
 from __future__ import annotations
@@ -79,6 +80,24 @@ def test_a_plain_failover_candidate_is_refused_and_logged(
     refused = [m for m in logged if "downgrade" in m and plain_backup in m]
     assert refused, "the primary's plain candidate (its backup) must be refused and logged"
     followed = [m for m in logged if "fail-over candidates" in m and plain_backup in m]
+    assert followed == [], followed
+
+
+def test_a_candidate_outside_the_allow_list_is_refused_and_logged(
+    artemis_tls: TlsCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert isinstance(artemis_tls, ArtemisCluster)
+    primary = f"127.0.0.1:{artemis_tls.ports[0]}"
+    backup = f"127.0.0.1:{artemis_tls.ports[1]}"
+    url = f"{artemis_tls.node_url(0)}?failover_allow={primary}"
+    caplog.set_level(logging.INFO, logger="msgsafe.adapters.amqp10")
+    with msgsafe.Producer(url, outbox=False) as producer:
+        status = producer.send(f"allow-{secrets.token_hex(3)}", b"x").status
+        assert status is msgsafe.Status.CONFIRMED
+    logged = [r.getMessage() for r in caplog.records]
+    refused = [m for m in logged if "outside failover_allow" in m and backup in m]
+    assert refused, "the backup the primary advertises is outside the allow-list"
+    followed = [m for m in logged if "fail-over candidates" in m and backup in m]
     assert followed == [], followed
 
 
