@@ -68,8 +68,7 @@ _BROKER_XML = """\
       <connector name="peer">tcp://{host}:{other_port}</connector>
     </connectors>
     <acceptors>
-      <acceptor name="artemis">tcp://{host}:{port}?protocols=CORE,AMQP;{amqp_options}</acceptor>
-{tls_acceptors}
+      <acceptor name="artemis">tcp://{host}:{port}?protocols=CORE,AMQP;{amqp_options}</acceptor>{tls_acceptors}
     </acceptors>
 
     <cluster-user>{cluster_user}</cluster-user>
@@ -183,7 +182,7 @@ def broker_xml(
     if tls is not None and tls_ports is not None:
         good, expired = tls_ports
         trust = str(tls.store("trust"))
-        acceptors = "\n".join(
+        acceptors = "\n" + "\n".join(
             [
                 _tls_acceptor("tls", host, good, str(tls.store("server")), trust),
                 _tls_acceptor("expired", host, expired, str(tls.store("expired")), None),
