@@ -29,7 +29,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from msgsafe.adapters import _peer
 from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_confirmed, report_failed
-from msgsafe.adapters.kafka._errors import PRODUCER_STATE, translate
+from msgsafe.adapters.kafka._errors import PRODUCER_STATE, certificate_refusal, translate
 from msgsafe.adapters.kafka.config import KafkaOptions, producer_settings
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import (
@@ -391,13 +391,7 @@ class ProducerLink:
         text = err.str() or ""
         found = _RESPONSE_SIZE.search(text)
         size = int(found.group(1)) if found is not None else None
-        refused = _peer.client_certificate_refused(text)
-        if refused is None and "certificate verify failed" in text:
-            # NOTE: librdkafka names the reason after the colon (self-signed certificate,
-            # hostname mismatch, certificate has expired, ...).
-            reason = text.split("certificate verify failed", 1)[1].strip(" :")
-            reason = reason.split("(after ")[0].strip() or "untrusted CA, host name or expired"
-            refused = f"the broker's TLS certificate failed verification: {reason}"
+        refused = certificate_refusal(text)
         error: type[AuthenticationError] = CertificateError
         if err.code() in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
             # NOTE: librdkafka retries wrong SASL credentials on every reconnect, forever.
