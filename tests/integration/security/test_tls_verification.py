@@ -10,7 +10,7 @@ A two-node RabbitMQ with a TLS listener per node, certificates from
 certificate, node 1 one that expired yesterday; ``other-ca.pem`` stands for the untrusted
 CA. ``kafka+ssl://`` meets the same listeners: its client fails the TLS handshake before
 a Kafka byte is sent, so any real TLS listener shows what it does with a bad certificate
-(Kafka's own SSL listeners: ``tests/integration/test_tls_clusters.py``).
+(Kafka's own SSL listeners: ``test_tls_clusters.py``).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from msgsafe.cluster._process import free_ports
 from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.endpoints import parse_url
-from tests.fixtures.security import SCRAM_USER
+from tests.integration.security._users import SCRAM_USER
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ from msgsafe.errors import AuthenticationError
 from msgsafe.message import Envelope
 from msgsafe.outbox import Forwarder, SqliteOutbox
 from msgsafe.retry import RetryPolicy
-from tests.fixtures.security import SCRAM_USER
+from tests.integration.security._users import SCRAM_USER
 from tests.support.tls_checks import WITHIN_S, round_trip
 
 pytestmark = pytest.mark.integration
