@@ -328,7 +328,27 @@ class KafkaCluster(JvmCluster):
 
     def _probe_write(self, deadline: float) -> None:
         ck = kafka_admin.confluent()
-        self.create_topic(_READY_TOPIC, partitions=1, timeout=max(1.0, deadline - time.monotonic()))
+        refusals: list[ClusterError] = []
+
+        def created() -> bool:
+            # NOTE: on a loaded machine a just-registered broker can drop the admin
+            # request (_DESTROY_BROKER, a timeout): ask again until the deadline.
+            self._check_alive(list(range(self.count)))
+            left = max(1.0, min(15.0, deadline - time.monotonic()))
+            try:
+                self.create_topic(_READY_TOPIC, partitions=1, timeout=left)
+            except ClusterError as exc:
+                refusals.append(exc)
+                return False
+            return True
+
+        wait_for(
+            created,
+            max(0.0, deadline - time.monotonic()),
+            f"the topic {_READY_TOPIC!r} to be created",
+            interval=0.5,
+            on_timeout=lambda: f"last error: {refusals[-1] if refusals else 'none'}",
+        )
         producer = ck.Producer(
             {
                 "bootstrap.servers": self.bootstrap,
