@@ -272,6 +272,17 @@ def validate_body(body: object) -> bytes:
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 
+def _encodable(text: str, what: str) -> str:
+    """``text``, when UTF-8 can carry it (every wire format and the outbox store text as
+    UTF-8); InvalidMessage for a lone surrogate, which would fail later, after accept."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidMessage(f"{what} is not valid Unicode (a lone surrogate)") from None
+    return text
+
+
 def _freeze_headers(headers: Mapping[str, str] | None) -> Mapping[str, str]:
     if not headers:
         return _NO_HEADERS
@@ -282,6 +293,7 @@ def _freeze_headers(headers: Mapping[str, str] | None) -> Mapping[str, str]:
     for name, value in headers.items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise InvalidMessage("headers must be a mapping of str to str")
+        _encodable(name + value, "a header")
     return MappingProxyType(dict(headers))
 
 
@@ -317,6 +329,7 @@ class Envelope:
             and not headers
             and type(destination) is str
             and destination
+            and destination.isascii()
         ):
             # The common case, on every message's path: nothing to convert or check
             # beyond the key.
@@ -327,10 +340,13 @@ class Envelope:
             return cls(destination, body, new_message_id(), key, _NO_HEADERS, time.time())
         if not isinstance(destination, str) or not destination:
             raise InvalidMessage("destination must be a non-empty string")
+        _encodable(destination, "the destination")
         data = validate_body(body)
         key = _key_bytes(key)
         if message_id is not None and (not isinstance(message_id, str) or not message_id):
             raise InvalidMessage("message_id must be a non-empty string")
+        if message_id is not None:
+            _encodable(message_id, "message_id")
         return cls(
             destination=destination,
             body=data,
@@ -380,7 +396,7 @@ def _key_bytes(key: object) -> bytes | None:
     if key is None or type(key) is bytes:
         return key
     if isinstance(key, str):
-        return key.encode()
+        return _encodable(key, "the key").encode()
     if isinstance(key, (bytes, bytearray, memoryview)):
         return bytes(key)
     raise InvalidMessage(f"key must be str or bytes, not {type(key).__name__}")
@@ -425,6 +441,7 @@ class Batch:
         anything is sent if any body, key or id is not acceptable."""
         if not isinstance(destination, str) or not destination:
             raise InvalidMessage("destination must be a non-empty string")
+        _encodable(destination, "the destination")
         if isinstance(bodies, (bytes, bytearray, memoryview, str)):
             raise InvalidMessage("bodies must be an iterable of bytes, not a single body")
         body_list = list(bodies)
@@ -447,6 +464,7 @@ class Batch:
             for message_id in id_list:
                 if not isinstance(message_id, str) or not message_id:
                     raise InvalidMessage("message ids must be non-empty strings")
+                _encodable(message_id, "a message id")
         checked: list[bytes] = body_list  # type: ignore[assignment]  # every item checked above
         return cls(destination, checked, id_list, key_list, _freeze_headers(headers))
 

@@ -26,8 +26,10 @@ import struct
 __all__ = [
     "AMQP091_HEADER",
     "AMQP10_HEADER",
+    "CLIENT_CERT_ALERTS",
     "PLAIN_NOT_TLS",
     "PROBE_S",
+    "client_certificate_refused",
     "identify_peer",
     "spoken_in_reply",
     "split_endpoint",
@@ -40,6 +42,17 @@ AMQP10_HEADER = b"AMQP\x00\x01\x00\x00"
 #: A TLS client answered with bytes that are no TLS record (OpenSSL: "wrong version
 #: number"): the port is a plain listener.
 PLAIN_NOT_TLS = "this port speaks plain TCP, not TLS"
+#: TLS alerts a server sends when it refuses the client's certificate (OpenSSL's names,
+#: upper case in Python's ssl errors, lower case in proton's and librdkafka's text).
+CLIENT_CERT_ALERTS = {
+    "certificate required": "the broker requires a client certificate: give tls_cert_file= "
+    "and tls_key_file=",
+    "unknown ca": "the broker does not trust our client certificate (signed by a CA it does "
+    "not know): give tls_cert_file= a certificate its CA signed",
+    "bad certificate": "the broker refused our client certificate (bad certificate)",
+    "certificate expired": "the broker refused our client certificate: it has expired",
+    "certificate unknown": "the broker refused our client certificate (certificate unknown)",
+}
 _CORRELATION = 7
 #: ApiVersions v0, correlation id 7, client id "msgsafe": any Kafka broker answers it.
 KAFKA_PROBE = struct.pack(">ihhih", 17, 18, 0, _CORRELATION, 7) + b"msgsafe"
@@ -97,3 +110,14 @@ def identify_peer(endpoint: str, *, header: bytes | None, kafka: bool) -> str | 
     if len(answer) == 8 and struct.unpack(">i", answer[4:8])[0] == _CORRELATION:
         return "Kafka"
     return spoken_in_reply(answer)
+
+
+def client_certificate_refused(text: str) -> str | None:
+    """What to tell the caller when ``text`` (a TLS error) shows the server's alert that
+    it refused our client certificate, or has none; None for any other failure. No
+    retry can fix it, like a server certificate that does not verify."""
+    lowered = text.lower().replace("_", " ")
+    for alert, said in CLIENT_CERT_ALERTS.items():
+        if f"alert {alert}" in lowered:
+            return said
+    return None

@@ -93,13 +93,15 @@ class RabbitNode:
     def _tls_lines(self) -> list[str]:
         if self.tls_port is None or self.tls is None:
             return []
+        mutual = self.tls.require_client_cert
         return [
             f"listeners.ssl.default = 127.0.0.1:{self.tls_port}",
             f"ssl_options.cacertfile = {self.tls.ca}",
             f"ssl_options.certfile = {self.tls.cert}",
             f"ssl_options.keyfile = {self.tls.key}",
-            "ssl_options.verify = verify_none",
-            "ssl_options.fail_if_no_peer_cert = false",
+            # Mutual TLS where asked: the client's certificate must verify against ca.
+            f"ssl_options.verify = {'verify_peer' if mutual else 'verify_none'}",
+            f"ssl_options.fail_if_no_peer_cert = {'true' if mutual else 'false'}",
         ]
 
     def launch(self, cluster_dir: Path) -> None:

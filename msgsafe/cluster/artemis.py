@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any, Self
 from urllib.parse import quote
 
+from msgsafe.cluster import tls as cluster_tls
+from msgsafe.cluster._artemis_xml import broker_xml
 from msgsafe.cluster._process import (
     free_ports,
     kill_pid,
@@ -99,9 +101,13 @@ class ArtemisCluster(LocalCluster):
     :attr:`url`. ``heap`` is each JVM's ``-Xmx``. ``detached`` brokers outlive this process
     (``msgsafe cluster up``); otherwise they die with it. ``routing`` is the routing type
     of auto-created addresses (``MULTICAST``: Artemis's own default, for tests of clients).
+    ``tls``: certificates made in ``dir/tls`` (:mod:`msgsafe.cluster.tls`) and two more
+    AMQP acceptors per node: ``tls`` (:meth:`tls_url`; client certificate required) and
+    ``expired``, which presents the expired certificate.
     """
 
     kind = "artemis"
+    supports_tls = True
 
     def __init__(
         self,
@@ -115,6 +121,7 @@ class ArtemisCluster(LocalCluster):
         password: str = "msgsafe",
         heap: str = "256m",
         routing: str = "ANYCAST",
+        tls: bool = False,
     ) -> None:
         if nodes != 2:
             raise ClusterError("an Artemis replication pair has exactly 2 nodes")
@@ -127,7 +134,15 @@ class ArtemisCluster(LocalCluster):
         if routing not in ("ANYCAST", "MULTICAST"):
             raise ClusterError("routing is ANYCAST or MULTICAST (Artemis's own default)")
         self.routing = routing
-        self.ports: list[int] = free_ports(2) if base_port is None else [base_port, base_port + 1]
+        picked = free_ports(6) if base_port is None else [base_port + i for i in range(6)]
+        self.ports: list[int] = picked[:2]
+        #: Each node's ``tls`` and ``expired`` acceptor (empty without ``tls``).
+        self.tls_ports: list[int] = picked[2:4] if tls else []
+        self.expired_ports: list[int] = picked[4:6] if tls else []
+        self.tls: cluster_tls.ClusterTls | None = None
+        if tls:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.tls = cluster_tls.make(self.dir, java_stores=True)
         self.pids: list[int | None] = [None, None]
         #: Byte offset of each node's log at its last start: roles are read after it.
         self._log_from: list[int] = [0, 0]
@@ -178,16 +193,17 @@ class ArtemisCluster(LocalCluster):
                     proc.wait()
 
     def _write_broker_xml(self, node: int) -> None:
-        other = 1 - node
-        xml = _BROKER_XML.format(
+        xml = broker_xml(
             name=_NAMES[node],
             host=_HOST,
             port=self.ports[node],
-            other_port=self.ports[other],
-            cluster_user=_xml(self.user),
-            cluster_password=_xml(self.password),
-            ha_policy=_PRIMARY_POLICY if node == 0 else _BACKUP_POLICY,
+            other_port=self.ports[1 - node],
+            user=self.user,
+            password=self.password,
+            primary=node == 0,
             routing=self.routing,
+            tls=self.tls,
+            tls_ports=(self.tls_ports[node], self.expired_ports[node]) if self.tls else None,
         )
         path = self._node_dir(node) / "etc" / "broker.xml"
         tmp = path.with_suffix(".tmp")
@@ -409,6 +425,15 @@ class ArtemisCluster(LocalCluster):
         self._check(node)
         return f"amqp10://{self._credentials()}{_HOST}:{self.ports[node]}"
 
+    def tls_url(self, *, expired: bool = False) -> str:
+        """``amqp10s://user:pass@localhost:P0,localhost:P1`` of the ``tls`` acceptors
+        (``expired``: of the ``expired`` ones) with the CA and the client certificate."""
+        if self.tls is None:
+            raise ClusterError("this pair has no TLS acceptors: make it with tls=True")
+        ports = self.expired_ports if expired else self.tls_ports
+        hosts = ",".join(f"{cluster_tls.HOST}:{p}" for p in ports)
+        return f"amqp10s://{self._credentials()}{hosts}?{self.tls.query()}"
+
     def nodes(self) -> list[NodeInfo]:
         """Both nodes; ``role`` is ``live``, ``backup``, ``paused`` (SIGSTOPped, by any
         process) or None (starting or stopped)."""
@@ -426,7 +451,15 @@ class ArtemisCluster(LocalCluster):
 
     def describe(self) -> dict[str, Any]:
         """The common description plus the Artemis version."""
-        return {**super().describe(), "version": self.version}
+        described = {**super().describe(), "version": self.version}
+        if self.tls is not None:
+            described["tls"] = {
+                **self.tls.describe(),
+                "ports": self.tls_ports,
+                "expired_ports": self.expired_ports,
+                "url": self.tls_url(),
+            }
+        return described
 
     # --- found again from another process --------------------------------------------------
 
@@ -441,6 +474,8 @@ class ArtemisCluster(LocalCluster):
             "pids": self.pids,
             "log_from": self._log_from,
             "detached": self.detached,
+            "tls_ports": self.tls_ports,
+            "expired_ports": self.expired_ports,
         }
 
     @classmethod
@@ -458,132 +493,10 @@ class ArtemisCluster(LocalCluster):
             cluster.ports = [int(p) for p in state["ports"]]
             cluster.pids = [None if p is None else int(p) for p in state["pids"]]
             cluster._log_from = [int(o) for o in state.get("log_from", [0, 0])]
+            if state.get("tls_ports"):
+                cluster.tls = cluster_tls.load(Path(dir))
+                cluster.tls_ports = [int(p) for p in state["tls_ports"]]
+                cluster.expired_ports = [int(p) for p in state["expired_ports"]]
         except (KeyError, TypeError, ValueError) as exc:
             raise ClusterError(f"cluster.json in {dir} is not an Artemis pair: {exc}") from exc
         return cluster
-
-
-def _xml(text: str) -> str:
-    return (
-        text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
-    )
-
-
-_PRIMARY_POLICY = """\
-      <replication>
-        <primary>
-          <check-for-active-server>true</check-for-active-server>
-          <vote-on-replication-failure>false</vote-on-replication-failure>
-          <initial-replication-sync-timeout>30000</initial-replication-sync-timeout>
-        </primary>
-      </replication>"""
-
-_BACKUP_POLICY = """\
-      <replication>
-        <backup>
-          <allow-failback>true</allow-failback>
-          <restart-backup>true</restart-backup>
-          <max-saved-replicated-journals-size>2</max-saved-replicated-journals-size>
-        </backup>
-      </replication>"""
-
-# NOTE: one acceptor for CORE and AMQP: the cluster connection announces this node through
-# the connector of the same port, and the primary's AMQP open frame advertises that
-# connector as the fail-over candidate; a separate AMQP port would not be the one listed.
-_BROKER_XML = """\
-<?xml version="1.0"?>
-<configuration xmlns="urn:activemq"
-               xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
-               xsi:schemaLocation="urn:activemq /schema/artemis-configuration.xsd">
-  <core xmlns="urn:activemq:core">
-    <name>{name}</name>
-    <persistence-enabled>true</persistence-enabled>
-    <journal-type>NIO</journal-type>
-    <journal-datasync>true</journal-datasync>
-    <journal-file-size>2M</journal-file-size>
-    <journal-min-files>2</journal-min-files>
-    <journal-pool-files>4</journal-pool-files>
-    <paging-directory>data/paging</paging-directory>
-    <bindings-directory>data/bindings</bindings-directory>
-    <journal-directory>data/journal</journal-directory>
-    <large-messages-directory>data/large-messages</large-messages-directory>
-    <max-disk-usage>98</max-disk-usage>
-    <!-- A paused (SIGSTOP) node must not halt itself when it is resumed. -->
-    <critical-analyzer>false</critical-analyzer>
-
-    <connectors>
-      <connector name="self">tcp://{host}:{port}</connector>
-      <connector name="peer">tcp://{host}:{other_port}</connector>
-    </connectors>
-    <acceptors>
-      <acceptor name="artemis">tcp://{host}:{port}?protocols=CORE,AMQP;useEpoll=true;amqpCredits=1000;amqpLowCredits=300;amqpMinLargeMessageSize=102400;amqpDuplicateDetection=true</acceptor>
-    </acceptors>
-
-    <cluster-user>{cluster_user}</cluster-user>
-    <cluster-password>{cluster_password}</cluster-password>
-    <cluster-connections>
-      <cluster-connection name="pair">
-        <connector-ref>self</connector-ref>
-        <!-- A SIGKILLed peer closes its sockets and is noticed at once; these bound only a
-             silent one. Short values would promote the backup of a primary paused for a few
-             seconds, and with no third voter both would then stay active (split brain). -->
-        <check-period>30000</check-period>
-        <connection-ttl>60000</connection-ttl>
-        <retry-interval>500</retry-interval>
-        <max-retry-interval>2000</max-retry-interval>
-        <reconnect-attempts>-1</reconnect-attempts>
-        <message-load-balancing>ON_DEMAND</message-load-balancing>
-        <max-hops>0</max-hops>
-        <static-connectors>
-          <connector-ref>peer</connector-ref>
-        </static-connectors>
-      </cluster-connection>
-    </cluster-connections>
-
-    <ha-policy>
-{ha_policy}
-    </ha-policy>
-
-    <security-settings>
-      <security-setting match="#">
-        <permission type="createNonDurableQueue" roles="amq"/>
-        <permission type="deleteNonDurableQueue" roles="amq"/>
-        <permission type="createDurableQueue" roles="amq"/>
-        <permission type="deleteDurableQueue" roles="amq"/>
-        <permission type="createAddress" roles="amq"/>
-        <permission type="deleteAddress" roles="amq"/>
-        <permission type="consume" roles="amq"/>
-        <permission type="browse" roles="amq"/>
-        <permission type="send" roles="amq"/>
-        <permission type="manage" roles="amq"/>
-      </security-setting>
-    </security-settings>
-
-    <address-settings>
-      <!-- ANYCAST (the default here): a first send to a new address creates it with a
-           durable anycast queue of the same name; with multicast, a client that does not
-           ask for a queue (capability "queue") would have its message routed nowhere. -->
-      <address-setting match="#">
-        <dead-letter-address>DLQ</dead-letter-address>
-        <expiry-address>ExpiryQueue</expiry-address>
-        <redelivery-delay>0</redelivery-delay>
-        <max-delivery-attempts>100</max-delivery-attempts>
-        <address-full-policy>PAGE</address-full-policy>
-        <max-size-bytes>-1</max-size-bytes>
-        <page-size-bytes>2M</page-size-bytes>
-        <auto-create-queues>true</auto-create-queues>
-        <auto-create-addresses>true</auto-create-addresses>
-        <auto-delete-queues>false</auto-delete-queues>
-        <auto-delete-addresses>false</auto-delete-addresses>
-        <default-address-routing-type>{routing}</default-address-routing-type>
-        <default-queue-routing-type>{routing}</default-queue-routing-type>
-      </address-setting>
-    </address-settings>
-
-    <addresses>
-      <address name="DLQ"><anycast><queue name="DLQ"/></anycast></address>
-      <address name="ExpiryQueue"><anycast><queue name="ExpiryQueue"/></anycast></address>
-    </addresses>
-  </core>
-</configuration>
-"""

@@ -47,11 +47,13 @@ class NodeInfo:
 @dataclass(frozen=True, slots=True)
 class TlsFiles:
     """PEM files for a TLS listener: the CA clients trust, the server's certificate and
-    its private key."""
+    its private key. ``require_client_cert``: the listener accepts only clients that
+    present a certificate signed by ``ca`` (mutual TLS)."""
 
     ca: Path
     cert: Path
     key: Path
+    require_client_cert: bool = False
 
 
 class LocalCluster(ABC):
@@ -59,6 +61,10 @@ class LocalCluster(ABC):
 
     #: ``msgsafe cluster up KIND``: rabbitmq, kafka, qpid, artemis, tansu.
     kind: ClassVar[str]
+    #: Whether the constructor takes ``tls=True`` (``msgsafe cluster up KIND --tls``):
+    #: certificates made in ``dir/tls`` (:mod:`msgsafe.cluster.tls`), TLS listeners that
+    #: require a client certificate, and a ``tls`` object in :meth:`describe`.
+    supports_tls: ClassVar[bool] = False
 
     dir: Path
     detached: bool

@@ -141,6 +141,10 @@ def _show(cluster: LocalCluster, as_json: bool) -> None:
         )
     out.print(table)
     out.print(f"url: {escape(described['url'])}")
+    tls = described.get("tls")
+    if tls:
+        out.print(f"tls url: {escape(tls['url'])}")
+        out.print(f"tls files: {escape(str(Path(tls['ca']).parent))} (ca.pem, client.pem, ...)")
 
 
 def _node_index(cluster: LocalCluster, node: str) -> int:
@@ -160,6 +164,16 @@ def up(
     base_port: Annotated[
         int | None, typer.Option("--base-port", help="First port (free ports if omitted).")
     ] = None,
+    tls: Annotated[
+        bool,
+        typer.Option(
+            "--tls",
+            help=(
+                "Also TLS listeners that require a client certificate; the CA, server, "
+                "client and expired certificates are written to DIR/tls (paths in --json)."
+            ),
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Start a cluster whose nodes keep running after this command (until down).
@@ -174,7 +188,7 @@ def up(
                     f"a {cluster.kind} cluster already runs in {dir}: "
                     f"`msgsafe cluster down --dir {dir}`"
                 )
-            if cluster.kind != kind or nodes is not None or base_port is not None:
+            if cluster.kind != kind or nodes is not None or base_port is not None or tls:
                 raise ClusterError(
                     f"{dir} already holds a {cluster.kind} cluster: start it again with "
                     f"`msgsafe cluster up {cluster.kind} --dir {dir}`, or use a new --dir"
@@ -185,8 +199,13 @@ def up(
                 options["nodes"] = nodes
             if base_port is not None:
                 options["base_port"] = base_port
-            cluster = create(kind, **options)
+            if tls:
+                if not launcher(kind).supports_tls:
+                    known = ", ".join(k for k in sorted(KINDS) if launcher(k).supports_tls)
+                    raise ClusterError(f"{kind} has no --tls (kinds with TLS: {known})")
+                options["tls"] = True
             dir.mkdir(parents=True, exist_ok=True)
+            cluster = create(kind, **options)
         started = time.monotonic()
         with _progress(f"starting {kind}", quiet=as_json):
             cluster.start()

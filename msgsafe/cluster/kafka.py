@@ -33,8 +33,10 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import quote
 
-from msgsafe.cluster import kafka_admin, maven
+from msgsafe.cluster import _kafka_listeners, kafka_admin, maven
+from msgsafe.cluster import tls as cluster_tls
 from msgsafe.cluster._jvm import JvmCluster
 from msgsafe.cluster._process import port_open, spawn, wait_for
 from msgsafe.cluster.base import ClusterError
@@ -77,6 +79,12 @@ class KafkaCluster(JvmCluster):
     ``detached``: nodes outlive this process (``msgsafe cluster up``) and ``cluster.json``
     is kept current; otherwise they die with it. ``heap_mb`` is each JVM's ``-Xmx``.
     ``overrides`` replace or add ``server.properties`` entries on every node.
+    ``tls``: certificates made in ``dir/tls`` (:mod:`msgsafe.cluster.tls`) and two more
+    listeners per node, by the name ``localhost``: ``SSL`` (:meth:`tls_url`), which
+    requires a client certificate, and ``EXPIRED``, which presents the expired one (for
+    checking that clients refuse it); brokers still talk among themselves in plain TCP.
+    ``scram_users`` (name -> password): a ``SASL`` listener per node (SASL_PLAINTEXT,
+    SCRAM-SHA-256/512, :meth:`sasl_url`) and these users, created at format time.
 
     :meth:`start` formats each node's storage and returns once every broker is registered
     and a topic replicated on every node (up to 3) takes an ``acks=all`` write;
@@ -85,6 +93,7 @@ class KafkaCluster(JvmCluster):
     """
 
     kind: ClassVar[str] = "kafka"
+    supports_tls: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -95,8 +104,10 @@ class KafkaCluster(JvmCluster):
         *,
         heap_mb: int = 384,
         overrides: Mapping[str, str] | None = None,
+        tls: bool = False,
+        scram_users: Mapping[str, str] | None = None,
     ) -> None:
-        _, self.controller_ports = self._setup(
+        lists = self._setup(
             nodes,
             dir,
             base_port,
@@ -104,8 +115,19 @@ class KafkaCluster(JvmCluster):
             heap_mb=heap_mb,
             version=VERSION,
             what="Kafka cluster",
-            port_lists=2,
+            port_lists=2 + (2 if tls else 0) + (1 if scram_users else 0),
         )
+        self.controller_ports = lists[1]
+        #: Each node's SSL and EXPIRED listener (empty without ``tls``).
+        self.tls_ports: list[int] = lists[2] if tls else []
+        self.expired_ports: list[int] = lists[3] if tls else []
+        #: Each node's SASL listener (empty without ``scram_users``).
+        self.sasl_ports: list[int] = lists[-1] if scram_users else []
+        self.scram_users = dict(scram_users or {})
+        self.tls: cluster_tls.ClusterTls | None = None
+        if tls:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.tls = cluster_tls.make(self.dir, java_stores=True)
         self.overrides = dict(overrides or {})
         self.cluster_id = _cluster_id()
 
@@ -142,14 +164,8 @@ class KafkaCluster(JvmCluster):
             "process.roles": "broker,controller",
             "node.id": str(node),
             "controller.quorum.voters": voters,
-            "listeners": (
-                f"PLAINTEXT://127.0.0.1:{self.ports[node]},"
-                f"CONTROLLER://127.0.0.1:{self.controller_ports[node]}"
-            ),
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.ports[node]}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             "log.dirs": str(self._node_dir(node) / "data"),
             # Durability: every write on 3 nodes, acks=all needs 2 in sync, and a replica
             # that was out of sync never becomes leader (it would drop acknowledged data).
@@ -185,8 +201,18 @@ class KafkaCluster(JvmCluster):
             "background.threads": "4",
             "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
         }
+        props.update(_kafka_listeners.properties(self._listeners(node), self.tls))
         props.update(self.overrides)
         return props
+
+    def _listeners(self, node: int) -> _kafka_listeners.NodeListeners:
+        return _kafka_listeners.NodeListeners(
+            plain=self.ports[node],
+            controller=self.controller_ports[node],
+            tls=self.tls_ports[node] if self.tls_ports else None,
+            expired=self.expired_ports[node] if self.expired_ports else None,
+            sasl=self.sasl_ports[node] if self.sasl_ports else None,
+        )
 
     def _write_config(self, node: int) -> Path:
         path = self._node_dir(node) / "server.properties"
@@ -219,7 +245,15 @@ class KafkaCluster(JvmCluster):
                     )
                 continue
             argv = self._java(
-                lib, _STORAGE_TOOL, "format", "-t", self.cluster_id, "-c", str(config), heap_mb=128
+                lib,
+                _STORAGE_TOOL,
+                "format",
+                "-t",
+                self.cluster_id,
+                "-c",
+                str(config),
+                *_kafka_listeners.scram_arguments(self.scram_users),
+                heap_mb=128,
             )
             proc = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -257,7 +291,9 @@ class KafkaCluster(JvmCluster):
         return self._node_dir(node) / "server.properties"
 
     def _node_ports(self, node: int) -> list[int]:
-        return [self.ports[node], self.controller_ports[node]]
+        ports = self._listeners(node)
+        optional = [p for p in (ports.tls, ports.expired, ports.sasl) if p is not None]
+        return [ports.plain, ports.controller, *optional]
 
     def _wait_back(self, node: int, deadline: float) -> None:
         # Registered as an unfenced broker; it may still be catching up replicas (see
@@ -292,7 +328,27 @@ class KafkaCluster(JvmCluster):
 
     def _probe_write(self, deadline: float) -> None:
         ck = kafka_admin.confluent()
-        self.create_topic(_READY_TOPIC, partitions=1, timeout=max(1.0, deadline - time.monotonic()))
+        refusals: list[ClusterError] = []
+
+        def created() -> bool:
+            # NOTE: on a loaded machine a just-registered broker can drop the admin
+            # request (_DESTROY_BROKER, a timeout): ask again until the deadline.
+            self._check_alive(list(range(self.count)))
+            left = max(1.0, min(15.0, deadline - time.monotonic()))
+            try:
+                self.create_topic(_READY_TOPIC, partitions=1, timeout=left)
+            except ClusterError as exc:
+                refusals.append(exc)
+                return False
+            return True
+
+        wait_for(
+            created,
+            max(0.0, deadline - time.monotonic()),
+            f"the topic {_READY_TOPIC!r} to be created",
+            interval=0.5,
+            on_timeout=lambda: f"last error: {refusals[-1] if refusals else 'none'}",
+        )
         producer = ck.Producer(
             {
                 "bootstrap.servers": self.bootstrap,
@@ -334,6 +390,43 @@ class KafkaCluster(JvmCluster):
         """``kafka://127.0.0.1:P1,127.0.0.1:P2,...``"""
         return f"kafka://{self.bootstrap}"
 
+    def tls_url(self, *, expired: bool = False) -> str:
+        """``kafka+ssl://localhost:P1,...`` of the SSL listeners (``expired``: of the
+        listeners presenting the expired certificate) with the CA and client certificate."""
+        if self.tls is None:
+            raise ClusterError("this cluster has no TLS listeners: make it with tls=True")
+        ports = self.expired_ports if expired else self.tls_ports
+        hosts = ",".join(f"{cluster_tls.HOST}:{p}" for p in ports)
+        return f"kafka+ssl://{hosts}?{self.tls.query()}"
+
+    def sasl_url(self, user: str, password: str, mechanism: str = "SCRAM-SHA-256") -> str:
+        """``kafka://user:password@127.0.0.1:P1,...?sasl_mechanism=...`` of the SASL
+        listeners (any user and password: wrong ones are for tests of refusal)."""
+        if not self.sasl_ports:
+            raise ClusterError("this cluster has no SASL listeners: make it with scram_users=")
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.sasl_ports)
+        creds = f"{quote(user, safe='')}:{quote(password, safe='')}"
+        return f"kafka://{creds}@{hosts}?sasl_mechanism={mechanism}"
+
+    def describe(self) -> dict[str, Any]:
+        """The common description; with ``tls`` also the certificate paths, the SSL and
+        EXPIRED listeners' ports and the TLS URL."""
+        described = super().describe()
+        if self.tls is not None:
+            described["tls"] = {
+                **self.tls.describe(),
+                "ports": self.tls_ports,
+                "expired_ports": self.expired_ports,
+                "url": self.tls_url(),
+            }
+        if self.sasl_ports:
+            described["sasl"] = {
+                "ports": self.sasl_ports,
+                "mechanisms": list(_kafka_listeners.SCRAM_MECHANISMS),
+                "users": sorted(self.scram_users),  # names only: passwords stay in the dir
+            }
+        return described
+
     def node_url(self, node: int) -> str:
         """``kafka://127.0.0.1:P`` of ``node`` only."""
         self._check_index(node)
@@ -374,6 +467,10 @@ class KafkaCluster(JvmCluster):
             "controller_ports": self.controller_ports,
             "cluster_id": self.cluster_id,
             "overrides": self.overrides,
+            "tls_ports": self.tls_ports,
+            "expired_ports": self.expired_ports,
+            "sasl_ports": self.sasl_ports,
+            "scram_users": self.scram_users,
         }
 
     @classmethod
@@ -382,6 +479,12 @@ class KafkaCluster(JvmCluster):
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.controller_ports = [int(p) for p in state["controller_ports"]]
+        if state.get("tls_ports"):
+            self.tls = cluster_tls.load(self.dir)
+            self.tls_ports = [int(p) for p in state["tls_ports"]]
+            self.expired_ports = [int(p) for p in state["expired_ports"]]
+        self.sasl_ports = [int(p) for p in state.get("sasl_ports") or []]
+        self.scram_users = dict(state.get("scram_users") or {})
         if len(self.controller_ports) != self.count:
             raise ValueError("controller ports do not match the node count")
         self.cluster_id = str(state["cluster_id"])

@@ -31,6 +31,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -44,6 +45,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
 
+from msgsafe.cluster import tls as cluster_tls
 from msgsafe.cluster._process import (
     free_ports,
     pause_pid,
@@ -82,12 +84,17 @@ class RabbitCluster(LocalCluster):
     ``size`` is the older name of ``nodes`` (either may be given). ``dir`` (or
     ``base_dir``) None: a temp dir, removed by :meth:`stop`. ``detached``: the nodes
     outlive this process (``msgsafe cluster up``) and ``cluster.json`` is kept current.
+    ``tls``: a TLS listener (AMQP 0-9-1 and 1.0) per node, presenting the given files
+    (one set for every node, or one per node); True makes a set with
+    :func:`msgsafe.cluster.tls.make` in ``dir/tls`` whose listeners require a client
+    certificate (``msgsafe cluster up rabbitmq --tls``).
 
     Not thread-safe: drive it from one thread. Nodes are addressed by index
     ``0 .. nodes-1``; node 0 is the one the others join.
     """
 
     kind: ClassVar[str] = "rabbitmq"
+    supports_tls: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -102,7 +109,7 @@ class RabbitCluster(LocalCluster):
         username: str = "guest",
         password: str = "guest",
         start_timeout: float = 90.0,
-        tls: TlsFiles | Sequence[TlsFiles] | None = None,
+        tls: TlsFiles | Sequence[TlsFiles] | bool | None = None,
     ) -> None:
         if size is not None and nodes is not None and size != nodes:
             raise ClusterError("give the number of nodes once (nodes=, or size=)")
@@ -130,6 +137,13 @@ class RabbitCluster(LocalCluster):
             ports = [base_port + i for i in range(count)]
             dist_ports = [base_port + count + i for i in range(count)]
             tls_ports = [base_port + 2 * count + i for i in range(count)]
+        #: The certificates made for ``tls=True`` (None otherwise).
+        self.tls: cluster_tls.ClusterTls | None = None
+        if tls is True:
+            self.tls = cluster_tls.make(self.dir)
+            tls = self.tls.server
+        if tls is False:
+            tls = None
         per_node = [tls] * count if tls is None or isinstance(tls, TlsFiles) else list(tls)
         if len(per_node) != count:
             raise ClusterError(f"tls= gives {len(per_node)} sets of files for {count} nodes")
@@ -192,6 +206,27 @@ class RabbitCluster(LocalCluster):
         if port is None:
             raise ClusterError("this cluster has no TLS listener: make it with tls=TlsFiles(...)")
         return port
+
+    def tls_url(self, node: int | None = None, *, scheme: str = "amqps") -> str:
+        """An ``amqps://`` (or ``amqp10s://``) URL of the TLS listeners (every node's, or
+        ``node``'s) by the host name the certificates name, with the CA and the client
+        certificate of a cluster made with ``tls=True``."""
+        if self.tls is None:
+            raise ClusterError("this cluster has no certificates of its own: make it with tls=True")
+        idx = range(self.size) if node is None else [node]
+        hosts = ",".join(f"{cluster_tls.HOST}:{self.tls_port(i)}" for i in idx)
+        path = "/" if scheme == "amqps" else ""
+        credentials = f"{self.username}:{self.password}@"
+        return f"{scheme}://{credentials}{hosts}{path}?{self.tls.query()}"
+
+    def describe(self) -> dict[str, Any]:
+        """The common description; with ``tls=True`` also ``tls``: the certificate paths,
+        the TLS ports and a TLS URL."""
+        described = super().describe()
+        if self.tls is not None:
+            ports = [self.tls_port(i) for i in range(self.size)]
+            described["tls"] = {**self.tls.describe(), "ports": ports, "url": self.tls_url()}
+        return described
 
     def port(self, node: int) -> int:
         """The AMQP port (0-9-1 and 1.0) of ``node``."""
@@ -458,6 +493,7 @@ class RabbitCluster(LocalCluster):
             "password": self.password,
             "net_ticktime": self.net_ticktime,
             "started": self._started,
+            "tls_ports": [n.tls_port for n in self._nodes] if self.tls is not None else None,
         }
 
     @classmethod
@@ -483,6 +519,13 @@ class RabbitCluster(LocalCluster):
                 )
                 for i, m in enumerate(members)
             ]
+            if state.get("tls_ports"):
+                cluster.tls = cluster_tls.load(Path(dir))
+                ports = [int(p) for p in state["tls_ports"]]
+                cluster._nodes = [
+                    dataclasses.replace(n, tls_port=p, tls=cluster.tls.server)
+                    for n, p in zip(cluster._nodes, ports, strict=True)
+                ]
             cluster._started = bool(state.get("started")) and any(
                 cluster.is_running(i) for i in range(len(members))
             )

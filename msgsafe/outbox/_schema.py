@@ -155,4 +155,9 @@ def check_header(path: Path) -> None:
     except OSError as exc:
         raise OutboxError(f"cannot read the outbox file {path}: {exc}") from exc
     if head and head != _SQLITE_MAGIC:
-        raise OutboxCorrupt(f"{path} is not an SQLite file; it was left untouched")
+        raise OutboxCorrupt(
+            f"{path} is not an SQLite file (another program's file, or an outbox damaged "
+            "from its first bytes); it was left untouched: give the producer another "
+            "outbox= path or move the file aside (were it an outbox, "
+            f"`msgsafe outbox salvage {shlex.quote(str(path))} --to NEW` copies what is intact)"
+        )

@@ -156,8 +156,12 @@ def protocol_mismatch(
 
 def certificate_error(condition: Any, target: str) -> CertificateError | None:
     """The peer's TLS certificate failed verification (proton: "certificate verify
-    failed", whatever the reason: untrusted CA, wrong host name, expired)."""
+    failed", whatever the reason: untrusted CA, wrong host name, expired), or the peer
+    refused ours (a TLS alert: none given, or one it does not trust)."""
     text = str(getattr(condition, "description", None) or "")
+    refused = _peer.client_certificate_refused(text)
+    if refused is not None:
+        return CertificateError(refused, endpoint=target)
     if "certificate verify failed" not in text:
         return None
     return CertificateError(

@@ -29,10 +29,11 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from msgsafe.adapters import _peer
 from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_confirmed, report_failed
-from msgsafe.adapters.kafka._errors import PRODUCER_STATE, translate
+from msgsafe.adapters.kafka._errors import PRODUCER_STATE, certificate_refusal, translate
 from msgsafe.adapters.kafka.config import KafkaOptions, producer_settings
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import (
+    AuthenticationError,
     CertificateError,
     ConfigurationError,
     ConfirmTimeout,
@@ -287,7 +288,7 @@ class ProducerLink:
         self.last_failure = ""
         #: The peer speaks another protocol, or its certificate cannot be verified: every
         #: publish fails with this, for good.
-        self.mismatch: ProtocolMismatch | CertificateError | None = None
+        self.mismatch: ProtocolMismatch | AuthenticationError | None = None
         self._endpoints = [str(e) for e in url.endpoints]
         #: Brokers whose TCP connect failed (refused, timed out): nothing to ask there.
         self._unreachable: set[str] = set()
@@ -392,16 +393,14 @@ class ProducerLink:
         text = err.str() or ""
         found = _RESPONSE_SIZE.search(text)
         size = int(found.group(1)) if found is not None else None
-        if "certificate verify failed" in text:
-            # NOTE: librdkafka names the reason after the colon (self-signed certificate,
-            # hostname mismatch, certificate has expired, ...).
-            reason = text.split("certificate verify failed", 1)[1].strip(" :")
-            reason = reason.split(" (after ")[0] or "untrusted CA, wrong host name or expired"
+        refused = certificate_refusal(text)
+        error: type[AuthenticationError] = CertificateError
+        if err.code() in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
+            # NOTE: librdkafka retries wrong SASL credentials on every reconnect, forever.
+            error, refused = AuthenticationError, f"the broker refused the SASL login: {text}"
+        if refused is not None:
             if self.mismatch is None:
-                self.mismatch = CertificateError(
-                    f"the broker's TLS certificate failed verification: {reason}",
-                    endpoint=self._target,
-                )
+                self.mismatch = error(refused, endpoint=self._target)
                 log.error("kafka: %s", self.mismatch)
             self._purge_queue = True
             return True

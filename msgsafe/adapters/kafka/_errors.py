@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError
 
+from msgsafe.adapters import _peer
 from msgsafe.errors import (
     AuthenticationError,
     ConfirmTimeout,
@@ -17,7 +18,7 @@ from msgsafe.errors import (
     Unroutable,
 )
 
-__all__ = ["PRODUCER_STATE", "RefusedAfterAppend", "translate"]
+__all__ = ["PRODUCER_STATE", "RefusedAfterAppend", "certificate_refusal", "translate"]
 
 
 class RefusedAfterAppend(Refused):
@@ -98,3 +99,22 @@ def translate(error: KafkaError, *, endpoint: str, message_id: str | None = None
         # message: the broker may hold it.
         return ConnectionLost(text, endpoint=endpoint, message_id=message_id)
     return Rejected(text, condition=error.name(), endpoint=endpoint, message_id=message_id)
+
+
+def certificate_refusal(text: str) -> str | None:
+    """What a CertificateError should say when librdkafka's error ``text`` shows a TLS
+    certificate problem no retry can fix — the broker refused ours, or its own failed
+    verification — else None."""
+    refused = _peer.client_certificate_refused(text)
+    if refused is not None or "certificate verify failed" not in text:
+        return refused
+    # NOTE: librdkafka names the reason after the colon (self-signed certificate, hostname
+    # mismatch, certificate has expired, ...), or only its generic advice to install CA
+    # certificates, which misleads for a wrong host name.
+    reason = text.split("certificate verify failed", 1)[1].strip(" :").split("(after ")[0]
+    if not reason.strip() or "could not be verified" in reason:
+        reason = "untrusted CA, a host name it does not name, or expired"
+    return (
+        f"the broker's TLS certificate failed verification ({reason.strip()}): give "
+        "tls_ca_file= the CA that signed it and connect by a host name it lists"
+    )

@@ -106,6 +106,9 @@ def open_error(exc: BaseException, endpoint: str) -> MsgsafeError:
             )
     items = _flatten(exc)
     told = " ".join(repr(i) for i in items)
+    refused = _peer.client_certificate_refused(told)
+    if refused is not None:
+        return CertificateError(refused, endpoint=endpoint)
     silent = "Timeout during AMQP handshake" in told or "Timeout while setting up AMQP" in told
     if silent or any(isinstance(item, pe.IncompatibleProtocolError) for item in items):
         # NOTE: pika's guess for "closed before connection.start", or a peer that took
