@@ -14,10 +14,18 @@ One round (:meth:`Forwarder.step`) claims a batch, publishes it and settles ever
   waiting, are logged once as an ERROR, and back off like a refusal until the
   configuration is fixed.
 
-Order: for a key, at most one message is in flight; the next one of that key is
-published only after its predecessor was confirmed (or quarantined). Keyless messages
-and different keys are pipelined freely. Memory is bounded by ``batch``: rows stream
-from the store a batch at a time however large the backlog.
+Order, pipelined: every message of a claimed batch is published at once, in claim
+order, so many messages of one key are in flight together on the transport's ordered
+channel, partition or link (a transport keeps the order of what it is handed and fails
+what is queued behind a failure). The answers are settled in claim order: a key stops at
+its first failure (transient, or no answer before the lease deadline), and that message
+and every later one of its key are released, to be re-sent from there even if the broker
+confirmed some of them (a duplicate of a known id, never a message overtaking its
+predecessor). A permanent error quarantines the message and its key goes on. Other keys
+are not held back by a failing one: what they had confirmed is delivered. A transport
+that fails a publish at once (the broker refuses) stops the round: nothing more is
+published, the rest is released. Memory is bounded by ``batch``: rows stream from the
+store a batch at a time however large the backlog.
 """
 
 from __future__ import annotations
@@ -27,10 +35,9 @@ import queue
 import random
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 from msgsafe._callbacks import call_logged
@@ -72,12 +79,16 @@ class ForwarderStats:
 
 @dataclass(slots=True)
 class _Round:
-    """Bookkeeping of one claimed batch."""
+    """Bookkeeping of one claimed batch, settled in claim order once every answer is in."""
 
-    done: queue.SimpleQueue[tuple[Envelope, Future[None]]]
-    waiting: dict[bytes, deque[Envelope]]  # keyed messages behind the one in flight
-    flying: dict[str, Envelope]  # published, not yet answered
-    stopped: bool = False  # a transient error: publish nothing more this round
+    done: queue.SimpleQueue[Future[None]] = field(default_factory=queue.SimpleQueue)
+    sent: list[tuple[Envelope, Future[None]]] = field(default_factory=list)
+    unsent: list[Envelope] = field(default_factory=list)  # not published: the broker refused
+    delivered: list[str] = field(default_factory=list)
+    releases: list[tuple[Envelope, str]] = field(default_factory=list)
+    stopped_keys: set[bytes] = field(default_factory=set)  # stopped at their first failure
+    stopped: bool = False  # a transient error: back off after this round
+    answered: bool = False  # the broker answered at least one message
 
 
 class Forwarder:
@@ -260,93 +271,86 @@ class Forwarder:
         self._wake.clear()
 
     def _forward(self, envelopes: Sequence[Envelope]) -> None:
-        rnd = _Round(done=queue.SimpleQueue(), waiting={}, flying={})
-        delivered: list[str] = []
-        releases: list[tuple[Envelope, str]] = []
-        answered = False
-        for env in envelopes:
-            if env.key is None:
-                self._launch(rnd, env)
-            elif env.key in rnd.waiting:
-                rnd.waiting[env.key].append(env)
-            else:
-                rnd.waiting[env.key] = deque()
-                self._launch(rnd, env)
-        deadline = time.monotonic() + self._lease_s * 0.9
-        while rnd.flying:
-            try:
-                env, future = rnd.done.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                # NOTE: the contract says every future resolves within confirm_timeout; a
-                # transport that breaks it must not keep rows leased forever. Whatever is
-                # still unanswered is released (a late confirm only makes a duplicate).
-                self._note_error("publish futures unresolved at the lease deadline")
-                rnd.stopped = True
-                releases.extend(
-                    (e, "no confirm before the lease deadline") for e in rnd.flying.values()
-                )
-                rnd.flying.clear()
-                break
-            del rnd.flying[env.message_id]
-            exc = future.exception()
-            if exc is None:
-                answered = True
-                delivered.append(env.message_id)
-                self._next_of_key(rnd, env)
-            elif isinstance(exc, _NOT_THE_MESSAGE):
-                self._connection_refused(exc)
-                rnd.stopped = True
-                releases.append((env, f"{type(exc).__name__}: {exc}"))
-            elif isinstance(exc, PermanentError):
-                answered = True
-                self._quarantine(env, exc)
-                self._next_of_key(rnd, env)
-            else:
-                self._note_error(f"{type(exc).__name__}: {exc}")
-                rnd.stopped = True
-                releases.append((env, f"{type(exc).__name__}: {exc}"))
-        for rest in rnd.waiting.values():
-            releases.extend((env, "not attempted: the broker refused") for env in rest)
-        if delivered:
+        rnd = _Round()
+        self._publish_all(rnd, envelopes)
+        self._await_answers(rnd)
+        for env, future in rnd.sent:
+            self._settle_one(rnd, env, future)
+        rnd.releases.extend((env, "not attempted: the broker refused") for env in rnd.unsent)
+        if rnd.delivered:
+            delivered = rnd.delivered
             self._delivered += len(delivered)
             self._settle(lambda: self._store.delivered(delivered))
+        if rnd.releases:
+            self._retried += len(rnd.releases)
+            # The rows are ready again at once, so that drain() can really push everything
+            # now; the backoff lives here, in the forwarder (one probe per period).
+            self._release(rnd.releases, self._clock())
         if rnd.stopped:
-            self._retried += len(releases)
-            # The backoff lives here, in the forwarder (one probe per period); the rows
-            # are ready again at once so that drain() can really push everything now.
             self._backoff.failure()
-            self._release(releases, self._clock())
-        elif answered:
+        elif rnd.answered:
             self._backoff.success()
             self._refusal_logged = False
 
-    def _launch(self, rnd: _Round, env: Envelope) -> None:
-        try:
-            future = self._transport.publish(env)
-        except MsgsafeError as exc:
-            future = Future()
-            future.set_exception(exc)
-        except Exception as exc:  # a transport bug must not kill the round
-            future = Future()
-            future.set_exception(ConfirmTimeout(f"publish raised {type(exc).__name__}: {exc}"))
-        rnd.flying[env.message_id] = env
+    def _publish_all(self, rnd: _Round, envelopes: Sequence[Envelope]) -> None:
+        """Publish ``envelopes`` in claim order, all in flight together, until a publish
+        fails at once with a transient error (the broker refuses: stop hammering it)."""
         done = rnd.done
+        for index, env in enumerate(envelopes):
+            try:
+                future = self._transport.publish(env)
+            except MsgsafeError as exc:
+                future = Future()
+                future.set_exception(exc)
+            except Exception as exc:  # a transport bug must not kill the round
+                future = Future()
+                future.set_exception(ConfirmTimeout(f"publish raised {type(exc).__name__}: {exc}"))
+            rnd.sent.append((env, future))
+            future.add_done_callback(done.put)
+            if future.done() and _stops_the_round(future):
+                rnd.unsent.extend(envelopes[index + 1 :])
+                return
 
-        def report(f: Future[None]) -> None:
-            done.put((env, f))
+    def _await_answers(self, rnd: _Round) -> None:
+        # NOTE: the contract says every future resolves within confirm_timeout; a
+        # transport that breaks it must not keep rows leased forever: what is unanswered
+        # at the lease deadline is released (a late confirm only makes a duplicate).
+        deadline = time.monotonic() + self._lease_s * 0.9
+        for _ in range(len(rnd.sent)):
+            try:
+                rnd.done.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self._note_error("publish futures unresolved at the lease deadline")
+                return
 
-        future.add_done_callback(report)
-
-    def _next_of_key(self, rnd: _Round, env: Envelope) -> None:
-        # The next message of a key goes out only once its predecessor is settled; after a
-        # transient error nothing more is published this round (the rest is released).
-        if env.key is None or rnd.stopped:
+    def _settle_one(self, rnd: _Round, env: Envelope, future: Future[None]) -> None:
+        """Settle one answer, in claim order (see the module docstring)."""
+        key = env.key
+        if key is not None and key in rnd.stopped_keys:
+            rnd.releases.append((env, "re-sent after an earlier message of its key failed"))
             return
-        rest = rnd.waiting.get(env.key)
-        if not rest:
-            rnd.waiting.pop(env.key, None)
+        exc = (
+            future.exception()
+            if future.done()
+            else ConfirmTimeout("no confirm before the lease deadline")
+        )
+        if exc is None:
+            rnd.answered = True
+            rnd.delivered.append(env.message_id)
             return
-        self._launch(rnd, rest.popleft())
+        if isinstance(exc, PermanentError) and not isinstance(exc, _NOT_THE_MESSAGE):
+            rnd.answered = True
+            self._quarantine(env, exc)
+            return
+        text = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, _NOT_THE_MESSAGE):
+            self._connection_refused(exc)
+        else:
+            self._note_error(text)
+        rnd.stopped = True
+        rnd.releases.append((env, text))
+        if key is not None:
+            rnd.stopped_keys.add(key)
 
     def _quarantine(self, env: Envelope, exc: BaseException) -> None:
         text = f"{type(exc).__name__}: {exc}"
@@ -400,3 +404,11 @@ class Forwarder:
 
     def _note_error(self, text: str) -> None:
         self._last_error = text
+
+
+def _stops_the_round(future: Future[None]) -> bool:
+    """A publish that failed at once for a reason other than the message itself."""
+    exc = future.exception()
+    return exc is not None and (
+        isinstance(exc, _NOT_THE_MESSAGE) or not isinstance(exc, PermanentError)
+    )
