@@ -59,6 +59,9 @@ log = logging.getLogger("msgsafe.outbox")
 #: Permanent for a send, but about the connection, not the message: never quarantined.
 _NOT_THE_MESSAGE = (AuthenticationError, ProtocolMismatch)
 
+#: The default backoff's cap: the longest wait between probes of a refusing broker.
+_PROBE_CAP_S = 1.0
+
 #: How often an idle forwarder looks for rows whose retry time has come.
 _IDLE_POLL_S = 1.0
 
@@ -120,7 +123,10 @@ class Forwarder:
             raise ConfigurationError("batch must be >= 1 and lease_s > 0")
         self._store = store
         self._transport = transport
-        self._policy = policy or RetryPolicy(initial=0.2, maximum=30.0)
+        # NOTE: capped at 1 s: while the broker refuses, a probe is one message (and at
+        # most one connection attempt) per period, no load worth sparing; a longer cap
+        # is how long an outage outlasts the broker's return for every waiting key.
+        self._policy = policy or RetryPolicy(initial=0.2, maximum=_PROBE_CAP_S)
         self._batch = batch
         self._lease_s = lease_s
         self._on_quarantine = on_quarantine
