@@ -31,12 +31,10 @@ store a batch at a time however large the backlog.
 from __future__ import annotations
 
 import logging
-import queue
 import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -44,12 +42,12 @@ from msgsafe._callbacks import call_logged
 from msgsafe.errors import (
     AuthenticationError,
     ConfigurationError,
-    ConfirmTimeout,
     MsgsafeError,
     PermanentError,
     ProtocolMismatch,
 )
 from msgsafe.message import Envelope
+from msgsafe.outbox._round import UNSENT, Round
 from msgsafe.ports import OutboxStore, Transport
 from msgsafe.retry import Backoff, RetryPolicy
 
@@ -81,12 +79,9 @@ class ForwarderStats:
 
 
 @dataclass(slots=True)
-class _Round:
-    """Bookkeeping of one claimed batch, settled in claim order once every answer is in."""
+class _Settling:
+    """What one round's answers, settled in claim order, come to."""
 
-    done: queue.SimpleQueue[Future[None]] = field(default_factory=queue.SimpleQueue)
-    sent: list[tuple[Envelope, Future[None]]] = field(default_factory=list)
-    unsent: list[Envelope] = field(default_factory=list)  # not published: the broker refused
     delivered: list[str] = field(default_factory=list)
     releases: list[tuple[Envelope, str]] = field(default_factory=list)
     stopped_keys: set[bytes] = field(default_factory=set)  # stopped at their first failure
@@ -277,75 +272,46 @@ class Forwarder:
         self._wake.clear()
 
     def _forward(self, envelopes: Sequence[Envelope]) -> None:
-        rnd = _Round()
-        self._publish_all(rnd, envelopes)
-        self._await_answers(rnd)
-        for env, future in rnd.sent:
-            self._settle_one(rnd, env, future)
-        rnd.releases.extend((env, "not attempted: the broker refused") for env in rnd.unsent)
-        if rnd.delivered:
-            delivered = rnd.delivered
+        rnd = Round(envelopes, _NOT_THE_MESSAGE)
+        rnd.publish(self._transport)
+        # NOTE: the contract says every answer comes within confirm_timeout; a transport
+        # that breaks it must not keep rows leased forever: what is unanswered at the
+        # lease deadline is released (a late confirm only makes a duplicate).
+        if not rnd.wait(self._lease_s * 0.9):
+            self._note_error("publish futures unresolved at the lease deadline")
+        out = _Settling()
+        for index, env in enumerate(envelopes):
+            self._settle_one(out, env, rnd.outcome(index))
+        if out.delivered:
+            delivered = out.delivered
             self._delivered += len(delivered)
             self._settle(lambda: self._store.delivered(delivered))
-        if rnd.releases:
-            self._retried += len(rnd.releases)
+        if out.releases:
+            self._retried += len(out.releases)
             # The rows are ready again at once, so that drain() can really push everything
             # now; the backoff lives here, in the forwarder (one probe per period).
-            self._release(rnd.releases, self._clock())
-        if rnd.stopped:
+            self._release(out.releases, self._clock())
+        if out.stopped:
             self._backoff.failure()
-        elif rnd.answered:
+        elif out.answered:
             self._backoff.success()
             self._refusal_logged = False
 
-    def _publish_all(self, rnd: _Round, envelopes: Sequence[Envelope]) -> None:
-        """Publish ``envelopes`` in claim order, all in flight together, until a publish
-        fails at once with a transient error (the broker refuses: stop hammering it)."""
-        done = rnd.done
-        for index, env in enumerate(envelopes):
-            try:
-                future = self._transport.publish(env)
-            except MsgsafeError as exc:
-                future = Future()
-                future.set_exception(exc)
-            except Exception as exc:  # a transport bug must not kill the round
-                future = Future()
-                future.set_exception(ConfirmTimeout(f"publish raised {type(exc).__name__}: {exc}"))
-            rnd.sent.append((env, future))
-            future.add_done_callback(done.put)
-            if future.done() and _stops_the_round(future):
-                rnd.unsent.extend(envelopes[index + 1 :])
-                return
-
-    def _await_answers(self, rnd: _Round) -> None:
-        # NOTE: the contract says every future resolves within confirm_timeout; a
-        # transport that breaks it must not keep rows leased forever: what is unanswered
-        # at the lease deadline is released (a late confirm only makes a duplicate).
-        deadline = time.monotonic() + self._lease_s * 0.9
-        for _ in range(len(rnd.sent)):
-            try:
-                rnd.done.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                self._note_error("publish futures unresolved at the lease deadline")
-                return
-
-    def _settle_one(self, rnd: _Round, env: Envelope, future: Future[None]) -> None:
+    def _settle_one(self, out: _Settling, env: Envelope, exc: BaseException | None) -> None:
         """Settle one answer, in claim order (see the module docstring)."""
         key = env.key
-        if key is not None and key in rnd.stopped_keys:
-            rnd.releases.append((env, "re-sent after an earlier message of its key failed"))
+        if key is not None and key in out.stopped_keys:
+            out.releases.append((env, "re-sent after an earlier message of its key failed"))
             return
-        exc = (
-            future.exception()
-            if future.done()
-            else ConfirmTimeout("no confirm before the lease deadline")
-        )
+        if exc is UNSENT:
+            out.releases.append((env, str(exc)))
+            return
         if exc is None:
-            rnd.answered = True
-            rnd.delivered.append(env.message_id)
+            out.answered = True
+            out.delivered.append(env.message_id)
             return
         if isinstance(exc, PermanentError) and not isinstance(exc, _NOT_THE_MESSAGE):
-            rnd.answered = True
+            out.answered = True
             self._quarantine(env, exc)
             return
         text = f"{type(exc).__name__}: {exc}"
@@ -353,10 +319,10 @@ class Forwarder:
             self._connection_refused(exc)
         else:
             self._note_error(text)
-        rnd.stopped = True
-        rnd.releases.append((env, text))
+        out.stopped = True
+        out.releases.append((env, text))
         if key is not None:
-            rnd.stopped_keys.add(key)
+            out.stopped_keys.add(key)
 
     def _quarantine(self, env: Envelope, exc: BaseException) -> None:
         text = f"{type(exc).__name__}: {exc}"
@@ -410,11 +376,3 @@ class Forwarder:
 
     def _note_error(self, text: str) -> None:
         self._last_error = text
-
-
-def _stops_the_round(future: Future[None]) -> bool:
-    """A publish that failed at once for a reason other than the message itself."""
-    exc = future.exception()
-    return exc is not None and (
-        isinstance(exc, _NOT_THE_MESSAGE) or not isinstance(exc, PermanentError)
-    )
