@@ -24,8 +24,13 @@ confirmed some of them (a duplicate of a known id, never a message overtaking it
 predecessor). A permanent error quarantines the message and its key goes on. Other keys
 are not held back by a failing one: what they had confirmed is delivered. A transport
 that fails a publish at once (the broker refuses) stops the round: nothing more is
-published, the rest is released. Memory is bounded by ``batch``: rows stream from the
-store a batch at a time however large the backlog.
+published, the rest is released. Memory is bounded by ``batch`` messages and, after
+the first round, by ``batch_bytes`` of them (the next claim's size follows the last
+round's mean message size): rows stream from the store a batch at a time however large
+the backlog. A round grows (doubling from 500) up to ``batch`` while it is answered
+within a quarter of the lease, and halves when it is not. Rounds are large by default
+because each ends with a wait for its last answer (Kafka's linger and ``acks=all`` round
+trip): 500 a round drained 13k msg/s on Kafka where 10,000 a round drained 76k.
 """
 
 from __future__ import annotations
@@ -56,6 +61,10 @@ __all__ = ["Forwarder", "ForwarderStats"]
 log = logging.getLogger("msgsafe.outbox")
 #: Permanent for a send, but about the connection, not the message: never quarantined.
 _NOT_THE_MESSAGE = (AuthenticationError, ProtocolMismatch)
+
+#: The first claim's size, before any message size is known (batch_bytes holds for
+#: messages up to 16 KiB).
+_FIRST_LIMIT = 500
 
 #: The default backoff's cap: the longest wait between probes of a refusing broker.
 _PROBE_CAP_S = 1.0
@@ -107,15 +116,16 @@ class Forwarder:
         transport: Transport,
         *,
         policy: RetryPolicy | None = None,
-        batch: int = 500,
+        batch: int = 10_000,
+        batch_bytes: int = 8 << 20,
         lease_s: float = 30.0,
         on_quarantine: Callable[[Envelope, str], None] | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] | None = None,
         rng: Callable[[], float] = random.random,
     ) -> None:
-        if batch < 1 or lease_s <= 0:
-            raise ConfigurationError("batch must be >= 1 and lease_s > 0")
+        if batch < 1 or batch_bytes < 1 or lease_s <= 0:
+            raise ConfigurationError("batch and batch_bytes must be >= 1 and lease_s > 0")
         self._store = store
         self._transport = transport
         # NOTE: capped at 1 s: while the broker refuses, a probe is one message (and at
@@ -123,6 +133,9 @@ class Forwarder:
         # is how long an outage outlasts the broker's return for every waiting key.
         self._policy = policy or RetryPolicy(initial=0.2, maximum=_PROBE_CAP_S)
         self._batch = batch
+        self._batch_bytes = batch_bytes
+        #: The next claim's size: ``batch``, or fewer when messages are large.
+        self._limit = min(batch, _FIRST_LIMIT)
         self._lease_s = lease_s
         self._on_quarantine = on_quarantine
         self._clock = clock
@@ -211,7 +224,7 @@ class Forwarder:
             if not self._settle_backlog():
                 self._backoff.failure()
                 return 0
-            limit = 1 if self._backoff.failures else self._batch
+            limit = 1 if self._backoff.failures else self._limit
             try:
                 envelopes = self._store.claim(limit=limit, lease_s=self._lease_s)
             except MsgsafeError as exc:
@@ -219,7 +232,9 @@ class Forwarder:
                 self._backoff.failure()
                 return 0
             if envelopes:
+                started = time.monotonic()
                 self._forward(envelopes)
+                self._limit = self._next_limit(envelopes, time.monotonic() - started)
         with self._progress:
             self._progress.notify_all()
         return len(envelopes)
@@ -296,6 +311,17 @@ class Forwarder:
         elif out.answered:
             self._backoff.success()
             self._refusal_logged = False
+
+    def _next_limit(self, envelopes: Sequence[Envelope], took: float) -> int:
+        # Sized after the last round: within batch_bytes at its mean message size, and
+        # answered well within the lease (a slow broker gets smaller rounds, instead of
+        # rounds released unanswered at the lease deadline and sent again whole).
+        mean = max(1, sum(env.size for env in envelopes) // len(envelopes))
+        if took > self._lease_s / 4:
+            paced = len(envelopes) // 2
+        else:
+            paced = 2 * len(envelopes) if len(envelopes) >= self._limit else self._limit
+        return max(1, min(self._batch, self._batch_bytes // mean, paced))
 
     def _settle_one(self, out: _Settling, env: Envelope, exc: BaseException | None) -> None:
         """Settle one answer, in claim order (see the module docstring)."""
