@@ -19,6 +19,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterable
+from typing import Any
 
 from msgsafe.message import Envelope
 from msgsafe.outbox._rows import make_envelope
@@ -56,22 +57,27 @@ class Claims:
             self._expire(now)
             held, keys = self._held, self._keys
             skip_max = max(_SKIP_MIN, 10 * limit)
-            taken: list[tuple[object, ...]] = []
+            taken: list[Any] = []
             skipped = 0
-            for row in conn.execute(_READY, {"now": now}):
-                key = row[3]
-                if row[1] in held or (key is not None and key in keys):
-                    skipped += 1
-                    if skipped > skip_max:
+            rows = conn.execute(_READY, {"now": now})
+            if not held:
+                # Nothing held (the usual claim: the last round was settled): no filter.
+                taken.extend(rows.fetchmany(limit))
+            else:
+                for row in rows:
+                    key = row[3]
+                    if row[1] in held or (key is not None and key in keys):
+                        skipped += 1
+                        if skipped > skip_max:
+                            break
+                        continue
+                    taken.append(row)
+                    if len(taken) >= limit:
                         break
-                    continue
-                taken.append(row)
-                if len(taken) >= limit:
-                    break
             until = now + lease_s
             for row in taken:
-                self._hold(str(row[1]), row[3], until)  # type: ignore[arg-type]
-        return [make_envelope(*row[1:]) for row in taken]  # type: ignore[arg-type]
+                self._hold(row[1], row[3], until)
+        return [make_envelope(*row[1:]) for row in taken]
 
     def drop(self, ids: Iterable[str]) -> None:
         """The rows ``ids`` were settled (removed, released or quarantined)."""

@@ -65,14 +65,27 @@ class Round:
         """Wait up to ``timeout`` seconds for every answer; False if some are missing."""
         return self._all.wait(max(0.0, timeout))
 
-    def outcome(self, index: int) -> BaseException | None:
-        """The answer for message ``index``: None (confirmed), its error, :data:`UNSENT`,
-        or a :class:`ConfirmTimeout` when none came before the lease deadline."""
+    def outcomes(self) -> list[BaseException | None]:
+        """Every message's answer in claim order: None (confirmed), its error,
+        :data:`UNSENT`, or a :class:`ConfirmTimeout` when none came before the lease
+        deadline."""
         with self._lock:
-            answer = self._answers[index]
-        if answer is _PENDING:
-            return ConfirmTimeout("no confirm before the lease deadline")
-        return answer  # type: ignore[return-value]
+            answers = list(self._answers)
+        late = ConfirmTimeout("no confirm before the lease deadline")
+        return [late if a is _PENDING else a for a in answers]  # type: ignore[misc]
+
+    def confirm_rest(self, start: int, end: int) -> None:
+        """Messages ``start`` to ``end`` without an answer are confirmed."""
+        with self._lock:
+            answers = self._answers
+            confirmed = 0
+            for index in range(start, end):
+                if answers[index] is _PENDING:
+                    answers[index] = None
+                    confirmed += 1
+            self._open -= confirmed
+            if self._open == 0:
+                self._all.set()
 
     # --- publishing --------------------------------------------------------------------------
 
@@ -166,8 +179,7 @@ class _RunReport:
         if complete:
             # Every failure was reported by index before the count completed: what has
             # no answer now is what the broker confirmed.
-            for index in range(self._start, self._start + self._size):
-                self._round.answer(index, None)
+            self._round.confirm_rest(self._start, self._start + self._size)
 
 
 def _run_end(envelopes: Sequence[Envelope], start: int) -> int:

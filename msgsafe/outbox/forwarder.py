@@ -295,8 +295,8 @@ class Forwarder:
         if not rnd.wait(self._lease_s * 0.9):
             self._note_error("publish futures unresolved at the lease deadline")
         out = _Settling()
-        for index, env in enumerate(envelopes):
-            self._settle_one(out, env, rnd.outcome(index))
+        for env, outcome in zip(envelopes, rnd.outcomes(), strict=True):
+            self._settle_one(out, env, outcome)
         if out.delivered:
             delivered = out.delivered
             self._delivered += len(delivered)
