@@ -194,6 +194,10 @@ class SqliteOutbox(OperatorQueries):
                         f"({'; '.join(result[:3])}); {salvage_hint(path)}"
                     )
             conn.execute("PRAGMA journal_mode = WAL")
+            # NOTE: FULL: a put is the promise (STORED means on disk), so its commit
+            # syncs the WAL. Claims commit nothing (msgsafe.outbox._claims). Removals and
+            # releases need no sync of their own (lost, they only re-send: a duplicate)
+            # but share the writer's transactions with puts, so they get it anyway.
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA temp_store = MEMORY")
             conn.execute("PRAGMA journal_size_limit = 67108864")
