@@ -3,7 +3,8 @@ unique SASL/SCRAM secret (Kafka) are planted in URLs, keyword options, pika cred
 and a librdkafka config; the producer, consumer, forwarder, the ``msgsafe`` command
 (``send``, ``consume``, ``demo``, ``verify``, ``doctor``, ``outbox``, ``cluster``, with
 and without ``--json``, at DEBUG logging), both compat wrappers and the Spark sink (a
-real batch, and one whose tasks fail on the wrong login) run
+real batch, and one whose tasks fail on the wrong login; and a Spark application of its
+own whose driver log, executor output and event log are read whole) run
 through a connection failure, a fail-over and an outbox detour. Every byte they produce —
 log records with tracebacks, reprs, ``str()``/``repr()``/pickles of every exception,
 process output (librdkafka and proton write there), CLI stdout/stderr, the outbox file
@@ -13,6 +14,7 @@ and its WAL — is searched for either secret: 0 occurrences.
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import secrets
 import subprocess
@@ -306,4 +308,71 @@ def test_no_secret_in_the_spark_sink(
     assert "AuthenticationError" in str(failed)
     found = sweep.found(CANARY)
     print(f"spark canary sweep: {sweep.size} bytes, {len(found)} occurrences")
+    assert found == [], found
+
+
+#: A whole Spark application in a child process, so that every byte its JVM writes (the
+#: driver's log4j output at INFO, the Python workers' stderr) and its event log can be
+#: swept; the session-wide SparkSession of the suite writes to a stderr no test can read.
+_SPARK_APP = """
+import logging, sys, traceback
+logging.basicConfig(level=logging.DEBUG)
+from pyspark.sql import SparkSession
+url, wrong, queue, events = sys.argv[1:5]
+spark = (
+    SparkSession.builder.master("local[1,2]")
+    .appName("msgsafe-canary")
+    .config("spark.ui.enabled", "false")
+    .config("spark.driver.bindAddress", "127.0.0.1")
+    .config("spark.driver.host", "127.0.0.1")
+    .config("spark.eventLog.enabled", "true")
+    .config("spark.eventLog.dir", events)
+    .getOrCreate()
+)
+spark.sparkContext.setLogLevel("INFO")
+from msgsafe.spark import foreach_batch_sink
+frame = spark.createDataFrame([(f"v{i}".encode(),) for i in range(20)], "value binary")
+report = foreach_batch_sink(url, queue, declare="quorum")(frame, 1)
+print("REPORT", report, report.confirmed)
+try:
+    foreach_batch_sink(wrong, queue)(frame, 2)
+except Exception as exc:
+    print("FAILED", type(exc).__name__, exc)
+    traceback.print_exc()
+spark.stop()
+"""
+
+
+def test_no_secret_in_spark_driver_logs(
+    sweep: Sweep, rabbit_cluster: RabbitCluster, canary_user: str, tmp_path: Path
+) -> None:
+    """A Spark application of its own, logging at INFO (driver) and DEBUG (Python), runs
+    the sink with the right and a wrong password: its whole stdout/stderr (log4j, the
+    executors' Python workers, the driver's traceback) and its event log hold no secret."""
+    url = f"amqp://{USER}:{CANARY}@127.0.0.1:{rabbit_cluster.port(0)}/"
+    wrong = url.replace(CANARY, f"{CANARY}-wrong")
+    events = tmp_path / "events"
+    events.mkdir()
+    queue = f"canary-spark-app-{secrets.token_hex(3)}"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    proc = subprocess.run(
+        [sys.executable, "-c", _SPARK_APP, url, wrong, queue, str(events)],
+        capture_output=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    sweep.add("spark app stdout", proc.stdout)
+    sweep.add("spark app stderr", proc.stderr)
+    sweep.files("spark event log", events)
+    out = proc.stdout.decode("utf-8", "replace")
+    assert proc.returncode == 0, proc.stderr.decode("utf-8", "replace")[-3000:]
+    # The secrets were used for real: the right login confirmed, the wrong one refused.
+    reports = [line.split() for line in out.splitlines() if line.startswith("REPORT ")]
+    assert reports and reports[0][-1] == "20", out
+    assert "FAILED" in out and "AuthenticationError" in out, out
+    assert b"INFO" in proc.stderr, "the driver's log4j output was not captured"
+    assert any(p.is_file() for p in events.rglob("*")), "Spark wrote no event log"
+    found = sweep.found(CANARY)
+    print(f"spark application sweep: {sweep.size} bytes, {len(found)} occurrences")
     assert found == [], found
