@@ -214,9 +214,7 @@ class OperatorQueries:
             results.append(n)
         # The leases of purged rows end with them: a lease left behind would hold back
         # its key (nothing else of that key is claimed) until it ran out.
-        return HandlerResult(
-            results, self._remove(removed, quarantined=-dropped_q, settled=purged)
-        )
+        return HandlerResult(results, self._remove(removed, quarantined=-dropped_q, settled=purged))
 
     # --- provided by the store --------------------------------------------------------------
 
