@@ -91,3 +91,35 @@ def test_headers_the_writer_cannot_place_go_through_pika() -> None:
     assert header_entries({"msgsafe-id": "x"}, reserved) is None
     assert header_entries({"é" * 128: "x"}, reserved) is None  # 256 bytes: no short string
     assert header_entries({}, reserved) == b""
+
+
+def test_a_batchs_headers_are_encoded_once_not_per_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch's one traceparent: the properties are built once per id length, then
+    each message only gets its id spliced in."""
+    from msgsafe.adapters.rabbitmq import _wire
+
+    built: list[str] = []
+
+    def counting(message_id: str, *args: object) -> object:
+        built.append(message_id)
+        return publish_properties(message_id, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_wire, "publish_properties", counting)
+    headers = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    writer = FrameWriter(
+        channel_number=1,
+        frame_max=FRAME_MAX,
+        exchange="",
+        routing_key="q",
+        headers=headers,
+        id_header="msgsafe-id",
+        key_header="msgsafe-key",
+        created_at=1.0,
+    )
+    ids = [f"0190-{i:06d}" for i in range(1000)]
+    buffers, frames = writer.encode([b"x"] * 1000, ids, None, range(1000))
+    assert len(built) == 1 and frames == 3000
+    data = b"".join(buffers)
+    assert data.count(headers["traceparent"].encode()) == 1000  # on every message
