@@ -68,8 +68,13 @@ logger.clients.level = WARN
 
 
 def _cluster_id() -> str:
-    # Kafka's Uuid text form: 16 random bytes, URL-safe base64 without padding.
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    # Kafka's Uuid text form: 16 random bytes, URL-safe base64 without padding. Like
+    # Kafka's Uuid.randomUuid, never one starting with "-": kafka-storage would read it
+    # as an option ("--cluster-id/-t: expected one argument", 1 start in 64).
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
 
 
 class KafkaCluster(JvmCluster):

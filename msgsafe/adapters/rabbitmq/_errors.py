@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import ssl
+from collections.abc import Mapping
 
 from pika import exceptions as pe
 
@@ -38,6 +39,8 @@ __all__ = [
     "cause",
     "channel_close_error",
     "describe",
+    "frame_error",
+    "header_bytes",
     "lost_error",
     "PROBE_S",
     "identify_peer",
@@ -258,3 +261,36 @@ def channel_close_error(
             None,
         )
     return None, None, None
+
+
+#: Bytes kept free in a frame for the content header's fixed fields.
+_HEADER_FRAME_RESERVE = 512
+
+
+def header_bytes(id_length: int, key_length: int, headers: Mapping[str, str]) -> int:
+    """About the size of a message's content-header frame: the id twice (property and
+    header), the key, the user headers and the fixed fields."""
+    size = 2 * id_length + key_length + 64
+    if headers:
+        size += sum(len(k) + len(v) + 8 for k, v in headers.items())
+    return size
+
+
+def frame_error(
+    size: int, frame_max: int, *, endpoint: str, message_id: str | None
+) -> MessageTooLarge | None:
+    """The error for a content header of about ``size`` bytes (:func:`header_bytes`)
+    that does not fit one frame, else None.
+
+    NOTE: AMQP 0-9-1 carries all properties in one content-header frame; RabbitMQ
+    closes the whole connection (501 FRAME_ERROR) when it exceeds frame_max, which would
+    take every other message in flight down with it.
+    """
+    limit = frame_max - _HEADER_FRAME_RESERVE
+    if size <= limit:
+        return None
+    return MessageTooLarge(
+        f"headers of about {size} bytes exceed the frame limit of {limit}",
+        endpoint=endpoint,
+        message_id=message_id,
+    )

@@ -9,8 +9,11 @@ Frames: pika builds every published message from objects (a ``Basic.Publish`` me
 20 µs of Python per message. The messages of a :class:`~msgsafe.message.Batch` differ
 only in body, id and key, so :class:`FrameWriter` encodes the properties once per id
 length and key (with pika's own encoder, from a template whose id is a sentinel), then
-splices each message's id in. The bytes are the ones ``Channel.basic_publish`` would
-write (``tests/unit/test_rabbitmq_frames.py`` compares them).
+splices each message's id in. A single envelope's own text headers (a ``traceparent``)
+are encoded by :func:`header_entries` and spliced in front of the table's msgsafe
+entries, so headered messages stay on this path too. The bytes are the ones
+``Channel.basic_publish`` would write (``tests/unit/test_rabbitmq_frames.py`` compares
+them).
 
 Writing: :class:`FrameSender` takes what the confirm ledger holds pending, in order,
 encodes it and writes it to the connection with one call per flush (or through
@@ -36,7 +39,6 @@ from msgsafe.adapters.rabbitmq._confirms import ConfirmLedger, _Part
 from msgsafe.adapters.rabbitmq._connection import log
 from msgsafe.adapters.rabbitmq._errors import describe
 from msgsafe.adapters.rabbitmq.config import Destination
-from msgsafe.errors import MessageTooLarge
 from msgsafe.message import AMQP_PROPERTIES_HEADER, MESSAGE_ID_HEADER, Envelope
 
 __all__ = [
@@ -45,16 +47,13 @@ __all__ = [
     "carried_properties",
     "FrameWriter",
     "envelope_properties",
-    "frame_error",
-    "header_bytes",
+    "header_entries",
     "publish_properties",
 ]
 
 #: Header carrying the message key (bytes) next to ``msgsafe-id``.
 KEY_HEADER = "msgsafe-key"
 
-#: Bytes kept free in a frame for the content header's fixed fields.
-_HEADER_FRAME_RESERVE = 512
 #: Destinations whose frame encoder for single envelopes is kept.
 _MAX_ITEM_WRITERS = 256
 #: The one message index of a single envelope, for FrameWriter.encode_into.
@@ -63,6 +62,11 @@ _FIRST = (0,)
 #: Frame type octet, channel, payload size; then the content header's class id, weight
 #: and body size (AMQP 0-9-1 §4.2.3, §4.2.6.1).
 _HEADER_START = struct.Struct(">BHIHHQ")
+#: A header table entry's value: the long-string type octet and its length.
+_LONG_STRING = struct.Struct(">cI")
+#: The properties' flags (2 octets) before the headers table's length (4).
+_TABLE_LENGTH = struct.Struct(">I")
+_TABLE_AT = 2
 #: The previous frame's end octet, then a body frame's type, channel and payload size.
 _BODY_START = struct.Struct(">BBHI")
 _FRAME_END = b"\xce"
@@ -138,33 +142,31 @@ def carried_properties(envelope: Envelope) -> pika.BasicProperties:
     return props
 
 
-def header_bytes(id_length: int, key_length: int, headers: Mapping[str, str]) -> int:
-    """About the size of a message's content-header frame: the id twice (property and
-    header), the key, the user headers and the fixed fields."""
-    size = 2 * id_length + key_length + 64
-    if headers:
-        size += sum(len(k) + len(v) + 8 for k, v in headers.items())
-    return size
+def header_entries(headers: Mapping[str, str], reserved: Sequence[str]) -> bytes | None:
+    """The AMQP table entries of text ``headers`` as pika's ``encode_table`` writes them
+    (short-string name, ``S`` and a long-string value, in order), or None when a name is
+    longer than a short string or is one of ``reserved`` (msgsafe's own headers, whose
+    place in the table the template fixes): such a message goes through pika."""
+    out: list[bytes] = []
+    pack = _LONG_STRING.pack
+    for name, value in headers.items():
+        raw_name = name.encode()
+        if len(raw_name) > 255 or name in reserved:
+            return None
+        raw = value.encode()
+        out += (bytes((len(raw_name),)), raw_name, pack(b"S", len(raw)), raw)
+    return b"".join(out)
 
 
-def frame_error(
-    size: int, frame_max: int, *, endpoint: str, message_id: str | None
-) -> MessageTooLarge | None:
-    """The error for a content header of about ``size`` bytes (:func:`header_bytes`)
-    that does not fit one frame, else None.
-
-    NOTE: AMQP 0-9-1 carries all properties in one content-header frame; RabbitMQ
-    closes the whole connection (501 FRAME_ERROR) when it exceeds frame_max, which would
-    take every other message in flight down with it.
-    """
-    limit = frame_max - _HEADER_FRAME_RESERVE
-    if size <= limit:
-        return None
-    return MessageTooLarge(
-        f"headers of about {size} bytes exceed the frame limit of {limit}",
-        endpoint=endpoint,
-        message_id=message_id,
-    )
+def _with_entries(template: tuple[list[bytes], int], entries: bytes) -> tuple[list[bytes], int]:
+    """A properties template (split at the id) with ``entries`` first in its headers
+    table: the table's length grows by theirs."""
+    pieces, length = template
+    first = pieces[0]
+    (table,) = _TABLE_LENGTH.unpack_from(first, _TABLE_AT)
+    start = _TABLE_AT + _TABLE_LENGTH.size
+    head = first[:_TABLE_AT] + _TABLE_LENGTH.pack(table + len(entries)) + entries
+    return [head + first[start:], *pieces[1:]], length + len(entries)
 
 
 class FrameWriter:
@@ -263,8 +265,12 @@ class FrameWriter:
         ids: Sequence[str],
         keys: Sequence[bytes | None] | None,
         indexes: Iterable[int],
+        entries: bytes = b"",
     ) -> int:
-        """Append the frames of messages ``indexes`` to ``out``; return how many."""
+        """Append the frames of messages ``indexes`` to ``out``; return how many.
+
+        ``entries`` (:func:`header_entries`) are headers of these messages beyond the
+        writer's own, put first in each one's table."""
         extend = out.extend
         channel = self._channel
         body_max = self._body_max
@@ -284,12 +290,18 @@ class FrameWriter:
             if key is None:
                 if len(mid) != last_length:
                     last_length = len(mid)
-                    pieces, props_length = self._template(last_length, None)
+                    template = self._template(last_length, None)
+                    if entries:
+                        template = _with_entries(template, entries)
+                    pieces, props_length = template
                 props = mid.join(pieces)
                 length = props_length
             else:
                 last_length = -1
-                key_pieces, length = self._template(len(mid), key)
+                template = self._template(len(mid), key)
+                if entries:
+                    template = _with_entries(template, entries)
+                key_pieces, length = template
                 props = mid.join(key_pieces)
             if fixed_route is None:
                 method = self._method(key.decode("utf-8", "replace") if key else "")
@@ -375,7 +387,8 @@ class FrameSender:
                 continue
             item = entry
             envelope = item.envelope
-            if emit is not None and not envelope.headers:
+            entries = _fast_entries(envelope) if emit is not None else None
+            if entries is not None:
                 writer = self._item_writer(
                     dest, envelope.destination, channel.channel_number, frame_max, envelope
                 )
@@ -386,6 +399,7 @@ class FrameSender:
                     (envelope.message_id,),
                     None if key is None else (key,),
                     _FIRST,
+                    entries,
                 )
             else:
                 if out and emit is not None:
@@ -504,6 +518,20 @@ class FrameSender:
             return False
         self._ledger.in_flight_part(part, sent)
         return True
+
+
+#: Headers a single envelope's own cannot be encoded around (see header_entries).
+_RESERVED = (MESSAGE_ID_HEADER, KEY_HEADER, AMQP_PROPERTIES_HEADER)
+
+
+def _fast_entries(envelope: Envelope) -> bytes | None:
+    """The encoded headers of an envelope the frame writer can send (``b""`` for none),
+    None for one that goes through ``basic_publish``: it carries a pika publisher's
+    properties (:func:`carried_properties`), or a header name the writer cannot place."""
+    headers = envelope.headers
+    if not headers:
+        return b""
+    return header_entries(headers, _RESERVED)
 
 
 def _coalesce(channel: Channel) -> None:

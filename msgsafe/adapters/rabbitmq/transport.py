@@ -41,8 +41,14 @@ from msgsafe.adapters._config import oversized, size_error
 from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_failed
 from msgsafe.adapters.rabbitmq._confirms import ConfirmLedger, _Item, _Job, _Part, fail_all
 from msgsafe.adapters.rabbitmq._connection import IoThread, Link, log
-from msgsafe.adapters.rabbitmq._errors import channel_close_error, describe, lost_error
-from msgsafe.adapters.rabbitmq._wire import FrameSender, frame_error, header_bytes
+from msgsafe.adapters.rabbitmq._errors import (
+    channel_close_error,
+    describe,
+    frame_error,
+    header_bytes,
+    lost_error,
+)
+from msgsafe.adapters.rabbitmq._wire import FrameSender
 from msgsafe.adapters.rabbitmq.config import Destination, RabbitOptions, parse_destination
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import (

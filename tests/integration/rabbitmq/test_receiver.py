@@ -160,3 +160,83 @@ def test_stopped_node_is_skipped(rabbit: RabbitCluster) -> None:
     finally:
         t.close(2)
         rabbit.ctl(victim, "start_app")
+
+
+#: Text headers of every shape a sender sets (a trace context among them).
+_HEADERS: tuple[dict[str, str], ...] = (
+    {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+    {"a": "", "ünï": "çødé ✓", "tracestate": "k=v,x=y"},
+    {"n" * 255: "v" * 3000},
+    {},
+)
+
+
+def _pika_seen(url: str, queue: str, count: int) -> dict[str, tuple[object, ...]]:
+    """What pika's consumer reads of ``count`` messages, by message id."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    seen: dict[str, tuple[object, ...]] = {}
+    try:
+        ch = conn.channel()
+        deadline = time.monotonic() + 30
+        while len(seen) < count and time.monotonic() < deadline:
+            method, props, body = ch.basic_get(queue, auto_ack=True)
+            if method is None:
+                conn.sleep(0.05)
+                continue
+            headers = dict(props.headers)
+            headers.pop("x-delivery-count", None)  # what a quorum queue adds
+            seen[props.message_id] = (body, headers, props.delivery_mode, props.timestamp)
+        ch.queue_delete(queue)
+    finally:
+        conn.close()
+    return seen
+
+
+@pytest.mark.parametrize("writes", ["frames", "basic_publish"])
+def test_headers_read_back_by_pika_and_msgsafe(
+    writes: str, rabbit_urls: RabbitUrls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Single messages with text headers: pika and msgsafe consumers read back exactly
+    what was sent, whether the frame writer or pika's ``basic_publish`` wrote them (the
+    two must be indistinguishable on the wire)."""
+    from msgsafe.adapters.rabbitmq import _wire as rabbit_wire
+
+    if writes == "basic_publish":
+        monkeypatch.setattr(rabbit_wire, "_pika_emit", lambda conn: None)
+    url = rabbit_urls.amqp[0]
+    queues = [f"rh-{writes}-{i}-{uuid.uuid4().hex[:8]}" for i in range(2)]
+    sent: dict[str, Envelope] = {}
+    transport = open_transport(parse_url(url), {"declare": "quorum"})
+    try:
+        for queue in queues:
+            envs = [
+                Envelope.build(queue, f"b{i}".encode(), key=key, headers=headers)
+                for i, (headers, key) in enumerate((h, k) for h in _HEADERS for k in (None, "clé"))
+            ]
+            for future in [transport.publish(e) for e in envs]:
+                future.result(20)
+            sent.update((e.message_id, e) for e in envs)
+    finally:
+        transport.close(5)
+
+    by_pika = _pika_seen(url, queues[0], len(sent) // 2)
+    receiver = open_receiver(parse_url(url), {"prefetch": 50})
+    try:
+        receiver.subscribe(queues[1])
+        by_msgsafe = {d.message_id: d for d in _receive(receiver, len(sent) // 2)}
+        for delivery in by_msgsafe.values():
+            delivery.ack()
+    finally:
+        receiver.close()
+    assert set(by_pika) | set(by_msgsafe) == set(sent)  # none lost, none unknown
+    for mid, (body, headers, mode, stamp) in by_pika.items():
+        env = sent[mid]
+        expected: dict[str, object] = {**env.headers, "msgsafe-id": mid}
+        if env.key is not None:
+            expected["msgsafe-key"] = env.key
+        assert (body, headers, mode, stamp) == (env.body, expected, 2, int(env.created_at))
+    for mid, delivery in by_msgsafe.items():
+        env = sent[mid]
+        assert (delivery.body, delivery.key) == (env.body, env.key)
+        got = {k: v for k, v in delivery.headers.items() if k != "x-delivery-count"}
+        assert got == {**env.headers, "msgsafe-id": mid}
