@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from _thread import RLock
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures._base import (
@@ -52,7 +53,8 @@ class LightFuture(Future[_T]):
 
     def __init__(self) -> None:
         # NOTE: Future.__init__ is not called: it is what builds the objects made lazily here.
-        self._mutex = threading.RLock()
+        # _thread.RLock is the class threading.RLock() returns, without that function's frame.
+        self._mutex = RLock()
         self._state = PENDING
 
     # --- what the stock Future and concurrent.futures.wait() reach for, made on demand ---
