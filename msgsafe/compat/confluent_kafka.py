@@ -223,7 +223,8 @@ class Producer(ClosesOnExit):
         and ``RuntimeError`` after :meth:`close`. An explicit ``partition`` is ignored with a
         warning (msgsafe places messages by key).
         """
-        self._check_open()
+        if self._closed:  # _check_open, inlined: this runs for every message
+            raise RuntimeError(_CLOSED)
         if partition not in (PARTITION_UA, None):
             if not isinstance(partition, int):
                 raise TypeError(f"partition must be int, not {type(partition).__name__}")
@@ -243,7 +244,12 @@ class Producer(ClosesOnExit):
                 "confluent_kafka directly for compacted-topic deletes"
             )
         key_bytes = key if key is None or type(key) is bytes else _as_bytes("key", key)
-        record, header_map = record_headers(headers)
+        record: RecordHeaders
+        header_map: dict[str, str] | None
+        if headers:
+            record, header_map = record_headers(headers)
+        else:
+            record, header_map = [], None
         with self._lock:
             if self._unreported >= self._config.queue_max:
                 raise BufferError("Local: Queue full (serve delivery reports with poll())")
@@ -252,7 +258,8 @@ class Producer(ClosesOnExit):
             # Types are checked above: the envelope's own checks are the ones left (the
             # topic), and without headers it takes Envelope.build's short path.
             envelope = Envelope.build(topic, body, key=key_bytes, headers=header_map or None)
-            future = self._send(envelope)
+            safe = self._producer
+            future = self._hold(envelope) if safe is None else safe.send_envelope(envelope)
         except InvalidMessage:
             self._unreported_done()
             raise
@@ -284,15 +291,13 @@ class Producer(ClosesOnExit):
             with self._served:
                 self._served.notify_all()
 
-    def _send(self, envelope: Envelope) -> Future[Receipt]:
-        if self._producer is None:
-            # NOTE: librdkafka accepts a producer without brokers; its messages wait
-            # message.timeout.ms in the queue, then time out (or purge() fails them).
-            held: Future[Receipt] = Future()
-            with self._lock:
-                self._held.append((time.monotonic() + self._confirm_timeout, held))
-            return held
-        return self._producer.send_envelope(envelope)
+    def _hold(self, envelope: Envelope) -> Future[Receipt]:
+        # NOTE: librdkafka accepts a producer without brokers; its messages wait
+        # message.timeout.ms in the queue, then time out (or purge() fails them).
+        held: Future[Receipt] = Future()
+        with self._lock:
+            self._held.append((time.monotonic() + self._confirm_timeout, held))
+        return held
 
     def produce_batch(
         self,
