@@ -107,11 +107,7 @@ class _Report:
             return
         if err is None:
             link.down_until = 0.0
-            # call_logged, inlined: this runs for every confirmed message.
-            try:
-                self.callback(None)
-            except Exception:
-                log.exception("%s raised; ignored", PUBLISH_CALLBACK)
+            call_logged(log, PUBLISH_CALLBACK, self.callback, None)
         else:
             link._failed(self, err)
 
