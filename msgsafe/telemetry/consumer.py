@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.message import Delivery, Outcome
-from msgsafe.telemetry.stats import ConsumerCounters, ConsumerStats
+from msgsafe.telemetry.stats import ConsumerCounters, ConsumerStats, TracedConnectionCounters
 
 if TYPE_CHECKING:
     from msgsafe.telemetry._otel import Figures, OtelConsumer
@@ -23,7 +23,7 @@ __all__ = ["ConsumerTelemetry"]
 log = logging.getLogger("msgsafe.telemetry")
 
 
-class ConsumerTelemetry(ConsumerCounters):
+class ConsumerTelemetry(TracedConnectionCounters, ConsumerCounters):
     """Counters for ``stats()``; with ``otel`` also OpenTelemetry spans and metrics.
     It is the consumer's :class:`~msgsafe.telemetry._observer.ConnectionObserver`."""
 
@@ -72,22 +72,6 @@ class ConsumerTelemetry(ConsumerCounters):
         return delivery
 
     # --- ConnectionObserver ----------------------------------------------------------------
-
-    def failover(self, previous: str, endpoint: str, reason: str) -> None:
-        super().failover(previous, endpoint, reason)
-        self._connection_event("failover", previous, endpoint, reason)
-
-    def redirect(self, previous: str, endpoint: str, reason: str) -> None:
-        super().redirect(previous, endpoint, reason)
-        self._connection_event("redirect", previous, endpoint, reason)
-
-    def _connection_event(self, kind: str, previous: str, endpoint: str, reason: str) -> None:
-        if self._otel is None:
-            return
-        try:
-            self._otel.connection_event(kind, previous, endpoint, reason)
-        except Exception:
-            log.warning("telemetry: cannot record a %s", kind, exc_info=True)
 
     def _figures(self) -> Figures:
         """The metrics' values at a collection (see msgsafe.telemetry._otel)."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import BatchFailed
 from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status
-from msgsafe.telemetry.stats import ProducerCounters, ProducerStats
+from msgsafe.telemetry.stats import ProducerCounters, ProducerStats, TracedConnectionCounters
 
 if TYPE_CHECKING:
     from msgsafe.outbox.forwarder import Forwarder
@@ -36,7 +36,7 @@ __all__ = ["ProducerTelemetry"]
 log = logging.getLogger("msgsafe.telemetry")
 
 
-class ProducerTelemetry(ProducerCounters):
+class ProducerTelemetry(TracedConnectionCounters, ProducerCounters):
     """Counters for ``stats()``; with ``otel`` also OpenTelemetry spans and metrics.
     It is the producer's :class:`~msgsafe.telemetry._observer.ConnectionObserver`."""
 
@@ -141,22 +141,6 @@ class ProducerTelemetry(ProducerCounters):
             log.warning("telemetry: cannot record a settled send", exc_info=True)
 
     # --- ConnectionObserver ----------------------------------------------------------------
-
-    def failover(self, previous: str, endpoint: str, reason: str) -> None:
-        super().failover(previous, endpoint, reason)
-        self._connection_event("failover", previous, endpoint, reason)
-
-    def redirect(self, previous: str, endpoint: str, reason: str) -> None:
-        super().redirect(previous, endpoint, reason)
-        self._connection_event("redirect", previous, endpoint, reason)
-
-    def _connection_event(self, kind: str, previous: str, endpoint: str, reason: str) -> None:
-        if self._otel is None:
-            return
-        try:
-            self._otel.connection_event(kind, previous, endpoint, reason)
-        except Exception:
-            log.warning("telemetry: cannot record a %s", kind, exc_info=True)
 
     # --- reading ---------------------------------------------------------------------------
 

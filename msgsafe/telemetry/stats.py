@@ -9,13 +9,17 @@ message after it settled.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Protocol
 
 from msgsafe.message import Receipt, Status
+
+log = logging.getLogger("msgsafe.telemetry")
 
 __all__ = [
     "ConnectionCounters",
@@ -93,6 +97,36 @@ class ConnectionCounters:
         """Copies of the fail-over and redirect counts."""
         with self.lock:
             return MappingProxyType(dict(self.failovers)), MappingProxyType(dict(self.redirects))
+
+
+class _ConnectionEventSink(Protocol):
+    def connection_event(self, kind: str, previous: str, endpoint: str, reason: str) -> None:
+        """Record a fail-over or redirect on OpenTelemetry."""
+        ...
+
+
+class TracedConnectionCounters(ConnectionCounters):
+    """Connection counters that also hand each event to OpenTelemetry when it is on
+    (``_otel``, set by the producer's or consumer's telemetry). Called on I/O threads: an
+    error there is logged, never raised."""
+
+    _otel: _ConnectionEventSink | None = None
+
+    def failover(self, previous: str, endpoint: str, reason: str) -> None:
+        super().failover(previous, endpoint, reason)
+        self._connection_event("failover", previous, endpoint, reason)
+
+    def redirect(self, previous: str, endpoint: str, reason: str) -> None:
+        super().redirect(previous, endpoint, reason)
+        self._connection_event("redirect", previous, endpoint, reason)
+
+    def _connection_event(self, kind: str, previous: str, endpoint: str, reason: str) -> None:
+        if self._otel is None:
+            return
+        try:
+            self._otel.connection_event(kind, previous, endpoint, reason)
+        except Exception:
+            log.warning("telemetry: cannot record a %s", kind, exc_info=True)
 
 
 def _value(counter: itertools.count[int]) -> int:

@@ -1,7 +1,10 @@
 """``msgsafe cluster up rabbitmq --tls --json``: the certificates are written into the
 cluster dir (private keys 0600), their paths and a TLS URL are in the JSON, and that URL
 carries messages over mutual TLS; ``status`` finds them again from another process;
-a kind without TLS says so (exit 3)."""
+a kind without TLS says so (exit 3).
+
+Why tansu: it is the one kind the launcher starts without TLS, so only it can show the
+refusal."""
 
 from __future__ import annotations
 
