@@ -554,12 +554,16 @@ class SqliteOutbox(OperatorQueries):
 
         return apply
 
-    def _restore(self, added: Iterable[tuple[bytes | None, int]]) -> Callable[[], None]:
+    def _restore(
+        self, added: Iterable[tuple[bytes | None, int]], *, settled: Iterable[str] = ()
+    ) -> Callable[[], None]:
         """What to do in memory once quarantined rows ``(key, size)`` are back in the
-        queue (run after the commit)."""
+        queue and the leases of ``settled`` ids ended (run after the commit)."""
         back = list(added)
+        ended = list(settled)
 
         def apply() -> None:
+            self._claims.drop(ended)
             with self._lock:
                 self._counts.rows += len(back)
                 self._counts.bytes += sum(size for _, size in back)

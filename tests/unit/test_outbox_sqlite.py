@@ -354,3 +354,20 @@ def test_a_claim_writes_nothing_to_the_file_and_its_lease_runs_out(
         a2.message_id,
         b1.message_id,
     ]
+
+
+@pytest.mark.parametrize("selection", ["ids", "all"])
+def test_purging_a_leased_row_ends_its_lease_and_frees_its_key(
+    store: SqliteOutbox, selection: str
+) -> None:
+    """A purged row's lease goes with it: the rest of its key is claimable at once, not
+    when the lease would have run out (the clock does not move here)."""
+    a1, a2 = env("a"), env("a")
+    store.put([a1])
+    assert [e.message_id for e in store.claim(limit=10, lease_s=30)] == [a1.message_id]
+    ids = [a1.message_id] if selection == "ids" else "all"
+    assert store.purge(ids, waiting=True) == 1
+    store.put([a2])
+    assert [e.message_id for e in store.claim(limit=10, lease_s=30)] == [a2.message_id]
+    store.delivered([a2.message_id])
+    assert store.stats().depth == 0 and not store.has_key(b"a")
