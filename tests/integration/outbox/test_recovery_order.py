@@ -87,7 +87,26 @@ class Run:
         assert not unknown
         assert self.statuses["STORED"] >= DOWN - 50  # the outage sent them to the outbox
         out_of_order = [k for k, ids in self.order.items() if first[k] != ids]
+        for k in out_of_order[:3]:
+            pos = {mid: i for i, mid in enumerate(self.order[k])}
+            print(f"key {k}: first arrivals, by send index: {_ranges([pos[m] for m in first[k]])}")
         assert not out_of_order, f"per-key order broken for {out_of_order[:5]}"
+
+
+def _ranges(xs: list[int]) -> str:
+    """``[0, 1, 2, 7, 3]`` -> ``"0-2,7-7,3-3"``: where an order broke, readable."""
+    out = []
+    start = prev = None
+    for x in xs:
+        if prev is not None and x == prev + 1:
+            prev = x
+            continue
+        if start is not None:
+            out.append(f"{start}-{prev}")
+        start = prev = x
+    if start is not None:
+        out.append(f"{start}-{prev}")
+    return ",".join(out)
 
 
 def outage_and_recovery(
