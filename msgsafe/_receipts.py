@@ -61,6 +61,10 @@ class StoreItem(Protocol):
         """Settle with the writer's outcome; returns how many flush() units finished."""
         ...
 
+    def send_order(self) -> tuple[int, int]:
+        """Where the message stands among the producer's sends: (ticket, index in batch)."""
+        ...
+
 
 class Send(LightFuture[Receipt]):
     """The receipt future of one message, which is also what its transport reports to.
@@ -70,12 +74,18 @@ class Send(LightFuture[Receipt]):
     object while messages are in flight, so each one costs on every send).
     """
 
-    __slots__ = ("envelope", "owner")
+    __slots__ = ("envelope", "owner", "ticket")
 
     def __init__(self, owner: ReceiptOwner, envelope: Envelope) -> None:
         super().__init__()
         self.owner = owner
         self.envelope = envelope
+        #: The send's place among the producer's sends (set by the producer).
+        self.ticket = 0
+
+    def send_order(self) -> tuple[int, int]:
+        """(ticket, 0): see :class:`StoreItem`."""
+        return (self.ticket, 0)
 
     def cancel(self) -> bool:
         """Always False: the message is already on its way (to the broker or the
@@ -110,11 +120,13 @@ class BatchSend(LightFuture[BatchReceipt]):
     writer and the caller's thread.
     """
 
-    __slots__ = ("_count_lock", "_errors", "_owner", "_remaining", "_stored", "batch")
+    __slots__ = ("_count_lock", "_errors", "_owner", "_remaining", "_stored", "batch", "ticket")
 
     def __init__(self, owner: ReceiptOwner, batch: Batch) -> None:
         super().__init__()
         self.batch = batch
+        #: The batch's place among the producer's sends (set by the producer).
+        self.ticket = 0
         self._owner = owner
         self._count_lock = threading.Lock()
         self._remaining = len(batch)
@@ -207,6 +219,10 @@ class BatchPart:
         """Settle it with the writer's outcome; returns 0 (the batch counts itself)."""
         self.send.stored(self.index, error)
         return 0
+
+    def send_order(self) -> tuple[int, int]:
+        """(the batch's ticket, index): see :class:`StoreItem`."""
+        return (self.send.ticket, self.index)
 
 
 class SubsetReport:

@@ -76,6 +76,11 @@ class Settlement:
         self._all_done = threading.Condition(self.lock)
         #: Keys with a message on its way to the outbox (the barrier before has_key is true).
         self.detouring: dict[bytes, int] = {}
+        #: Keyed single sends handed to the transport and not answered yet, per key.
+        self.in_transport: dict[bytes, int] = {}
+        #: Messages bound for the outbox that wait for earlier sends of their key to leave
+        #: the transport (see :meth:`hold`), per key.
+        self._parked: dict[bytes, list[StoreItem]] = {}
         #: monotonic() until which new sends go straight to the outbox (0: not paused).
         self.refused_until = 0.0
         self._queue: queue.SimpleQueue[StoreItem | None] = queue.SimpleQueue()
@@ -100,8 +105,48 @@ class Settlement:
             self._writer.join(timeout)
 
     def hold(self, item: StoreItem) -> None:
-        """Queue ``item`` for the outbox; its key is already counted in ``detouring``."""
-        self._queue.put(item)
+        """Queue ``item`` for the outbox; its key is already counted in ``detouring``.
+
+        Per-key order: while an earlier message of the key is still in the transport
+        (the broker may yet refuse it, and the outbox would then get it *after* this
+        one), ``item`` is parked and queued once that message has left the transport —
+        the case of every send made during the refusal pause right after an outage
+        began, while the first sends of the outage were still waiting for their error.
+        """
+        key = item.envelope.key
+        if key is None:
+            self._queue.put(item)
+            return
+        with self.lock:
+            if key in self.in_transport:
+                self._parked.setdefault(key, []).append(item)
+                return
+            self._queue.put(item)
+
+    def left_transport(self, key: bytes, *, detour: StoreItem | bool = False) -> None:
+        """One keyed single send of ``key`` got its transport outcome. ``detour``: the
+        message goes to the outbox — the item itself (queued here, in send order with
+        what is parked), or True when the caller holds it next."""
+        with self.lock:
+            if detour is not False:
+                self.detouring[key] = self.detouring.get(key, 0) + 1
+            left = self.in_transport.get(key, 0) - 1
+            parked = self._parked
+            if left > 0:
+                self.in_transport[key] = left
+                if not isinstance(detour, bool):
+                    # Earlier sends of this key may still fail: it waits in the park.
+                    parked.setdefault(key, []).append(detour)
+                return
+            self.in_transport.pop(key, None)
+            items = parked.pop(key, [])
+            if not isinstance(detour, bool):
+                items.append(detour)
+            # Queued under the lock: a send of this key that finds the park empty
+            # queues after these (SimpleQueue.put never blocks).
+            items.sort(key=_send_order)
+            for item in items:
+                self._queue.put(item)
 
     def _store_loop(self) -> None:
         """The outbox writer: batches whatever is queued into one durable put."""
@@ -189,7 +234,7 @@ class Settlement:
         if key is not None:
             with self.lock:
                 self.detouring[key] = self.detouring.get(key, 0) + 1
-        self._queue.put(item)
+        self.hold(item)
 
     # --- ReceiptOwner ----------------------------------------------------------------------
 
@@ -201,14 +246,23 @@ class Settlement:
             self.resolve(
                 send, new_receipt(envelope.message_id, Status.CONFIRMED, envelope.destination)
             )
+            if envelope.key is not None and self.store is not None:
+                self.left_transport(envelope.key)
             return
+        key = envelope.key
         if isinstance(error, TransientError) and self.store is not None:
             log.debug("storing %s after %s", envelope.message_id, type(error).__name__)
-            self.to_outbox(send)
+            if key is None:
+                self.to_outbox(send)
+                return
+            self.refused_until = time.monotonic() + _REFUSAL_PAUSE_S
+            self.left_transport(key, detour=send)
             return
         if isinstance(error, MsgsafeError):
             error.message_id = error.message_id or envelope.message_id
         self.resolve(send, None, error)
+        if key is not None and self.store is not None:
+            self.left_transport(key)
 
     def detour(self, send: BatchSend, index: int, error: MsgsafeError) -> bool:
         """Message ``index`` of a batch failed with ``error``: the outbox takes it when
@@ -259,3 +313,7 @@ class Settlement:
                 self._wake_at = min(self._wake_at, target)
                 self._all_done.wait(left)
             return True
+
+
+def _send_order(item: StoreItem) -> tuple[int, int]:
+    return item.send_order()

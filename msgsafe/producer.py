@@ -102,6 +102,7 @@ class Producer:
             self._lock = self._settle.lock
             self._tickets = self._settle.tickets
             self._detouring = self._settle.detouring
+            self._in_transport = self._settle.in_transport
             if self._store is not None:
                 self._forwarder = Forwarder(self._store, self._transport, policy=retry)
                 self._forwarder.start()
@@ -259,7 +260,7 @@ class Producer:
         keys = batch.keys
         store = self._store
         paused = store is not None and settle.refused_until > 0.0 and settle.paused()
-        next(self._tickets)
+        send.ticket = next(self._tickets)
         with self._lock:
             if self._closed:
                 settle.settle_locked(1)
@@ -334,7 +335,7 @@ class Producer:
         # NOTE: no Python-level call inside the lock: the interpreter may hand the GIL to
         # another thread at one, and every sender would then queue on this lock.
         paused = transaction is None and settle.refused_until > 0.0 and settle.paused()
-        next(self._tickets)
+        result.ticket = next(self._tickets)
         if self._closed:
             # Counted, then settled: a close() that read the count does not wait for it.
             settle.settled(1)
@@ -342,23 +343,25 @@ class Producer:
         # A transactional send goes to the store whatever the barrier says, and nothing
         # would release a barrier count taken for it (the writer thread never sees it).
         behind_barrier = paused
-        if key is not None and transaction is None:
+        #: The key counted in the transport's share of the barrier (see Settlement.hold).
+        counted: bytes | None = None
+        if key is not None and transaction is None and store is not None:
+            in_transport = self._in_transport
             with self._lock:
                 behind_barrier = paused or key in self._detouring
                 if behind_barrier:
                     self._detouring[key] = self._detouring.get(key, 0) + 1
-        if (
-            not behind_barrier
-            and transaction is None
-            and key is not None
-            and store is not None
-            and store.has_key(key)
-        ):
-            # NOTE: asked after _detouring: a message of this key leaves _detouring only
-            # once it is in the store, so one of the two questions sees it.
-            behind_barrier = True
-            with self._lock:
-                self._detouring[key] = self._detouring.get(key, 0) + 1
+                else:
+                    # Counted before has_key is asked: a message of this key bound for
+                    # the outbox waits until this one has left the transport.
+                    in_transport[key] = in_transport.get(key, 0) + 1
+                    counted = key
+            if counted is not None and store.has_key(counted):
+                # NOTE: asked after _detouring: a message of this key leaves _detouring
+                # only once it is in the store, so one of the two questions sees it.
+                behind_barrier = True
+                settle.left_transport(counted, detour=True)
+                counted = None
 
         if transaction is not None:
             self._put_in_transaction(transaction, result)
@@ -367,11 +370,22 @@ class Producer:
             # now would overtake it: per-key order), or the broker refused a moment ago
             # (sending would only hammer it): it queues behind, in the outbox.
             settle.hold(result)
-        elif self._publish_callback is not None:
+        elif counted is not None:
+            try:
+                self._publish_one(envelope, result)
+            except BaseException:
+                # No outcome will come for it: its key must not wait behind it.
+                settle.left_transport(counted)
+                raise
+        else:
+            self._publish_one(envelope, result)
+        return result
+
+    def _publish_one(self, envelope: Envelope, result: Send) -> None:
+        if self._publish_callback is not None:
             self._publish_callback(envelope, result)
         else:
             self._transport.publish(envelope).add_done_callback(result.transport_done)
-        return result
 
     def _put_in_transaction(self, connection: Any, result: Send) -> None:
         store: _TransactionalStore = self._store  # type: ignore[assignment]

@@ -413,6 +413,9 @@ class _LoginGuard:
     transiently (the message is released, not quarantined: the login, not the message,
     is wrong) and is remembered for :func:`_forward` to stop on."""
 
+    #: No batch seam: every publish must pass through :meth:`publish` to be watched.
+    publish_batch = None
+
     def __init__(self, transport: Transport) -> None:
         self._transport = transport
         self.refused: AuthenticationError | None = None

@@ -167,6 +167,7 @@ class OperatorQueries:
     ) -> HandlerResult[object]:
         results: builtins.list[object] = []
         added: builtins.list[tuple[bytes | None, int]] = []
+        replayed: builtins.list[str] = []
         for payload in payloads:
             where, params = _selection(payload)
             rows = conn.execute(
@@ -181,8 +182,11 @@ class OperatorQueries:
                 [r[:8] for r in rows],
             )
             added.extend((r[3], r[7]) for r in rows)
+            replayed.extend(r[0] for r in rows)
             results.append(len(rows))
-        return HandlerResult(results, self._restore(added))
+        # A lease still held on a replayed id (its row was quarantined by a forwarder
+        # whose lease had run out and been taken over) would hold back its key.
+        return HandlerResult(results, self._restore(added, settled=replayed))
 
     def _purge_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
@@ -190,6 +194,7 @@ class OperatorQueries:
         results: builtins.list[object] = []
         dropped_q = 0
         removed: builtins.list[tuple[bytes | None, int]] = []
+        purged: builtins.list[str] = []
         for payload in payloads:
             selected, waiting, quarantined = payload
             where, params = _selection(selected)
@@ -201,12 +206,15 @@ class OperatorQueries:
             dropped_q += n
             if waiting:
                 gone = conn.execute(
-                    "DELETE FROM outbox" + where + " RETURNING key, size", params
+                    "DELETE FROM outbox" + where + " RETURNING id, key, size", params
                 ).fetchall()
-                removed.extend(gone)
+                removed.extend((key, size) for _, key, size in gone)
+                purged.extend(message_id for message_id, _, _ in gone)
                 n += len(gone)
             results.append(n)
-        return HandlerResult(results, self._remove(removed, quarantined=-dropped_q))
+        # The leases of purged rows end with them: a lease left behind would hold back
+        # its key (nothing else of that key is claimed) until it ran out.
+        return HandlerResult(results, self._remove(removed, quarantined=-dropped_q, settled=purged))
 
     # --- provided by the store --------------------------------------------------------------
 
@@ -219,13 +227,21 @@ class OperatorQueries:
         raise NotImplementedError
 
     def _remove(
-        self, removed: Iterable[tuple[bytes | None, int]], *, quarantined: int = 0
+        self,
+        removed: Iterable[tuple[bytes | None, int]],
+        *,
+        quarantined: int = 0,
+        settled: Iterable[str] = (),
     ) -> Callable[[], None]:
-        """The counter update for rows that left the queue (and the quarantine change)."""
+        """The counter update for rows that left the queue (and the quarantine change),
+        and the end of the leases of ``settled`` ids."""
         raise NotImplementedError
 
-    def _restore(self, added: Iterable[tuple[bytes | None, int]]) -> Callable[[], None]:
-        """The counter update for quarantined rows back in the queue."""
+    def _restore(
+        self, added: Iterable[tuple[bytes | None, int]], *, settled: Iterable[str] = ()
+    ) -> Callable[[], None]:
+        """The counter update for quarantined rows back in the queue, and the end of the
+        leases of ``settled`` ids."""
         raise NotImplementedError
 
     def _recounted(self, conn: sqlite3.Connection) -> Callable[[], None]:

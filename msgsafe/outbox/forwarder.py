@@ -14,35 +14,45 @@ One round (:meth:`Forwarder.step`) claims a batch, publishes it and settles ever
   waiting, are logged once as an ERROR, and back off like a refusal until the
   configuration is fixed.
 
-Order: for a key, at most one message is in flight; the next one of that key is
-published only after its predecessor was confirmed (or quarantined). Keyless messages
-and different keys are pipelined freely. Memory is bounded by ``batch``: rows stream
-from the store a batch at a time however large the backlog.
+Order, pipelined: every message of a claimed batch is published at once, in claim
+order, so many messages of one key are in flight together on the transport's ordered
+channel, partition or link (a transport keeps the order of what it is handed and fails
+what is queued behind a failure). The answers are settled in claim order: a key stops at
+its first failure (transient, or no answer before the lease deadline), and that message
+and every later one of its key are released, to be re-sent from there even if the broker
+confirmed some of them (a duplicate of a known id, never a message overtaking its
+predecessor). A permanent error quarantines the message and its key goes on. Other keys
+are not held back by a failing one: what they had confirmed is delivered. A transport
+that fails a publish at once (the broker refuses) stops the round: nothing more is
+published, the rest is released. Memory is bounded by ``batch`` messages and, after
+the first round, by ``batch_bytes`` of them (the next claim's size follows the last
+round's mean message size): rows stream from the store a batch at a time however large
+the backlog. A round grows (doubling from 500) up to ``batch`` while it is answered
+within a quarter of the lease, and halves when it is not. Rounds are large by default
+because each ends with a wait for its last answer (Kafka's linger and ``acks=all`` round
+trip): 500 a round drained 13k msg/s on Kafka where 10,000 a round drained 76k.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import random
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 from msgsafe._callbacks import call_logged
 from msgsafe.errors import (
     AuthenticationError,
     ConfigurationError,
-    ConfirmTimeout,
     MsgsafeError,
     PermanentError,
     ProtocolMismatch,
 )
 from msgsafe.message import Envelope
+from msgsafe.outbox._round import UNSENT, Round
 from msgsafe.ports import OutboxStore, Transport
 from msgsafe.retry import Backoff, RetryPolicy
 
@@ -51,6 +61,13 @@ __all__ = ["Forwarder", "ForwarderStats"]
 log = logging.getLogger("msgsafe.outbox")
 #: Permanent for a send, but about the connection, not the message: never quarantined.
 _NOT_THE_MESSAGE = (AuthenticationError, ProtocolMismatch)
+
+#: The first claim's size, before any message size is known (batch_bytes holds for
+#: messages up to 16 KiB).
+_FIRST_LIMIT = 500
+
+#: The default backoff's cap: the longest wait between probes of a refusing broker.
+_PROBE_CAP_S = 1.0
 
 #: How often an idle forwarder looks for rows whose retry time has come.
 _IDLE_POLL_S = 1.0
@@ -71,13 +88,14 @@ class ForwarderStats:
 
 
 @dataclass(slots=True)
-class _Round:
-    """Bookkeeping of one claimed batch."""
+class _Settling:
+    """What one round's answers, settled in claim order, come to."""
 
-    done: queue.SimpleQueue[tuple[Envelope, Future[None]]]
-    waiting: dict[bytes, deque[Envelope]]  # keyed messages behind the one in flight
-    flying: dict[str, Envelope]  # published, not yet answered
-    stopped: bool = False  # a transient error: publish nothing more this round
+    delivered: list[str] = field(default_factory=list)
+    releases: list[tuple[Envelope, str]] = field(default_factory=list)
+    stopped_keys: set[bytes] = field(default_factory=set)  # stopped at their first failure
+    stopped: bool = False  # a transient error: back off after this round
+    answered: bool = False  # the broker answered at least one message
 
 
 class Forwarder:
@@ -98,19 +116,26 @@ class Forwarder:
         transport: Transport,
         *,
         policy: RetryPolicy | None = None,
-        batch: int = 500,
+        batch: int = 10_000,
+        batch_bytes: int = 8 << 20,
         lease_s: float = 30.0,
         on_quarantine: Callable[[Envelope, str], None] | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] | None = None,
         rng: Callable[[], float] = random.random,
     ) -> None:
-        if batch < 1 or lease_s <= 0:
-            raise ConfigurationError("batch must be >= 1 and lease_s > 0")
+        if batch < 1 or batch_bytes < 1 or lease_s <= 0:
+            raise ConfigurationError("batch and batch_bytes must be >= 1 and lease_s > 0")
         self._store = store
         self._transport = transport
-        self._policy = policy or RetryPolicy(initial=0.2, maximum=30.0)
+        # NOTE: capped at 1 s: while the broker refuses, a probe is one message (and at
+        # most one connection attempt) per period, no load worth sparing; a longer cap
+        # is how long an outage outlasts the broker's return for every waiting key.
+        self._policy = policy or RetryPolicy(initial=0.2, maximum=_PROBE_CAP_S)
         self._batch = batch
+        self._batch_bytes = batch_bytes
+        #: The next claim's size: ``batch``, or fewer when messages are large.
+        self._limit = min(batch, _FIRST_LIMIT)
         self._lease_s = lease_s
         self._on_quarantine = on_quarantine
         self._clock = clock
@@ -199,7 +224,7 @@ class Forwarder:
             if not self._settle_backlog():
                 self._backoff.failure()
                 return 0
-            limit = 1 if self._backoff.failures else self._batch
+            limit = 1 if self._backoff.failures else self._limit
             try:
                 envelopes = self._store.claim(limit=limit, lease_s=self._lease_s)
             except MsgsafeError as exc:
@@ -207,7 +232,9 @@ class Forwarder:
                 self._backoff.failure()
                 return 0
             if envelopes:
+                started = time.monotonic()
                 self._forward(envelopes)
+                self._limit = self._next_limit(envelopes, time.monotonic() - started)
         with self._progress:
             self._progress.notify_all()
         return len(envelopes)
@@ -260,93 +287,68 @@ class Forwarder:
         self._wake.clear()
 
     def _forward(self, envelopes: Sequence[Envelope]) -> None:
-        rnd = _Round(done=queue.SimpleQueue(), waiting={}, flying={})
-        delivered: list[str] = []
-        releases: list[tuple[Envelope, str]] = []
-        answered = False
-        for env in envelopes:
-            if env.key is None:
-                self._launch(rnd, env)
-            elif env.key in rnd.waiting:
-                rnd.waiting[env.key].append(env)
-            else:
-                rnd.waiting[env.key] = deque()
-                self._launch(rnd, env)
-        deadline = time.monotonic() + self._lease_s * 0.9
-        while rnd.flying:
-            try:
-                env, future = rnd.done.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                # NOTE: the contract says every future resolves within confirm_timeout; a
-                # transport that breaks it must not keep rows leased forever. Whatever is
-                # still unanswered is released (a late confirm only makes a duplicate).
-                self._note_error("publish futures unresolved at the lease deadline")
-                rnd.stopped = True
-                releases.extend(
-                    (e, "no confirm before the lease deadline") for e in rnd.flying.values()
-                )
-                rnd.flying.clear()
-                break
-            del rnd.flying[env.message_id]
-            exc = future.exception()
-            if exc is None:
-                answered = True
-                delivered.append(env.message_id)
-                self._next_of_key(rnd, env)
-            elif isinstance(exc, _NOT_THE_MESSAGE):
-                self._connection_refused(exc)
-                rnd.stopped = True
-                releases.append((env, f"{type(exc).__name__}: {exc}"))
-            elif isinstance(exc, PermanentError):
-                answered = True
-                self._quarantine(env, exc)
-                self._next_of_key(rnd, env)
-            else:
-                self._note_error(f"{type(exc).__name__}: {exc}")
-                rnd.stopped = True
-                releases.append((env, f"{type(exc).__name__}: {exc}"))
-        for rest in rnd.waiting.values():
-            releases.extend((env, "not attempted: the broker refused") for env in rest)
-        if delivered:
+        rnd = Round(envelopes, _NOT_THE_MESSAGE)
+        rnd.publish(self._transport)
+        # NOTE: the contract says every answer comes within confirm_timeout; a transport
+        # that breaks it must not keep rows leased forever: what is unanswered at the
+        # lease deadline is released (a late confirm only makes a duplicate).
+        if not rnd.wait(self._lease_s * 0.9):
+            self._note_error("publish futures unresolved at the lease deadline")
+        out = _Settling()
+        for env, outcome in zip(envelopes, rnd.outcomes(), strict=True):
+            self._settle_one(out, env, outcome)
+        if out.delivered:
+            delivered = out.delivered
             self._delivered += len(delivered)
             self._settle(lambda: self._store.delivered(delivered))
-        if rnd.stopped:
-            self._retried += len(releases)
-            # The backoff lives here, in the forwarder (one probe per period); the rows
-            # are ready again at once so that drain() can really push everything now.
+        if out.releases:
+            self._retried += len(out.releases)
+            # The rows are ready again at once, so that drain() can really push everything
+            # now; the backoff lives here, in the forwarder (one probe per period).
+            self._release(out.releases, self._clock())
+        if out.stopped:
             self._backoff.failure()
-            self._release(releases, self._clock())
-        elif answered:
+        elif out.answered:
             self._backoff.success()
             self._refusal_logged = False
 
-    def _launch(self, rnd: _Round, env: Envelope) -> None:
-        try:
-            future = self._transport.publish(env)
-        except MsgsafeError as exc:
-            future = Future()
-            future.set_exception(exc)
-        except Exception as exc:  # a transport bug must not kill the round
-            future = Future()
-            future.set_exception(ConfirmTimeout(f"publish raised {type(exc).__name__}: {exc}"))
-        rnd.flying[env.message_id] = env
-        done = rnd.done
+    def _next_limit(self, envelopes: Sequence[Envelope], took: float) -> int:
+        # Sized after the last round: within batch_bytes at its mean message size, and
+        # answered well within the lease (a slow broker gets smaller rounds, instead of
+        # rounds released unanswered at the lease deadline and sent again whole).
+        mean = max(1, sum(env.size for env in envelopes) // len(envelopes))
+        if took > self._lease_s / 4:
+            paced = len(envelopes) // 2
+        else:
+            paced = 2 * len(envelopes) if len(envelopes) >= self._limit else self._limit
+        return max(1, min(self._batch, self._batch_bytes // mean, paced))
 
-        def report(f: Future[None]) -> None:
-            done.put((env, f))
-
-        future.add_done_callback(report)
-
-    def _next_of_key(self, rnd: _Round, env: Envelope) -> None:
-        # The next message of a key goes out only once its predecessor is settled; after a
-        # transient error nothing more is published this round (the rest is released).
-        if env.key is None or rnd.stopped:
+    def _settle_one(self, out: _Settling, env: Envelope, exc: BaseException | None) -> None:
+        """Settle one answer, in claim order (see the module docstring)."""
+        key = env.key
+        if key is not None and key in out.stopped_keys:
+            out.releases.append((env, "re-sent after an earlier message of its key failed"))
             return
-        rest = rnd.waiting.get(env.key)
-        if not rest:
-            rnd.waiting.pop(env.key, None)
+        if exc is UNSENT:
+            out.releases.append((env, str(exc)))
             return
-        self._launch(rnd, rest.popleft())
+        if exc is None:
+            out.answered = True
+            out.delivered.append(env.message_id)
+            return
+        if isinstance(exc, PermanentError) and not isinstance(exc, _NOT_THE_MESSAGE):
+            out.answered = True
+            self._quarantine(env, exc)
+            return
+        text = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, _NOT_THE_MESSAGE):
+            self._connection_refused(exc)
+        else:
+            self._note_error(text)
+        out.stopped = True
+        out.releases.append((env, text))
+        if key is not None:
+            out.stopped_keys.add(key)
 
     def _quarantine(self, env: Envelope, exc: BaseException) -> None:
         text = f"{type(exc).__name__}: {exc}"

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -37,12 +38,12 @@ from msgsafe.errors import (
     OutboxLocked,
 )
 from msgsafe.message import Envelope
+from msgsafe.outbox._claims import Claims
 from msgsafe.outbox._rows import (
     COLUMNS,
     Rows,
     encode_headers,
     insert_rows,
-    make_envelope,
     redact_target,
 )
 from msgsafe.outbox._schema import (
@@ -62,17 +63,10 @@ __all__ = ["SqliteOutbox", "held_here"]
 _AGE_CHECK_S = 1.0
 _IN_CHUNK = 500  # ids per "IN (...)" list, far below SQLite's variable limit
 
-_CLAIM = """
-UPDATE outbox SET ready_at = :until, attempts = attempts + 1
-WHERE seq IN (
-    SELECT o.seq FROM outbox AS o
-    WHERE o.ready_at <= :now
-      AND (o.key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM outbox AS p
-          WHERE p.key = o.key AND p.ready_at > :now AND p.seq < o.seq))
-    ORDER BY o.seq LIMIT :limit)
-RETURNING seq, id, destination, key, headers, body, created_at
-"""
+#: A transient failure: the row waits until its retry time; its attempt is counted.
+_RETRY_LATER = (
+    "UPDATE outbox SET ready_at = ?, last_error = ?, attempts = attempts + 1 WHERE id = ?"
+)
 
 
 @dataclass(slots=True)
@@ -136,6 +130,7 @@ class SqliteOutbox(OperatorQueries):
         self._lock = threading.Lock()
         self._keys: dict[bytes, int] = {}
         self._counts = _Counters()
+        self._claims = Claims()  # leases live in memory: see msgsafe.outbox._claims
         self._closed = False
         self._users = 1
         self._shared_key = ""
@@ -199,6 +194,10 @@ class SqliteOutbox(OperatorQueries):
                         f"({'; '.join(result[:3])}); {salvage_hint(path)}"
                     )
             conn.execute("PRAGMA journal_mode = WAL")
+            # NOTE: FULL: a put is the promise (STORED means on disk), so its commit
+            # syncs the WAL. Claims commit nothing (msgsafe.outbox._claims). Removals and
+            # releases need no sync of their own (lost, they only re-send: a duplicate)
+            # but share the writer's transactions with puts, so they get it anyway.
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA temp_store = MEMORY")
             conn.execute("PRAGMA journal_size_limit = 67108864")
@@ -265,10 +264,11 @@ class SqliteOutbox(OperatorQueries):
 
     def claim(self, *, limit: int, lease_s: float) -> builtins.list[Envelope]:
         """Lease up to ``limit`` ready envelopes for ``lease_s`` seconds, oldest first,
-        each key's messages a prefix of its queue (see the protocol)."""
+        each key's messages a prefix of its queue (see the protocol). A read: leases
+        are kept in memory (:mod:`msgsafe.outbox._claims` says why that is safe)."""
         if limit < 1:
             return []
-        rows: builtins.list[Envelope] = self._call(self._claim_batch, (limit, lease_s))
+        rows: builtins.list[Envelope] = self._read(self._claim_batch, (limit, lease_s))
         return rows
 
     def delivered(self, ids: Sequence[str]) -> None:
@@ -457,25 +457,25 @@ class SqliteOutbox(OperatorQueries):
     def _claim_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
     ) -> HandlerResult[object]:
-        results: builtins.list[object] = []
         now = self._clock()
-        for payload in payloads:
-            limit, lease_s = payload
-            rows = conn.execute(
-                _CLAIM, {"now": now, "until": now + lease_s, "limit": limit}
-            ).fetchall()
-            rows.sort(key=lambda r: r[0])
-            results.append([make_envelope(*r[1:]) for r in rows])
-        return HandlerResult(results)
+        claims = self._claims
+        return HandlerResult([claims.claim(conn, now, *payload) for payload in payloads])
 
     def _remove(
-        self, removed: Iterable[tuple[bytes | None, int]], *, quarantined: int = 0
+        self,
+        removed: Iterable[tuple[bytes | None, int]],
+        *,
+        quarantined: int = 0,
+        settled: Iterable[str] = (),
     ) -> Callable[[], None]:
-        """What to do in memory once rows ``(key, size)`` left the queue and the
-        quarantine changed by ``quarantined`` rows (run after the commit)."""
+        """What to do in memory once rows ``(key, size)`` left the queue, the quarantine
+        changed by ``quarantined`` rows and the leases of ``settled`` ids ended (run
+        after the commit)."""
         gone = list(removed)
+        ended = list(settled)
 
         def apply() -> None:
+            self._claims.drop(ended)
             self._oldest_checked = 0.0  # the oldest message may be gone
             with self._lock:
                 self._counts.rows -= len(gone)
@@ -505,7 +505,7 @@ class SqliteOutbox(OperatorQueries):
                     f"DELETE FROM outbox WHERE id IN ({marks}) RETURNING key, size", chunk
                 ).fetchall()
             )
-        return HandlerResult([None] * len(payloads), self._remove(removed))
+        return HandlerResult([None] * len(payloads), self._remove(removed, settled=ids))
 
     def _failed_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
@@ -517,7 +517,7 @@ class SqliteOutbox(OperatorQueries):
             message_id, error, retry_at = payload
             if retry_at is not None:
                 conn.execute(
-                    "UPDATE outbox SET ready_at = ?, last_error = ? WHERE id = ?",
+                    _RETRY_LATER,
                     (retry_at, error, message_id),
                 )
                 continue
@@ -525,7 +525,7 @@ class SqliteOutbox(OperatorQueries):
                 "INSERT OR REPLACE INTO quarantine (id, target, destination, key, headers, body,"
                 " created_at, size, attempts, error, quarantined_at)"
                 " SELECT id, target, destination, key, headers, body, created_at, size,"
-                " attempts, ?, ? FROM outbox WHERE id = ?",
+                " attempts + 1, ?, ? FROM outbox WHERE id = ?",
                 (error, now, message_id),
             ).rowcount
             if moved:
@@ -535,7 +535,11 @@ class SqliteOutbox(OperatorQueries):
                         "DELETE FROM outbox WHERE id = ? RETURNING key, size", (message_id,)
                     ).fetchall()
                 )
-        return HandlerResult([None] * len(payloads), self._remove(removed, quarantined=quarantined))
+        settled = [payload[0] for payload in payloads]
+        return HandlerResult(
+            [None] * len(payloads),
+            self._remove(removed, quarantined=quarantined, settled=settled),
+        )
 
     def _recounted(self, conn: sqlite3.Connection) -> Callable[[], None]:
         """The counters and key index rebuilt from the file, to apply after the commit."""
@@ -550,12 +554,16 @@ class SqliteOutbox(OperatorQueries):
 
         return apply
 
-    def _restore(self, added: Iterable[tuple[bytes | None, int]]) -> Callable[[], None]:
+    def _restore(
+        self, added: Iterable[tuple[bytes | None, int]], *, settled: Iterable[str] = ()
+    ) -> Callable[[], None]:
         """What to do in memory once quarantined rows ``(key, size)`` are back in the
-        queue (run after the commit)."""
+        queue and the leases of ``settled`` ids ended (run after the commit)."""
         back = list(added)
+        ended = list(settled)
 
         def apply() -> None:
+            self._claims.drop(ended)
             with self._lock:
                 self._counts.rows += len(back)
                 self._counts.bytes += sum(size for _, size in back)
@@ -569,11 +577,11 @@ class SqliteOutbox(OperatorQueries):
     def _release_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
     ) -> HandlerResult[object]:
-        conn.executemany(
-            "UPDATE outbox SET ready_at = ?, last_error = ? WHERE id = ?",
-            [item for payload in payloads for item in payload],
+        items = [item for payload in payloads for item in payload]
+        conn.executemany(_RETRY_LATER, items)
+        return HandlerResult(
+            [None] * len(payloads), partial(self._claims.drop, [i[2] for i in items])
         )
-        return HandlerResult([None] * len(payloads))
 
     def _oldest_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]

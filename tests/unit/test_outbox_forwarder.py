@@ -22,8 +22,9 @@ from msgsafe.errors import (
     Refused,
     Rejected,
 )
-from msgsafe.message import Envelope
+from msgsafe.message import Batch, Envelope
 from msgsafe.outbox import Forwarder, SqliteOutbox
+from msgsafe.ports import BatchReport
 from msgsafe.retry import RetryPolicy
 from msgsafe.testing import MemoryBroker
 
@@ -119,7 +120,7 @@ def test_step_delivers_a_batch_and_removes_it(store: SqliteOutbox, clock: Clock)
     assert fwd.stats().delivered == 25
 
 
-def test_at_most_one_message_in_flight_per_key_and_order_kept(
+def test_many_messages_of_a_key_in_flight_at_once_in_order(
     store: SqliteOutbox, clock: Clock
 ) -> None:
     sent = envs(60, keys=3) + envs(20)
@@ -128,17 +129,58 @@ def test_at_most_one_message_in_flight_per_key_and_order_kept(
     fwd = Forwarder(store, transport, batch=100, clock=clock)
     done = threading.Thread(target=fwd.step)
     done.start()
-    # Pump: release whatever is held until the round finished.
     deadline = time.monotonic() + 10
-    while done.is_alive() and time.monotonic() < deadline:
-        transport.release_held()
+    while len(transport.held) < 80 and time.monotonic() < deadline:
         done.join(0.001)
+    assert len(transport.held) == 80  # the whole batch in flight, not one per key
+    transport.release_held()
+    done.join(10)
     assert not done.is_alive()
-    assert set(transport.max_in_flight_per_key.values()) == {1}
+    assert set(transport.max_in_flight_per_key.values()) == {20}
     for k in (b"k0", b"k1", b"k2"):
         expected = [e.message_id for e in sent if e.key == k]
         assert [e.message_id for e in transport.published if e.key == k] == expected
     assert store.stats().depth == 0
+
+
+def test_a_key_stops_at_its_first_failure_and_is_resent_from_there(
+    store: SqliteOutbox, clock: Clock
+) -> None:
+    """A transient failure in the middle of a key's pipelined run: that message and
+    every later one of the key are re-sent (even those the broker confirmed), the key's
+    earlier ones and the other keys are delivered; the broker's first sight of each id
+    keeps the key's order, and nothing is lost."""
+    sent = envs(40, keys=2)
+    store.put(sent)
+    k0 = [e.message_id for e in sent if e.key == b"k0"]
+    # Answers come after everything was published, as from a broker: k0[7] refused.
+    answering = [False]
+    transport = ScriptedTransport(lambda e: None if answering[0] else "hold")
+    fwd = Forwarder(store, transport, batch=100, clock=clock, rng=lambda: 0.0)
+    round_ = threading.Thread(target=fwd.step)
+    round_.start()
+    deadline = time.monotonic() + 10
+    while len(transport.held) < 40 and time.monotonic() < deadline:
+        round_.join(0.001)
+    answering[0] = True
+    for env, future in transport.held:
+        transport._finish(env, future, Refused("queue full") if env.message_id == k0[7] else None)
+    round_.join(10)
+    assert not round_.is_alive()
+    # k1 and the first 7 of k0 were delivered; k0[7:] wait, in order.
+    assert store.pending() == len(k0) - 7
+    assert fwd.stats().refusing
+    clock.now += fwd.next_attempt_in() + 0.001
+    while fwd.step():
+        clock.now += fwd.next_attempt_in() + 0.001
+    assert store.pending() == 0
+    ids = [e.message_id for e in transport.published]
+    assert set(ids) == {e.message_id for e in sent}  # lost: 0
+    confirmed_k0 = [i for i in ids if i in set(k0)]
+    # The first run published all of k0; the second re-sent it from the refused k0[7].
+    assert confirmed_k0 == k0 + k0[7:]
+    k1 = [e.message_id for e in sent if e.key == b"k1"]
+    assert [i for i in ids if i in set(k1)] == k1  # the other key: once each, in order
 
 
 def test_keyless_messages_are_pipelined(store: SqliteOutbox, clock: Clock) -> None:
@@ -351,3 +393,73 @@ def test_a_connection_refused_for_good_keeps_every_message_and_pauses(
         fwd.step()
         clock.now += 60
     assert store.stats().depth == 0 and store.stats().quarantined == 0
+
+
+class BatchingTransport(ScriptedTransport):
+    """A transport with the batch seam: every batch is held until ``answer`` reports it,
+    failures by index and confirmations by count, as the adapters do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[tuple[Batch, BatchReport]] = []
+
+    def publish_batch(self, batch: Batch, report: BatchReport) -> None:
+        with self._lock:
+            self.batches.append((batch, report))
+            self.published.extend(batch.envelope(i) for i in range(len(batch)))
+
+    def answer(self, failing: set[str]) -> None:
+        with self._lock:
+            batches, self.batches = self.batches, []
+        for batch, report in batches:
+            ok = 0
+            for index, message_id in enumerate(batch.message_ids):
+                if message_id in failing:
+                    report.failed(index, Refused("queue full"))
+                else:
+                    ok += 1
+            report.confirmed(ok)
+
+
+def test_batches_keep_key_order_when_one_message_fails(store: SqliteOutbox, clock: Clock) -> None:
+    """Through publish_batch: runs of one destination go out as one batch; a failure
+    by index stops its key there (re-sent from it), the other key is delivered."""
+    sent = envs(40, keys=2)
+    store.put(sent)
+    k0 = [e.message_id for e in sent if e.key == b"k0"]
+    transport = BatchingTransport()
+    fwd = Forwarder(store, transport, batch=100, clock=clock, rng=lambda: 0.0)
+    round_ = threading.Thread(target=fwd.step)
+    round_.start()
+    deadline = time.monotonic() + 10
+    while not transport.batches and time.monotonic() < deadline:
+        round_.join(0.001)
+    assert sum(len(b) for b, _ in transport.batches) == 40  # all at once, in batches
+    transport.answer({k0[3]})
+    round_.join(10)
+    assert not round_.is_alive()
+    assert store.pending() == len(k0) - 3
+    while store.pending() and time.monotonic() < deadline:  # a probe, then full rounds
+        clock.now += fwd.next_attempt_in() + 0.001
+        later = threading.Thread(target=fwd.step)
+        later.start()
+        while later.is_alive():
+            transport.answer(set())
+            later.join(0.001)
+    assert store.pending() == 0
+    ids = [e.message_id for e in transport.published]
+    assert [i for i in ids if i in set(k0)] == k0 + k0[3:]
+
+
+def test_a_batch_unanswered_at_the_lease_deadline_is_sent_again_whole(
+    store: SqliteOutbox, clock: Clock
+) -> None:
+    """Confirmations come by count: a batch whose count never completes is released
+    whole (duplicates at worst, never a loss)."""
+    store.put(envs(10, keys=2))
+    transport = BatchingTransport()
+    fwd = Forwarder(store, transport, batch=100, lease_s=0.2, clock=clock, rng=lambda: 0.0)
+    fwd.step()  # nothing answers: the round ends at 0.9 of the lease
+    assert store.pending() == 10 and fwd.stats().retried == 10
+    transport.batches.clear()
+    assert "lease deadline" in (fwd.last_error or "")

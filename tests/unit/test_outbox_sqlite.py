@@ -330,3 +330,44 @@ def test_blocking_and_queued_puts_mix_from_many_threads(store: SqliteOutbox) -> 
         mine = [e.headers["h"] for e in listed if e.key == f"k{n}".encode()]
         assert mine == [str(i) for i in range(40)]  # one thread's puts keep their order
     assert store.has_key(b"k0")
+
+
+def test_a_claim_writes_nothing_to_the_file_and_its_lease_runs_out(
+    store: SqliteOutbox, clock: Clock
+) -> None:
+    """Leases are held in memory: claiming commits nothing (no WAL frame, no fsync); a
+    held row and the rest of its key are not claimed twice until settled or expired."""
+    a1, a2, b1 = env("a"), env("a"), env("b")
+    store.put([a1, a2, b1])
+    wal = Path(f"{store.path}-wal")
+    before = wal.stat().st_size
+    got = store.claim(limit=1, lease_s=30)
+    assert [e.message_id for e in got] == [a1.message_id]
+    assert [e.message_id for e in store.claim(limit=10, lease_s=30)] == [b1.message_id]
+    assert store.claim(limit=10, lease_s=30) == []
+    assert wal.stat().st_size == before
+    store.release([(b1.message_id, "Refused: later")], retry_at=clock.now + 5)
+    assert store.claim(limit=10, lease_s=30) == []  # b waits for its retry time
+    clock.now += 31  # a1's lease ran out: a1 and a2 are claimable again, in order
+    assert [e.message_id for e in store.claim(limit=10, lease_s=30)] == [
+        a1.message_id,
+        a2.message_id,
+        b1.message_id,
+    ]
+
+
+@pytest.mark.parametrize("selection", ["ids", "all"])
+def test_purging_a_leased_row_ends_its_lease_and_frees_its_key(
+    store: SqliteOutbox, selection: str
+) -> None:
+    """A purged row's lease goes with it: the rest of its key is claimable at once, not
+    when the lease would have run out (the clock does not move here)."""
+    a1, a2 = env("a"), env("a")
+    store.put([a1])
+    assert [e.message_id for e in store.claim(limit=10, lease_s=30)] == [a1.message_id]
+    ids = [a1.message_id] if selection == "ids" else "all"
+    assert store.purge(ids, waiting=True) == 1
+    store.put([a2])
+    assert [e.message_id for e in store.claim(limit=10, lease_s=30)] == [a2.message_id]
+    store.delivered([a2.message_id])
+    assert store.stats().depth == 0 and not store.has_key(b"a")

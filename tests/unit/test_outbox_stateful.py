@@ -110,8 +110,10 @@ class OutboxMachine(RuleBasedStateMachine):
         return next(r for r in self.rows if r.message_id == message_id)
 
     def resync(self) -> None:
+        # Leases are held in memory, not in the file: a leased row keeps its lease here.
+        held = {r.message_id: r.ready_at for r in self.rows if r.message_id in self.leased}
         self.rows = [
-            Row(e.envelope.message_id, e.envelope.key, e.ready_at)
+            Row(e.envelope.message_id, e.envelope.key, held.get(e.envelope.message_id, e.ready_at))
             for e in self.store.list(limit=100_000)
         ]
 

@@ -1,0 +1,346 @@
+"""Recovery after an outage: how fast the outbox drains a backlog, against a raw pipelined
+publish of the same messages to the same broker, measured in one run per protocol.
+
+    python benchmarks/bench_recovery.py [--protocol all|rabbitmq|kafka|amqp10]
+                                        [--messages 200000] [--keys 4] [--rounds 1]
+                                        [--readme benchmarks/README.md]
+
+One broker node on loopback per protocol (``msgsafe.cluster``): RabbitMQ (AMQP 0-9-1,
+and AMQP 1.0 through its plugin on the same node) and Apache Kafka (one KRaft node).
+For each protocol:
+
+- ``drain``: an outbox file is filled (untimed) with ``--messages`` 100-byte messages on
+  ``--keys`` keys, as an outage leaves it; the clock runs from opening a
+  ``msgsafe.Producer`` on it to ``drain()`` returning 0 (everything confirmed and
+  removed from the file). A consumer then reads the queue/topic and checks every key's
+  order (first arrival of each id, ids of a key are time ordered) and that none is lost;
+- ``raw``: the raw client's pipelined publish of the same count of 100-byte messages
+  with the same guarantees (pika confirms + persistent + mandatory; confluent-kafka
+  ``acks=all`` + idempotence with an id header; proton unsettled durable transfers),
+  from the benchmarks of each protocol;
+- ``first confirm``: the broker is made unreachable by a fault proxy (connections
+  refused) while 1,000 sends are STORED and the outage lasts ``--outage`` seconds; the
+  figure is the time from the proxy healing to the first stored message confirmed and
+  removed from the outbox.
+
+Goals: drain / raw >= 0.8, first confirm <= 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import datetime
+import os
+import platform
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import msgsafe
+from benchmarks._readme import replace_section
+from msgsafe.adapters import open_receiver
+from msgsafe.endpoints import parse_url
+from msgsafe.message import Envelope
+from msgsafe.outbox import SqliteOutbox
+from msgsafe.testing.faultproxy import FaultProxy
+
+BODY = b"x" * 100
+WINDOW = 1000
+FILL_CHUNK = 10_000
+
+
+@dataclass
+class Target:
+    """One protocol on its broker: where to publish, and the raw client's run."""
+
+    name: str
+    url: str
+    proxied_url: str  #: the same broker through ``proxies``
+    proxies: list[FaultProxy]
+    fresh: Callable[[], str]  #: a new destination (queue, topic, address)
+    raw: Callable[[str, int], float]  #: (destination, count) -> messages per second
+    consumer_url: str
+    options: dict[str, object]
+
+
+def fill(path: Path, url: str, destination: str, count: int, keys: int) -> None:
+    """An outbox as an outage leaves it: ``count`` messages on ``keys`` keys, in order."""
+    store = SqliteOutbox(path, target=url)
+    try:
+        for start in range(0, count, FILL_CHUNK):
+            stop = min(count, start + FILL_CHUNK)
+            store.put(
+                [Envelope.build(destination, BODY, key=f"k{i % keys}") for i in range(start, stop)]
+            )
+    finally:
+        store.close()
+
+
+def drain_rate(target: Target, destination: str, count: int, keys: int, tmp: Path) -> float:
+    """Messages per second from opening a Producer on a full outbox to an empty one."""
+    path = tmp / f"drain-{uuid.uuid4().hex[:8]}.db"
+    fill(path, target.url, destination, count, keys)
+    started = time.perf_counter()
+    with msgsafe.Producer(target.url, outbox=path, **target.options) as producer:
+        left = producer.drain(1800)
+        elapsed = time.perf_counter() - started
+    if left:
+        raise SystemExit(f"{target.name}: {left} of {count} still in the outbox")
+    path.unlink(missing_ok=True)
+    return count / elapsed
+
+
+def check_order(target: Target, destination: str, count: int, deadline_s: float = 600) -> str:
+    """Read everything back; every key's first arrivals must be in send order, none lost."""
+    group = f"check-{uuid.uuid4().hex[:8]}"
+    options: dict[str, object]
+    if target.name == "kafka":
+        from msgsafe.adapters.kafka.positions import start_group_at_beginning
+
+        start_group_at_beginning(parse_url(target.consumer_url), destination, group)
+        options = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 500}
+    elif target.name == "rabbitmq":
+        options = {"prefetch": WINDOW}
+    else:
+        options = {"credit": WINDOW}
+    receiver = open_receiver(parse_url(target.consumer_url), options, group=group)
+    firsts: dict[bytes, list[str]] = collections.defaultdict(list)
+    seen: set[str] = set()
+    arrivals = 0
+    try:
+        receiver.subscribe(destination)
+        deadline = time.monotonic() + deadline_s
+        while len(seen) < count and time.monotonic() < deadline:
+            for delivery in receiver.receive(max_messages=WINDOW, timeout=1.0):
+                arrivals += 1
+                mid = delivery.message_id or ""
+                if mid not in seen:
+                    seen.add(mid)
+                    firsts[delivery.key or b""].append(mid)
+                delivery.ack()
+    finally:
+        receiver.close()
+    unordered = [key for key, ids in firsts.items() if ids != sorted(ids)]
+    if len(seen) != count or unordered:
+        raise SystemExit(
+            f"{target.name}: read {len(seen)} of {count} ids, keys out of order: {unordered}"
+        )
+    return (
+        f"{len(seen):,} read, {arrivals - len(seen)} duplicates, order kept on {len(firsts)} keys"
+    )
+
+
+def first_confirm(target: Target, outage_s: float, tmp: Path) -> float:
+    """Seconds from the broker reachable again to the first stored message confirmed."""
+    destination = target.fresh()
+    for proxy in target.proxies:
+        proxy.refuse()
+    path = tmp / f"outage-{uuid.uuid4().hex[:8]}.db"
+    options = dict(target.options, confirm_timeout=2.0)
+    try:
+        with msgsafe.Producer(target.proxied_url, outbox=path, **options) as producer:
+            for i in range(1000):
+                producer.send_async(destination, BODY, key=f"k{i % 4}")
+            if not producer.flush(60):
+                raise SystemExit(f"{target.name}: the outage sends were not all receipted")
+            stored = producer.pending()
+            outage_end = time.monotonic() + outage_s
+            while time.monotonic() < outage_end:  # the outage itself, not a synchronisation
+                time.sleep(0.1)
+            for proxy in target.proxies:
+                proxy.heal()
+            healed = time.monotonic()
+            while producer.pending() >= stored:
+                if time.monotonic() - healed > 120:
+                    raise SystemExit(f"{target.name}: nothing confirmed 120 s after the heal")
+                time.sleep(0.005)
+            took = time.monotonic() - healed
+            producer.drain(120)
+    finally:
+        for proxy in target.proxies:
+            proxy.heal()
+    return took
+
+
+@contextlib.contextmanager
+def rabbit_targets() -> Iterator[list[Target]]:
+    from benchmarks.bench_amqp10 import run_raw as amqp10_raw
+    from benchmarks.bench_rabbitmq import _declare, bench_raw_pipelined
+    from msgsafe.cluster.rabbitmq import RabbitCluster
+
+    cluster = RabbitCluster(size=1)
+    cluster.start()
+    try:
+        url = cluster.node_url(0)
+        with FaultProxy("127.0.0.1", cluster.port(0), connect_timeout=2.0) as proxy:
+            proxied = f"127.0.0.1:{proxy.port}"
+
+            def queue() -> str:
+                name = f"recovery-{uuid.uuid4().hex[:8]}"
+                _declare(url, name)
+                return name
+
+            def address() -> str:
+                return f"/amq/queue/{queue()}"
+
+            yield [
+                Target(
+                    "rabbitmq",
+                    url,
+                    f"amqp://guest:guest@{proxied}/%2F",
+                    [proxy],
+                    queue,
+                    lambda dest, n: bench_raw_pipelined(url, dest, n),
+                    url,
+                    {"connect_timeout": 1.0},
+                ),
+                Target(
+                    "amqp10",
+                    cluster.amqp10_url(0),
+                    f"amqp10://guest:guest@{proxied}",
+                    [proxy],
+                    address,
+                    lambda dest, n: amqp10_raw(cluster.amqp10_url(0), dest, n, WINDOW)[0],
+                    cluster.amqp10_url(0),
+                    {"connect_timeout": 1.0},
+                ),
+            ]
+    finally:
+        cluster.stop()
+
+
+@contextlib.contextmanager
+def kafka_targets() -> Iterator[list[Target]]:
+    from benchmarks.bench_kafka import run_raw as kafka_raw
+    from tests.support.kafka_lab import LabKafka
+
+    cluster = LabKafka(nodes=1)
+    cluster.start()
+    try:
+        proxies = cluster.open_proxies()
+
+        def topic() -> str:
+            name = f"recovery-{uuid.uuid4().hex[:8]}"
+            cluster.create_topic(name, partitions=4)
+            return name
+
+        yield [
+            Target(
+                "kafka",
+                cluster.url,
+                cluster.proxied_url,
+                list(proxies),
+                topic,
+                lambda dest, n: kafka_raw(cluster.bootstrap, dest, n, ids=True)[0],
+                cluster.url,
+                {},
+            )
+        ]
+    finally:
+        cluster.stop()
+
+
+def measure(target: Target, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    drains: list[float] = []
+    raws: list[float] = []
+    checks: list[str] = []
+    for _ in range(args.rounds):
+        raws.append(target.raw(target.fresh(), args.messages))
+        destination = target.fresh()
+        drains.append(drain_rate(target, destination, args.messages, args.keys, tmp))
+        checks.append(check_order(target, destination, args.messages))
+    first = first_confirm(target, args.outage, tmp)
+    result = {
+        "drain": max(drains),
+        "raw": max(raws),
+        "ratio": max(drains) / max(raws),
+        "first_confirm_s": first,
+        "check": checks[-1],
+    }
+    print(f"{target.name}: {result}", flush=True)
+    return result
+
+
+def report(results: dict[str, dict[str, Any]], args: argparse.Namespace, load: str) -> str:
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "## Recovery",
+        "",
+        "`flock /tmp/msgsafe-bench.lock python3 benchmarks/bench_recovery.py "
+        "--readme benchmarks/README.md`",
+        "",
+        f"Measured {stamp} on {os.cpu_count()} cores, {load}, Python "
+        f"{platform.python_version()}; one broker node per protocol on loopback; "
+        f"{args.messages:,} messages of 100 bytes on {args.keys} keys, "
+        f"outage {args.outage:.0f} s for the first confirm.",
+        "",
+        "| protocol | outbox drain | raw pipelined publish | drain / raw | first confirm "
+        "after the outage | consumer check |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        lines.append(
+            f"| {name} | {r['drain']:,.0f} msg/s | {r['raw']:,.0f} msg/s | {r['ratio']:.2f} | "
+            f"{r['first_confirm_s']:.2f} s | {r['check']} |"
+        )
+    lines += [
+        "",
+        "Goals: drain / raw >= 0.8; first confirm <= 2 s.",
+        "",
+        "Reading these figures:",
+        "",
+        "- The drain publishes a whole claimed round (growing to 10,000 messages) at once,",
+        "  in claim order, and settles the answers in that order; where the adapter has",
+        "  `publish_batch` (AMQP 0-9-1, Kafka) a round goes out as batches. That is why the",
+        "  AMQP 0-9-1 drain can beat raw pika, whose per-message `basic_publish` is slower",
+        "  than the adapter's batch frame writer.",
+        "- The Kafka drain is bound by the client's CPU per stored message: reading the row,",
+        "  building its envelope, the round's bookkeeping and removing the row cost about",
+        "  13 µs of CPU per message (profiled, 2026-11-25), where the raw client spends 2 to",
+        "  4 µs; and each round ends waiting for its last `acks=all` answer. Reaching 0.8",
+        "  needs rounds that overlap (the next claimed while the last is answered) and a",
+        "  claim that hands columns to `publish_batch` without an envelope per row.",
+        "- AMQP 1.0 has no batch seam: the drain pays the adapter's per-message cost.",
+        "- The machine is shared by several test suites: compare figures within one run.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--protocol", default="all", choices=["all", "rabbitmq", "kafka", "amqp10"])
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--keys", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--outage", type=float, default=10.0)
+    parser.add_argument("--readme", type=Path)
+    args = parser.parse_args(argv)
+    load = f"load average {os.getloadavg()[0]:.1f} at the start"
+    wanted = {"rabbitmq", "kafka", "amqp10"} if args.protocol == "all" else {args.protocol}
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="msgsafe-recovery-") as tmp:
+        if wanted & {"rabbitmq", "amqp10"}:
+            with rabbit_targets() as targets:
+                for target in targets:
+                    if target.name in wanted:
+                        results[target.name] = measure(target, args, Path(tmp))
+        if "kafka" in wanted:
+            with kafka_targets() as targets:
+                results["kafka"] = measure(targets[0], args, Path(tmp))
+    body = report(results, args, load + f", {os.getloadavg()[0]:.1f} at the end")
+    print(body)
+    if args.readme is not None:
+        replace_section(args.readme, body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""One claimed batch in flight: published at once in claim order, every answer kept by
+claim index until the forwarder settles them in that order.
+
+Where the transport has a batch seam (:class:`~msgsafe.ports.BatchTransport`), runs of
+consecutive messages that share a destination, headers and the second of their
+``created_at`` go out as one :class:`~msgsafe.message.Batch` (no future and no envelope
+per message on the transport's side: the per-message path is several times slower than
+the broker on Kafka). Only the second is kept because that is all a batch can carry per
+message that a wire format uses: AMQP 0-9-1's ``timestamp`` is in seconds, Kafka stamps
+the send time, AMQP 1.0 has no batch seam. A batch reports failures by index and
+confirmations only by count: a run is known confirmed when its count is complete, so a
+run still incomplete at the lease deadline is re-sent whole (duplicates, never a loss).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+
+from msgsafe.errors import ConfirmTimeout, MsgsafeError, PermanentError
+from msgsafe.message import Batch, Envelope
+from msgsafe.ports import BatchReport, Transport
+
+__all__ = ["Round", "UNSENT"]
+
+#: No answer yet.
+_PENDING = object()
+#: Not handed to the transport: the round stopped before it (the broker refused at once).
+UNSENT = ConfirmTimeout("not attempted: the broker refused")
+
+_PublishBatch = Callable[[Batch, BatchReport], None]
+
+#: Not the message's fault: permanent for a send, about the connection (see the forwarder).
+_NotTheMessage = tuple[type[MsgsafeError], ...]
+
+
+class Round:
+    """Answers of one claimed batch, by claim index. Thread-safe: answers arrive on the
+    transport's threads, the forwarder waits for them on its own."""
+
+    def __init__(self, envelopes: Sequence[Envelope], not_the_message: _NotTheMessage) -> None:
+        self.envelopes = envelopes
+        self._not_the_message = not_the_message
+        self._answers: list[object] = [_PENDING] * len(envelopes)
+        self._open = len(envelopes)
+        self._lock = threading.Lock()
+        self._all = threading.Event()
+        if not envelopes:
+            self._all.set()
+
+    # --- answers ----------------------------------------------------------------------------
+
+    def answer(self, index: int, error: BaseException | None) -> None:
+        """Message ``index`` was confirmed (None) or failed; the first answer counts."""
+        with self._lock:
+            if self._answers[index] is not _PENDING:
+                return
+            self._answers[index] = error
+            self._open -= 1
+            if self._open == 0:
+                self._all.set()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for every answer; False if some are missing."""
+        return self._all.wait(max(0.0, timeout))
+
+    def outcomes(self) -> list[BaseException | None]:
+        """Every message's answer in claim order: None (confirmed), its error,
+        :data:`UNSENT`, or a :class:`ConfirmTimeout` when none came before the lease
+        deadline."""
+        with self._lock:
+            answers = list(self._answers)
+        late = ConfirmTimeout("no confirm before the lease deadline")
+        return [late if a is _PENDING else a for a in answers]  # type: ignore[misc]
+
+    def confirm_rest(self, start: int, end: int) -> None:
+        """Messages ``start`` to ``end`` without an answer are confirmed."""
+        with self._lock:
+            answers = self._answers
+            confirmed = 0
+            for index in range(start, end):
+                if answers[index] is _PENDING:
+                    answers[index] = None
+                    confirmed += 1
+            self._open -= confirmed
+            if self._open == 0:
+                self._all.set()
+
+    # --- publishing --------------------------------------------------------------------------
+
+    def publish(self, transport: Transport) -> None:
+        """Hand every message to ``transport`` in claim order, until one fails at once
+        for a reason other than itself (the broker refuses: stop hammering it)."""
+        envelopes = self.envelopes
+        # The batch seam is optional (see msgsafe.ports.BatchTransport), as for the producer.
+        publish_batch: _PublishBatch | None = getattr(transport, "publish_batch", None)
+        index = 0
+        while index < len(envelopes):
+            if publish_batch is not None:
+                end = _run_end(envelopes, index)
+                self._publish_run(publish_batch, index, end)
+            else:
+                end = index + 1
+                self._publish_one(transport, index)
+            if self._refused_at_once(index, end):
+                for rest in range(end, len(envelopes)):
+                    self.answer(rest, UNSENT)
+                return
+            index = end
+
+    def _publish_one(self, transport: Transport, index: int) -> None:
+        try:
+            future = transport.publish(self.envelopes[index])
+        except MsgsafeError as exc:
+            self.answer(index, exc)
+            return
+        except Exception as exc:  # a transport bug must not kill the round
+            self.answer(index, ConfirmTimeout(f"publish raised {type(exc).__name__}: {exc}"))
+            return
+
+        def report(done: Future[None]) -> None:
+            self.answer(index, done.exception())
+
+        future.add_done_callback(report)
+
+    def _publish_run(self, publish_batch: _PublishBatch, start: int, end: int) -> None:
+        run = self.envelopes[start:end]
+        first = run[0]
+        batch = Batch(
+            first.destination,
+            [env.body for env in run],
+            [env.message_id for env in run],
+            [env.key for env in run],
+            first.headers,
+            first.created_at,
+        )
+        try:
+            publish_batch(batch, _RunReport(self, start, end - start))
+        except Exception as exc:  # a transport bug must not kill the round
+            error = ConfirmTimeout(f"publish_batch raised {type(exc).__name__}: {exc}")
+            for index in range(start, end):
+                self.answer(index, error)
+
+    def _refused_at_once(self, start: int, end: int) -> bool:
+        with self._lock:
+            answers = self._answers[start:end]
+        return any(
+            isinstance(a, BaseException)
+            and (isinstance(a, self._not_the_message) or not isinstance(a, PermanentError))
+            for a in answers
+        )
+
+
+class _RunReport:
+    """The :class:`~msgsafe.ports.BatchReport` of one run: failures by index; the run's
+    confirmations complete once the count of answers reaches its size."""
+
+    __slots__ = ("_left", "_lock", "_round", "_size", "_start")
+
+    def __init__(self, rnd: Round, start: int, size: int) -> None:
+        self._round = rnd
+        self._start = start
+        self._size = size
+        self._left = size
+        self._lock = threading.Lock()
+
+    def confirmed(self, count: int) -> None:
+        self._count(count)
+
+    def failed(self, index: int, error: MsgsafeError) -> None:
+        self._round.answer(self._start + index, error)
+        self._count(1)
+
+    def _count(self, count: int) -> None:
+        with self._lock:
+            self._left -= count
+            complete = self._left <= 0
+        if complete:
+            # Every failure was reported by index before the count completed: what has
+            # no answer now is what the broker confirmed.
+            self._round.confirm_rest(self._start, self._start + self._size)
+
+
+def _run_end(envelopes: Sequence[Envelope], start: int) -> int:
+    """End of the run starting at ``start`` that one batch can carry."""
+    first = envelopes[start]
+    destination, headers, second = first.destination, first.headers, int(first.created_at)
+    end = start + 1
+    while end < len(envelopes):
+        env = envelopes[end]
+        if (
+            env.destination != destination
+            or int(env.created_at) != second
+            or env.headers != headers
+        ):
+            break
+        end += 1
+    return end
