@@ -72,7 +72,7 @@ from msgsafe.compat._kafka_report import (
 )
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError, InvalidMessage, MsgsafeError
-from msgsafe.message import Receipt, new_message_id
+from msgsafe.message import Envelope, Receipt
 from msgsafe.producer import Producer as _SafeProducer
 
 __all__ = [
@@ -117,10 +117,11 @@ class _Report:
     """One produced message waiting for its delivery callback (a plain slotted class:
     one is made per message, and a frozen dataclass costs twice as much to build)."""
 
-    __slots__ = ("callback", "future", "headers", "key", "message_id", "topic", "value")
+    __slots__ = ("callback", "future", "headers", "key", "message_id", "owner", "topic", "value")
 
     def __init__(
         self,
+        owner: Producer,
         callback: DeliveryCallback | None,
         topic: str,
         value: bytes | None,
@@ -136,6 +137,11 @@ class _Report:
         self.headers = headers
         self.message_id = message_id
         self.future = future
+        self.owner = owner
+
+    def __call__(self, _future: Future[Receipt]) -> None:
+        # The receipt future's done callback: queue this report for poll()/flush().
+        self.owner._arrived(self)
 
 
 def _close_quietly(producer: _SafeProducer | None, timeout: float) -> None:
@@ -217,7 +223,8 @@ class Producer(ClosesOnExit):
         and ``RuntimeError`` after :meth:`close`. An explicit ``partition`` is ignored with a
         warning (msgsafe places messages by key).
         """
-        self._check_open()
+        if self._closed:  # _check_open, inlined: this runs for every message
+            raise RuntimeError(_CLOSED)
         if partition not in (PARTITION_UA, None):
             if not isinstance(partition, int):
                 raise TypeError(f"partition must be int, not {type(partition).__name__}")
@@ -237,14 +244,22 @@ class Producer(ClosesOnExit):
                 "confluent_kafka directly for compacted-topic deletes"
             )
         key_bytes = key if key is None or type(key) is bytes else _as_bytes("key", key)
-        record, header_map = record_headers(headers)
+        record: RecordHeaders
+        header_map: dict[str, str] | None
+        if headers:
+            record, header_map = record_headers(headers)
+        else:
+            record, header_map = [], None
         with self._lock:
             if self._unreported >= self._config.queue_max:
                 raise BufferError("Local: Queue full (serve delivery reports with poll())")
             self._unreported += 1
-        message_id = new_message_id()
         try:
-            future = self._send(topic, body, key_bytes, header_map, message_id)
+            # Types are checked above: the envelope's own checks are the ones left (the
+            # topic), and without headers it takes Envelope.build's short path.
+            envelope = Envelope.build(topic, body, key=key_bytes, headers=header_map or None)
+            safe = self._producer
+            future = self._hold(envelope) if safe is None else safe.send_envelope(envelope)
         except InvalidMessage:
             self._unreported_done()
             raise
@@ -254,16 +269,19 @@ class Producer(ClosesOnExit):
         except BaseException:
             self._unreported_done()
             raise
-        report = _Report(
-            callback=on_delivery or callback or self._config.on_delivery,
-            topic=topic,
-            value=body,
-            key=key_bytes,
-            headers=record,
-            message_id=message_id,
-            future=future,
+        # The report is the future's done callback itself: no closure per message.
+        future.add_done_callback(
+            _Report(
+                self,
+                on_delivery or callback or self._config.on_delivery,
+                topic,
+                body,
+                key_bytes,
+                record,
+                envelope.message_id,
+                future,
+            )
         )
-        future.add_done_callback(lambda _f: self._arrived(report))
 
     def _arrived(self, report: _Report) -> None:
         self._reports.put(report)
@@ -273,24 +291,13 @@ class Producer(ClosesOnExit):
             with self._served:
                 self._served.notify_all()
 
-    def _send(
-        self,
-        topic: str,
-        body: bytes,
-        key: bytes | None,
-        headers: dict[str, str],
-        message_id: str,
-    ) -> Future[Receipt]:
-        if self._producer is None:
-            # NOTE: librdkafka accepts a producer without brokers; its messages wait
-            # message.timeout.ms in the queue, then time out (or purge() fails them).
-            held: Future[Receipt] = Future()
-            with self._lock:
-                self._held.append((time.monotonic() + self._confirm_timeout, held))
-            return held
-        return self._producer.send_async(
-            topic, body, key=key, headers=headers, message_id=message_id
-        )
+    def _hold(self, envelope: Envelope) -> Future[Receipt]:
+        # NOTE: librdkafka accepts a producer without brokers; its messages wait
+        # message.timeout.ms in the queue, then time out (or purge() fails them).
+        held: Future[Receipt] = Future()
+        with self._lock:
+            self._held.append((time.monotonic() + self._confirm_timeout, held))
+        return held
 
     def produce_batch(
         self,

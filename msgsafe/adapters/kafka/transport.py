@@ -32,6 +32,8 @@ from msgsafe.ports import BatchReport, PublishCallback, PublishFuture
 
 __all__ = ["KafkaTransport"]
 
+_monotonic = time.monotonic
+
 #: Publishing threads serve delivery reports every 256 messages themselves.
 _INLINE_EVERY_MASK = 255
 #: Seconds a publisher waiting for room blocks in one poll.
@@ -111,44 +113,36 @@ class KafkaTransport:
                 ClosedError("transport is closed", endpoint=self._target, message_id=message_id),
             )
             return
-        too_large = size_error(envelope, self._size_limit, self._target)
-        if too_large is not None:
-            call_logged(log, PUBLISH_CALLBACK, callback, too_large)
-            return
-        if self._link.down:
+        body = envelope.body
+        key = envelope.key
+        extra = envelope.headers
+        # NOTE: the common envelope (no headers) is measured here, without a call:
+        # size_error is the one place that words the refusal and counts headers.
+        if extra or len(body) + (0 if key is None else len(key)) > self._size_limit:
+            too_large = size_error(envelope, self._size_limit, self._target)
+            if too_large is not None:
+                call_logged(log, PUBLISH_CALLBACK, callback, too_large)
+                return
+        link = self._link
+        now = _monotonic()
+        # ProducerLink.down, read without its own clock read (this one is reused below).
+        if link.mismatch is not None or now < link.down_until:
             # Every broker is down: fail now (to the outbox), not at message.timeout.ms.
-            call_logged(log, PUBLISH_CALLBACK, callback, self._link.unreachable(message_id))
+            call_logged(log, PUBLISH_CALLBACK, callback, link.unreachable(message_id))
             return
         headers: RecordHeaders = [(ID_HEADER, message_id)]
-        if envelope.headers:
-            headers.extend(user_headers(envelope.headers))
-        now = time.monotonic()
-        link = self._link
+        if extra:
+            headers.extend(user_headers(extra))
         report = _Report(link, message_id, now + self._timeout, callback)
         # Open before produce: another thread may serve the report before produce returns.
         link.open.add(report)
         error: MsgsafeError | None = None
+        topic = envelope.destination
         try:
-            link.producer.produce(
-                envelope.destination,
-                envelope.body,
-                envelope.key,
-                _BY_KEY,
-                report,
-                None,
-                _NOW,
-                headers,
-            )
+            link.producer.produce(topic, body, key, _BY_KEY, report, None, _NOW, headers)
         except BufferError:
             # librdkafka's local queue is full (max_in_flight): wait for room, bounded.
-            error = self._produce_when_room(
-                envelope.destination,
-                envelope.body,
-                envelope.key,
-                headers,
-                report,
-                envelope.message_id,
-            )
+            error = self._produce_when_room(topic, body, key, headers, report, message_id)
         except KafkaException as exc:
             if exc.args[0].fatal():
                 link.fatal = exc.args[0]
