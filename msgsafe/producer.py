@@ -342,10 +342,10 @@ class Producer:
         # A transactional send goes to the store whatever the barrier says, and nothing
         # would release a barrier count taken for it (the writer thread never sees it).
         behind_barrier = paused
-        # NOTE: a key not in _detouring needs no lock to be seen so (a dict lookup is
-        # atomic, and what the lock would add is only a moment's later look): the
-        # common keyed send takes no lock. One that may count takes it and looks again.
-        if key is not None and transaction is None and (paused or key in self._detouring):
+        # NOTE: every keyed send looks at _detouring under the lock, never lock-free: a
+        # message of this key leaves _detouring only once it is in the store, and only the
+        # lock orders that hand-over with this look (per-key order behind the outbox).
+        if key is not None and transaction is None:
             with self._lock:
                 behind_barrier = paused or key in self._detouring
                 if behind_barrier:
