@@ -237,12 +237,8 @@ class Producer(ClosesOnExit):
             self._warn_once(
                 "timestamp", "produce(timestamp=...) is ignored; the producer stamps the send time"
             )
+        # value=None is a tombstone: the envelope carries the mark, Kafka gets a null value.
         body = value if type(value) is bytes else _as_bytes("value", value)
-        if body is None:
-            raise TypeError(
-                "msgsafe does not produce tombstones (value=None); pass b'' or use "
-                "confluent_kafka directly for compacted-topic deletes"
-            )
         key_bytes = key if key is None or type(key) is bytes else _as_bytes("key", key)
         record: RecordHeaders
         header_map: dict[str, str] | None

@@ -65,8 +65,12 @@ class KafkaTransport:
 
     Thread-safe. A fatal producer error (the idempotence state is lost) recreates the
     producer; the messages it held fail transiently, so the caller stores them in the
-    outbox and nothing is lost.
+    outbox and nothing is lost. An envelope marked ``tombstone`` is produced with a null
+    value (``tombstones`` is True: the producer lets such envelopes through).
     """
+
+    #: Kafka records can have a null value: a tombstone envelope is sent as one.
+    tombstones = True
 
     def __init__(self, url: BrokerUrl, options: KafkaOptions) -> None:
         self._target = url.redacted()
@@ -113,12 +117,12 @@ class KafkaTransport:
                 ClosedError("transport is closed", endpoint=self._target, message_id=message_id),
             )
             return
-        body = envelope.body
+        body: bytes | None = envelope.body
         key = envelope.key
         extra = envelope.headers
         # NOTE: the common envelope (no headers) is measured here, without a call:
         # size_error is the one place that words the refusal and counts headers.
-        if extra or len(body) + (0 if key is None else len(key)) > self._size_limit:
+        if extra or len(envelope.body) + (0 if key is None else len(key)) > self._size_limit:
             too_large = size_error(envelope, self._size_limit, self._target)
             if too_large is not None:
                 call_logged(log, PUBLISH_CALLBACK, callback, too_large)
@@ -133,6 +137,8 @@ class KafkaTransport:
         headers: RecordHeaders = [(ID_HEADER, message_id)]
         if extra:
             headers.extend(user_headers(extra))
+        if envelope.tombstone:
+            body = None  # a null value, which b"" is not (a compacted topic's delete)
         report = _Report(link, message_id, now + self._timeout, callback)
         # Open before produce: another thread may serve the report before produce returns.
         link.open.add(report)
@@ -275,7 +281,7 @@ class KafkaTransport:
     def _produce_when_room(
         self,
         topic: str,
-        body: bytes,
+        body: bytes | None,
         key: bytes | None,
         headers: RecordHeaders,
         on_delivery: _Report | _Chunk,
