@@ -24,10 +24,12 @@ changes:
 from __future__ import annotations
 
 import contextlib
+import enum
 import queue
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any
@@ -58,6 +60,8 @@ from msgsafe.compat._common import ClosesOnExit, warn
 from msgsafe.compat._kafka_config import (
     DeliveryCallback,
     ProducerConfig,
+    check_with_librdkafka,
+    merged_config,
     options_for,
     translate_config,
 )
@@ -67,6 +71,7 @@ from msgsafe.compat._kafka_report import (
     STATUS_HEADER,
     DeliveredMessage,
     RecordHeaders,
+    check_batch,
     kafka_error,
     record_headers,
 )
@@ -144,6 +149,31 @@ class _Report:
         self.owner._arrived(self)
 
 
+class _Wake(enum.Enum):
+    """Put in the report queue when an error event arrives: poll() then serves error_cb."""
+
+    WAKE = 0
+
+
+#: librdkafka error events kept for error_cb while nobody polls (the oldest go first).
+_ERRORS_MAX = 1000
+
+
+def _error_listener(
+    errors: deque[KafkaError], reports: queue.SimpleQueue[_Report | _Wake]
+) -> Callable[[KafkaError], None]:
+    """The transport's error listener: queue the event for the next poll()/flush() (it
+    holds the queues, not the producer, so a dropped producer is still collected)."""
+
+    def listen(err: KafkaError) -> None:
+        wake = not errors
+        errors.append(err)
+        if wake:
+            reports.put(_Wake.WAKE)
+
+    return listen
+
+
 def _close_quietly(producer: _SafeProducer | None, timeout: float) -> None:
     # At interpreter exit or garbage collection: sends in flight get their chance to be
     # confirmed or stored; what is stored stays in the outbox for the next run.
@@ -173,10 +203,10 @@ class Producer(ClosesOnExit):
         _url: str | None = None,
         **settings: object,
     ):
-        merged = _merged_config(config, settings)
+        merged = merged_config(config, settings)
         try:
             translated = translate_config(merged)
-            _check_with_librdkafka(translated.options.get("librdkafka"))
+            check_with_librdkafka(translated.options.get("librdkafka"))
             for note in translated.warnings:
                 warn(note)
             target = _url or translated.url
@@ -190,7 +220,14 @@ class Producer(ClosesOnExit):
         confirm_timeout = translated.options.get("confirm_timeout")
         self._confirm_timeout = confirm_timeout if isinstance(confirm_timeout, float) else 10.0
         self._producer = producer
-        self._reports: queue.SimpleQueue[_Report] = queue.SimpleQueue()
+        self._reports: queue.SimpleQueue[_Report | _Wake] = queue.SimpleQueue()
+        #: librdkafka's error events waiting for error_cb (served by poll()/flush()).
+        self._errors: deque[KafkaError] = deque(maxlen=_ERRORS_MAX)
+        listen = getattr(getattr(producer, "_transport", None), "listen_errors", None)
+        if translated.error_cb is not None and listen is not None:
+            # NOTE: the transport's librdkafka client sees the same connection events as
+            # confluent-kafka's would; error_cb gets them, from poll()/flush() as there.
+            listen(_error_listener(self._errors, self._reports))
         self._lock = threading.Lock()
         self._served = threading.Condition(self._lock)
         self._flushing = 0  #: flush() calls waiting on _served (reads need no lock)
@@ -314,7 +351,7 @@ class Producer(ClosesOnExit):
             raise TypeError(f"topic must be str, not {type(topic).__name__}")
         if not isinstance(partition, int):
             raise TypeError(f"partition must be int, not {type(partition).__name__}")
-        _check_batch(messages)
+        check_batch(messages)
         on_delivery = on_delivery or callback
         queued = 0
         for message in messages:
@@ -369,19 +406,39 @@ class Producer(ClosesOnExit):
         except queue.Empty:
             return 0
         served = 0
+        events = 0
         report = first
         try:
             while True:
-                served += 1
-                self._serve(report)
+                if report is _Wake.WAKE:
+                    events += self._serve_errors()
+                else:
+                    served += 1
+                    self._serve(report)
                 try:
                     report = self._reports.get_nowait()
                 except queue.Empty:
-                    return served
+                    return served + events
         finally:
             # Counted once per poll, not per report; a report whose callback raised is
             # served too.
             self._unreported_done(served)
+
+    def _serve_errors(self) -> int:
+        # error_cb(err) for each queued event; what it raises propagates, as with
+        # confluent-kafka (the events before it count as served).
+        callback = self._config.error_cb
+        errors = self._errors
+        served = 0
+        while errors:
+            try:
+                err = errors.popleft()
+            except IndexError:  # another thread took the last one
+                break
+            served += 1
+            if callback is not None:
+                callback(err)
+        return served
 
     def _serve(self, report: _Report) -> None:
         exc = report.future.exception()
@@ -415,6 +472,8 @@ class Producer(ClosesOnExit):
         """
         self._check_open()
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+        if self._errors:
+            self._serve_errors()
         while len(self) > 0:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -432,6 +491,8 @@ class Producer(ClosesOnExit):
         left = self._confirm_timeout if deadline is None else deadline - time.monotonic()
         if left > 0 and self._producer is not None and self._producer.pending() > 0:
             self._producer.drain(left)
+        if self._errors:
+            self._serve_errors()
         return len(self)
 
     def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
@@ -532,47 +593,3 @@ def _no_brokers() -> _Unsent:
 
 def _purged() -> _Unsent:
     return _Unsent(KafkaError._PURGE_QUEUE, "Local: Purged in queue")
-
-
-def _check_batch(messages: object) -> None:
-    """confluent-kafka's checks of ``produce_batch`` input, with its messages."""
-    if not isinstance(messages, list):
-        raise TypeError("messages must be a list")
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise TypeError(f"Message at index {index} must be a dict")
-        for field in ("value", "key"):
-            item = message.get(field)
-            if item is not None and not isinstance(item, (str, bytes)):
-                raise TypeError(f"Message {field} at index {index} must be bytes or str")
-        if not isinstance(message.get("partition", PARTITION_UA), int):
-            raise TypeError(f"Message partition at index {index} must be int")
-        if "timestamp" in message:
-            raise NotImplementedError("Message timestamps are not currently supported")
-
-
-def _check_with_librdkafka(settings: Mapping[str, str] | None) -> None:
-    """Raise librdkafka's own ``KafkaException`` for a setting it does not know or a value
-    it refuses, at construction as confluent-kafka does (a short-lived client without
-    brokers checks them; it connects nowhere)."""
-    if settings:
-        from confluent_kafka import Producer as _Probe
-
-        _Probe({**settings, "log_level": 0})
-
-
-def _merged_config(
-    config: Mapping[str, object] | None, settings: Mapping[str, object]
-) -> dict[str, object]:
-    """``config`` and keyword ``settings`` as one dict, ``default.topic.config`` merged
-    in underneath (librdkafka applies it to every topic)."""
-    if config is None and not settings:
-        raise TypeError("expected configuration dict")  # as confluent-kafka's Producer()
-    if config is not None and not isinstance(config, Mapping):
-        raise TypeError(f"expected configuration dict, not {type(config).__name__}")
-    merged = {**(config or {}), **settings}
-    topic_config = merged.pop("default.topic.config", None)
-    if isinstance(topic_config, Mapping):
-        for name, value in topic_config.items():
-            merged.setdefault(name, value)
-    return merged

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, wait
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from msgsafe.adapters._config import oversized, size_error
 from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_failed
@@ -91,6 +92,14 @@ class KafkaTransport:
     def recreated(self) -> int:
         """Producers recreated after a fatal error (for tests and metrics)."""
         return self._link.recreated
+
+    def listen_errors(self, listener: Callable[[KafkaError], object] | None) -> None:
+        """Have ``listener`` told each of librdkafka's global error events (what
+        confluent-kafka's ``error_cb`` gets: ``_TRANSPORT``, ``_ALL_BROKERS_DOWN``,
+        ``_AUTHENTICATION``, ...) as it happens, before the transport acts on it; None
+        stops. It runs on librdkafka's or a publisher's thread: it must not block, and
+        what it raises is logged and dropped. For ``msgsafe.compat.confluent_kafka``."""
+        self._link.listener = listener
 
     @property
     def _producer(self) -> Producer:
