@@ -312,7 +312,24 @@ def notes(runs: dict[str, list[Run]], found: dict[str, Ratio]) -> list[str]:
             "librdkafka (the broker's acks, `flush()`), the wrapper's extra CPU hides in "
             "that wait; where the machine is busy, it shows in the wall ratio."
         )
-    return out
+    return out + list(_PATH)
+
+
+#: What the measured send path does per message (true of the code, not of a run).
+_PATH = (
+    "- The wrapper's path per `produce`: the envelope built on `Envelope.build`'s short "
+    "path and handed to `Producer.send_envelope`; its report is the receipt future's "
+    "done callback (no closure); receipt futures lock with `_thread.RLock` and make "
+    "waiters and callbacks only on demand; a confirmation resolves and counts for "
+    "`flush()` inline. A keyed send looks at the per-key outbox barrier under the "
+    "producer's lock and asks the outbox's `has_key` (per-key order behind stored "
+    "messages): kept strict on purpose.",
+    "- Left per message: librdkafka's `produce`, the transport's delivery report and "
+    "header list, the wrapper's report and `DeliveredMessage`, a lock for the unreported "
+    "count, and the GIL shared with msgsafe's poll thread (the raw client serves reports "
+    "only in the caller's `poll`). The bulk path without a Python object per message is "
+    '`send_batch_async` (see "## Kafka").',
+)
 
 
 def _write_readme(path: Path, body: str) -> None:
