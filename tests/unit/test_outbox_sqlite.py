@@ -76,6 +76,22 @@ def test_a_tombstone_stays_a_tombstone_and_an_empty_body_stays_empty(tmp_path: P
         s.close()
 
 
+def test_salvage_copies_a_tombstone_as_a_tombstone(tmp_path: Path) -> None:
+    from msgsafe.outbox.salvage import salvage
+
+    path, copy = tmp_path / "o.db", tmp_path / "copy.db"
+    sent = [Envelope.build("t", None, key="k", headers={"h": "1"}), env("k")]
+    s = SqliteOutbox(path)
+    s.put(sent)
+    s.close()
+    salvage(path, copy)
+    s = SqliteOutbox(copy)
+    try:
+        assert s.claim(limit=10, lease_s=30) == sent
+    finally:
+        s.close()
+
+
 def test_rows_written_before_the_tombstone_mark_read_as_before(tmp_path: Path) -> None:
     path = tmp_path / "o.db"
     SqliteOutbox(path).close()
