@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from _thread import RLock
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures._base import (
@@ -49,10 +50,16 @@ class LightFuture(Future[_T]):
     # Class-level defaults: an instance stores only what differs from them.
     _result: Any = None
     _exception: BaseException | None = None
+    # What is made on demand; None until then. Read as attributes, not through
+    # ``__dict__``, which would build the instance's dict for every future.
+    _made_condition: threading.Condition | None = None
+    _made_waiters: list[Any] | None = None
+    _made_callbacks: list[Callable[[Future[_T]], object]] | None = None
 
     def __init__(self) -> None:
         # NOTE: Future.__init__ is not called: it is what builds the objects made lazily here.
-        self._mutex = threading.RLock()
+        # _thread.RLock is the class threading.RLock() returns, without that function's frame.
+        self._mutex = RLock()
         self._state = PENDING
 
     # --- what the stock Future and concurrent.futures.wait() reach for, made on demand ---
@@ -98,23 +105,27 @@ class LightFuture(Future[_T]):
             self._state = FINISHED
             # Tell only what exists: a waiter of concurrent.futures.wait(), a thread
             # blocked in result().
-            made = self.__dict__
-            waiters = made.get("_made_waiters")
+            waiters = self._made_waiters
             if waiters:
                 for waiter in waiters:
                     if ok:
                         waiter.add_result(self)
                     else:
                         waiter.add_exception(self)
-            condition = made.get("_made_condition")
+            condition = self._made_condition
             if condition is not None:
                 condition.notify_all()
         self._run_callbacks()
 
     def _run_callbacks(self) -> None:
-        callbacks = self.__dict__.get("_made_callbacks")
+        # The stock _invoke_callbacks, without its property reads and frame.
+        callbacks = self._made_callbacks
         if callbacks:
-            self._invoke_callbacks()  # type: ignore[attr-defined]
+            for callback in callbacks:
+                try:
+                    callback(self)
+                except Exception:
+                    _LOGGER.exception("exception calling callback for %r", self)
 
     # --- reading: no lock once resolved (a finished future never changes again) ---
 
@@ -140,7 +151,8 @@ class LightFuture(Future[_T]):
     def add_done_callback(self, fn: Callable[[Future[_T]], object]) -> None:
         with self._mutex:
             if self._state not in _SETTLED:
-                self._done_callbacks.append(fn)
+                # What the _done_callbacks property does, without its frame.
+                self.__dict__.setdefault("_made_callbacks", []).append(fn)
                 return
         try:
             fn(self)

@@ -15,8 +15,10 @@ resolves, stores or fails the message and counts it for ``flush()``.
 from __future__ import annotations
 
 import threading
+from _thread import RLock
 from collections.abc import Sequence
 from concurrent.futures import Future
+from concurrent.futures._base import PENDING
 from typing import Protocol
 
 from msgsafe._futures import LightFuture
@@ -77,7 +79,9 @@ class Send(LightFuture[Receipt]):
     __slots__ = ("envelope", "owner", "ticket")
 
     def __init__(self, owner: ReceiptOwner, envelope: Envelope) -> None:
-        super().__init__()
+        # LightFuture.__init__, inlined: one frame fewer for every message.
+        self._mutex = RLock()
+        self._state = PENDING
         self.owner = owner
         self.envelope = envelope
         #: The send's place among the producer's sends (set by the producer).

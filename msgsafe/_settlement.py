@@ -51,6 +51,8 @@ log = logging.getLogger("msgsafe.producer")
 #: probes the broker; the forwarder's own backoff governs the rest.
 _REFUSAL_PAUSE_S = 0.5
 
+_CONFIRMED = Status.CONFIRMED
+
 #: Messages per outbox put at most.
 _STORE_BATCH = 1000
 
@@ -243,9 +245,13 @@ class Settlement:
         the caller's): no blocking work here."""
         envelope = send.envelope
         if error is None:
-            self.resolve(
-                send, new_receipt(envelope.message_id, Status.CONFIRMED, envelope.destination)
-            )
+            # resolve(), inlined for the common outcome: one frame fewer per message.
+            receipt = new_receipt(envelope.message_id, _CONFIRMED, envelope.destination)
+            try:
+                send.set_result(receipt)
+            finally:
+                self.outcomes.resolved(receipt, None)
+                self.settled(1)
             if envelope.key is not None and self.store is not None:
                 self.left_transport(envelope.key)
             return
@@ -291,7 +297,11 @@ class Settlement:
         """``units`` sends (messages or batches) are finished: what flush() waits for."""
         if units:
             with self.lock:
-                self.settle_locked(units)
+                # settle_locked, inlined: this runs once for every message.
+                self._settled_total += units
+                if self._settled_total >= self._wake_at:
+                    self._wake_at = math.inf
+                    self._all_done.notify_all()
 
     def settle_locked(self, units: int) -> None:
         """:meth:`settled`, for a caller that holds ``lock``."""

@@ -302,7 +302,9 @@ class Envelope:
     """One message with everything needed to deliver it, from the first attempt to the last.
 
     Immutable: the same envelope (and so the same ``message_id``) is what every retry,
-    outbox detour and fail-over resend carries.
+    outbox detour and fail-over resend carries. ``tombstone`` marks a Kafka record
+    with a null value (a delete in a compacted topic): ``body`` is then ``b""``, and
+    only a transport that can send a null value takes it (see ``Producer.send``).
     """
 
     destination: str
@@ -311,6 +313,7 @@ class Envelope:
     key: bytes | None = None
     headers: Mapping[str, str] = field(default_factory=lambda: _NO_HEADERS)
     created_at: float = field(default_factory=time.time)
+    tombstone: bool = False
 
     @classmethod
     def build(
@@ -322,7 +325,8 @@ class Envelope:
         headers: Mapping[str, str] | None = None,
         message_id: str | None = None,
     ) -> Envelope:
-        """Validate user input and build an envelope; raises :class:`InvalidMessage`."""
+        """Validate user input and build an envelope; raises :class:`InvalidMessage`.
+        ``body=None`` builds a tombstone (a null value, not ``b""``)."""
         if (
             type(body) is bytes
             and message_id is None
@@ -341,7 +345,7 @@ class Envelope:
         if not isinstance(destination, str) or not destination:
             raise InvalidMessage("destination must be a non-empty string")
         _encodable(destination, "the destination")
-        data = validate_body(body)
+        data = b"" if body is None else validate_body(body)
         key = _key_bytes(key)
         if message_id is not None and (not isinstance(message_id, str) or not message_id):
             raise InvalidMessage("message_id must be a non-empty string")
@@ -353,6 +357,7 @@ class Envelope:
             message_id=message_id or new_message_id(),
             key=key,
             headers=_freeze_headers(headers),
+            tombstone=body is None,
         )
 
     @property
@@ -373,7 +378,10 @@ class Envelope:
     _set_key,
     _set_headers,
     _set_created_at,
-) = _slot_setters(Envelope, "destination", "body", "message_id", "key", "headers", "created_at")
+    _set_tombstone,
+) = _slot_setters(
+    Envelope, "destination", "body", "message_id", "key", "headers", "created_at", "tombstone"
+)
 
 
 def _new_envelope(
@@ -388,6 +396,7 @@ def _new_envelope(
     _set_key(envelope, key)
     _set_headers(envelope, _NO_HEADERS)
     _set_created_at(envelope, created_at)
+    _set_tombstone(envelope, False)
     return envelope
 
 

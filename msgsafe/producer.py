@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, Protocol, Self
 
@@ -23,7 +24,13 @@ from msgsafe._receipts import BatchPart, BatchSend, OneOfBatch, Send, SubsetRepo
 from msgsafe._settlement import Settlement
 from msgsafe.adapters import open_transport
 from msgsafe.endpoints import parse_url
-from msgsafe.errors import ClosedError, ConfigurationError, MsgsafeError, SendTimeout
+from msgsafe.errors import (
+    ClosedError,
+    ConfigurationError,
+    InvalidMessage,
+    MsgsafeError,
+    SendTimeout,
+)
 from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status, new_receipt
 from msgsafe.outbox import Forwarder
 from msgsafe.outbox.location import OutboxSpec, open_store
@@ -95,6 +102,8 @@ class Producer:
         self._hurry: Callable[[Future[Any], float], None] | None = getattr(
             self._transport, "hurry", None
         )
+        #: Whether the transport sends a null value (Kafka): tombstones are refused if not.
+        self._tombstones = bool(getattr(self._transport, "tombstones", False))
         try:
             self._store = open_store(outbox, self._url, options)
             self._settle = Settlement(self._store, self._telemetry.outcomes)
@@ -119,7 +128,7 @@ class Producer:
     def send(
         self,
         destination: str,
-        body: bytes,
+        body: bytes | None,
         *,
         key: str | bytes | None = None,
         headers: Mapping[str, str] | None = None,
@@ -141,6 +150,12 @@ class Producer:
         ``transaction``: a PostgreSQL connection whose open transaction the message
         joins (the transactional outbox; needs a ``PostgresOutbox``); it is published
         after the caller commits and never if it rolls back.
+
+        ``body=None`` sends a tombstone, on Kafka only: a record with a null value (not
+        ``b""``), usually with a ``key`` (a compacted topic's delete). It is confirmed or
+        stored like any message and stays a tombstone through the outbox. RabbitMQ and
+        AMQP 1.0 messages have no null body: there ``send()`` raises ``InvalidMessage``
+        before anything is sent.
         """
         envelope = Envelope.build(
             destination, body, key=key, headers=headers, message_id=message_id
@@ -161,7 +176,7 @@ class Producer:
     def send_async(
         self,
         destination: str,
-        body: bytes,
+        body: bytes | None,
         *,
         key: str | bytes | None = None,
         headers: Mapping[str, str] | None = None,
@@ -311,13 +326,21 @@ class Producer:
                 )
 
     def _tracked(self, envelope: Envelope, transaction: Any) -> Future[Receipt]:
+        if envelope.tombstone and not self._tombstones:
+            raise InvalidMessage(
+                f"{self._url.protocol} messages have no null body: a tombstone"
+                " (body=None) is for Kafka only; send b'' for an empty message",
+                message_id=envelope.message_id,
+            )
         telemetry = self._telemetry
         if not telemetry.tracing:
             future = self._submit(envelope, transaction)
             telemetry.sent_one()  # the outcome is counted by the settlement
             return future
-        envelope, span = telemetry.start(envelope)
-        future = self._submit(envelope, transaction)
+        traced, span = telemetry.start(envelope)
+        if envelope.tombstone and not traced.tombstone:
+            traced = replace(traced, tombstone=True)  # the traced copy keeps the mark
+        future = self._submit(traced, transaction)
         telemetry.track(future, span)
         return future
 
@@ -345,6 +368,9 @@ class Producer:
         behind_barrier = paused
         #: The key counted in the transport's share of the barrier (see Settlement.hold).
         counted: bytes | None = None
+        # NOTE: every keyed send looks at _detouring under the lock, never lock-free: a
+        # message of this key leaves _detouring only once it is in the store, and only the
+        # lock orders that hand-over with this look (per-key order behind the outbox).
         if key is not None and transaction is None and store is not None:
             in_transport = self._in_transport
             with self._lock:

@@ -18,6 +18,8 @@ __all__ = [
     "DEFAULT_QUEUE_MAX",
     "DeliveryCallback",
     "ProducerConfig",
+    "check_with_librdkafka",
+    "merged_config",
     "options_for",
     "translate_config",
 ]
@@ -67,7 +69,7 @@ _COMMON = frozenset(
 )
 
 #: Callables confluent-kafka accepts in the config that msgsafe does not call.
-_IGNORED_CALLBACKS = ("error_cb", "stats_cb", "throttle_cb", "oauth_cb")
+_IGNORED_CALLBACKS = ("stats_cb", "throttle_cb", "oauth_cb")
 
 #: Settings the list_topics() metadata client needs (connection and security only).
 _ADMIN_PREFIXES = ("bootstrap.servers", "metadata.broker.list", "security.", "sasl.", "ssl.")
@@ -84,6 +86,8 @@ class ProducerConfig:
     options: dict[str, Any]
     outbox: OutboxSpec
     on_delivery: DeliveryCallback | None
+    #: ``error_cb(KafkaError)``: librdkafka's global error events, served by poll()/flush()
+    error_cb: Callable[[Any], object] | None
     queue_max: int  #: reports not yet served at which produce() raises BufferError
     admin: dict[str, Any] = field(repr=False)  #: settings of the list_topics() client
     warnings: tuple[str, ...]  #: overrides and ignored settings, for CompatWarning
@@ -143,6 +147,7 @@ def translate_config(config: Mapping[str, object]) -> ProducerConfig:
     options: dict[str, Any] = {}
     passthrough: dict[str, str] = {}
     on_delivery: DeliveryCallback | None = None
+    error_cb: Callable[[Any], object] | None = None
     outbox: OutboxSpec = True
     queue_max = DEFAULT_QUEUE_MAX
     for name, value in config.items():
@@ -158,6 +163,10 @@ def translate_config(config: Mapping[str, object]) -> ProducerConfig:
             if not callable(value):
                 raise ConfigurationError(f"{name!r} must be callable")
             on_delivery = value
+        elif name == "error_cb":
+            if not callable(value):
+                raise ConfigurationError("'error_cb' must be callable")
+            error_cb = value
         elif name == "logger":
             # librdkafka's log lines go to it; msgsafe logs through ``logging`` itself.
             continue
@@ -208,6 +217,7 @@ def translate_config(config: Mapping[str, object]) -> ProducerConfig:
         options=options,
         outbox=outbox,
         on_delivery=on_delivery,
+        error_cb=error_cb,
         queue_max=queue_max,
         admin=admin,
         warnings=tuple(notes),
@@ -225,3 +235,30 @@ def options_for(url_protocol: str, options: Mapping[str, Any]) -> dict[str, Any]
 def _number(name: str, value: object) -> float:
     # The adapters' conversion: one set of rules for URL options and librdkafka values.
     return cast(float, _coerce(name, value, float))
+
+
+def check_with_librdkafka(settings: Mapping[str, str] | None) -> None:
+    """Raise librdkafka's own ``KafkaException`` for a setting it does not know or a value
+    it refuses, at construction as confluent-kafka does (a short-lived client without
+    brokers checks them; it connects nowhere)."""
+    if settings:
+        from confluent_kafka import Producer as _Probe
+
+        _Probe({**settings, "log_level": 0})
+
+
+def merged_config(
+    config: Mapping[str, object] | None, settings: Mapping[str, object]
+) -> dict[str, object]:
+    """``config`` and keyword ``settings`` as one dict, ``default.topic.config`` merged
+    in underneath (librdkafka applies it to every topic)."""
+    if config is None and not settings:
+        raise TypeError("expected configuration dict")  # as confluent-kafka's Producer()
+    if config is not None and not isinstance(config, Mapping):
+        raise TypeError(f"expected configuration dict, not {type(config).__name__}")
+    merged = {**(config or {}), **settings}
+    topic_config = merged.pop("default.topic.config", None)
+    if isinstance(topic_config, Mapping):
+        for name, value in topic_config.items():
+            merged.setdefault(name, value)
+    return merged

@@ -37,6 +37,7 @@ __all__ = [
     "STATUS_HEADER",
     "DeliveredMessage",
     "RecordHeaders",
+    "check_batch",
     "kafka_error",
     "record_headers",
 ]
@@ -199,3 +200,20 @@ def kafka_error(exc: BaseException) -> KafkaError:
         if isinstance(exc, kind):
             return KafkaError(code, text, retriable=retriable)
     return KafkaError(KafkaError._FAIL, f"{type(exc).__name__}: {text}")
+
+
+def check_batch(messages: object) -> None:
+    """confluent-kafka's checks of ``produce_batch`` input, with its messages."""
+    if not isinstance(messages, list):
+        raise TypeError("messages must be a list")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise TypeError(f"Message at index {index} must be a dict")
+        for field in ("value", "key"):
+            item = message.get(field)
+            if item is not None and not isinstance(item, (str, bytes)):
+                raise TypeError(f"Message {field} at index {index} must be bytes or str")
+        if not isinstance(message.get("partition", PARTITION_UA), int):
+            raise TypeError(f"Message partition at index {index} must be int")
+        if "timestamp" in message:
+            raise NotImplementedError("Message timestamps are not currently supported")

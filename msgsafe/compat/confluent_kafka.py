@@ -24,10 +24,12 @@ changes:
 from __future__ import annotations
 
 import contextlib
+import enum
 import queue
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any
@@ -58,6 +60,8 @@ from msgsafe.compat._common import ClosesOnExit, warn
 from msgsafe.compat._kafka_config import (
     DeliveryCallback,
     ProducerConfig,
+    check_with_librdkafka,
+    merged_config,
     options_for,
     translate_config,
 )
@@ -67,12 +71,13 @@ from msgsafe.compat._kafka_report import (
     STATUS_HEADER,
     DeliveredMessage,
     RecordHeaders,
+    check_batch,
     kafka_error,
     record_headers,
 )
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError, InvalidMessage, MsgsafeError
-from msgsafe.message import Receipt, new_message_id
+from msgsafe.message import Envelope, Receipt
 from msgsafe.producer import Producer as _SafeProducer
 
 __all__ = [
@@ -117,10 +122,11 @@ class _Report:
     """One produced message waiting for its delivery callback (a plain slotted class:
     one is made per message, and a frozen dataclass costs twice as much to build)."""
 
-    __slots__ = ("callback", "future", "headers", "key", "message_id", "topic", "value")
+    __slots__ = ("callback", "future", "headers", "key", "message_id", "owner", "topic", "value")
 
     def __init__(
         self,
+        owner: Producer,
         callback: DeliveryCallback | None,
         topic: str,
         value: bytes | None,
@@ -136,6 +142,36 @@ class _Report:
         self.headers = headers
         self.message_id = message_id
         self.future = future
+        self.owner = owner
+
+    def __call__(self, _future: Future[Receipt]) -> None:
+        # The receipt future's done callback: queue this report for poll()/flush().
+        self.owner._arrived(self)
+
+
+class _Wake(enum.Enum):
+    """Put in the report queue when an error event arrives: poll() then serves error_cb."""
+
+    WAKE = 0
+
+
+#: librdkafka error events kept for error_cb while nobody polls (the oldest go first).
+_ERRORS_MAX = 1000
+
+
+def _error_listener(
+    errors: deque[KafkaError], reports: queue.SimpleQueue[_Report | _Wake]
+) -> Callable[[KafkaError], None]:
+    """The transport's error listener: queue the event for the next poll()/flush() (it
+    holds the queues, not the producer, so a dropped producer is still collected)."""
+
+    def listen(err: KafkaError) -> None:
+        wake = not errors
+        errors.append(err)
+        if wake:
+            reports.put(_Wake.WAKE)
+
+    return listen
 
 
 def _close_quietly(producer: _SafeProducer | None, timeout: float) -> None:
@@ -167,10 +203,10 @@ class Producer(ClosesOnExit):
         _url: str | None = None,
         **settings: object,
     ):
-        merged = _merged_config(config, settings)
+        merged = merged_config(config, settings)
         try:
             translated = translate_config(merged)
-            _check_with_librdkafka(translated.options.get("librdkafka"))
+            check_with_librdkafka(translated.options.get("librdkafka"))
             for note in translated.warnings:
                 warn(note)
             target = _url or translated.url
@@ -184,7 +220,14 @@ class Producer(ClosesOnExit):
         confirm_timeout = translated.options.get("confirm_timeout")
         self._confirm_timeout = confirm_timeout if isinstance(confirm_timeout, float) else 10.0
         self._producer = producer
-        self._reports: queue.SimpleQueue[_Report] = queue.SimpleQueue()
+        self._reports: queue.SimpleQueue[_Report | _Wake] = queue.SimpleQueue()
+        #: librdkafka's error events waiting for error_cb (served by poll()/flush()).
+        self._errors: deque[KafkaError] = deque(maxlen=_ERRORS_MAX)
+        listen = getattr(getattr(producer, "_transport", None), "listen_errors", None)
+        if translated.error_cb is not None and listen is not None:
+            # NOTE: the transport's librdkafka client sees the same connection events as
+            # confluent-kafka's would; error_cb gets them, from poll()/flush() as there.
+            listen(_error_listener(self._errors, self._reports))
         self._lock = threading.Lock()
         self._served = threading.Condition(self._lock)
         self._flushing = 0  #: flush() calls waiting on _served (reads need no lock)
@@ -217,7 +260,8 @@ class Producer(ClosesOnExit):
         and ``RuntimeError`` after :meth:`close`. An explicit ``partition`` is ignored with a
         warning (msgsafe places messages by key).
         """
-        self._check_open()
+        if self._closed:  # _check_open, inlined: this runs for every message
+            raise RuntimeError(_CLOSED)
         if partition not in (PARTITION_UA, None):
             if not isinstance(partition, int):
                 raise TypeError(f"partition must be int, not {type(partition).__name__}")
@@ -230,21 +274,25 @@ class Producer(ClosesOnExit):
             self._warn_once(
                 "timestamp", "produce(timestamp=...) is ignored; the producer stamps the send time"
             )
+        # value=None is a tombstone: the envelope carries the mark, Kafka gets a null value.
         body = value if type(value) is bytes else _as_bytes("value", value)
-        if body is None:
-            raise TypeError(
-                "msgsafe does not produce tombstones (value=None); pass b'' or use "
-                "confluent_kafka directly for compacted-topic deletes"
-            )
         key_bytes = key if key is None or type(key) is bytes else _as_bytes("key", key)
-        record, header_map = record_headers(headers)
+        record: RecordHeaders
+        header_map: dict[str, str] | None
+        if headers:
+            record, header_map = record_headers(headers)
+        else:
+            record, header_map = [], None
         with self._lock:
             if self._unreported >= self._config.queue_max:
                 raise BufferError("Local: Queue full (serve delivery reports with poll())")
             self._unreported += 1
-        message_id = new_message_id()
         try:
-            future = self._send(topic, body, key_bytes, header_map, message_id)
+            # Types are checked above: the envelope's own checks are the ones left (the
+            # topic), and without headers it takes Envelope.build's short path.
+            envelope = Envelope.build(topic, body, key=key_bytes, headers=header_map or None)
+            safe = self._producer
+            future = self._hold(envelope) if safe is None else safe.send_envelope(envelope)
         except InvalidMessage:
             self._unreported_done()
             raise
@@ -254,16 +302,19 @@ class Producer(ClosesOnExit):
         except BaseException:
             self._unreported_done()
             raise
-        report = _Report(
-            callback=on_delivery or callback or self._config.on_delivery,
-            topic=topic,
-            value=body,
-            key=key_bytes,
-            headers=record,
-            message_id=message_id,
-            future=future,
+        # The report is the future's done callback itself: no closure per message.
+        future.add_done_callback(
+            _Report(
+                self,
+                on_delivery or callback or self._config.on_delivery,
+                topic,
+                body,
+                key_bytes,
+                record,
+                envelope.message_id,
+                future,
+            )
         )
-        future.add_done_callback(lambda _f: self._arrived(report))
 
     def _arrived(self, report: _Report) -> None:
         self._reports.put(report)
@@ -273,24 +324,13 @@ class Producer(ClosesOnExit):
             with self._served:
                 self._served.notify_all()
 
-    def _send(
-        self,
-        topic: str,
-        body: bytes,
-        key: bytes | None,
-        headers: dict[str, str],
-        message_id: str,
-    ) -> Future[Receipt]:
-        if self._producer is None:
-            # NOTE: librdkafka accepts a producer without brokers; its messages wait
-            # message.timeout.ms in the queue, then time out (or purge() fails them).
-            held: Future[Receipt] = Future()
-            with self._lock:
-                self._held.append((time.monotonic() + self._confirm_timeout, held))
-            return held
-        return self._producer.send_async(
-            topic, body, key=key, headers=headers, message_id=message_id
-        )
+    def _hold(self, envelope: Envelope) -> Future[Receipt]:
+        # NOTE: librdkafka accepts a producer without brokers; its messages wait
+        # message.timeout.ms in the queue, then time out (or purge() fails them).
+        held: Future[Receipt] = Future()
+        with self._lock:
+            self._held.append((time.monotonic() + self._confirm_timeout, held))
+        return held
 
     def produce_batch(
         self,
@@ -311,7 +351,7 @@ class Producer(ClosesOnExit):
             raise TypeError(f"topic must be str, not {type(topic).__name__}")
         if not isinstance(partition, int):
             raise TypeError(f"partition must be int, not {type(partition).__name__}")
-        _check_batch(messages)
+        check_batch(messages)
         on_delivery = on_delivery or callback
         queued = 0
         for message in messages:
@@ -366,19 +406,39 @@ class Producer(ClosesOnExit):
         except queue.Empty:
             return 0
         served = 0
+        events = 0
         report = first
         try:
             while True:
-                served += 1
-                self._serve(report)
+                if report is _Wake.WAKE:
+                    events += self._serve_errors()
+                else:
+                    served += 1
+                    self._serve(report)
                 try:
                     report = self._reports.get_nowait()
                 except queue.Empty:
-                    return served
+                    return served + events
         finally:
             # Counted once per poll, not per report; a report whose callback raised is
             # served too.
             self._unreported_done(served)
+
+    def _serve_errors(self) -> int:
+        # error_cb(err) for each queued event; what it raises propagates, as with
+        # confluent-kafka (the events before it count as served).
+        callback = self._config.error_cb
+        errors = self._errors
+        served = 0
+        while errors:
+            try:
+                err = errors.popleft()
+            except IndexError:  # another thread took the last one
+                break
+            served += 1
+            if callback is not None:
+                callback(err)
+        return served
 
     def _serve(self, report: _Report) -> None:
         exc = report.future.exception()
@@ -412,6 +472,8 @@ class Producer(ClosesOnExit):
         """
         self._check_open()
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+        if self._errors:
+            self._serve_errors()
         while len(self) > 0:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -429,6 +491,8 @@ class Producer(ClosesOnExit):
         left = self._confirm_timeout if deadline is None else deadline - time.monotonic()
         if left > 0 and self._producer is not None and self._producer.pending() > 0:
             self._producer.drain(left)
+        if self._errors:
+            self._serve_errors()
         return len(self)
 
     def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
@@ -529,47 +593,3 @@ def _no_brokers() -> _Unsent:
 
 def _purged() -> _Unsent:
     return _Unsent(KafkaError._PURGE_QUEUE, "Local: Purged in queue")
-
-
-def _check_batch(messages: object) -> None:
-    """confluent-kafka's checks of ``produce_batch`` input, with its messages."""
-    if not isinstance(messages, list):
-        raise TypeError("messages must be a list")
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise TypeError(f"Message at index {index} must be a dict")
-        for field in ("value", "key"):
-            item = message.get(field)
-            if item is not None and not isinstance(item, (str, bytes)):
-                raise TypeError(f"Message {field} at index {index} must be bytes or str")
-        if not isinstance(message.get("partition", PARTITION_UA), int):
-            raise TypeError(f"Message partition at index {index} must be int")
-        if "timestamp" in message:
-            raise NotImplementedError("Message timestamps are not currently supported")
-
-
-def _check_with_librdkafka(settings: Mapping[str, str] | None) -> None:
-    """Raise librdkafka's own ``KafkaException`` for a setting it does not know or a value
-    it refuses, at construction as confluent-kafka does (a short-lived client without
-    brokers checks them; it connects nowhere)."""
-    if settings:
-        from confluent_kafka import Producer as _Probe
-
-        _Probe({**settings, "log_level": 0})
-
-
-def _merged_config(
-    config: Mapping[str, object] | None, settings: Mapping[str, object]
-) -> dict[str, object]:
-    """``config`` and keyword ``settings`` as one dict, ``default.topic.config`` merged
-    in underneath (librdkafka applies it to every topic)."""
-    if config is None and not settings:
-        raise TypeError("expected configuration dict")  # as confluent-kafka's Producer()
-    if config is not None and not isinstance(config, Mapping):
-        raise TypeError(f"expected configuration dict, not {type(config).__name__}")
-    merged = {**(config or {}), **settings}
-    topic_config = merged.pop("default.topic.config", None)
-    if isinstance(topic_config, Mapping):
-        for name, value in topic_config.items():
-            merged.setdefault(name, value)
-    return merged

@@ -97,7 +97,8 @@ class Round:
         publish_batch: _PublishBatch | None = getattr(transport, "publish_batch", None)
         index = 0
         while index < len(envelopes):
-            if publish_batch is not None:
+            # A batch has no null value: a tombstone goes out on its own.
+            if publish_batch is not None and not envelopes[index].tombstone:
                 end = _run_end(envelopes, index)
                 self._publish_run(publish_batch, index, end)
             else:
@@ -193,6 +194,7 @@ def _run_end(envelopes: Sequence[Envelope], start: int) -> int:
             env.destination != destination
             or int(env.created_at) != second
             or env.headers != headers
+            or env.tombstone
         ):
             break
         end += 1

@@ -1,5 +1,12 @@
 """Envelope <-> row conversion shared by the SQLite and PostgreSQL stores, the entries
-the stores list for the CLI, and the SQLite store's multi-row insert."""
+the stores list for the CLI, and the SQLite store's multi-row insert.
+
+A tombstone (an envelope with a null value, Kafka only) is marked in its row's
+``headers`` column, which then holds the JSON array ``["tombstone", {headers}]`` instead
+of the object ``{headers}``: no header name can be mistaken for the mark, the ``body``
+column stays ``b""`` (NOT NULL, as in every outbox file written before), and rows written
+before the mark existed read as they always did.
+"""
 
 from __future__ import annotations
 
@@ -23,12 +30,15 @@ __all__ = [
     "Rows",
     "decode_headers",
     "encode_headers",
+    "row_headers",
     "insert_rows",
     "make_envelope",
     "redact_target",
 ]
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
+#: The first item of a tombstone row's headers array.
+_TOMBSTONE = "tombstone"
 _USERINFO = re.compile(r"^([a-z0-9+.-]+://)[^@/]*@", re.IGNORECASE)
 
 
@@ -39,12 +49,31 @@ def encode_headers(headers: Mapping[str, str]) -> str | None:
     return json.dumps(dict(headers), separators=(",", ":"), ensure_ascii=False)
 
 
+def row_headers(envelope: Envelope) -> str | None:
+    """The ``headers`` column of ``envelope``'s row: :func:`encode_headers`, or the
+    tombstone mark with the headers (see the module docstring)."""
+    if envelope.tombstone:
+        mark = [_TOMBSTONE, dict(envelope.headers)]
+        return json.dumps(mark, separators=(",", ":"), ensure_ascii=False)
+    return encode_headers(envelope.headers)
+
+
 def decode_headers(text: str | None) -> Mapping[str, str]:
-    """The inverse of :func:`encode_headers`."""
+    """The inverse of :func:`encode_headers` (and the headers of :func:`row_headers`)."""
+    return _decoded(text)[0]
+
+
+def _decoded(text: str | None) -> tuple[Mapping[str, str], bool]:
+    """A ``headers`` column as (headers, is a tombstone)."""
     if not text:
-        return _EMPTY
+        return _EMPTY, False
     value = json.loads(text)
-    return MappingProxyType({str(k): str(v) for k, v in value.items()})
+    tombstone = isinstance(value, list)
+    if tombstone:
+        value = value[1]
+    if not value:
+        return _EMPTY, tombstone
+    return MappingProxyType({str(k): str(v) for k, v in value.items()}), tombstone
 
 
 def make_envelope(
@@ -55,18 +84,22 @@ def make_envelope(
     body: bytes,
     created_at: float,
 ) -> Envelope:
-    """Rebuild a stored envelope exactly as it was put (same id, same creation time)."""
+    """Rebuild a stored envelope exactly as it was put (same id, same creation time,
+    a tombstone still a tombstone)."""
     if headers is None and type(body) is bytes and (key is None or type(key) is bytes):
-        # The common row: built through the slots (see msgsafe.message.new_receipt for
-        # why), which the drain pays for every message it claims.
+        # The common row (no headers, so no tombstone mark): built through the slots
+        # (see msgsafe.message.new_receipt for why), which the drain pays for every
+        # message it claims.
         return _new_envelope(destination, body, message_id, key, created_at)
+    decoded, tombstone = _decoded(headers)
     return Envelope(
         destination=destination,
         body=bytes(body),
         message_id=message_id,
         key=None if key is None else bytes(key),
-        headers=decode_headers(headers),
+        headers=decoded,
         created_at=created_at,
+        tombstone=tombstone,
     )
 
 

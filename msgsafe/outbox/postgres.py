@@ -32,9 +32,9 @@ from msgsafe.message import Envelope
 from msgsafe.outbox._rows import (
     OutboxEntry,
     QuarantinedEntry,
-    encode_headers,
     make_envelope,
     redact_target,
+    row_headers,
 )
 from msgsafe.ports import OutboxStats
 
@@ -174,7 +174,7 @@ class PostgresOutbox:
             self._target,
             env.destination,
             env.key,
-            encode_headers(env.headers),
+            row_headers(env),
             env.body,
             env.created_at,
             env.size,

@@ -271,6 +271,8 @@ def _size(body: bytes, key: bytes | None, headers: str | None) -> int | None:
             decoded = json.loads(headers)
         except ValueError:
             return None
+        if isinstance(decoded, list) and len(decoded) == 2 and decoded[0] == "tombstone":
+            decoded = decoded[1]  # a tombstone's row (see msgsafe.outbox._rows)
         if not isinstance(decoded, dict):
             return None
         size += sum(len(str(k)) + len(str(v)) for k, v in decoded.items())

@@ -42,9 +42,9 @@ from msgsafe.outbox._claims import Claims
 from msgsafe.outbox._rows import (
     COLUMNS,
     Rows,
-    encode_headers,
     insert_rows,
     redact_target,
+    row_headers,
 )
 from msgsafe.outbox._schema import (
     APPLICATION_ID,
@@ -380,7 +380,7 @@ class SqliteOutbox(OperatorQueries):
                 target,
                 env.destination,
                 env.key,
-                encode_headers(env.headers) if env.headers else None,
+                row_headers(env) if env.headers or env.tombstone else None,
                 env.body,
                 env.created_at,
                 env.size,

@@ -156,15 +156,8 @@ SUITES: dict[str, Suite] = {
         ),
         set_aside={},
         intended={
-            "test_basic_api": "value=None (a tombstone) raises TypeError: msgsafe has no "
-            "tombstone record yet",
-            "test_produce_timestamp": "produces value=None (a tombstone): TypeError",
-            "test_produce_batch_basic_types_and_data": "two value=None messages get _error "
-            "(tombstones)",
             "test_transaction_api": "transactional.id is refused: msgsafe's transactional "
             "outbox replaces Kafka transactions",
-            "test_core_callbacks_exception_different_types": "error_cb is not called: "
-            "connection errors go to fail-over and the outbox",
         },
     ),
 }

@@ -59,6 +59,62 @@ def test_rows_hold_the_whole_envelope_and_the_target_without_credentials(
     assert claimed == original
 
 
+def test_a_tombstone_stays_a_tombstone_and_an_empty_body_stays_empty(tmp_path: Path) -> None:
+    path = tmp_path / "o.db"
+    tombstone = Envelope.build("t", None, key="k", headers={"h": "1"})
+    bare = Envelope.build("t", None, key="k")
+    empty = Envelope.build("t", b"", key="k")
+    assert (tombstone.tombstone, bare.tombstone, empty.tombstone) == (True, True, False)
+    s = SqliteOutbox(path)
+    s.put([tombstone, bare, empty])
+    s.close()
+    s = SqliteOutbox(path)  # read back from the file, not from memory
+    try:
+        assert [e.envelope for e in s.list()] == [tombstone, bare, empty]
+        assert s.claim(limit=10, lease_s=30) == [tombstone, bare, empty]
+    finally:
+        s.close()
+
+
+def test_salvage_copies_a_tombstone_as_a_tombstone(tmp_path: Path) -> None:
+    from msgsafe.outbox.salvage import salvage
+
+    path, copy = tmp_path / "o.db", tmp_path / "copy.db"
+    sent = [Envelope.build("t", None, key="k", headers={"h": "1"}), env("k")]
+    s = SqliteOutbox(path)
+    s.put(sent)
+    s.close()
+    salvage(path, copy)
+    s = SqliteOutbox(copy)
+    try:
+        assert s.claim(limit=10, lease_s=30) == sent
+    finally:
+        s.close()
+
+
+def test_rows_written_before_the_tombstone_mark_read_as_before(tmp_path: Path) -> None:
+    path = tmp_path / "o.db"
+    SqliteOutbox(path).close()
+    conn = sqlite3.connect(path)
+    # Rows as every earlier version wrote them: headers an object or NULL, body b"".
+    conn.executemany(
+        "INSERT INTO outbox (id, target, destination, key, headers, body, created_at, size)"
+        " VALUES (?, '', 't', ?, ?, ?, 1.0, ?)",
+        [("old-1", b"k", '{"a":"1"}', b"", 3), ("old-2", None, None, b"v", 1)],
+    )
+    conn.commit()
+    conn.close()
+    s = SqliteOutbox(path)
+    try:
+        got = s.claim(limit=10, lease_s=30)
+        assert [(e.message_id, e.body, dict(e.headers), e.tombstone) for e in got] == [
+            ("old-1", b"", {"a": "1"}, False),
+            ("old-2", b"v", {}, False),
+        ]
+    finally:
+        s.close()
+
+
 def test_put_is_durable_across_reopen(tmp_path: Path) -> None:
     path = tmp_path / "o.db"
     sent = [env() for _ in range(50)]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from msgsafe import Consumer, Producer, RetryPolicy, Status
-from msgsafe.errors import ConfirmTimeout, OutboxFull, Rejected
+from msgsafe.errors import ConfirmTimeout, InvalidMessage, OutboxFull, Rejected
 from msgsafe.outbox import SqliteOutbox
 from msgsafe.testing import MemoryBroker
 
@@ -57,6 +57,20 @@ def test_permanent_errors_are_raised_not_stored(broker: MemoryBroker, tmp_path: 
         with pytest.raises(Rejected):
             p.send("q", b"x")
         assert p.pending() == 0
+
+
+def test_a_tombstone_is_refused_before_anything_is_sent_without_null_bodies(
+    broker: MemoryBroker, tmp_path: Path
+) -> None:
+    with producer(broker, tmp_path / "o.db") as p:
+        broker.down()  # refused before the outbox too: it would only be stored
+        with pytest.raises(InvalidMessage, match="tombstone"):
+            p.send("q", None, key="k")
+        with pytest.raises(InvalidMessage, match="tombstone"):
+            p.send_async("q", None)
+        assert p.pending() == 0
+        assert p.flush(1)
+    assert broker.ids("q") == []
 
 
 def test_outbox_false_raises_transient_errors(broker: MemoryBroker) -> None:

@@ -1,9 +1,8 @@
 """The librdkafka producer, its poll thread, and every delivery report it owes.
 
-librdkafka owns the connections to the brokers and fails over by itself; what msgsafe
-adds is the thread that serves its delivery reports and the rules around them, split
-from the transport (what callers call) because they are the part that outlives a
-producer:
+librdkafka owns the connections to the brokers and fails over by itself; msgsafe adds the
+thread that serves its delivery reports and the rules around them, apart from the
+transport (what callers call) as the part that outlives a producer:
 
 - :class:`ProducerLink` polls librdkafka when publishers are not serving reports
   themselves, and recreates the producer after a fatal error (the idempotence state is
@@ -23,6 +22,7 @@ import re
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -56,13 +56,11 @@ _INLINE_GRACE_S = 0.02
 #: Seconds between repeated "all brokers down" warnings.
 _DOWN_WARN_EVERY_S = 30.0
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
-#: Seconds new messages fail at once after librdkafka said "all brokers down"; then one
-#: message goes through again as a probe (librdkafka repeats the error while they stay
-#: down, a delivered message ends the outage).
+#: Seconds new messages fail at once after librdkafka said "all brokers down"; then one goes
+#: through as a probe (the error repeats while they stay down; a delivery ends the outage).
 _DOWN_HOLD_S = 1.0
-#: librdkafka's "Invalid response size N": the first four bytes the peer sent, read as a
-#: Kafka frame length. b"AMQP" (an AMQP broker's protocol header) is 1095586128; a TLS
-#: record starts 0x15 (alert) or 0x16 (handshake).
+#: librdkafka's "Invalid response size N": the peer's first four bytes as a Kafka frame
+#: length. b"AMQP" (an AMQP protocol header) is 1095586128; TLS starts 0x15 or 0x16.
 _RESPONSE_SIZE = re.compile(r"Invalid response size (\d+)")
 _AMQP_HEADER = int.from_bytes(b"AMQP", "big")
 #: librdkafka's connection failure of one broker: its address and the state it failed in.
@@ -300,6 +298,7 @@ class ProducerLink:
         self._stop = threading.Event()
         #: Producers recreated after a fatal error (for tests and metrics).
         self.recreated = 0
+        self.listener: Callable[[KafkaError], object] | None = None  # see listen_errors
         self.producer = self._new_producer()
         self._thread = threading.Thread(target=self._run, name="msgsafe-kafka-poll", daemon=True)
         self._thread.start()
@@ -363,6 +362,8 @@ class ProducerLink:
     def on_error(self, err: KafkaError) -> None:
         """librdkafka's ``error_cb`` (and what ``poll`` raises): a fatal error has the
         producer recreated; the rest is logged."""
+        if self.listener is not None:
+            call_logged(log, "kafka error listener", self.listener, err)
         if err.fatal():
             if self.fatal is not None or self._draining:
                 return

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, wait
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from msgsafe.adapters._config import oversized, size_error
 from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_failed
@@ -31,6 +32,8 @@ from msgsafe.message import Batch, Envelope
 from msgsafe.ports import BatchReport, PublishCallback, PublishFuture
 
 __all__ = ["KafkaTransport"]
+
+_monotonic = time.monotonic
 
 #: Publishing threads serve delivery reports every 256 messages themselves.
 _INLINE_EVERY_MASK = 255
@@ -63,8 +66,12 @@ class KafkaTransport:
 
     Thread-safe. A fatal producer error (the idempotence state is lost) recreates the
     producer; the messages it held fail transiently, so the caller stores them in the
-    outbox and nothing is lost.
+    outbox and nothing is lost. An envelope marked ``tombstone`` is produced with a null
+    value (``tombstones`` is True: the producer lets such envelopes through).
     """
+
+    #: Kafka records can have a null value: a tombstone envelope is sent as one.
+    tombstones = True
 
     def __init__(self, url: BrokerUrl, options: KafkaOptions) -> None:
         self._target = url.redacted()
@@ -85,6 +92,14 @@ class KafkaTransport:
     def recreated(self) -> int:
         """Producers recreated after a fatal error (for tests and metrics)."""
         return self._link.recreated
+
+    def listen_errors(self, listener: Callable[[KafkaError], object] | None) -> None:
+        """Have ``listener`` told each of librdkafka's global error events (what
+        confluent-kafka's ``error_cb`` gets: ``_TRANSPORT``, ``_ALL_BROKERS_DOWN``,
+        ``_AUTHENTICATION``, ...) as it happens, before the transport acts on it; None
+        stops. It runs on librdkafka's or a publisher's thread: it must not block, and
+        what it raises is logged and dropped. For ``msgsafe.compat.confluent_kafka``."""
+        self._link.listener = listener
 
     @property
     def _producer(self) -> Producer:
@@ -111,44 +126,38 @@ class KafkaTransport:
                 ClosedError("transport is closed", endpoint=self._target, message_id=message_id),
             )
             return
-        too_large = size_error(envelope, self._size_limit, self._target)
-        if too_large is not None:
-            call_logged(log, PUBLISH_CALLBACK, callback, too_large)
-            return
-        if self._link.down:
+        body: bytes | None = envelope.body
+        key = envelope.key
+        extra = envelope.headers
+        # NOTE: the common envelope (no headers) is measured here, without a call:
+        # size_error is the one place that words the refusal and counts headers.
+        if extra or len(envelope.body) + (0 if key is None else len(key)) > self._size_limit:
+            too_large = size_error(envelope, self._size_limit, self._target)
+            if too_large is not None:
+                call_logged(log, PUBLISH_CALLBACK, callback, too_large)
+                return
+        link = self._link
+        now = _monotonic()
+        # ProducerLink.down, read without its own clock read (this one is reused below).
+        if link.mismatch is not None or now < link.down_until:
             # Every broker is down: fail now (to the outbox), not at message.timeout.ms.
-            call_logged(log, PUBLISH_CALLBACK, callback, self._link.unreachable(message_id))
+            call_logged(log, PUBLISH_CALLBACK, callback, link.unreachable(message_id))
             return
         headers: RecordHeaders = [(ID_HEADER, message_id)]
-        if envelope.headers:
-            headers.extend(user_headers(envelope.headers))
-        now = time.monotonic()
-        link = self._link
+        if extra:
+            headers.extend(user_headers(extra))
+        if envelope.tombstone:
+            body = None  # a null value, which b"" is not (a compacted topic's delete)
         report = _Report(link, message_id, now + self._timeout, callback)
         # Open before produce: another thread may serve the report before produce returns.
         link.open.add(report)
         error: MsgsafeError | None = None
+        topic = envelope.destination
         try:
-            link.producer.produce(
-                envelope.destination,
-                envelope.body,
-                envelope.key,
-                _BY_KEY,
-                report,
-                None,
-                _NOW,
-                headers,
-            )
+            link.producer.produce(topic, body, key, _BY_KEY, report, None, _NOW, headers)
         except BufferError:
             # librdkafka's local queue is full (max_in_flight): wait for room, bounded.
-            error = self._produce_when_room(
-                envelope.destination,
-                envelope.body,
-                envelope.key,
-                headers,
-                report,
-                envelope.message_id,
-            )
+            error = self._produce_when_room(topic, body, key, headers, report, message_id)
         except KafkaException as exc:
             if exc.args[0].fatal():
                 link.fatal = exc.args[0]
@@ -281,7 +290,7 @@ class KafkaTransport:
     def _produce_when_room(
         self,
         topic: str,
-        body: bytes,
+        body: bytes | None,
         key: bytes | None,
         headers: RecordHeaders,
         on_delivery: _Report | _Chunk,

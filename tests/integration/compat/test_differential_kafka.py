@@ -6,6 +6,7 @@ real client observes (see ``differential.py``)."""
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 import uuid
@@ -283,6 +284,78 @@ def test_headers_as_consumed(
         ] + [refused]
 
     differ(request, side, real, scenario)
+
+
+def test_tombstones_as_consumed(
+    request: pytest.FixtureRequest, side: Side, real: Side, kafka_cluster: KafkaCluster
+) -> None:
+    """value=None is a tombstone (a null value, what a compacted topic deletes by), b""
+    an empty value: the reports and a real consumer tell the two apart."""
+
+    def scenario(s: Side) -> Any:
+        topic = _topic(kafka_cluster, partitions=1)
+        producer = s.make()
+        reports: list[Any] = []
+
+        def report(err: Any, msg: Any) -> None:
+            reports.append((_code(err), msg.value(), msg.key()))
+
+        producer.produce(topic, None, key=b"deleted", on_delivery=report)
+        producer.produce(topic, b"", key=b"empty", on_delivery=report)
+        producer.produce(topic, value=None, on_delivery=report)  # a tombstone without key
+        producer.produce(topic, key="text-key", on_delivery=report)  # value defaults to None
+        batch = [{"value": None, "key": b"b1"}, {"value": b"", "key": b"b2"}]
+        queued = producer.produce_batch(topic, batch, on_delivery=report)
+        flushed = producer.flush(30)
+        producer.close()
+        records = [(value, key) for value, key, _ in _consume(kafka_cluster, topic, 6)]
+        return [queued, [m.get("_error") for m in batch], flushed, reports, records]
+
+    observed = differ(request, side, real, scenario)
+    assert observed[-1][:2] == [(None, b"deleted"), (b"", b"empty")]
+
+
+def _closed_port() -> int:
+    """A loopback port nobody listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_error_cb_when_no_broker_answers(
+    request: pytest.FixtureRequest, side: Side, real: Side, kafka_cluster: KafkaCluster
+) -> None:
+    """error_cb gets librdkafka's connection events (_TRANSPORT, _ALL_BROKERS_DOWN) from
+    poll()/flush(), on the thread that calls them. The message's own report differs on
+    purpose (stored, not _MSG_TIMED_OUT) and is not compared here."""
+
+    def scenario(s: Side) -> Any:
+        codes: set[str] = set()
+        threads: set[bool] = set()
+        caller = threading.get_ident()
+
+        def on_error(err: Any) -> None:
+            codes.add(err.name())
+            threads.add(threading.get_ident() == caller)
+
+        wanted = {"_TRANSPORT", "_ALL_BROKERS_DOWN"}
+        producer = s.make(
+            **{
+                "bootstrap.servers": f"127.0.0.1:{_closed_port()}",
+                "error_cb": on_error,
+                "message.timeout.ms": 3000,
+            }
+        )
+        producer.produce("nowhere", b"x", key=b"k")
+        deadline = time.monotonic() + 20
+        while not wanted <= codes and time.monotonic() < deadline:
+            producer.poll(0.2)
+        producer.flush(10)
+        producer.close()
+        return [sorted(codes & wanted), sorted(threads)]
+
+    codes, on_caller = differ(request, side, real, scenario)
+    assert codes and on_caller == [True]
 
 
 # --- threads ---------------------------------------------------------------------------------

@@ -132,6 +132,18 @@ def test_store_protocol_on_postgres(
     transport.close()
 
 
+def test_a_tombstone_stays_a_tombstone_on_postgres(store: PostgresOutbox) -> None:
+    sent = [
+        Envelope.build("t", None, key="gone", headers={"h": "v"}),
+        Envelope.build("t", None),
+        Envelope.build("t", b"", key="empty"),
+    ]
+    store.put(sent)
+    assert [e.envelope for e in store.list()] == sent
+    got = store.claim(limit=10, lease_s=30)
+    assert got == sent and [e.tombstone for e in got] == [True, True, False]
+
+
 def test_two_stores_share_the_table_without_double_claims(
     postgres_conninfo: str, store: PostgresOutbox, table: str
 ) -> None:
