@@ -133,7 +133,9 @@ def test_a_file_named_under_the_old_rule_is_adopted_and_forwarded(
         msgsafe.Producer("memory://migrate", send_timeout=5) as producer,
     ):
         assert producer.outbox is not None and producer.outbox.path != old  # type: ignore[attr-defined]
-        assert producer.pending() == 40
+        # The forwarder starts with the producer: it may have sent some already (the
+        # adoption's count is the log line's "40 waiting", checked below).
+        assert producer.pending() <= 40
         assert producer.drain(timeout=10) == 0
     adopted = [r for r in caplog.records if "adopted" in r.getMessage()]
     assert len(adopted) == 1 and str(old) in adopted[0].getMessage()
