@@ -1,19 +1,30 @@
-"""The send path writes a span's ``traceparent`` itself while the default propagators are
-installed: the headers must be what ``propagate.inject`` writes, and anything the short
-way cannot carry (baggage, trace state, another propagator) must go the long way."""
+"""The traced send path's shortcuts. It writes a span's ``traceparent`` itself while the
+default propagators are installed: the headers must be what ``propagate.inject`` writes,
+and anything the short way cannot carry (baggage, trace state, another propagator) must
+go the long way. A span the sampler dropped still carries its context but gets no
+attributes and is not kept; latencies wait for a metric reader in a bounded buffer."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import Future
 
 import pytest
 from opentelemetry import baggage, context, propagate
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from msgsafe.endpoints import parse_url
+from msgsafe.message import Envelope, Receipt, Status
+from msgsafe.telemetry import _otel
 from msgsafe.telemetry._otel import inject
+from msgsafe.telemetry.producer import ProducerTelemetry
 from tests.support.otel import install, trace
 
 
@@ -47,7 +58,7 @@ def default_propagators() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("default_propagators")
-@pytest.mark.parametrize("flags", [0, 1])
+@pytest.mark.parametrize("flags", [0, 1, 2, 3])
 def test_the_short_way_writes_what_the_propagator_writes(flags: int) -> None:
     span = _span(flags)
     carrier: dict[str, str] = {"app": "kept"}
@@ -96,3 +107,44 @@ def test_another_propagator_is_used_as_installed() -> None:
             context.detach(token)
     finally:
         propagate.set_global_textmap(before)
+
+
+def _settle(telemetry: ProducerTelemetry, envelope: Envelope) -> dict[str, str]:
+    """One traced send of ``envelope``, confirmed; the headers it was sent with."""
+    traced, span = telemetry.start(envelope)
+    future: Future[Receipt] = Future()
+    telemetry.track(future, span)
+    future.set_result(Receipt(envelope.message_id, Status.CONFIRMED, envelope.destination))
+    return dict(traced.headers)
+
+
+def test_a_sampled_out_span_carries_its_context_and_nothing_else() -> None:
+    install()
+    telemetry = ProducerTelemetry(parse_url("amqp://127.0.0.1"), otel=True)
+    otel = telemetry._otel
+    assert otel is not None
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel.tracer = provider.get_tracer("msgsafe")
+    headers = _settle(telemetry, Envelope.build("q", b"x", headers={"app": "kept"}))
+    assert headers["app"] == "kept"
+    assert int(headers["traceparent"].rsplit("-", 1)[1], 16) & 1 == 0  # not sampled
+    assert otel._open == {} and exporter.get_finished_spans() == ()
+    assert telemetry.stats().sent == 1
+
+
+def test_latencies_wait_for_a_reader_in_a_bounded_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    install()
+    monkeypatch.setattr(_otel, "_MAX_BUFFERED", 5)
+    telemetry = ProducerTelemetry(parse_url("amqp://127.0.0.1"), otel=True)
+    otel = telemetry._otel
+    assert otel is not None
+    for _ in range(8):
+        _settle(telemetry, Envelope.build("q", b"x"))
+    assert len(otel._latencies) == 5  # no collection happened: the rest were dropped
+    assert otel._open == {}
+    stats = telemetry.stats()
+    assert stats.sent == 8 and stats.confirm_latency_mean_s is not None
+    otel.flush()
+    assert otel._latencies == []
