@@ -131,9 +131,10 @@ class ProducerTelemetry(TracedConnectionCounters, ProducerCounters):
         otel = self._otel
         assert otel is not None
         confirmed = future.result().status is Status.CONFIRMED
+        if confirmed:
+            self.add_latency(latency)
         try:
             if confirmed:
-                self.add_latency(latency)
                 otel.buffer_latency(latency)
             otel.settled_one(span, confirmed)
         except Exception:
