@@ -5,10 +5,12 @@ memory) against telemetry off, paired in one run on the same broker.
                                          [--url amqp://...] [--readme benchmarks/README.md]
 
 Without ``--url`` one RabbitMQ node is started on loopback (``msgsafe.cluster.rabbitmq``).
-Three producers stay open side by side, each with its own quorum queue and the same
+Four producers stay open side by side, each with its own quorum queue and the same
 guarantees (publisher confirms, persistent, mandatory; no outbox detour happens):
 
 - ``off``: ``Producer(url)`` — the ``stats()`` counters only (they are always on);
+- ``header``: the same, every message with a fixed ``traceparent`` header: what carrying
+  a trace context costs without any span;
 - ``batch``: ``Producer(url, telemetry=True)`` with the OpenTelemetry SDK as a production
   application sets it up: a ``TracerProvider`` with a ``BatchSpanProcessor`` (spans are
   exported by its own thread) into an ``InMemorySpanExporter``, a ``MeterProvider`` with
@@ -17,8 +19,8 @@ guarantees (publisher confirms, persistent, mandatory; no outbox detour happens)
   that ends it: the producer's I/O thread) into its own ``InMemorySpanExporter``.
 
 Many short rounds: each times ``--sends`` blocking ``send()`` calls and ``--batches``
-``send_batch()`` calls of 1000 messages per producer, interleaved call by call in ABCCBA
-order so that drift on a shared machine falls on all. A round is short (about two
+``send_batch()`` calls of 1000 messages per producer, interleaved call by call in
+ABCDDCBA order so that drift on a shared machine falls on all. A round is short (about two
 seconds) so a burst of load from elsewhere spoils few rounds, and the median of the
 per-round ratios ``on / off - 1`` ignores those. Reported per call: that median for wall
 time and for client CPU per message (``time.process_time()``: every thread of the
@@ -60,7 +62,7 @@ from msgsafe.telemetry.producer import ProducerTelemetry
 
 BODY = b"x" * 100
 BATCH = 1000
-SETUPS = ("off", "batch", "simple")
+SETUPS = ("off", "header", "batch", "simple")
 THREADS = ("caller", "io", "spans")
 GOALS = {"send": 0.05, "batch": 0.03}
 
@@ -133,6 +135,21 @@ def _timed(
     fn(producer, queue, 1)
     wall, used = time.perf_counter() - started, time.process_time() - cpu
     return wall, used, tuple(b - a for a, b in zip(threads, clocks.read(), strict=True))
+
+
+#: A W3C trace context as the ``header`` producer sends it (fixed: no span behind it).
+_TRACEPARENT = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+
+
+class _Headered(Producer):
+    """Telemetry off, every message with a fixed ``traceparent`` header: what carrying a
+    trace context costs the client and the broker without any span."""
+
+    def send(self, destination: str, body: bytes, **options: Any) -> Any:
+        return super().send(destination, body, headers=_TRACEPARENT, **options)
+
+    def send_batch(self, destination: str, bodies: Any, **options: Any) -> Any:
+        return super().send_batch(destination, bodies, headers=_TRACEPARENT, **options)
 
 
 def _sends(producer: Producer, queue: str, count: int) -> None:
@@ -275,14 +292,19 @@ class _Run:
 
 
 #: Call orders of a round's pairs of calls: every producer first as often as last.
-_ORDERS = (("batch", "simple", "off"), ("off", "simple", "batch"), ("simple", "off", "batch"))
+_ORDERS = (
+    ("batch", "simple", "header", "off"),
+    ("off", "header", "simple", "batch"),
+    ("simple", "off", "batch", "header"),
+    ("header", "batch", "off", "simple"),
+)
 
 
 def _round(
     run: _Run, producers: dict[str, tuple[Producer, str, _Clocks]], sends: int, batches: int
 ) -> None:
     """One round: ``sends`` sends and ``batches`` batches per producer, interleaved as
-    ABCCBA (the order turning from pair to pair)."""
+    ABCDDCBA (the order turning from pair to pair)."""
     for kind, calls, fn in (("send", sends // 2, _sends), ("batch", batches // 2, _batches)):
         wall = dict.fromkeys(SETUPS, 0.0)
         cpu = dict.fromkeys(SETUPS, 0.0)
@@ -328,6 +350,7 @@ def main() -> None:
     try:
         made = {
             "off": Producer(url, outbox=False, declare="quorum"),
+            "header": _Headered(url, outbox=False, declare="quorum"),
             "batch": Producer(url, outbox=False, declare="quorum", telemetry=True),
             "simple": Producer(url, outbox=False, declare="quorum", telemetry=True),
         }
@@ -347,7 +370,8 @@ def main() -> None:
                 _round(run, producers, args.sends, args.batches)
                 exported += sdk.collect()
                 print(
-                    f"round {r + 1}: wall send "
+                    f"round {r + 1}: wall send (header only "
+                    f"{run.ratios('header', 'send')[-1]:+.1%}) "
                     f"{run.ratios('batch', 'send')[-1]:+.1%} (simple "
                     f"{run.ratios('simple', 'send')[-1]:+.1%}), send_batch "
                     f"{run.ratios('batch', 'batch')[-1]:+.1%} (simple "
@@ -414,7 +438,11 @@ def _figures(run: _Run, setup: str, kind: str) -> dict[str, float]:
 
 
 _CALLS = {"send": "`send()` (blocking, one message)", "batch": "`send_batch()` (1000 messages)"}
-_SETUP_NAMES = {"batch": "BatchSpanProcessor", "simple": "SimpleSpanProcessor"}
+_SETUP_NAMES = {
+    "header": "none, `traceparent` header only",
+    "batch": "BatchSpanProcessor",
+    "simple": "SimpleSpanProcessor",
+}
 
 
 def _section(
@@ -435,19 +463,21 @@ def _section(
         for (setup, kind), fig in rows.items()
     )
     threads = "\n".join(
-        f"| {_CALLS[kind]} | {_by_thread(run, 'off', kind)} | {_by_thread(run, 'batch', kind)} "
-        f"| {_by_thread(run, 'simple', kind)} |"
+        f"| {_CALLS[kind]} | {_by_thread(run, 'off', kind)} | {_by_thread(run, 'header', kind)} "
+        f"| {_by_thread(run, 'batch', kind)} | {_by_thread(run, 'simple', kind)} |"
         for kind in GOALS
     )
     return f"""## Telemetry
 
 `{command}`
 ({day}, {platform.machine()}, {os.cpu_count()} cores, load {load:.1f} at start; one local
-RabbitMQ node, quorum queues). Three producers side by side: telemetry off (the `stats()`
-counters only), and OpenTelemetry on (SDK; in-memory metric reader) with spans going
-through a `BatchSpanProcessor` or a `SimpleSpanProcessor` into an in-memory exporter.
+RabbitMQ node, quorum queues). Four producers side by side: telemetry off (the `stats()`
+counters only); telemetry off with a fixed `traceparent` header on every message (what
+carrying a trace context costs without any span); OpenTelemetry on (SDK; in-memory
+metric reader) with spans going through a `BatchSpanProcessor` or a
+`SimpleSpanProcessor` into an in-memory exporter.
 {args.rounds} short rounds of {args.sends} sends and {args.batches} batches per producer,
-calls interleaved ABCCBA; overhead is the median over rounds of `on / off - 1` (IQR: the
+calls interleaved ABCDDCBA; overhead is the median over rounds of `on / off - 1` (IQR: the
 middle half of the rounds), for wall time and for client CPU (`time.process_time()`,
 every thread of the process). CPU per message is over the whole run. The goals are read
 on the `BatchSpanProcessor` rows: it is what a production application runs (an exporter
@@ -461,8 +491,8 @@ on the thread that ends it, here the producer's I/O thread, and shows what that 
 Client CPU per message by thread, us (the caller / the producer's I/O thread / the
 `BatchSpanProcessor`'s thread, read from each thread's CPU clock around every call):
 
-| call | off | BatchSpanProcessor | SimpleSpanProcessor |
-|---|---:|---:|---:|
+| call | off | header only | BatchSpanProcessor | SimpleSpanProcessor |
+|---|---:|---:|---:|---:|
 {threads}
 
 {_notes(args, run, rows, floor, ours, load)}
@@ -501,6 +531,15 @@ def _notes(
         "(caches and branch predictors refilled by the broker and the other threads): the "
         "SDK's span start and end, not msgsafe's bookkeeping, are most of the cost.",
     ]
+    for kind, call in (("send", "a blocking send"), ("batch", "a batch")):
+        header = rows[("header", kind)]
+        traced = rows[("batch", kind)]
+        lines.append(
+            f"The `traceparent` header alone (telemetry off, a fixed header on every message) "
+            f"costs {call} {header['wall']:+.1%} of wall time against {traced['wall']:+.1%} "
+            f"for the whole telemetry, with client CPU per message "
+            f"{header['cpu off']:.2f} -> {header['cpu on']:.2f} us."
+        )
     for (setup, kind), fig in rows.items():
         goal = GOALS[kind]
         if setup == "batch" and fig["wall"] > goal:
