@@ -538,10 +538,17 @@ def _notes(
         f"the hooks take {ours:.0f} us, of which {floor:.0f} us are the SDK's own span "
         "(start with msgsafe's six attributes, inject, set the outcome, end). An untraced "
         f"blocking send takes {send_us:.0f} us of wall time here, so the SDK's "
-        f"`start_span` alone is {placed['start_span'] / send_us:.1%} of it and the header "
-        f"alone {header['wall']:+.1%}: with a recording span and its context on every "
-        "blocking send, the 5% goal is out of reach here before msgsafe adds anything.",
+        f"`start_span` alone is {placed['start_span'] / send_us:.1%} of it, the header "
+        f"alone {header['wall']:+.1%} and the receipt's callback that ends the span "
+        f"{placed['receipt'] / send_us:.1%}.",
     ]
+    left = GOALS["send"] - placed["start_span"] / send_us - max(header["wall"], 0.0)
+    if left < placed["receipt"] / send_us:
+        lines.append(
+            "With a recording span and its context on every blocking send, the 5% goal is "
+            "out of reach here: starting the span and carrying the header leave "
+            f"{max(left, 0.0):.1%} for ending it and everything else."
+        )
     batch = rows[("batch", "batch")]
     batch_header = rows[("header", "batch")]
     lines.append(
