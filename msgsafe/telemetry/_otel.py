@@ -9,6 +9,12 @@ what is msgsafe's own (the outcome, the outbox) is under ``msgsafe.``.
 
 Every call from the send path is guarded by the caller (:mod:`msgsafe.telemetry.producer`):
 an error in an exporter or a processor is logged, never raised into ``send()``.
+
+The send path does what the SDK needs and little else (``benchmarks/README.md``,
+"Telemetry"): the attributes of a destination are built once, a span's context is written
+as a ``traceparent`` directly while the default propagators are installed, the registry
+of open spans takes no lock, and a span that is not recording gets no attributes or
+events.
 """
 
 from __future__ import annotations
@@ -22,9 +28,13 @@ from typing import Any, Protocol
 from msgsafe.errors import MissingExtra
 
 try:
-    from opentelemetry import metrics, propagate, trace
+    from opentelemetry import baggage, metrics, propagate, trace
+    from opentelemetry.baggage.propagation import W3CBaggagePropagator
     from opentelemetry.metrics import CallbackOptions, Observation
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.propagators.textmap import TextMapPropagator
     from opentelemetry.trace import Link, Span, SpanKind, StatusCode
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError as exc:  # pragma: no cover - exercised without the extra installed
     raise MissingExtra("otel", "opentelemetry-api") from exc
 
@@ -77,6 +87,50 @@ _GAUGES = (
 
 #: The collection of this metric records the latencies buffered since the last one.
 _FLUSH_ON = "msgsafe.producer.sent"
+#: Latencies kept for the histogram between collections; beyond, new ones are dropped.
+_MAX_BUFFERED = 100_000
+#: Destinations whose span name and attributes are kept per producer or consumer.
+_MAX_DESTINATIONS = 1024
+_ONE_STORED: Mapping[str, int] = {"msgsafe.stored": 1}
+
+
+def _plain(textmap: TextMapPropagator) -> bool:
+    """True for the propagators OpenTelemetry installs by default: W3C trace context and
+    W3C baggage, in that order (``OTEL_PROPAGATORS`` unset)."""
+    parts = getattr(textmap, "_propagators", None)  # CompositePropagator keeps them there
+    return (
+        type(textmap) is CompositePropagator
+        and isinstance(parts, (list, tuple))
+        and [type(part) for part in parts] == [TraceContextTextMapPropagator, W3CBaggagePropagator]
+    )
+
+
+#: The global propagator last seen and whether it is the default one.
+_seen: tuple[TextMapPropagator | None, bool] = (None, False)
+
+
+def inject(carrier: dict[str, str], span: Span) -> None:
+    """Write ``span``'s context into ``carrier`` as the global propagator would.
+
+    With the default propagators, no baggage in the current context and no trace state,
+    that is one ``traceparent`` header, written here directly (the same text the W3C
+    propagator writes; ``tests/unit/test_telemetry_send_path.py`` compares them). Anything
+    else goes through ``propagate.inject``.
+    """
+    global _seen
+    textmap = propagate.get_global_textmap()
+    seen, plain = _seen
+    if textmap is not seen:
+        plain = _plain(textmap)
+        _seen = (textmap, plain)
+    context = span.get_span_context()
+    if plain and not context.trace_state and not baggage.get_all():
+        if context.is_valid:
+            carrier["traceparent"] = (
+                f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+            )
+        return
+    propagate.inject(carrier, context=trace.set_span_in_context(span))
 
 
 class _Instruments:
@@ -138,16 +192,35 @@ class _Side:
             "msgsafe.target": target,
         }
         self._lock = threading.Lock()
-        #: Spans not ended yet: fail-overs and redirects are events on each of them.
+        #: Spans not ended yet: fail-overs and redirects are events on each of them. A
+        #: dict's single store, pop and ``list(values())`` are atomic under the GIL: no
+        #: lock on the send path. Spans that do not record are not kept.
         self._open: dict[int, Span] = {}
+        #: Per destination: the span's name and its attributes (built once, not per send).
+        self._named: dict[str, tuple[str, dict[str, Any]]] = {}
 
     def opened(self, span: Span) -> None:
-        with self._lock:
-            self._open[id(span)] = span
+        self._open[id(span)] = span
 
     def closed(self, span: Span) -> None:
-        with self._lock:
-            self._open.pop(id(span), None)
+        self._open.pop(id(span), None)
+
+    def named(self, verb: str, destination: str, operation: str) -> tuple[str, dict[str, Any]]:
+        """The name and attributes of a span on ``destination``, built once per destination
+        (bounded: a producer writing to ever new destinations rebuilds, never grows)."""
+        found = self._named.get(destination)
+        if found is None:
+            if len(self._named) >= _MAX_DESTINATIONS:
+                self._named.clear()
+            found = self._named[destination] = (
+                f"{verb} {destination}",
+                {
+                    **self.attributes,
+                    "messaging.destination.name": destination,
+                    "messaging.operation.type": operation,
+                },
+            )
+        return found
 
     def connection_event(self, kind: str, previous: str, endpoint: str, reason: str) -> None:
         """A fail-over or redirect (counted by the stats counters): an event on every open
@@ -191,22 +264,37 @@ class OtelProducer(_Side):
     ) -> tuple[dict[str, str], Span]:
         """A PRODUCER span for a send (of ``count`` messages, or of ``message_id``), and
         the headers carrying its context."""
-        attributes: dict[str, Any] = {
-            **self.attributes,
-            "messaging.destination.name": destination,
-            "messaging.operation.type": "send",
-        }
-        if count is not None:
-            attributes["messaging.batch.message_count"] = count
-        if message_id is not None:
-            attributes["messaging.message.id"] = message_id
-        span = self.tracer.start_span(
-            f"send {destination}", kind=SpanKind.PRODUCER, attributes=attributes
-        )
+        name, attributes = self.named("send", destination, "send")
+        if message_id is not None or count is not None:
+            attributes = attributes.copy()
+            if count is not None:
+                attributes["messaging.batch.message_count"] = count
+            if message_id is not None:
+                attributes["messaging.message.id"] = message_id
+        span = self.tracer.start_span(name, kind=SpanKind.PRODUCER, attributes=attributes)
         carrier = dict(headers) if headers else {}
-        propagate.inject(carrier, context=trace.set_span_in_context(span))
-        self.opened(span)
+        inject(carrier, span)
+        if span.is_recording():
+            self.opened(span)
         return carrier, span
+
+    def buffer_latency(self, latency_s: float) -> None:
+        """A confirm latency for the histogram, recorded at the next collection.
+        ``list.append`` is atomic: no lock. Bounded: without a metric reader nothing
+        collects, and a long-lived producer must not grow."""
+        if len(self._latencies) < _MAX_BUFFERED:
+            self._latencies.append(latency_s)
+
+    def settled_one(self, span: Span, confirmed: bool) -> None:
+        """A single send confirmed (``confirmed``) or stored: its span ended."""
+        if span.is_recording():
+            self.closed(span)
+            if confirmed:
+                span.set_attribute("msgsafe.outcome", "CONFIRMED")
+            else:
+                span.set_attribute("msgsafe.outcome", "STORED")
+                span.add_event("msgsafe.outbox.detour", _ONE_STORED)
+        span.end()
 
     def settled(
         self,
@@ -221,8 +309,11 @@ class OtelProducer(_Side):
         """A settled send or batch: its latency recorded when confirmed, its span ended
         with the outcome."""
         if confirmed and latency_s is not None:
-            self._latencies.append(latency_s)  # list.append is atomic: no lock needed
+            self.buffer_latency(latency_s)
         if span is None:
+            return
+        if not span.is_recording():
+            span.end()
             return
         self.closed(span)
         if error is not None:
@@ -257,19 +348,20 @@ class OtelConsumer(_Side):
         self, destination: str, message_id: str | None, headers: Mapping[str, str]
     ) -> Span:
         """A CONSUMER span for a delivery, linked to the span that sent it (its headers)."""
-        attrs = {**self.attributes, "messaging.destination.name": destination}
+        name, attributes = self.named("process", destination, "process")
         context = trace.get_current_span(propagate.extract(dict(headers))).get_span_context()
         links = [Link(context)] if context.is_valid else None
-        attributes: dict[str, Any] = {**attrs, "messaging.operation.type": "process"}
         if message_id is not None:
-            attributes["messaging.message.id"] = message_id
+            attributes = {**attributes, "messaging.message.id": message_id}
         span = self.tracer.start_span(
-            f"process {destination}", kind=SpanKind.CONSUMER, links=links, attributes=attributes
+            name, kind=SpanKind.CONSUMER, links=links, attributes=attributes
         )
-        self.opened(span)
+        if span.is_recording():
+            self.opened(span)
         return span
 
     def settled(self, span: Span, outcome: str) -> None:
-        self.closed(span)
-        span.set_attribute("msgsafe.outcome", outcome)
+        if span.is_recording():
+            self.closed(span)
+            span.set_attribute("msgsafe.outcome", outcome)
         span.end()

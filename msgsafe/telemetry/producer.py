@@ -104,7 +104,7 @@ class ProducerTelemetry(TracedConnectionCounters, ProducerCounters):
         """One message sent with OpenTelemetry on: its span ends, and its latency is
         measured, when ``future`` resolves (its outcome is counted by the settlement)."""
         self.sent_one()
-        self._traced(future, span)
+        future.add_done_callback(partial(self._one_done, span, time.monotonic()))
 
     def track_batch(self, future: Future[BatchReceipt], count: int, span: Any = None) -> None:
         """A batch of ``count`` sent; its outcomes are counted when ``future`` resolves
@@ -120,6 +120,25 @@ class ProducerTelemetry(TracedConnectionCounters, ProducerCounters):
     def _batch_done(self, future: Future[BatchReceipt]) -> None:
         confirmed, stored, failed, _ = _batch_outcome(future)
         self.add_batch_outcome(confirmed, stored, failed)
+
+    def _one_done(self, span: Any, started: float, future: Future[Receipt]) -> None:
+        """:meth:`_otel_done` for a single send: a receipt, or an error (rare) that
+        takes the general path."""
+        if span is None or future.exception() is not None:
+            self._otel_done(span, started, future)
+            return
+        latency = time.monotonic() - started
+        otel = self._otel
+        assert otel is not None
+        confirmed = future.result().status is Status.CONFIRMED
+        if confirmed:
+            self.add_latency(latency)
+        try:
+            if confirmed:
+                otel.buffer_latency(latency)
+            otel.settled_one(span, confirmed)
+        except Exception:
+            log.warning("telemetry: cannot record a settled send", exc_info=True)
 
     def _otel_done(self, span: Any, started: float, future: Future[Any]) -> None:
         otel = self._otel
