@@ -25,7 +25,7 @@ from typing import Any
 
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError, InvalidMessage, MissingExtra, MsgsafeError
-from msgsafe.spark import arrow
+from msgsafe.spark import arrow, kafka_lane
 from msgsafe.spark.partition import PartitionPlan, PartitionResult, publish_partition
 from msgsafe.spark.producers import SinkOutbox
 
@@ -288,6 +288,7 @@ class ForeachBatchSink:
             # A handful of chunks in flight: each receipt waits for its whole chunk.
             chunk_rows=max(1, min(_CHUNK_ROWS, self._max_in_flight // 5)),
             receipt_timeout=self._receipt_timeout,
+            kafka_lane=not headers and kafka_lane.eligible(self._url, self._outbox, self._options),
         )
         return names, plan
 
