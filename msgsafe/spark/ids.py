@@ -21,7 +21,6 @@ import datetime
 import decimal
 import functools
 import hashlib
-import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -189,12 +188,16 @@ class ContentIds:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        blank = pa.scalar(b"", pa.binary())
-        tail: Any = pa.scalar(b"N", pa.binary())
+        binary = pa.binary()
+        # One type for the join: strings and large (64-bit offset) columns as binary.
+        values = values if values.type == binary else values.cast(binary)
+        blank = pa.scalar(b"", binary)
+        tail: Any = pa.scalar(b"N", binary)
         if keys is not None:
+            keys = keys if keys.type == binary else keys.cast(binary)
             # A null key joins to null, which becomes the "no key" marker.
             tail = pc.fill_null(pc.binary_join_element_wise(_lengths(keys), keys, blank), b"N")
-        prefix = pa.scalar(self._prefix, pa.binary())
+        prefix = pa.scalar(self._prefix, binary)
         data = pc.binary_join_element_wise(prefix, _lengths(values), values, tail, blank)
         digests = list(map(_DIGEST, map(_HASH16, data.to_pylist())))
         return to_uuid8_bytes(self._rank(digests))
@@ -228,7 +231,7 @@ def _ranked_digest(digest: bytes, occurrence: int) -> bytes:
 #: ``blake2b(data, digest_size=16)`` and ``hasher.digest()`` as C-level callables, so
 #: that ``map`` hashes a column with no Python code per row.
 _HASH16 = functools.partial(_blake2b, digest_size=16)
-_DIGEST = operator.methodcaller("digest")
+_DIGEST = _blake2b.digest
 
 
 def _lengths(column: Any) -> Any:
