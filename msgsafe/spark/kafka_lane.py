@@ -126,26 +126,30 @@ class KafkaLane:
         keys: Sequence[bytes | None] | None,
         headers: Sequence[dict[str, Any]],
         deadline: float,
+        limit: int,
     ) -> int:
-        """Hand every row to librdkafka (waiting for room in its queue until
-        ``deadline``); the number of rows it took, all of them unless a delivery failed
-        meanwhile (then the caller stops)."""
+        """Hand every row to librdkafka, with at most ``limit`` messages (and its queue's
+        size) unconfirmed at once, waiting for room until ``deadline``; the number of
+        rows it took, all of them unless a delivery failed meanwhile (then the caller
+        stops)."""
         from confluent_kafka import KafkaException
 
         producer = self.producer
         produce = producer.produce
         count = len(values)
         done = 0
+        limit = min(limit, self.room)
         while done < count:
             if self.failures or self._fatal is not None:
                 return done
-            room = self.room - len(producer)
+            room = limit - len(producer)
             if room <= 0:
-                # Serving failures and letting librdkafka send is what makes room.
-                producer.poll(_ROOM_POLL_S)
+                # The window is full, so its batch is as large as it gets: flush() sends it
+                # now instead of after linger.ms, and serves failures meanwhile.
+                producer.flush(_ROOM_POLL_S)
                 if time.monotonic() > deadline:
                     raise SendTimeout(
-                        f"librdkafka's queue stayed full ({self.room} messages)",
+                        f"{limit} messages stayed unconfirmed until the receipt timeout",
                         endpoint=self.target,
                     )
                 continue
@@ -298,6 +302,7 @@ def publish_lane(
                 None if keys is None else keys.to_pylist(),
                 headers,
                 deadline,
+                plan.max_in_flight,
             )
             if lane.error() is not None:
                 break
