@@ -17,6 +17,7 @@ Ids are formatted as UUIDv8 (RFC 9562 §5.8, "custom"): 122 bits of a BLAKE2b di
 
 from __future__ import annotations
 
+import binascii
 import datetime
 import decimal
 import functools
@@ -72,7 +73,7 @@ def _uuid8_text(joined: bytes) -> bytes:
     raw = np.frombuffer(joined, dtype=np.uint8).reshape(-1, 16).copy()
     raw[:, 6] = (raw[:, 6] & 0x0F) | 0x80  # version 8
     raw[:, 8] = (raw[:, 8] & 0x3F) | 0x80  # variant 10xx
-    hexed = np.frombuffer(raw.tobytes().hex().encode(), dtype=np.uint8).reshape(-1, 32)
+    hexed = np.frombuffer(binascii.hexlify(raw.data), dtype=np.uint8).reshape(-1, 32)
     text = np.full((len(raw), 36), ord("-"), dtype=np.uint8)
     for start, stop, at in _UUID_GROUPS:
         text[:, at : at + stop - start] = hexed[:, start:stop]
@@ -130,7 +131,7 @@ class ContentIds:
     Not thread-safe: one instance per partition task.
     """
 
-    __slots__ = ("_hasher", "_prefix", "_seen")
+    __slots__ = ("_hasher", "_more", "_prefix", "_seen")
 
     def __init__(self, destination: str, batch_id: int, partition: int) -> None:
         prefix = _prefix(destination, batch_id, b"C") + _field(str(partition).encode())
@@ -138,9 +139,11 @@ class ContentIds:
         # are hashed (so the same ids), without building a hasher from keywords each time.
         self._hasher = _blake2b(prefix, digest_size=16)
         self._prefix = prefix
-        #: first 8 digest bytes of a content (as a little-endian int) -> how many times
-        #: it was seen so far
-        self._seen: dict[int, int] = {}
+        #: The first 8 digest bytes (a little-endian int) of every content seen so far,
+        #: and how many times each content seen more than once was seen. NOTE: a set
+        #: for the common case (every row differs) is half the cost of a dict of counts.
+        self._seen: set[int] = set()
+        self._more: dict[int, int] = {}
 
     def next_id(self, value: bytes, key: bytes | None, headers: Mapping[str, str]) -> str:
         """The id of the next row with this content."""
@@ -152,9 +155,7 @@ class ContentIds:
         hasher = self._hasher.copy()
         hasher.update(data)
         digest = hasher.digest()
-        slot = int.from_bytes(digest[:8], "little")
-        occurrence = self._seen.get(slot, 0)
-        self._seen[slot] = occurrence + 1
+        occurrence = self._occurrence(int.from_bytes(digest[:8], "little"))
         if occurrence:
             # NOTE: identical rows (a rate source never has them, user data may) get
             # distinct ids by their rank among equals; the rank is the same on replay.
@@ -211,17 +212,25 @@ class ContentIds:
         # The first 8 bytes of each digest as a little-endian int, as next_id keys them.
         slots: list[int] = np.frombuffer(joined, dtype="<u8")[::2].tolist()
         seen = self._seen
-        fresh = dict.fromkeys(slots, 1)
-        if len(fresh) == len(slots) and seen.keys().isdisjoint(fresh):
+        fresh = set(slots)
+        if len(fresh) == len(slots) and seen.isdisjoint(fresh):
             # The common case: no row repeats one before it, every rank is 0.
-            seen.update(fresh)
+            seen |= fresh
             return joined
         for index, slot in enumerate(slots):
-            occurrence = seen.get(slot, 0)
-            seen[slot] = occurrence + 1
+            occurrence = self._occurrence(slot)
             if occurrence:
                 digests[index] = _ranked_digest(digests[index], occurrence)
         return b"".join(digests)
+
+    def _occurrence(self, slot: int) -> int:
+        """How many rows with this content came before (and count this one)."""
+        if slot not in self._seen:
+            self._seen.add(slot)
+            return 0
+        occurrence = self._more.get(slot, 1)
+        self._more[slot] = occurrence + 1
+        return occurrence
 
 
 def _ranked_digest(digest: bytes, occurrence: int) -> bytes:
