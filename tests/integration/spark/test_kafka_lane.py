@@ -117,12 +117,22 @@ def test_lane_rows_arrive_under_the_row_paths_ids_and_a_replay_repeats_them(
     assert counts.duplicates == len(rows)  # the replay, every copy under a known id
 
 
+@pytest.mark.parametrize(
+    "small",
+    [
+        # 50 rows in flight: the lane waits for room again and again.
+        {"max_in_flight": 50},
+        # 4 KB of librdkafka's queue: produce() refuses rows (BufferError) mid-chunk, and
+        # the lane goes on from the row refused.
+        {"librdkafka": {"queue.buffering.max.kbytes": "4"}},
+    ],
+    ids=["window", "queue-bytes"],
+)
 def test_lane_with_id_cols_and_a_small_queue_publishes_every_row(
-    kafka_url: str, kafka_topic: str
+    kafka_url: str, kafka_topic: str, small: dict[str, Any]
 ) -> None:
     rows = _rows(3_000)
-    # A queue of 50 messages: the lane waits for room again and again.
-    sink = foreach_batch_sink(kafka_url, kafka_topic, id_cols="n", max_in_flight=50)
+    sink = foreach_batch_sink(kafka_url, kafka_topic, id_cols="n", **small)
     result = _publish(sink, rows, 1_000)
     assert result.confirmed == len(rows)
     expected_ids = {key_id(kafka_topic, BATCH_ID, [r[2]]) for r in rows}
@@ -130,7 +140,7 @@ def test_lane_with_id_cols_and_a_small_queue_publishes_every_row(
     counts = tally(collections.Counter(r[0].encode() for r in rows), got, expected_ids)
     lost = len(expected_ids - set(got.copies))
     print(
-        f"[kafka lane, id_cols, 50 in flight] sent={len(rows)} received={counts.received} "
+        f"[kafka lane, id_cols, {small}] sent={len(rows)} received={counts.received} "
         f"lost={lost} duplicates={counts.duplicates} unknown={counts.unknown}"
     )
     assert lost == 0
