@@ -40,6 +40,10 @@ log = logging.getLogger("msgsafe.spark")
 #: measured 0.8-1.3 µs. A task waits for its receipts anyway, and its last batch is
 #: sent without the linger (Producer.hurry).
 _KAFKA_LINGER_MS = 50.0
+#: The sink's Kafka producers' batch.num.messages unless given: librdkafka's batch.size
+#: (1 MB) bounds a request instead, so small rows fill it (about 15,000 rows of ~6
+#: bytes with their id header instead of 10,000): fewer requests for the brokers.
+_KAFKA_BATCH_MESSAGES = 100_000
 
 #: Rows per Producer.submit_batch call at most.
 _CHUNK_ROWS = 10_000
@@ -202,8 +206,9 @@ class ForeachBatchSink:
         self._id_cols = None if id_cols is None else tuple(id_cols)
         self._outbox = outbox
         self._options = dict(producer_options or {})
-        if target.protocol == "kafka" and "linger_ms" not in self._options:
-            self._options["linger_ms"] = _KAFKA_LINGER_MS
+        if target.protocol == "kafka":
+            self._options.setdefault("linger_ms", _KAFKA_LINGER_MS)
+            self._options.setdefault("batch_num_messages", _KAFKA_BATCH_MESSAGES)
         self._max_in_flight = max_in_flight
         self._receipt_timeout = receipt_timeout
         self._lock = threading.Lock()
