@@ -77,7 +77,7 @@ class KafkaLane:
     Not thread-safe: held by one task at a time (:func:`take`, :func:`give_back`).
     """
 
-    __slots__ = ("_fatal", "failures", "key", "producer", "room", "size_limit", "target", "timeout")
+    __slots__ = ("_fatal", "failures", "key", "producer", "room", "size_limit", "target")
 
     def __init__(self, url: str, options: Mapping[str, object]) -> None:
         from confluent_kafka import Producer
@@ -90,10 +90,10 @@ class KafkaLane:
         self.key = _key(url, options)
         self.target = parsed.redacted()
         self.room = config.max_in_flight
-        self.timeout = config.confirm_timeout
         self.size_limit = config.size_limit
-        #: (error, key, value) of each failed delivery, in the order reported.
-        self.failures: list[tuple[Any, bytes | None, bytes | None]] = []
+        #: The error of each failed delivery, in the order reported (which rows failed
+        #: does not matter: the whole task fails, and its retry repeats every id).
+        self.failures: list[Any] = []
         self._fatal: Any = None
         settings = producer_settings(parsed, config)
         settings["delivery.report.only.error"] = True
@@ -101,9 +101,9 @@ class KafkaLane:
         settings["error_cb"] = self._error
         self.producer = Producer(settings)
 
-    def _failed(self, err: Any, msg: Any) -> None:
+    def _failed(self, err: Any, _msg: Any) -> None:
         # librdkafka's delivery report, of failures only; must never raise into it.
-        self.failures.append((err, msg.key(), msg.value()))
+        self.failures.append(err)
 
     def _error(self, err: Any) -> None:
         # Client-level errors: a fatal one (the idempotence state is lost) fails the task;
@@ -117,7 +117,7 @@ class KafkaLane:
         from msgsafe.adapters.kafka._errors import translate
 
         if self.failures:
-            return translate(self.failures[0][0], endpoint=self.target)
+            return translate(self.failures[0], endpoint=self.target)
         if self._fatal is not None:
             return translate(self._fatal, endpoint=self.target)
         return None
