@@ -20,8 +20,13 @@ hand-written foreachPartition.
   this baseline flatters the hand-written side (goal sink/(raw + ids) >= 0.9).
 - ``sink`` — ``foreach_batch_sink(url, topic)(df, batch_id)``: the same guarantees plus
   a deterministic message id per row and the per-batch report.
+- ``via Producer`` — the same sink with an option only the Producer takes
+  (``send_timeout``): it publishes through :class:`msgsafe.Producer` (receipts per chunk
+  of rows) instead of the Kafka lane, as a sink with an outbox does.
 - ``producer`` — ``df.foreachPartition`` with ``msgsafe.Producer.send_async`` per row
   (``outbox=False``), waiting for every receipt: what the sink adds on top of the SDK.
+- CPU per row of this run's Python workers, Spark's JVM and Kafka brokers (from /proc)
+  around Spark's sink, the sink and the sink via the Producer, over the counted rounds.
 - ``empty`` — the sink on an empty batch (``df.limit(0)``: Spark knows it is empty),
   and on a scan that finds no rows next to a bare Spark job on the same scan.
 
@@ -48,6 +53,68 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 _RAW_PRODUCERS: dict[str, Any] = {}
+
+#: Process kinds whose CPU is measured around each write, by a part of their command line.
+_KINDS = (
+    ("python workers", "pyspark.daemon"),
+    ("spark jvm", "SparkSubmit"),
+    ("kafka brokers", "kafka.Kafka"),
+)
+
+
+def _cpu_by_kind() -> dict[str, float]:
+    """CPU seconds (user + system) used so far by this benchmark's descendant processes
+    of each kind, from /proc (other engineers' brokers and Spark runs are not counted).
+    Python workers are forked by pyspark.daemon, keep its command line and are reused
+    across tasks, so they live through a write."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    used: dict[int, float] = {}
+    commands: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                commands[int(entry)] = f.read().decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        parents[int(entry)] = int(fields[1])
+        used[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    totals = dict.fromkeys((kind for kind, _ in _KINDS), 0.0)
+    for pid, seconds in used.items():
+        ancestor = parents.get(pid)
+        while ancestor and ancestor != os.getpid():
+            ancestor = parents.get(ancestor)
+        if ancestor != os.getpid():
+            continue
+        for kind, marker in _KINDS:
+            if marker in commands.get(pid, ""):
+                totals[kind] += seconds
+                break
+    return totals
+
+
+class _CpuMeter:
+    """CPU per row of each process kind, summed over the counted rounds of one writer."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.rows = 0
+        self._start: dict[str, float] = {}
+
+    def __enter__(self) -> _CpuMeter:
+        self._start = _cpu_by_kind()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for kind, value in _cpu_by_kind().items():
+            self.seconds[kind] = self.seconds.get(kind, 0.0) + value - self._start[kind]
+
+    def per_row_us(self) -> dict[str, float]:
+        return {k: v * 1e6 / self.rows for k, v in self.seconds.items()} if self.rows else {}
 
 
 def _raw_producer(bootstrap: str) -> Any:
@@ -218,6 +285,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         sink_rates: list[float] = []
         producer_rates: list[float] = []
         spark_rates: list[float] = []
+        via_producer: list[float] = []
+        spark_cpu, sink_cpu, via_cpu = _CpuMeter(), _CpuMeter(), _CpuMeter()
         # Round 0 warms up Python workers, producers and the JVM; it is not counted.
         for round_ in range(args.rounds + 1):
             topic = f"bench-spark-{uuid.uuid4().hex[:8]}"
@@ -237,20 +306,37 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             producer_rates.append(args.rows / (time.perf_counter() - started))
 
             started = time.perf_counter()
-            _spark_sink(df, bootstrap, topic)
+            with spark_cpu:
+                _spark_sink(df, bootstrap, topic)
             spark_rates.append(args.rows / (time.perf_counter() - started))
 
             sink = foreach_batch_sink(url, topic)
             started = time.perf_counter()
-            report = sink(df, round_)
+            with sink_cpu:
+                report = sink(df, round_)
             sink_rates.append(args.rows / (time.perf_counter() - started))
             if report.confirmed != args.rows:
                 raise RuntimeError(f"the sink confirmed {report.confirmed} of {args.rows}")
+
+            # send_timeout is an option only the Producer takes: this sink skips the
+            # Kafka lane, as a sink with an outbox or telemetry does.
+            sink = foreach_batch_sink(url, topic, send_timeout=30.0)
+            started = time.perf_counter()
+            with via_cpu:
+                report = sink(df, 1000 + round_)
+            via_producer.append(args.rows / (time.perf_counter() - started))
+            if report.confirmed != args.rows:
+                raise RuntimeError(f"the sink confirmed {report.confirmed} of {args.rows}")
+            for meter in (spark_cpu, sink_cpu, via_cpu):
+                if round_:
+                    meter.rows += args.rows
+                else:  # the warm-up round's CPU is not counted either
+                    meter.seconds.clear()
             print(
                 f"  round {round_}{' (warm-up)' if not round_ else ''}: "
                 f"raw {raw[-1]:>9,.0f}   raw + ids {raw_ids[-1]:>9,.0f}   "
                 f"producer {producer_rates[-1]:>9,.0f}   spark {spark_rates[-1]:>9,.0f}   "
-                f"sink {sink_rates[-1]:>9,.0f} rows/s",
+                f"sink {sink_rates[-1]:>9,.0f}   via Producer {via_producer[-1]:>9,.0f} rows/s",
                 flush=True,
             )
             if not round_:
@@ -259,6 +345,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 producer_rates.clear()
                 spark_rates.clear()
                 sink_rates.clear()
+                via_producer.clear()
 
         # What a DataFrame with no rows looks like to the optimizer (an empty local
         # relation): no Spark job is needed.
@@ -299,6 +386,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "empty_ms": statistics.median(empty) * 1000,
         "empty_scan_ms": statistics.median(filtered_empty) * 1000,
         "bare_job_ms": statistics.median(bare) * 1000,
+        "via_producer_best": max(via_producer),
+        "ratio_via_producer": max(via_producer) / max(spark_rates),
+        "cpu_us_per_row": {
+            "spark": spark_cpu.per_row_us(),
+            "sink": sink_cpu.per_row_us(),
+            "via Producer": via_cpu.per_row_us(),
+        },
     }
     print(f"{args.rows:,} rows on local[{args.cores}], Kafka {url}")
     print(
@@ -309,6 +403,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"  raw + a replay-stable id per row        {figures['raw_ids_best']:>10,.0f} rows/s (best)"
     )
     print(f"  msgsafe foreach_batch_sink              {figures['sink_best']:>10,.0f} rows/s (best)")
+    print(
+        f"  the sink through the Producer (no lane) {figures['via_producer_best']:>10,.0f} rows/s "
+        f"(best; / Spark's sink {figures['ratio_via_producer']:.2f})"
+    )
     print(
         f"  msgsafe Producer in foreachPartition    {figures['producer_best']:>10,.0f} rows/s "
         "(best)"
@@ -326,6 +424,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"  empty batch (a scan that finds none)    {figures['empty_scan_ms']:>10.1f} ms (median)"
     )
     print(f"  bare Spark job on that scan             {figures['bare_job_ms']:>10.1f} ms (median)")
+    for writer, kinds in figures["cpu_us_per_row"].items():
+        spent = "   ".join(f"{kind} {us:.2f}" for kind, us in kinds.items())
+        total = sum(kinds.values())
+        print(f"  CPU per row, {writer:<12} (µs)  {spent}   all {total:.2f}")
     return figures
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from msgsafe.errors import ClosedError, InvalidMessage
 from msgsafe.spark import producers
 from msgsafe.spark.ids import ContentIds, key_id
+from msgsafe.spark.kafka_lane import publish_lane
 from msgsafe.spark.partition import (
     PartitionPlan,
     PartitionResult,
@@ -90,9 +91,10 @@ def _rows(batches: Iterable[Any]) -> Iterator[tuple[object, ...]]:
         yield from zip(*(column.to_pylist() for column in batch.columns), strict=True)
 
 
-def _bytes_column(column: Any, what: str, offset: int, nullable: bool) -> list[Any]:
-    """A string or binary Arrow column as a list of bytes (None where null)."""
+def _binary_column(column: Any, what: str, offset: int, nullable: bool) -> Any:
+    """A string or binary Arrow column as binary (a cast without a copy), checked."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     kind = column.type
     if pa.types.is_string(kind):
@@ -101,9 +103,15 @@ def _bytes_column(column: Any, what: str, offset: int, nullable: bool) -> list[A
         column = column.cast(pa.large_binary())
     elif not (pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
         raise InvalidMessage(f"{what} must be binary or string, not {kind}")
-    values: list[Any] = column.to_pylist()
     if column.null_count and not nullable:
-        raise InvalidMessage(f"row {offset + values.index(None)}: {what} is null")
+        first = pc.index(pc.is_null(column), True).as_py()
+        raise InvalidMessage(f"row {offset + first}: {what} is null")
+    return column
+
+
+def _bytes_column(column: Any, what: str, offset: int, nullable: bool) -> list[Any]:
+    """A string or binary Arrow column as a list of bytes (None where null)."""
+    values: list[Any] = _binary_column(column, what, offset, nullable).to_pylist()
     return values
 
 
@@ -120,12 +128,22 @@ def publish_batches(
     :func:`~msgsafe.spark.partition.publish_partition` does if any is not."""
     if plan.headers:
         return publish_partition(plan, batch_id, partition, _rows(batches), attempt=attempt)
+    value_what = f"column {plan.value_name!r}"
+    if plan.kafka_lane:
+
+        def binary_columns(batch: Any, offset: int) -> tuple[Any, Any | None]:
+            values = _binary_column(batch.column(plan.value_index), value_what, offset, False)
+            if plan.key_index is None:
+                return values, None
+            keys = _binary_column(batch.column(plan.key_index), "the key column", offset, True)
+            return values, keys
+
+        return publish_lane(plan, batch_id, partition, batches, binary_columns, attempt)
     sender: PartitionSender | None = None
     destination = plan.destination
     content_ids = (
         None if plan.id_indexes is not None else ContentIds(destination, batch_id, partition)
     )
-    value_what = f"column {plan.value_name!r}"
     chunk = max(1, plan.chunk_rows)
     offset = 0
     started = time.monotonic()

@@ -37,6 +37,7 @@ __all__ = [
     "PartitionSender",
     "empty_result",
     "publish_partition",
+    "task_failed",
 ]
 
 log = logging.getLogger("msgsafe.spark")
@@ -72,6 +73,8 @@ class PartitionPlan:
     chunk_rows: int = 1_000
     #: Longest wait for one receipt once the partition is read (then SendTimeout).
     receipt_timeout: float = 120.0
+    #: Publish Arrow batches through :mod:`msgsafe.spark.kafka_lane` (Kafka, no outbox).
+    kafka_lane: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,18 +229,10 @@ class PartitionSender:
         self.settle_all()
         tally = self.tally
         if tally.error is not None:
-            error = tally.error
-            plan = self.plan
-            note = (
-                f"msgsafe Spark sink: batch {self.batch_id} partition {self.partition} "
-                f"attempt {self.attempt} to {plan.target} {plan.destination!r}: {self.count} "
-                f"rows sent, {tally.confirmed} confirmed, {tally.stored} stored, "
-                f"{tally.failed} failed; the task fails so that Spark retries it with the "
-                "same message ids"
+            counts = (self.count, tally.confirmed, tally.stored, tally.failed)
+            raise task_failed(
+                tally.error, self.plan, self.batch_id, self.partition, self.attempt, counts
             )
-            log.warning("%s: %s", note, error)
-            error.add_note(note)
-            raise error
         return PartitionResult(
             partition=self.partition,
             attempt=self.attempt,
@@ -246,6 +241,28 @@ class PartitionSender:
             stored=tally.stored,
             seconds=time.monotonic() - self.started,
         )
+
+
+def task_failed(
+    error: BaseException,
+    plan: PartitionPlan,
+    batch_id: int,
+    partition: int,
+    attempt: int,
+    counts: tuple[int, int, int, int],
+) -> BaseException:
+    """``error`` with a note of what the attempt did (rows sent, confirmed, stored,
+    failed: ``counts``), logged: the task fails so that Spark retries it."""
+    sent, confirmed, stored, failed = counts
+    note = (
+        f"msgsafe Spark sink: batch {batch_id} partition {partition} attempt {attempt} to "
+        f"{plan.target} {plan.destination!r}: {sent} rows sent, {confirmed} confirmed, "
+        f"{stored} stored, {failed} failed; the task fails so that Spark retries it with "
+        "the same message ids"
+    )
+    log.warning("%s: %s", note, error)
+    error.add_note(note)
+    return error
 
 
 def empty_result(partition: int, attempt: int, started: float) -> PartitionResult:

@@ -131,6 +131,25 @@ def test_column_ids_equal_row_ids() -> None:
     ]
 
 
+@pytest.mark.parametrize("kind", [pa.binary(), pa.large_binary(), pa.string()])
+def test_arrow_ids_equal_row_ids_across_batches(kind: pa.DataType) -> None:
+    """The Kafka lane's ids (bytes, from Arrow columns) are the row path's, including
+    ranks of identical rows that span two record batches and null keys."""
+    values = [b"a", b"b", b"a", b"", b"a", b"b", b"a", b"c"]
+    keys = [None, b"k", None, b"", b"k", b"k", None, None]
+    rows = ContentIds("events", 7, 1)
+    expected = [rows.next_id(v, k, {}) for v, k in zip(values, keys, strict=True)]
+    bulk = ContentIds("events", 7, 1)
+    got: list[bytes] = []
+    for start, stop in ((0, 3), (3, 8)):
+        column = pa.array(values[start:stop], pa.binary()).cast(kind)
+        key_column = pa.array(keys[start:stop], pa.binary()).cast(kind)
+        got += bulk.arrow_ids(column, key_column)
+    assert [i.decode() for i in got] == expected
+    no_keys = ContentIds("events", 7, 1).arrow_ids(pa.array([b"a"], kind), None)
+    assert no_keys == [b"42ca3673-15ad-8670-bc08-6f2ba242ff19"]  # the pinned row-path id
+
+
 def test_binary_columns_and_a_null_value_in_a_later_batch(broker: MemoryBroker) -> None:
     plan = plan_for(broker, value_is_text=False, key_is_text=False, key_index=None)
     schema = pa.schema([("value", pa.binary())])

@@ -310,6 +310,26 @@ def test_plan_selects_each_column_once_and_maps_positions() -> None:
 
 
 @pytest.mark.parametrize(
+    ("url", "kwargs", "lane"),
+    [
+        ("kafka://b:9092", {}, True),
+        ("kafka://b:9092", {"key_col": "user", "id_cols": "n", "linger_ms": 5.0}, True),
+        ("kafka://b:9092", {"outbox": True}, False),  # failed rows are stored one by one
+        ("kafka://b:9092", {"telemetry": True}, False),  # spans need the Producer
+        ("kafka://b:9092", {"header_cols": ("trace",)}, False),  # an envelope per row
+        ("amqp://b:5672", {}, False),
+        ("memory://x", {}, False),
+    ],
+)
+def test_plan_takes_the_kafka_lane_only_where_it_keeps_the_promise(
+    url: str, kwargs: dict[str, object], lane: bool
+) -> None:
+    """Without an outbox a Kafka sink needs counted confirms, not receipts per row."""
+    sink = foreach_batch_sink(url, "q", value_col="payload", **kwargs)  # type: ignore[arg-type]
+    assert sink.plan(SCHEMA)[1].kafka_lane is lane
+
+
+@pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
         ({"value_col": "n"}, InvalidMessage, "value_col 'n' has type bigint"),
