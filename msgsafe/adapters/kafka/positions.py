@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from msgsafe.adapters._config import build_config
 from msgsafe.adapters.kafka.config import KafkaOptions, consumer_settings
@@ -44,6 +44,34 @@ def _partitions(consumer: Any, topic: str, timeout: float) -> list[int]:
         time.sleep(min(0.2, left))  # polling the metadata with a deadline
 
 
+#: Commit errors of a coordinator that is moving or loading (a broker just restarted):
+#: asked again until the deadline.
+_COORDINATOR_BUSY = frozenset(
+    {
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+    }
+)
+
+
+def _commit_at_zero(consumer: Any, topic: str, partitions: list[int], deadline: float) -> None:
+    offsets = [TopicPartition(topic, p, 0) for p in partitions]
+    while True:
+        try:
+            consumer.commit(offsets=offsets, asynchronous=False)
+            return
+        except KafkaException as exc:
+            error = exc.args[0]
+            busy = error.code() in _COORDINATOR_BUSY or error.retriable()
+            left = deadline - time.monotonic()
+            if not busy or left <= 0:
+                raise
+            time.sleep(min(0.2, left))  # polling the coordinator with a deadline
+
+
 def start_group_at_beginning(
     url: BrokerUrl, topic: str, group: str, *, timeout: float = 30.0
 ) -> None:
@@ -60,9 +88,7 @@ def start_group_at_beginning(
         partitions = _partitions(consumer, topic, timeout)
         if not partitions:
             raise ConnectError(f"no partitions of topic {topic!r} in the cluster's metadata")
-        consumer.commit(
-            offsets=[TopicPartition(topic, p, 0) for p in partitions], asynchronous=False
-        )
+        _commit_at_zero(consumer, topic, partitions, time.monotonic() + timeout)
     except KafkaException as exc:
         raise ConnectError(
             f"could not set where group {group!r} starts on {topic!r}: {exc.args[0]}"
