@@ -93,12 +93,19 @@ class OutboxMachine(RuleBasedStateMachine):
     def predicted_claim(self, limit: int) -> list[str]:
         now = self.clock.now
         blocked: set[bytes] = set()
+        # A key with a row under an unexpired lease gives nothing, even a row before it
+        # that was released meanwhile: sent now, it could arrive after the leased one.
+        held = {
+            r.key
+            for r in self.rows
+            if r.key is not None and r.message_id in self.leased and r.ready_at > now
+        }
         out: list[str] = []
         for row in self.rows:
             if len(out) >= limit:
                 break
             ready = row.ready_at <= now
-            if row.key is not None and (row.key in blocked or not ready):
+            if row.key is not None and (row.key in blocked or row.key in held or not ready):
                 if not ready:
                     blocked.add(row.key)
                 continue
