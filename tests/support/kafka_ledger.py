@@ -7,7 +7,11 @@ import collections
 import collections.abc
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
+from typing import Any
+
+import confluent_kafka
 
 from msgsafe.adapters.kafka import open_receiver
 from msgsafe.adapters.kafka.positions import start_group_at_beginning
@@ -91,6 +95,19 @@ def consume_until(
     finally:
         receiver.close()
     return received
+
+
+def earliest_consumer(bootstrap: str, group_prefix: str) -> Any:
+    """A raw confluent-kafka consumer in a new group that reads from the earliest offset
+    and commits nothing: what a checking test uses to see records as any client does."""
+    return confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"{group_prefix}-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
 
 
 def start_group_at_zero(url: str, topic: str, group: str) -> None:

@@ -20,6 +20,7 @@ from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.compat import confluent_kafka as wrapped_ck
 from msgsafe.message import MESSAGE_ID_HEADER
 from tests.integration.compat.differential import Side, differ
+from tests.support.kafka_ledger import earliest_consumer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -61,14 +62,7 @@ def _topic(cluster: KafkaCluster, partitions: int = 3) -> str:
 def _consume(cluster: KafkaCluster, topic: str, count: int) -> list[Any]:
     """The first ``count`` records of ``topic`` (in partition order) as a real consumer
     sees them: value, key and headers."""
-    consumer = real_ck.Consumer(
-        {
-            "bootstrap.servers": cluster.bootstrap,
-            "group.id": f"diff-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
+    consumer = earliest_consumer(cluster.bootstrap, "diff")
     consumer.subscribe([topic])
     records: list[Any] = []
     deadline = time.monotonic() + 60

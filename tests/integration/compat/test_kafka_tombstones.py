@@ -13,13 +13,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import confluent_kafka as real_ck
 import pytest
 
 import msgsafe
 from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.compat import confluent_kafka
 from msgsafe.message import MESSAGE_ID_HEADER
+from tests.support.kafka_ledger import earliest_consumer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -34,14 +34,7 @@ def _nowhere() -> str:
 def _consume(cluster: KafkaCluster, topic: str, ids: set[str]) -> dict[str, Any]:
     """Value by msgsafe id of every record of ``topic`` until all ``ids`` arrived (60 s),
     with every id seen more than once listed under ``"dups"``."""
-    consumer = real_ck.Consumer(
-        {
-            "bootstrap.servers": cluster.bootstrap,
-            "group.id": f"tomb-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
+    consumer = earliest_consumer(cluster.bootstrap, "tomb")
     consumer.subscribe([topic])
     values: dict[str, Any] = {}
     dups: list[str] = []
