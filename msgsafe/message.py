@@ -47,9 +47,6 @@ _uuid7_lock = threading.Lock()
 #: The last sub-millisecond counter value taken (unix ms << 12 | counter).
 _uuid7_last = 0
 
-#: Milliseconds a thread's pool of ids is used for (see new_message_id).
-_POOL_MS = 10
-
 #: Largest pool of ids a thread makes at once (its pool grows while it runs dry within
 #: a millisecond and shrinks to what it used when the millisecond turns).
 _ID_POOL_MAX = 1024
@@ -61,7 +58,7 @@ _NOISE_CHUNK = 4096
 
 
 class _IdPool(threading.local):
-    """One thread's ids: made by new_message_ids, used for _POOL_MS milliseconds."""
+    """One thread's ids: made by new_message_ids, used within their millisecond."""
 
     def __init__(self) -> None:
         self.ms = -1
@@ -99,17 +96,13 @@ def new_message_id() -> str:
     """A UUIDv7 string: time ordered, unique across processes, monotonic within a thread.
 
     NOTE: the stdlib gains uuid7 only in 3.14. Each thread takes its ids from its own
-    pool, made by :func:`new_message_ids` and used for at most :data:`_POOL_MS`
-    milliseconds (so an id's time is never more than that older than the clock's, and
-    never ahead of it but for the sub-millisecond counter): one id costs a clock read and
-    a ``deque.popleft``. A pool kept for one millisecond only was refilled on every call
-    of a sender that waits for each confirm (about a millisecond apart), a cost larger
-    than the rest of the wrapper's blocking publish. No lock is shared on this path: a
-    lock held across the refill's ``os.urandom`` (which releases the GIL) made every
-    sending thread queue behind it.
+    pool, made by :func:`new_message_ids` and used only within its millisecond (so an
+    id never carries an older time than the clock's): one id costs a clock read and a
+    ``deque.popleft``. No lock is shared on this path: a lock held across the refill's
+    ``os.urandom`` (which releases the GIL) made every sending thread queue behind it.
     """
     pool = _id_pool
-    if 0 <= time.time_ns() // 1_000_000 - pool.ms < _POOL_MS:
+    if time.time_ns() // 1_000_000 == pool.ms:
         try:
             return pool.ids.popleft()
         except IndexError:
@@ -119,8 +112,8 @@ def new_message_id() -> str:
 
 def _refill_ids(pool: _IdPool) -> str:
     now_ms = time.time_ns() // 1_000_000
-    if 0 <= now_ms - pool.ms < _POOL_MS:
-        # Ran dry within the pool's time: make more next time.
+    if now_ms == pool.ms:
+        # Ran dry within the millisecond: make more next time.
         pool.size = min(pool.size * 2, _ID_POOL_MAX)
     else:
         used = pool.size - len(pool.ids)
