@@ -157,15 +157,17 @@ class BlockingChannel(ClosesOnExit, _blocking.BlockingChannel):  # type: ignore[
         ``pipelined=True`` it returns at once and raises the failures of *earlier*
         messages instead.
         """
-        self._check_open()
+        if self._closed or self._conn._closed:  # _check_open, inlined: runs per message
+            raise pe.ChannelWrongStateError("Channel is closed.")
         pipelined = self._conn.pipelined
         if pipelined:
             self._raise_failures()
-        if isinstance(body, str):
-            body = body.encode("utf-8")
-        if not isinstance(body, (bytes, bytearray, memoryview)):
-            raise TypeError(f"body must be bytes or str, not {type(body).__name__}")
-        body = bytes(body)
+        if type(body) is not bytes:
+            if isinstance(body, str):
+                body = body.encode("utf-8")
+            if not isinstance(body, (bytes, bytearray, memoryview)):
+                raise TypeError(f"body must be bytes or str, not {type(body).__name__}")
+            body = bytes(body)
         props = properties if properties is not None else BasicProperties()
         message_id = props.message_id or new_message_id()
         blocking = not pipelined and self._held is None
