@@ -65,6 +65,7 @@ from msgsafe.compat._kafka_config import (
     options_for,
     translate_config,
 )
+from msgsafe.compat._kafka_direct import DIRECT, SAFE, SWITCHING, DirectLane, DirectReport, Parked
 from msgsafe.compat._kafka_report import (
     OFFSET_INVALID,
     PARTITION_UA,
@@ -77,7 +78,7 @@ from msgsafe.compat._kafka_report import (
 )
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError, InvalidMessage, MsgsafeError
-from msgsafe.message import Envelope, Receipt
+from msgsafe.message import MESSAGE_ID_HEADER, Envelope, Receipt, new_message_id
 from msgsafe.producer import Producer as _SafeProducer
 
 __all__ = [
@@ -174,9 +175,12 @@ def _error_listener(
     return listen
 
 
-def _close_quietly(producer: _SafeProducer | None, timeout: float) -> None:
+def _close_quietly(producer: _SafeProducer | None, lane: DirectLane | None, timeout: float) -> None:
     # At interpreter exit or garbage collection: sends in flight get their chance to be
     # confirmed or stored; what is stored stays in the outbox for the next run.
+    if lane is not None:
+        with contextlib.suppress(Exception):
+            lane.close(timeout)
     if producer is not None:
         with contextlib.suppress(MsgsafeError):
             producer.close(timeout)
@@ -223,12 +227,30 @@ class Producer(ClosesOnExit):
         self._reports: queue.SimpleQueue[_Report | _Wake] = queue.SimpleQueue()
         #: librdkafka's error events waiting for error_cb (served by poll()/flush()).
         self._errors: deque[KafkaError] = deque(maxlen=_ERRORS_MAX)
-        listen = getattr(getattr(producer, "_transport", None), "listen_errors", None)
-        if translated.error_cb is not None and listen is not None:
-            # NOTE: the transport's librdkafka client sees the same connection events as
-            # confluent-kafka's would; error_cb gets them, from poll()/flush() as there.
-            listen(_error_listener(self._errors, self._reports))
         self._lock = threading.Lock()
+        listener = None
+        if translated.error_cb is not None:
+            listener = _error_listener(self._errors, self._reports)
+        self._lane: DirectLane | None = None
+        if producer is not None and _url is None:
+            try:
+                self._lane = DirectLane(target, options, producer.outbox, self._lock, listener)
+            except BaseException:
+                producer.close(0)
+                raise
+            if producer.pending() > 0:
+                # NOTE: rows of an earlier run wait in the outbox: their keys must not be
+                # overtaken, so start on the safe path and come back once it drained.
+                self._lane.state = SAFE
+        elif listener is not None:
+            listen = getattr(getattr(producer, "_transport", None), "listen_errors", None)
+            if listen is not None:
+                # NOTE: the transport's librdkafka client sees the same connection events
+                # as confluent-kafka's would; error_cb gets them from poll()/flush().
+                listen(listener)
+        #: Safe-path produces so far (under _lock): the lane's return check compares it.
+        self._safe_sent = 0
+        self._next_check = 0.0  #: monotonic() of the next look at going back to the lane
         self._served = threading.Condition(self._lock)
         self._flushing = 0  #: flush() calls waiting on _served (reads need no lock)
         self._unreported = 0
@@ -237,7 +259,9 @@ class Producer(ClosesOnExit):
         self._closed = False
         self._admin: Any = None
         self._warned: set[str] = set()
-        self._finalizer = weakref.finalize(self, _close_quietly, producer, self._confirm_timeout)
+        self._finalizer = weakref.finalize(
+            self, _close_quietly, producer, self._lane, self._confirm_timeout
+        )
 
     # --- producing ----------------------------------------------------------------------
 
@@ -283,10 +307,68 @@ class Producer(ClosesOnExit):
             record, header_map = record_headers(headers)
         else:
             record, header_map = [], None
+        cb = on_delivery or callback or self._config.on_delivery
+        lane = self._lane
+        if (
+            lane is not None
+            and type(topic) is str
+            and topic
+            and topic.isascii()
+            and (
+                len(body or b"") + (0 if key_bytes is None else len(key_bytes)) <= lane.size_limit
+                if not record
+                else not lane.too_large(topic, body, key_bytes, header_map)
+            )
+        ):
+            # The direct lane (see _kafka_direct): the adapter's record, id header first.
+            produced: list[tuple[str, Any]] = [(MESSAGE_ID_HEADER, new_message_id())]
+            if record:
+                produced.extend(h for h in record if h[0] != MESSAGE_ID_HEADER)
+            refused: KafkaError | None = None
+            with self._lock:
+                state = lane.state
+                if state == DIRECT:
+                    lane.seq = seq = lane.seq + 1
+                    # produce(topic, value, key, partition (-1: by key), on_delivery,
+                    # callback, timestamp (0: now), headers): positional, as the adapter.
+                    try:
+                        lane.rk.produce(
+                            topic,
+                            body,
+                            key_bytes,
+                            -1,
+                            DirectReport(lane, cb, seq, produced),
+                            None,
+                            0,
+                            produced,
+                        )
+                        return
+                    except KafkaException as exc:
+                        refused = exc.args[0]
+                elif state == SWITCHING:
+                    if self._unreported >= self._config.queue_max:
+                        raise BufferError("Local: Queue full (serve delivery reports with poll())")
+                    self._unreported += 1
+                    self._safe_sent += 1
+                    lane.parked.append((topic, body, key_bytes, record, header_map, cb))
+                    return
+            if refused is not None and refused.fatal():
+                # rk is done for: its messages go to the outbox before this one goes on.
+                lane.broken = lane.down = True
+                self._switch()
         with self._lock:
             if self._unreported >= self._config.queue_max:
                 raise BufferError("Local: Queue full (serve delivery reports with poll())")
             self._unreported += 1
+            self._safe_sent += 1
+        self._send_safe((topic, body, key_bytes, record, header_map, cb))
+
+    def _send_safe(self, item: Parked) -> None:
+        """Send one counted message on the safe path (msgsafe's Producer); it is
+        reported through the receipt future. NOTE: a message the lane's rk refused
+        (too large for librdkafka, an unknown topic) also comes here: the safe path
+        fails it as it always did."""
+        topic, body, key_bytes, record, header_map, cb = item
         try:
             # Types are checked above: the envelope's own checks are the ones left (the
             # topic), and without headers it takes Envelope.build's short path.
@@ -304,17 +386,38 @@ class Producer(ClosesOnExit):
             raise
         # The report is the future's done callback itself: no closure per message.
         future.add_done_callback(
-            _Report(
-                self,
-                on_delivery or callback or self._config.on_delivery,
-                topic,
-                body,
-                key_bytes,
-                record,
-                envelope.message_id,
-                future,
-            )
+            _Report(self, cb, topic, body, key_bytes, record, envelope.message_id, future)
         )
+
+    def _send_parked(self, item: Parked) -> None:
+        # A produce made while the lane switched, counted then: its errors reach its
+        # callback (the produce() that parked it has returned).
+        try:
+            self._send_safe(item)
+        except (KafkaException, MsgsafeError) as exc:
+            err = exc.args[0] if isinstance(exc, KafkaException) else kafka_error(exc)
+            self._fail_local(item, err)
+
+    def _fail_local(self, item: Parked, err: KafkaError) -> None:
+        topic, body, key_bytes, record, _, cb = item
+        msg = DeliveredMessage(
+            topic=topic,
+            value=body,
+            key=key_bytes,
+            headers=record,
+            message_id="",
+            status=None,
+            error=err,
+        )
+        lane = self._lane
+        if lane is not None:
+            with self._lock:
+                lane.deferred += 1
+            lane.ready.append((cb, err, msg))
+
+    def _switch(self) -> None:
+        if self._lane is not None:
+            self._lane.switch(self._send_parked)
 
     def _arrived(self, report: _Report) -> None:
         self._reports.put(report)
@@ -393,6 +496,74 @@ class Producer(ClosesOnExit):
         """Serve delivery callbacks, waiting up to ``timeout`` seconds for the first
         (None or a negative value: until one arrives). Returns how many were served."""
         self._check_open()
+        lane = self._lane
+        if lane is None:
+            return self._poll_queue(timeout)
+        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+        wait = 0.0
+        while True:
+            if lane.state == DIRECT and not self._unreported:
+                # Only rk has reports to come: wait in librdkafka, as the real client.
+                served = self._lane_round(wait)
+                served += self._poll_queue(0) if self._errors else 0
+            else:
+                served = self._lane_round(0)
+                served += self._poll_queue(wait)
+            if served:
+                return served
+            left = _FLUSH_SLICE_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return 0
+            wait = min(left, _LANE_SLICE_S)
+
+    def _lane_round(self, timeout: float) -> int:
+        """rk's reports (waiting up to ``timeout``), the switch when one failed, the
+        callbacks of stored messages, and now and then a look at going back to the
+        lane. Returns the number served."""
+        lane = self._lane
+        assert lane is not None
+        served = lane.rk.poll(timeout) if lane.state != SAFE or timeout == 0 else 0
+        if lane.wants_switch:
+            self._switch()
+        if lane.ready:
+            served += lane.serve_ready()
+            self._notify_served()
+        if lane.state == SAFE:
+            self._maybe_direct(lane)
+        lane.reraise()
+        return int(served)
+
+    def _maybe_direct(self, lane: DirectLane) -> None:
+        """Back to the lane once the safe path holds nothing of this wrapper and the
+        outbox is empty (looked at every _BACK_EVERY_S, not per message).
+
+        NOTE: the outbox is asked between two looks under the lock that see no
+        unreported message and no new safe-path produce. A stored message is reported
+        only after its row was committed, so every row of ours was in the store before
+        the first look; ``pending() == 0`` after it means all were forwarded. A produce
+        after the switch back goes to rk, and cannot overtake a row of its key."""
+        now = time.monotonic()
+        if now < self._next_check or lane.broken or now < lane.down_until:
+            return
+        self._next_check = now + _BACK_EVERY_S
+        safe = self._producer
+        with self._lock:
+            if self._unreported or lane.deferred or safe is None:
+                return
+            sent = self._safe_sent
+        if safe.pending() > 0:
+            return
+        with self._lock:
+            if not self._unreported and not lane.deferred and self._safe_sent == sent:
+                lane.state = DIRECT
+
+    def _notify_served(self) -> None:
+        if self._flushing:
+            with self._served:
+                self._served.notify_all()
+
+    def _poll_queue(self, timeout: float | None) -> int:
+        """Serve the safe path's reports and error events (see :meth:`poll`)."""
         if self._held:
             self._fail_held(time.monotonic(), _no_brokers)
             if self._held and (timeout is None or timeout < 0 or timeout > _FLUSH_SLICE_S):
@@ -474,10 +645,16 @@ class Producer(ClosesOnExit):
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         if self._errors:
             self._serve_errors()
+        lane = self._lane
         while len(self) > 0:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return len(self)
+            if lane is not None and len(lane.rk):
+                # rk sends what lingers now and serves its reports here.
+                lane.rk.flush(_LANE_SLICE_S if left is None else min(left, _LANE_SLICE_S))
+                self._lane_round(0)
+                continue
             if self.poll(0) == 0:
                 # Another thread may hold the last reports: wait for a report to be
                 # served anywhere (or to arrive), never on the queue alone.
@@ -530,8 +707,11 @@ class Producer(ClosesOnExit):
 
     def __len__(self) -> int:
         """Messages produced whose delivery callback has not been served yet."""
+        lane = self._lane
         with self._lock:
-            return self._unreported
+            if lane is None:
+                return self._unreported
+            return self._unreported + lane.deferred + len(lane.rk)
 
     def __bool__(self) -> bool:
         # NOTE: without this, ``if producer:`` would be False whenever len() is 0.
@@ -562,7 +742,7 @@ class Producer(ClosesOnExit):
             self.flush(timeout)
             self._closed = True
             self._finalizer.detach()
-            _close_quietly(self._producer, timeout)
+            _close_quietly(self._producer, self._lane, timeout)
         return True
 
     @property
@@ -577,6 +757,10 @@ class Producer(ClosesOnExit):
 
 #: Longest single wait of flush() for a report served by another thread.
 _FLUSH_SLICE_S = 0.05
+#: Longest single wait in rk (poll, flush) between looks at the switch and the queue.
+_LANE_SLICE_S = 0.1
+#: Seconds between looks at going back to the direct lane.
+_BACK_EVERY_S = 0.5
 
 
 class _Unsent(MsgsafeError):
