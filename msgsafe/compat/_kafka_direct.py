@@ -48,7 +48,7 @@ from msgsafe.errors import OutboxError, TransientError
 from msgsafe.message import MESSAGE_ID_HEADER, Envelope, Status
 from msgsafe.ports import OutboxStore
 
-__all__ = ["DIRECT", "SAFE", "SWITCHING", "DirectLane", "DirectReport"]
+__all__ = ["CLOSED", "DIRECT", "SAFE", "SWITCHING", "DirectLane", "DirectReport"]
 
 log = logging.getLogger("msgsafe.compat")
 
@@ -56,11 +56,14 @@ log = logging.getLogger("msgsafe.compat")
 DIRECT = 0  #: into rk
 SWITCHING = 1  #: parked, while rk's messages move to the outbox
 SAFE = 2  #: through msgsafe's Producer (outbox barrier, per-key order)
+CLOSED = 3  #: the wrapper is closed: produce() raises
 
 #: Seconds of one poll of rk while the switch waits for it to hold nothing.
 _DRAIN_POLL_S = 0.05
 #: Seconds after librdkafka's last "all brokers down" during which the lane stays off.
 _DOWN_HOLD_S = 2.0
+#: Topics the lane remembers as checked (a set that does not grow without bound).
+_TOPICS_MAX = 1024
 
 _CONFIRMED = Status.CONFIRMED.value.encode()
 _FAILED = b"failed"
@@ -199,6 +202,8 @@ class DirectLane:
         #: Exceptions of user callbacks run inside rk.poll(), raised once it returned.
         self.raised: deque[BaseException] = deque()
         self.parked: list[Parked] = []
+        #: Topics produce() sends to without looking at them again (see takes()).
+        self.topics: set[str] = set()
         #: monotonic() until which the brokers count as down (the lane stays off).
         self.down_until = 0.0
         self.down = False  #: set by librdkafka's error events: switch at the next poll
@@ -249,6 +254,18 @@ class DirectLane:
         path, which fails it as the adapter does)."""
         envelope = Envelope.build(topic, body, key=key, headers=headers or None)
         return size_error(envelope, self.size_limit, self.target) is not None
+
+    def takes(self, topic: str) -> bool:
+        """Whether ``topic`` is one the lane produces to as it is (a non-empty ASCII
+        name: others take the safe path, which checks them as it always did); one
+        that is goes to :attr:`topics`, which produce() looks up first."""
+        if topic in self.topics:
+            return True
+        if not topic or not topic.isascii():
+            return False
+        if len(self.topics) < _TOPICS_MAX:
+            self.topics.add(topic)
+        return True
 
     @property
     def wants_switch(self) -> bool:
@@ -366,7 +383,7 @@ class DirectLane:
         """At close or collection: give rk ``timeout`` to deliver, then move what it
         still holds (and what failed unserved) to the outbox; no callbacks run."""
         rk = self.rk
-        if self.state == DIRECT or len(rk):
+        if len(rk):
             rk.flush(max(0.0, timeout))
             if len(rk) and self.store is not None:
                 rk.purge(True, True, False)
