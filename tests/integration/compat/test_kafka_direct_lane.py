@@ -1,0 +1,81 @@
+"""The Kafka wrapper's direct lane on the real cluster: every broker killed while it
+produces keyed messages, then restarted. Nothing is lost, a key keeps its order, and
+the wrapper goes back to the lane once the outbox has drained."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from msgsafe.cluster.kafka import KafkaCluster
+from msgsafe.compat import confluent_kafka as ck
+from msgsafe.compat._kafka_direct import DIRECT, SAFE
+from tests.support.kafka_lab import heal, kill_all
+from tests.support.kafka_ledger import consume_until
+from tests.support.lane_ledger import LaneLedger
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+KEYS = 16
+BEFORE = 1_500  #: produced while the brokers are up (most still in librdkafka at the kill)
+DOWN = 1_500  #: produced while every broker is down
+AFTER = 1_000  #: produced after the restart, while the outbox may still drain
+LAST = 500  #: produced once the wrapper is back on the lane
+
+
+def _poll_until(producer: ck.Producer, done: object, seconds: float, what: str) -> float:
+    started = time.monotonic()
+    while not done():  # type: ignore[operator]
+        assert time.monotonic() - started < seconds, f"{what} within {seconds:.0f} s"
+        producer.poll(0.1)
+    return time.monotonic() - started
+
+
+def test_all_brokers_killed_while_the_lane_produces(
+    kafka: KafkaCluster, kafka_topic: str, tmp_path: Path
+) -> None:
+    ledger = LaneLedger()
+    producer = ck.Producer(
+        {
+            "bootstrap.servers": kafka.bootstrap,
+            "msgsafe.outbox": str(tmp_path / "outbox.sqlite3"),
+            "message.timeout.ms": 4000,
+            "linger.ms": 20,  # messages still in librdkafka when the brokers go
+        }
+    )
+    lane = producer._lane
+    assert lane is not None and lane.state == DIRECT
+    ledger.produce(producer, kafka_topic, BEFORE, keys=KEYS)
+    kill_all(kafka)
+    ledger.produce(producer, kafka_topic, DOWN, keys=KEYS)
+    switched = _poll_until(producer, lambda: lane.state == SAFE, 30, "switched to the outbox")
+    # flush() gives the outbox what is left of its timeout to forward: a short one.
+    assert producer.flush(5) == 0, ledger.summary("down")
+    assert producer.pending() > 0
+    stored = sum(1 for status in ledger.outcomes.values() if status == "stored")
+    assert stored > 0, ledger.summary("down")
+
+    healed = heal(kafka)
+    ledger.produce(producer, kafka_topic, AFTER, keys=KEYS)
+    back = _poll_until(
+        producer,
+        lambda: lane.state == DIRECT and len(producer) == 0,
+        120,
+        "back on the direct lane",
+    )
+    assert producer.pending() == 0
+    ledger.produce(producer, kafka_topic, LAST, keys=KEYS)
+    assert producer.flush(60) == 0
+    assert lane.state == DIRECT
+    producer.close()
+
+    consume_until(
+        kafka.url, kafka_topic, set(ledger.outcomes), deadline_s=90, on_delivery=ledger.record
+    )
+    print(
+        f"\n{ledger.summary('direct lane, all brokers killed')} switched {switched:.1f}s "
+        f"after the kill, healed in {healed:.1f}s, back on the lane {back:.1f}s later"
+    )
+    ledger.check("direct lane, all brokers killed")
