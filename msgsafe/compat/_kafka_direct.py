@@ -36,6 +36,7 @@ from confluent_kafka import Producer as _Rk
 from msgsafe.adapters._config import build_config, size_error
 from msgsafe.adapters.kafka._errors import translate
 from msgsafe.adapters.kafka.config import KafkaOptions, producer_settings
+from msgsafe.compat._kafka_queue import Parked
 from msgsafe.compat._kafka_report import (
     STATUS_HEADER,
     DeliveredMessage,
@@ -162,11 +163,6 @@ class DirectReport:
     def __repr__(self) -> str:
         status = "confirmed" if self._error is None else "failed"
         return f"DeliveredMessage(id={self.message_id()!r}, {status}, direct)"
-
-
-#: A produce made while the lane switches: (topic, value, key, record headers,
-#: msgsafe headers, callback), sent on the safe path once rk's messages are stored.
-Parked = tuple[str, bytes | None, bytes | None, RecordHeaders, dict[str, str] | None, Any]
 
 
 class DirectLane:
@@ -351,6 +347,23 @@ class DirectLane:
                 error=kerr,
             )
             self.ready.append((report._callback, kerr, msg))
+
+    def fail_local(self, item: Parked, err: KafkaError) -> None:
+        """A produce parked during the switch that the safe path refused: its callback
+        gets ``err`` from the next poll()/flush()."""
+        topic, body, key_bytes, record, _, callback = item
+        msg = DeliveredMessage(
+            topic=topic,
+            value=body,
+            key=key_bytes,
+            headers=record,
+            message_id="",
+            status=None,
+            error=err,
+        )
+        with self.lock:
+            self.deferred += 1
+        self.ready.append((callback, err, msg))
 
     def serve_ready(self) -> int:
         """Run the queued callbacks of stored / failed messages; what a callback raises

@@ -24,14 +24,9 @@ changes:
 from __future__ import annotations
 
 import contextlib
-import enum
-import queue
-import threading
 import time
 import weakref
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from msgsafe.errors import MissingExtra
@@ -59,7 +54,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from msgsafe.compat._common import ClosesOnExit, warn
 from msgsafe.compat._kafka_config import (
     DeliveryCallback,
-    ProducerConfig,
     check_with_librdkafka,
     merged_config,
     options_for,
@@ -72,7 +66,14 @@ from msgsafe.compat._kafka_direct import (
     SWITCHING,
     DirectLane,
     DirectReport,
+)
+from msgsafe.compat._kafka_queue import (
+    FLUSH_SLICE_S,
     Parked,
+    SafeReports,
+    as_bytes,
+    error_listener,
+    purged,
 )
 from msgsafe.compat._kafka_report import (
     OFFSET_INVALID,
@@ -85,8 +86,8 @@ from msgsafe.compat._kafka_report import (
     record_headers,
 )
 from msgsafe.endpoints import parse_url
-from msgsafe.errors import ConfigurationError, InvalidMessage, MsgsafeError
-from msgsafe.message import MESSAGE_ID_HEADER, Envelope, Receipt, new_message_id
+from msgsafe.errors import ConfigurationError, MsgsafeError
+from msgsafe.message import MESSAGE_ID_HEADER, new_message_id
 from msgsafe.producer import Producer as _SafeProducer
 
 __all__ = [
@@ -120,72 +121,6 @@ _Produced = list[tuple[str, str | bytes | None]]
 _CLOSED = "Producer has been closed"
 
 
-def _as_bytes(what: str, value: object) -> bytes | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    raise TypeError(f"{what} must be str or bytes, not {type(value).__name__}")
-
-
-class _Report:
-    """One produced message waiting for its delivery callback (a plain slotted class:
-    one is made per message, and a frozen dataclass costs twice as much to build)."""
-
-    __slots__ = ("callback", "future", "headers", "key", "message_id", "owner", "topic", "value")
-
-    def __init__(
-        self,
-        owner: Producer,
-        callback: DeliveryCallback | None,
-        topic: str,
-        value: bytes | None,
-        key: bytes | None,
-        headers: RecordHeaders,
-        message_id: str,
-        future: Future[Receipt],
-    ) -> None:
-        self.callback = callback
-        self.topic = topic
-        self.value = value
-        self.key = key
-        self.headers = headers
-        self.message_id = message_id
-        self.future = future
-        self.owner = owner
-
-    def __call__(self, _future: Future[Receipt]) -> None:
-        # The receipt future's done callback: queue this report for poll()/flush().
-        self.owner._arrived(self)
-
-
-class _Wake(enum.Enum):
-    """Put in the report queue when an error event arrives: poll() then serves error_cb."""
-
-    WAKE = 0
-
-
-#: librdkafka error events kept for error_cb while nobody polls (the oldest go first).
-_ERRORS_MAX = 1000
-
-
-def _error_listener(
-    errors: deque[KafkaError], reports: queue.SimpleQueue[_Report | _Wake]
-) -> Callable[[KafkaError], None]:
-    """The transport's error listener: queue the event for the next poll()/flush() (it
-    holds the queues, not the producer, so a dropped producer is still collected)."""
-
-    def listen(err: KafkaError) -> None:
-        wake = not errors
-        errors.append(err)
-        if wake:
-            reports.put(_Wake.WAKE)
-
-    return listen
-
-
 def _close_quietly(producer: _SafeProducer | None, lane: DirectLane | None, timeout: float) -> None:
     # At interpreter exit or garbage collection: sends in flight get their chance to be
     # confirmed or stored; what is stored stays in the outbox for the next run.
@@ -197,7 +132,7 @@ def _close_quietly(producer: _SafeProducer | None, lane: DirectLane | None, time
             producer.close(timeout)
 
 
-class Producer(ClosesOnExit):
+class Producer(ClosesOnExit, SafeReports):
     """A ``confluent_kafka.Producer`` that confirms with ``acks=all`` or stores in the outbox.
 
     ``Producer(config)``, ``Producer(**config)`` or both (keywords win), as
@@ -231,18 +166,11 @@ class Producer(ClosesOnExit):
                 producer = _SafeProducer(target, outbox=translated.outbox, **options)
         except ConfigurationError as exc:
             raise KafkaException(kafka_error(exc)) from exc
-        self._config: ProducerConfig = translated
+        SafeReports.__init__(self, translated, producer)
         self._on_delivery = translated.on_delivery
-        confirm_timeout = translated.options.get("confirm_timeout")
-        self._confirm_timeout = confirm_timeout if isinstance(confirm_timeout, float) else 10.0
-        self._producer = producer
-        self._reports: queue.SimpleQueue[_Report | _Wake] = queue.SimpleQueue()
-        #: librdkafka's error events waiting for error_cb (served by poll()/flush()).
-        self._errors: deque[KafkaError] = deque(maxlen=_ERRORS_MAX)
-        self._lock = threading.Lock()
         listener = None
         if translated.error_cb is not None:
-            listener = _error_listener(self._errors, self._reports)
+            listener = error_listener(self._errors, self._reports)
         self._lane: DirectLane | None = None
         if producer is not None and _url is None:
             try:
@@ -263,11 +191,6 @@ class Producer(ClosesOnExit):
         #: Safe-path produces so far (under _lock): the lane's return check compares it.
         self._safe_sent = 0
         self._next_check = 0.0  #: monotonic() of the next look at going back to the lane
-        self._served = threading.Condition(self._lock)
-        self._flushing = 0  #: flush() calls waiting on _served (reads need no lock)
-        self._unreported = 0
-        #: Without brokers: (deadline, future) of messages waiting to time out or be purged.
-        self._held: list[tuple[float, Future[Receipt]]] = []
         self._closed = False
         self._admin: Any = None
         self._warned: set[str] = set()
@@ -361,8 +284,8 @@ class Producer(ClosesOnExit):
                 "timestamp", "produce(timestamp=...) is ignored; the producer stamps the send time"
             )
         # value=None is a tombstone: the envelope carries the mark, Kafka gets a null value.
-        body = value if type(value) is bytes else _as_bytes("value", value)
-        key_bytes = key if key is None or type(key) is bytes else _as_bytes("key", key)
+        body = value if type(value) is bytes else as_bytes("value", value)
+        key_bytes = key if key is None or type(key) is bytes else as_bytes("key", key)
         record: RecordHeaders
         header_map: dict[str, str] | None
         if headers:
@@ -416,39 +339,13 @@ class Producer(ClosesOnExit):
             if refused is not None and refused.fatal():
                 # rk is done for: its messages go to the outbox before this one goes on.
                 lane.broken = lane.down = True
-                self._switch()
+                lane.switch(self._send_parked)
         with self._lock:
             if self._unreported >= self._config.queue_max:
                 raise BufferError("Local: Queue full (serve delivery reports with poll())")
             self._unreported += 1
             self._safe_sent += 1
         self._send_safe((topic, body, key_bytes, record, header_map, cb))
-
-    def _send_safe(self, item: Parked) -> None:
-        """Send one counted message on the safe path (msgsafe's Producer); it is
-        reported through the receipt future. NOTE: a message the lane's rk refused
-        (too large for librdkafka, an unknown topic) also comes here: the safe path
-        fails it as it always did."""
-        topic, body, key_bytes, record, header_map, cb = item
-        try:
-            # Types are checked above: the envelope's own checks are the ones left (the
-            # topic), and without headers it takes Envelope.build's short path.
-            envelope = Envelope.build(topic, body, key=key_bytes, headers=header_map or None)
-            safe = self._producer
-            future = self._hold(envelope) if safe is None else safe.send_envelope(envelope)
-        except InvalidMessage:
-            self._unreported_done()
-            raise
-        except MsgsafeError as exc:
-            self._unreported_done()
-            raise KafkaException(kafka_error(exc)) from exc
-        except BaseException:
-            self._unreported_done()
-            raise
-        # The report is the future's done callback itself: no closure per message.
-        future.add_done_callback(
-            _Report(self, cb, topic, body, key_bytes, record, envelope.message_id, future)
-        )
 
     def _send_parked(self, item: Parked) -> None:
         # A produce made while the lane switched, counted then: its errors reach its
@@ -457,44 +354,8 @@ class Producer(ClosesOnExit):
             self._send_safe(item)
         except (KafkaException, MsgsafeError) as exc:
             err = exc.args[0] if isinstance(exc, KafkaException) else kafka_error(exc)
-            self._fail_local(item, err)
-
-    def _fail_local(self, item: Parked, err: KafkaError) -> None:
-        topic, body, key_bytes, record, _, cb = item
-        msg = DeliveredMessage(
-            topic=topic,
-            value=body,
-            key=key_bytes,
-            headers=record,
-            message_id="",
-            status=None,
-            error=err,
-        )
-        lane = self._lane
-        if lane is not None:
-            with self._lock:
-                lane.deferred += 1
-            lane.ready.append((cb, err, msg))
-
-    def _switch(self) -> None:
-        if self._lane is not None:
-            self._lane.switch(self._send_parked)
-
-    def _arrived(self, report: _Report) -> None:
-        self._reports.put(report)
-        # NOTE: a flush() counts itself in before it looks at the queue, so one that
-        # missed this report sees _flushing here; without one, no lock per message.
-        if self._flushing:
-            with self._served:
-                self._served.notify_all()
-
-    def _hold(self, envelope: Envelope) -> Future[Receipt]:
-        # NOTE: librdkafka accepts a producer without brokers; its messages wait
-        # message.timeout.ms in the queue, then time out (or purge() fails them).
-        held: Future[Receipt] = Future()
-        with self._lock:
-            self._held.append((time.monotonic() + self._confirm_timeout, held))
-        return held
+            if self._lane is not None:
+                self._lane.fail_local(item, err)
 
     def produce_batch(
         self,
@@ -537,11 +398,6 @@ class Producer(ClosesOnExit):
                 queued += 1
         return queued
 
-    def _unreported_done(self, count: int = 1) -> None:
-        with self._lock:
-            self._unreported -= count
-            self._served.notify_all()
-
     def _warn_once(self, what: str, message: str) -> None:
         if what not in self._warned:
             self._warned.add(what)
@@ -572,7 +428,7 @@ class Producer(ClosesOnExit):
                 served += self._poll_queue(wait)
             if served:
                 return served
-            left = _FLUSH_SLICE_S if deadline is None else deadline - time.monotonic()
+            left = FLUSH_SLICE_S if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 return 0
             wait = min(left, _LANE_SLICE_S)
@@ -585,7 +441,7 @@ class Producer(ClosesOnExit):
         assert lane is not None
         served = lane.rk.poll(timeout) if lane.state != SAFE or timeout == 0 else 0
         if lane.wants_switch:
-            self._switch()
+            lane.switch(self._send_parked)
         if lane.ready:
             served += lane.serve_ready()
             self._notify_served()
@@ -617,80 +473,6 @@ class Producer(ClosesOnExit):
         with self._lock:
             if not self._unreported and not lane.deferred and self._safe_sent == sent:
                 lane.state = DIRECT
-
-    def _notify_served(self) -> None:
-        if self._flushing:
-            with self._served:
-                self._served.notify_all()
-
-    def _poll_queue(self, timeout: float | None) -> int:
-        """Serve the safe path's reports and error events (see :meth:`poll`)."""
-        if self._held:
-            self._fail_held(time.monotonic(), _no_brokers)
-            if self._held and (timeout is None or timeout < 0 or timeout > _FLUSH_SLICE_S):
-                timeout = _FLUSH_SLICE_S  # come back to time the held messages out
-        try:
-            if timeout is not None and timeout == 0:
-                first = self._reports.get_nowait()
-            else:
-                wait = None if timeout is None or timeout < 0 else timeout
-                first = self._reports.get(timeout=wait)
-        except queue.Empty:
-            return 0
-        served = 0
-        events = 0
-        report = first
-        try:
-            while True:
-                if report is _Wake.WAKE:
-                    events += self._serve_errors()
-                else:
-                    served += 1
-                    self._serve(report)
-                try:
-                    report = self._reports.get_nowait()
-                except queue.Empty:
-                    return served + events
-        finally:
-            # Counted once per poll, not per report; a report whose callback raised is
-            # served too.
-            self._unreported_done(served)
-
-    def _serve_errors(self) -> int:
-        # error_cb(err) for each queued event; what it raises propagates, as with
-        # confluent-kafka (the events before it count as served).
-        callback = self._config.error_cb
-        errors = self._errors
-        served = 0
-        while errors:
-            try:
-                err = errors.popleft()
-            except IndexError:  # another thread took the last one
-                break
-            served += 1
-            if callback is not None:
-                callback(err)
-        return served
-
-    def _serve(self, report: _Report) -> None:
-        exc = report.future.exception()
-        status = report.future.result().status if exc is None else None
-        error = kafka_error(exc) if exc is not None else None
-        if isinstance(exc, _Unsent):
-            error = KafkaError(exc.code, str(exc), retriable=False)
-        msg = DeliveredMessage(
-            topic=report.topic,
-            value=report.value,
-            key=report.key,
-            headers=report.headers,
-            message_id=report.message_id,
-            status=status,
-            error=error,
-        )
-        if report.callback is not None:
-            # NOTE: like confluent-kafka, an exception in the callback propagates out of
-            # poll()/flush(); the report counts as served (poll's finally).
-            report.callback(error, msg)
 
     def flush(self, timeout: float | None = None) -> int:
         """Serve callbacks until every produced message is reported, or ``timeout``.
@@ -724,7 +506,7 @@ class Producer(ClosesOnExit):
                     try:
                         waiting = self._unreported + (0 if lane is None else lane.deferred)
                         if waiting > 0 and self._reports.empty():
-                            self._served.wait(min(left or _FLUSH_SLICE_S, _FLUSH_SLICE_S))
+                            self._served.wait(min(left or FLUSH_SLICE_S, FLUSH_SLICE_S))
                     finally:
                         self._flushing -= 1
         left = self._confirm_timeout if deadline is None else deadline - time.monotonic()
@@ -741,19 +523,9 @@ class Producer(ClosesOnExit):
         confirmed or stored, and msgsafe never discards it."""
         self._check_open()
         if in_queue and self._held:
-            self._fail_held(None, _purged)
+            self._fail_held(None, purged)
         if self._producer is not None:
             self._warn_once("purge", "purge() drops nothing: produced messages stay safe")
-
-    def _fail_held(self, now: float | None, error: Callable[[], _Unsent]) -> None:
-        """Fail the held messages whose deadline is before ``now`` (None: all of them)."""
-        with self._lock:
-            due = [f for deadline, f in self._held if now is None or deadline <= now]
-            if not due:
-                return
-            self._held = [(d, f) for d, f in self._held if now is not None and d > now]
-        for future in due:
-            future.set_exception(error())
 
     def set_sasl_credentials(self, username: str, password: str) -> None:
         """Use these credentials for the ``list_topics`` client from now on; the
@@ -820,25 +592,7 @@ class Producer(ClosesOnExit):
         return f"<msgsafe.compat.confluent_kafka.Producer {target}>"
 
 
-#: Longest single wait of flush() for a report served by another thread.
-_FLUSH_SLICE_S = 0.05
 #: Longest single wait in rk (poll, flush) between looks at the switch and the queue.
 _LANE_SLICE_S = 0.1
 #: Seconds between looks at going back to the direct lane.
 _BACK_EVERY_S = 0.5
-
-
-class _Unsent(MsgsafeError):
-    """A message of a producer without brokers that was never sent, with its error code."""
-
-    def __init__(self, code: int, text: str):
-        super().__init__(text)
-        self.code = code
-
-
-def _no_brokers() -> _Unsent:
-    return _Unsent(KafkaError._MSG_TIMED_OUT, "Local: Message timed out (no bootstrap.servers)")
-
-
-def _purged() -> _Unsent:
-    return _Unsent(KafkaError._PURGE_QUEUE, "Local: Purged in queue")
