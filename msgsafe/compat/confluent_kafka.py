@@ -17,8 +17,10 @@ changes:
   ``stored()`` is True and whose headers carry ``("msgsafe-status", b"stored")``;
 - a permanent failure reaches the callback as a ``KafkaError`` (never a silent loss).
 
-``docs/migration.md`` lists every difference. Other names of ``confluent_kafka``
-(``KafkaError``, ``Consumer``, ``admin`` ...) are re-exported unchanged.
+Messages go to the wrapper's own librdkafka producer while nothing fails (the direct
+lane, :mod:`._kafka_direct`), else through msgsafe's Producer (:mod:`._kafka_queue`),
+per-key order kept. ``docs/migration.md`` lists every difference. Other names of
+``confluent_kafka`` (``KafkaError``, ``Consumer``, ``admin`` ...) are re-exported as is.
 """
 
 from __future__ import annotations
