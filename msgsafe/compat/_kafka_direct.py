@@ -22,7 +22,6 @@ empty (the wrapper checks that now and then, not per message).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -389,8 +388,11 @@ class DirectLane:
         """Raise the first exception a callback raised inside rk.poll() (as the real
         client raises it from poll()/flush())."""
         if self.raised:
-            with contextlib.suppress(IndexError):
-                raise self.raised.popleft()
+            try:
+                exc = self.raised.popleft()
+            except IndexError:  # another thread raised it
+                return
+            raise exc
 
     def close(self, timeout: float) -> None:
         """At close or collection: give rk ``timeout`` to deliver, then move what it
