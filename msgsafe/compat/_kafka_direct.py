@@ -53,6 +53,7 @@ __all__ = ["CLOSED", "DIRECT", "SAFE", "SWITCHING", "DirectLane", "DirectReport"
 log = logging.getLogger("msgsafe.compat")
 
 #: Where new produces go (DirectLane.state; read and written under the wrapper's lock).
+# NOTE: ordered: ``state <= SWITCHING`` means rk may still hold messages.
 DIRECT = 0  #: into rk
 SWITCHING = 1  #: parked, while rk's messages move to the outbox
 SAFE = 2  #: through msgsafe's Producer (outbox barrier, per-key order)

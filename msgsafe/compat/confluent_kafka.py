@@ -180,9 +180,7 @@ class Producer(ClosesOnExit, SafeReports):
             except BaseException:
                 producer.close(0)
                 raise
-            if producer.pending() > 0:
-                # NOTE: rows of an earlier run wait in the outbox: their keys must not be
-                # overtaken, so start on the safe path and come back once it drained.
+            if producer.pending() > 0:  # rows of an earlier run: not to be overtaken
                 self._lane.state = SAFE
         elif listener is not None:
             listen = getattr(getattr(producer, "_transport", None), "listen_errors", None)
@@ -190,8 +188,7 @@ class Producer(ClosesOnExit, SafeReports):
                 # NOTE: the transport's librdkafka client sees the same connection events
                 # as confluent-kafka's would; error_cb gets them from poll()/flush().
                 listen(listener)
-        #: Safe-path produces so far (under _lock): the lane's return check compares it.
-        self._safe_sent = 0
+        self._safe_sent = 0  #: safe-path produces so far (under _lock; see _maybe_direct)
         self._next_check = 0.0  #: monotonic() of the next look at going back to the lane
         self._closed = False
         self._admin: Any = None
@@ -233,17 +230,16 @@ class Producer(ClosesOnExit, SafeReports):
             and topic in lane.topics
             and len(value) + (0 if key is None else len(key)) <= lane.size_limit
         ):
-            # The common message on the direct lane, checked in one expression: bytes,
-            # no headers, a topic seen before; the rest takes _produce's general path.
+            # The common message on the lane (bytes, no headers, a known topic); the
+            # rest takes _produce's general path.
             produced: list[tuple[str, str | bytes | None]] = [(MESSAGE_ID_HEADER, new_message_id())]
             cb = on_delivery or callback or self._on_delivery
             with self._lock:
                 if lane.state == DIRECT:
                     lane.seq = seq = lane.seq + 1
                     try:
-                        # produce(topic, value, key, partition (-1: by key), on_delivery,
-                        # callback, timestamp (0: now), headers): positional, as the
-                        # adapter does (keywords cost the binding about 1 µs more).
+                        # (topic, value, key, partition -1: by key, on_delivery, callback,
+                        # timestamp 0: now, headers): positional, as the adapter (faster).
                         lane.rk.produce(
                             topic,
                             value,
@@ -350,8 +346,7 @@ class Producer(ClosesOnExit, SafeReports):
         self._send_safe((topic, body, key_bytes, record, header_map, cb))
 
     def _send_parked(self, item: Parked) -> None:
-        # A produce made while the lane switched, counted then: its errors reach its
-        # callback (the produce() that parked it has returned).
+        # A produce parked during the switch: its errors reach its callback.
         try:
             self._send_safe(item)
         except (KafkaException, MsgsafeError) as exc:
@@ -514,6 +509,8 @@ class Producer(ClosesOnExit, SafeReports):
         left = self._confirm_timeout if deadline is None else deadline - time.monotonic()
         if left > 0 and self._producer is not None and self._producer.pending() > 0:
             self._producer.drain(left)
+            if lane is not None:
+                self._lane_round(0)  # rk's events of the wait, and the switch back
         if self._errors:
             self._serve_errors()
         return len(self)
@@ -547,7 +544,10 @@ class Producer(ClosesOnExit, SafeReports):
         with self._lock:
             if lane is None:
                 return self._unreported
-            return self._unreported + lane.deferred + len(lane.rk)
+            # NOTE: len(rk) also counts librdkafka's queued error events; off the lane
+            # rk holds no message, and its events are not messages to report.
+            held = len(lane.rk) if lane.state <= SWITCHING else 0
+            return self._unreported + lane.deferred + held
 
     def __bool__(self) -> bool:
         # NOTE: without this, ``if producer:`` would be False whenever len() is 0.
