@@ -82,13 +82,13 @@ class DirectReport:
 
     __slots__ = ("_callback", "_error", "_headers", "_lane", "_msg", "seq")
 
-    def __init__(
-        self, lane: DirectLane, callback: Any, seq: int, headers: list[tuple[str, Any]]
-    ) -> None:
+    def __init__(self, lane: DirectLane, callback: Any, seq: int, headers: Any) -> None:
         self._lane = lane
         self._callback = callback
         self.seq = seq
-        self._headers = headers  #: as produced: the id header first, then the user's
+        #: As produced: ``{id header: id}`` (a dict of str is not tracked by the cyclic
+        #: GC, a list is), or with the user's headers a list, the id header first.
+        self._headers = headers
         self._msg: Any = None
         self._error: KafkaError | None = None
 
@@ -119,13 +119,17 @@ class DirectReport:
     def headers(self) -> list[tuple[str, bytes | None]]:
         """The produced headers plus ``msgsafe-id`` and ``msgsafe-status`` (made on
         request: most callbacks never look)."""
-        produced = self._headers
         status = _CONFIRMED if self._error is None else _FAILED
         return [
-            *produced[1:],
-            (MESSAGE_ID_HEADER, produced[0][1].encode()),
+            *self.user_headers(),
+            (MESSAGE_ID_HEADER, self.message_id().encode()),
             (STATUS_HEADER, status),
         ]
+
+    def user_headers(self) -> RecordHeaders:
+        """The headers the user produced (without the id header)."""
+        produced = self._headers
+        return [] if type(produced) is dict else list(produced[1:])
 
     def partition(self) -> int:
         return self._msg.partition()  # type: ignore[no-any-return]
@@ -147,7 +151,8 @@ class DirectReport:
 
     def message_id(self) -> str:
         """The msgsafe id (UUIDv7) the message carries in its ``msgsafe-id`` header."""
-        return str(self._headers[0][1])
+        produced = self._headers
+        return str(produced[MESSAGE_ID_HEADER] if type(produced) is dict else produced[0][1])
 
     def stored(self) -> bool:
         """False: a message of the direct lane is confirmed or failed (a stored one's
@@ -341,7 +346,7 @@ class DirectLane:
                 topic=envelope.destination,
                 value=None if envelope.tombstone else envelope.body,
                 key=envelope.key,
-                headers=list(report._headers[1:]),
+                headers=report.user_headers(),
                 message_id=envelope.message_id,
                 status=Status.STORED if error is None else None,
                 error=kerr,
@@ -419,13 +424,12 @@ def _envelope(report: DirectReport) -> Envelope:
     """The envelope of a failed message, as the safe path would have stored it: same
     id, value (None: a tombstone), key and record headers."""
     msg = report._msg
-    headers = report._headers
-    user: RecordHeaders = [(name, value) for name, value in headers[1:]]
+    user = report.user_headers()
     header_map = record_headers(user)[1] if user else None
     return Envelope.build(
         msg.topic(),
         msg.value(),
         key=msg.key(),
         headers=header_map or None,
-        message_id=str(headers[0][1]),
+        message_id=report.message_id(),
     )

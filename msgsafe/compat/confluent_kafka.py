@@ -232,7 +232,7 @@ class Producer(ClosesOnExit, SafeReports):
         ):
             # The common message on the lane (bytes, no headers, a known topic); the
             # rest takes _produce's general path.
-            produced: list[tuple[str, str | bytes | None]] = [(MESSAGE_ID_HEADER, new_message_id())]
+            produced: dict[str, str | bytes | None] = {MESSAGE_ID_HEADER: new_message_id()}
             cb = on_delivery or callback or self._on_delivery
             with self._lock:
                 if lane.state == DIRECT:
