@@ -209,6 +209,7 @@ class DirectLane:
         self.down_until = 0.0
         self.down = False  #: set by librdkafka's error events: switch at the next poll
         self.broken = False  #: a fatal error: rk is done for, the lane stays off
+        self.switches = 0  #: times the lane was left (for tests and logs)
         self._listener = on_error
         settings = producer_settings(parsed, config)
         settings["error_cb"] = self._on_error
@@ -302,6 +303,7 @@ class DirectLane:
             if self.state != DIRECT:
                 return
             self.state = SWITCHING
+            self.switches += 1
         log.info("kafka wrapper to %s: switching to the outbox path", self.target)
         rk = self.rk
         rk.purge(True, True, False)

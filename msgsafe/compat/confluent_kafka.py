@@ -469,6 +469,7 @@ class Producer(ClosesOnExit, SafeReports):
             return
         with self._lock:
             if not self._unreported and not lane.deferred and self._safe_sent == sent:
+                lane.down = False  # an outage's events, read while off the lane
                 lane.state = DIRECT
 
     def flush(self, timeout: float | None = None) -> int:
@@ -549,8 +550,7 @@ class Producer(ClosesOnExit, SafeReports):
             held = len(lane.rk) if lane.state <= SWITCHING else 0
             return self._unreported + lane.deferred + held
 
-    def __bool__(self) -> bool:
-        # NOTE: without this, ``if producer:`` would be False whenever len() is 0.
+    def __bool__(self) -> bool:  # ``if producer:`` would be False whenever len() is 0
         return True
 
     # --- pass-through -------------------------------------------------------------------
