@@ -317,18 +317,20 @@ def notes(runs: dict[str, list[Run]], found: dict[str, Ratio]) -> list[str]:
 
 #: What the measured send path does per message (true of the code, not of a run).
 _PATH = (
-    "- The wrapper's path per `produce`: the envelope built on `Envelope.build`'s short "
-    "path and handed to `Producer.send_envelope`; its report is the receipt future's "
-    "done callback (no closure); receipt futures lock with `_thread.RLock` and make "
-    "waiters and callbacks only on demand; a confirmation resolves and counts for "
-    "`flush()` inline. A keyed send looks at the per-key outbox barrier under the "
-    "producer's lock and asks the outbox's `has_key` (per-key order behind stored "
-    "messages): kept strict on purpose.",
-    "- Left per message: librdkafka's `produce`, the transport's delivery report and "
-    "header list, the wrapper's report and `DeliveredMessage`, a lock for the unreported "
-    "count, and the GIL shared with msgsafe's poll thread (the raw client serves reports "
-    "only in the caller's `poll`). The bulk path without a Python object per message is "
-    '`send_batch_async` (see "## Kafka").',
+    "- The Kafka wrapper's path per `produce` while nothing fails (the direct lane, "
+    "`msgsafe/compat/_kafka_direct.py`): the argument checks in one expression, a msgsafe "
+    "id in a one-entry header dict, the wrapper's lock around `rk.produce` (a switch to "
+    "the outbox must see no message enter rk once it began), and one slotted "
+    "`DirectReport` that is both the delivery callable and the callback's `msg`. rk is "
+    "the wrapper's own librdkafka producer with the Kafka adapter's settings and no poll "
+    "thread: its reports are served in the caller's `poll()`/`flush()`, as with the raw "
+    "client.",
+    "- Left per message against the raw client: the wrapper's Python `produce` frame, "
+    "the id (`new_message_id`), the lock, and the `DirectReport` built and called before "
+    "the user's callback. From the first failure msgsafe would store until the outbox "
+    "has drained, messages go through `msgsafe.Producer` (envelope, receipt future, "
+    "per-key outbox barrier): the path this table measured before the lane, 20.5 µs "
+    "per message at 16:08.",
 )
 
 

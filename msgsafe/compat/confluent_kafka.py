@@ -17,21 +17,18 @@ changes:
   ``stored()`` is True and whose headers carry ``("msgsafe-status", b"stored")``;
 - a permanent failure reaches the callback as a ``KafkaError`` (never a silent loss).
 
-``docs/migration.md`` lists every difference. Other names of ``confluent_kafka``
-(``KafkaError``, ``Consumer``, ``admin`` ...) are re-exported unchanged.
+Messages go to the wrapper's own librdkafka producer while nothing fails (the direct
+lane, :mod:`._kafka_direct`), else through msgsafe's Producer (:mod:`._kafka_queue`),
+per-key order kept. ``docs/migration.md`` lists every difference. Other names of
+``confluent_kafka`` (``KafkaError``, ``Consumer``, ``admin`` ...) are re-exported as is.
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
-import queue
-import threading
 import time
 import weakref
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from msgsafe.errors import MissingExtra
@@ -59,11 +56,26 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from msgsafe.compat._common import ClosesOnExit, warn
 from msgsafe.compat._kafka_config import (
     DeliveryCallback,
-    ProducerConfig,
     check_with_librdkafka,
     merged_config,
     options_for,
     translate_config,
+)
+from msgsafe.compat._kafka_direct import (
+    CLOSED,
+    DIRECT,
+    SAFE,
+    SWITCHING,
+    DirectLane,
+    DirectReport,
+)
+from msgsafe.compat._kafka_queue import (
+    FLUSH_SLICE_S,
+    Parked,
+    SafeReports,
+    as_bytes,
+    error_listener,
+    purged,
 )
 from msgsafe.compat._kafka_report import (
     OFFSET_INVALID,
@@ -76,8 +88,8 @@ from msgsafe.compat._kafka_report import (
     record_headers,
 )
 from msgsafe.endpoints import parse_url
-from msgsafe.errors import ConfigurationError, InvalidMessage, MsgsafeError
-from msgsafe.message import Envelope, Receipt
+from msgsafe.errors import ConfigurationError, MsgsafeError
+from msgsafe.message import MESSAGE_ID_HEADER, new_message_id
 from msgsafe.producer import Producer as _SafeProducer
 
 __all__ = [
@@ -104,85 +116,25 @@ __all__ = [
 ]
 
 
+#: Record headers as handed to rk: the id header first, then the user's.
+_Produced = list[tuple[str, str | bytes | None]]
+
 #: What a closed producer's methods raise, in confluent-kafka's words.
 _CLOSED = "Producer has been closed"
 
 
-def _as_bytes(what: str, value: object) -> bytes | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    raise TypeError(f"{what} must be str or bytes, not {type(value).__name__}")
-
-
-class _Report:
-    """One produced message waiting for its delivery callback (a plain slotted class:
-    one is made per message, and a frozen dataclass costs twice as much to build)."""
-
-    __slots__ = ("callback", "future", "headers", "key", "message_id", "owner", "topic", "value")
-
-    def __init__(
-        self,
-        owner: Producer,
-        callback: DeliveryCallback | None,
-        topic: str,
-        value: bytes | None,
-        key: bytes | None,
-        headers: RecordHeaders,
-        message_id: str,
-        future: Future[Receipt],
-    ) -> None:
-        self.callback = callback
-        self.topic = topic
-        self.value = value
-        self.key = key
-        self.headers = headers
-        self.message_id = message_id
-        self.future = future
-        self.owner = owner
-
-    def __call__(self, _future: Future[Receipt]) -> None:
-        # The receipt future's done callback: queue this report for poll()/flush().
-        self.owner._arrived(self)
-
-
-class _Wake(enum.Enum):
-    """Put in the report queue when an error event arrives: poll() then serves error_cb."""
-
-    WAKE = 0
-
-
-#: librdkafka error events kept for error_cb while nobody polls (the oldest go first).
-_ERRORS_MAX = 1000
-
-
-def _error_listener(
-    errors: deque[KafkaError], reports: queue.SimpleQueue[_Report | _Wake]
-) -> Callable[[KafkaError], None]:
-    """The transport's error listener: queue the event for the next poll()/flush() (it
-    holds the queues, not the producer, so a dropped producer is still collected)."""
-
-    def listen(err: KafkaError) -> None:
-        wake = not errors
-        errors.append(err)
-        if wake:
-            reports.put(_Wake.WAKE)
-
-    return listen
-
-
-def _close_quietly(producer: _SafeProducer | None, timeout: float) -> None:
+def _close_quietly(producer: _SafeProducer | None, lane: DirectLane | None, timeout: float) -> None:
     # At interpreter exit or garbage collection: sends in flight get their chance to be
     # confirmed or stored; what is stored stays in the outbox for the next run.
+    if lane is not None:
+        with contextlib.suppress(Exception):
+            lane.close(timeout)
     if producer is not None:
         with contextlib.suppress(MsgsafeError):
             producer.close(timeout)
 
 
-class Producer(ClosesOnExit):
+class Producer(ClosesOnExit, SafeReports):
     """A ``confluent_kafka.Producer`` that confirms with ``acks=all`` or stores in the outbox.
 
     ``Producer(config)``, ``Producer(**config)`` or both (keywords win), as
@@ -216,28 +168,34 @@ class Producer(ClosesOnExit):
                 producer = _SafeProducer(target, outbox=translated.outbox, **options)
         except ConfigurationError as exc:
             raise KafkaException(kafka_error(exc)) from exc
-        self._config: ProducerConfig = translated
-        confirm_timeout = translated.options.get("confirm_timeout")
-        self._confirm_timeout = confirm_timeout if isinstance(confirm_timeout, float) else 10.0
-        self._producer = producer
-        self._reports: queue.SimpleQueue[_Report | _Wake] = queue.SimpleQueue()
-        #: librdkafka's error events waiting for error_cb (served by poll()/flush()).
-        self._errors: deque[KafkaError] = deque(maxlen=_ERRORS_MAX)
-        listen = getattr(getattr(producer, "_transport", None), "listen_errors", None)
-        if translated.error_cb is not None and listen is not None:
-            # NOTE: the transport's librdkafka client sees the same connection events as
-            # confluent-kafka's would; error_cb gets them, from poll()/flush() as there.
-            listen(_error_listener(self._errors, self._reports))
-        self._lock = threading.Lock()
-        self._served = threading.Condition(self._lock)
-        self._flushing = 0  #: flush() calls waiting on _served (reads need no lock)
-        self._unreported = 0
-        #: Without brokers: (deadline, future) of messages waiting to time out or be purged.
-        self._held: list[tuple[float, Future[Receipt]]] = []
+        SafeReports.__init__(self, translated, producer)
+        self._on_delivery = translated.on_delivery
+        listener = None
+        if translated.error_cb is not None:
+            listener = error_listener(self._errors, self._reports)
+        self._lane: DirectLane | None = None
+        if producer is not None and _url is None:
+            try:
+                self._lane = DirectLane(target, options, producer.outbox, self._lock, listener)
+            except BaseException:
+                producer.close(0)
+                raise
+            if producer.pending() > 0:  # rows of an earlier run: not to be overtaken
+                self._lane.state = SAFE
+        elif listener is not None:
+            listen = getattr(getattr(producer, "_transport", None), "listen_errors", None)
+            if listen is not None:
+                # NOTE: the transport's librdkafka client sees the same connection events
+                # as confluent-kafka's would; error_cb gets them from poll()/flush().
+                listen(listener)
+        self._safe_sent = 0  #: safe-path produces so far (under _lock; see _maybe_direct)
+        self._next_check = 0.0  #: monotonic() of the next look at going back to the lane
         self._closed = False
         self._admin: Any = None
         self._warned: set[str] = set()
-        self._finalizer = weakref.finalize(self, _close_quietly, producer, self._confirm_timeout)
+        self._finalizer = weakref.finalize(
+            self, _close_quietly, producer, self._lane, self._confirm_timeout
+        )
 
     # --- producing ----------------------------------------------------------------------
 
@@ -260,6 +218,55 @@ class Producer(ClosesOnExit):
         and ``RuntimeError`` after :meth:`close`. An explicit ``partition`` is ignored with a
         warning (msgsafe places messages by key).
         """
+        lane = self._lane
+        if (
+            lane is not None
+            and not headers
+            and partition == -1
+            and not timestamp
+            and type(value) is bytes
+            and (key is None or type(key) is bytes)
+            and type(topic) is str
+            and topic in lane.topics
+            and len(value) + (0 if key is None else len(key)) <= lane.size_limit
+        ):
+            # The common message on the lane (bytes, no headers, a known topic); the
+            # rest takes _produce's general path.
+            produced: dict[str, str | bytes | None] = {MESSAGE_ID_HEADER: new_message_id()}
+            cb = on_delivery or callback or self._on_delivery
+            with self._lock:
+                if lane.state == DIRECT:
+                    lane.seq = seq = lane.seq + 1
+                    try:
+                        # (topic, value, key, partition -1: by key, on_delivery, callback,
+                        # timestamp 0: now, headers): positional, as the adapter (faster).
+                        lane.rk.produce(
+                            topic,
+                            value,
+                            key,
+                            -1,
+                            DirectReport(lane, cb, seq, produced),
+                            None,
+                            0,
+                            produced,
+                        )
+                        return
+                    except KafkaException:
+                        pass  # the general path produces it again and handles the error
+        self._produce(topic, value, key, partition, on_delivery, timestamp, headers, callback)
+
+    def _produce(
+        self,
+        topic: str,
+        value: str | bytes | None,
+        key: str | bytes | None,
+        partition: int,
+        on_delivery: DeliveryCallback | None,
+        timestamp: int,
+        headers: Mapping[str, object] | Iterable[tuple[str, object]] | None,
+        callback: DeliveryCallback | None,
+    ) -> None:
+        """:meth:`produce`, every case: the checks, then the lane or the safe path."""
         if self._closed:  # _check_open, inlined: this runs for every message
             raise RuntimeError(_CLOSED)
         if partition not in (PARTITION_UA, None):
@@ -275,62 +282,77 @@ class Producer(ClosesOnExit):
                 "timestamp", "produce(timestamp=...) is ignored; the producer stamps the send time"
             )
         # value=None is a tombstone: the envelope carries the mark, Kafka gets a null value.
-        body = value if type(value) is bytes else _as_bytes("value", value)
-        key_bytes = key if key is None or type(key) is bytes else _as_bytes("key", key)
+        body = value if type(value) is bytes else as_bytes("value", value)
+        key_bytes = key if key is None or type(key) is bytes else as_bytes("key", key)
         record: RecordHeaders
         header_map: dict[str, str] | None
         if headers:
             record, header_map = record_headers(headers)
         else:
             record, header_map = [], None
+        cb = on_delivery or callback or self._on_delivery
+        lane = self._lane
+        if (
+            lane is not None
+            and type(topic) is str
+            and lane.takes(topic)
+            and (
+                len(body or b"") + (0 if key_bytes is None else len(key_bytes)) <= lane.size_limit
+                if not record
+                else not lane.too_large(topic, body, key_bytes, header_map)
+            )
+        ):
+            # The direct lane (see _kafka_direct): the adapter's record, id header first.
+            produced: _Produced = [(MESSAGE_ID_HEADER, new_message_id())]
+            if record:
+                produced.extend(h for h in record if h[0] != MESSAGE_ID_HEADER)
+            refused: KafkaError | None = None
+            with self._lock:
+                state = lane.state
+                if state == DIRECT:
+                    lane.seq = seq = lane.seq + 1
+                    # produce(topic, value, key, partition (-1: by key), on_delivery,
+                    # callback, timestamp (0: now), headers): positional, as the adapter.
+                    try:
+                        lane.rk.produce(
+                            topic,
+                            body,
+                            key_bytes,
+                            -1,
+                            DirectReport(lane, cb, seq, produced),
+                            None,
+                            0,
+                            produced,
+                        )
+                        return
+                    except KafkaException as exc:
+                        refused = exc.args[0]
+                elif state == SWITCHING:
+                    if self._unreported >= self._config.queue_max:
+                        raise BufferError("Local: Queue full (serve delivery reports with poll())")
+                    self._unreported += 1
+                    self._safe_sent += 1
+                    lane.parked.append((topic, body, key_bytes, record, header_map, cb))
+                    return
+            if refused is not None and refused.fatal():
+                # rk is done for: its messages go to the outbox before this one goes on.
+                lane.broken = lane.down = True
+                lane.switch(self._send_parked)
         with self._lock:
             if self._unreported >= self._config.queue_max:
                 raise BufferError("Local: Queue full (serve delivery reports with poll())")
             self._unreported += 1
+            self._safe_sent += 1
+        self._send_safe((topic, body, key_bytes, record, header_map, cb))
+
+    def _send_parked(self, item: Parked) -> None:
+        # A produce parked during the switch: its errors reach its callback.
         try:
-            # Types are checked above: the envelope's own checks are the ones left (the
-            # topic), and without headers it takes Envelope.build's short path.
-            envelope = Envelope.build(topic, body, key=key_bytes, headers=header_map or None)
-            safe = self._producer
-            future = self._hold(envelope) if safe is None else safe.send_envelope(envelope)
-        except InvalidMessage:
-            self._unreported_done()
-            raise
-        except MsgsafeError as exc:
-            self._unreported_done()
-            raise KafkaException(kafka_error(exc)) from exc
-        except BaseException:
-            self._unreported_done()
-            raise
-        # The report is the future's done callback itself: no closure per message.
-        future.add_done_callback(
-            _Report(
-                self,
-                on_delivery or callback or self._config.on_delivery,
-                topic,
-                body,
-                key_bytes,
-                record,
-                envelope.message_id,
-                future,
-            )
-        )
-
-    def _arrived(self, report: _Report) -> None:
-        self._reports.put(report)
-        # NOTE: a flush() counts itself in before it looks at the queue, so one that
-        # missed this report sees _flushing here; without one, no lock per message.
-        if self._flushing:
-            with self._served:
-                self._served.notify_all()
-
-    def _hold(self, envelope: Envelope) -> Future[Receipt]:
-        # NOTE: librdkafka accepts a producer without brokers; its messages wait
-        # message.timeout.ms in the queue, then time out (or purge() fails them).
-        held: Future[Receipt] = Future()
-        with self._lock:
-            self._held.append((time.monotonic() + self._confirm_timeout, held))
-        return held
+            self._send_safe(item)
+        except (KafkaException, MsgsafeError) as exc:
+            err = exc.args[0] if isinstance(exc, KafkaException) else kafka_error(exc)
+            if self._lane is not None:
+                self._lane.fail_local(item, err)
 
     def produce_batch(
         self,
@@ -373,11 +395,6 @@ class Producer(ClosesOnExit):
                 queued += 1
         return queued
 
-    def _unreported_done(self, count: int = 1) -> None:
-        with self._lock:
-            self._unreported -= count
-            self._served.notify_all()
-
     def _warn_once(self, what: str, message: str) -> None:
         if what not in self._warned:
             self._warned.add(what)
@@ -393,72 +410,67 @@ class Producer(ClosesOnExit):
         """Serve delivery callbacks, waiting up to ``timeout`` seconds for the first
         (None or a negative value: until one arrives). Returns how many were served."""
         self._check_open()
-        if self._held:
-            self._fail_held(time.monotonic(), _no_brokers)
-            if self._held and (timeout is None or timeout < 0 or timeout > _FLUSH_SLICE_S):
-                timeout = _FLUSH_SLICE_S  # come back to time the held messages out
-        try:
-            if timeout is not None and timeout == 0:
-                first = self._reports.get_nowait()
+        lane = self._lane
+        if lane is None:
+            return self._poll_queue(timeout)
+        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+        wait = 0.0
+        while True:
+            if lane.state == DIRECT and not self._unreported:
+                # Only rk has reports to come: wait in librdkafka, as the real client.
+                served = self._lane_round(wait)
+                served += self._poll_queue(0) if self._errors else 0
             else:
-                wait = None if timeout is None or timeout < 0 else timeout
-                first = self._reports.get(timeout=wait)
-        except queue.Empty:
-            return 0
-        served = 0
-        events = 0
-        report = first
-        try:
-            while True:
-                if report is _Wake.WAKE:
-                    events += self._serve_errors()
-                else:
-                    served += 1
-                    self._serve(report)
-                try:
-                    report = self._reports.get_nowait()
-                except queue.Empty:
-                    return served + events
-        finally:
-            # Counted once per poll, not per report; a report whose callback raised is
-            # served too.
-            self._unreported_done(served)
+                served = self._lane_round(0)
+                served += self._poll_queue(wait)
+            if served:
+                return served
+            left = FLUSH_SLICE_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return 0
+            wait = min(left, _LANE_SLICE_S)
 
-    def _serve_errors(self) -> int:
-        # error_cb(err) for each queued event; what it raises propagates, as with
-        # confluent-kafka (the events before it count as served).
-        callback = self._config.error_cb
-        errors = self._errors
-        served = 0
-        while errors:
-            try:
-                err = errors.popleft()
-            except IndexError:  # another thread took the last one
-                break
-            served += 1
-            if callback is not None:
-                callback(err)
-        return served
+    def _lane_round(self, timeout: float) -> int:
+        """rk's reports (waiting up to ``timeout``), the switch when one failed, the
+        callbacks of stored messages, and now and then a look at going back to the
+        lane. Returns the number served."""
+        lane = self._lane
+        assert lane is not None
+        served = lane.rk.poll(timeout) if lane.state != SAFE or timeout == 0 else 0
+        if lane.wants_switch:
+            lane.switch(self._send_parked)
+        if lane.ready:
+            served += lane.serve_ready()
+            self._notify_served()
+        if lane.state == SAFE:
+            self._maybe_direct(lane)
+        lane.reraise()
+        return int(served)
 
-    def _serve(self, report: _Report) -> None:
-        exc = report.future.exception()
-        status = report.future.result().status if exc is None else None
-        error = kafka_error(exc) if exc is not None else None
-        if isinstance(exc, _Unsent):
-            error = KafkaError(exc.code, str(exc), retriable=False)
-        msg = DeliveredMessage(
-            topic=report.topic,
-            value=report.value,
-            key=report.key,
-            headers=report.headers,
-            message_id=report.message_id,
-            status=status,
-            error=error,
-        )
-        if report.callback is not None:
-            # NOTE: like confluent-kafka, an exception in the callback propagates out of
-            # poll()/flush(); the report counts as served (poll's finally).
-            report.callback(error, msg)
+    def _maybe_direct(self, lane: DirectLane) -> None:
+        """Back to the lane once the safe path holds nothing of this wrapper and the
+        outbox is empty (looked at every _BACK_EVERY_S, not per message).
+
+        NOTE: the outbox is asked between two looks under the lock that see no
+        unreported message and no new safe-path produce. A stored message is reported
+        only after its row was committed, so every row of ours was in the store before
+        the first look; ``pending() == 0`` after it means all were forwarded. A produce
+        after the switch back goes to rk, and cannot overtake a row of its key."""
+        now = time.monotonic()
+        if now < self._next_check or lane.broken or now < lane.down_until:
+            return
+        self._next_check = now + _BACK_EVERY_S
+        safe = self._producer
+        with self._lock:
+            if self._unreported or lane.deferred or safe is None:
+                return
+            sent = self._safe_sent
+        if safe.pending() > 0:
+            return
+        with self._lock:
+            if not self._unreported and not lane.deferred and self._safe_sent == sent:
+                lane.down = False  # an outage's events, read while off the lane
+                lane.state = DIRECT
 
     def flush(self, timeout: float | None = None) -> int:
         """Serve callbacks until every produced message is reported, or ``timeout``.
@@ -474,23 +486,32 @@ class Producer(ClosesOnExit):
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         if self._errors:
             self._serve_errors()
+        lane = self._lane
         while len(self) > 0:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return len(self)
+            if lane is not None and len(lane.rk):
+                # rk sends what lingers now and serves its reports here.
+                lane.rk.flush(_LANE_SLICE_S if left is None else min(left, _LANE_SLICE_S))
+                self._lane_round(0)
+                continue
             if self.poll(0) == 0:
                 # Another thread may hold the last reports: wait for a report to be
                 # served anywhere (or to arrive), never on the queue alone.
                 with self._served:
                     self._flushing += 1
                     try:
-                        if self._unreported > 0 and self._reports.empty():
-                            self._served.wait(min(left or _FLUSH_SLICE_S, _FLUSH_SLICE_S))
+                        waiting = self._unreported + (0 if lane is None else lane.deferred)
+                        if waiting > 0 and self._reports.empty():
+                            self._served.wait(min(left or FLUSH_SLICE_S, FLUSH_SLICE_S))
                     finally:
                         self._flushing -= 1
         left = self._confirm_timeout if deadline is None else deadline - time.monotonic()
         if left > 0 and self._producer is not None and self._producer.pending() > 0:
             self._producer.drain(left)
+            if lane is not None:
+                self._lane_round(0)  # rk's events of the wait, and the switch back
         if self._errors:
             self._serve_errors()
         return len(self)
@@ -502,19 +523,9 @@ class Producer(ClosesOnExit):
         confirmed or stored, and msgsafe never discards it."""
         self._check_open()
         if in_queue and self._held:
-            self._fail_held(None, _purged)
+            self._fail_held(None, purged)
         if self._producer is not None:
             self._warn_once("purge", "purge() drops nothing: produced messages stay safe")
-
-    def _fail_held(self, now: float | None, error: Callable[[], _Unsent]) -> None:
-        """Fail the held messages whose deadline is before ``now`` (None: all of them)."""
-        with self._lock:
-            due = [f for deadline, f in self._held if now is None or deadline <= now]
-            if not due:
-                return
-            self._held = [(d, f) for d, f in self._held if now is not None and d > now]
-        for future in due:
-            future.set_exception(error())
 
     def set_sasl_credentials(self, username: str, password: str) -> None:
         """Use these credentials for the ``list_topics`` client from now on; the
@@ -530,11 +541,16 @@ class Producer(ClosesOnExit):
 
     def __len__(self) -> int:
         """Messages produced whose delivery callback has not been served yet."""
+        lane = self._lane
         with self._lock:
-            return self._unreported
+            if lane is None:
+                return self._unreported
+            # NOTE: len(rk) also counts librdkafka's queued error events; off the lane
+            # rk holds no message, and its events are not messages to report.
+            held = len(lane.rk) if lane.state <= SWITCHING else 0
+            return self._unreported + lane.deferred + held
 
-    def __bool__(self) -> bool:
-        # NOTE: without this, ``if producer:`` would be False whenever len() is 0.
+    def __bool__(self) -> bool:  # ``if producer:`` would be False whenever len() is 0
         return True
 
     # --- pass-through -------------------------------------------------------------------
@@ -560,9 +576,12 @@ class Producer(ClosesOnExit):
         confluent-kafka; calling it again does nothing."""
         if not self._closed:
             self.flush(timeout)
-            self._closed = True
+            with self._lock:
+                self._closed = True
+                if self._lane is not None:
+                    self._lane.state = CLOSED  # produce() then takes the path that raises
             self._finalizer.detach()
-            _close_quietly(self._producer, timeout)
+            _close_quietly(self._producer, self._lane, timeout)
         return True
 
     @property
@@ -575,21 +594,7 @@ class Producer(ClosesOnExit):
         return f"<msgsafe.compat.confluent_kafka.Producer {target}>"
 
 
-#: Longest single wait of flush() for a report served by another thread.
-_FLUSH_SLICE_S = 0.05
-
-
-class _Unsent(MsgsafeError):
-    """A message of a producer without brokers that was never sent, with its error code."""
-
-    def __init__(self, code: int, text: str):
-        super().__init__(text)
-        self.code = code
-
-
-def _no_brokers() -> _Unsent:
-    return _Unsent(KafkaError._MSG_TIMED_OUT, "Local: Message timed out (no bootstrap.servers)")
-
-
-def _purged() -> _Unsent:
-    return _Unsent(KafkaError._PURGE_QUEUE, "Local: Purged in queue")
+#: Longest single wait in rk (poll, flush) between looks at the switch and the queue.
+_LANE_SLICE_S = 0.1
+#: Seconds between looks at going back to the direct lane.
+_BACK_EVERY_S = 0.5

@@ -1,0 +1,437 @@
+"""The direct lane of :mod:`msgsafe.compat.confluent_kafka`: its own librdkafka producer.
+
+While nothing is wrong, ``Producer.produce`` hands each message straight to a
+``confluent_kafka.Producer`` ("rk") of the wrapper's own, built with exactly the Kafka
+adapter's settings for the same URL and options
+(:func:`~msgsafe.adapters.kafka.config.producer_settings`: ``acks=all``, idempotence,
+``message.timeout.ms`` inside ``confirm_timeout``, TLS, credentials), and with no poll
+thread: delivery reports are served only by the user's ``poll()`` / ``flush()``, on the
+caller's thread, as with the real client. Per message that is one id, one header list
+and one :class:`DirectReport` (the delivery callable, which is also the ``msg`` the
+callback gets), against an envelope, a receipt future, a transport report and a
+wrapper report on the safe path (:class:`~msgsafe.Producer`).
+
+What makes it keep the wrapper's promise is the switch (:meth:`DirectLane.switch`): on
+the first failure the safe Producer would store (a :class:`~msgsafe.errors.TransientError`
+with an outbox), or when librdkafka says every broker is down, new produces leave the
+lane for the safe path, and everything rk still holds is purged and moved to the
+outbox, in produce order, before any safe-path send can go out. The lane comes back
+only once the safe path holds no unreported message of the wrapper and the outbox is
+empty (the wrapper checks that now and then, not per message).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaError
+from confluent_kafka import Producer as _Rk
+
+from msgsafe.adapters._config import build_config, size_error
+from msgsafe.adapters.kafka._errors import translate
+from msgsafe.adapters.kafka.config import KafkaOptions, producer_settings
+from msgsafe.compat._kafka_queue import Parked
+from msgsafe.compat._kafka_report import (
+    STATUS_HEADER,
+    DeliveredMessage,
+    RecordHeaders,
+    kafka_error,
+    record_headers,
+)
+from msgsafe.endpoints import parse_url
+from msgsafe.errors import OutboxError, TransientError
+from msgsafe.message import MESSAGE_ID_HEADER, Envelope, Status
+from msgsafe.ports import OutboxStore
+
+__all__ = ["CLOSED", "DIRECT", "SAFE", "SWITCHING", "DirectLane", "DirectReport"]
+
+log = logging.getLogger("msgsafe.compat")
+
+#: Where new produces go (DirectLane.state; read and written under the wrapper's lock).
+# NOTE: ordered: ``state <= SWITCHING`` means rk may still hold messages.
+DIRECT = 0  #: into rk
+SWITCHING = 1  #: parked, while rk's messages move to the outbox
+SAFE = 2  #: through msgsafe's Producer (outbox barrier, per-key order)
+CLOSED = 3  #: the wrapper is closed: produce() raises
+
+#: Seconds of one poll of rk while the switch waits for it to hold nothing.
+_DRAIN_POLL_S = 0.05
+#: Seconds after librdkafka's last "all brokers down" during which the lane stays off.
+_DOWN_HOLD_S = 2.0
+#: Topics the lane remembers as checked (a set that does not grow without bound).
+_TOPICS_MAX = 1024
+
+_CONFIRMED = Status.CONFIRMED.value.encode()
+_FAILED = b"failed"
+
+
+class DirectReport:
+    """One message in rk: its delivery callable, and the ``msg`` its callback receives.
+
+    One slotted object per message serves both (a ``functools.partial`` for the
+    callable plus a wrapper for the message measured more). As ``msg`` it offers what
+    :class:`~msgsafe.compat.confluent_kafka.DeliveredMessage` offers, from the real
+    ``confluent_kafka.Message`` of the delivery report: ``partition()`` and
+    ``offset()`` are where the broker put it.
+    """
+
+    __slots__ = ("_callback", "_error", "_headers", "_lane", "_msg", "seq")
+
+    def __init__(self, lane: DirectLane, callback: Any, seq: int, headers: Any) -> None:
+        self._lane = lane
+        self._callback = callback
+        self.seq = seq
+        #: As produced: ``{id header: id}`` (a dict of str is not tracked by the cyclic
+        #: GC, a list is), or with the user's headers a list, the id header first.
+        self._headers = headers
+        self._msg: Any = None
+        self._error: KafkaError | None = None
+
+    def __call__(self, err: KafkaError | None, msg: Any) -> None:
+        # librdkafka's delivery report, on the thread in rk.poll()/flush().
+        self._msg = msg
+        if err is None:
+            callback = self._callback
+            if callback is not None:
+                try:
+                    callback(None, self)
+                except BaseException as exc:  # raised from poll()/flush() after rk returns
+                    self._lane.raised.append(exc)
+            return
+        self._lane.failed(self, err)
+
+    # --- what confluent_kafka.Message offers ---------------------------------------------
+
+    def topic(self) -> str:
+        return str(self._msg.topic())
+
+    def value(self) -> bytes | None:
+        return self._msg.value()  # type: ignore[no-any-return]
+
+    def key(self) -> bytes | None:
+        return self._msg.key()  # type: ignore[no-any-return]
+
+    def headers(self) -> list[tuple[str, bytes | None]]:
+        """The produced headers plus ``msgsafe-id`` and ``msgsafe-status`` (made on
+        request: most callbacks never look)."""
+        status = _CONFIRMED if self._error is None else _FAILED
+        return [
+            *self.user_headers(),
+            (MESSAGE_ID_HEADER, self.message_id().encode()),
+            (STATUS_HEADER, status),
+        ]
+
+    def user_headers(self) -> RecordHeaders:
+        """The headers the user produced (without the id header)."""
+        produced = self._headers
+        return [] if type(produced) is dict else list(produced[1:])
+
+    def partition(self) -> int:
+        return self._msg.partition()  # type: ignore[no-any-return]
+
+    def offset(self) -> int:
+        return self._msg.offset()  # type: ignore[no-any-return]
+
+    def error(self) -> KafkaError | None:
+        return self._error
+
+    def timestamp(self) -> tuple[int, int]:
+        return self._msg.timestamp()  # type: ignore[no-any-return]
+
+    def latency(self) -> float | None:
+        return self._msg.latency()  # type: ignore[no-any-return]
+
+    def leader_epoch(self) -> int | None:
+        return self._msg.leader_epoch()  # type: ignore[no-any-return]
+
+    def message_id(self) -> str:
+        """The msgsafe id (UUIDv7) the message carries in its ``msgsafe-id`` header."""
+        produced = self._headers
+        return str(produced[MESSAGE_ID_HEADER] if type(produced) is dict else produced[0][1])
+
+    def stored(self) -> bool:
+        """False: a message of the direct lane is confirmed or failed (a stored one's
+        callback gets a ``DeliveredMessage``)."""
+        return False
+
+    def len(self) -> int:
+        return len(self._msg.value() or b"")
+
+    def __len__(self) -> int:
+        return len(self._msg.value() or b"")
+
+    def __repr__(self) -> str:
+        status = "confirmed" if self._error is None else "failed"
+        return f"DeliveredMessage(id={self.message_id()!r}, {status}, direct)"
+
+
+class DirectLane:
+    """rk, the failures it reported, and the switch to the safe path.
+
+    ``lock`` is the wrapper's own lock: the wrapper reads :attr:`state` and calls
+    ``rk.produce`` under it, so that no message enters rk once the switch began. The
+    lane holds no reference to the wrapper (the wrapper's finalizer closes it).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        options: dict[str, Any],
+        store: OutboxStore | None,
+        lock: threading.Lock,
+        on_error: Callable[[KafkaError], None] | None,
+    ) -> None:
+        parsed = parse_url(url)
+        config = build_config(KafkaOptions, parsed, options)
+        self.target = parsed.redacted()
+        self.size_limit = config.size_limit
+        self.store = store
+        self.lock = lock
+        self.state = DIRECT
+        self.seq = 0  #: produce order of the messages handed to rk (under lock)
+        #: Messages rk reported failed that the outbox takes, not served yet.
+        self.failures: list[DirectReport] = []
+        #: Messages out of rk whose callback is not served yet (failures, ready).
+        self.deferred = 0
+        #: (callback, err, msg) to serve from poll()/flush(): stored or failed messages.
+        self.ready: deque[tuple[Any, KafkaError | None, Any]] = deque()
+        #: Exceptions of user callbacks run inside rk.poll(), raised once it returned.
+        self.raised: deque[BaseException] = deque()
+        self.parked: list[Parked] = []
+        #: Topics produce() sends to without looking at them again (see takes()).
+        self.topics: set[str] = set()
+        #: monotonic() until which the brokers count as down (the lane stays off).
+        self.down_until = 0.0
+        self.down = False  #: set by librdkafka's error events: switch at the next poll
+        self.broken = False  #: a fatal error: rk is done for, the lane stays off
+        self.switches = 0  #: times the lane was left (for tests and logs)
+        self._listener = on_error
+        settings = producer_settings(parsed, config)
+        settings["error_cb"] = self._on_error
+        self.rk = _Rk(settings)
+
+    # --- inside rk.poll(): record, never switch here ---------------------------------------
+
+    def _on_error(self, err: KafkaError) -> None:
+        # rk's error_cb, on the thread in rk.poll()/flush().
+        if self.store is not None and (err.fatal() or err.code() == KafkaError._ALL_BROKERS_DOWN):
+            self.down_until = time.monotonic() + _DOWN_HOLD_S
+            self.down = True
+            if err.fatal():
+                self.broken = True
+        if self._listener is not None:
+            self._listener(err)
+
+    def failed(self, report: DirectReport, err: KafkaError) -> None:
+        """A failed delivery report: kept for the outbox when the safe Producer would
+        store it (served after the switch), otherwise its callback gets the
+        ``KafkaError`` the safe path gives."""
+        error = translate(err, endpoint=self.target, message_id=report.message_id())
+        if self.store is not None and isinstance(error, TransientError):
+            if err.fatal():
+                self.broken = True
+            with self.lock:
+                self.failures.append(report)
+                self.deferred += 1
+            return
+        report._error = kafka_error(error)
+        callback = report._callback
+        if callback is not None:
+            try:
+                callback(report._error, report)
+            except BaseException as exc:
+                self.raised.append(exc)
+
+    # --- on the caller's thread, after rk.poll() returned -----------------------------------
+
+    def too_large(
+        self, topic: str, body: bytes | None, key: bytes | None, headers: dict[str, str] | None
+    ) -> bool:
+        """Whether the adapter refuses this message's size (it then takes the safe
+        path, which fails it as the adapter does)."""
+        envelope = Envelope.build(topic, body, key=key, headers=headers or None)
+        return size_error(envelope, self.size_limit, self.target) is not None
+
+    def takes(self, topic: str) -> bool:
+        """Whether ``topic`` is one the lane produces to as it is (a non-empty ASCII
+        name: others take the safe path, which checks them as it always did); one
+        that is goes to :attr:`topics`, which produce() looks up first."""
+        if topic in self.topics:
+            return True
+        if not topic or not topic.isascii():
+            return False
+        if len(self.topics) < _TOPICS_MAX:
+            self.topics.add(topic)
+        return True
+
+    @property
+    def wants_switch(self) -> bool:
+        return self.state == DIRECT and (bool(self.failures) or self.down)
+
+    def switch(self, send_parked: Callable[[Parked], None]) -> None:
+        """Leave the lane: move every message rk holds to the outbox, then send what was
+        produced meanwhile on the safe path (``send_parked``, in produce order).
+
+        Per-key order, step by step:
+
+        1. ``state`` becomes SWITCHING under the wrapper's lock. ``rk.produce`` only runs
+           under that lock after reading DIRECT, so from here on no message enters rk;
+           new produces are parked (never blocked: a callback that produces, run by
+           another thread's rk.poll() while rk is drained here, must not wait for the
+           drain it is part of).
+        2. ``purge(in_queue, in_flight)`` and polling until rk holds nothing: every
+           message of rk is now confirmed or in :attr:`failures`. librdkafka counts a
+           message until its delivery callback returned, so ``len(rk) == 0`` also means
+           no other thread is still inside a callback that appends to it. A purged
+           in-flight message may have been written: storing it may duplicate it (a
+           known id), never lose it.
+        3. The failures, sorted by produce sequence, go to the outbox in one put. For
+           one key that is its produce order: within a partition librdkafka fails or
+           purges a message together with every later one of the partition, so no
+           later message of a stored key was confirmed.
+        4. The parked produces go to the safe Producer in order, then ``state`` becomes
+           SAFE (under the lock, once nothing is parked). A safe-path send of a key
+           with rows in the outbox queues behind them (``Producer._submit`` asks the
+           store's ``has_key``), so nothing overtakes a stored message of its key.
+        """
+        with self.lock:
+            if self.state != DIRECT:
+                return
+            self.state = SWITCHING
+            self.switches += 1
+        log.info("kafka wrapper to %s: switching to the outbox path", self.target)
+        rk = self.rk
+        rk.purge(True, True, False)
+        waited = time.monotonic()
+        while len(rk) > 0:
+            rk.poll(_DRAIN_POLL_S)
+            if time.monotonic() - waited > 10.0:
+                waited = time.monotonic()
+                log.warning("kafka wrapper: %d messages still in librdkafka", len(rk))
+        self._store_failures()
+        while True:
+            with self.lock:
+                parked, self.parked = self.parked, []
+                if not parked:
+                    self.state = SAFE
+                    self.down = False
+                    return
+            for item in parked:
+                send_parked(item)
+
+    def _store_failures(self) -> None:
+        """Put the failed messages in the outbox, in produce order, and queue their
+        callbacks: stored, or the error the wrapper maps from OutboxError."""
+        with self.lock:
+            failures, self.failures = self.failures, []
+        if not failures:
+            return
+        failures.sort(key=_seq)
+        stored = [(report, _envelope(report)) for report in failures]
+        error: OutboxError | None = None
+        try:
+            if self.store is None:  # pragma: no cover - failures are kept only with a store
+                raise OutboxError("no outbox")
+            self.store.put([envelope for _, envelope in stored])
+        except OutboxError as exc:
+            error = exc
+        except Exception as exc:  # a store's own error: the callback gets it as _FS
+            error = OutboxError(f"outbox write failed: {type(exc).__name__}: {exc}")
+        for report, envelope in stored:
+            kerr = None if error is None else kafka_error(error)
+            msg = DeliveredMessage(
+                topic=envelope.destination,
+                value=None if envelope.tombstone else envelope.body,
+                key=envelope.key,
+                headers=report.user_headers(),
+                message_id=envelope.message_id,
+                status=Status.STORED if error is None else None,
+                error=kerr,
+            )
+            self.ready.append((report._callback, kerr, msg))
+
+    def fail_local(self, item: Parked, err: KafkaError) -> None:
+        """A produce parked during the switch that the safe path refused: its callback
+        gets ``err`` from the next poll()/flush()."""
+        topic, body, key_bytes, record, _, callback = item
+        msg = DeliveredMessage(
+            topic=topic,
+            value=body,
+            key=key_bytes,
+            headers=record,
+            message_id="",
+            status=None,
+            error=err,
+        )
+        with self.lock:
+            self.deferred += 1
+        self.ready.append((callback, err, msg))
+
+    def serve_ready(self) -> int:
+        """Run the queued callbacks of stored / failed messages; what a callback raises
+        propagates (that one counts as served). Returns how many were served."""
+        served = 0
+        ready = self.ready
+        try:
+            while ready:
+                try:
+                    callback, err, msg = ready.popleft()
+                except IndexError:  # another thread took the last one
+                    break
+                served += 1
+                if callback is not None:
+                    callback(err, msg)
+        finally:
+            if served:
+                with self.lock:
+                    self.deferred -= served
+        return served
+
+    def reraise(self) -> None:
+        """Raise the first exception a callback raised inside rk.poll() (as the real
+        client raises it from poll()/flush())."""
+        if self.raised:
+            try:
+                exc = self.raised.popleft()
+            except IndexError:  # another thread raised it
+                return
+            raise exc
+
+    def close(self, timeout: float) -> None:
+        """At close or collection: give rk ``timeout`` to deliver, then move what it
+        still holds (and what failed unserved) to the outbox; no callbacks run."""
+        rk = self.rk
+        if len(rk):
+            rk.flush(max(0.0, timeout))
+            if len(rk) and self.store is not None:
+                rk.purge(True, True, False)
+                deadline = time.monotonic() + 5.0
+                while len(rk) and time.monotonic() < deadline:
+                    rk.poll(_DRAIN_POLL_S)
+        self.raised.clear()
+        self._store_failures()
+        self.ready.clear()
+
+
+def _seq(report: DirectReport) -> int:
+    return report.seq
+
+
+def _envelope(report: DirectReport) -> Envelope:
+    """The envelope of a failed message, as the safe path would have stored it: same
+    id, value (None: a tombstone), key and record headers."""
+    msg = report._msg
+    user = report.user_headers()
+    header_map = record_headers(user)[1] if user else None
+    return Envelope.build(
+        msg.topic(),
+        msg.value(),
+        key=msg.key(),
+        headers=header_map or None,
+        message_id=report.message_id(),
+    )

@@ -1,0 +1,93 @@
+"""The Kafka wrapper's direct lane on the real cluster: every broker killed while it
+produces keyed messages, then restarted. Nothing is lost, a key keeps its order, and
+the wrapper goes back to the lane once the outbox has drained."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from msgsafe.cluster.kafka import KafkaCluster
+from msgsafe.compat import confluent_kafka as ck
+from msgsafe.compat._kafka_direct import DIRECT, SAFE
+from tests.support.kafka_lab import heal, kill_all
+from tests.support.kafka_ledger import consume_until
+from tests.support.lane_ledger import LaneLedger
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+KEYS = 16
+BEFORE = 1_000  #: produced and confirmed while the brokers are up
+IN_FLIGHT = 1_000  #: produced right before the kill: still in librdkafka when it comes
+DOWN = 1_500  #: produced while every broker is down
+AFTER = 1_000  #: produced after the restart, while the outbox may still drain
+LAST = 500  #: produced once the wrapper is back on the lane
+
+
+def _poll_until(producer: ck.Producer, done: object, seconds: float, what: str) -> float:
+    started = time.monotonic()
+    while not done():  # type: ignore[operator]
+        assert time.monotonic() - started < seconds, f"{what} within {seconds:.0f} s"
+        producer.poll(0.1)
+    return time.monotonic() - started
+
+
+def test_all_brokers_killed_while_the_lane_produces(
+    kafka: KafkaCluster, kafka_topic: str, tmp_path: Path
+) -> None:
+    ledger = LaneLedger()
+    producer = ck.Producer(
+        {
+            "bootstrap.servers": kafka.bootstrap,
+            "msgsafe.outbox": str(tmp_path / "outbox.sqlite3"),
+            "message.timeout.ms": 4000,
+            "linger.ms": 20,  # messages still in librdkafka when the brokers go
+        }
+    )
+    lane = producer._lane
+    assert lane is not None and lane.state == DIRECT
+    ledger.produce(producer, kafka_topic, BEFORE, keys=KEYS)
+    assert producer.flush(60) == 0
+    ledger.produce(producer, kafka_topic, IN_FLIGHT, keys=KEYS)
+    kill_all(kafka)
+    ledger.produce(producer, kafka_topic, DOWN, keys=KEYS)
+    switched = _poll_until(producer, lambda: lane.state == SAFE, 30, "switched to the outbox")
+    # Every callback served (flush() would go on to give the outbox the rest of its
+    # timeout to forward, while no broker runs).
+    _poll_until(producer, lambda: len(producer) == 0, 60, "every callback served")
+    assert producer.pending() > 0
+    statuses = list(ledger.outcomes.values())
+    assert statuses.count("confirmed") >= BEFORE, ledger.summary("down")
+    assert statuses.count("stored") >= DOWN, ledger.summary("down")
+
+    healed = heal(kafka)
+    ledger.produce(producer, kafka_topic, AFTER, keys=KEYS)
+    back = _poll_until(
+        producer,
+        lambda: lane.state == DIRECT and len(producer) == 0,
+        120,
+        "back on the direct lane",
+    )
+    assert producer.pending() == 0
+    for _ in range(3):  # the outage's error events must not take it off the lane again
+        producer.poll(0.3)
+    # One switch: while the brokers were down the outbox held messages, so the wrapper
+    # could not come back before the restart, nor leave again after it.
+    switches = lane.switches
+    assert lane.state == DIRECT and switches == 1, f"{switches} switches"
+    ledger.produce(producer, kafka_topic, LAST, keys=KEYS)
+    assert producer.flush(60) == 0
+    assert lane.state == DIRECT and lane.switches == switches
+    producer.close()
+
+    consume_until(
+        kafka.url, kafka_topic, set(ledger.outcomes), deadline_s=90, on_delivery=ledger.record
+    )
+    print(
+        f"\n{ledger.summary('direct lane, all brokers killed')} switched {switched:.1f}s "
+        f"after the kill, healed in {healed:.1f}s, back on the lane {back:.1f}s later, "
+        f"{switches} switch(es)"
+    )
+    ledger.check("direct lane, all brokers killed")
