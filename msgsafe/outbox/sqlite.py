@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from msgsafe.errors import (
     ClosedError,
@@ -37,15 +37,9 @@ from msgsafe.errors import (
     OutboxFull,
     OutboxLocked,
 )
-from msgsafe.message import Envelope
+from msgsafe.message import Batch, Envelope
 from msgsafe.outbox._claims import Claims
-from msgsafe.outbox._rows import (
-    COLUMNS,
-    Rows,
-    insert_rows,
-    redact_target,
-    row_headers,
-)
+from msgsafe.outbox._rows import Rows, batch_rows, envelope_rows, insert_rows, redact_target
 from msgsafe.outbox._schema import (
     APPLICATION_ID,
     check_header,
@@ -250,8 +244,11 @@ class SqliteOutbox(OperatorQueries):
         Raises :class:`OutboxFull` at a bound or on a full disk, :class:`ClosedError`
         after :meth:`close`.
         """
-        if envelopes:
-            self._call(self._put_batch, self._rows(envelopes))
+        if not envelopes:
+            return
+        if self._closed:
+            raise ClosedError("the outbox is closed")
+        self._writer.call(self._put_batch, self._rows(envelopes))
 
     def put_async(self, envelopes: Sequence[Envelope]) -> Future[None]:
         """Like :meth:`put`, returning a future that resolves once the envelopes are
@@ -261,6 +258,12 @@ class SqliteOutbox(OperatorQueries):
             done.set_result(None)
             return done
         return self._submit(self._put_batch, self._rows(envelopes))
+
+    def put_batch_async(self, batch: Batch) -> Future[None]:
+        """Every message of ``batch`` as :meth:`put_async` stores ``batch.envelope(i)``
+        for each ``i`` (the same rows, in batch order, all or none), built from the
+        batch's columns: the producer's way to buffer a batch during an outage."""
+        return self._submit(self._put_batch, batch_rows(batch, self._target))
 
     def claim(self, *, limit: int, lease_s: float) -> builtins.list[Envelope]:
         """Lease up to ``limit`` ready envelopes for ``lease_s`` seconds, oldest first,
@@ -369,26 +372,8 @@ class SqliteOutbox(OperatorQueries):
         return self._writer.call(handler, payload, read_only=True)
 
     def _rows(self, envelopes: Sequence[Envelope]) -> Rows:
-        # Built in the caller's thread, straight into the flat parameter list of the
-        # multi-row INSERT: no tuple per row, and the writer only binds.
-        target = self._target
-        params: builtins.list[object] = [
-            value
-            for env in envelopes
-            for value in (
-                env.message_id,
-                target,
-                env.destination,
-                env.key,
-                row_headers(env) if env.headers or env.tombstone else None,
-                env.body,
-                env.created_at,
-                env.size,
-            )
-        ]
-        keys = [env.key for env in envelopes if env.key is not None]
-        sizes = cast("builtins.list[int]", params[7::COLUMNS])
-        return Rows(params, len(envelopes), sum(sizes), keys)
+        # Built in the caller's thread: the writer only binds.
+        return envelope_rows(envelopes, self._target)
 
     def _put_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
