@@ -378,55 +378,59 @@ class SqliteOutbox(OperatorQueries):
     def _put_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
     ) -> HandlerResult[object]:
-        results: builtins.list[object] = []
-        accepted: builtins.list[Rows] = []
-        rows, size = self._counts.rows, self._counts.bytes
+        counts = self._counts
+        rows, size = counts.rows, counts.bytes
         now = self._clock()
         if now - self._oldest_checked > _AGE_CHECK_S or self._oldest_at is None:
             # Looked up at most once a second: the age bound needs no finer grain, and
             # every statement costs a GIL hand-off under load.
             self._oldest_at, self._oldest_checked = _oldest(conn), now
         too_old = self._oldest_at is not None and now - self._oldest_at > self.max_age_s
-        for payload in payloads:
-            batch: Rows = payload
-            if too_old:
-                results.append(
-                    OutboxFull(
-                        f"the oldest waiting message is older than max_age_s={self.max_age_s}"
-                    )
-                )
-            elif rows + batch.count > self.max_rows:
-                results.append(OutboxFull(f"the outbox holds max_rows={self.max_rows}"))
-            elif size + batch.size > self.max_bytes:
-                results.append(OutboxFull(f"the outbox holds max_bytes={self.max_bytes}"))
-            else:
-                rows += batch.count
-                size += batch.size
-                accepted.append(batch)
-                results.append(None)
+        results: builtins.list[object] = []
+        accepted: builtins.list[Rows] = []
+        count = 0
+        before = conn.total_changes
+        for batch in payloads:
+            if too_old or rows + batch.count > self.max_rows or size + batch.size > self.max_bytes:
+                results.append(self._full(too_old, rows + batch.count > self.max_rows))
+                continue
+            insert_rows(conn, batch.params)
+            rows += batch.count
+            size += batch.size
+            count += batch.count
+            accepted.append(batch)
+            results.append(None)
         if not accepted:
             return HandlerResult(results)
-        count = sum(batch.count for batch in accepted)
-        before = conn.total_changes
-        for batch in accepted:
-            insert_rows(conn, batch.params)
         # Fewer changes than rows: some ids were already stored (a put repeated after an
         # unknown outcome); the stored copies stay and the counters are rebuilt from the file.
-        recount = self._recount(conn) if conn.total_changes - before != count else None
+        if conn.total_changes - before != count:
+            return HandlerResult(results, partial(self._recounted_rows, self._recount(conn)))
+        return HandlerResult(results, partial(self._added, accepted))
 
-        def apply() -> None:
-            with self._lock:
-                if recount is not None:
-                    self._counts.rows, self._counts.bytes, self._keys = recount
-                    return
-                counts, keys = self._counts, self._keys
-                for batch in accepted:
-                    counts.rows += batch.count
-                    counts.bytes += batch.size
-                    for key in batch.keys:
-                        keys[key] = keys.get(key, 0) + 1
+    def _full(self, too_old: bool, too_many: bool) -> OutboxFull:
+        """The error of a put refused at a bound (see :meth:`_put_batch`)."""
+        if too_old:
+            return OutboxFull(
+                f"the oldest waiting message is older than max_age_s={self.max_age_s}"
+            )
+        if too_many:
+            return OutboxFull(f"the outbox holds max_rows={self.max_rows}")
+        return OutboxFull(f"the outbox holds max_bytes={self.max_bytes}")
 
-        return HandlerResult(results, apply)
+    def _added(self, accepted: builtins.list[Rows]) -> None:
+        """The counters and key index after ``accepted`` puts committed."""
+        with self._lock:
+            counts, keys = self._counts, self._keys
+            for batch in accepted:
+                counts.rows += batch.count
+                counts.bytes += batch.size
+                for key in batch.keys:
+                    keys[key] = keys.get(key, 0) + 1
+
+    def _recounted_rows(self, recount: tuple[int, int, dict[bytes, int]]) -> None:
+        with self._lock:
+            self._counts.rows, self._counts.bytes, self._keys = recount
 
     @staticmethod
     def _recount(conn: sqlite3.Connection) -> tuple[int, int, dict[bytes, int]]:
