@@ -169,9 +169,6 @@ def insert_rows(conn: sqlite3.Connection, params: list[object]) -> None:
     ~150 ms instead of ~7 ms). Multi-row ``VALUES`` steps once per chunk.
     """
     step = _MULTI_ROWS * COLUMNS
-    if len(params) == COLUMNS:
-        conn.execute(INSERT, params)
-        return
     if len(params) <= step:
         conn.execute(_multi_insert(len(params) // COLUMNS), params)
         return

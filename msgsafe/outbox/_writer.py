@@ -116,7 +116,8 @@ class GroupCommitWriter:
         nor its callbacks run, in this thread); otherwise queues it for the writer thread.
         """
         with self._mutex:
-            self._check_open()
+            if self._closing or self._stopped:
+                self._check_open()  # raises the error that says which
             lead = not self._busy and not self._jobs
             if lead:
                 self._busy = True

@@ -39,7 +39,7 @@ from msgsafe.errors import (
 )
 from msgsafe.message import Batch, Envelope
 from msgsafe.outbox._claims import Claims
-from msgsafe.outbox._rows import Rows, batch_rows, envelope_rows, insert_rows, redact_target
+from msgsafe.outbox._rows import INSERT, Rows, batch_rows, envelope_rows, insert_rows, redact_target
 from msgsafe.outbox._schema import (
     APPLICATION_ID,
     check_header,
@@ -394,7 +394,10 @@ class SqliteOutbox(OperatorQueries):
             if too_old or rows + batch.count > self.max_rows or size + batch.size > self.max_bytes:
                 results.append(self._full(too_old, rows + batch.count > self.max_rows))
                 continue
-            insert_rows(conn, batch.params)
+            if batch.count == 1:
+                conn.execute(INSERT, batch.params)
+            else:
+                insert_rows(conn, batch.params)
             rows += batch.count
             size += batch.size
             count += batch.count
