@@ -184,8 +184,13 @@ def envelope_rows(envelopes: Sequence[Envelope], target: str) -> Rows:
         # One message per put (the per-message fsync mode): no comprehension frames.
         env = envelopes[0]
         key = env.key
-        headers = row_headers(env) if env.headers or env.tombstone else None
-        size = env.size
+        if env.headers or env.tombstone:
+            headers = row_headers(env)
+            size = env.size
+        else:
+            # Envelope.size without its call: no headers to count.
+            headers = None
+            size = len(env.body) if key is None else len(env.body) + len(key)
         one: list[object] = [env.message_id, target, env.destination, key, headers, env.body]
         one += (env.created_at, size)
         return Rows(one, 1, size, [] if key is None else [key])

@@ -248,7 +248,8 @@ class SqliteOutbox(OperatorQueries):
             return
         if self._closed:
             raise ClosedError("the outbox is closed")
-        self._writer.call(self._put_batch, self._rows(envelopes))
+        # The rows are made in the caller's thread: the writer only binds.
+        self._writer.call(self._put_batch, envelope_rows(envelopes, self._target))
 
     def put_async(self, envelopes: Sequence[Envelope]) -> Future[None]:
         """Like :meth:`put`, returning a future that resolves once the envelopes are
@@ -257,7 +258,7 @@ class SqliteOutbox(OperatorQueries):
             done: Future[None] = Future()
             done.set_result(None)
             return done
-        return self._submit(self._put_batch, self._rows(envelopes))
+        return self._submit(self._put_batch, envelope_rows(envelopes, self._target))
 
     def put_batch_async(self, batch: Batch) -> Future[None]:
         """Every message of ``batch`` as :meth:`put_async` stores ``batch.envelope(i)``
@@ -370,10 +371,6 @@ class SqliteOutbox(OperatorQueries):
         if self._closed:
             raise ClosedError("the outbox is closed")
         return self._writer.call(handler, payload, read_only=True)
-
-    def _rows(self, envelopes: Sequence[Envelope]) -> Rows:
-        # Built in the caller's thread: the writer only binds.
-        return envelope_rows(envelopes, self._target)
 
     def _put_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
