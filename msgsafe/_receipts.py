@@ -173,6 +173,21 @@ class BatchSend(LightFuture[BatchReceipt]):
         if done:
             self._finish()
 
+    def stored_all(self, error: OutboxError | None) -> None:
+        """The outbox writer committed every message of the batch in one put (or none
+        of them: ``error``)."""
+        ids = self.batch.message_ids
+        errors = {} if error is None else {mid: error.with_id(mid) for mid in ids}
+        with self._count_lock:
+            if error is None:
+                self._stored.extend(ids)
+            else:
+                self._errors.update(errors)
+            self._remaining -= len(ids)
+            done = self._remaining == 0
+        if done:
+            self._finish()
+
     def _fail(self, index: int, error: MsgsafeError) -> None:
         message_id = self.batch.message_ids[index]
         # One error object per message: transports share one for many messages.

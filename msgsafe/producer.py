@@ -112,6 +112,10 @@ class Producer:
             self._tickets = self._settle.tickets
             self._detouring = self._settle.detouring
             self._in_transport = self._settle.in_transport
+            #: The store's put of a whole batch's columns, when it has one (SqliteOutbox).
+            self._put_batch_async: Callable[[Batch], Future[None]] | None = getattr(
+                self._store, "put_batch_async", None
+            )
             if self._store is not None:
                 self._forwarder = Forwarder(self._store, self._transport, policy=retry)
                 self._forwarder.start()
@@ -276,6 +280,13 @@ class Producer:
         store = self._store
         paused = store is not None and settle.refused_until > 0.0 and settle.paused()
         send.ticket = next(self._tickets)
+        if paused and self._put_batch_async is not None:
+            if self._closed:
+                settle.settled(1)
+                raise ClosedError("producer is closed")
+            # The broker refused a moment ago: the batch goes to the outbox whole.
+            if settle.store_batch(send, self._put_batch_async):
+                return send
         with self._lock:
             if self._closed:
                 settle.settle_locked(1)

@@ -14,13 +14,13 @@ import functools
 import json
 import re
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError
-from msgsafe.message import Envelope, _new_envelope
+from msgsafe.message import Batch, Envelope, _new_envelope
 
 __all__ = [
     "COLUMNS",
@@ -29,7 +29,9 @@ __all__ = [
     "QuarantinedEntry",
     "Rows",
     "decode_headers",
+    "batch_rows",
     "encode_headers",
+    "envelope_rows",
     "row_headers",
     "insert_rows",
     "make_envelope",
@@ -173,3 +175,67 @@ def insert_rows(conn: sqlite3.Connection, params: list[object]) -> None:
     for start in range(0, len(params), step):
         chunk = params[start : start + step]
         conn.execute(_multi_insert(len(chunk) // COLUMNS), chunk)
+
+
+def envelope_rows(envelopes: Sequence[Envelope], target: str) -> Rows:
+    """``envelopes`` as the rows of a put for ``target``, straight into the flat parameter
+    list of the multi-row INSERT: no tuple per row."""
+    if len(envelopes) == 1:
+        # One message per put (the per-message fsync mode): no comprehension frames.
+        env = envelopes[0]
+        key = env.key
+        if env.headers or env.tombstone:
+            headers = row_headers(env)
+            size = env.size
+        else:
+            # Envelope.size without its call: no headers to count.
+            headers = None
+            size = len(env.body) if key is None else len(env.body) + len(key)
+        one: list[object] = [env.message_id, target, env.destination, key, headers, env.body]
+        one += (env.created_at, size)
+        return Rows(one, 1, size, [] if key is None else [key])
+    params: list[object] = [
+        value
+        for env in envelopes
+        for value in (
+            env.message_id,
+            target,
+            env.destination,
+            env.key,
+            row_headers(env) if env.headers or env.tombstone else None,
+            env.body,
+            env.created_at,
+            env.size,
+        )
+    ]
+    keys = [env.key for env in envelopes if env.key is not None]
+    sizes: list[int] = params[7::COLUMNS]  # type: ignore[assignment]  # the size column
+    return Rows(params, len(envelopes), sum(sizes), keys)
+
+
+def batch_rows(batch: Batch, target: str) -> Rows:
+    """Every message of ``batch`` as the rows of a put for ``target``: the same rows
+    :func:`envelope_rows` makes of ``batch.envelope(i)`` for each ``i``, built from the
+    batch's columns without an envelope per message."""
+    count = len(batch)
+    headers = encode_headers(batch.headers)
+    extra = sum(len(k) + len(v) for k, v in batch.headers.items())
+    params: list[object] = [None] * (count * COLUMNS)
+    params[0::COLUMNS] = batch.message_ids
+    params[1::COLUMNS] = [target] * count
+    params[2::COLUMNS] = [batch.destination] * count
+    params[4::COLUMNS] = [headers] * count
+    params[5::COLUMNS] = batch.bodies
+    params[6::COLUMNS] = [batch.created_at] * count
+    if batch.keys is None:
+        sizes = [len(body) + extra for body in batch.bodies]
+        keys: list[bytes] = []
+    else:
+        params[3::COLUMNS] = batch.keys
+        sizes = [
+            len(body) + extra + (0 if key is None else len(key))
+            for body, key in zip(batch.bodies, batch.keys, strict=True)
+        ]
+        keys = [key for key in batch.keys if key is not None]
+    params[7::COLUMNS] = sizes
+    return Rows(params, count, sum(sizes), keys)

@@ -80,11 +80,15 @@ class GroupCommitWriter:
     ) -> None:
         self._conn = conn
         self._translate = translate
-        self._cond = threading.Condition()
+        #: Guards the queue and the flags. The hot paths take it directly (a C call);
+        #: ``with`` on the condition would add two Python frames to every commit.
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._jobs: list[_Job] = []
         self._closing = False
         self._busy = False  # a transaction runs (in the writer thread or a caller's)
         self._disk_full = False
+        self._stopped = False  # the writer thread ended (set by the thread itself)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
@@ -97,7 +101,7 @@ class GroupCommitWriter:
         ``read_only`` jobs must not write; they never share a transaction with writes.
         """
         future: Future[Any] = LightFuture()
-        with self._cond:
+        with self._mutex:
             self._check_open()
             self._jobs.append(_Job(handler, payload, future, read_only))
             if len(self._jobs) == 1 and not self._busy:
@@ -111,32 +115,63 @@ class GroupCommitWriter:
         (then the group holds this job alone, so no other caller's future is resolved,
         nor its callbacks run, in this thread); otherwise queues it for the writer thread.
         """
-        future: Future[Any] = LightFuture()
-        job = _Job(handler, payload, future, read_only)
-        with self._cond:
-            self._check_open()
+        with self._mutex:
+            if self._closing or self._stopped:
+                self._check_open()  # raises the error that says which
             lead = not self._busy and not self._jobs
             if lead:
                 self._busy = True
             else:
-                self._jobs.append(job)
+                future: Future[Any] = LightFuture()
+                self._jobs.append(_Job(handler, payload, future, read_only))
                 if len(self._jobs) == 1 and not self._busy:
                     self._cond.notify_all()
-        if lead:
-            try:
-                self._run_group((job,))
-            finally:
-                self._idle()
-        return future.result()
+        if not lead:
+            return future.result()
+        try:
+            return self._run_alone(handler, payload, read_only)
+        finally:
+            self._idle()
 
     def _check_open(self) -> None:
         if self._closing:
             raise ClosedError("the outbox is closed")
-        if self._thread.ident is not None and not self._thread.is_alive():
+        if self._stopped:
             raise OutboxError("the outbox writer thread stopped; reopen the outbox")
 
+    def _run_alone(self, handler: Handler, payload: object, read_only: bool) -> Any:
+        """One job in a transaction of its own, in the calling thread: what
+        :meth:`_run_group` does for a group of one, without a future, a job object or
+        the grouping (one message per commit pays for every step here)."""
+        conn = self._conn
+        if read_only:
+            begin = "BEGIN"
+        else:
+            begin = "BEGIN IMMEDIATE"
+            if self._disk_full:
+                self._compact()
+        try:
+            conn.execute(begin)
+            try:
+                done = handler(conn, [payload])
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
+        except sqlite3.Error as exc:
+            raise self._translate_error(exc) from exc
+        finally:
+            if self._disk_full and not read_only:
+                self._compact()
+        if done.after_commit is not None:
+            done.after_commit()
+        result = done.results[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
     def _idle(self) -> None:
-        with self._cond:
+        with self._mutex:
             self._busy = False
             if self._jobs or self._closing:
                 # What queued meanwhile is the writer thread's. Not woken otherwise: a
@@ -145,7 +180,7 @@ class GroupCommitWriter:
 
     def close(self, timeout: float | None = None) -> None:
         """Finish the queued jobs, then stop the thread. Idempotent."""
-        with self._cond:
+        with self._mutex:
             self._closing = True
             self._cond.notify_all()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
@@ -154,8 +189,14 @@ class GroupCommitWriter:
     # --- writer thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self._stopped = True
+
+    def _serve(self) -> None:
         while True:
-            with self._cond:
+            with self._mutex:
                 while self._busy or not (self._jobs or self._closing):
                     self._cond.wait()
                 jobs, self._jobs = self._jobs, []

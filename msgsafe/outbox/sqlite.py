@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from msgsafe.errors import (
     ClosedError,
@@ -37,15 +37,9 @@ from msgsafe.errors import (
     OutboxFull,
     OutboxLocked,
 )
-from msgsafe.message import Envelope
+from msgsafe.message import Batch, Envelope
 from msgsafe.outbox._claims import Claims
-from msgsafe.outbox._rows import (
-    COLUMNS,
-    Rows,
-    insert_rows,
-    redact_target,
-    row_headers,
-)
+from msgsafe.outbox._rows import INSERT, Rows, batch_rows, envelope_rows, insert_rows, redact_target
 from msgsafe.outbox._schema import (
     APPLICATION_ID,
     check_header,
@@ -250,8 +244,12 @@ class SqliteOutbox(OperatorQueries):
         Raises :class:`OutboxFull` at a bound or on a full disk, :class:`ClosedError`
         after :meth:`close`.
         """
-        if envelopes:
-            self._call(self._put_batch, self._rows(envelopes))
+        if not envelopes:
+            return
+        if self._closed:
+            raise ClosedError("the outbox is closed")
+        # The rows are made in the caller's thread: the writer only binds.
+        self._writer.call(self._put_batch, envelope_rows(envelopes, self._target))
 
     def put_async(self, envelopes: Sequence[Envelope]) -> Future[None]:
         """Like :meth:`put`, returning a future that resolves once the envelopes are
@@ -260,7 +258,13 @@ class SqliteOutbox(OperatorQueries):
             done: Future[None] = Future()
             done.set_result(None)
             return done
-        return self._submit(self._put_batch, self._rows(envelopes))
+        return self._submit(self._put_batch, envelope_rows(envelopes, self._target))
+
+    def put_batch_async(self, batch: Batch) -> Future[None]:
+        """Every message of ``batch`` as :meth:`put_async` stores ``batch.envelope(i)``
+        for each ``i`` (the same rows, in batch order, all or none), built from the
+        batch's columns: the producer's way to buffer a batch during an outage."""
+        return self._submit(self._put_batch, batch_rows(batch, self._target))
 
     def claim(self, *, limit: int, lease_s: float) -> builtins.list[Envelope]:
         """Lease up to ``limit`` ready envelopes for ``lease_s`` seconds, oldest first,
@@ -368,80 +372,65 @@ class SqliteOutbox(OperatorQueries):
             raise ClosedError("the outbox is closed")
         return self._writer.call(handler, payload, read_only=True)
 
-    def _rows(self, envelopes: Sequence[Envelope]) -> Rows:
-        # Built in the caller's thread, straight into the flat parameter list of the
-        # multi-row INSERT: no tuple per row, and the writer only binds.
-        target = self._target
-        params: builtins.list[object] = [
-            value
-            for env in envelopes
-            for value in (
-                env.message_id,
-                target,
-                env.destination,
-                env.key,
-                row_headers(env) if env.headers or env.tombstone else None,
-                env.body,
-                env.created_at,
-                env.size,
-            )
-        ]
-        keys = [env.key for env in envelopes if env.key is not None]
-        sizes = cast("builtins.list[int]", params[7::COLUMNS])
-        return Rows(params, len(envelopes), sum(sizes), keys)
-
     def _put_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
     ) -> HandlerResult[object]:
-        results: builtins.list[object] = []
-        accepted: builtins.list[Rows] = []
-        rows, size = self._counts.rows, self._counts.bytes
+        counts = self._counts
+        rows, size = counts.rows, counts.bytes
         now = self._clock()
         if now - self._oldest_checked > _AGE_CHECK_S or self._oldest_at is None:
             # Looked up at most once a second: the age bound needs no finer grain, and
             # every statement costs a GIL hand-off under load.
             self._oldest_at, self._oldest_checked = _oldest(conn), now
         too_old = self._oldest_at is not None and now - self._oldest_at > self.max_age_s
-        for payload in payloads:
-            batch: Rows = payload
-            if too_old:
-                results.append(
-                    OutboxFull(
-                        f"the oldest waiting message is older than max_age_s={self.max_age_s}"
-                    )
-                )
-            elif rows + batch.count > self.max_rows:
-                results.append(OutboxFull(f"the outbox holds max_rows={self.max_rows}"))
-            elif size + batch.size > self.max_bytes:
-                results.append(OutboxFull(f"the outbox holds max_bytes={self.max_bytes}"))
+        results: builtins.list[object] = []
+        accepted: builtins.list[Rows] = []
+        count = 0
+        before = conn.total_changes
+        for batch in payloads:
+            if too_old or rows + batch.count > self.max_rows or size + batch.size > self.max_bytes:
+                results.append(self._full(too_old, rows + batch.count > self.max_rows))
+                continue
+            if batch.count == 1:
+                conn.execute(INSERT, batch.params)
             else:
-                rows += batch.count
-                size += batch.size
-                accepted.append(batch)
-                results.append(None)
+                insert_rows(conn, batch.params)
+            rows += batch.count
+            size += batch.size
+            count += batch.count
+            accepted.append(batch)
+            results.append(None)
         if not accepted:
             return HandlerResult(results)
-        count = sum(batch.count for batch in accepted)
-        before = conn.total_changes
-        for batch in accepted:
-            insert_rows(conn, batch.params)
         # Fewer changes than rows: some ids were already stored (a put repeated after an
         # unknown outcome); the stored copies stay and the counters are rebuilt from the file.
-        recount = self._recount(conn) if conn.total_changes - before != count else None
+        if conn.total_changes - before != count:
+            return HandlerResult(results, partial(self._recounted_rows, self._recount(conn)))
+        return HandlerResult(results, partial(self._added, accepted))
 
-        def apply() -> None:
-            with self._lock:
-                if recount is not None:
-                    self._counts.rows, self._counts.bytes, self._keys = recount
-                    return
-                counts, keys = self._counts, self._keys
-                for batch in accepted:
-                    counts.rows += batch.count
-                    counts.bytes += batch.size
-                    for key in batch.keys:
-                        keys[key] = keys.get(key, 0) + 1
+    def _full(self, too_old: bool, too_many: bool) -> OutboxFull:
+        """The error of a put refused at a bound (see :meth:`_put_batch`)."""
+        if too_old:
+            return OutboxFull(
+                f"the oldest waiting message is older than max_age_s={self.max_age_s}"
+            )
+        if too_many:
+            return OutboxFull(f"the outbox holds max_rows={self.max_rows}")
+        return OutboxFull(f"the outbox holds max_bytes={self.max_bytes}")
 
-        return HandlerResult(results, apply)
+    def _added(self, accepted: builtins.list[Rows]) -> None:
+        """The counters and key index after ``accepted`` puts committed."""
+        with self._lock:
+            counts, keys = self._counts, self._keys
+            for batch in accepted:
+                counts.rows += batch.count
+                counts.bytes += batch.size
+                for key in batch.keys:
+                    keys[key] = keys.get(key, 0) + 1
+
+    def _recounted_rows(self, recount: tuple[int, int, dict[bytes, int]]) -> None:
+        with self._lock:
+            self._counts.rows, self._counts.bytes, self._keys = recount
 
     @staticmethod
     def _recount(conn: sqlite3.Connection) -> tuple[int, int, dict[bytes, int]]:

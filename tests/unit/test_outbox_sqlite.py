@@ -13,8 +13,9 @@ import pytest
 
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ClosedError, ConfigurationError, OutboxFull
-from msgsafe.message import Envelope
+from msgsafe.message import Batch, Envelope
 from msgsafe.outbox import SqliteOutbox, default_path, open_store
+from msgsafe.outbox._rows import batch_rows, envelope_rows
 from msgsafe.ports import OutboxStore
 
 
@@ -427,3 +428,18 @@ def test_purging_a_leased_row_ends_its_lease_and_frees_its_key(
     assert [e.message_id for e in store.claim(limit=10, lease_s=30)] == [a2.message_id]
     store.delivered([a2.message_id])
     assert store.stats().depth == 0 and not store.has_key(b"a")
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_a_batch_put_stores_the_rows_of_its_envelopes(store: SqliteOutbox, keyed: bool) -> None:
+    """put_batch_async makes from a batch's columns the very rows put() makes of its
+    messages' envelopes (ids, keys, headers, ages, sizes), and counts them alike."""
+    keys = [None if i % 2 else f"k{i % 5}" for i in range(40)] if keyed else None
+    batch = Batch.build("q", [b"x" * i for i in range(40)], keys=keys, headers={"h": "v"})
+    envelopes = [batch.envelope(i) for i in range(len(batch))]
+    assert batch_rows(batch, "t") == envelope_rows(envelopes, "t")
+    store.put_batch_async(batch).result(10)
+    assert [e.envelope for e in store.list(limit=100)] == envelopes
+    stats = store.stats()
+    assert (stats.depth, stats.bytes) == (40, sum(e.size for e in envelopes))
+    assert store.has_key(b"k0") is keyed

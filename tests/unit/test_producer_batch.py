@@ -10,13 +10,15 @@ from __future__ import annotations
 import pickle
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
 from msgsafe import Producer, RetryPolicy, Status
-from msgsafe.errors import BatchFailed, ClosedError, InvalidMessage, Refused, Rejected
+from msgsafe.errors import BatchFailed, ClosedError, InvalidMessage, OutboxFull, Refused, Rejected
 from msgsafe.message import Batch, BatchReceipt, new_message_id, new_message_ids
+from msgsafe.outbox import SqliteOutbox
 from msgsafe.testing import MemoryBroker
 
 FAST = RetryPolicy(initial=0.01, maximum=0.05)
@@ -191,3 +193,67 @@ def test_batch_select_and_envelope_keep_each_message() -> None:
     env = batch.envelope(0)
     assert (env.body, env.key, dict(env.headers)) == (b"a", b"x", {"h": "1"})
     assert env.message_id == batch.message_ids[0]
+
+
+def test_a_batch_sent_in_the_refusal_pause_is_stored_whole_with_its_columns(
+    broker: MemoryBroker, tmp_path: Path
+) -> None:
+    """In the refusal pause a batch reaches the store as one put of its columns (no
+    transport attempt): each row is what the message's own envelope would have stored,
+    and every id arrives once after the drain."""
+    with producer(broker, tmp_path / "o.db") as p:
+        broker.refuse_writes()
+        assert p.send("q", b"probe").status is Status.STORED
+        p._settle.refused_until = float("inf")
+        store = p.outbox
+        assert isinstance(store, SqliteOutbox)
+        puts: list[int] = []
+        whole = store.put_batch_async
+
+        def counted(batch: Batch) -> Future[None]:
+            puts.append(len(batch))
+            return whole(batch)
+
+        p._put_batch_async = counted
+        bodies = [b"m%d" % i for i in range(250)]
+        keys = [None if i % 3 == 0 else f"k{i % 7}" for i in range(250)]
+        receipt = p.send_batch("q", bodies, keys=keys, headers={"h": "1"})
+        assert puts == [250]
+        assert receipt.stored == 250
+        waiting = {entry.envelope.message_id: entry.envelope for entry in store.list(limit=1000)}
+        assert len(waiting) == 251 and set(receipt.message_ids) <= set(waiting)
+        for i, message_id in enumerate(receipt.message_ids):
+            env = waiting[message_id]
+            key = None if keys[i] is None else str(keys[i]).encode()
+            assert (env.body, env.key, dict(env.headers)) == (bodies[i], key, {"h": "1"})
+        broker.accept_writes()
+        p._settle.refused_until = 0.0
+        assert p.drain(timeout=10) == 0
+    delivered = broker.ids("q")
+    print(f"sent=251 stored=251 delivered={len(delivered)} unique={len(set(delivered))}")
+    assert len(delivered) == 251 and set(delivered) == set(waiting)
+
+
+def test_a_batch_the_store_refuses_in_the_pause_fails_whole_and_frees_its_keys(
+    broker: MemoryBroker, tmp_path: Path
+) -> None:
+    """A whole-batch put at the outbox's row bound: every id is named in BatchFailed
+    (the caller owns them), nothing is stored, and a later send of a key of that batch
+    is not held back by it."""
+    store = SqliteOutbox(tmp_path / "o.db", max_rows=10)
+    with Producer(f"memory://{broker.name}", outbox=store, retry=FAST) as p:
+        broker.refuse_writes()
+        assert p.send("q", b"probe", key="k").status is Status.STORED
+        p._settle.refused_until = float("inf")
+        with pytest.raises(BatchFailed) as caught:
+            p.send_batch("q", [b"x"] * 20, keys=["j"] * 20)
+        failed = caught.value
+        assert len(failed.errors) == 20
+        assert all(isinstance(e, OutboxFull) for e in failed.errors.values())
+        assert p._settle.detouring == {}
+        assert p.pending() == 1
+        assert p.send("q", b"after", key="j").status is Status.STORED
+        broker.accept_writes()
+        p._settle.refused_until = 0.0
+        assert p.drain(timeout=10) == 0
+    assert sorted(m.body for m in broker.messages("q")) == [b"after", b"probe"]

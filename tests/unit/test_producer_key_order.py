@@ -120,3 +120,32 @@ def test_only_the_key_with_sends_in_the_transport_waits(
     seen = [env.body for env in transport.delivered]
     assert seen.index(b"a0") < seen.index(b"a1")
     assert seen.index(b"b0") < seen.index(b"b1")
+
+
+def test_a_batch_in_the_refusal_pause_does_not_overtake_a_key_in_the_transport(
+    transport: HeldTransport, tmp_path: Path
+) -> None:
+    """In the refusal pause a batch goes to the outbox whole, unless a key of it still
+    has a send in the transport: then its messages wait for that send, and later sends
+    of its keys queue behind the batch."""
+    with Producer("memory://held", outbox=tmp_path / "o.db") as producer:
+        a0 = producer.send_async("q", b"a0", key="a")
+        b0 = producer.send_async("q", b"b0", key="b")
+        transport.answer(1, ConnectError("refused"))  # the refusal pause begins
+        assert b0.result(10).status is Status.STORED
+        batch = producer.send_batch_async("q", [b"a1", b"b1", b"c1"], keys=["a", "b", "c"])
+        later = producer.send_async("q", b"a2", key="a")
+        assert not batch.done(), "a1 was stored before a0, which is still in the transport"
+        whole = producer.send_batch_async("q", [b"c2", b"d2"], keys=["c", "d"])
+        assert whole.result(10).stored == 2
+        transport.answer(0, ConnectError("refused"))
+        assert batch.result(10).stored == 3
+        assert [f.result(10).status for f in (a0, later)] == [Status.STORED] * 2
+        transport.deliver(keep=set())
+        assert producer.drain(10) == 0
+    seen = [env.body for env in transport.delivered]
+    print(f"sent=9 delivered={len(seen)} order={seen}")
+    assert sorted(seen) == sorted([b"a0", b"b0", b"a1", b"b1", b"c1", b"a2", b"c2", b"d2"])
+    for key in (b"a", b"b", b"c"):
+        mine = [body for body in seen if body.startswith(key)]
+        assert mine == sorted(mine), f"key {key!r} out of order: {mine}"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from msgsafe import Producer, Status
-from msgsafe.errors import OutboxFull
+from msgsafe.errors import BatchFailed, OutboxFull
 from msgsafe.outbox import SqliteOutbox
 from msgsafe.testing import MemoryBroker
 from tests.fixtures._tmpfs import mounted_tmpfs
@@ -73,5 +73,49 @@ def test_full_disk_raises_typed_error_and_loses_nothing(small_disk: Path) -> Non
         finally:
             conn.close()
         SqliteOutbox(path).close()
+    finally:
+        MemoryBroker.forget(name)
+
+
+def test_batches_on_a_full_disk_are_stored_whole_or_not_at_all(small_disk: Path) -> None:
+    """Batches sent during the outage go to the outbox whole: on a full disk each one is
+    either stored completely or fails completely with OutboxFull (the caller owns every
+    id of it), and every stored id is delivered once space is back."""
+    filler = small_disk / "filler"
+    filler.write_bytes(b"\0" * 1024 * 1024)  # room for the drain's deletes later
+    name = f"diskfull-{uuid.uuid4().hex[:6]}"
+    broker = MemoryBroker.install(MemoryBroker(name))
+    broker.refuse_writes()
+    receipted: list[str] = []
+    failed_ids: list[str] = []
+    try:
+        with Producer(f"memory://{name}", outbox=small_disk / "o.sqlite3") as producer:
+            consecutive = 0
+            while consecutive < 5:
+                keys = [f"k{i % 3}" for i in range(50)]
+                try:
+                    receipt = producer.send_batch("q", [b"y" * 1000] * 50, keys=keys)
+                except BatchFailed as exc:
+                    assert exc.receipt is not None and len(exc.receipt) == 0
+                    assert all(isinstance(e, OutboxFull) for e in exc.errors.values())
+                    failed_ids.extend(exc.errors)
+                    consecutive += 1
+                    continue
+                assert receipt.stored + receipt.confirmed == 50
+                receipted.extend(receipt.message_ids)
+                consecutive = 0
+            filler.unlink()
+            receipted.extend(producer.send_batch("q", [b"z"] * 10).message_ids)
+            broker.accept_writes()
+            assert producer.drain(30) == 0
+        delivered = broker.ids("q")
+        lost = set(receipted) - set(delivered)
+        print(
+            f"receipted={len(receipted)} failed={len(failed_ids)} delivered={len(delivered)} "
+            f"lost={len(lost)}"
+        )
+        assert not lost and len(failed_ids) >= 250 and len(receipted) > 100
+        assert not set(failed_ids) & set(delivered)
+        assert len(delivered) == len(set(delivered))
     finally:
         MemoryBroker.forget(name)
