@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import BatchFailed
-from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status
+from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status, _new_envelope
 from msgsafe.telemetry.stats import ProducerCounters, ProducerStats, TracedConnectionCounters
 
 if TYPE_CHECKING:
@@ -67,16 +67,18 @@ class ProducerTelemetry(TracedConnectionCounters, ProducerCounters):
         if otel is None:
             return envelope, None
         try:
-            headers, span = otel.start(
-                envelope.destination, envelope.headers, message_id=envelope.message_id
+            headers, span = otel.start_one(
+                envelope.destination, envelope.headers, envelope.message_id
             )
-            traced = Envelope(
+            # The same message with the span's context in its headers (tombstone kept).
+            traced = _new_envelope(
                 envelope.destination,
                 envelope.body,
                 envelope.message_id,
                 envelope.key,
-                MappingProxyType(headers),
                 envelope.created_at,
+                MappingProxyType(headers),
+                envelope.tombstone,
             )
             return traced, span
         except Exception:
@@ -89,7 +91,7 @@ class ProducerTelemetry(TracedConnectionCounters, ProducerCounters):
         if otel is None:
             return batch, None
         try:
-            headers, span = otel.start(batch.destination, batch.headers, count=len(batch))
+            headers, span = otel.start_batch(batch.destination, batch.headers, len(batch))
             return replace(batch, headers=MappingProxyType(headers)), span
         except Exception:
             log.warning("telemetry: cannot start a send span", exc_info=True)
