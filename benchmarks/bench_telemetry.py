@@ -63,7 +63,7 @@ from msgsafe.telemetry.producer import ProducerTelemetry
 BODY = b"x" * 100
 BATCH = 1000
 SETUPS = ("off", "header", "batch", "simple")
-THREADS = ("caller", "io", "spans")
+THREADS = ("caller", "io", "spans", "broker")
 GOALS = {"send": 0.05, "batch": 0.03}
 
 
@@ -113,28 +113,43 @@ def _io_thread(producer: Producer, queue: str) -> int:
 
 class _Clocks:
     """CPU clocks of the threads one producer's calls run on: the caller, its I/O
-    thread, the span processor's thread."""
+    thread, the span processor's thread; and the broker's CPU (its Erlang VM, read from
+    ``/proc`` in clock ticks: summed over thousands of calls, each tick falls on the call
+    under way), 0 when the broker is not this run's."""
 
-    def __init__(self, io_ident: int, span_ident: int) -> None:
+    def __init__(self, io_ident: int, span_ident: int, broker_pid: int | None) -> None:
         self.ids = (
             time.CLOCK_THREAD_CPUTIME_ID,
             time.pthread_getcpuclockid(io_ident),
             time.pthread_getcpuclockid(span_ident),
         )
+        self.stat = Path(f"/proc/{broker_pid}/stat") if broker_pid else None
+        self.tick = os.sysconf("SC_CLK_TCK")
 
     def read(self) -> tuple[float, ...]:
         return tuple(time.clock_gettime(clock) for clock in self.ids)
+
+    def broker(self) -> float:
+        if self.stat is None:
+            return 0.0
+        # utime and stime: fields 14 and 15, counted after the command's closing ")".
+        fields = self.stat.read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / self.tick
 
 
 def _timed(
     clocks: _Clocks, fn: Callable[[Producer, str, int], None], producer: Producer, queue: str
 ) -> tuple[float, float, tuple[float, ...]]:
-    """Wall, process CPU and per-thread CPU seconds of one call ``fn(producer, queue, 1)``."""
+    """Wall, process CPU and per-thread CPU seconds of one call ``fn(producer, queue, 1)``
+    (and the broker's, read outside the threads' clocks: reading it costs CPU)."""
+    broker = clocks.broker()
     threads = clocks.read()
     started, cpu = time.perf_counter(), time.process_time()
     fn(producer, queue, 1)
     wall, used = time.perf_counter() - started, time.process_time() - cpu
-    return wall, used, tuple(b - a for a, b in zip(threads, clocks.read(), strict=True))
+    after = clocks.read()
+    spent = clocks.broker() - broker
+    return wall, used, (*(b - a for a, b in zip(threads, after, strict=True)), spent)
 
 
 #: A W3C trace context as the ``header`` producer sends it (fixed: no span behind it).
@@ -362,13 +377,14 @@ def main() -> None:
         try:
             _use_tracer(made["simple"], sdk.simple_provider.get_tracer("msgsafe"))
             span_ident = sdk.span_thread()
+            broker_pid = cluster.pid(0) if cluster is not None else None
             producers = {}
             for setup, producer in made.items():
                 queue = f"tel-{setup}-{uuid.uuid4().hex[:8]}"
                 # warm-up: connections, queue declarations, code paths
                 _sends(producer, queue, 200)
                 _batches(producer, queue, 2)
-                clocks = _Clocks(_io_thread(producer, queue), span_ident)
+                clocks = _Clocks(_io_thread(producer, queue), span_ident, broker_pid)
                 producers[setup] = (producer, queue, clocks)
             sdk.collect()  # the warm-up's spans and metrics: not counted
             for r in range(args.rounds):
@@ -402,7 +418,7 @@ def main() -> None:
             f"{setup} {kind}: off {fig['off']:,.0f} msg/s, on {fig['on']:,.0f} msg/s; wall "
             f"overhead median {fig['wall']:+.1%} (IQR {fig['q1']:+.1%} .. {fig['q3']:+.1%}); "
             f"CPU/msg {fig['cpu off']:.2f} -> {fig['cpu on']:.2f} us, per-round median "
-            f"{fig['cpu']:+.1%}; by thread (caller, io, spans) "
+            f"{fig['cpu']:+.1%}; by thread (caller, io, spans, broker) "
             f"{_by_thread(run, 'off', kind)} -> {_by_thread(run, setup, kind)} us"
         )
     sent = {setup: (s.sent, s.confirmed) for setup, s in stats.items()}
@@ -493,8 +509,10 @@ on the thread that ends it, here the producer's I/O thread, and shows what that 
 |---|---|---:|---:|---:|---:|---|---:|
 {table}
 
-Client CPU per message by thread, us (the caller / the producer's I/O thread / the
-`BatchSpanProcessor`'s thread, read from each thread's CPU clock around every call):
+CPU per message by thread, us (the caller / the producer's I/O thread / the
+`BatchSpanProcessor`'s thread, read from each thread's CPU clock around every call / the
+broker's Erlang VM, from `/proc` in clock ticks, which over the run fall on the calls
+under way):
 
 | call | off | header only | BatchSpanProcessor | SimpleSpanProcessor |
 |---|---:|---:|---:|---:|
@@ -517,7 +535,7 @@ def _notes(
     added = send["cpu on"] - send["cpu off"]
     off = run.threads["off send"]
     on = run.threads["batch send"]
-    caller, io, spans = (run.per_message(b - a, "send") for a, b in zip(off, on, strict=True))
+    caller, io, spans, _ = (run.per_message(b - a, "send") for a, b in zip(off, on, strict=True))
     placed = run.in_place
     header = rows[("header", "send")]
     framed = header["cpu on"] - header["cpu off"]
