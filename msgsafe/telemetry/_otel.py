@@ -281,8 +281,9 @@ class OtelProducer(_Side):
     def start_one(
         self, destination: str, headers: Mapping[str, str], message_id: str
     ) -> tuple[dict[str, str], Span]:
-        """:meth:`start` for one message: the span of every single send, so the fewest
-        steps (its attributes are the destination's, built once, and its id)."""
+        """A PRODUCER span for one message, and the headers carrying its context: the
+        span of every single send, so the fewest steps (its attributes are the
+        destination's, built once, and the message's id)."""
         found = self._named.get(destination)
         name, attributes = found if found is not None else self.named("send", destination, "send")
         span = self.tracer.start_span(
