@@ -109,15 +109,14 @@ class ProducerTelemetry(TracedConnectionCounters, ProducerCounters):
         future.add_done_callback(partial(self._one_done, span, time.monotonic()))
 
     def track_batch(self, future: Future[BatchReceipt], count: int, span: Any = None) -> None:
-        """A batch of ``count`` sent; its outcomes are counted when ``future`` resolves
-        (one callback per batch)."""
+        """A batch of ``count`` sent; its outcomes are counted, and with OpenTelemetry its
+        span ended, when ``future`` resolves (one callback per batch, one reading of its
+        outcome)."""
         self.add_batch(count)
-        if self._otel is not None:
-            self._traced(future, span)
-        future.add_done_callback(self._batch_done)
-
-    def _traced(self, future: Future[Any], span: Any) -> None:
-        future.add_done_callback(partial(self._otel_done, span, time.monotonic()))
+        if self._otel is None:
+            future.add_done_callback(self._batch_done)
+        else:
+            future.add_done_callback(partial(self._otel_done, span, time.monotonic(), True))
 
     def _batch_done(self, future: Future[BatchReceipt]) -> None:
         confirmed, stored, failed, _ = _batch_outcome(future)
@@ -127,7 +126,7 @@ class ProducerTelemetry(TracedConnectionCounters, ProducerCounters):
         """:meth:`_otel_done` for a single send: a receipt, or an error (rare) that
         takes the general path."""
         if span is None or future.exception() is not None:
-            self._otel_done(span, started, future)
+            self._otel_done(span, started, False, future)
             return
         latency = time.monotonic() - started
         otel = self._otel
@@ -141,10 +140,14 @@ class ProducerTelemetry(TracedConnectionCounters, ProducerCounters):
         except Exception:
             log.warning("telemetry: cannot record a settled send", exc_info=True)
 
-    def _otel_done(self, span: Any, started: float, future: Future[Any]) -> None:
+    def _otel_done(self, span: Any, started: float, batch: bool, future: Future[Any]) -> None:
+        """A traced send or ``batch`` settled: its latency, its span's outcome and end
+        (and a batch's outcomes counted; a single send's are the settlement's)."""
         otel = self._otel
         assert otel is not None
         confirmed, stored, failed, error = _batch_outcome(future)
+        if batch:
+            self.add_batch_outcome(confirmed, stored, failed)
         latency = time.monotonic() - started
         if confirmed:
             self.add_latency(latency)
