@@ -286,14 +286,17 @@ def _encodable(text: str, what: str) -> str:
 def _freeze_headers(headers: Mapping[str, str] | None) -> Mapping[str, str]:
     if not headers:
         return _NO_HEADERS
-    if not isinstance(headers, Mapping):
+    # NOTE: a dict skips ``isinstance`` against the Mapping ABC, and an ASCII header the
+    # call that encodes it: both cost more than the rest of its way to the wire.
+    if type(headers) is not dict and not isinstance(headers, Mapping):
         raise InvalidMessage(
             f"headers must be a mapping of str to str, not {type(headers).__name__}"
         )
     for name, value in headers.items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise InvalidMessage("headers must be a mapping of str to str")
-        _encodable(name + value, "a header")
+        if not (name.isascii() and value.isascii()):
+            _encodable(name + value, "a header")
     return MappingProxyType(dict(headers))
 
 
@@ -330,18 +333,18 @@ class Envelope:
         if (
             type(body) is bytes
             and message_id is None
-            and not headers
             and type(destination) is str
             and destination
             and destination.isascii()
         ):
             # The common case, on every message's path: nothing to convert or check
-            # beyond the key.
+            # beyond the key and the headers (a traced application's ``traceparent``).
             if key is not None and type(key) is not bytes:
                 key = _key_bytes(key)
+            frozen = _freeze_headers(headers) if headers else _NO_HEADERS
             if cls is Envelope:
-                return _new_envelope(destination, body, new_message_id(), key, time.time())
-            return cls(destination, body, new_message_id(), key, _NO_HEADERS, time.time())
+                return _new_envelope(destination, body, new_message_id(), key, time.time(), frozen)
+            return cls(destination, body, new_message_id(), key, frozen, time.time())
         if not isinstance(destination, str) or not destination:
             raise InvalidMessage("destination must be a non-empty string")
         _encodable(destination, "the destination")
@@ -367,7 +370,8 @@ class Envelope:
         if self.key is not None:
             size += len(self.key)
         if self.headers:
-            size += sum(len(k) + len(v) for k, v in self.headers.items())
+            for name, value in self.headers.items():  # a loop: a generator costs more
+                size += len(name) + len(value)
         return size
 
 
@@ -385,18 +389,24 @@ class Envelope:
 
 
 def _new_envelope(
-    destination: str, body: bytes, message_id: str, key: bytes | None, created_at: float
+    destination: str,
+    body: bytes,
+    message_id: str,
+    key: bytes | None,
+    created_at: float,
+    headers: Mapping[str, str] = _NO_HEADERS,
+    tombstone: bool = False,
 ) -> Envelope:
-    """An envelope without headers from values already checked (see :func:`new_receipt`
-    for why it does not call ``Envelope(...)``)."""
+    """An envelope from values already checked, ``headers`` read-only (see
+    :func:`new_receipt` for why it does not call ``Envelope(...)``)."""
     envelope = _new_object(Envelope)
     _set_destination(envelope, destination)
     _set_body(envelope, body)
     _set_message_id(envelope, message_id)
     _set_key(envelope, key)
-    _set_headers(envelope, _NO_HEADERS)
+    _set_headers(envelope, headers)
     _set_created_at(envelope, created_at)
-    _set_tombstone(envelope, False)
+    _set_tombstone(envelope, tombstone)
     return envelope
 
 

@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import replace
 from types import TracebackType
 from typing import Any, Protocol, Self
 
@@ -349,8 +348,6 @@ class Producer:
             telemetry.sent_one()  # the outcome is counted by the settlement
             return future
         traced, span = telemetry.start(envelope)
-        if envelope.tombstone and not traced.tombstone:
-            traced = replace(traced, tombstone=True)  # the traced copy keeps the mark
         future = self._submit(traced, transaction)
         telemetry.track(future, span)
         return future

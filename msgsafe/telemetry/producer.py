@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import BatchFailed
-from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status
+from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status, _new_envelope
 from msgsafe.telemetry.stats import ProducerCounters, ProducerStats, TracedConnectionCounters
 
 if TYPE_CHECKING:
@@ -67,16 +67,18 @@ class ProducerTelemetry(TracedConnectionCounters, ProducerCounters):
         if otel is None:
             return envelope, None
         try:
-            headers, span = otel.start(
-                envelope.destination, envelope.headers, message_id=envelope.message_id
+            headers, span = otel.start_one(
+                envelope.destination, envelope.headers, envelope.message_id
             )
-            traced = Envelope(
+            # The same message with the span's context in its headers (tombstone kept).
+            traced = _new_envelope(
                 envelope.destination,
                 envelope.body,
                 envelope.message_id,
                 envelope.key,
-                MappingProxyType(headers),
                 envelope.created_at,
+                MappingProxyType(headers),
+                envelope.tombstone,
             )
             return traced, span
         except Exception:
@@ -89,7 +91,7 @@ class ProducerTelemetry(TracedConnectionCounters, ProducerCounters):
         if otel is None:
             return batch, None
         try:
-            headers, span = otel.start(batch.destination, batch.headers, count=len(batch))
+            headers, span = otel.start_batch(batch.destination, batch.headers, len(batch))
             return replace(batch, headers=MappingProxyType(headers)), span
         except Exception:
             log.warning("telemetry: cannot start a send span", exc_info=True)
@@ -107,15 +109,14 @@ class ProducerTelemetry(TracedConnectionCounters, ProducerCounters):
         future.add_done_callback(partial(self._one_done, span, time.monotonic()))
 
     def track_batch(self, future: Future[BatchReceipt], count: int, span: Any = None) -> None:
-        """A batch of ``count`` sent; its outcomes are counted when ``future`` resolves
-        (one callback per batch)."""
+        """A batch of ``count`` sent; its outcomes are counted, and with OpenTelemetry its
+        span ended, when ``future`` resolves (one callback per batch, one reading of its
+        outcome)."""
         self.add_batch(count)
-        if self._otel is not None:
-            self._traced(future, span)
-        future.add_done_callback(self._batch_done)
-
-    def _traced(self, future: Future[Any], span: Any) -> None:
-        future.add_done_callback(partial(self._otel_done, span, time.monotonic()))
+        if self._otel is None:
+            future.add_done_callback(self._batch_done)
+        else:
+            future.add_done_callback(partial(self._otel_done, span, time.monotonic(), True))
 
     def _batch_done(self, future: Future[BatchReceipt]) -> None:
         confirmed, stored, failed, _ = _batch_outcome(future)
@@ -125,25 +126,28 @@ class ProducerTelemetry(TracedConnectionCounters, ProducerCounters):
         """:meth:`_otel_done` for a single send: a receipt, or an error (rare) that
         takes the general path."""
         if span is None or future.exception() is not None:
-            self._otel_done(span, started, future)
+            self._otel_done(span, started, False, future)
             return
         latency = time.monotonic() - started
         otel = self._otel
         assert otel is not None
-        confirmed = future.result().status is Status.CONFIRMED
-        if confirmed:
+        confirmed: float | None = None  # stored: no confirm latency
+        if future.result().status is Status.CONFIRMED:
             self.add_latency(latency)
+            confirmed = latency
         try:
-            if confirmed:
-                otel.buffer_latency(latency)
             otel.settled_one(span, confirmed)
         except Exception:
             log.warning("telemetry: cannot record a settled send", exc_info=True)
 
-    def _otel_done(self, span: Any, started: float, future: Future[Any]) -> None:
+    def _otel_done(self, span: Any, started: float, batch: bool, future: Future[Any]) -> None:
+        """A traced send or ``batch`` settled: its latency, its span's outcome and end
+        (and a batch's outcomes counted; a single send's are the settlement's)."""
         otel = self._otel
         assert otel is not None
         confirmed, stored, failed, error = _batch_outcome(future)
+        if batch:
+            self.add_batch_outcome(confirmed, stored, failed)
         latency = time.monotonic() - started
         if confirmed:
             self.add_latency(latency)

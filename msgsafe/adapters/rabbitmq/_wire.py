@@ -9,11 +9,9 @@ Frames: pika builds every published message from objects (a ``Basic.Publish`` me
 20 µs of Python per message. The messages of a :class:`~msgsafe.message.Batch` differ
 only in body, id and key, so :class:`FrameWriter` encodes the properties once per id
 length and key (with pika's own encoder, from a template whose id is a sentinel), then
-splices each message's id in. A single envelope's own text headers (a ``traceparent``)
-are encoded by :func:`header_entries` and spliced in front of the table's msgsafe
-entries, so headered messages stay on this path too. The bytes are the ones
-``Channel.basic_publish`` would write (``tests/unit/test_rabbitmq_frames.py`` compares
-them).
+splices each message's id in; a single envelope's own text headers (a ``traceparent``)
+go in front of the table's msgsafe entries (:func:`header_entries`). The bytes are the
+ones ``Channel.basic_publish`` writes (``tests/unit/test_rabbitmq_frames.py`` compares).
 
 Writing: :class:`FrameSender` takes what the confirm ledger holds pending, in order,
 encodes it and writes it to the connection with one call per flush (or through
@@ -62,8 +60,11 @@ _FIRST = (0,)
 #: Frame type octet, channel, payload size; then the content header's class id, weight
 #: and body size (AMQP 0-9-1 §4.2.3, §4.2.6.1).
 _HEADER_START = struct.Struct(">BHIHHQ")
-#: A header table entry's value: the long-string type octet and its length.
-_LONG_STRING = struct.Struct(">cI")
+#: A long string's length (a header table entry's value).
+_LONG_LENGTH = struct.Struct(">I")
+#: Per header name, its table entry up to the value (short-string name, type ``S``):
+#: every traced message carries ``traceparent``. At most _MAX_TEMPLATES names.
+_NAME_ENTRIES: dict[str, bytes] = {}
 #: The properties' flags (2 octets) before the headers table's length (4).
 _TABLE_LENGTH = struct.Struct(">I")
 _TABLE_AT = 2
@@ -148,25 +149,21 @@ def header_entries(headers: Mapping[str, str], reserved: Sequence[str]) -> bytes
     longer than a short string or is one of ``reserved`` (msgsafe's own headers, whose
     place in the table the template fixes): such a message goes through pika."""
     out: list[bytes] = []
-    pack = _LONG_STRING.pack
+    pack = _LONG_LENGTH.pack
     for name, value in headers.items():
-        raw_name = name.encode()
-        if len(raw_name) > 255 or name in reserved:
+        if name in reserved:
             return None
+        start = _NAME_ENTRIES.get(name)
+        if start is None:
+            raw_name = name.encode()
+            if len(raw_name) > 255:
+                return None
+            start = bytes((len(raw_name),)) + raw_name + b"S"
+            if len(_NAME_ENTRIES) < _MAX_TEMPLATES:
+                _NAME_ENTRIES[name] = start
         raw = value.encode()
-        out += (bytes((len(raw_name),)), raw_name, pack(b"S", len(raw)), raw)
+        out += (start, pack(len(raw)), raw)
     return b"".join(out)
-
-
-def _with_entries(template: tuple[list[bytes], int], entries: bytes) -> tuple[list[bytes], int]:
-    """A properties template (split at the id) with ``entries`` first in its headers
-    table: the table's length grows by theirs."""
-    pieces, length = template
-    first = pieces[0]
-    (table,) = _TABLE_LENGTH.unpack_from(first, _TABLE_AT)
-    start = _TABLE_AT + _TABLE_LENGTH.size
-    head = first[:_TABLE_AT] + _TABLE_LENGTH.pack(table + len(entries)) + entries
-    return [head + first[start:], *pieces[1:]], length + len(entries)
 
 
 class FrameWriter:
@@ -180,6 +177,7 @@ class FrameWriter:
         "_body_max",
         "_channel",
         "_created_at",
+        "_cuts",
         "_exchange",
         "_headers",
         "_id_header",
@@ -213,6 +211,8 @@ class FrameWriter:
         self._methods: dict[str, bytes] = {}
         #: (id length, key) -> (properties split at the id, properties length)
         self._templates: dict[tuple[int, bytes | None], tuple[list[bytes], int]] = {}
+        #: the same keys -> the template cut where a message's own header entries go
+        self._cuts: dict[tuple[int, bytes | None], tuple[bytes, int, bytes, list[bytes], int]] = {}
 
     def _method(self, routing_key: str) -> bytes:
         data = self._methods.get(routing_key)
@@ -245,6 +245,23 @@ class FrameWriter:
         if len(self._templates) < _MAX_TEMPLATES:
             self._templates[(id_length, key)] = template
         return template
+
+    def _spliced(
+        self, id_length: int, key: bytes | None, entries: bytes
+    ) -> tuple[list[bytes], int]:
+        """:meth:`_template` with ``entries`` first in its headers table (cut once)."""
+        cut = self._cuts.get((id_length, key))
+        if cut is None:
+            pieces, length = self._template(id_length, key)
+            first = pieces[0]
+            (table,) = _TABLE_LENGTH.unpack_from(first, _TABLE_AT)
+            rest = first[_TABLE_AT + _TABLE_LENGTH.size :]
+            cut = (first[:_TABLE_AT], table, rest, pieces[1:], length)
+            if len(self._cuts) < _MAX_TEMPLATES:
+                self._cuts[(id_length, key)] = cut
+        flags, table, rest, tail, length = cut
+        head = flags + _TABLE_LENGTH.pack(table + len(entries)) + entries + rest
+        return [head, *tail], length + len(entries)
 
     def encode(
         self,
@@ -290,17 +307,19 @@ class FrameWriter:
             if key is None:
                 if len(mid) != last_length:
                     last_length = len(mid)
-                    template = self._template(last_length, None)
                     if entries:
-                        template = _with_entries(template, entries)
+                        template = self._spliced(last_length, None, entries)
+                    else:
+                        template = self._template(last_length, None)
                     pieces, props_length = template
                 props = mid.join(pieces)
                 length = props_length
             else:
                 last_length = -1
-                template = self._template(len(mid), key)
                 if entries:
-                    template = _with_entries(template, entries)
+                    template = self._spliced(len(mid), key, entries)
+                else:
+                    template = self._template(len(mid), key)
                 key_pieces, length = template
                 props = mid.join(key_pieces)
             if fixed_route is None:
@@ -387,7 +406,10 @@ class FrameSender:
                 continue
             item = entry
             envelope = item.envelope
-            entries = _fast_entries(envelope) if emit is not None else None
+            # The encoded headers (b"" for none), or None: through basic_publish (see
+            # header_entries; no raw write when pika's internals are not as expected).
+            headers = envelope.headers
+            entries = (header_entries(headers, _RESERVED) if headers else b"") if emit else None
             if entries is not None:
                 writer = self._item_writer(
                     dest, envelope.destination, channel.channel_number, frame_max, envelope
@@ -522,16 +544,6 @@ class FrameSender:
 
 #: Headers a single envelope's own cannot be encoded around (see header_entries).
 _RESERVED = (MESSAGE_ID_HEADER, KEY_HEADER, AMQP_PROPERTIES_HEADER)
-
-
-def _fast_entries(envelope: Envelope) -> bytes | None:
-    """The encoded headers of an envelope the frame writer can send (``b""`` for none),
-    None for one that goes through ``basic_publish``: it carries a pika publisher's
-    properties (:func:`carried_properties`), or a header name the writer cannot place."""
-    headers = envelope.headers
-    if not headers:
-        return b""
-    return header_entries(headers, _RESERVED)
 
 
 def _coalesce(channel: Channel) -> None:
