@@ -116,7 +116,7 @@ class SafeReports:
         self._errors: deque[KafkaError] = deque(maxlen=_ERRORS_MAX)
         self._lock = threading.Lock()
         self._served = threading.Condition(self._lock)
-        self._flushing = 0  #: flush() calls waiting on _served (reads need no lock)
+        self._flushing = 0  #: flush()/poll() calls waiting on _served (reads need no lock)
         self._unreported = 0
         #: Without brokers: (deadline, future) of messages waiting to time out or be purged.
         self._held: list[tuple[float, Future[Receipt]]] = []
@@ -149,8 +149,9 @@ class SafeReports:
 
     def _arrived(self, report: _Report) -> None:
         self._reports.put(report)
-        # NOTE: a flush() counts itself in before it looks at the queue, so one that
-        # missed this report sees _flushing here; without one, no lock per message.
+        # NOTE: a waiting flush()/poll() counts itself in before it looks at the queue,
+        # so one that missed this report sees _flushing here; without one, no lock per
+        # message.
         if self._flushing:
             with self._served:
                 self._served.notify_all()
@@ -179,13 +180,8 @@ class SafeReports:
             self._fail_held(time.monotonic(), _no_brokers)
             if self._held and (timeout is None or timeout < 0 or timeout > FLUSH_SLICE_S):
                 timeout = FLUSH_SLICE_S  # come back to time the held messages out
-        try:
-            if timeout is not None and timeout == 0:
-                first = self._reports.get_nowait()
-            else:
-                wait = None if timeout is None or timeout < 0 else timeout
-                first = self._reports.get(timeout=wait)
-        except queue.Empty:
+        first = self._next_report(None if timeout is None or timeout < 0 else timeout)
+        if first is None:
             return 0
         served = 0
         events = 0
@@ -205,6 +201,41 @@ class SafeReports:
             # Counted once per poll, not per report; a report whose callback raised is
             # served too.
             self._unreported_done(served)
+
+    def _next_report(self, timeout: float | None) -> _Report | _Wake | None:
+        """The first report (or error event) to serve, waiting up to ``timeout`` seconds
+        (None: no limit); None when none came.
+
+        NOTE: never ``SimpleQueue.get(timeout=...)``: when a timed get is woken by a put
+        whose item another thread took first (``get_nowait``, as flush() and other polls
+        do), CPython's ``_queue`` recomputes the time left, and once that is negative it
+        waits with no limit, until the next put (a poll(0.01) hung for seconds with
+        every report served). The wait is on ``_served`` instead, which every arrival
+        notifies while somebody waits, in slices, so a missed wake-up costs a slice.
+        """
+        reports = self._reports
+        try:
+            return reports.get_nowait()
+        except queue.Empty:
+            if timeout is not None and timeout <= 0:
+                return None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._served:
+            self._flushing += 1
+            try:
+                while True:
+                    try:
+                        return reports.get_nowait()
+                    except queue.Empty:
+                        pass
+                    left = FLUSH_SLICE_S
+                    if deadline is not None:
+                        left = min(left, deadline - time.monotonic())
+                        if left <= 0:
+                            return None
+                    self._served.wait(left)
+            finally:
+                self._flushing -= 1
 
     def _serve_errors(self) -> int:
         # error_cb(err) for each queued event; what it raises propagates, as with
