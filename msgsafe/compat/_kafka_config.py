@@ -205,6 +205,10 @@ def translate_config(config: Mapping[str, object]) -> ProducerConfig:
             raise ConfigurationError(f"{name!r}: msgsafe does not take callables here")
         else:
             passthrough[name] = str(value).lower() if isinstance(value, bool) else str(value)
+    # NOTE: librdkafka refuses a message over message.max.bytes in produce() itself,
+    # and its default is 1,000,000 bytes: without the setting, msgsafe's own default
+    # (8 MiB) would take messages the real client refuses.
+    options.setdefault("max_message_size", _LIBRDKAFKA_MESSAGE_MAX_BYTES)
     if passthrough:
         options["librdkafka"] = passthrough
     admin = {
@@ -222,6 +226,10 @@ def translate_config(config: Mapping[str, object]) -> ProducerConfig:
         admin=admin,
         warnings=tuple(notes),
     )
+
+
+#: librdkafka's default ``message.max.bytes``.
+_LIBRDKAFKA_MESSAGE_MAX_BYTES = 1_000_000
 
 
 def options_for(url_protocol: str, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from typing import Any
 from confluent_kafka import KafkaError
 from confluent_kafka import Producer as _Rk
 
-from msgsafe.adapters._config import build_config, size_error
+from msgsafe.adapters._config import build_config
 from msgsafe.adapters.kafka._errors import translate
 from msgsafe.adapters.kafka.config import KafkaOptions, producer_settings
 from msgsafe.compat._kafka_queue import Parked
@@ -248,14 +248,6 @@ class DirectLane:
                 self.raised.append(exc)
 
     # --- on the caller's thread, after rk.poll() returned -----------------------------------
-
-    def too_large(
-        self, topic: str, body: bytes | None, key: bytes | None, headers: dict[str, str] | None
-    ) -> bool:
-        """Whether the adapter refuses this message's size (it then takes the safe
-        path, which fails it as the adapter does)."""
-        envelope = Envelope.build(topic, body, key=key, headers=headers or None)
-        return size_error(envelope, self.size_limit, self.target) is not None
 
     def takes(self, topic: str) -> bool:
         """Whether ``topic`` is one the lane produces to as it is (a non-empty ASCII

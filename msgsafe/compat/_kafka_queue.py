@@ -16,6 +16,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
+from msgsafe.adapters._config import size_error
 from msgsafe.compat._kafka_config import DeliveryCallback, ProducerConfig
 from msgsafe.compat._kafka_report import (
     DeliveredMessage,
@@ -110,6 +111,8 @@ class SafeReports:
         self._config = config
         confirm_timeout = config.options.get("confirm_timeout")
         self._confirm_timeout = confirm_timeout if isinstance(confirm_timeout, float) else 10.0
+        limit = config.options.get("max_message_size")
+        self._size_limit = limit if isinstance(limit, int) else 1_000_000
         self._producer = producer
         self._reports: queue.SimpleQueue[_Report | _Wake] = queue.SimpleQueue()
         #: librdkafka's error events waiting for error_cb (served by poll()/flush()).
@@ -120,6 +123,29 @@ class SafeReports:
         self._unreported = 0
         #: Without brokers: (deadline, future) of messages waiting to time out or be purged.
         self._held: list[tuple[float, Future[Receipt]]] = []
+
+    def _check_size(
+        self,
+        topic: str,
+        body: bytes | None,
+        key: bytes | None,
+        record: RecordHeaders,
+        header_map: dict[str, str] | None,
+    ) -> None:
+        """librdkafka's check in ``produce()``: a message over ``message.max.bytes``
+        raises ``KafkaException(MSG_SIZE_TOO_LARGE)`` there, before it is queued (the
+        size as the Kafka adapter counts it: body, key and headers)."""
+        size = len(body or b"") + (0 if key is None else len(key))
+        if size <= self._size_limit and not record:
+            return
+        envelope = Envelope.build(topic, body, key=key, headers=header_map or None)
+        if size_error(envelope, self._size_limit, "") is not None:
+            raise KafkaException(
+                KafkaError(
+                    KafkaError.MSG_SIZE_TOO_LARGE,
+                    "Unable to produce message: Broker: Message size too large",
+                )
+            )
 
     def _send_safe(self, item: Parked) -> None:
         """Send one counted message on the safe path (msgsafe's Producer); it is

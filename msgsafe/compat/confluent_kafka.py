@@ -291,17 +291,10 @@ class Producer(ClosesOnExit, SafeReports):
         else:
             record, header_map = [], None
         cb = on_delivery or callback or self._on_delivery
+        if type(topic) is str:
+            self._check_size(topic, body, key_bytes, record, header_map)
         lane = self._lane
-        if (
-            lane is not None
-            and type(topic) is str
-            and lane.takes(topic)
-            and (
-                len(body or b"") + (0 if key_bytes is None else len(key_bytes)) <= lane.size_limit
-                if not record
-                else not lane.too_large(topic, body, key_bytes, header_map)
-            )
-        ):
+        if lane is not None and type(topic) is str and lane.takes(topic):
             # The direct lane (see _kafka_direct): the adapter's record, id header first.
             produced: _Produced = [(MESSAGE_ID_HEADER, new_message_id())]
             if record:

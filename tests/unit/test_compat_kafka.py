@@ -210,10 +210,13 @@ def test_without_an_outbox_a_transient_failure_is_a_retriable_timeout(
 def test_too_large_raises_like_confluent(broker: MemoryBroker, tmp_path: Path) -> None:
     p = _producer(broker, tmp_path, {"message.max.bytes": 10})
     rec = Recorder()
-    p.produce("t", b"x" * 100, on_delivery=rec)  # refused by the transport, reported
-    p.flush(5)
-    err = rec.reports[0][0]
-    assert err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE
+    with pytest.raises(KafkaException) as raised:  # refused in produce(), as librdkafka does
+        p.produce("t", b"x" * 100, on_delivery=rec)
+    assert raised.value.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
+    with pytest.raises(KafkaException):  # headers count too
+        p.produce("t", b"x", on_delivery=rec, headers=[("h", b"y" * 20)])
+    p.produce("t", b"x" * 5, on_delivery=rec)
+    assert p.flush(5) == 0 and len(rec.reports) == 1 and rec.reports[0][0] is None
     p.close()
 
 

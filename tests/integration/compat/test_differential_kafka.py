@@ -116,6 +116,31 @@ def test_constructors_and_a_bad_setting(
     differ(request, side, real, scenario)
 
 
+def test_a_message_over_the_default_size_limit(
+    request: pytest.FixtureRequest, side: Side, real: Side, kafka_cluster: KafkaCluster
+) -> None:
+    """No ``message.max.bytes`` given: librdkafka's default (1,000,000 bytes) holds, and a
+    larger value is refused in ``produce()`` itself; one under it is delivered."""
+
+    def scenario(s: Side) -> Any:
+        topic = _topic(kafka_cluster)
+        producer = s.make()
+        seen: list[Any] = []
+        reports: list[Any] = []
+        for size in (1_000_001, 900_000):
+            try:
+                producer.produce(
+                    topic, b"x" * size, on_delivery=lambda e, m: reports.append(_code(e))
+                )
+                seen.append((size, "queued"))
+            except s.module.KafkaException as exc:
+                seen.append((size, "KafkaException", exc.args[0].name()))
+        seen.append((producer.flush(30), reports))
+        return seen
+
+    differ(request, side, real, scenario)
+
+
 # --- produce, callbacks, flush, close ------------------------------------------------------
 
 

@@ -40,15 +40,18 @@ def test_kafka_reports_list_topics_and_a_permanent_error(
 
     for i in range(100):
         producer.produce(kafka_topic, f"{i}", key=str(i % 4), on_delivery=record)
-    producer.produce(kafka_topic, b"x" * 20_000, on_delivery=record)  # refused for good
+    # Over message.max.bytes: refused for good in produce() itself, as librdkafka does.
+    with pytest.raises(confluent_kafka.KafkaException) as refused:
+        producer.produce(kafka_topic, b"x" * 20_000, on_delivery=record)
+    too_large = refused.value.args[0]
     assert producer.flush(30) == 0
-    assert len(reports) == 101
+    assert len(reports) == 100
     errors = [err for err, _ in reports if err is not None]
-    print(f"\nkafka wrapper: reports={len(reports)} errors={[str(e) for e in errors]}")
+    print(f"\nkafka wrapper: reports={len(reports)} errors={errors} refused={too_large}")
+    assert errors == []
     assert all(not m.stored() for _, m in reports)  # type: ignore[attr-defined]
-    [too_large] = errors
-    assert too_large.code() == confluent_kafka.KafkaError.MSG_SIZE_TOO_LARGE  # type: ignore[attr-defined]
-    assert not too_large.retriable()  # type: ignore[attr-defined]
+    assert too_large.code() == confluent_kafka.KafkaError.MSG_SIZE_TOO_LARGE
+    assert not too_large.retriable()
     producer.close()
 
 
