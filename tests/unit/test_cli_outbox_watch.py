@@ -3,6 +3,8 @@ drain rate, oldest row and per-destination counts, and stops once it is empty.""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +14,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from msgsafe.cli import app
+from msgsafe.cli._output import ExitCode
 from msgsafe.cli.outbox_watch import Sample, render
 from msgsafe.message import Envelope
 from msgsafe.outbox import SqliteOutbox
@@ -73,3 +76,34 @@ def test_the_view_of_a_sample() -> None:
     text = console.export_text()
     for expected in ("1,200", "95.0 s", "400 msg/s", "3.0 s", "forwarding", "orders", "audit"):
         assert expected in text, expected
+
+
+def test_a_file_another_process_holds_says_where_its_figures_are(tmp_path: Path) -> None:
+    path = tmp_path / "held.db"
+    held = f"""
+import sys, time
+from msgsafe.outbox import SqliteOutbox
+from msgsafe.message import Envelope
+store = SqliteOutbox({str(path)!r}, target="memory://elsewhere")
+store.put([Envelope.build("orders", b"x")])
+print("held", flush=True)
+sys.stdin.read()
+store.close()
+"""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", held], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout is not None and owner.stdout.readline() == "held\n"
+        result = CliRunner().invoke(app, ["outbox", "watch", str(path), "--for", "0.1"])
+        assert result.exit_code == ExitCode.ERROR, result.output
+        assert "in use by another process" in result.output
+        assert "Producer.stats()" in result.output
+    finally:
+        owner.communicate("", timeout=30)
+    # Once the owner stopped, the same command shows the file.
+    result = CliRunner().invoke(
+        app, ["outbox", "watch", str(path), "--no-forward", "--interval", "0.05", "--for", "0.1"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "waiting" in result.output
