@@ -253,6 +253,8 @@ class OtelProducer(_Side):
         super().__init__(protocol, target, server)
         self.figures = figures
         self._latencies: list[float] = []
+        #: Where a settled single send's span goes to be ended.
+        self.finisher = FINISHER
         self.inst.sources.add(self)
 
     def flush(self) -> None:
@@ -311,7 +313,7 @@ class OtelProducer(_Side):
             self._latencies.append(latency_s)  # see buffer_latency
         # Settled: no fail-over event is added to it any more (the span keeps its end time).
         self._open.pop(id(span), None)
-        FINISHER.add(span, latency_s is not None, time_ns())
+        self.finisher.add(span, latency_s is not None, time_ns())
 
     def settled(
         self,
