@@ -606,18 +606,31 @@ def _notes(
         run.per_message(b - a, "send") for a, b in zip(off, run.threads["header send"], strict=True)
     )
     broker_off = run.per_message(off[3], "send")
-    hooks = placed["start"] + placed["track"] + placed["receipt"]
+    hooks = placed["start"] + placed["track"] + placed["receipt"] + placed["finish"]
     send_us = 1e6 / send["off"]
+    inline = rows[("inline", "send")]
+    i_caller, i_io, i_spans, _ = (
+        run.per_message(b - a, "send") for a, b in zip(off, run.threads["inline send"], strict=True)
+    )
     lines = [
         f"Per blocking send telemetry adds {added:.0f} us of client CPU: {caller:.0f} us on "
-        f"the caller's thread, {io:.0f} us on the I/O thread, {max(spans, 0.0):.1f} us on the "
-        "`BatchSpanProcessor`'s thread (it wakes every 512 spans or 5 s: it does not "
-        "compete with the send path). Measured in place with thread CPU clocks around "
+        f"the caller's thread, {io:.0f} us on the I/O thread, {spans:.0f} us on the span "
+        "threads (msgsafe's finisher, which ends the spans a few milliseconds after their "
+        "receipts, in bulk, with the receipts' times; the `BatchSpanProcessor`'s, which "
+        "wakes every 512 spans or 5 s). With the spans ended in the receipt's callback "
+        f"instead (the 'ended on the I/O thread' row) the same producer adds {i_caller:.0f} "
+        f"/ {i_io:.0f} / {i_spans:.0f} us ({inline['cpu on'] - inline['cpu off']:.0f} us) "
+        f"and {inline['wall']:+.1%} of wall time against {send['wall']:+.1%}: the hand-over "
+        "takes the span's end off the path between the broker's confirm and the caller's "
+        "wake-up, the blocks' `flush()` ends on the caller's thread what the finisher has "
+        "not ended yet. Measured in place with thread CPU clocks around "
         f"the hooks ({10 * args.sends} more sends after the rounds): msgsafe's start "
         f"takes {placed['start']:.0f} us per send, {placed['start_span']:.0f} us of it in "
         f"the SDK's `start_span`, handing over the receipt's callback (`track`) "
-        f"{placed['track']:.0f} us, and the callback itself (outcome, span end) "
-        f"{placed['receipt']:.0f} us (together {hooks:.0f} us); carrying the header costs "
+        f"{placed['track']:.0f} us, the callback itself (latency, hand-over) "
+        f"{placed['receipt']:.0f} us and ending the span (outcome, end, the processor's "
+        f"`on_end`) {placed['finish']:.0f} us (together {hooks:.0f} us); carrying the "
+        "header costs "
         f"about {framed:.0f} us of client CPU (the header-only producer: {h_caller:.0f} us on "
         f"the caller's thread, {h_io:.0f} us on the I/O thread). In a tight "
         f"loop without a broker the hooks take {ours:.0f} us, of which {floor:.0f} us "
@@ -629,8 +642,9 @@ def _notes(
         "An untraced "
         f"blocking send takes {send_us:.0f} us of wall time here, so the SDK's "
         f"`start_span` alone is {placed['start_span'] / send_us:.1%} of it, the header "
-        f"alone {header['wall']:+.1%} and the receipt's callback that ends the span "
-        f"{placed['receipt'] / send_us:.1%}.",
+        f"alone {header['wall']:+.1%}, the receipt's callback "
+        f"{placed['receipt'] / send_us:.1%} and ending the span (off the send's path) "
+        f"{placed['finish'] / send_us:.1%}.",
     ]
     # The SDK's part of the hooks in place, at its share of them in the tight loop; the
     # rest of the hooks is msgsafe's own work, the only part a change here can remove.
