@@ -2,8 +2,7 @@
 memory) against telemetry off, paired in one run on the same broker.
 
     python benchmarks/bench_telemetry.py [--rounds 40] [--sends 100] [--batches 4]
-                                         [--block 10] [--url amqp://...]
-                                         [--readme benchmarks/README.md]
+                                         [--url amqp://...] [--readme benchmarks/README.md]
 
 Without ``--url`` one RabbitMQ node is started on loopback (``msgsafe.cluster.rabbitmq``).
 Four producers stay open side by side, each with its own quorum queue and the same
@@ -20,12 +19,8 @@ guarantees (publisher confirms, persistent, mandatory; no outbox detour happens)
   that ends it: the producer's I/O thread) into its own ``InMemorySpanExporter``.
 
 Many short rounds: each times ``--sends`` blocking ``send()`` calls and ``--batches``
-``send_batch()`` calls of 1000 messages per producer, interleaved in ABCDDCBA order so
-that drift on a shared machine falls on all: blocks of ``--block`` sends (one batch) per
-producer, each ending with ``producer.flush()`` inside the timed block. A traced
-producer ends its spans on a thread of its own, moments after their receipts
-(``msgsafe.telemetry._finish``); ``flush()`` ends the rest, so every span's cost falls
-in its own producer's block, never in the next producer's. A round is short (about two
+``send_batch()`` calls of 1000 messages per producer, interleaved call by call in
+ABCDDCBA order so that drift on a shared machine falls on all. A round is short (about two
 seconds) so a burst of load from elsewhere spoils few rounds, and the median of the
 per-round ratios ``on / off - 1`` ignores those. Reported per call: that median for wall
 time and for client CPU per message (``time.process_time()``: every thread of the
@@ -64,16 +59,12 @@ from benchmarks._readme import replace_section
 from msgsafe import Producer, Status
 from msgsafe.endpoints import parse_url
 from msgsafe.message import Envelope, Receipt
-from msgsafe.telemetry import _finish
-from msgsafe.telemetry._finish import FINISHER
 from msgsafe.telemetry.producer import ProducerTelemetry
 
 BODY = b"x" * 100
 BATCH = 1000
-SETUPS = ("off", "header", "batch", "inline", "simple")
+SETUPS = ("off", "header", "batch", "simple")
 THREADS = ("caller", "io", "spans", "broker")
-#: The threads that end and export spans: msgsafe's finisher, the BatchSpanProcessor's.
-SPAN_THREADS = ("msgsafe-spans", "OtelBatchSpanRecordProcessor")
 GOALS = {"send": 0.05, "batch": 0.03}
 
 
@@ -101,13 +92,12 @@ class _Sdk:
         self.simple.clear()
         return count
 
-    def span_threads(self) -> tuple[int, ...]:
-        """msgsafe's span finisher thread and the BatchSpanProcessor's worker thread."""
-        found = {t.name: t.ident for t in threading.enumerate() if t.ident is not None}
-        missing = [name for name in SPAN_THREADS if name not in found]
-        if missing:
-            raise RuntimeError(f"no thread {missing}: msgsafe or the SDK changed")
-        return tuple(found[name] for name in SPAN_THREADS)  # type: ignore[misc]
+    def span_thread(self) -> int:
+        """The BatchSpanProcessor's worker thread."""
+        for thread in threading.enumerate():
+            if thread.name == "OtelBatchSpanRecordProcessor" and thread.ident is not None:
+                return thread.ident
+        raise RuntimeError("no BatchSpanProcessor thread: the SDK changed")
 
 
 def _io_thread(producer: Producer, queue: str) -> int:
@@ -128,19 +118,17 @@ class _Clocks:
     ``/proc`` in clock ticks: summed over thousands of calls, each tick falls on the call
     under way), 0 when the broker is not this run's."""
 
-    def __init__(self, io_ident: int, span_idents: tuple[int, ...], broker_pid: int | None) -> None:
+    def __init__(self, io_ident: int, span_ident: int, broker_pid: int | None) -> None:
         self.ids = (
             time.CLOCK_THREAD_CPUTIME_ID,
             time.pthread_getcpuclockid(io_ident),
-            *(time.pthread_getcpuclockid(ident) for ident in span_idents),
+            time.pthread_getcpuclockid(span_ident),
         )
         self.stat = Path(f"/proc/{broker_pid}/stat") if broker_pid else None
         self.tick = os.sysconf("SC_CLK_TCK")
 
     def read(self) -> tuple[float, ...]:
-        """CPU seconds of the caller, the I/O thread and the span threads together."""
-        caller, io, *spans = (time.clock_gettime(clock) for clock in self.ids)
-        return caller, io, sum(spans)
+        return tuple(time.clock_gettime(clock) for clock in self.ids)
 
     def broker(self) -> float:
         if self.stat is None:
@@ -151,18 +139,14 @@ class _Clocks:
 
 
 def _timed(
-    clocks: _Clocks,
-    fn: Callable[[Producer, str, int], None],
-    producer: Producer,
-    queue: str,
-    count: int,
+    clocks: _Clocks, fn: Callable[[Producer, str, int], None], producer: Producer, queue: str
 ) -> tuple[float, float, tuple[float, ...]]:
-    """Wall, process CPU and per-thread CPU seconds of one block ``fn(producer, queue,
-    count)`` (and the broker's, read outside the threads' clocks: reading it costs CPU)."""
+    """Wall, process CPU and per-thread CPU seconds of one call ``fn(producer, queue, 1)``
+    (and the broker's, read outside the threads' clocks: reading it costs CPU)."""
     broker = clocks.broker()
     threads = clocks.read()
     started, cpu = time.perf_counter(), time.process_time()
-    fn(producer, queue, count)
+    fn(producer, queue, 1)
     wall, used = time.perf_counter() - started, time.process_time() - cpu
     after = clocks.read()
     spent = clocks.broker() - broker
@@ -185,20 +169,16 @@ class _Headered(Producer):
 
 
 def _sends(producer: Producer, queue: str, count: int) -> None:
-    """``count`` blocking sends, then ``flush()``: a traced producer's spans all ended."""
     for _ in range(count):
         if producer.send(queue, BODY).status is not Status.CONFIRMED:
             raise RuntimeError("a send was not confirmed: the comparison would be unfair")
-    producer.flush()
 
 
 def _batches(producer: Producer, queue: str, count: int) -> None:
-    """``count`` batches, then ``flush()`` (see :func:`_sends`)."""
     bodies = [BODY] * BATCH
     for _ in range(count):
         if producer.send_batch(queue, bodies).confirmed != BATCH:
             raise RuntimeError("a batch was not confirmed: the comparison would be unfair")
-    producer.flush()
 
 
 def _sdk_floor(count: int = 5000) -> float:
@@ -239,7 +219,6 @@ def _msgsafe_cost(count: int = 5000) -> float:
         future: Future[Receipt] = Future()
         telemetry.track(future, span)
         future.set_result(receipt)
-    FINISHER.drain()  # the spans' outcome and end, in bulk as the finisher does them
     spent = time.process_time() - started
     started = time.process_time()
     for _ in range(count):  # the harness alone: a send has its future anyway
@@ -253,13 +232,7 @@ class _InPlace:
     (the rounds are timed without this: the clocks themselves cost a system call each)."""
 
     def __init__(self, producer: Producer) -> None:
-        self.spent = {
-            "start_span": 0.0,
-            "start": 0.0,
-            "track": 0.0,
-            "receipt": 0.0,
-            "finish": 0.0,
-        }
+        self.spent = {"start_span": 0.0, "start": 0.0, "track": 0.0, "receipt": 0.0}
         telemetry = producer._telemetry
         otel = telemetry._otel
         assert otel is not None
@@ -269,8 +242,6 @@ class _InPlace:
         telemetry.track = self._timed("track", telemetry.track)  # type: ignore[method-assign]
         telemetry._one_done = self._timed("receipt", telemetry._one_done)  # type: ignore[method-assign]
         otel.tracer = _TimedTracer(tracer, self._timed("start_span", tracer.start_span))
-        self.end = _finish._end
-        _finish._end = self._timed("finish", _finish._end)  # looked up by each drain
 
     def _timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         spent = self.spent
@@ -288,7 +259,6 @@ class _InPlace:
         telemetry, otel, tracer = self.undo
         del telemetry.start, telemetry.track, telemetry._one_done  # the class's methods again
         otel.tracer = tracer
-        _finish._end = self.end
 
 
 class _TimedTracer:
@@ -344,30 +314,28 @@ class _Run:
         return self.per_message(sum(self.cpu[f"{setup} {kind}"]), kind)
 
 
-#: Call orders of a round's pairs of calls: every producer in every place in turn.
-_ORDERS = tuple(SETUPS[i:] + SETUPS[:i] for i in range(len(SETUPS)))
+#: Call orders of a round's pairs of calls: every producer first as often as last.
+_ORDERS = (
+    ("batch", "simple", "header", "off"),
+    ("off", "header", "simple", "batch"),
+    ("simple", "off", "batch", "header"),
+    ("header", "batch", "off", "simple"),
+)
 
 
 def _round(
-    run: _Run,
-    producers: dict[str, tuple[Producer, str, _Clocks]],
-    sends: int,
-    batches: int,
-    block: int,
+    run: _Run, producers: dict[str, tuple[Producer, str, _Clocks]], sends: int, batches: int
 ) -> None:
-    """One round: ``sends`` sends in blocks of ``block`` and ``batches`` batches one by
-    one per producer, interleaved as ABCDDCBA (the order turning from pair to pair)."""
-    for kind, calls, count, fn in (
-        ("send", sends // (2 * block), block, _sends),
-        ("batch", batches // 2, 1, _batches),
-    ):
+    """One round: ``sends`` sends and ``batches`` batches per producer, interleaved as
+    ABCDDCBA (the order turning from pair to pair)."""
+    for kind, calls, fn in (("send", sends // 2, _sends), ("batch", batches // 2, _batches)):
         wall = dict.fromkeys(SETUPS, 0.0)
         cpu = dict.fromkeys(SETUPS, 0.0)
         for i in range(calls):
             order = _ORDERS[i % len(_ORDERS)]
             for setup in order + order[::-1]:
                 producer, queue, clocks = producers[setup]
-                took, used, threads = _timed(clocks, fn, producer, queue, count)
+                took, used, threads = _timed(clocks, fn, producer, queue)
                 wall[setup] += took
                 cpu[setup] += used
                 spent = run.threads[f"{setup} {kind}"]
@@ -376,7 +344,7 @@ def _round(
         for setup in SETUPS:
             run.wall[f"{setup} {kind}"].append(wall[setup])
             run.cpu[f"{setup} {kind}"].append(cpu[setup])
-        run.messages[kind] = 2 * calls * count * (BATCH if kind == "batch" else 1)
+        run.messages[kind] = 2 * calls * (BATCH if kind == "batch" else 1)
 
 
 def main() -> None:
@@ -384,12 +352,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--sends", type=int, default=100, help="per producer and round")
     parser.add_argument("--batches", type=int, default=4, help="per producer and round")
-    parser.add_argument("--block", type=int, default=10, help="sends per timed block")
     parser.add_argument("--url", help="a running RabbitMQ (default: start one node)")
     parser.add_argument("--readme", type=Path, help="write the figures into this README")
     args = parser.parse_args()
-    if args.sends < 2 * args.block or args.batches < 2 or args.block < 1:
-        parser.error("--sends must be at least 2 blocks and --batches 2 (ABBA pairs)")
+    if args.sends < 2 or args.batches < 2:
+        parser.error("--sends and --batches must be at least 2 (ABBA pairs)")
 
     sdk = _Sdk()
     cluster = None
@@ -408,38 +375,34 @@ def main() -> None:
             "off": Producer(url, outbox=False, declare="quorum"),
             "header": _Headered(url, outbox=False, declare="quorum"),
             "batch": Producer(url, outbox=False, declare="quorum", telemetry=True),
-            "inline": Producer(url, outbox=False, declare="quorum", telemetry=True),
             "simple": Producer(url, outbox=False, declare="quorum", telemetry=True),
         }
         try:
             _use_tracer(made["simple"], sdk.simple_provider.get_tracer("msgsafe"))
-            made["inline"]._telemetry._otel.finisher = _Inline()  # type: ignore[union-attr]
+            span_ident = sdk.span_thread()
             broker_pid = cluster.pid(0) if cluster is not None else None
             producers = {}
-            queues = {setup: f"tel-{setup}-{uuid.uuid4().hex[:8]}" for setup in made}
             for setup, producer in made.items():
-                # warm-up: connections, queue declarations, code paths, the span threads
-                _sends(producer, queues[setup], 200)
-                _batches(producer, queues[setup], 2)
-            span_idents = sdk.span_threads()
-            for setup, producer in made.items():
-                clocks = _Clocks(_io_thread(producer, queues[setup]), span_idents, broker_pid)
-                producers[setup] = (producer, queues[setup], clocks)
+                queue = f"tel-{setup}-{uuid.uuid4().hex[:8]}"
+                # warm-up: connections, queue declarations, code paths
+                _sends(producer, queue, 200)
+                _batches(producer, queue, 2)
+                clocks = _Clocks(_io_thread(producer, queue), span_ident, broker_pid)
+                producers[setup] = (producer, queue, clocks)
             sdk.collect()  # the warm-up's spans and metrics: not counted
             for r in range(args.rounds):
-                _round(run, producers, args.sends, args.batches, args.block)
+                _round(run, producers, args.sends, args.batches)
                 exported += sdk.collect()
                 print(
                     f"round {r + 1}: wall send (header only "
                     f"{run.ratios('header', 'send')[-1]:+.1%}) "
-                    f"{run.ratios('batch', 'send')[-1]:+.1%} (inline "
-                    f"{run.ratios('inline', 'send')[-1]:+.1%}, simple "
+                    f"{run.ratios('batch', 'send')[-1]:+.1%} (simple "
                     f"{run.ratios('simple', 'send')[-1]:+.1%}), send_batch "
                     f"{run.ratios('batch', 'batch')[-1]:+.1%} (simple "
                     f"{run.ratios('simple', 'batch')[-1]:+.1%})",
                     flush=True,
                 )
-            stats = {setup: made[setup].stats() for setup in ("batch", "inline", "simple")}
+            stats = {setup: made[setup].stats() for setup in ("batch", "simple")}
             producer, queue, _ = producers["batch"]
             placed = _in_place(producer, queue, 10 * args.sends)
         finally:
@@ -477,14 +440,6 @@ def main() -> None:
         replace_section(args.readme, _section(args, run, rows, floor, ours, load))
 
 
-class _Inline:
-    """Spans ended by the receipt's callback on the I/O thread, as before the finisher
-    thread: the ``inline`` producer shows what handing them over saves."""
-
-    def add(self, span: Any, confirmed: bool, end_ns: int) -> None:
-        _finish._end(span, confirmed, end_ns)
-
-
 def _use_tracer(producer: Producer, tracer: Any) -> None:
     """Give a traced producer its own tracer (OpenTelemetry has one global provider per
     process; the ``simple`` setup needs a second one)."""
@@ -515,7 +470,6 @@ _CALLS = {"send": "`send()` (blocking, one message)", "batch": "`send_batch()` (
 _SETUP_NAMES = {
     "header": "none, `traceparent` header only",
     "batch": "BatchSpanProcessor",
-    "inline": "BatchSpanProcessor, spans ended on the I/O thread",
     "simple": "SimpleSpanProcessor",
 }
 
@@ -539,8 +493,7 @@ def _section(
     )
     threads = "\n".join(
         f"| {_CALLS[kind]} | {_by_thread(run, 'off', kind)} | {_by_thread(run, 'header', kind)} "
-        f"| {_by_thread(run, 'batch', kind)} | {_by_thread(run, 'inline', kind)} "
-        f"| {_by_thread(run, 'simple', kind)} |"
+        f"| {_by_thread(run, 'batch', kind)} | {_by_thread(run, 'simple', kind)} |"
         for kind in GOALS
     )
     return f"""## Telemetry
@@ -551,34 +504,26 @@ RabbitMQ node, quorum queues). Four producers side by side: telemetry off (the `
 counters only); telemetry off with a fixed `traceparent` header on every message (what
 carrying a trace context costs without any span); OpenTelemetry on (SDK; in-memory
 metric reader) with spans going through a `BatchSpanProcessor` or a
-`SimpleSpanProcessor` into an in-memory exporter; a fifth producer is traced like the
-`BatchSpanProcessor` one but ends each span in the receipt's callback on the I/O thread
-(as before spans were handed to msgsafe's finisher thread): it shows what the hand-over
-saves. {args.rounds} short rounds of {args.sends} sends (timed in blocks of {args.block},
-each block ending with `flush()`, which ends a traced producer's remaining spans, so
-that every span's cost falls in its own producer's block) and {args.batches} batches
-(timed one by one, each followed by `flush()`) per producer, the producers' blocks
-interleaved ABCDEEDCBA with the order turning from pair to pair. The figure compared
-to the goal is the median over rounds of `on / off - 1` of the wall time of the same
-calls in the same round (IQR: the middle half of the rounds); next to it the same ratio
-of client CPU (`time.process_time()`, every thread of the process). CPU per message is
-over the whole run. The goals are read on the `BatchSpanProcessor` rows: it is what a
-production application runs (an exporter that ships over the network has to batch);
-the `SimpleSpanProcessor` exports each span on the thread that ends it, here msgsafe's
-finisher thread (or the caller's in `flush()`), and shows what that costs.
+`SimpleSpanProcessor` into an in-memory exporter.
+{args.rounds} short rounds of {args.sends} sends and {args.batches} batches per producer,
+calls interleaved ABCDDCBA; overhead is the median over rounds of `on / off - 1` (IQR: the
+middle half of the rounds), for wall time and for client CPU (`time.process_time()`,
+every thread of the process). CPU per message is over the whole run. The goals are read
+on the `BatchSpanProcessor` rows: it is what a production application runs (an exporter
+that ships over the network has to batch); the `SimpleSpanProcessor` exports each span
+on the thread that ends it, here the producer's I/O thread, and shows what that costs.
 
 | call | spans | off | OTel on | wall overhead (IQR) | CPU overhead | goal | CPU/msg off -> on |
 |---|---|---:|---:|---:|---:|---|---:|
 {table}
 
-CPU per message by thread, us (the caller / the producer's I/O thread / the span
-threads: msgsafe's finisher and the `BatchSpanProcessor`'s, read from each thread's CPU
-clock around every block / the
+CPU per message by thread, us (the caller / the producer's I/O thread / the
+`BatchSpanProcessor`'s thread, read from each thread's CPU clock around every call / the
 broker's Erlang VM, from `/proc` in clock ticks, which over the run fall on the calls
 under way):
 
-| call | off | header only | BatchSpanProcessor | ended on I/O thread | SimpleSpanProcessor |
-|---|---:|---:|---:|---:|---:|
+| call | off | header only | BatchSpanProcessor | SimpleSpanProcessor |
+|---|---:|---:|---:|---:|
 {threads}
 
 {_notes(args, run, rows, floor, ours, load)}
@@ -606,31 +551,18 @@ def _notes(
         run.per_message(b - a, "send") for a, b in zip(off, run.threads["header send"], strict=True)
     )
     broker_off = run.per_message(off[3], "send")
-    hooks = placed["start"] + placed["track"] + placed["receipt"] + placed["finish"]
+    hooks = placed["start"] + placed["track"] + placed["receipt"]
     send_us = 1e6 / send["off"]
-    inline = rows[("inline", "send")]
-    i_caller, i_io, i_spans, _ = (
-        run.per_message(b - a, "send") for a, b in zip(off, run.threads["inline send"], strict=True)
-    )
     lines = [
         f"Per blocking send telemetry adds {added:.0f} us of client CPU: {caller:.0f} us on "
-        f"the caller's thread, {io:.0f} us on the I/O thread, {spans:.0f} us on the span "
-        "threads (msgsafe's finisher, which ends the spans a few milliseconds after their "
-        "receipts, in bulk, with the receipts' times; the `BatchSpanProcessor`'s, which "
-        "wakes every 512 spans or 5 s). With the spans ended in the receipt's callback "
-        f"instead (the 'ended on the I/O thread' row) the same producer adds {i_caller:.0f} "
-        f"/ {i_io:.0f} / {i_spans:.0f} us ({inline['cpu on'] - inline['cpu off']:.0f} us) "
-        f"and {inline['wall']:+.1%} of wall time against {send['wall']:+.1%}: the hand-over "
-        "takes the span's end off the path between the broker's confirm and the caller's "
-        "wake-up, the blocks' `flush()` ends on the caller's thread what the finisher has "
-        "not ended yet. Measured in place with thread CPU clocks around "
+        f"the caller's thread, {io:.0f} us on the I/O thread, {max(spans, 0.0):.1f} us on the "
+        "`BatchSpanProcessor`'s thread (it wakes every 512 spans or 5 s: it does not "
+        "compete with the send path). Measured in place with thread CPU clocks around "
         f"the hooks ({10 * args.sends} more sends after the rounds): msgsafe's start "
         f"takes {placed['start']:.0f} us per send, {placed['start_span']:.0f} us of it in "
         f"the SDK's `start_span`, handing over the receipt's callback (`track`) "
-        f"{placed['track']:.0f} us, the callback itself (latency, hand-over) "
-        f"{placed['receipt']:.0f} us and ending the span (outcome, end, the processor's "
-        f"`on_end`) {placed['finish']:.0f} us (together {hooks:.0f} us); carrying the "
-        "header costs "
+        f"{placed['track']:.0f} us, and the callback itself (outcome, span end) "
+        f"{placed['receipt']:.0f} us (together {hooks:.0f} us); carrying the header costs "
         f"about {framed:.0f} us of client CPU (the header-only producer: {h_caller:.0f} us on "
         f"the caller's thread, {h_io:.0f} us on the I/O thread). In a tight "
         f"loop without a broker the hooks take {ours:.0f} us, of which {floor:.0f} us "
@@ -642,9 +574,8 @@ def _notes(
         "An untraced "
         f"blocking send takes {send_us:.0f} us of wall time here, so the SDK's "
         f"`start_span` alone is {placed['start_span'] / send_us:.1%} of it, the header "
-        f"alone {header['wall']:+.1%}, the receipt's callback "
-        f"{placed['receipt'] / send_us:.1%} and ending the span (off the send's path) "
-        f"{placed['finish'] / send_us:.1%}.",
+        f"alone {header['wall']:+.1%} and the receipt's callback that ends the span "
+        f"{placed['receipt'] / send_us:.1%}.",
     ]
     # The SDK's part of the hooks in place, at its share of them in the tight loop; the
     # rest of the hooks is msgsafe's own work, the only part a change here can remove.

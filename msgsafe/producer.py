@@ -445,11 +445,8 @@ class Producer:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every ``send_async`` so far is settled (confirmed, stored or
-        failed), their spans ended with telemetry on. Returns False if ``timeout``
-        passed first."""
-        done = self._settle.wait(timeout)
-        self._telemetry.finish_spans()
-        return done
+        failed). Returns False if ``timeout`` passed first."""
+        return self._settle.wait(timeout)
 
     def drain(self, timeout: float | None = None) -> int:
         """Forward the outbox now, for up to ``timeout`` seconds; returns how many remain."""

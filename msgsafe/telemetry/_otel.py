@@ -23,11 +23,9 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from time import time_ns
 from typing import Any, Protocol
 
 from msgsafe.errors import MissingExtra
-from msgsafe.telemetry._finish import FINISHER
 
 try:
     from opentelemetry import baggage, metrics, propagate, trace
@@ -94,6 +92,7 @@ _FLUSH_ON = "msgsafe.producer.sent"
 _MAX_BUFFERED = 100_000
 #: Destinations whose span name and attributes are kept per producer or consumer.
 _MAX_DESTINATIONS = 1024
+_ONE_STORED: Mapping[str, int] = {"msgsafe.stored": 1}
 _MESSAGE_ID = "messaging.message.id"
 _PRODUCER = SpanKind.PRODUCER
 
@@ -253,8 +252,6 @@ class OtelProducer(_Side):
         super().__init__(protocol, target, server)
         self.figures = figures
         self._latencies: list[float] = []
-        #: Where a settled single send's span goes to be ended.
-        self.finisher = FINISHER
         self.inst.sources.add(self)
 
     def flush(self) -> None:
@@ -306,14 +303,18 @@ class OtelProducer(_Side):
             self._latencies.append(latency_s)
 
     def settled_one(self, span: Span, latency_s: float | None) -> None:
-        """A single send confirmed after ``latency_s`` seconds (None: stored): its
-        latency buffered; its outcome set and its span ended by the finisher, off the
-        thread that resolved the receipt (:mod:`msgsafe.telemetry._finish`)."""
+        """A single send confirmed after ``latency_s`` seconds (None: stored), all in
+        one place: its latency buffered, its outcome set, its span ended."""
         if latency_s is not None and len(self._latencies) < _MAX_BUFFERED:
             self._latencies.append(latency_s)  # see buffer_latency
-        # Settled: no fail-over event is added to it any more (the span keeps its end time).
-        self._open.pop(id(span), None)
-        self.finisher.add(span, latency_s is not None, time_ns())
+        if span.is_recording():
+            self._open.pop(id(span), None)
+            if latency_s is not None:
+                span.set_attribute("msgsafe.outcome", "CONFIRMED")
+            else:
+                span.set_attribute("msgsafe.outcome", "STORED")
+                span.add_event("msgsafe.outbox.detour", _ONE_STORED)
+        span.end()
 
     def settled(
         self,

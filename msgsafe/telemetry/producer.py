@@ -5,9 +5,9 @@ Without OpenTelemetry a single send costs one ``next()`` here (:meth:`sent_one`)
 one in the settlement (:class:`~msgsafe.telemetry.stats.OutcomeCounts`); a batch one
 done-callback. With it, the producer calls :meth:`ProducerTelemetry.start` for a
 message (the span's context goes into its headers) and :meth:`ProducerTelemetry.track`
-with the receipt future, whose done-callback hands the span to be ended off the thread
-that resolves it (:mod:`msgsafe.telemetry._finish`). Telemetry never breaks sending: an
-error inside OpenTelemetry (a processor, an exporter) is logged and the message goes on.
+with the receipt future, whose done-callback ends the span on whatever thread resolves
+it. Telemetry never breaks sending: an error inside OpenTelemetry (a processor, an
+exporter) is logged and the message goes on.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import BatchFailed
 from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status, _new_envelope
-from msgsafe.telemetry._finish import FINISHER
 from msgsafe.telemetry.stats import ProducerCounters, ProducerStats, TracedConnectionCounters
 
 if TYPE_CHECKING:
@@ -200,16 +199,9 @@ class ProducerTelemetry(TracedConnectionCounters, ProducerCounters):
             figures["msgsafe.outbox.oldest_age"] = [(snap.outbox_oldest_age_s, none)]
         return figures
 
-    def finish_spans(self) -> None:
-        """End the spans of the sends settled so far now, on this thread (they end a few
-        milliseconds after their receipts otherwise: :mod:`msgsafe.telemetry._finish`)."""
-        if self._otel is not None:
-            FINISHER.drain()
-
     def close(self) -> None:
-        """The producer closed: its spans are ended, its outbox is no longer read (the
-        counters stay, and stay observed until the producer is garbage)."""
-        self.finish_spans()
+        """The producer closed: its outbox is no longer read (the counters stay, and
+        stay observed until the producer is garbage)."""
         self._store = None
         self._forwarder = None
 
