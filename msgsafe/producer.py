@@ -164,10 +164,10 @@ class Producer:
             destination, body, key=key, headers=headers, message_id=message_id
         )
         future, ended = self._tracked(envelope, transaction, waited=True)
-        if self._hurry is not None and transaction is None:
-            # The caller waits for this one message: a linger would only add latency.
-            self._hurry(future, self._send_timeout)
         try:
+            if self._hurry is not None and transaction is None:
+                # The caller waits for this one message: a linger would only add latency.
+                self._hurry(future, self._send_timeout)
             return future.result(self._send_timeout)
         except FutureTimeout:
             raise SendTimeout(
