@@ -163,11 +163,11 @@ class Producer:
         envelope = Envelope.build(
             destination, body, key=key, headers=headers, message_id=message_id
         )
-        future = self._tracked(envelope, transaction)
-        if self._hurry is not None and transaction is None:
-            # The caller waits for this one message: a linger would only add latency.
-            self._hurry(future, self._send_timeout)
+        future, ended = self._tracked(envelope, transaction, waited=True)
         try:
+            if self._hurry is not None and transaction is None:
+                # The caller waits for this one message: a linger would only add latency.
+                self._hurry(future, self._send_timeout)
             return future.result(self._send_timeout)
         except FutureTimeout:
             raise SendTimeout(
@@ -175,6 +175,12 @@ class Producer:
                 endpoint=self._url.redacted(),
                 message_id=envelope.message_id,
             ) from None
+        finally:
+            if ended is not None:
+                # The span's end, here once the caller is awake, not on the I/O thread
+                # before it lets the caller run (or when the receipt resolves, if the
+                # wait ended first: a timeout, an interrupt).
+                future.add_done_callback(ended)
 
     def send_async(
         self,
@@ -195,12 +201,12 @@ class Producer:
         envelope = Envelope.build(
             destination, body, key=key, headers=headers, message_id=message_id
         )
-        return self._tracked(envelope, transaction)
+        return self._tracked(envelope, transaction)[0]
 
     def send_envelope(self, envelope: Envelope) -> Future[Receipt]:
         """Send a prepared :class:`~msgsafe.message.Envelope` (its id kept): the hook for
         wrappers and sinks that derive ids themselves."""
-        return self._tracked(envelope, None)
+        return self._tracked(envelope, None)[0]
 
     def send_batch(
         self,
@@ -335,7 +341,12 @@ class Producer:
                     lambda f, one=one: one(_error_of(f))  # type: ignore[misc]
                 )
 
-    def _tracked(self, envelope: Envelope, transaction: Any) -> Future[Receipt]:
+    def _tracked(
+        self, envelope: Envelope, transaction: Any, *, waited: bool = False
+    ) -> tuple[Future[Receipt], Callable[[Future[Receipt]], None] | None]:
+        """Submit ``envelope`` with its telemetry. With ``waited`` (a blocking send) and
+        OpenTelemetry on, also what ends its span: the caller hands it to the future
+        once it stops waiting (see :meth:`ProducerTelemetry.track`)."""
         if envelope.tombstone and not self._tombstones:
             raise InvalidMessage(
                 f"{self._url.protocol} messages have no null body: a tombstone"
@@ -346,11 +357,10 @@ class Producer:
         if not telemetry.tracing:
             future = self._submit(envelope, transaction)
             telemetry.sent_one()  # the outcome is counted by the settlement
-            return future
+            return future, None
         traced, span = telemetry.start(envelope)
         future = self._submit(traced, transaction)
-        telemetry.track(future, span)
-        return future
+        return future, telemetry.track(future, span, waited=waited)
 
     def _submit(self, envelope: Envelope, transaction: Any) -> Future[Receipt]:
         if transaction is not None and getattr(self._store, "put_in", None) is None:

@@ -14,7 +14,13 @@ The send path does what the SDK needs and little else (``benchmarks/README.md``,
 "Telemetry"): the attributes of a destination are built once, a span's context is written
 as a ``traceparent`` directly while the default propagators are installed, the registry
 of open spans takes no lock, and a span that is not recording gets no attributes or
-events.
+events. A single send's span ends in its receipt's callback: for a blocking ``send()``
+on the caller's thread once it is awake (0.5 to 0.8 points of wall time less than on
+the I/O thread before the caller runs, in paired runs), otherwise on the thread that
+resolved it. Handing spans to a thread of their own to end them in bulk was measured
+(three runs of ``benchmarks/bench_telemetry.py`` against this way, side by side) to cost
+7 to 39 us more client CPU per send, for no wall-time gain beyond the noise; ending one
+costs about 6 us.
 """
 
 from __future__ import annotations

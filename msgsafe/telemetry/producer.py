@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import replace
 from functools import partial
@@ -102,11 +102,23 @@ class ProducerTelemetry(TracedConnectionCounters, ProducerCounters):
         """True with OpenTelemetry: sends go through :meth:`start` and :meth:`track`."""
         return self._otel is not None
 
-    def track(self, future: Future[Receipt], span: Any = None) -> None:
+    def track(
+        self, future: Future[Receipt], span: Any = None, *, waited: bool = False
+    ) -> Callable[[Future[Receipt]], None] | None:
         """One message sent with OpenTelemetry on: its span ends, and its latency is
-        measured, when ``future`` resolves (its outcome is counted by the settlement)."""
+        measured, when ``future`` resolves (its outcome is counted by the settlement).
+
+        ``waited``: the caller blocks on ``future`` (``send()``) and gets back the
+        callback that ends the span, to add to ``future`` itself once it stops waiting:
+        then the span ends on the caller's thread, after the I/O thread that resolved
+        the receipt has let it run, not before (a resolved future runs an added callback
+        at once)."""
         self.sent_one()
-        future.add_done_callback(partial(self._one_done, span, time.monotonic()))
+        ended = partial(self._one_done, span, time.monotonic())
+        if waited:
+            return ended
+        future.add_done_callback(ended)
+        return None
 
     def track_batch(self, future: Future[BatchReceipt], count: int, span: Any = None) -> None:
         """A batch of ``count`` sent; its outcomes are counted, and with OpenTelemetry its
