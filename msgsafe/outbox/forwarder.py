@@ -31,6 +31,17 @@ the backlog. A round grows (doubling from 500) up to ``batch`` while it is answe
 within a quarter of the lease, and halves when it is not. Rounds are large by default
 because each ends with a wait for its last answer (Kafka's linger and ``acks=all`` round
 trip): 500 a round drained 13k msg/s on Kafka where 10,000 a round drained 76k.
+
+Overlapping rounds: on a transport that keeps the order of what it is handed across
+rounds (``ordered_rounds``: Kafka, one partition per key, idempotent producer) and a
+store whose claim can follow keys (``follow_keys``: SQLite), the next round is claimed
+and published before the last one's answers are settled, so that the broker's
+answers to one round come while the next goes out. Such a claim continues a key past
+its rows in flight (see :mod:`msgsafe.outbox._claims`), except a key that failed: every
+key with a message released in a round (a failure, or not sent) stops in the round
+published behind it too (its rows there are released, sent behind a failure), and is
+not followed by the next claim, so that its rows are re-sent from the first failure
+once nothing of it is in flight. Rounds are settled in the order they were published.
 """
 
 from __future__ import annotations
@@ -39,9 +50,12 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from operator import attrgetter
+from typing import Protocol, cast
 
 from msgsafe._callbacks import call_logged
 from msgsafe.errors import (
@@ -72,6 +86,18 @@ _PROBE_CAP_S = 1.0
 #: How often an idle forwarder looks for rows whose retry time has come.
 _IDLE_POLL_S = 1.0
 
+_MESSAGE_ID = attrgetter("message_id")
+_KEY = attrgetter("key")
+_BODY = attrgetter("body")
+
+
+class _FollowingClaim(Protocol):
+    """A store's claim that can follow keys (``follow_keys``: see the module docstring)."""
+
+    def __call__(
+        self, *, limit: int, lease_s: float, follow: Mapping[bytes, int]
+    ) -> list[Envelope]: ...
+
 
 @dataclass(frozen=True, slots=True)
 class ForwarderStats:
@@ -85,6 +111,18 @@ class ForwarderStats:
     retried: int  #: transient failures (released for a later retry)
     refusing: bool  #: the broker refuses at the moment (probing only)
     last_error: str | None  #: the last error seen, for operators
+
+
+@dataclass(slots=True)
+class _Flight:
+    """A published round, until its answers are settled."""
+
+    round: Round
+    started: float  #: time.monotonic() when it was published
+    keys: dict[bytes, int]  #: its messages per key (what the next claim may follow)
+    #: Keys released in the round published before it: their messages here were sent
+    #: behind a failure, and are released too.
+    stopped: set[bytes] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -152,6 +190,12 @@ class Forwarder:
         #: The ERROR for a refused connection was logged (until the next confirm).
         self._refusal_logged = False
         self._unsettled: list[Callable[[], None]] = []
+        # Overlapping rounds (see the module docstring): both sides must say they can.
+        self._overlap = bool(
+            getattr(transport, "ordered_rounds", False) and getattr(store, "follow_keys", False)
+        )
+        #: The round published and not settled yet (overlapping rounds only).
+        self._flight: _Flight | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -217,27 +261,62 @@ class Forwarder:
 
     def step(self) -> int:
         """One round: claim a batch (one probe while the broker refuses), publish, settle.
-        Returns how many messages were claimed."""
+        Returns how many messages were claimed. With overlapping rounds (see the module
+        docstring) the round settled is the one published by the previous step, and
+        the one published here stays in flight until the next step (a step that
+        claims nothing settles it)."""
         with self._step_lock:
-            if not self._backoff.ready():
-                return 0
-            if not self._settle_backlog():
-                self._backoff.failure()
-                return 0
-            limit = 1 if self._backoff.failures else self._limit
-            try:
-                envelopes = self._store.claim(limit=limit, lease_s=self._lease_s)
-            except MsgsafeError as exc:
-                self._note_error(f"claim failed: {exc}")
-                self._backoff.failure()
-                return 0
-            if envelopes:
-                started = time.monotonic()
-                self._forward(envelopes)
-                self._limit = self._next_limit(envelopes, time.monotonic() - started)
+            claimed = self._step()
         with self._progress:
             self._progress.notify_all()
+        return claimed
+
+    def _step(self) -> int:
+        if not self._backoff.ready():
+            self._land()
+            return 0
+        if not self._settle_backlog():
+            self._land()
+            self._backoff.failure()
+            return 0
+        limit = 1 if self._backoff.failures else self._limit
+        ahead = self._flight
+        try:
+            if ahead is None:
+                envelopes = self._store.claim(limit=limit, lease_s=self._lease_s)
+            else:
+                follow = {k: n for k, n in ahead.keys.items() if k not in ahead.stopped}
+                claim = cast(_FollowingClaim, self._store.claim)
+                envelopes = claim(limit=limit, lease_s=self._lease_s, follow=follow)
+        except MsgsafeError as exc:
+            self._land()
+            self._note_error(f"claim failed: {exc}")
+            self._backoff.failure()
+            return 0
+        flight = None
+        if envelopes:
+            flight = _Flight(Round(envelopes, _NOT_THE_MESSAGE), time.monotonic(), {})
+            flight.round.publish(self._transport)
+        self._flight = None
+        if ahead is not None:
+            stopped = self._finish(ahead)
+            if flight is not None:
+                flight.stopped = stopped
+        if flight is not None:
+            if self._overlap and not self._backoff.failures:
+                keys = Counter(map(_KEY, envelopes))
+                keys.pop(None, None)
+                flight.keys = cast(dict[bytes, int], keys)
+                self._flight = flight
+            else:
+                self._finish(flight)
         return len(envelopes)
+
+    def _land(self) -> None:
+        """Settle the round in flight, if any."""
+        flight, self._flight = self._flight, None
+        if flight is not None:
+            self._finish(flight)
 
     def next_attempt_in(self) -> float:
         """Seconds until the broker is tried again (0 unless it refused recently)."""
@@ -279,6 +358,12 @@ class Forwarder:
             pause = self._backoff.remaining() if self._backoff.failures else _IDLE_POLL_S
             self._wake.wait(max(pause, 0.001))
             self._wake.clear()
+        with self._step_lock:
+            try:
+                self._land()
+            except Exception as exc:  # as above: the thread ends quietly
+                log.exception("outbox forwarder round failed")
+                self._note_error(f"{type(exc).__name__}: {exc}")
         with self._progress:
             self._progress.notify_all()
 
@@ -286,17 +371,25 @@ class Forwarder:
         self._wake.wait(seconds)
         self._wake.clear()
 
-    def _forward(self, envelopes: Sequence[Envelope]) -> None:
-        rnd = Round(envelopes, _NOT_THE_MESSAGE)
-        rnd.publish(self._transport)
+    def _finish(self, flight: _Flight) -> set[bytes]:
+        """Wait for the answers of ``flight`` and settle them; returns the keys that
+        stopped in it (released messages), which stop in the round behind it too."""
+        rnd = flight.round
+        envelopes = rnd.envelopes
         # NOTE: the contract says every answer comes within confirm_timeout; a transport
         # that breaks it must not keep rows leased forever: what is unanswered at the
         # lease deadline is released (a late confirm only makes a duplicate).
-        if not rnd.wait(self._lease_s * 0.9):
+        if not rnd.wait(flight.started + self._lease_s * 0.9 - time.monotonic()):
             self._note_error("publish futures unresolved at the lease deadline")
-        out = _Settling()
-        for env, outcome in zip(envelopes, rnd.outcomes(), strict=True):
-            self._settle_one(out, env, outcome)
+        outcomes = rnd.outcomes()
+        out = _Settling(stopped_keys=flight.stopped & flight.keys.keys())
+        if not out.stopped_keys and outcomes.count(None) == len(outcomes):
+            # Every message confirmed (the usual round): no settling one by one.
+            out.answered = True
+            out.delivered = list(map(_MESSAGE_ID, envelopes))
+        else:
+            for env, outcome in zip(envelopes, outcomes, strict=True):
+                self._settle_one(out, env, outcome)
         if out.delivered:
             delivered = out.delivered
             self._delivered += len(delivered)
@@ -311,12 +404,20 @@ class Forwarder:
         elif out.answered:
             self._backoff.success()
             self._refusal_logged = False
+        self._limit = self._next_limit(envelopes, time.monotonic() - flight.started)
+        return out.stopped_keys
 
     def _next_limit(self, envelopes: Sequence[Envelope], took: float) -> int:
         # Sized after the last round: within batch_bytes at its mean message size, and
         # answered well within the lease (a slow broker gets smaller rounds, instead of
         # rounds released unanswered at the lease deadline and sent again whole).
-        mean = max(1, sum(env.size for env in envelopes) // len(envelopes))
+        if any(map(attrgetter("headers"), envelopes)):
+            total = sum(env.size for env in envelopes)
+        else:  # Envelope.size without a call per message (C loops)
+            total = sum(map(len, map(_BODY, envelopes))) + sum(
+                map(len, filter(None, map(_KEY, envelopes)))
+            )
+        mean = max(1, total // len(envelopes))
         if took > self._lease_s / 4:
             paced = len(envelopes) // 2
         else:
@@ -331,6 +432,10 @@ class Forwarder:
             return
         if exc is UNSENT:
             out.releases.append((env, str(exc)))
+            if key is not None:
+                # Not sent: the key's later messages, in this round or one behind it,
+                # must not go out before this one.
+                out.stopped_keys.add(key)
             return
         if exc is None:
             out.answered = True

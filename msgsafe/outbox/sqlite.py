@@ -21,10 +21,12 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,6 +55,8 @@ from msgsafe.outbox._writer import GroupCommitWriter, Handler, HandlerResult
 from msgsafe.ports import OutboxStats
 
 __all__ = ["SqliteOutbox", "held_here"]
+
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 _AGE_CHECK_S = 1.0
 _IN_CHUNK = 500  # ids per "IN (...)" list, far below SQLite's variable limit
@@ -99,6 +103,9 @@ class SqliteOutbox(OperatorQueries):
     ``"full"`` (``PRAGMA integrity_check``) or ``"off"``. ``clock`` (epoch seconds) is
     injectable for tests. Thread-safe.
     """
+
+    #: claim() can continue keys the caller has in flight (see msgsafe.outbox._claims).
+    follow_keys = True
 
     def __init__(
         self,
@@ -266,13 +273,17 @@ class SqliteOutbox(OperatorQueries):
         batch's columns: the producer's way to buffer a batch during an outage."""
         return self._submit(self._put_batch, batch_rows(batch, self._target))
 
-    def claim(self, *, limit: int, lease_s: float) -> builtins.list[Envelope]:
+    def claim(
+        self, *, limit: int, lease_s: float, follow: Mapping[bytes, int] | None = None
+    ) -> builtins.list[Envelope]:
         """Lease up to ``limit`` ready envelopes for ``lease_s`` seconds, oldest first,
-        each key's messages a prefix of its queue (see the protocol). A read: leases
+        each key's messages a prefix of its queue (see the protocol) or, for the keys
+        in ``follow``, the rows after those the caller holds in flight. A read: leases
         are kept in memory (:mod:`msgsafe.outbox._claims` says why that is safe)."""
         if limit < 1:
             return []
-        rows: builtins.list[Envelope] = self._read(self._claim_batch, (limit, lease_s))
+        payload = (limit, lease_s, follow)
+        rows: builtins.list[Envelope] = self._read(self._claim_batch, payload)
         return rows
 
     def delivered(self, ids: Sequence[str]) -> None:
@@ -466,18 +477,20 @@ class SqliteOutbox(OperatorQueries):
         def apply() -> None:
             self._claims.drop(ended)
             self._oldest_checked = 0.0  # the oldest message may be gone
+            # NOTE: C loops (map, Counter): this runs for every row a drain removes.
+            counts = Counter(map(_FIRST, gone))
+            counts.pop(None, None)
             with self._lock:
                 self._counts.rows -= len(gone)
-                self._counts.bytes -= sum(size for _, size in gone)
+                self._counts.bytes -= sum(map(_SECOND, gone))
                 self._counts.quarantined += quarantined
                 keys = self._keys
-                for key, _ in gone:
-                    if key is not None:
-                        left = keys.get(key, 0) - 1
-                        if left > 0:
-                            keys[key] = left
-                        else:
-                            keys.pop(key, None)
+                for key, count in counts.items():
+                    left = keys.get(key, 0) - count
+                    if left > 0:
+                        keys[key] = left
+                    else:
+                        keys.pop(key, None)
 
         return apply
 
