@@ -295,8 +295,11 @@ class Forwarder:
             return 0
         flight = None
         if envelopes:
-            flight = _Flight(Round(envelopes, _NOT_THE_MESSAGE), time.monotonic(), {})
-            flight.round.publish(self._transport)
+            keys = Counter(map(_KEY, envelopes))
+            keys.pop(None, None)
+            rnd = Round(envelopes, _NOT_THE_MESSAGE)
+            flight = _Flight(rnd, time.monotonic(), cast(dict[bytes, int], keys))
+            rnd.publish(self._transport)
         self._flight = None
         if ahead is not None:
             stopped = self._finish(ahead)
@@ -304,9 +307,6 @@ class Forwarder:
                 flight.stopped = stopped
         if flight is not None:
             if self._overlap and not self._backoff.failures:
-                keys = Counter(map(_KEY, envelopes))
-                keys.pop(None, None)
-                flight.keys = cast(dict[bytes, int], keys)
                 self._flight = flight
             else:
                 self._finish(flight)
