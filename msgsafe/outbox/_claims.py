@@ -40,18 +40,25 @@ __all__ = ["Claims"]
 #: Ready rows in queue order, without the keys whose earliest row waits for a retry time.
 _READY = """
 SELECT o.seq, o.id, o.destination, o.key, o.headers, o.body, o.created_at FROM outbox AS o
-WHERE o.ready_at <= :now
+WHERE o.ready_at <= :now AND o.seq > :floor
   AND (o.key IS NULL OR NOT EXISTS (
       SELECT 1 FROM outbox AS p
       WHERE p.key = o.key AND p.ready_at > :now AND p.seq < o.seq))
 ORDER BY o.seq
 """
 
+#: Lower than every seq (adopted rows get negative ones: see msgsafe.outbox.discovery).
+_NO_SEQ = -(1 << 63)
+
+#: The ready rows up to a seq: all held, or the claim cannot start after that seq.
+_READY_UPTO = "SELECT id FROM outbox WHERE seq <= ? AND ready_at <= ?"
+
 #: Rows passed over (held, or behind a held row of their key) before a claim returns what
 #: it found: several forwarders sharing a store must not each scan a hot key's backlog.
 _SKIP_MIN = 10_000
 
 
+_SEQ = _FIRST = itemgetter(0)
 _ID = itemgetter(1)
 _KEY = itemgetter(3)
 _LEASE_KEY = itemgetter(0)
@@ -66,6 +73,8 @@ class Claims:
         self._keys: dict[bytes, int] = {}
         #: No lease ends before this (a lower bound): most claims skip the expiry scan.
         self._soonest = float("inf")
+        #: No held row has a higher seq (an upper bound; _NO_SEQ: nothing held).
+        self._top = _NO_SEQ
 
     def claim(
         self,
@@ -83,18 +92,20 @@ class Claims:
             skip_max = max(_SKIP_MIN, 10 * limit)
             taken: list[Any] = []
             skipped = 0
-            rows = conn.execute(_READY, {"now": now})
-            if not held:
-                # Nothing held (the usual claim: the last round was settled): no filter.
+            floor = self._floor(conn, now) if held else _NO_SEQ
+            rows = conn.execute(_READY, {"now": now, "floor": floor})
+            # A followed key's rows come after its held ones (a held prefix, in queue
+            # order): it continues only once all of them were passed, never through a
+            # gap (an unheld row before a held one).
+            go_on = {k: n for k, n in follow.items() if keys.get(k) == n} if follow else {}
+            if not held or (floor > _NO_SEQ and len(go_on) == len(keys)):
+                # Nothing held (the last round was settled), or only rows at or below the
+                # floor, of keys all followed (a drain's round in flight): no filter.
                 taken.extend(rows.fetchmany(limit))
             else:
-                # A followed key's rows come after its held ones (a held prefix, in
-                # queue order): it continues only once all of them were passed, never
-                # through a gap (an unheld row before a held one).
-                go_on = (
-                    {k: n for k, n in follow.items() if keys.get(k) == n} if follow else {}
-                )
-                passed: dict[bytes, int] = dict.fromkeys(go_on, 0)
+                # Every held row is at or below the floor: passed, when the scan starts
+                # above it.
+                passed = dict(go_on) if floor > _NO_SEQ else dict.fromkeys(go_on, 0)
                 for row in rows:
                     key = row[3]
                     if row[1] in held:
@@ -120,6 +131,16 @@ class Claims:
             for _, i, d, k, h, b, c in taken
         ]
 
+    def _floor(self, conn: sqlite3.Connection, now: float) -> int:
+        """The seq after which the claim's scan may start: the highest held one when
+        every ready row up to it is held (the usual case while a round is in flight:
+        its rows are the oldest), so that they are not read again; else _NO_SEQ."""
+        top, held = self._top, self._held
+        if top == _NO_SEQ:
+            return _NO_SEQ
+        below = conn.execute(_READY_UPTO, (top, now)).fetchall()
+        return top if all(map(held.__contains__, map(_FIRST, below))) else _NO_SEQ
+
     def drop(self, ids: Iterable[str]) -> None:
         """The rows ``ids`` were settled (removed, released or quarantined)."""
         with self._lock:
@@ -131,6 +152,7 @@ class Claims:
             self._held.clear()
             self._keys.clear()
             self._soonest = float("inf")
+            self._top = _NO_SEQ
 
     # NOTE: map/zip/Counter are C loops: a drain holds and drops every row it sends,
     # and a Python loop per row here was a fifth of the forwarder's CPU.
@@ -139,6 +161,7 @@ class Claims:
         row_keys = list(map(_KEY, rows))
         self._held.update(zip(map(_ID, rows), zip(row_keys, repeat(until)), strict=False))
         self._soonest = min(self._soonest, until)
+        self._top = max(self._top, max(map(_SEQ, rows)))
         counts = Counter(row_keys)
         counts.pop(None, None)
         keys = self._keys
@@ -158,6 +181,7 @@ class Claims:
                 keys.pop(key, None)
         if not self._held:
             self._soonest = float("inf")
+            self._top = _NO_SEQ
 
     def _expire(self, now: float) -> None:
         # A lease that ran out makes its row claimable again (its forwarder died or

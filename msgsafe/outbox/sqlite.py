@@ -44,6 +44,7 @@ from msgsafe.outbox._claims import Claims
 from msgsafe.outbox._rows import INSERT, Rows, batch_rows, envelope_rows, insert_rows, redact_target
 from msgsafe.outbox._schema import (
     APPLICATION_ID,
+    RETRY_LATER,
     check_header,
     migrate,
     salvage_hint,
@@ -60,11 +61,6 @@ _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 _AGE_CHECK_S = 1.0
 _IN_CHUNK = 500  # ids per "IN (...)" list, far below SQLite's variable limit
-
-#: A transient failure: the row waits until its retry time; its attempt is counted.
-_RETRY_LATER = (
-    "UPDATE outbox SET ready_at = ?, last_error = ?, attempts = attempts + 1 WHERE id = ?"
-)
 
 
 @dataclass(slots=True)
@@ -290,6 +286,11 @@ class SqliteOutbox(OperatorQueries):
         """Remove envelopes the broker confirmed. Unknown ids are ignored."""
         if ids:
             self._call(self._delivered_batch, list(ids))
+
+    def delivered_async(self, ids: Sequence[str]) -> Future[None]:
+        """:meth:`delivered` without waiting: the future resolves once the removal is
+        durable, or fails with the store's error."""
+        return self._submit(self._delivered_batch, list(ids))
 
     def failed(self, message_id: str, *, error: str, retry_at: float | None) -> None:
         """Release a leased envelope until ``retry_at`` (epoch seconds), or move it to the
@@ -519,7 +520,7 @@ class SqliteOutbox(OperatorQueries):
             message_id, error, retry_at = payload
             if retry_at is not None:
                 conn.execute(
-                    _RETRY_LATER,
+                    RETRY_LATER,
                     (retry_at, error, message_id),
                 )
                 continue
@@ -580,7 +581,7 @@ class SqliteOutbox(OperatorQueries):
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
     ) -> HandlerResult[object]:
         items = [item for payload in payloads for item in payload]
-        conn.executemany(_RETRY_LATER, items)
+        conn.executemany(RETRY_LATER, items)
         return HandlerResult(
             [None] * len(payloads), partial(self._claims.drop, [i[2] for i in items])
         )
