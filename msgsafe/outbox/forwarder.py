@@ -52,7 +52,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
 from operator import attrgetter
@@ -197,8 +196,6 @@ class Forwarder:
         )
         #: The round published and not settled yet (overlapping rounds only).
         self._flight: _Flight | None = None
-        #: A removal submitted and not known committed: its future and its retry.
-        self._removing: tuple[Future[None], Callable[[], None]] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -278,7 +275,6 @@ class Forwarder:
         if not self._backoff.ready():
             self._land()
             return 0
-        self._reap(wait=False)
         if not self._settle_backlog():
             self._land()
             self._backoff.failure()
@@ -299,8 +295,7 @@ class Forwarder:
             return 0
         self._flight = None
         # The round ahead is settled before this one is published: its answers came
-        # while this one was claimed, and its removal commits on the store's writer
-        # thread while this one is handed to the transport.
+        # while this one was claimed.
         stopped = self._finish(ahead) if ahead is not None else set()
         if envelopes:
             keys = Counter(map(_KEY, envelopes))
@@ -312,45 +307,13 @@ class Forwarder:
                 self._flight = flight
             else:
                 self._finish(flight)
-        if self._flight is None:
-            self._reap(wait=True)  # nothing in flight: the store is settled
         return len(envelopes)
 
     def _land(self) -> None:
-        """Settle the round in flight, if any, and wait for the removals."""
+        """Settle the round in flight, if any."""
         flight, self._flight = self._flight, None
         if flight is not None:
             self._finish(flight)
-        self._reap(wait=True)
-
-    def _remove(self, ids: list[str]) -> None:
-        """Remove delivered rows; with overlapping rounds, without waiting for the
-        commit (see :meth:`_reap`)."""
-        self._reap(wait=True)  # one removal pending at a time, in order
-        action = partial(self._store.delivered, ids)
-        submit = getattr(self._store, "delivered_async", None)
-        if not (self._overlap and callable(submit)):
-            self._settle(action)
-            return
-        try:
-            self._removing = (submit(ids), action)
-        except MsgsafeError as exc:
-            self._note_error(f"outbox update failed: {exc}")
-            self._unsettled.append(action)
-
-    def _reap(self, *, wait: bool) -> None:
-        """Look at the pending removal: a failed one is kept to be retried before the
-        next claim, as every failed store update (see :meth:`_settle`). Until its commit
-        its rows stay leased: no claim returns them."""
-        pending = self._removing
-        if pending is None or not (wait or pending[0].done()):
-            return
-        self._removing = None
-        try:
-            pending[0].result()
-        except MsgsafeError as exc:
-            self._note_error(f"outbox update failed: {exc}")
-            self._unsettled.append(pending[1])
 
     def next_attempt_in(self) -> float:
         """Seconds until the broker is tried again (0 unless it refused recently)."""
@@ -425,8 +388,9 @@ class Forwarder:
             for env, outcome in zip(envelopes, outcomes, strict=True):
                 self._settle_one(out, env, outcome)
         if out.delivered:
-            self._delivered += len(out.delivered)
-            self._remove(out.delivered)
+            delivered = out.delivered
+            self._delivered += len(delivered)
+            self._settle(lambda: self._store.delivered(delivered))
         if out.releases:
             self._retried += len(out.releases)
             # The rows are ready again at once, so that drain() can really push everything

@@ -287,11 +287,6 @@ class SqliteOutbox(OperatorQueries):
         if ids:
             self._call(self._delivered_batch, list(ids))
 
-    def delivered_async(self, ids: Sequence[str]) -> Future[None]:
-        """:meth:`delivered` without waiting: the future resolves once the removal is
-        durable, or fails with the store's error."""
-        return self._submit(self._delivered_batch, list(ids))
-
     def failed(self, message_id: str, *, error: str, retry_at: float | None) -> None:
         """Release a leased envelope until ``retry_at`` (epoch seconds), or move it to the
         quarantine with ``error`` when ``retry_at`` is None."""

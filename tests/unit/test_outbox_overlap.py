@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from msgsafe.errors import OutboxFull, Refused
+from msgsafe.errors import Refused
 from msgsafe.message import Envelope
 from msgsafe.outbox import Forwarder, SqliteOutbox
-from msgsafe.retry import RetryPolicy
 
 
 class Clock:
@@ -120,18 +119,13 @@ def test_a_key_released_in_a_round_stops_in_the_round_published_behind_it(
     fwd = Forwarder(store, transport, batch=20, clock=clock, rng=lambda: 0.0)
     fwd._limit = 20  # rounds of 20 from the start: round 2 follows both keys
     removed: list[str] = []
-    real_delivered, real_async = store.delivered, store.delivered_async
+    real_delivered = store.delivered
 
     def delivered(message_ids: list[str]) -> None:
         removed.extend(message_ids)
         real_delivered(message_ids)
 
-    def delivered_async(message_ids: list[str]) -> Future[None]:
-        removed.extend(message_ids)
-        return real_async(message_ids)
-
     store.delivered = delivered  # type: ignore[method-assign]
-    store.delivered_async = delivered_async  # type: ignore[method-assign]
     for _ in range(200):
         if fwd.step() == 0 and store.pending() == 0:
             break
@@ -182,39 +176,10 @@ def test_an_overlapping_forwarder_settles_its_round_in_flight_on_the_next_step(
     fwd._limit = 10
     assert fwd.step() == 10
     assert store.pending() == 30  # in flight, not settled yet
-    assert fwd.step() == 10  # the first settled: its removal may still be committing
+    assert fwd.step() == 10
+    assert store.pending() == 20  # the first settled once the second was claimed
     while fwd.step():
         pass
     assert store.pending() == 0
     assert fwd.stats().delivered == 30
 
-
-def test_a_removal_that_fails_after_the_round_is_retried_before_the_next_claim(
-    store: SqliteOutbox, clock: Clock, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With overlapping rounds the removal of a delivered round commits while the next
-    one is published; when that commit fails (a full disk), the rows stay leased (not
-    sent again) and the removal is retried first."""
-    sent = keyed(10, keys=2)
-    store.put(sent)
-    real = store.delivered_async
-    calls: list[list[str]] = []
-
-    def flaky(ids: list[str]) -> Future[None]:
-        calls.append(list(ids))
-        if len(calls) == 1:
-            failed: Future[None] = Future()
-            failed.set_exception(OutboxFull("disk full"))
-            return failed
-        return real(ids)
-
-    monkeypatch.setattr(store, "delivered_async", flaky)
-    transport = OrderedTransport(fail="")
-    fwd = Forwarder(store, transport, clock=clock, policy=RetryPolicy(initial=0, maximum=0))
-    assert fwd.step() == 10  # in flight
-    assert fwd.step() == 0  # settled: its removal failed
-    assert store.pending() == 10
-    assert fwd.step() == 0  # the removal retried before the claim; nothing re-sent
-    assert store.pending() == 0
-    assert len(transport.log) == 10
-    assert calls == [ids_of(sent)]  # submitted once; retried through delivered()
