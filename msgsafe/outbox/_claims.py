@@ -50,15 +50,18 @@ ORDER BY o.seq
 #: Lower than every seq (adopted rows get negative ones: see msgsafe.outbox.discovery).
 _NO_SEQ = -(1 << 63)
 
-#: The ready rows up to a seq: all held, or the claim cannot start after that seq.
-_READY_UPTO = "SELECT id FROM outbox WHERE seq <= ? AND ready_at <= ?"
+#: How many rows up to a seq are ready: every held row is one of them (a held row is in
+#: the file and was ready when claimed; whatever removes or releases a row ends its
+#: lease in the same step), so the count equals the held rows exactly when no unheld
+#: row up to that seq is ready.
+_READY_UPTO = "SELECT count(*) FROM outbox WHERE seq <= ? AND ready_at <= ?"
 
 #: Rows passed over (held, or behind a held row of their key) before a claim returns what
 #: it found: several forwarders sharing a store must not each scan a hot key's backlog.
 _SKIP_MIN = 10_000
 
 
-_SEQ = _FIRST = itemgetter(0)
+_SEQ = itemgetter(0)
 _ID = itemgetter(1)
 _KEY = itemgetter(3)
 _LEASE_KEY = itemgetter(0)
@@ -138,8 +141,8 @@ class Claims:
         top, held = self._top, self._held
         if top == _NO_SEQ:
             return _NO_SEQ
-        below = conn.execute(_READY_UPTO, (top, now)).fetchall()
-        return top if all(map(held.__contains__, map(_FIRST, below))) else _NO_SEQ
+        (ready,) = conn.execute(_READY_UPTO, (top, now)).fetchone()
+        return top if ready == len(held) else _NO_SEQ
 
     def drop(self, ids: Iterable[str]) -> None:
         """The rows ``ids`` were settled (removed, released or quarantined)."""
