@@ -27,13 +27,13 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
-from msgsafe.message import Envelope, _new_envelope
-from msgsafe.outbox._rows import make_envelope
+from msgsafe.message import Envelope
+from msgsafe.outbox._rows import ClaimedRows
 
 __all__ = ["Claims"]
 
@@ -86,7 +86,7 @@ class Claims:
         limit: int,
         lease_s: float,
         follow: Mapping[bytes, int] | None = None,
-    ) -> list[Envelope]:
+    ) -> Sequence[Envelope]:
         """Lease up to ``limit`` ready rows until ``now + lease_s`` (see the module doc);
         ``follow``: keys the caller may continue past, with how many rows it holds."""
         with self._lock:
@@ -127,12 +127,7 @@ class Claims:
                         break
             if taken:
                 self._hold(taken, now + lease_s)
-        return [
-            _new_envelope(d, b, i, k, c)
-            if h is None and type(b) is bytes and (k is None or type(k) is bytes)
-            else make_envelope(i, d, k, h, b, c)
-            for _, i, d, k, h, b, c in taken
-        ]
+        return ClaimedRows(taken)
 
     def _floor(self, conn: sqlite3.Connection, now: float) -> int:
         """The seq after which the claim's scan may start: the highest held one when

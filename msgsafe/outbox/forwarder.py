@@ -34,7 +34,7 @@ trip): 500 a round drained 13k msg/s on Kafka where 10,000 a round drained 76k.
 
 Overlapping rounds: on a transport that keeps the order of what it is handed across
 rounds (``ordered_rounds``: Kafka, one partition per key, idempotent producer) and a
-store whose claim can follow keys (``follow_keys``: SQLite), the next round is claimed
+store whose claim can follow keys (``claim_rows``: SQLite), the next round is claimed
 and published before the last one's answers are settled, so that the broker's
 answers to one round come while the next goes out. Such a claim continues a key past
 its rows in flight (see :mod:`msgsafe.outbox._claims`), except a key that failed: every
@@ -54,7 +54,6 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from operator import attrgetter
 from typing import Protocol, cast
 
 from msgsafe._callbacks import call_logged
@@ -67,6 +66,7 @@ from msgsafe.errors import (
 )
 from msgsafe.message import Envelope
 from msgsafe.outbox._round import UNSENT, Round
+from msgsafe.outbox._rows import ClaimedRows, column
 from msgsafe.ports import OutboxStore, Transport
 from msgsafe.retry import Backoff, RetryPolicy
 
@@ -86,17 +86,14 @@ _PROBE_CAP_S = 1.0
 #: How often an idle forwarder looks for rows whose retry time has come.
 _IDLE_POLL_S = 1.0
 
-_MESSAGE_ID = attrgetter("message_id")
-_KEY = attrgetter("key")
-_BODY = attrgetter("body")
 
 
 class _FollowingClaim(Protocol):
-    """A store's claim that can follow keys (``follow_keys``: see the module docstring)."""
+    """A store's ``claim_rows``: a claim that can follow keys (see the module docstring)."""
 
     def __call__(
-        self, *, limit: int, lease_s: float, follow: Mapping[bytes, int]
-    ) -> list[Envelope]: ...
+        self, *, limit: int, lease_s: float, follow: Mapping[bytes, int] | None
+    ) -> Sequence[Envelope]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,10 +187,10 @@ class Forwarder:
         #: The ERROR for a refused connection was logged (until the next confirm).
         self._refusal_logged = False
         self._unsettled: list[Callable[[], None]] = []
+        #: The store's claim without an envelope per row, which can follow keys.
+        self._claim_rows: _FollowingClaim | None = getattr(store, "claim_rows", None)
         # Overlapping rounds (see the module docstring): both sides must say they can.
-        self._overlap = bool(
-            getattr(transport, "ordered_rounds", False) and getattr(store, "follow_keys", False)
-        )
+        self._overlap = bool(getattr(transport, "ordered_rounds", False) and self._claim_rows)
         #: The round published and not settled yet (overlapping rounds only).
         self._flight: _Flight | None = None
 
@@ -282,12 +279,14 @@ class Forwarder:
         limit = 1 if self._backoff.failures else self._limit
         ahead = self._flight
         try:
-            if ahead is None:
+            envelopes: Sequence[Envelope]
+            if self._claim_rows is None:
                 envelopes = self._store.claim(limit=limit, lease_s=self._lease_s)
             else:
-                follow = {k: n for k, n in ahead.keys.items() if k not in ahead.stopped}
-                claim = cast(_FollowingClaim, self._store.claim)
-                envelopes = claim(limit=limit, lease_s=self._lease_s, follow=follow)
+                follow = None
+                if ahead is not None:
+                    follow = {k: n for k, n in ahead.keys.items() if k not in ahead.stopped}
+                envelopes = self._claim_rows(limit=limit, lease_s=self._lease_s, follow=follow)
         except MsgsafeError as exc:
             self._land()
             self._note_error(f"claim failed: {exc}")
@@ -298,7 +297,7 @@ class Forwarder:
         # while this one was claimed.
         stopped = self._finish(ahead) if ahead is not None else set()
         if envelopes:
-            keys = Counter(map(_KEY, envelopes))
+            keys = Counter(column(envelopes, "key"))
             keys.pop(None, None)
             rnd = Round(envelopes, _NOT_THE_MESSAGE)
             flight = _Flight(rnd, time.monotonic(), cast(dict[bytes, int], keys), stopped)
@@ -383,7 +382,7 @@ class Forwarder:
         if not out.stopped_keys and outcomes.count(None) == len(outcomes):
             # Every message confirmed (the usual round): no settling one by one.
             out.answered = True
-            out.delivered = list(map(_MESSAGE_ID, envelopes))
+            out.delivered = column(envelopes, "message_id")
         else:
             for env, outcome in zip(envelopes, outcomes, strict=True):
                 self._settle_one(out, env, outcome)
@@ -408,12 +407,13 @@ class Forwarder:
         # Sized after the last round: within batch_bytes at its mean message size, and
         # answered well within the lease (a slow broker gets smaller rounds, instead of
         # rounds released unanswered at the lease deadline and sent again whole).
-        if any(map(attrgetter("headers"), envelopes)):
-            total = sum(env.size for env in envelopes)
-        else:  # Envelope.size without a call per message (C loops)
-            total = sum(map(len, map(_BODY, envelopes))) + sum(
-                map(len, filter(None, map(_KEY, envelopes)))
+        if isinstance(envelopes, ClaimedRows) and not any(envelopes.headers_text()):
+            # Envelope.size without an envelope (C loops): no headers to count.
+            total = sum(map(len, column(envelopes, "body"))) + sum(
+                map(len, filter(None, column(envelopes, "key")))
             )
+        else:
+            total = sum(env.size for env in envelopes)
         mean = max(1, total // len(envelopes))
         if took > self._lease_s / 4:
             paced = len(envelopes) // 2

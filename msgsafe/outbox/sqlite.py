@@ -100,9 +100,6 @@ class SqliteOutbox(OperatorQueries):
     injectable for tests. Thread-safe.
     """
 
-    #: claim() can continue keys the caller has in flight (see msgsafe.outbox._claims).
-    follow_keys = True
-
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -269,17 +266,21 @@ class SqliteOutbox(OperatorQueries):
         batch's columns: the producer's way to buffer a batch during an outage."""
         return self._submit(self._put_batch, batch_rows(batch, self._target))
 
-    def claim(
-        self, *, limit: int, lease_s: float, follow: Mapping[bytes, int] | None = None
-    ) -> builtins.list[Envelope]:
+    def claim(self, *, limit: int, lease_s: float) -> builtins.list[Envelope]:
         """Lease up to ``limit`` ready envelopes for ``lease_s`` seconds, oldest first,
-        each key's messages a prefix of its queue (see the protocol) or, for the keys
-        in ``follow``, the rows after those the caller holds in flight. A read: leases
+        each key's messages a prefix of its queue (see the protocol). A read: leases
         are kept in memory (:mod:`msgsafe.outbox._claims` says why that is safe)."""
+        return list(self.claim_rows(limit=limit, lease_s=lease_s))
+
+    def claim_rows(
+        self, *, limit: int, lease_s: float, follow: Mapping[bytes, int] | None = None
+    ) -> Sequence[Envelope]:
+        """:meth:`claim` without an envelope per row (the forwarder's claim, see
+        :class:`~msgsafe.outbox._rows.ClaimedRows`); for the keys in ``follow``, the
+        rows after those the caller holds in flight (see :mod:`msgsafe.outbox._claims`)."""
         if limit < 1:
             return []
-        payload = (limit, lease_s, follow)
-        rows: builtins.list[Envelope] = self._read(self._claim_batch, payload)
+        rows: Sequence[Envelope] = self._read(self._claim_batch, (limit, lease_s, follow))
         return rows
 
     def delivered(self, ids: Sequence[str]) -> None:

@@ -3,7 +3,7 @@ the forwarder's rule that a key released in a round stops in the round behind it
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from itertools import pairwise
 from pathlib import Path
@@ -39,7 +39,7 @@ def keyed(n: int, keys: int) -> list[Envelope]:
     return [Envelope.build("q", b"m%d" % i, key=f"k{i % keys}") for i in range(n)]
 
 
-def ids_of(envelopes: list[Envelope], key: bytes | None = None) -> list[str]:
+def ids_of(envelopes: Sequence[Envelope], key: bytes | None = None) -> list[str]:
     return [e.message_id for e in envelopes if key is None or e.key == key]
 
 
@@ -52,14 +52,14 @@ def test_a_claim_follows_a_key_only_past_every_held_row_of_it(store: SqliteOutbo
     # Not followed: a held key gives nothing (the prefix rule).
     assert store.claim(limit=10, lease_s=30) == []
     # Followed with every held row of the key: its next rows, in order; k1 stays.
-    second = store.claim(limit=4, lease_s=30, follow={b"k0": 5})
+    second = store.claim_rows(limit=4, lease_s=30, follow={b"k0": 5})
     assert ids_of(second) == k0[5:9]
     # A count that is not every held row of the key (another holder): not followed.
-    assert store.claim(limit=4, lease_s=30, follow={b"k0": 5, b"k1": 4}) == []
+    assert list(store.claim_rows(limit=4, lease_s=30, follow={b"k0": 5, b"k1": 4})) == []
     # k0[2:5] released while k0[5:9] is held: a gap before held rows; following k0
     # past it would send k0[9] before the released k0[2]. k1 is followed.
     store.release([(i, "failed") for i in k0[2:5]], retry_at=0.0)
-    assert ids_of(store.claim(limit=4, lease_s=30, follow={b"k0": 6, b"k1": 5})) == k1[5:9]
+    assert ids_of(store.claim_rows(limit=4, lease_s=30, follow={b"k0": 6, b"k1": 5})) == k1[5:9]
 
 
 def test_a_gap_before_held_rows_stops_the_key(store: SqliteOutbox) -> None:
@@ -67,11 +67,11 @@ def test_a_gap_before_held_rows_stops_the_key(store: SqliteOutbox) -> None:
     store.put(sent)
     k0 = ids_of(sent)
     store.claim(limit=5, lease_s=30)
-    store.claim(limit=5, lease_s=30, follow={b"k0": 5})  # k0[5:10] in flight too
+    store.claim_rows(limit=5, lease_s=30, follow={b"k0": 5})  # k0[5:10] in flight too
     store.release([(i, "failed") for i in k0[2:5]], retry_at=0.0)
     # Seven rows held (k0[0:2] and k0[5:10]) and the caller names all seven: the count
     # matches, but k0[2:5] wait unheld before k0[5:10]; nothing of k0 may go out.
-    assert store.claim(limit=5, lease_s=30, follow={b"k0": 7}) == []
+    assert list(store.claim_rows(limit=5, lease_s=30, follow={b"k0": 7})) == []
 
 
 class OrderedTransport:
