@@ -327,7 +327,7 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace, load: s
         "  rows a statement, plus the id and key indexes). Raw librdkafka's fast runs",
         "  (450,000 to 500,000 msg/s) leave 0.8 of them 2.5 to 2.8 µs a message for",
         "  the whole path, less than SQLite alone; its slow runs (185,000) leave",
-        "  6.7 µs, and the drain's process spends 11 to 14 µs of CPU a message with",
+        "  6.7 µs, and the drain's process spends 9.1 to 9.4 µs of CPU a message with",
         "  the client (its delivery report callback per message is about a third of",
         "  the forwarder's CPU in a profile). What could still close part of the gap:",
         "  removal by seq range and delivery reports for errors only.",
