@@ -34,9 +34,10 @@ trip): 500 a round drained 13k msg/s on Kafka where 10,000 a round drained 76k.
 
 Overlapping rounds: on a transport that keeps the order of what it is handed across
 rounds (``ordered_rounds``: Kafka, one partition per key, idempotent producer) and a
-store whose claim can follow keys (``claim_rows``: SQLite), the next round is claimed
-and published before the last one's answers are settled, so that the broker's
-answers to one round come while the next goes out. Such a claim continues a key past
+store whose claim can follow keys (``claim_rows``: SQLite), a round stays in flight
+when its step ends: the next step claims the next round while the broker answers it,
+then settles it and publishes the next, so that the forwarder does not idle for each
+round's last answer. Such a claim continues a key past
 its rows in flight (see :mod:`msgsafe.outbox._claims`), except a key that failed: every
 key with a message released in a round (a failure, or not sent) stops in the round
 published behind it too (its rows there are released, sent behind a failure), and is
