@@ -90,7 +90,8 @@ def oversized(batch: Batch, limit: int, endpoint: str) -> dict[int, MessageTooLa
     errors (empty at once when the largest body and the largest key fit together)."""
     bodies, keys = batch.bodies, batch.keys
     fixed = sum(len(k) + len(v) for k, v in batch.headers.items()) if batch.headers else 0
-    longest_key = 0 if keys is None else max(len(k or b"") for k in keys)
+    # map/filter: C loops, this runs over every message of every batch.
+    longest_key = 0 if keys is None else max(map(len, filter(None, keys)), default=0)
     if fixed + longest_key + max(map(len, bodies), default=0) <= limit:
         return {}
     found: dict[int, MessageTooLarge] = {}

@@ -18,6 +18,7 @@ from msgsafe.errors import MsgsafeError, OutboxCorrupt, OutboxError, OutboxFull,
 
 __all__ = [
     "APPLICATION_ID",
+    "RETRY_LATER",
     "SCHEMA_VERSION",
     "check_header",
     "migrate",
@@ -25,6 +26,11 @@ __all__ = [
     "take_lock",
     "translate_sqlite_error",
 ]
+
+#: A transient failure: the row waits until its retry time; its attempt is counted.
+RETRY_LATER = (
+    "UPDATE outbox SET ready_at = ?, last_error = ?, attempts = attempts + 1 WHERE id = ?"
+)
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _LOCK_WAIT_S = 0.1

@@ -31,6 +31,18 @@ the backlog. A round grows (doubling from 500) up to ``batch`` while it is answe
 within a quarter of the lease, and halves when it is not. Rounds are large by default
 because each ends with a wait for its last answer (Kafka's linger and ``acks=all`` round
 trip): 500 a round drained 13k msg/s on Kafka where 10,000 a round drained 76k.
+
+Overlapping rounds: on a transport that keeps the order of what it is handed across
+rounds (``ordered_rounds``: Kafka, one partition per key, idempotent producer) and a
+store whose claim can follow keys (``claim_rows``: SQLite), a round stays in flight
+when its step ends: the next step claims the next round while the broker answers it,
+then settles it and publishes the next, so that the forwarder does not idle for each
+round's last answer. Such a claim continues a key past
+its rows in flight (see :mod:`msgsafe.outbox._claims`), except a key that failed: every
+key with a message released in a round (a failure, or not sent) stops in the round
+published behind it too (its rows there are released, sent behind a failure), and is
+not followed by the next claim, so that its rows are re-sent from the first failure
+once nothing of it is in flight. Rounds are settled in the order they were published.
 """
 
 from __future__ import annotations
@@ -39,9 +51,11 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Protocol, cast
 
 from msgsafe._callbacks import call_logged
 from msgsafe.errors import (
@@ -53,6 +67,7 @@ from msgsafe.errors import (
 )
 from msgsafe.message import Envelope
 from msgsafe.outbox._round import UNSENT, Round
+from msgsafe.outbox._rows import ClaimedRows, column
 from msgsafe.ports import OutboxStore, Transport
 from msgsafe.retry import Backoff, RetryPolicy
 
@@ -73,6 +88,15 @@ _PROBE_CAP_S = 1.0
 _IDLE_POLL_S = 1.0
 
 
+
+class _FollowingClaim(Protocol):
+    """A store's ``claim_rows``: a claim that can follow keys (see the module docstring)."""
+
+    def __call__(
+        self, *, limit: int, lease_s: float, follow: Mapping[bytes, int] | None
+    ) -> Sequence[Envelope]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ForwarderStats:
     """The store's snapshot plus what this forwarder did since it was created."""
@@ -85,6 +109,18 @@ class ForwarderStats:
     retried: int  #: transient failures (released for a later retry)
     refusing: bool  #: the broker refuses at the moment (probing only)
     last_error: str | None  #: the last error seen, for operators
+
+
+@dataclass(slots=True)
+class _Flight:
+    """A published round, until its answers are settled."""
+
+    round: Round
+    started: float  #: time.monotonic() when it was published
+    keys: dict[bytes, int]  #: its messages per key (what the next claim may follow)
+    #: Keys released in the round published before it: their messages here were sent
+    #: behind a failure, and are released too.
+    stopped: set[bytes] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -152,6 +188,12 @@ class Forwarder:
         #: The ERROR for a refused connection was logged (until the next confirm).
         self._refusal_logged = False
         self._unsettled: list[Callable[[], None]] = []
+        #: The store's claim without an envelope per row, which can follow keys.
+        self._claim_rows: _FollowingClaim | None = getattr(store, "claim_rows", None)
+        # Overlapping rounds (see the module docstring): both sides must say they can.
+        self._overlap = bool(getattr(transport, "ordered_rounds", False) and self._claim_rows)
+        #: The round published and not settled yet (overlapping rounds only).
+        self._flight: _Flight | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -217,27 +259,61 @@ class Forwarder:
 
     def step(self) -> int:
         """One round: claim a batch (one probe while the broker refuses), publish, settle.
-        Returns how many messages were claimed."""
+        Returns how many messages were claimed. With overlapping rounds (see the module
+        docstring) the round settled is the one published by the previous step, and
+        the one published here stays in flight until the next step (a step that
+        claims nothing settles it)."""
         with self._step_lock:
-            if not self._backoff.ready():
-                return 0
-            if not self._settle_backlog():
-                self._backoff.failure()
-                return 0
-            limit = 1 if self._backoff.failures else self._limit
-            try:
-                envelopes = self._store.claim(limit=limit, lease_s=self._lease_s)
-            except MsgsafeError as exc:
-                self._note_error(f"claim failed: {exc}")
-                self._backoff.failure()
-                return 0
-            if envelopes:
-                started = time.monotonic()
-                self._forward(envelopes)
-                self._limit = self._next_limit(envelopes, time.monotonic() - started)
+            claimed = self._step()
         with self._progress:
             self._progress.notify_all()
+        return claimed
+
+    def _step(self) -> int:
+        if not self._backoff.ready():
+            self._land()
+            return 0
+        if not self._settle_backlog():
+            self._land()
+            self._backoff.failure()
+            return 0
+        limit = 1 if self._backoff.failures else self._limit
+        ahead = self._flight
+        try:
+            envelopes: Sequence[Envelope]
+            if self._claim_rows is None:
+                envelopes = self._store.claim(limit=limit, lease_s=self._lease_s)
+            else:
+                follow = None
+                if ahead is not None:
+                    follow = {k: n for k, n in ahead.keys.items() if k not in ahead.stopped}
+                envelopes = self._claim_rows(limit=limit, lease_s=self._lease_s, follow=follow)
+        except MsgsafeError as exc:
+            self._land()
+            self._note_error(f"claim failed: {exc}")
+            self._backoff.failure()
+            return 0
+        self._flight = None
+        # The round ahead is settled before this one is published: its answers came
+        # while this one was claimed.
+        stopped = self._finish(ahead) if ahead is not None else set()
+        if envelopes:
+            keys = Counter(column(envelopes, "key"))
+            keys.pop(None, None)
+            rnd = Round(envelopes, _NOT_THE_MESSAGE)
+            flight = _Flight(rnd, time.monotonic(), cast(dict[bytes, int], keys), stopped)
+            rnd.publish(self._transport)
+            if self._overlap and not self._backoff.failures:
+                self._flight = flight
+            else:
+                self._finish(flight)
         return len(envelopes)
+
+    def _land(self) -> None:
+        """Settle the round in flight, if any."""
+        flight, self._flight = self._flight, None
+        if flight is not None:
+            self._finish(flight)
 
     def next_attempt_in(self) -> float:
         """Seconds until the broker is tried again (0 unless it refused recently)."""
@@ -279,6 +355,12 @@ class Forwarder:
             pause = self._backoff.remaining() if self._backoff.failures else _IDLE_POLL_S
             self._wake.wait(max(pause, 0.001))
             self._wake.clear()
+        with self._step_lock:
+            try:
+                self._land()
+            except Exception as exc:  # as above: the thread ends quietly
+                log.exception("outbox forwarder round failed")
+                self._note_error(f"{type(exc).__name__}: {exc}")
         with self._progress:
             self._progress.notify_all()
 
@@ -286,17 +368,25 @@ class Forwarder:
         self._wake.wait(seconds)
         self._wake.clear()
 
-    def _forward(self, envelopes: Sequence[Envelope]) -> None:
-        rnd = Round(envelopes, _NOT_THE_MESSAGE)
-        rnd.publish(self._transport)
+    def _finish(self, flight: _Flight) -> set[bytes]:
+        """Wait for the answers of ``flight`` and settle them; returns the keys that
+        stopped in it (released messages), which stop in the round behind it too."""
+        rnd = flight.round
+        envelopes = rnd.envelopes
         # NOTE: the contract says every answer comes within confirm_timeout; a transport
         # that breaks it must not keep rows leased forever: what is unanswered at the
         # lease deadline is released (a late confirm only makes a duplicate).
-        if not rnd.wait(self._lease_s * 0.9):
+        if not rnd.wait(flight.started + self._lease_s * 0.9 - time.monotonic()):
             self._note_error("publish futures unresolved at the lease deadline")
-        out = _Settling()
-        for env, outcome in zip(envelopes, rnd.outcomes(), strict=True):
-            self._settle_one(out, env, outcome)
+        outcomes = rnd.outcomes()
+        out = _Settling(stopped_keys=flight.stopped & flight.keys.keys())
+        if not out.stopped_keys and outcomes.count(None) == len(outcomes):
+            # Every message confirmed (the usual round): no settling one by one.
+            out.answered = True
+            out.delivered = column(envelopes, "message_id")
+        else:
+            for env, outcome in zip(envelopes, outcomes, strict=True):
+                self._settle_one(out, env, outcome)
         if out.delivered:
             delivered = out.delivered
             self._delivered += len(delivered)
@@ -311,12 +401,21 @@ class Forwarder:
         elif out.answered:
             self._backoff.success()
             self._refusal_logged = False
+        self._limit = self._next_limit(envelopes, time.monotonic() - flight.started)
+        return out.stopped_keys
 
     def _next_limit(self, envelopes: Sequence[Envelope], took: float) -> int:
         # Sized after the last round: within batch_bytes at its mean message size, and
         # answered well within the lease (a slow broker gets smaller rounds, instead of
         # rounds released unanswered at the lease deadline and sent again whole).
-        mean = max(1, sum(env.size for env in envelopes) // len(envelopes))
+        if isinstance(envelopes, ClaimedRows) and not any(envelopes.headers_text()):
+            # Envelope.size without an envelope (C loops): no headers to count.
+            total = sum(map(len, column(envelopes, "body"))) + sum(
+                map(len, filter(None, column(envelopes, "key")))
+            )
+        else:
+            total = sum(env.size for env in envelopes)
+        mean = max(1, total // len(envelopes))
         if took > self._lease_s / 4:
             paced = len(envelopes) // 2
         else:
@@ -331,6 +430,10 @@ class Forwarder:
             return
         if exc is UNSENT:
             out.releases.append((env, str(exc)))
+            if key is not None:
+                # Not sent: the key's later messages, in this round or one behind it,
+                # must not go out before this one.
+                out.stopped_keys.add(key)
             return
         if exc is None:
             out.answered = True

@@ -21,10 +21,12 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +44,7 @@ from msgsafe.outbox._claims import Claims
 from msgsafe.outbox._rows import INSERT, Rows, batch_rows, envelope_rows, insert_rows, redact_target
 from msgsafe.outbox._schema import (
     APPLICATION_ID,
+    RETRY_LATER,
     check_header,
     migrate,
     salvage_hint,
@@ -54,13 +57,10 @@ from msgsafe.ports import OutboxStats
 
 __all__ = ["SqliteOutbox", "held_here"]
 
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+
 _AGE_CHECK_S = 1.0
 _IN_CHUNK = 500  # ids per "IN (...)" list, far below SQLite's variable limit
-
-#: A transient failure: the row waits until its retry time; its attempt is counted.
-_RETRY_LATER = (
-    "UPDATE outbox SET ready_at = ?, last_error = ?, attempts = attempts + 1 WHERE id = ?"
-)
 
 
 @dataclass(slots=True)
@@ -270,9 +270,17 @@ class SqliteOutbox(OperatorQueries):
         """Lease up to ``limit`` ready envelopes for ``lease_s`` seconds, oldest first,
         each key's messages a prefix of its queue (see the protocol). A read: leases
         are kept in memory (:mod:`msgsafe.outbox._claims` says why that is safe)."""
+        return list(self.claim_rows(limit=limit, lease_s=lease_s))
+
+    def claim_rows(
+        self, *, limit: int, lease_s: float, follow: Mapping[bytes, int] | None = None
+    ) -> Sequence[Envelope]:
+        """:meth:`claim` without an envelope per row (the forwarder's claim, see
+        :class:`~msgsafe.outbox._rows.ClaimedRows`); for the keys in ``follow``, the
+        rows after those the caller holds in flight (see :mod:`msgsafe.outbox._claims`)."""
         if limit < 1:
             return []
-        rows: builtins.list[Envelope] = self._read(self._claim_batch, (limit, lease_s))
+        rows: Sequence[Envelope] = self._read(self._claim_batch, (limit, lease_s, follow))
         return rows
 
     def delivered(self, ids: Sequence[str]) -> None:
@@ -466,18 +474,20 @@ class SqliteOutbox(OperatorQueries):
         def apply() -> None:
             self._claims.drop(ended)
             self._oldest_checked = 0.0  # the oldest message may be gone
+            # NOTE: C loops (map, Counter): this runs for every row a drain removes.
+            counts = Counter(map(_FIRST, gone))
+            counts.pop(None, None)
             with self._lock:
                 self._counts.rows -= len(gone)
-                self._counts.bytes -= sum(size for _, size in gone)
+                self._counts.bytes -= sum(map(_SECOND, gone))
                 self._counts.quarantined += quarantined
                 keys = self._keys
-                for key, _ in gone:
-                    if key is not None:
-                        left = keys.get(key, 0) - 1
-                        if left > 0:
-                            keys[key] = left
-                        else:
-                            keys.pop(key, None)
+                for key, count in counts.items():
+                    left = keys.get(key, 0) - count
+                    if left > 0:
+                        keys[key] = left
+                    else:
+                        keys.pop(key, None)
 
         return apply
 
@@ -506,7 +516,7 @@ class SqliteOutbox(OperatorQueries):
             message_id, error, retry_at = payload
             if retry_at is not None:
                 conn.execute(
-                    _RETRY_LATER,
+                    RETRY_LATER,
                     (retry_at, error, message_id),
                 )
                 continue
@@ -567,7 +577,7 @@ class SqliteOutbox(OperatorQueries):
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
     ) -> HandlerResult[object]:
         items = [item for payload in payloads for item in payload]
-        conn.executemany(_RETRY_LATER, items)
+        conn.executemany(RETRY_LATER, items)
         return HandlerResult(
             [None] * len(payloads), partial(self._claims.drop, [i[2] for i in items])
         )

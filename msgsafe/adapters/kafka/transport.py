@@ -89,6 +89,15 @@ class KafkaTransport:
         return self._target
 
     @property
+    def ordered_rounds(self) -> bool:
+        """What is handed over later goes out later on each key's partition, across
+        batches (idempotent producer: max.in.flight <= 5, ordered retries, what is
+        queued behind a failure fails), so the outbox forwarder may publish its next
+        round while the last is answered (see msgsafe.outbox.forwarder). Not without
+        idempotence (``allow_unsafe``): a retry may then overtake."""
+        return self._options.enable_idempotence
+
+    @property
     def recreated(self) -> int:
         """Producers recreated after a fatal error (for tests and metrics)."""
         return self._link.recreated
