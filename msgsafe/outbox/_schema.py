@@ -28,9 +28,7 @@ __all__ = [
 ]
 
 #: A transient failure: the row waits until its retry time; its attempt is counted.
-RETRY_LATER = (
-    "UPDATE outbox SET ready_at = ?, last_error = ?, attempts = attempts + 1 WHERE id = ?"
-)
+RETRY_LATER = "UPDATE outbox SET ready_at = ?, last_error = ?, attempts = attempts + 1 WHERE id = ?"
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _LOCK_WAIT_S = 0.1

@@ -88,7 +88,6 @@ _PROBE_CAP_S = 1.0
 _IDLE_POLL_S = 1.0
 
 
-
 class _FollowingClaim(Protocol):
     """A store's ``claim_rows``: a claim that can follow keys (see the module docstring)."""
 

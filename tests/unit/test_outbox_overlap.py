@@ -149,9 +149,11 @@ def test_a_key_released_in_a_round_stops_in_the_round_published_behind_it(
             assert confirmed_at[before] < last_sent[after], (key, before, after)
     # The failure really was behind round 2's publish (the case under test).
     published = [e.message_id for e, _ in transport.log]
-    assert published.index(k0[2]) < published.index(k0[10]) < len(published) - published[
-        ::-1
-    ].index(k0[2])
+    assert (
+        published.index(k0[2])
+        < published.index(k0[10])
+        < len(published) - published[::-1].index(k0[2])
+    )
 
 
 def test_without_overlap_the_store_is_settled_after_each_step(
@@ -183,7 +185,6 @@ def test_an_overlapping_forwarder_settles_its_round_in_flight_on_the_next_step(
         pass
     assert store.pending() == 0
     assert fwd.stats().delivered == 30
-
 
 
 class ConfirmingBatchTransport(OrderedTransport):
