@@ -35,7 +35,7 @@ from typing import Any
 from msgsafe.message import Envelope
 from msgsafe.outbox._rows import ClaimedRows
 
-__all__ = ["Claims"]
+__all__ = ["Claims", "count_keys", "subtract_counts"]
 
 #: Ready rows in queue order, without the keys whose earliest row waits for a retry time.
 _READY = """
@@ -65,6 +65,24 @@ _SEQ = itemgetter(0)
 _ID = itemgetter(1)
 _KEY = itemgetter(3)
 _LEASE_KEY = itemgetter(0)
+
+
+def count_keys(row_keys: Iterable[bytes | None]) -> Counter[bytes]:
+    """How many of ``row_keys`` there are of each key (None, a row without a key, is
+    not counted). A C loop: it runs over every row a drain holds or removes."""
+    counts: Counter[Any] = Counter(row_keys)
+    counts.pop(None, None)
+    return counts
+
+
+def subtract_counts(keys: dict[bytes, int], counts: Mapping[bytes, int]) -> None:
+    """Take ``counts`` from the per-key counts ``keys``; a key that reaches 0 leaves."""
+    for key, count in counts.items():
+        left = keys.get(key, 0) - count
+        if left > 0:
+            keys[key] = left
+        else:
+            keys.pop(key, None)
 
 
 class Claims:
@@ -160,23 +178,13 @@ class Claims:
         self._held.update(zip(map(_ID, rows), zip(row_keys, repeat(until)), strict=False))
         self._soonest = min(self._soonest, until)
         self._top = max(self._top, max(map(_SEQ, rows)))
-        counts = Counter(row_keys)
-        counts.pop(None, None)
         keys = self._keys
-        for key, count in counts.items():
+        for key, count in count_keys(row_keys).items():
             keys[key] = keys.get(key, 0) + count
 
     def _unhold(self, ids: Iterable[str]) -> None:
         entries = map(self._held.pop, ids, repeat(None))
-        counts = Counter(map(_LEASE_KEY, filter(None, entries)))
-        counts.pop(None, None)
-        keys = self._keys
-        for key, count in counts.items():
-            left = keys.get(key, 0) - count
-            if left > 0:
-                keys[key] = left
-            else:
-                keys.pop(key, None)
+        subtract_counts(self._keys, count_keys(map(_LEASE_KEY, filter(None, entries))))
         if not self._held:
             self._soonest = float("inf")
             self._top = _NO_SEQ

@@ -21,7 +21,6 @@ import os
 import sqlite3
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from msgsafe.errors import (
     OutboxLocked,
 )
 from msgsafe.message import Batch, Envelope
-from msgsafe.outbox._claims import Claims
+from msgsafe.outbox._claims import Claims, count_keys, subtract_counts
 from msgsafe.outbox._rows import INSERT, Rows, batch_rows, envelope_rows, insert_rows, redact_target
 from msgsafe.outbox._schema import (
     APPLICATION_ID,
@@ -474,20 +473,13 @@ class SqliteOutbox(OperatorQueries):
         def apply() -> None:
             self._claims.drop(ended)
             self._oldest_checked = 0.0  # the oldest message may be gone
-            # NOTE: C loops (map, Counter): this runs for every row a drain removes.
-            counts = Counter(map(_FIRST, gone))
-            counts.pop(None, None)
+            # NOTE: C loops (map, count_keys): this runs for every row a drain removes.
+            counts = count_keys(map(_FIRST, gone))
             with self._lock:
                 self._counts.rows -= len(gone)
                 self._counts.bytes -= sum(map(_SECOND, gone))
                 self._counts.quarantined += quarantined
-                keys = self._keys
-                for key, count in counts.items():
-                    left = keys.get(key, 0) - count
-                    if left > 0:
-                        keys[key] = left
-                    else:
-                        keys.pop(key, None)
+                subtract_counts(self._keys, counts)
 
         return apply
 
