@@ -27,14 +27,7 @@ from msgsafe.outbox import Forwarder, SqliteOutbox
 from msgsafe.ports import BatchReport
 from msgsafe.retry import RetryPolicy
 from msgsafe.testing import MemoryBroker
-
-
-class Clock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import Clock
 
 
 class ScriptedTransport:

@@ -14,14 +14,7 @@ from msgsafe.errors import Refused
 from msgsafe.message import Batch, Envelope
 from msgsafe.outbox import Forwarder, SqliteOutbox
 from msgsafe.ports import BatchReport
-
-
-class Clock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import Clock
 
 
 @pytest.fixture

@@ -17,14 +17,7 @@ from msgsafe.message import Batch, Envelope
 from msgsafe.outbox import SqliteOutbox, default_path, open_store
 from msgsafe.outbox._rows import batch_rows, envelope_rows
 from msgsafe.ports import OutboxStore
-
-
-class Clock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import Clock
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from msgsafe.errors import Refused, Rejected
 from msgsafe.message import Envelope
 from msgsafe.outbox import Forwarder, SqliteOutbox
 from msgsafe.retry import RetryPolicy
+from tests.support.clock import Clock
 
 KEYS = st.sampled_from([None, "a", "b", "c"])
 
@@ -32,14 +33,6 @@ class Row:
     message_id: str
     key: bytes | None
     ready_at: float
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class ChoosingTransport:
