@@ -37,7 +37,7 @@ from msgsafe.cli._output import (
     translate_errors,
 )
 from msgsafe.endpoints import BrokerUrl, parse_url
-from msgsafe.errors import AuthenticationError, ConnectError
+from msgsafe.errors import AuthenticationError, ConnectError, OutboxLocked
 from msgsafe.message import Envelope
 from msgsafe.outbox import Forwarder, SqliteOutbox
 from msgsafe.outbox.destination import destination_of, destination_of_target
@@ -70,7 +70,18 @@ def opened(path: Path, as_json: bool) -> Iterator[SqliteOutbox]:
     if not path.is_file():
         fail(f"no outbox file at {path}", as_json=as_json)
     with translate_errors(as_json=as_json):
-        store = SqliteOutbox(path)
+        try:
+            store = SqliteOutbox(path)
+        except OutboxLocked as exc:
+            # NOTE: the owner opens the file in SQLite's exclusive locking mode: not even
+            # a reader gets in beside it, so no command can read it from outside.
+            fail(
+                f"{exc}. That process forwards it: read its figures there "
+                "(Producer.stats(), or the OpenTelemetry metrics msgsafe.outbox.depth, "
+                "msgsafe.outbox.oldest_age and msgsafe.outbox.drained), or run this command "
+                "once the process has stopped.",
+                as_json=as_json,
+            )
         try:
             yield store
         finally:

@@ -13,7 +13,6 @@ the same figures from ``Producer.stats()`` or its OpenTelemetry metrics.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -27,9 +26,8 @@ from rich.table import Table
 from rich.text import Text
 
 from msgsafe.adapters import open_transport
-from msgsafe.cli._output import fail, out, parse_pairs, translate_errors
-from msgsafe.cli.outbox import broker_for
-from msgsafe.errors import OutboxLocked
+from msgsafe.cli._output import out, parse_pairs, translate_errors
+from msgsafe.cli.outbox import broker_for, opened
 from msgsafe.outbox import Forwarder, SqliteOutbox
 from msgsafe.ports import Transport
 
@@ -169,21 +167,7 @@ def watch(
     """A live view of an outbox while it is forwarded: waiting, oldest, quarantined,
     drain rate, per-destination counts. Ctrl-C stops (what waits stays in the file)."""
     options = dict(parse_pairs(option, "--option"))
-    if not path.is_file():
-        fail(f"no outbox file at {path}")
-    with translate_errors():
-        try:
-            owned = SqliteOutbox(path)
-        except OutboxLocked as exc:
-            # NOTE: the owner opens the file in SQLite's exclusive locking mode: not even
-            # a reader gets in beside it, so this view cannot be taken from outside.
-            fail(
-                f"{exc}. That process forwards it: read the same figures there "
-                "(Producer.stats(), or the OpenTelemetry metrics msgsafe.outbox.depth, "
-                "msgsafe.outbox.oldest_age and msgsafe.outbox.drained), or watch the file "
-                "once the process has stopped."
-            )
-    with contextlib.closing(owned) as store, translate_errors():
+    with opened(path, False) as store, translate_errors():
         transport: Transport | None = None
         forwarder: Forwarder | None = None
         target: str | None = None
