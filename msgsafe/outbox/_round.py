@@ -110,6 +110,10 @@ class Round:
                     self._unsent(index + 1, count)
                     return
 
+    def withhold(self) -> None:
+        """Publish nothing: every message is answered :data:`UNSENT`."""
+        self._unsent(0, len(self.envelopes))
+
     def _unsent(self, start: int, end: int) -> None:
         for rest in range(start, end):
             self.answer(rest, UNSENT)

@@ -38,11 +38,12 @@ store whose claim can follow keys (``claim_rows``: SQLite), a round stays in fli
 when its step ends: the next step claims the next round while the broker answers it,
 then settles it and publishes the next, so that the forwarder does not idle for each
 round's last answer. Such a claim continues a key past
-its rows in flight (see :mod:`msgsafe.outbox._claims`), except a key that failed: every
-key with a message released in a round (a failure, or not sent) stops in the round
-published behind it too (its rows there are released, sent behind a failure), and is
-not followed by the next claim, so that its rows are re-sent from the first failure
-once nothing of it is in flight. Rounds are settled in the order they were published.
+its rows in flight (see :mod:`msgsafe.outbox._claims`). A round is published only
+once the round ahead of it is settled, and not at all when something failed there
+(a key stopped, or the broker refused): one of its rows of a failed key would reach a
+consumer before the message it follows, which is re-sent later, and a refusing broker
+gets one probe per backoff period. Such a round is released whole and claimed again,
+in queue order from the first failure, once nothing is in flight.
 """
 
 from __future__ import annotations
@@ -117,9 +118,6 @@ class _Flight:
     round: Round
     started: float  #: time.monotonic() when it was published
     keys: dict[bytes, int]  #: its messages per key (what the next claim may follow)
-    #: Keys released in the round published before it: their messages here were sent
-    #: behind a failure, and are released too.
-    stopped: set[bytes] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -285,7 +283,7 @@ class Forwarder:
             else:
                 follow = None
                 if ahead is not None:
-                    follow = {k: n for k, n in ahead.keys.items() if k not in ahead.stopped}
+                    follow = ahead.keys
                 envelopes = self._claim_rows(limit=limit, lease_s=self._lease_s, follow=follow)
         except MsgsafeError as exc:
             self._land()
@@ -300,7 +298,16 @@ class Forwarder:
             keys = Counter(column(envelopes, "key"))
             keys.pop(None, None)
             rnd = Round(envelopes, _NOT_THE_MESSAGE)
-            flight = _Flight(rnd, time.monotonic(), cast(dict[bytes, int], keys), stopped)
+            flight = _Flight(rnd, time.monotonic(), cast(dict[bytes, int], keys))
+            if ahead is not None and (stopped or self._backoff.failures):
+                # Claimed while the round ahead failed: a row here of a key that failed
+                # there would reach a consumer before the message it follows (re-sent
+                # later), and a broker that refused gets one probe per backoff period.
+                # Nothing is published; every row is released, to be claimed again in
+                # queue order from the first failure.
+                rnd.withhold()
+                self._finish(flight)
+                return len(envelopes)
             rnd.publish(self._transport)
             if self._overlap and not self._backoff.failures:
                 self._flight = flight
@@ -369,7 +376,7 @@ class Forwarder:
 
     def _finish(self, flight: _Flight) -> set[bytes]:
         """Wait for the answers of ``flight`` and settle them; returns the keys that
-        stopped in it (released messages), which stop in the round behind it too."""
+        stopped in it (released messages)."""
         rnd = flight.round
         envelopes = rnd.envelopes
         # NOTE: the contract says every answer comes within confirm_timeout; a transport
@@ -378,7 +385,7 @@ class Forwarder:
         if not rnd.wait(flight.started + self._lease_s * 0.9 - time.monotonic()):
             self._note_error("publish futures unresolved at the lease deadline")
         outcomes = rnd.outcomes()
-        out = _Settling(stopped_keys=flight.stopped & flight.keys.keys())
+        out = _Settling()
         if not out.stopped_keys and outcomes.count(None) == len(outcomes):
             # Every message confirmed (the usual round): no settling one by one.
             out.answered = True

@@ -94,14 +94,8 @@ class KafkaTransport:
         batches (idempotent producer: max.in.flight <= 5, ordered retries, what is
         queued behind a failure fails), so the outbox forwarder may publish its next
         round while the last is answered (see msgsafe.outbox.forwarder). Not without
-        idempotence (``allow_unsafe``): a retry may then overtake.
-
-        NOTE: off for now. The Kafka chaos cell with the partition leader SIGSTOPped
-        (``tests/chaos/test_kafka_matrix.py::test_sigstop``) saw 126 messages arrive
-        after later ones of their key, once, in a full run with overlapping rounds (lost
-        0; it passed 8 times alone). Until that is explained, rounds do not overlap.
-        """
-        return False
+        idempotence (``allow_unsafe``): a retry may then overtake."""
+        return self._options.enable_idempotence
 
     @property
     def recreated(self) -> int:
