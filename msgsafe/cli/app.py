@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Sequence
 
 import typer
@@ -39,5 +41,22 @@ app.add_typer(cluster.app, name="cluster")
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``msgsafe`` console script and ``python -m msgsafe``."""
     # Library loggers stay quiet unless something is wrong; commands report themselves.
-    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    # MSGSAFE_LOG_LEVEL=INFO (or DEBUG, WARNING) shows what the library saw on the way.
+    logging.basicConfig(level=_log_level(), format="%(levelname)s %(name)s: %(message)s")
     app(args=None if argv is None else list(argv), prog_name="msgsafe")
+
+
+def _log_level() -> int:
+    """The level ``MSGSAFE_LOG_LEVEL`` names (a name or a number); ERROR without it, and
+    for a value that names no level (which is then said on stderr)."""
+    text = os.environ.get("MSGSAFE_LOG_LEVEL", "").strip()
+    if not text:
+        return logging.ERROR
+    level = int(text) if text.isdigit() else logging.getLevelName(text.upper())
+    if isinstance(level, int):
+        return level
+    sys.stderr.write(
+        f"msgsafe: MSGSAFE_LOG_LEVEL={text!r} names no level (DEBUG, INFO, WARNING, ERROR); "
+        "using ERROR\n"
+    )
+    return logging.ERROR

@@ -151,8 +151,18 @@ def verify(
             for name in ("lost", "duplicated", "out_of_order"):
                 result[name] = sum(getattr(s, name) for s in streams)
             result["received"] = sum(s.received for s in streams)
+            if result["received"] == 0 and result["lost"]:
+                # Not one record of the run came back: more likely the read than the
+                # messages (a group that never got its partitions, a wrong destination).
+                result["note"] = (
+                    f"nothing of run {run_id} was read back within --join-timeout "
+                    f"({join_timeout:g} s); read it again with --phase consume --run {run_id} "
+                    "(MSGSAFE_LOG_LEVEL=INFO shows what the consumer saw)"
+                )
             if not as_json:
                 _print_table(run_id, streams)
+                if "note" in result:
+                    err.print(str(result["note"]), markup=False)
     lost = int(str(result.get("lost", 0)))
     if as_json:
         print_json(result)

@@ -4,6 +4,7 @@ own process), outbox files, and the doctor's rules. Commands run as subprocesses
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -335,3 +336,59 @@ def test_verify_catches_messages_taken_behind_its_back(tmp_path: Path) -> None:
     report = _json_of(checked.stdout)
     assert report["lost"] == 5 and report["received"] == 55
     assert checked.exit_code == ExitCode.LOSS
+
+
+def test_verify_says_when_nothing_of_its_run_came_back(tmp_path: Path) -> None:
+    """A run checked on a destination where none of it is (the wrong queue, or a group
+    that never got its partitions): every message counts as lost, and the report says
+    that nothing was read back and how to read again."""
+    from typer.testing import CliRunner
+
+    from msgsafe.cli import app
+
+    runner = CliRunner()
+    common = ["--count", "20", "--keys", "2", "--run", "r3", "--json"]
+    url = "memory://verify-unit3"
+    produced = runner.invoke(
+        app,
+        ["verify", url, "q", "--phase", "produce", *common, "--outbox", str(tmp_path / "o")],
+    )
+    assert produced.exit_code == 0, produced.output
+    checked = runner.invoke(
+        app,
+        ["verify", url, "elsewhere", "--phase", "consume", "--join-timeout", "0.5", *common],
+    )
+    report = _json_of(checked.stdout)
+    assert report["lost"] == 20 and report["received"] == 0
+    assert "nothing of run r3 was read back within --join-timeout (0.5 s)" in report["note"]
+    assert "--phase consume --run r3" in report["note"]
+    assert checked.exit_code == ExitCode.LOSS
+
+
+@pytest.mark.parametrize(
+    ("value", "level", "complaint"),
+    [
+        (None, logging.ERROR, False),
+        ("INFO", logging.INFO, False),
+        ("debug", logging.DEBUG, False),
+        ("30", logging.WARNING, False),
+        ("chatty", logging.ERROR, True),
+    ],
+)
+def test_msgsafe_log_level_sets_the_commands_logging(
+    value: str | None,
+    level: int,
+    complaint: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The command logs the library's records from MSGSAFE_LOG_LEVEL up (ERROR without
+    it); a value that names no level is said on stderr and ERROR is kept."""
+    from msgsafe.cli.app import _log_level
+
+    if value is None:
+        monkeypatch.delenv("MSGSAFE_LOG_LEVEL", raising=False)
+    else:
+        monkeypatch.setenv("MSGSAFE_LOG_LEVEL", value)
+    assert _log_level() == level
+    assert ("names no level" in capsys.readouterr().err) is complaint

@@ -5,6 +5,7 @@ does; ``msgsafe demo --cluster kafka`` its own 3-node Apache Kafka)."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -215,19 +216,27 @@ def test_verify_while_its_broker_is_paused_and_resumed(
     node = kafka.leader_of(kafka_topic, 0)
     kafka.pause(node)
     try:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # INFO: what the consumer saw is in the failure message's stderr tail (a file,
+        # not a pipe: a full pipe would stop the command while the test waits).
+        env = {**os.environ, "MSGSAFE_LOG_LEVEL": "INFO"}
+        log_file = (tmp_path / "verify.stderr").open("w")
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=log_file, text=True, env=env
+        )
         try:
             paused_at = time.monotonic()
             while proc.poll() is None and time.monotonic() - paused_at < 5.0:
                 time.sleep(0.1)  # the length of the fault, not a synchronisation
             kafka.resume(node)
-            stdout, stderr = proc.communicate(timeout=180)
+            stdout, _ = proc.communicate(timeout=180)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            log_file.close()
     finally:
         kafka.resume(node)
+    stderr = (tmp_path / "verify.stderr").read_text()
     report = json.loads(stdout)
     print({k: v for k, v in report.items() if k != "streams"})
     lost = {s["key"]: s["lost_seqs"] for s in report["streams"] if s["lost"]}
