@@ -42,6 +42,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
+import os
+import platform
 import sys
 import tempfile
 import time
@@ -372,6 +375,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from msgsafe.cluster.kafka_admin import create_topic
 
     runs: dict[str, list[tuple[float, float]]] = {}
+    started = datetime.datetime.now(datetime.UTC)
+    load_start = os.getloadavg()[0]
 
     def record(name: str, n: int, result: tuple[float, float]) -> None:
         runs.setdefault(name, []).append(result)
@@ -399,7 +404,17 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
             record("raw send", n, raw_send)
             record("send", n, send)
-    text = "\n".join(report_lines(args, runs, produce_call_cost()))
+    calls = produce_call_cost()
+    import confluent_kafka
+
+    ended = datetime.datetime.now(datetime.UTC)
+    stamp = (
+        f"Measured {started:%Y-%m-%d %H:%M}\N{EN DASH}{ended:%H:%M} UTC "
+        f"on {os.cpu_count()} cores, load average {load_start:.1f} at the start and "
+        f"{os.getloadavg()[0]:.1f} at the end, Python {platform.python_version()}, "
+        f"confluent-kafka {confluent_kafka.version()[0]}."
+    )
+    text = "\n".join([stamp, "", *report_lines(args, runs, calls)])
     print(text)
     if args.readme:
         update_readme(args.readme, text)
@@ -443,6 +458,12 @@ def report_lines(
         ratios.append(f"send_async / (raw + id): **{best['sdk'][0] / base:.2f}**")
         ratios.append(f"send / raw send: **{best['send'][0] / base_sync:.2f}**")
     lines.append("Goal >= 0.95: " + "; ".join(ratios) + ".")
+    by_round = []
+    for name, baseline in (("batch", "raw + id"), ("send", "raw send")):
+        pairs = zip(runs.get(name, []), runs.get(baseline, []), strict=False)
+        by_round.append(f"{name} / {baseline} " + ", ".join(f"{a[0] / b[0]:.2f}" for a, b in pairs))
+    lines.append("")
+    lines.append("By round (the same round's runs): " + "; ".join(by_round) + ".")
     lines.append("")
     lines.append(
         "One `Producer.produce()` call alone (no broker; best of 3 x 200,000 calls), CPU: "
