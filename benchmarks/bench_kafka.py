@@ -412,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"Measured {started:%Y-%m-%d %H:%M}\N{EN DASH}{ended:%H:%M} UTC "
         f"on {os.cpu_count()} cores, load average {load_start:.1f} at the start and "
         f"{os.getloadavg()[0]:.1f} at the end, Python {platform.python_version()}, "
-        f"confluent-kafka {confluent_kafka.version()[0]}."
+        f"confluent-kafka {confluent_kafka.version()}."
     )
     text = "\n".join([stamp, "", *report_lines(args, runs, calls)])
     print(text)
