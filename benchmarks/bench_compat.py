@@ -378,6 +378,12 @@ _PATH = (
     "has drained, messages go through `msgsafe.Producer` (envelope, receipt future, "
     "per-key outbox barrier): the path this table measured before the lane, 20.5 µs "
     "per message at 16:08.",
+    "- The `DirectReport` is built when the message is produced because it cannot be "
+    "built later: librdkafka's delivery report carries no headers (confluent-kafka "
+    "2.16.1: `msg.headers()` is None in a delivery callback), so a report made at "
+    "delivery would not know the message's id, neither for the callback's "
+    "`msg.message_id()` nor for a failed message on its way to the outbox. One object per"
+    " message in flight stays.",
     "- Figures published here before 2026-11-25 22:30 UTC (Kafka wrapper 0.94 to 0.96) "
     "timed 50,000 messages from a producer created just before the clock: a new "
     "idempotent producer's first delivery takes about 0.5 s (connections, metadata, "
