@@ -417,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     text = "\n".join([stamp, "", *report_lines(args, runs, calls)])
     print(text)
     if args.readme:
-        update_readme(args.readme, text)
+        update_readme(args.readme, text, args)
 
 
 def report_lines(
@@ -479,11 +479,12 @@ def report_lines(
     return lines
 
 
-def update_readme(path: Path, body: str) -> None:
+def update_readme(path: Path, body: str, args: argparse.Namespace) -> None:
     """Replace the ``## Kafka`` section of ``path`` (created if missing)."""
     section = (
         "## Kafka\n\n`flock /tmp/msgsafe-bench.lock python3 -m benchmarks.bench_kafka "
-        "--messages 1000000 --rounds 3 --readme benchmarks/README.md`\n\n" + body + "\n"
+        f"--messages {args.messages} --rounds {args.rounds} --readme benchmarks/README.md`"
+        "\n\n" + body + "\n"
     )
     replace_section(path, section)
 
