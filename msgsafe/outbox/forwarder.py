@@ -293,14 +293,16 @@ class Forwarder:
         self._flight = None
         # The round ahead is settled before this one is published: its answers came
         # while this one was claimed.
-        stopped = self._finish(ahead) if ahead is not None else set()
+        if ahead is not None:
+            self._finish(ahead)
         if envelopes:
             keys = Counter(column(envelopes, "key"))
             keys.pop(None, None)
             rnd = Round(envelopes, _NOT_THE_MESSAGE)
             flight = _Flight(rnd, time.monotonic(), cast(dict[bytes, int], keys))
-            if ahead is not None and (stopped or self._backoff.failures):
-                # Claimed while the round ahead failed: a row here of a key that failed
+            if ahead is not None and self._backoff.failures:
+                # Claimed while the round ahead failed (any failure there, keyed or not,
+                # is a backoff failure: see _finish): a row here of a key that failed
                 # there would reach a consumer before the message it follows (re-sent
                 # later), and a broker that refused gets one probe per backoff period.
                 # Nothing is published; every row is released, to be claimed again in
@@ -374,9 +376,9 @@ class Forwarder:
         self._wake.wait(seconds)
         self._wake.clear()
 
-    def _finish(self, flight: _Flight) -> set[bytes]:
-        """Wait for the answers of ``flight`` and settle them; returns the keys that
-        stopped in it (released messages)."""
+    def _finish(self, flight: _Flight) -> None:
+        """Wait for the answers of ``flight`` and settle them; a key stopped in it (a
+        failure, and what was released behind it) counts as a backoff failure."""
         rnd = flight.round
         envelopes = rnd.envelopes
         # NOTE: the contract says every answer comes within confirm_timeout; a transport
@@ -386,7 +388,7 @@ class Forwarder:
             self._note_error("publish futures unresolved at the lease deadline")
         outcomes = rnd.outcomes()
         out = _Settling()
-        if not out.stopped_keys and outcomes.count(None) == len(outcomes):
+        if outcomes.count(None) == len(outcomes):
             # Every message confirmed (the usual round): no settling one by one.
             out.answered = True
             out.delivered = column(envelopes, "message_id")
@@ -408,7 +410,6 @@ class Forwarder:
             self._backoff.success()
             self._refusal_logged = False
         self._limit = self._next_limit(envelopes, time.monotonic() - flight.started)
-        return out.stopped_keys
 
     def _next_limit(self, envelopes: Sequence[Envelope], took: float) -> int:
         # Sized after the last round: within batch_bytes at its mean message size, and

@@ -104,10 +104,10 @@ def test_a_round_claimed_behind_a_failure_is_not_published(
     """Round 2 is claimed before round 1 is settled. Round 1 fails k0's 3rd message
     (and leaves its later messages unsent): k0's and k1's messages in round 2 must not
     reach the broker before the messages of round 1 that are re-sent (what a Kafka
-    leader SIGSTOPped showed while round 2 was published behind round 1's failure). A consumer keeps
-    the first copy of each id, so the order that counts is that of first arrivals; and a
-    message may only be removed once every earlier message of its key was confirmed
-    before it was sent."""
+    leader SIGSTOPped showed while round 2 was published behind round 1's failure). A
+    consumer keeps the first copy of each id, so the order that counts is that of first
+    arrivals; and a message may only be removed once every earlier message of its key
+    was confirmed before it was sent."""
     sent = keyed(80, keys=2)
     store.put(sent)
     k0 = ids_of(sent, b"k0")
