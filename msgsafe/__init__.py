@@ -15,7 +15,15 @@ from msgsafe import errors
 from msgsafe.aio import AsyncConsumer, AsyncDelivery, AsyncProducer
 from msgsafe.consumer import Consumer
 from msgsafe.errors import MsgsafeError
-from msgsafe.message import Delivery, Envelope, Outcome, Receipt, Status, new_message_id
+from msgsafe.message import (
+    Delivery,
+    Envelope,
+    Guarantee,
+    Outcome,
+    Receipt,
+    Status,
+    new_message_id,
+)
 from msgsafe.producer import Producer
 from msgsafe.retry import RetryPolicy
 
@@ -29,6 +37,7 @@ __all__ = [
     "Consumer",
     "Delivery",
     "Envelope",
+    "Guarantee",
     "Message",
     "MsgsafeError",
     "Outcome",

@@ -23,7 +23,15 @@ from typing import Protocol
 
 from msgsafe._futures import LightFuture
 from msgsafe.errors import BatchFailed, MsgsafeError, OutboxError
-from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status, new_receipt
+from msgsafe.message import (
+    Batch,
+    BatchReceipt,
+    Envelope,
+    Guarantee,
+    Receipt,
+    Status,
+    new_receipt,
+)
 
 __all__ = [
     "BatchPart",
@@ -38,6 +46,9 @@ __all__ = [
 
 class ReceiptOwner(Protocol):
     """What a receipt reports to (the producer's bookkeeping)."""
+
+    #: Each checked destination's guarantee, for the receipts.
+    guarantees: dict[str, Guarantee]
 
     def published(self, send: Send, error: BaseException | None) -> None:
         """The transport's outcome for one message: ``None`` when the broker confirmed."""
@@ -108,7 +119,8 @@ class Send(LightFuture[Receipt]):
         """The outbox writer's outcome for this message (see :class:`StoreItem`)."""
         env = self.envelope
         if error is None:
-            self.set_result(new_receipt(env.message_id, Status.STORED, env.destination))
+            guarantee = self.owner.guarantees.get(env.destination, Guarantee.UNKNOWN)
+            self.set_result(new_receipt(env.message_id, Status.STORED, env.destination, guarantee))
         else:
             self.set_exception(error.with_id(env.message_id))
         return 1
@@ -136,6 +148,9 @@ class BatchSend(LightFuture[BatchReceipt]):
         self._remaining = len(batch)
         self._stored: list[str] = []
         self._errors: dict[str, MsgsafeError] = {}
+
+    def _guarantee(self) -> Guarantee:
+        return self._owner.guarantees.get(self.batch.destination, Guarantee.UNKNOWN)
 
     def cancel(self) -> bool:
         """Always False: the messages are on their way (see ``Producer.send_async``)."""
@@ -204,12 +219,19 @@ class BatchSend(LightFuture[BatchReceipt]):
         try:
             if not self._errors:
                 self.set_result(
-                    BatchReceipt(batch.destination, batch.message_ids, frozenset(self._stored))
+                    BatchReceipt(
+                        batch.destination,
+                        batch.message_ids,
+                        frozenset(self._stored),
+                        self._guarantee(),
+                    )
                 )
             else:
                 errors = self._errors
                 safe = [mid for mid in batch.message_ids if mid not in errors]
-                receipt = BatchReceipt(batch.destination, safe, frozenset(self._stored))
+                receipt = BatchReceipt(
+                    batch.destination, safe, frozenset(self._stored), self._guarantee()
+                )
                 kinds = sorted({type(e).__name__ for e in errors.values()})
                 self.set_exception(
                     BatchFailed(

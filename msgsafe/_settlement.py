@@ -40,7 +40,7 @@ from functools import partial
 
 from msgsafe._receipts import BatchPart, BatchSend, Send, StoreItem
 from msgsafe.errors import MsgsafeError, OutboxError, TransientError
-from msgsafe.message import Batch, Receipt, Status, new_receipt
+from msgsafe.message import Batch, Guarantee, Receipt, Status, new_receipt
 from msgsafe.ports import OutboxStore
 from msgsafe.telemetry.stats import OutcomeCounts
 
@@ -54,6 +54,7 @@ log = logging.getLogger("msgsafe.producer")
 _REFUSAL_PAUSE_S = 0.5
 
 _CONFIRMED = Status.CONFIRMED
+_UNKNOWN = Guarantee.UNKNOWN
 
 #: Messages per outbox put at most.
 _STORE_BATCH = 1000
@@ -87,6 +88,9 @@ class Settlement:
         self._parked: dict[bytes, list[StoreItem]] = {}
         #: monotonic() until which new sends go straight to the outbox (0: not paused).
         self.refused_until = 0.0
+        #: Each checked destination's guarantee, for its receipts (the producer's
+        #: DestinationGate fills it; see msgsafe.checks.gate).
+        self.guarantees: dict[str, Guarantee] = {}
         self._queue: queue.SimpleQueue[StoreItem | None] = queue.SimpleQueue()
         self._wake_forwarder: Callable[[], None] | None = None
         self._writer: threading.Thread | None = None
@@ -286,6 +290,11 @@ class Settlement:
             return []
         return [i for i, key in enumerate(keys) if key in barred]
 
+    def refuse_for_a_moment(self) -> None:
+        """Send to the outbox for a short pause, as after a refusal (the broker could not
+        be reached to check a destination)."""
+        self.refused_until = time.monotonic() + _REFUSAL_PAUSE_S
+
     def to_outbox(self, item: StoreItem) -> None:
         """After a transient failure: pause sending, hold the item's key behind the
         barrier, and queue the item for the outbox writer."""
@@ -304,7 +313,13 @@ class Settlement:
         envelope = send.envelope
         if error is None:
             # resolve(), inlined for the common outcome: one frame fewer per message.
-            receipt = new_receipt(envelope.message_id, _CONFIRMED, envelope.destination)
+            destination = envelope.destination
+            receipt = new_receipt(
+                envelope.message_id,
+                _CONFIRMED,
+                destination,
+                self.guarantees.get(destination, _UNKNOWN),
+            )
             try:
                 send.set_result(receipt)
             finally:

@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Self
 
 from msgsafe.consumer import Consumer
-from msgsafe.errors import ClosedError, ConfigurationError, SendTimeout
+from msgsafe.errors import ClosedError, ConfigurationError, SendTimeout, TransientError
 from msgsafe.message import BatchReceipt, Delivery, Envelope, Outcome, Receipt
 from msgsafe.producer import OutboxSpec, Producer
 from msgsafe.retry import RetryPolicy
@@ -39,15 +39,20 @@ class AsyncProducer:
         send_timeout: float = 30.0,
         retry: RetryPolicy | None = None,
         telemetry: bool = False,
+        require: str = "durable",
+        check_every: float = 300.0,
         **options: object,
     ) -> None:
         self._send_timeout = send_timeout
+        self._checked_destinations: set[str] = set()
         self._producer = Producer(
             url,
             outbox=outbox,
             send_timeout=send_timeout,
             retry=retry,
             telemetry=telemetry,
+            require=require,
+            check_every=check_every,
             **options,
         )
 
@@ -69,6 +74,7 @@ class AsyncProducer:
         envelope = Envelope.build(
             destination, body, key=key, headers=headers, message_id=message_id
         )
+        await self._checked(destination)
         future = self._producer.send_envelope(envelope)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), self._send_timeout)
@@ -91,6 +97,7 @@ class AsyncProducer:
     ) -> BatchReceipt:
         """Send many messages and wait until every one is safe; errors as
         :meth:`Producer.send_batch` (``timeout`` defaults to ``send_timeout``)."""
+        await self._checked(destination)
         future = self._producer.send_batch_async(
             destination, bodies, keys=keys, headers=headers, message_ids=message_ids
         )
@@ -101,6 +108,18 @@ class AsyncProducer:
             raise SendTimeout(
                 f"batch not confirmed or stored within {limit}s", endpoint=self._producer.target
             ) from None
+
+    async def _checked(self, destination: str) -> None:
+        """The destination check of a first send, off the loop (it is one blocking
+        connection): UnsafeDestination raises here; an unreachable broker is left to the
+        send, which stores."""
+        if destination in self._checked_destinations:
+            return
+        try:
+            await asyncio.to_thread(self._producer.guarantee, destination)
+        except TransientError:
+            return
+        self._checked_destinations.add(destination)
 
     async def drain(self, timeout: float | None = None) -> int:
         """Forward the outbox now; returns how many remain."""

@@ -43,6 +43,7 @@ __all__ = [
     "SendTimeout",
     "TransientError",
     "Unroutable",
+    "UnsafeDestination",
 ]
 
 
@@ -71,7 +72,7 @@ class MsgsafeError(Exception):
     def _extra(self) -> dict[str, object]:
         return {}
 
-    def with_id(self, message_id: str) -> Self:
+    def with_id(self, message_id: str | None) -> Self:
         """A copy of this error that names ``message_id``, every other field kept.
 
         One error often stands for many messages (a nack, a lost connection, a refused
@@ -188,6 +189,38 @@ class MessageTooLarge(PermanentError):
 
 class Unroutable(PermanentError):
     """The broker has nowhere to put the message (no queue bound, unknown topic)."""
+
+
+class UnsafeDestination(PermanentError):
+    """The destination keeps confirmed messages less safely than the producer's
+    ``require=`` asks (a non-durable queue, one Kafka replica...): nothing was sent.
+    ``destination``, ``guarantee`` (what it gives), ``required`` and ``fix`` say which
+    setting to change; ``require="any"`` opts out."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        destination: str | None = None,
+        guarantee: str | None = None,
+        required: str | None = None,
+        fix: str | None = None,
+        endpoint: str | None = None,
+        message_id: str | None = None,
+    ) -> None:
+        super().__init__(message, endpoint=endpoint, message_id=message_id)
+        self.destination = destination
+        self.guarantee = guarantee
+        self.required = required
+        self.fix = fix
+
+    def _extra(self) -> dict[str, object]:
+        return {
+            "destination": self.destination,
+            "guarantee": self.guarantee,
+            "required": self.required,
+            "fix": self.fix,
+        }
 
 
 class Rejected(PermanentError):

@@ -21,6 +21,7 @@ __all__ = [
     "BatchReceipt",
     "Delivery",
     "Envelope",
+    "Guarantee",
     "Outcome",
     "Receipt",
     "Status",
@@ -191,6 +192,41 @@ class Status(enum.Enum):
     STORED = "stored"
 
 
+class Guarantee(enum.Enum):
+    """What the destination does with a confirmed message: the strongest of these that
+    the producer could verify for it (see :mod:`msgsafe.checks`). Ordered by
+    :meth:`rank`: ``NONE`` < ``UNKNOWN`` < ``DURABLE`` < ``REPLICATED``."""
+
+    #: Lost by a clean restart of the broker, or never kept at all: a non-durable,
+    #: exclusive or auto-delete queue, a transient queue a broker creates on first use,
+    #: an address that accepts and drops what nothing is bound to.
+    NONE = "none"
+    #: The broker could not say (a route whose bindings are invisible, a broker without
+    #: the API that tells). Never taken for safe.
+    UNKNOWN = "unknown"
+    #: On disk on one node: kept by its clean restart or crash, lost with that node's
+    #: disk (a classic durable queue; a Kafka topic with one replica,
+    #: ``min.insync.replicas=1`` or unclean leader election).
+    DURABLE = "durable"
+    #: On a quorum of nodes before it is confirmed: kept when one node is lost (a quorum
+    #: queue with members on several nodes; Kafka replication >= 2 with
+    #: ``min.insync.replicas >= 2`` and no unclean election).
+    REPLICATED = "replicated"
+
+    @property
+    def rank(self) -> int:
+        """Order of strength: NONE 0, UNKNOWN 1, DURABLE 2, REPLICATED 3."""
+        return _GUARANTEE_RANK[self]
+
+
+_GUARANTEE_RANK = {
+    Guarantee.NONE: 0,
+    Guarantee.UNKNOWN: 1,
+    Guarantee.DURABLE: 2,
+    Guarantee.REPLICATED: 3,
+}
+
+
 class Outcome(enum.Enum):
     """How a consumer settles a delivery."""
 
@@ -201,11 +237,16 @@ class Outcome(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Receipt:
-    """Proof that a message is safe: confirmed by the broker or stored in the outbox."""
+    """Proof that a message is safe: confirmed by the broker or stored in the outbox.
+
+    ``guarantee`` is what the destination does with it once the broker has it, as the
+    producer last checked (:class:`Guarantee`; ``UNKNOWN`` before any check, e.g. a
+    message stored while the broker could not be reached)."""
 
     message_id: str
     status: Status
     destination: str
+    guarantee: Guarantee = Guarantee.UNKNOWN
 
 
 def _slot_setters(cls: type, *names: str) -> tuple[Callable[[object, object], None], ...]:
@@ -214,13 +255,18 @@ def _slot_setters(cls: type, *names: str) -> tuple[Callable[[object, object], No
 
 
 _new_object = object.__new__
-_set_receipt_id, _set_receipt_status, _set_receipt_destination = _slot_setters(
-    Receipt, "message_id", "status", "destination"
+_set_receipt_id, _set_receipt_status, _set_receipt_destination, _set_receipt_guarantee = (
+    _slot_setters(Receipt, "message_id", "status", "destination", "guarantee")
 )
 
 
-def new_receipt(message_id: str, status: Status, destination: str) -> Receipt:
-    """``Receipt(message_id, status, destination)`` for the per-message paths.
+def new_receipt(
+    message_id: str,
+    status: Status,
+    destination: str,
+    guarantee: Guarantee = Guarantee.UNKNOWN,
+) -> Receipt:
+    """``Receipt(message_id, status, destination, guarantee)`` for the per-message paths.
 
     NOTE: a frozen dataclass's ``__init__`` sets each field through
     ``object.__setattr__``; setting the slots through their descriptors builds the same
@@ -230,6 +276,7 @@ def new_receipt(message_id: str, status: Status, destination: str) -> Receipt:
     _set_receipt_id(receipt, message_id)
     _set_receipt_status(receipt, status)
     _set_receipt_destination(receipt, destination)
+    _set_receipt_guarantee(receipt, guarantee)
     return receipt
 
 
@@ -237,11 +284,13 @@ def new_receipt(message_id: str, status: Status, destination: str) -> Receipt:
 class BatchReceipt:
     """Proof that the messages of a batch are safe: ``message_ids`` lists them in batch
     order; those in ``stored_ids`` are in the outbox (:attr:`Status.STORED`), every
-    other one was confirmed by the broker (:attr:`Status.CONFIRMED`)."""
+    other one was confirmed by the broker (:attr:`Status.CONFIRMED`). ``guarantee`` is
+    the destination's, as on :class:`Receipt`."""
 
     destination: str
     message_ids: Sequence[str]
     stored_ids: frozenset[str] = frozenset()
+    guarantee: Guarantee = Guarantee.UNKNOWN
 
     def __len__(self) -> int:
         return len(self.message_ids)
@@ -262,9 +311,9 @@ class BatchReceipt:
 
     def receipts(self) -> list[Receipt]:
         """One :class:`Receipt` per message, in batch order."""
-        stored, dest = self.stored_ids, self.destination
+        stored, dest, guarantee = self.stored_ids, self.destination, self.guarantee
         return [
-            Receipt(mid, Status.STORED if mid in stored else Status.CONFIRMED, dest)
+            Receipt(mid, Status.STORED if mid in stored else Status.CONFIRMED, dest, guarantee)
             for mid in self.message_ids
         ]
 

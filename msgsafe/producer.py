@@ -22,6 +22,8 @@ from typing import Any, Protocol, Self
 from msgsafe._receipts import BatchPart, BatchSend, OneOfBatch, Send, SubsetReport
 from msgsafe._settlement import Settlement
 from msgsafe.adapters import open_transport
+from msgsafe.checks import inspector_for
+from msgsafe.checks.gate import DestinationGate
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import (
     ClosedError,
@@ -29,8 +31,18 @@ from msgsafe.errors import (
     InvalidMessage,
     MsgsafeError,
     SendTimeout,
+    TransientError,
+    UnsafeDestination,
 )
-from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status, new_receipt
+from msgsafe.message import (
+    Batch,
+    BatchReceipt,
+    Envelope,
+    Guarantee,
+    Receipt,
+    Status,
+    new_receipt,
+)
 from msgsafe.outbox import Forwarder
 from msgsafe.outbox.location import OutboxSpec, open_store
 from msgsafe.ports import OutboxStore, PublishCallback, Transport
@@ -68,6 +80,20 @@ class Producer:
     :mod:`msgsafe.telemetry`; :meth:`stats` works without it); further keyword
     ``options`` go to the adapter, which refuses unknown ones.
 
+    Before the first message to a destination (and every ``check_every`` seconds, in
+    the background) the producer checks what the broker will do with a confirmed
+    message there — the checks ``msgsafe doctor`` runs (:mod:`msgsafe.checks`) — and
+    puts the answer on every receipt (``receipt.guarantee``). ``require`` is what the
+    application needs: ``"durable"`` (default: a destination that a clean broker
+    restart empties — a non-durable, exclusive or auto-delete queue, RabbitMQ's
+    transient AMQP 1.0 queues — raises :class:`~msgsafe.errors.UnsafeDestination`
+    before anything is sent; durable-only and unknown ones pass with one WARNING
+    each), ``"replicated"`` (only destinations that survive a node's loss) or
+    ``"any"``. The first send to a destination blocks for that check (one short
+    connection); when it cannot reach the broker the message goes to the outbox, and
+    the forwarder checks before it forwards (a destination below ``require`` then
+    quarantines its messages).
+
     Thread-safe: any number of threads may call ``send``/``send_async`` at once.
     """
 
@@ -79,11 +105,21 @@ class Producer:
         send_timeout: float = 30.0,
         retry: RetryPolicy | None = None,
         telemetry: bool = False,
+        require: str = "durable",
+        check_every: float = 300.0,
         **options: object,
     ) -> None:
         if send_timeout <= 0:
             raise ConfigurationError("send_timeout must be > 0")
         self._url = parse_url(url)
+        self._gate = DestinationGate(
+            inspector_for(self._url, options),
+            require=require,
+            refresh_s=check_every,
+            endpoint=self._url.redacted(),
+        )
+        #: Destination -> when its check is due again (read on every send, no lock).
+        self._admitted = self._gate.admitted
         self._send_timeout = send_timeout
         self._closed = False
         self._store: OutboxStore | None = None
@@ -106,6 +142,7 @@ class Producer:
         try:
             self._store = open_store(outbox, self._url, options)
             self._settle = Settlement(self._store, self._telemetry.outcomes)
+            self._settle.guarantees = self._gate.guarantees
             # The hot path reads these directly (the same objects as the settlement's).
             self._lock = self._settle.lock
             self._tickets = self._settle.tickets
@@ -116,7 +153,9 @@ class Producer:
                 self._store, "put_batch_async", None
             )
             if self._store is not None:
-                self._forwarder = Forwarder(self._store, self._transport, policy=retry)
+                self._forwarder = Forwarder(
+                    self._store, self._transport, policy=retry, admit=self._gate.admit
+                )
                 self._forwarder.start()
                 self._settle.start(self._forwarder.wake)
             self._telemetry.attach(self._store, self._forwarder)
@@ -268,6 +307,9 @@ class Producer:
     def submit_batch(self, batch: Batch) -> Future[BatchReceipt]:
         """Send a prepared :class:`~msgsafe.message.Batch` (its ids kept): the hook for
         sinks that build columns themselves."""
+        due = self._admitted.get(batch.destination)
+        if due is None or due < time.monotonic():
+            self._admit(batch.destination, None)
         telemetry = self._telemetry
         batch, span = telemetry.start_batch(batch)
         future = self._submit_batch(batch)
@@ -353,6 +395,9 @@ class Producer:
                 " (body=None) is for Kafka only; send b'' for an empty message",
                 message_id=envelope.message_id,
             )
+        due = self._admitted.get(envelope.destination)
+        if due is None or due < time.monotonic():
+            self._admit(envelope.destination, envelope.message_id, transaction)
         telemetry = self._telemetry
         if not telemetry.tracing:
             future = self._submit(envelope, transaction)
@@ -361,6 +406,26 @@ class Producer:
         traced, span = telemetry.start(envelope)
         future = self._submit(traced, transaction)
         return future, telemetry.track(future, span, waited=waited)
+
+    def _admit(self, destination: str, message_id: str | None, transaction: Any = None) -> None:
+        """Check ``destination`` against ``require`` (see :mod:`msgsafe.checks.gate`).
+
+        Raises :class:`UnsafeDestination` when it is below the requirement. When the check
+        could not reach the broker, nothing may be sent there unchecked: with an outbox,
+        sending pauses as after a refusal (the message is stored; the forwarder checks
+        before it forwards); without one, the error reaches the caller.
+        """
+        self._check_open()
+        try:
+            self._gate.admit(destination)
+        except UnsafeDestination as exc:
+            raise exc.with_id(message_id) from None
+        except TransientError as exc:
+            if transaction is not None:
+                return  # a transactional send only goes to the store
+            if self._store is None:
+                raise exc.with_id(message_id) from None
+            self._settle.refuse_for_a_moment()
 
     def _submit(self, envelope: Envelope, transaction: Any) -> Future[Receipt]:
         if transaction is not None and getattr(self._store, "put_in", None) is None:
@@ -445,7 +510,13 @@ class Producer:
             raise
         else:
             self._settle.resolve(
-                result, new_receipt(envelope.message_id, Status.STORED, envelope.destination)
+                result,
+                new_receipt(
+                    envelope.message_id,
+                    Status.STORED,
+                    envelope.destination,
+                    self._gate.guarantees.get(envelope.destination, Guarantee.UNKNOWN),
+                ),
             )
             # Rows appear when the caller commits; the forwarder polls, wake() only hints.
             if self._forwarder is not None:
@@ -490,6 +561,13 @@ class Producer:
     def target(self) -> str:
         """The broker URL without credentials."""
         return self._url.redacted()
+
+    def guarantee(self, destination: str) -> Guarantee:
+        """What ``destination`` does with a confirmed message, checked now if it never was
+        (see the class docstring); raises :class:`UnsafeDestination` when it is below
+        ``require``, a :class:`TransientError` when the broker cannot be reached."""
+        self._check_open()
+        return self._gate.admit(destination)
 
     # --- lifecycle --------------------------------------------------------------------------
 

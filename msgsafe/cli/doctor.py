@@ -11,11 +11,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from msgsafe.cli._output import exit_with, out, print_json, translate_errors
-from msgsafe.cli.findings import STORIES, Finding, Severity, exit_code
+from msgsafe.checks.findings import STORIES, Finding, Severity
+from msgsafe.cli._output import ExitCode, exit_with, out, print_json, translate_errors
 from msgsafe.endpoints import parse_url
 
-__all__ = ["doctor"]
+__all__ = ["doctor", "exit_code"]
 
 _STYLE = {
     Severity.OK: "green",
@@ -63,6 +63,18 @@ def doctor(
     exit_with(code)
 
 
+def exit_code(findings: list[Finding]) -> ExitCode:
+    """The exit code of the worst finding."""
+    worst = max((f.severity for f in findings), default=Severity.OK)
+    return {
+        Severity.OK: ExitCode.OK,
+        Severity.INFO: ExitCode.OK,
+        Severity.UNKNOWN: ExitCode.UNKNOWN,
+        Severity.WARNING: ExitCode.WARNING,
+        Severity.CRITICAL: ExitCode.CRITICAL,
+    }[worst]
+
+
 def _check(
     protocol: str, broker: object, names: list[str], management: str | None
 ) -> list[Finding]:
@@ -71,15 +83,15 @@ def _check(
     if not isinstance(broker, BrokerUrl):  # pragma: no cover - parse_url returns one
         return []
     if protocol == "kafka":
-        from msgsafe.cli.doctor_kafka import check_kafka
+        from msgsafe.checks.kafka import check_kafka
 
         return check_kafka(broker, names)
     if protocol == "rabbitmq":
-        from msgsafe.cli.doctor_rabbitmq import check_rabbitmq
+        from msgsafe.checks.rabbitmq import check_rabbitmq
 
         return check_rabbitmq(broker, names, management)
     if protocol == "amqp10":
-        from msgsafe.cli.doctor_amqp10 import check_amqp10
+        from msgsafe.checks.amqp10 import check_amqp10
 
         return check_amqp10(broker)
     return [

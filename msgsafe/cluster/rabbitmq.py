@@ -336,6 +336,19 @@ class RabbitCluster(LocalCluster):
             self._nodes[node].pid_file.unlink()
         self._save()
 
+    def stop_node(self, node: int, timeout: float = 60.0) -> None:
+        """Stop ``node`` cleanly (``rabbitmqctl stop``, a planned shutdown: what a node
+        keeps through it is what its disk holds) and wait until its VM is gone;
+        :meth:`restart` starts it again with its data."""
+        pid = self.pid(node)
+        if pid is None:
+            return
+        self.ctl(node, "stop", str(self._nodes[node].pid_file), timeout=timeout)
+        wait_gone(pid, timeout)
+        with contextlib.suppress(OSError):
+            self._nodes[node].pid_file.unlink()
+        self._save()
+
     def kill_all(self) -> None:
         """SIGKILL every node (a whole-cluster outage), after each has synced its metadata log.
 

@@ -32,6 +32,8 @@ _PENDING = object()
 UNSENT = ConfirmTimeout("not attempted: the broker refused")
 
 _PublishBatch = Callable[[Batch, BatchReport], None]
+#: The destination check (see msgsafe.checks.gate): raises when nothing may go there.
+_Admit = Callable[[str], object]
 
 #: Not the message's fault: permanent for a send, about the connection (see the forwarder).
 _NotTheMessage = tuple[type[MsgsafeError], ...]
@@ -91,13 +93,30 @@ class Round:
 
     # --- publishing --------------------------------------------------------------------------
 
-    def publish(self, transport: Transport) -> None:
+    def publish(self, transport: Transport, admit: _Admit | None = None) -> None:
         """Hand every message to ``transport`` in claim order, until one fails at once
-        for a reason other than itself (the broker refuses: stop hammering it)."""
+        for a reason other than itself (the broker refuses: stop hammering it).
+
+        ``admit(destination)`` runs once per destination of the round before its first
+        message goes: its error answers that destination's messages unsent (permanent:
+        each is answered with it; transient: the round stops there, as at a refusal)."""
         count = len(self.envelopes)
         # The batch seam is optional (see msgsafe.ports.BatchTransport), as for the producer.
         publish_batch: _PublishBatch | None = getattr(transport, "publish_batch", None)
+        verdicts: dict[str, MsgsafeError | None] = {}
         for start, end, batchable in _runs(self.envelopes):
+            if admit is not None:
+                destination = self.envelopes[start].destination
+                if destination not in verdicts:
+                    verdicts[destination] = _verdict(admit, destination)
+                refusal = verdicts[destination]
+                if refusal is not None:
+                    for index in range(start, end):
+                        self.answer(index, refusal)
+                    if not isinstance(refusal, PermanentError):
+                        self._unsent(end, count)
+                        return
+                    continue
             if publish_batch is not None and batchable:
                 self._publish_run(publish_batch, start, end)
                 if self._refused_at_once(start, end):
@@ -166,6 +185,15 @@ class Round:
             and (isinstance(a, self._not_the_message) or not isinstance(a, PermanentError))
             for a in answers
         )
+
+
+def _verdict(admit: _Admit, destination: str) -> MsgsafeError | None:
+    """None when ``destination`` may be sent to, else the check's error."""
+    try:
+        admit(destination)
+    except MsgsafeError as exc:
+        return exc
+    return None
 
 
 class _RunReport:

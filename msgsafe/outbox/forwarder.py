@@ -141,6 +141,11 @@ class Forwarder:
 
     ``on_quarantine(envelope, error_text)`` is called (from the forwarder's thread) for
     every message moved to the quarantine.
+
+    ``admit(destination)`` (the producer's destination check, see
+    :mod:`msgsafe.checks.gate`) runs before a destination's messages are published: its
+    :class:`~msgsafe.errors.UnsafeDestination` quarantines them, a transient error (the
+    broker cannot be reached to check) releases the round as a refusal does.
     """
 
     def __init__(
@@ -153,6 +158,7 @@ class Forwarder:
         batch_bytes: int = 8 << 20,
         lease_s: float = 30.0,
         on_quarantine: Callable[[Envelope, str], None] | None = None,
+        admit: Callable[[str], object] | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] | None = None,
         rng: Callable[[], float] = random.random,
@@ -171,6 +177,7 @@ class Forwarder:
         self._limit = min(batch, _FIRST_LIMIT)
         self._lease_s = lease_s
         self._on_quarantine = on_quarantine
+        self._admit = admit
         self._clock = clock
         self._backoff = Backoff(self._policy, clock=clock, rng=rng)
         self._wake = threading.Event()
@@ -310,7 +317,7 @@ class Forwarder:
                 rnd.withhold()
                 self._finish(flight)
                 return len(envelopes)
-            rnd.publish(self._transport)
+            rnd.publish(self._transport, self._admit)
             if self._overlap and not self._backoff.failures:
                 self._flight = flight
             else:

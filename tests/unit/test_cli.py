@@ -16,9 +16,10 @@ from typing import Any, ClassVar
 
 import pytest
 
+from msgsafe.checks.findings import Finding, Severity
+from msgsafe.checks.rabbitmq import _cluster, _Management, _queue_from_api
 from msgsafe.cli._output import ExitCode, with_options
-from msgsafe.cli.doctor_rabbitmq import _cluster, _Management, _queue_from_api
-from msgsafe.cli.findings import Finding, Severity, exit_code
+from msgsafe.cli.doctor import exit_code
 from msgsafe.endpoints import parse_url
 from msgsafe.message import Envelope
 from msgsafe.outbox import SqliteOutbox
@@ -240,7 +241,7 @@ def test_management_api_findings() -> None:
 
 
 def test_kafka_rules_follow_the_failure_stories() -> None:
-    from msgsafe.cli.doctor_kafka import _broker_defaults, _replication, _topic_configs
+    from msgsafe.checks.kafka import _broker_defaults, _replication, _topic_configs
 
     assert _replication("t", 1).severity is Severity.CRITICAL
     assert _replication("t", 2).severity is Severity.WARNING

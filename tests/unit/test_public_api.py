@@ -16,6 +16,7 @@ def test_top_level_names() -> None:
         "Consumer",
         "Delivery",
         "Envelope",
+        "Guarantee",
         "Message",
         "MsgsafeError",
         "Outcome",

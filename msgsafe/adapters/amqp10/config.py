@@ -12,6 +12,8 @@ from msgsafe.errors import ConfigurationError
 __all__ = ["Amqp10Options", "load_options"]
 
 _MECHANISMS = {"PLAIN", "ANONYMOUS", "EXTERNAL"}
+#: Queue types ``declare=`` accepts (RabbitMQ's ``x-queue-type``).
+_QUEUE_TYPES = ("classic", "quorum", "stream")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +50,11 @@ class Amqp10Options(TransportOptions):
     #: Initial and maximum backoff (seconds) between reconnect attempts to one endpoint.
     reconnect_initial: float = 0.05
     reconnect_maximum: float = 2.0
+    #: RabbitMQ only: the destination check declares a missing ``/amq/queue/NAME``
+    #: queue durable, of this type (``quorum``, ``classic`` or ``stream``), over AMQP
+    #: 0-9-1 on the same port before the first message (AMQP 1.0 cannot: RabbitMQ's
+    #: plugin declares transient queues). None: a missing queue is refused.
+    declare: str | None = None
 
     def __post_init__(self) -> None:
         TransportOptions.__post_init__(self)
@@ -57,6 +64,8 @@ class Amqp10Options(TransportOptions):
             raise ConfigurationError(
                 "failover_merge must be one of: replace, add, ignore"
             ) from None
+        if self.declare is not None and self.declare not in _QUEUE_TYPES:
+            raise ConfigurationError(f"declare must be one of {', '.join(_QUEUE_TYPES)} (or None)")
         if self.credit < 1:
             raise ConfigurationError("credit must be >= 1")
         if self.heartbeat < 0:

@@ -35,7 +35,7 @@ from msgsafe.errors import (
     Refused,
     Rejected,
 )
-from msgsafe.message import Envelope
+from msgsafe.message import Envelope, Guarantee
 
 __all__ = ["MemoryBroker"]
 
@@ -96,6 +96,7 @@ class MemoryBroker:
         self._drop_after = 0
         self._delay = 0.0
         self.publish_attempts = 0
+        self._guarantees: dict[str, Guarantee] = {}
 
     # --- registry ---------------------------------------------------------------------
 
@@ -122,6 +123,18 @@ class MemoryBroker:
             cls._registry.pop(name, None)
 
     # --- fault injection -------------------------------------------------------------
+
+    def set_guarantee(self, destination: str, guarantee: Guarantee) -> None:
+        """What the producer's destination check reports for ``destination`` (default
+        :attr:`Guarantee.REPLICATED`): lets a test see its code refuse, or warn about, a
+        destination that would lose confirmed messages."""
+        with self._lock:
+            self._guarantees[destination] = guarantee
+
+    def guarantee(self, destination: str) -> Guarantee:
+        """The guarantee set for ``destination`` (REPLICATED unless set)."""
+        with self._lock:
+            return self._guarantees.get(destination, Guarantee.REPLICATED)
 
     def refuse_writes(self, reason: str = "broker refuses writes") -> None:
         """Every publish fails with ``Refused`` until :meth:`accept_writes`."""

@@ -20,11 +20,13 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from msgsafe.cli.findings import Finding, Severity
+from msgsafe.checks import DestinationReport
+from msgsafe.checks.findings import Finding, Severity
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import AuthenticationError, ConnectError, MissingExtra
+from msgsafe.message import Guarantee
 
-__all__ = ["check_rabbitmq"]
+__all__ = ["check_rabbitmq", "guarantee_of", "inspect_address", "inspect_destination"]
 
 _TIMEOUT_S = 5.0
 _CURRENT = re.compile(r"current is the value '([^']*)'")
@@ -91,10 +93,154 @@ def check_rabbitmq(url: BrokerUrl, queues: Sequence[str], management: str | None
     return findings
 
 
+# --- one destination, for the producer -------------------------------------------------
+
+#: How long the answer "this queue does not exist" is kept: a consumer or an operator
+#: may declare it any moment.
+_MISSING_KEEP_S = 1.0
+
+
+def guarantee_of(finding: Finding) -> Guarantee:
+    """What a queue's finding means for a confirmed message."""
+    if finding.setting in ("durable", "exclusive", "auto-delete"):
+        return Guarantee.NONE
+    if finding.setting == "queue type" and finding.value in ("quorum", "stream"):
+        # NOTE: a quorum queue keeps a message on a majority of its members before the
+        # confirm; on a one-node cluster that is one copy (doctor reports the node count).
+        return Guarantee.REPLICATED
+    if finding.setting == "queue type" and finding.value.startswith("classic"):
+        return Guarantee.DURABLE
+    return Guarantee.UNKNOWN
+
+
+def inspect_destination(
+    url: BrokerUrl, destination: str, *, declare: str | None = None, timeout: float = _TIMEOUT_S
+) -> DestinationReport:
+    """The guarantee of an AMQP 0-9-1 ``destination`` (a queue through the default
+    exchange, or ``exchange/routing-key``), checked over AMQP on a short connection.
+    ``declare`` (the producer's ``declare=``): a missing queue will be declared durable
+    of that type before the first message, so it counts as that type."""
+    if "/" in destination:
+        return DestinationReport(
+            destination,
+            Guarantee.UNKNOWN,
+            (
+                Finding(
+                    Severity.UNKNOWN,
+                    f"destination {destination}",
+                    "bound queues",
+                    "unknown",
+                    "AMQP does not show an exchange's bindings, so the queues it routes to "
+                    "are not checked (an unroutable message still comes back: Unroutable)",
+                    "send to a quorum queue by name, or check the bound queues with msgsafe doctor",
+                    "rabbit-ha",
+                ),
+            ),
+        )
+    connection = _connect(url, timeout)
+    try:
+        return _queue_report(connection, destination, destination, declare, dropped=False)
+    finally:
+        _close(connection)
+
+
+def inspect_address(
+    url: BrokerUrl, address: str, *, declare: str | None, timeout: float = _TIMEOUT_S
+) -> DestinationReport:
+    """The guarantee of an AMQP 1.0 ``address`` on RabbitMQ's AMQP 1.0 plugin (3.x),
+    checked over AMQP 0-9-1 on the same port.
+
+    NOTE: the plugin declares the queue of a bare ``NAME`` or ``/queue/NAME`` address
+    as a *transient* queue (a clean restart loses it and every confirmed message), and
+    hangs the link when such a queue exists with other arguments; ``/amq/queue/NAME``
+    addresses an existing queue, and a message sent there or to an ``/exchange/`` or
+    ``/topic/`` address that no queue takes is *accepted and dropped* (AMQP 1.0 has no
+    ``mandatory`` flag). Only ``/amq/queue/NAME`` of an existing durable queue keeps it.
+    """
+    subject = f"address {address}"
+    if address.startswith("/amq/queue/"):
+        name = address[len("/amq/queue/") :]
+        connection = _connect(url, timeout)
+        try:
+            return _queue_report(connection, address, name, declare, dropped=True)
+        finally:
+            _close(connection)
+    if address.startswith(("/exchange/", "/topic/")):
+        finding = Finding(
+            Severity.CRITICAL,
+            subject,
+            "route",
+            "exchange",
+            "RabbitMQ's AMQP 1.0 plugin accepts a message no queue is bound for and drops "
+            "it, and AMQP 0-9-1 cannot show the bindings: nothing proves it is kept",
+            "send to an existing quorum queue as /amq/queue/NAME, or use an amqp:// URL "
+            "(mandatory publishing: an unroutable message raises Unroutable)",
+            "rabbit-ha",
+        )
+        return DestinationReport(address, Guarantee.NONE, (finding,))
+    name = address[len("/queue/") :] if address.startswith("/queue/") else address
+    finding = Finding(
+        Severity.CRITICAL,
+        subject,
+        "address form",
+        address,
+        "RabbitMQ's AMQP 1.0 plugin declares this address's queue as a transient queue: a "
+        "clean restart of the node loses the queue and every confirmed message in it",
+        f"address it as /amq/queue/{name} (an existing durable queue; declare=quorum declares it)",
+        "rabbit-ha",
+    )
+    return DestinationReport(address, Guarantee.NONE, (finding,))
+
+
+def _queue_report(
+    connection: Any, destination: str, name: str, declare: str | None, *, dropped: bool
+) -> DestinationReport:
+    finding = _queue_probe(connection, name)
+    if finding.setting == "exists" and declare is not None:
+        if dropped:
+            # NOTE: AMQP 1.0 has no declare that makes a durable queue of a chosen type
+            # on RabbitMQ; AMQP 0-9-1 on the same port does.
+            _declare(connection, name, declare)
+            finding = _queue_probe(connection, name)
+        else:
+            # The AMQP 0-9-1 transport declares it (durable, x-queue-type) before sending.
+            finding = _queue_type(f"queue {name}", declare, mirrored=None)
+    if finding.setting == "exists":
+        if dropped:
+            finding = Finding(
+                Severity.CRITICAL,
+                f"queue {name}",
+                "exists",
+                "no",
+                "RabbitMQ's AMQP 1.0 plugin accepts a message for a missing queue and drops it",
+                "declare it (x-queue-type=quorum), e.g. with the option declare=quorum",
+                "rabbit-ha",
+            )
+            return DestinationReport(destination, Guarantee.NONE, (finding,), _MISSING_KEEP_S)
+        return DestinationReport(destination, Guarantee.UNKNOWN, (finding,), _MISSING_KEEP_S)
+    return DestinationReport(destination, guarantee_of(finding), (finding,))
+
+
+def _declare(connection: Any, name: str, kind: str) -> None:
+    import pika.exceptions
+
+    from msgsafe.errors import Rejected
+
+    try:
+        channel = connection.channel()
+        channel.queue_declare(name, durable=True, arguments={"x-queue-type": kind})
+        channel.close()
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        raise Rejected(
+            f"declaring queue {name!r} ({kind}) failed: {exc.reply_text}",
+            condition=str(exc.reply_code),
+        ) from exc
+
+
 # --- the AMQP connection ----------------------------------------------------------------
 
 
-def _connect(url: BrokerUrl) -> Any:
+def _connect(url: BrokerUrl, timeout: float = _TIMEOUT_S) -> Any:
     try:
         import pika
         import pika.exceptions
@@ -112,7 +258,8 @@ def _connect(url: BrokerUrl) -> Any:
             virtual_host=url.path or "/",
             credentials=pika.PlainCredentials(user, password),
             connection_attempts=1,
-            socket_timeout=_TIMEOUT_S,
+            socket_timeout=timeout,
+            stack_timeout=timeout,
             blocked_connection_timeout=_TIMEOUT_S,
             ssl_options=_ssl(endpoint.host) if url.tls else None,
         )
@@ -122,7 +269,7 @@ def _connect(url: BrokerUrl) -> Any:
             raise AuthenticationError(
                 "the broker refused the credentials", endpoint=url.redacted()
             ) from exc
-        except pika.exceptions.AMQPError as exc:
+        except Exception as exc:  # pika's connector errors are not all AMQPError
             last = exc
     raise ConnectError(
         f"no RabbitMQ node answered: {cause(last) if last else 'no endpoint'}",
@@ -180,7 +327,8 @@ def _queue_probe(connection: Any, name: str) -> Finding:
     NOTE: RabbitMQ answers a redeclare whose arguments differ from the queue's with
     PRECONDITION_FAILED naming the argument and its current value, and changes nothing;
     a redeclare that matches (a durable quorum queue) is a no-op. A missing queue is
-    never created: the passive declare runs first.
+    never created: the passive declare runs first. An exclusive queue of another
+    connection answers the passive declare with RESOURCE_LOCKED.
     """
     import pika.exceptions
 
@@ -190,15 +338,9 @@ def _queue_probe(connection: Any, name: str) -> Finding:
         channel.queue_declare(name, passive=True)
     except pika.exceptions.ChannelClosedByBroker as exc:
         if exc.reply_code == 404:
-            return Finding(
-                Severity.WARNING,
-                subject,
-                "exists",
-                "no",
-                "publishing to a missing queue is unroutable (msgsafe raises Unroutable)",
-                f"declare it as a quorum queue (x-queue-type=quorum), e.g. msgsafe send "
-                f"-o declare=quorum ... {name}",
-            )
+            return _missing(subject, name)
+        if exc.reply_code == 405:
+            return _transient(subject, "exclusive", "true", "an exclusive queue")
         return _probe_unknown(subject, exc.reply_text)
     try:
         channel = connection.channel()
@@ -208,12 +350,26 @@ def _queue_probe(connection: Any, name: str) -> Finding:
         reason = str(exc.reply_text)
         if "'durable'" in reason:
             return _transient(subject)
+        if "'auto_delete'" in reason:
+            return _transient(subject, "auto-delete", "true", "an auto-delete queue")
         if "x-queue-type" in reason:
             match = _CURRENT.search(reason)
             kind = match.group(1) if match else "classic"
             return _queue_type(subject, kind, mirrored=None)
         return _probe_unknown(subject, reason)
     return _queue_type(subject, "quorum", mirrored=None)
+
+
+def _missing(subject: str, name: str) -> Finding:
+    return Finding(
+        Severity.WARNING,
+        subject,
+        "exists",
+        "no",
+        "publishing to a missing queue is unroutable (msgsafe raises Unroutable)",
+        f"declare it as a quorum queue (x-queue-type=quorum), e.g. msgsafe send "
+        f"-o declare=quorum ... {name}",
+    )
 
 
 def _probe_unknown(subject: str, reason: object) -> Finding:
@@ -228,14 +384,21 @@ def _probe_unknown(subject: str, reason: object) -> Finding:
     )
 
 
-def _transient(subject: str) -> Finding:
+def _transient(
+    subject: str, setting: str = "durable", value: str = "false", what: str = "a non-durable queue"
+) -> Finding:
+    gone = {
+        "durable": "disappear when its node restarts",
+        "exclusive": "disappear when the connection that declared it closes",
+        "auto-delete": "disappear when its last consumer leaves",
+    }[setting]
     return Finding(
         Severity.CRITICAL,
         subject,
-        "durable",
-        "false",
-        "a non-durable queue and its messages disappear when its node restarts",
-        "recreate it durable, as a quorum queue",
+        setting,
+        value,
+        f"{what} and its messages {gone}",
+        "recreate it durable, not exclusive, not auto-delete, as a quorum queue",
         "rabbit-ha",
     )
 
@@ -364,6 +527,10 @@ def _queue_from_api(name: str, queue: dict[str, Any]) -> list[Finding]:
     subject = f"queue {name}"
     if not queue.get("durable", True):
         return [_transient(subject)]
+    if queue.get("exclusive"):
+        return [_transient(subject, "exclusive", "true", "an exclusive queue")]
+    if queue.get("auto_delete"):
+        return [_transient(subject, "auto-delete", "true", "an auto-delete queue")]
     kind = str(queue.get("type", "classic"))
     policy = queue.get("effective_policy_definition") or {}
     mirrored = isinstance(policy, dict) and "ha-mode" in policy

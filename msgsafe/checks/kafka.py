@@ -10,11 +10,13 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from msgsafe.cli.findings import Finding, Severity
+from msgsafe.checks import DestinationReport
+from msgsafe.checks.findings import Finding, Severity
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import ConnectError, MissingExtra
+from msgsafe.message import Guarantee
 
-__all__ = ["check_kafka"]
+__all__ = ["check_kafka", "inspect_destination"]
 
 _TIMEOUT_S = 5.0
 
@@ -59,20 +61,38 @@ def _admin(url: BrokerUrl, failures: deque[str] | None = None) -> Any:
     return AdminClient(conf)
 
 
-def check_kafka(url: BrokerUrl, topics: Sequence[str]) -> list[Finding]:
-    """Findings for the cluster at ``url`` and ``topics`` (all non-internal when empty)."""
+#: librdkafka's error_cb text once every bootstrap broker refused or failed.
+_ALL_DOWN = "brokers are down"
+
+
+def _connect(url: BrokerUrl, timeout: float = _TIMEOUT_S) -> tuple[Any, Any]:
+    """An AdminClient of ``url`` and the cluster's metadata (every topic).
+
+    Raises :class:`ConnectError` as soon as librdkafka reports every broker down (a
+    refused port answers in milliseconds), or after ``timeout`` seconds.
+    """
     from confluent_kafka import KafkaException
 
     failures: deque[str] = deque(maxlen=8)
     admin = _admin(url, failures)
-    try:
-        metadata = admin.list_topics(timeout=_TIMEOUT_S)
-    except KafkaException as exc:
-        admin.poll(0)  # NOTE: error_cb runs only from poll(); the failures wait there.
-        cause = _cause(list(failures)) or exc.args[0].str()
-        raise ConnectError(
-            f"no Kafka broker answered metadata: {cause}", endpoint=url.redacted()
-        ) from exc
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return admin, admin.list_topics(timeout=0.1)
+        except KafkaException as exc:
+            admin.poll(0)  # NOTE: error_cb runs only from poll(); the failures wait there.
+            down = any(_ALL_DOWN in text for text in failures)
+            if down or time.monotonic() >= deadline:
+                cause = _cause(list(failures)) or exc.args[0].str()
+                raise ConnectError(
+                    f"no Kafka broker answered metadata: {cause}", endpoint=url.redacted()
+                ) from exc
+
+
+def check_kafka(url: BrokerUrl, topics: Sequence[str]) -> list[Finding]:
+    """Findings for the cluster at ``url`` and ``topics`` (all non-internal when empty)."""
+
+    admin, metadata = _connect(url)
     findings: list[Finding] = []
     brokers = sorted(metadata.brokers)
     findings.append(_broker_count(len(brokers)))
@@ -118,6 +138,73 @@ def check_kafka(url: BrokerUrl, topics: Sequence[str]) -> list[Finding]:
         configs = _describe(admin, "broker", str(broker))
         findings.extend(_broker_defaults(broker, configs))
     return findings
+
+
+def inspect_destination(
+    url: BrokerUrl, topic: str, *, declare: str | None = None, timeout: float = _TIMEOUT_S
+) -> DestinationReport:
+    """The guarantee of ``topic``: replication factor, ``min.insync.replicas`` and unclean
+    leader election; for a topic that does not exist yet, the broker defaults that
+    auto-creation would give it. Never creates the topic."""
+    del declare  # topics are not declared by the producer
+    admin, metadata = _connect(url, timeout)
+    existing = _find_topics(url, metadata, [topic])
+    found = existing.get(topic)
+    if found is not None:
+        replication = min((len(p.replicas) for p in found.partitions.values()), default=0)
+        findings = [_replication(topic, replication)]
+        findings.extend(_topic_configs(topic, replication, _describe(admin, "topic", topic)))
+        return DestinationReport(topic, _guarantee(findings), tuple(findings))
+    # Not there yet: what auto-creation would make of it (the broker's defaults).
+    brokers = sorted(metadata.brokers)
+    configs = _describe(admin, "broker", str(brokers[0])) if brokers else "no broker listed"
+    subject = f"topic {topic} (auto-created)"
+    if isinstance(configs, str) or not configs:
+        findings = _not_reported(
+            subject,
+            ("default.replication.factor, min.insync.replicas",),
+            configs,
+            "kafka-configs --describe --entity-type brokers --all",
+        )
+        return DestinationReport(topic, Guarantee.UNKNOWN, tuple(findings), _MISSING_KEEP_S)
+    if configs.get("auto.create.topics.enable", "true").lower() != "true":
+        finding = Finding(
+            Severity.UNKNOWN,
+            subject,
+            "exists",
+            "no",
+            "the topic does not exist and auto-creation is off: a send cannot be confirmed",
+            f"create it: kafka-topics --create --topic {topic} --replication-factor 3 "
+            "--config min.insync.replicas=2",
+            "kafka",
+        )
+        return DestinationReport(topic, Guarantee.UNKNOWN, (finding,), _MISSING_KEEP_S)
+    default_rf = configs.get("default.replication.factor", "")
+    replication = int(default_rf) if default_rf.isdigit() else 0
+    findings = [
+        _replication(topic, replication)
+        if replication
+        else _not_reported(
+            subject, ("default.replication.factor",), "not reported", "kafka-configs"
+        )[0],
+        _min_isr(subject, replication, configs.get("min.insync.replicas")),
+        _unclean(subject, configs.get("unclean.leader.election.enable")),
+    ]
+    return DestinationReport(topic, _guarantee(findings), tuple(findings), _MISSING_KEEP_S)
+
+
+#: How long the answer for a topic that does not exist is kept (it may be created).
+_MISSING_KEEP_S = 5.0
+
+
+def _guarantee(findings: Sequence[Finding]) -> Guarantee:
+    """Kafka's critical findings (one replica, ``min.insync.replicas=1``, unclean
+    election) each leave an acknowledged write on one broker: durable, not replicated."""
+    if any(f.severity is Severity.CRITICAL for f in findings):
+        return Guarantee.DURABLE
+    if any(f.severity is Severity.UNKNOWN for f in findings):
+        return Guarantee.UNKNOWN
+    return Guarantee.REPLICATED
 
 
 def _find_topics(url: BrokerUrl, metadata: Any, names: Sequence[str]) -> dict[str, Any]:

@@ -1,14 +1,13 @@
-"""What ``msgsafe doctor`` reports: findings with a severity, the setting, why it matters
-(the failure story that shows it) and the fix."""
+"""What a check of a broker reports: findings with a severity, the setting, why it
+matters (the failure story that shows it) and the fix. ``msgsafe doctor`` prints them;
+the producer turns a destination's findings into a :class:`~msgsafe.message.Guarantee`."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
 
-from msgsafe.cli._output import ExitCode
-
-__all__ = ["STORIES", "Finding", "Severity", "exit_code"]
+__all__ = ["STORIES", "Finding", "Severity"]
 
 
 class Severity(enum.IntEnum):
@@ -53,15 +52,3 @@ class Finding:
             "fix": self.fix,
             "story": STORIES.get(self.story or ""),
         }
-
-
-def exit_code(findings: list[Finding]) -> ExitCode:
-    """The exit code of the worst finding."""
-    worst = max((f.severity for f in findings), default=Severity.OK)
-    return {
-        Severity.OK: ExitCode.OK,
-        Severity.INFO: ExitCode.OK,
-        Severity.UNKNOWN: ExitCode.UNKNOWN,
-        Severity.WARNING: ExitCode.WARNING,
-        Severity.CRITICAL: ExitCode.CRITICAL,
-    }[worst]

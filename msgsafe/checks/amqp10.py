@@ -10,11 +10,13 @@ from typing import Any
 from msgsafe.adapters.amqp10._errors import condition_text
 from msgsafe.adapters.amqp10._failover import parse_failover_list, parse_redirect
 from msgsafe.adapters.amqp10.config import Amqp10Options, load_options
-from msgsafe.cli.findings import Finding, Severity
+from msgsafe.checks import DestinationReport
+from msgsafe.checks.findings import Finding, Severity
 from msgsafe.endpoints import BrokerUrl, Endpoint, EndpointList
 from msgsafe.errors import ConnectError, MissingExtra
+from msgsafe.message import Guarantee
 
-__all__ = ["check_amqp10"]
+__all__ = ["check_amqp10", "inspect_destination"]
 
 _TIMEOUT_S = 5.0
 #: How long an opened connection is watched for a close that follows the open.
@@ -34,8 +36,10 @@ class _Answer:
     error: str = ""
 
 
-def _probe(url: BrokerUrl, endpoint: Endpoint) -> _Answer:
-    """Open one connection to ``endpoint``; keep it up to ``_SETTLE_S`` to see a close
+def _probe(
+    url: BrokerUrl, endpoint: Endpoint, settle_s: float = _SETTLE_S, timeout: float = _TIMEOUT_S
+) -> _Answer:
+    """Open one connection to ``endpoint``; keep it up to ``settle_s`` to see a close
     that follows the open (a Broker-J replica, a redirect)."""
     from proton.handlers import MessagingHandler
     from proton.reactor import Container
@@ -55,7 +59,7 @@ def _probe(url: BrokerUrl, endpoint: Endpoint) -> _Answer:
                 user=url.username,
                 password=url.password.reveal() if url.password else None,
             )
-            event.container.schedule(_TIMEOUT_S, self)
+            event.container.schedule(timeout, self)
 
         def on_connection_opened(self, event: Any) -> None:
             conn = event.connection
@@ -65,7 +69,7 @@ def _probe(url: BrokerUrl, endpoint: Endpoint) -> _Answer:
             answer.capabilities = [str(c) for c in (conn.remote_offered_capabilities or [])]
             if conn.remote_condition is not None:
                 answer.closed = conn.remote_condition
-            event.container.schedule(_SETTLE_S, self)
+            event.container.schedule(settle_s, self)
 
         def on_connection_remote_close(self, event: Any) -> None:
             answer.closed = event.connection.remote_condition
@@ -80,7 +84,7 @@ def _probe(url: BrokerUrl, endpoint: Endpoint) -> _Answer:
 
         def on_timer_task(self, event: Any) -> None:
             if not answer.opened:
-                answer.error = f"no open frame within {_TIMEOUT_S:.0f} s"
+                answer.error = f"no open frame within {timeout:g} s"
             event.container.stop()
 
     Container(Probe()).run()
@@ -107,6 +111,44 @@ def check_amqp10(url: BrokerUrl) -> list[Finding]:
     if serving:
         findings += _findings(url, serving[0], options)
     return findings
+
+
+def inspect_destination(
+    url: BrokerUrl, address: str, *, declare: str | None = None, timeout: float = _TIMEOUT_S
+) -> DestinationReport:
+    """The guarantee of ``address``. AMQP 1.0 does not say how a node stores what it
+    accepted, so it is :attr:`Guarantee.UNKNOWN` unless the peer is one whose own
+    protocol tells: RabbitMQ (the queue behind the address, over AMQP 0-9-1 on the same
+    port; see :func:`msgsafe.checks.rabbitmq.inspect_address`)."""
+    answer: _Answer | None = None
+    failed: list[_Answer] = []
+    for endpoint in url.endpoints:
+        answer = _probe(url, endpoint, settle_s=0.0, timeout=timeout)
+        if answer.opened:
+            break
+        failed.append(answer)
+    if answer is None or not answer.opened:
+        errors = "; ".join(f"{a.endpoint}: {a.error}" for a in failed)
+        raise ConnectError(
+            f"no AMQP 1.0 peer opened a connection ({errors})", endpoint=url.redacted()
+        )
+    product = str(answer.properties.get("product", ""))
+    if product.lower() == "rabbitmq":
+        from msgsafe.checks.rabbitmq import inspect_address
+
+        return inspect_address(url, address, declare=declare, timeout=timeout)
+    finding = Finding(
+        Severity.UNKNOWN,
+        f"address {address}",
+        "durability and replication",
+        "unknown",
+        f"AMQP 1.0 does not say how {product or 'this peer'} stores or replicates the "
+        "node behind an address; not guessing",
+        "check the queue with the broker's own tools (Artemis: a durable anycast queue; "
+        "Broker-J: a durable queue in a BDB HA group)",
+        "qpid-ha",
+    )
+    return DestinationReport(address, Guarantee.UNKNOWN, (finding,))
 
 
 def _role(answer: _Answer, options: Amqp10Options, any_serving: bool) -> Finding:

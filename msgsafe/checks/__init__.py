@@ -1,0 +1,85 @@
+"""What the broker will do with a confirmed message: one set of checks for
+``msgsafe doctor`` and for the producer.
+
+Each protocol's module reads the broker's own settings (RabbitMQ: the queue's
+durability, exclusivity, auto-delete and type over AMQP 0-9-1, the cluster through the
+management API; Kafka: replication factor, ``min.insync.replicas``, unclean leader
+election and the broker defaults an auto-created topic gets; AMQP 1.0: what the open
+frame says, and on RabbitMQ the queue behind the address) and reports
+:class:`~msgsafe.checks.findings.Finding`\\ s. ``doctor`` prints them; the producer
+asks :func:`inspector_for` for one destination's :class:`DestinationReport` before its
+first send there (see :class:`msgsafe.checks.gate.DestinationGate`).
+
+A check that could not reach the broker raises a
+:class:`~msgsafe.errors.TransientError`; one the broker answered without telling says
+:attr:`~msgsafe.message.Guarantee.UNKNOWN`, never "safe".
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from msgsafe.checks.findings import Finding, Severity
+from msgsafe.endpoints import BrokerUrl
+from msgsafe.message import Guarantee
+
+__all__ = ["DestinationReport", "Inspector", "inspector_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationReport:
+    """One destination, checked: its guarantee, and the findings that decided it (the
+    settings below :attr:`Guarantee.REPLICATED`, each with why and the fix)."""
+
+    destination: str
+    guarantee: Guarantee
+    findings: tuple[Finding, ...] = ()
+    #: Seconds this answer may be kept; shorter for a state that changes on its own
+    #: (a queue that does not exist yet).
+    keep_s: float | None = None
+
+    @property
+    def reasons(self) -> str:
+        """The findings below OK, as one line each: setting = value: why."""
+        lines = [
+            f"{f.setting} = {f.value}: {f.why}" if f.why else f"{f.setting} = {f.value}"
+            for f in self.findings
+            if f.severity >= Severity.UNKNOWN
+        ]
+        return "; ".join(lines)
+
+    @property
+    def fix(self) -> str:
+        """The fixes of the findings below OK, joined."""
+        return "; ".join(f.fix for f in self.findings if f.fix and f.severity >= Severity.UNKNOWN)
+
+
+#: A protocol's check of one destination: raises TransientError when the broker could
+#: not be reached, PermanentError for bad credentials.
+Inspector = Callable[[str], DestinationReport]
+
+#: The adapters' default ``connect_timeout`` (msgsafe.adapters._config.TransportOptions).
+_CONNECT_TIMEOUT_S = 2.0
+
+_MODULES = {"rabbitmq": "rabbitmq", "kafka": "kafka", "amqp10": "amqp10", "memory": "memory"}
+
+
+def inspector_for(url: BrokerUrl, options: Mapping[str, object]) -> Inspector:
+    """The check of ``url``'s protocol, bound to that broker and the client options that
+    change what a destination becomes (``declare=``)."""
+    module = importlib.import_module(f"{__name__}.{_MODULES[url.protocol]}")
+    declare = options.get("declare", url.options.get("declare"))
+    kind = str(declare) if declare is not None else None
+    # The check reaches the broker within the client's own connect_timeout.
+    timeout = options.get("connect_timeout", url.options.get("connect_timeout"))
+    seconds = _CONNECT_TIMEOUT_S if timeout is None else float(str(timeout))
+
+    def inspect(destination: str) -> DestinationReport:
+        report: DestinationReport = module.inspect_destination(
+            url, destination, declare=kind, timeout=seconds
+        )
+        return report
+
+    return inspect
