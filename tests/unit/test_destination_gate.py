@@ -1,0 +1,183 @@
+"""The producer's destination checks on the memory broker (whose guarantee a test sets):
+below ``require=`` nothing is sent, the caller owns the message; what is stored while the
+broker could not be asked is checked before it is forwarded; the answer is on every
+receipt; a durable-only destination warns once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from msgsafe import AsyncProducer, Guarantee, Producer, Status
+from msgsafe.checks import DestinationReport
+from msgsafe.checks.gate import DestinationGate
+from msgsafe.errors import ConfigurationError, ConnectError, UnsafeDestination
+from msgsafe.testing import MemoryBroker
+from tests.support.waiting import wait_until
+
+
+@pytest.fixture
+def broker() -> Iterator[MemoryBroker]:
+    b = MemoryBroker.install(MemoryBroker(f"g-{uuid.uuid4().hex[:8]}"))
+    yield b
+    MemoryBroker.forget(b.name)
+
+
+def test_a_destination_below_require_is_refused_and_nothing_is_sent(broker: MemoryBroker) -> None:
+    broker.set_guarantee("q", Guarantee.NONE)
+    with Producer(f"memory://{broker.name}", outbox=False) as producer:
+        with pytest.raises(UnsafeDestination) as caught:
+            producer.send("q", b"x", message_id="m-1")
+        with pytest.raises(UnsafeDestination):
+            producer.send_batch("q", [b"a", b"b"])
+        with pytest.raises(UnsafeDestination):
+            producer.send_async("q", b"x")
+    error = caught.value
+    assert (error.message_id, error.destination, error.guarantee, error.required) == (
+        "m-1",
+        "q",
+        "none",
+        "durable",
+    )
+    assert error.fix and "set_guarantee" in error.fix
+    copy = pickle.loads(pickle.dumps(error))
+    assert (copy.destination, copy.guarantee, copy.required, copy.fix) == (
+        "q",
+        "none",
+        "durable",
+        error.fix,
+    )
+    assert broker.publish_attempts == 0 and broker.count("q") == 0
+
+
+@pytest.mark.parametrize(
+    ("require", "guarantee", "allowed"),
+    [
+        ("any", Guarantee.NONE, True),
+        ("durable", Guarantee.NONE, False),
+        ("durable", Guarantee.UNKNOWN, True),
+        ("durable", Guarantee.DURABLE, True),
+        ("replicated", Guarantee.UNKNOWN, False),
+        ("replicated", Guarantee.DURABLE, False),
+        ("replicated", Guarantee.REPLICATED, True),
+    ],
+)
+def test_require_levels(
+    broker: MemoryBroker, require: str, guarantee: Guarantee, allowed: bool
+) -> None:
+    broker.set_guarantee("q", guarantee)
+    with Producer(f"memory://{broker.name}", outbox=False, require=require) as producer:
+        if allowed:
+            receipt = producer.send("q", b"x")
+            assert (receipt.status, receipt.guarantee) == (Status.CONFIRMED, guarantee)
+            assert producer.send_batch("q", [b"a"]).guarantee is guarantee
+        else:
+            with pytest.raises(UnsafeDestination):
+                producer.send("q", b"x")
+            assert broker.count("q") == 0
+
+
+def test_a_bad_require_is_a_configuration_error(broker: MemoryBroker) -> None:
+    with pytest.raises(ConfigurationError, match="require"):
+        Producer(f"memory://{broker.name}", outbox=False, require="safe")
+    with pytest.raises(ConfigurationError, match="check_every"):
+        Producer(f"memory://{broker.name}", outbox=False, check_every=0)
+
+
+def test_below_replicated_warns_once_per_destination(
+    broker: MemoryBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    broker.set_guarantee("q", Guarantee.DURABLE)
+    caplog.set_level(logging.WARNING, logger="msgsafe.checks")
+    with Producer(f"memory://{broker.name}", outbox=False) as producer:
+        for _ in range(50):
+            producer.send("q", b"x")
+        producer.send("other", b"x")
+    warnings = [r for r in caplog.records if r.name == "msgsafe.checks"]
+    assert len(warnings) == 1 and "q" in warnings[0].getMessage()
+
+
+def test_the_check_runs_once_per_destination_not_per_message(broker: MemoryBroker) -> None:
+    calls: list[str] = []
+
+    def inspect(destination: str) -> DestinationReport:
+        calls.append(destination)
+        return DestinationReport(destination, Guarantee.REPLICATED)
+
+    gate = DestinationGate(inspect)
+    for _ in range(100):
+        gate.admit("a")
+        gate.admit("b")
+    assert calls == ["a", "b"]
+
+
+def test_a_refresh_sees_a_destination_that_became_unsafe(broker: MemoryBroker) -> None:
+    with Producer(f"memory://{broker.name}", outbox=False, check_every=0.2) as producer:
+        assert producer.send("q", b"x").guarantee is Guarantee.REPLICATED
+        broker.set_guarantee("q", Guarantee.NONE)
+
+        def refused() -> bool:
+            try:
+                producer.send("q", b"x")
+            except UnsafeDestination:
+                return True
+            return False
+
+        wait_until(refused, 10.0, "the refreshed check refuses the destination")
+
+
+def test_an_unreachable_broker_without_outbox_raises_connect_error(broker: MemoryBroker) -> None:
+    broker.down()
+    with (
+        Producer(f"memory://{broker.name}", outbox=False) as producer,
+        pytest.raises(ConnectError) as caught,
+    ):
+        producer.send("q", b"x", message_id="m-2")
+    assert caught.value.message_id == "m-2"
+
+
+def test_stored_unchecked_then_forwarded_once_checked(broker: MemoryBroker, tmp_path: Path) -> None:
+    broker.down()
+    with Producer(f"memory://{broker.name}", outbox=tmp_path / "o.db") as producer:
+        receipts = [producer.send("q", b"x") for _ in range(5)]
+        assert {(r.status, r.guarantee) for r in receipts} == {(Status.STORED, Guarantee.UNKNOWN)}
+        broker.up()
+        assert producer.drain(10.0) == 0
+    assert sorted(broker.ids("q")) == sorted(r.message_id for r in receipts)
+
+
+def test_stored_messages_for_an_unsafe_destination_are_quarantined_not_sent(
+    broker: MemoryBroker, tmp_path: Path
+) -> None:
+    broker.down()
+    with Producer(f"memory://{broker.name}", outbox=tmp_path / "o.db") as producer:
+        stored = [producer.send("q", b"x", key="k").message_id for _ in range(5)]
+        fine = producer.send("ok", b"y").message_id
+        broker.set_guarantee("q", Guarantee.NONE)
+        broker.up()
+        wait_until(lambda: producer.drain(1.0) == 0, 10.0, "the outbox drains or quarantines")
+        outbox = producer.outbox
+        assert outbox is not None
+        assert outbox.stats().quarantined == len(stored)
+    assert broker.count("q") == 0
+    assert broker.ids("ok") == [fine]
+
+
+def test_async_producer_checks_off_the_loop(broker: MemoryBroker) -> None:
+    broker.set_guarantee("q", Guarantee.NONE)
+
+    async def main() -> None:
+        async with AsyncProducer(f"memory://{broker.name}", outbox=False) as producer:
+            with pytest.raises(UnsafeDestination):
+                await producer.send("q", b"x")
+            receipt = await producer.send("fine", b"x")
+            assert receipt.guarantee is Guarantee.REPLICATED
+
+    asyncio.run(main())
+    assert broker.count("q") == 0
