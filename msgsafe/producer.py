@@ -47,7 +47,7 @@ from msgsafe.outbox import Forwarder
 from msgsafe.outbox.location import OutboxSpec, open_store
 from msgsafe.ports import OutboxStore, PublishCallback, Transport
 from msgsafe.retry import RetryPolicy
-from msgsafe.telemetry._observer import observing
+from msgsafe.telemetry._observer import Observers, observing
 from msgsafe.telemetry.producer import ProducerTelemetry
 from msgsafe.telemetry.stats import ProducerStats
 
@@ -125,7 +125,8 @@ class Producer:
         self._store: OutboxStore | None = None
         self._forwarder: Forwarder | None = None
         self._telemetry = ProducerTelemetry(self._url, otel=telemetry)
-        with observing(self._telemetry):
+        # A fail-over or redirect is counted, and every destination checked again.
+        with observing(Observers(self._telemetry, self._gate)):
             self._transport: Transport = open_transport(self._url, options)
         #: The transport's callback seam when it has one (no future per message).
         self._publish_callback: _PublishWithCallback | None = getattr(

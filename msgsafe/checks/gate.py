@@ -12,8 +12,9 @@ Requirements (``Producer(require=...)``):
 - ``"any"``: checks and reports the guarantee on the receipt, refuses nothing.
 
 Cost: one check (a short connection of the protocol's own client) per destination per
-``refresh_s``; a refresh runs on a background thread while the last answer serves. The
-hot path reads one dict.
+``refresh_s``, and after each fail-over or redirect of the producer's connection; a
+refresh runs on a background thread while the last answer serves. The hot path reads
+one dict.
 """
 
 from __future__ import annotations
@@ -103,6 +104,21 @@ class DestinationGate:
                 raise failed[1].with_id(None)
             report = self._check(destination)
             return self._decide(report)
+
+    def failover(self, previous: str, endpoint: str, reason: str) -> None:
+        """Another node serves now (a connection observer's event): its queues may not
+        be the ones checked, so every destination is checked again, in the background,
+        while the last answers serve."""
+        self._all_due()
+
+    def redirect(self, previous: str, endpoint: str, reason: str) -> None:
+        """Like :meth:`failover`."""
+        self._all_due()
+
+    def _all_due(self) -> None:
+        with self._lock:
+            for destination in self.admitted:
+                self.admitted[destination] = 0.0
 
     def forget(self, destination: str | None = None) -> None:
         """Check ``destination`` (every one when None) again before its next message."""

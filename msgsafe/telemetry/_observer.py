@@ -15,7 +15,7 @@ import contextvars
 from collections.abc import Iterator
 from typing import Protocol
 
-__all__ = ["ConnectionObserver", "current", "observing"]
+__all__ = ["ConnectionObserver", "Observers", "current", "observing"]
 
 
 class ConnectionObserver(Protocol):
@@ -28,6 +28,21 @@ class ConnectionObserver(Protocol):
     def redirect(self, previous: str, endpoint: str, reason: str) -> None:
         """The broker at ``previous`` sent the client to ``endpoint`` (``reason``: why)."""
         ...
+
+
+class Observers:
+    """Several observers heard as one, in order (telemetry, then the destination checks)."""
+
+    def __init__(self, *observers: ConnectionObserver) -> None:
+        self._observers = observers
+
+    def failover(self, previous: str, endpoint: str, reason: str) -> None:
+        for observer in self._observers:
+            observer.failover(previous, endpoint, reason)
+
+    def redirect(self, previous: str, endpoint: str, reason: str) -> None:
+        for observer in self._observers:
+            observer.redirect(previous, endpoint, reason)
 
 
 _CURRENT: contextvars.ContextVar[ConnectionObserver | None] = contextvars.ContextVar(

@@ -181,3 +181,18 @@ def test_async_producer_checks_off_the_loop(broker: MemoryBroker) -> None:
 
     asyncio.run(main())
     assert broker.count("q") == 0
+
+
+def test_a_failover_checks_every_destination_again_in_the_background() -> None:
+    calls: list[str] = []
+
+    def inspect(destination: str) -> DestinationReport:
+        calls.append(destination)
+        return DestinationReport(destination, Guarantee.REPLICATED)
+
+    gate = DestinationGate(inspect)
+    gate.admit("a")
+    gate.failover("h1:5672", "h2:5672", "connection lost")
+    assert gate.admit("a") is Guarantee.REPLICATED  # the last answer serves meanwhile
+    wait_until(lambda: calls == ["a", "a"], 5.0, "the check after the fail-over")
+    wait_until(lambda: gate.admitted["a"] > 0.0, 5.0, "the refreshed answer")
