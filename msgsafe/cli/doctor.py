@@ -91,9 +91,18 @@ def _check(
 
         return check_rabbitmq(broker, names, management)
     if protocol == "amqp10":
-        from msgsafe.checks.amqp10 import check_amqp10
+        from msgsafe.checks.amqp10 import check_amqp10, inspect_destination
 
-        return check_amqp10(broker)
+        findings = check_amqp10(broker)
+        for name in names:
+            # The producer's own check of each named address (on RabbitMQ: the queue).
+            report = inspect_destination(broker, name, declare=None)
+            findings.extend(report.findings)
+            if not report.findings:
+                findings.append(
+                    Finding(Severity.OK, f"address {name}", "guarantee", report.guarantee.value)
+                )
+        return findings
     return [
         Finding(
             Severity.INFO,
