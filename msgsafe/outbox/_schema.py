@@ -8,7 +8,9 @@ Migrations run in order inside one transaction; a file from a newer msgsafe is r
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import os
 import shlex
 import sqlite3
 import time
@@ -103,8 +105,22 @@ def migrate(conn: sqlite3.Connection, current: int) -> None:
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        rollback(conn)
         raise
+
+
+def rollback(conn: sqlite3.Connection) -> None:
+    """Roll back the open transaction, if any: SQLite may already have rolled it back by
+    itself (SQLITE_FULL does), and a ROLLBACK then fails with "no transaction is active",
+    hiding the error that matters."""
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
+#: Room the outbox needs beyond its rows: SQLite's write-ahead log grows to about
+#: 1000 pages (4 MiB) before its checkpoint, and a migration rewrites tables.
+_HEADROOM = 8 << 20
 
 
 def translate_sqlite_error(exc: sqlite3.Error, path: str = "") -> MsgsafeError:
@@ -112,12 +128,28 @@ def translate_sqlite_error(exc: sqlite3.Error, path: str = "") -> MsgsafeError:
     code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
     where = f" ({path})" if path else ""
     if code == _SQLITE_FULL:
-        return OutboxFull(f"the disk holding the outbox is full{where}: {exc}")
+        return OutboxFull(f"the disk holding the outbox is full{where}: {exc}; {_room(path)}")
     if code in (_SQLITE_BUSY, _SQLITE_LOCKED):
         return OutboxLocked(f"the outbox file is locked by another process{where}: {exc}")
     if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
         return OutboxCorrupt(f"the outbox file is damaged{where}: {exc}; {salvage_hint(path)}")
     return OutboxError(f"outbox storage error{where}: {exc}")
+
+
+def _room(path: str) -> str:
+    """How much room the disk has, how much the outbox needs, and what to do."""
+    folder = Path(path).parent if path else Path(".")
+    try:
+        stats = os.statvfs(folder)
+    except OSError:
+        return f"free at least {_HEADROOM >> 20} MiB there, or point outbox= at a bigger disk"
+    free = stats.f_bavail * stats.f_frsize
+    left = f"{free >> 20} MiB" if free >= 1 << 20 else f"{free >> 10} KiB"
+    return (
+        f"{left} free on {folder}, at least {_HEADROOM >> 20} MiB needed: "
+        "free room there, or point outbox= at a bigger disk (the messages already in "
+        "the outbox are intact)"
+    )
 
 
 def salvage_hint(path: str | Path) -> str:

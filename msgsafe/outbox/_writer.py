@@ -25,7 +25,6 @@ see :mod:`msgsafe._settlement`.
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -35,6 +34,7 @@ from typing import Any, Generic, TypeVar
 
 from msgsafe._futures import LightFuture
 from msgsafe.errors import ClosedError, MsgsafeError, OutboxError, OutboxFull
+from msgsafe.outbox._schema import rollback
 
 __all__ = ["HandlerResult", "GroupCommitWriter", "Handler"]
 
@@ -156,7 +156,7 @@ class GroupCommitWriter:
                 done = handler(conn, [payload])
                 conn.execute("COMMIT")
             except BaseException:
-                _rollback(conn)
+                rollback(conn)
                 raise
         except sqlite3.Error as exc:
             raise self._translate_error(exc) from exc
@@ -280,15 +280,15 @@ class GroupCommitWriter:
                     after.append(batch.after_commit)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            _rollback(conn)
+            rollback(conn)
             self._fail_all(jobs, self._translate_error(exc), exc)
             return
         except Exception as exc:
-            _rollback(conn)
+            rollback(conn)
             self._fail_all(jobs, exc, exc)
             return
         except BaseException as exc:  # never leave callers waiting forever
-            _rollback(conn)
+            rollback(conn)
             self._fail_all(jobs, exc, exc)
             raise
         for apply in after:
@@ -307,10 +307,3 @@ class GroupCommitWriter:
         for job in jobs:
             if not job.future.done():
                 job.future.set_exception(error)
-
-
-def _rollback(conn: sqlite3.Connection) -> None:
-    # SQLite may already have rolled back by itself (SQLITE_FULL does, for example).
-    if conn.in_transaction:
-        with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")

@@ -46,6 +46,7 @@ from msgsafe.outbox._schema import (
     RETRY_LATER,
     check_header,
     migrate,
+    rollback,
     salvage_hint,
     take_lock,
     translate_sqlite_error,
@@ -207,7 +208,7 @@ class SqliteOutbox(OperatorQueries):
             conn.execute("UPDATE outbox SET ready_at = 0.5 WHERE ready_at > 0.5")
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            rollback(conn)
             raise
         self._counts.rows, self._counts.bytes, self._keys = self._recount(conn)
         self._counts.quarantined = conn.execute("SELECT count(*) FROM quarantine").fetchone()[0]

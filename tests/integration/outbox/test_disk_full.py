@@ -4,6 +4,7 @@ draining resume."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import uuid
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ import pytest
 
 from msgsafe import Producer, Status
 from msgsafe.errors import BatchFailed, OutboxFull
+from msgsafe.message import Envelope
 from msgsafe.outbox import SqliteOutbox
 from msgsafe.testing import MemoryBroker
 from tests.fixtures._tmpfs import mounted_tmpfs
@@ -119,3 +121,39 @@ def test_batches_on_a_full_disk_are_stored_whole_or_not_at_all(small_disk: Path)
         assert len(delivered) == len(set(delivered))
     finally:
         MemoryBroker.forget(name)
+
+
+def _fill(disk: Path, leave: int) -> Path:
+    """Fill ``disk`` until ``leave`` bytes are free; returns the filler file."""
+    stats = os.statvfs(disk)
+    filler = disk / "filler-nearly"
+    filler.write_bytes(b"\0" * max(0, stats.f_bavail * stats.f_frsize - leave))
+    return filler
+
+
+@pytest.mark.parametrize("leave", [4096, 16384])
+def test_opening_on_a_nearly_full_disk_says_so_and_keeps_the_data(
+    small_disk: Path, leave: int
+) -> None:
+    """On a disk with a few KiB left, a new outbox raises OutboxFull saying the disk is
+    full, how much is free and needed, and what to do (it used to be "cannot rollback -
+    no transaction is active"); one that already holds messages still opens with all of
+    them, and the new one opens once room is made."""
+    path = small_disk / "outbox.sqlite3"
+    store = SqliteOutbox(path)
+    store.put([Envelope.build("q", b"x" * 100, message_id=f"m-{i}") for i in range(20)])
+    store.close()
+    filler = _fill(small_disk, leave)
+    with pytest.raises(OutboxFull) as caught:
+        SqliteOutbox(small_disk / "fresh.sqlite3").close()
+    text = str(caught.value)
+    assert "disk holding the outbox is full" in text, text
+    assert "free on" in text and "MiB needed" in text and "outbox=" in text, text
+    assert "no transaction is active" not in text
+    existing = SqliteOutbox(path)
+    try:
+        assert existing.stats().depth == 20
+    finally:
+        existing.close()
+    filler.unlink()
+    SqliteOutbox(small_disk / "fresh.sqlite3").close()
