@@ -27,6 +27,7 @@ __all__ = [
     "AMQP091_HEADER",
     "AMQP10_HEADER",
     "CLIENT_CERT_ALERTS",
+    "KAFKA_ADVICE",
     "PLAIN_NOT_TLS",
     "PROBE_S",
     "client_certificate_refused",
@@ -52,6 +53,12 @@ CLIENT_CERT_ALERTS = {
     "bad certificate": "the broker refused our client certificate (bad certificate)",
     "certificate expired": "the broker refused our client certificate: it has expired",
     "certificate unknown": "the broker refused our client certificate (certificate unknown)",
+}
+#: What a ``kafka://`` URL should use instead, by what its port speaks.
+KAFKA_ADVICE = {
+    "AMQP 0-9-1": "use amqp://",
+    "AMQP 1.0": "use amqp10://",
+    "TLS": "give the URL TLS (kafka+ssl://) or use the broker's plain listener",
 }
 _CORRELATION = 7
 #: ApiVersions v0, correlation id 7, client id "msgsafe": any Kafka broker answers it.

@@ -60,26 +60,13 @@ class DestinationReport:
 #: not be reached, PermanentError for bad credentials.
 Inspector = Callable[[str], DestinationReport]
 
-#: The adapters' default ``connect_timeout`` (msgsafe.adapters._config.TransportOptions).
-_CONNECT_TIMEOUT_S = 2.0
-
 _MODULES = {"rabbitmq": "rabbitmq", "kafka": "kafka", "amqp10": "amqp10", "memory": "memory"}
 
 
 def inspector_for(url: BrokerUrl, options: Mapping[str, object]) -> Inspector:
-    """The check of ``url``'s protocol, bound to that broker and the client options that
-    change what a destination becomes (``declare=``)."""
+    """The check of ``url``'s protocol, connecting with the client options the
+    transport gets (credentials, TLS, ``connect_timeout``, ``declare=``), so that a
+    check reaches the broker exactly when the transport does."""
     module = importlib.import_module(f"{__name__}.{_MODULES[url.protocol]}")
-    declare = options.get("declare", url.options.get("declare"))
-    kind = str(declare) if declare is not None else None
-    # The check reaches the broker within the client's own connect_timeout.
-    timeout = options.get("connect_timeout", url.options.get("connect_timeout"))
-    seconds = _CONNECT_TIMEOUT_S if timeout is None else float(str(timeout))
-
-    def inspect(destination: str) -> DestinationReport:
-        report: DestinationReport = module.inspect_destination(
-            url, destination, declare=kind, timeout=seconds
-        )
-        return report
-
-    return inspect
+    inspector: Inspector = module.inspector(url, options)
+    return inspector

@@ -4,8 +4,9 @@ stores or replicates a queue, so that is reported as unknown, never assumed."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from msgsafe.adapters.amqp10._errors import condition_text
 from msgsafe.adapters.amqp10._failover import parse_failover_list, parse_redirect
@@ -13,10 +14,13 @@ from msgsafe.adapters.amqp10.config import Amqp10Options, load_options
 from msgsafe.checks import DestinationReport
 from msgsafe.checks.findings import Finding, Severity
 from msgsafe.endpoints import BrokerUrl, Endpoint, EndpointList
-from msgsafe.errors import ConnectError, MissingExtra
+from msgsafe.errors import AuthenticationError, ConnectError, MissingExtra
 from msgsafe.message import Guarantee
 
-__all__ = ["check_amqp10", "inspect_destination"]
+if TYPE_CHECKING:
+    from msgsafe.checks import Inspector
+
+__all__ = ["check_amqp10", "inspect_destination", "inspector"]
 
 _TIMEOUT_S = 5.0
 #: How long an opened connection is watched for a close that follows the open.
@@ -34,28 +38,43 @@ class _Answer:
     capabilities: list[str] = field(default_factory=list)
     closed: Any = None  #: the close condition (a refusal or a redirect), if any
     error: str = ""
+    condition: Any = None  #: the transport's condition when no open frame came
 
 
 def _probe(
-    url: BrokerUrl, endpoint: Endpoint, settle_s: float = _SETTLE_S, timeout: float = _TIMEOUT_S
+    url: BrokerUrl,
+    endpoint: Endpoint,
+    settle_s: float = _SETTLE_S,
+    timeout: float = _TIMEOUT_S,
+    opts: Amqp10Options | None = None,
 ) -> _Answer:
-    """Open one connection to ``endpoint``; keep it up to ``settle_s`` to see a close
-    that follows the open (a Broker-J replica, a redirect)."""
+    """Open one connection to ``endpoint`` as the transport does (SASL, TLS and virtual
+    host from ``opts``); keep it up to ``settle_s`` to see a close that follows the open
+    (a Broker-J replica, a redirect)."""
     from proton.handlers import MessagingHandler
     from proton.reactor import Container
 
+    from msgsafe.adapters.amqp10 import LOGIN_GRACE_S, ssl_domain
+
+    options = opts if opts is not None else load_options(url, {})
     answer = _Answer(endpoint)
+    mechs = options.sasl_mechanisms or ("PLAIN" if url.username else "ANONYMOUS")
 
     class Probe(MessagingHandler):
+        conn: Any = None
+        graced = False
+
         def on_start(self, event: Any) -> None:
             host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
             scheme = "amqps" if endpoint.tls else "amqp"
-            event.container.connect(
+            self.conn = event.container.connect(
                 f"{scheme}://{host}:{endpoint.port}",
                 reconnect=False,
+                ssl_domain=ssl_domain(options) if endpoint.tls else None,
                 sasl_enabled=True,
-                allowed_mechs="PLAIN" if url.username else "ANONYMOUS",
-                allow_insecure_mechs=True,
+                allowed_mechs=mechs,
+                allow_insecure_mechs=options.sasl_allow_insecure,
+                virtual_host=options.virtual_host,
                 user=url.username,
                 password=url.password.reveal() if url.password else None,
             )
@@ -80,9 +99,19 @@ def _probe(
             cond = event.transport.condition
             if not answer.opened:
                 answer.error = str(cond.description if cond else "transport error")
+                answer.condition = cond
             event.container.stop()
 
         def on_timer_task(self, event: Any) -> None:
+            if not answer.opened and not self.graced:
+                transport = self.conn.transport if self.conn is not None else None
+                if transport is not None and transport.frames_input > 0:
+                    # An AMQP 1.0 peer that sent its SASL mechanisms is alive: wait for its
+                    # verdict on the login, as the transport does (RabbitMQ's plugin
+                    # refuses a bad password only after 3 s).
+                    self.graced = True
+                    event.container.schedule(LOGIN_GRACE_S, self)
+                    return
             if not answer.opened:
                 answer.error = f"no open frame within {timeout:g} s"
             event.container.stop()
@@ -113,19 +142,40 @@ def check_amqp10(url: BrokerUrl) -> list[Finding]:
     return findings
 
 
+def inspector(url: BrokerUrl, options: Mapping[str, object]) -> Inspector:
+    """The producer's check of ``url``'s addresses, connecting as its transport does."""
+    opts = load_options(url, options)
+    return lambda address: inspect_destination(url, address, opts)
+
+
 def inspect_destination(
-    url: BrokerUrl, address: str, *, declare: str | None = None, timeout: float = _TIMEOUT_S
+    url: BrokerUrl, address: str, opts: Amqp10Options | None = None
 ) -> DestinationReport:
     """The guarantee of ``address``. AMQP 1.0 does not say how a node stores what it
     accepted, so it is :attr:`Guarantee.UNKNOWN` unless the peer is one whose own
     protocol tells: RabbitMQ (the queue behind the address, over AMQP 0-9-1 on the same
-    port; see :func:`msgsafe.checks.rabbitmq.inspect_address`)."""
+    port; see :func:`msgsafe.checks.rabbitmq.inspect_address`).
+
+    A refused login, a certificate that does not verify or a peer of another protocol
+    raise their permanent error (the transport would meet the same); otherwise
+    :class:`ConnectError` once no peer opened a connection."""
+    from msgsafe.adapters.amqp10 import connection_error, unfixable
+
+    options = opts if opts is not None else load_options(url, {})
     answer: _Answer | None = None
     failed: list[_Answer] = []
     for endpoint in url.endpoints:
-        answer = _probe(url, endpoint, settle_s=0.0, timeout=timeout)
+        answer = _probe(url, endpoint, 0.0, options.connect_timeout, options)
         if answer.opened:
             break
+        if answer.condition is not None:
+            target = url.redacted()
+            fatal = unfixable(answer.condition, target, endpoint)
+            if fatal is not None:
+                raise fatal
+            login = connection_error(answer.condition, endpoint=target)
+            if isinstance(login, AuthenticationError):
+                raise login
         failed.append(answer)
     if answer is None or not answer.opened:
         errors = "; ".join(f"{a.endpoint}: {a.error}" for a in failed)
@@ -136,7 +186,7 @@ def inspect_destination(
     if product.lower() == "rabbitmq":
         from msgsafe.checks.rabbitmq import inspect_address
 
-        return inspect_address(url, address, declare=declare, timeout=timeout)
+        return inspect_address(url, address, options, declare=options.declare)
     finding = Finding(
         Severity.UNKNOWN,
         f"address {address}",

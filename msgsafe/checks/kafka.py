@@ -7,16 +7,20 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from msgsafe.checks import DestinationReport
 from msgsafe.checks.findings import Finding, Severity
 from msgsafe.endpoints import BrokerUrl
-from msgsafe.errors import ConnectError, MissingExtra
+from msgsafe.errors import CertificateError, ConnectError, MissingExtra, ProtocolMismatch
+
+if TYPE_CHECKING:
+    from msgsafe.adapters.kafka import KafkaOptions
+    from msgsafe.checks import Inspector
 from msgsafe.message import Guarantee
 
-__all__ = ["check_kafka", "inspect_destination"]
+__all__ = ["check_kafka", "inspect_destination", "inspector"]
 
 _TIMEOUT_S = 5.0
 
@@ -38,26 +42,22 @@ def _cause(failures: list[str]) -> str:
     return ""
 
 
-def _admin(url: BrokerUrl, failures: deque[str] | None = None) -> Any:
+def _admin(
+    url: BrokerUrl, failures: deque[str] | None = None, opts: KafkaOptions | None = None
+) -> Any:
+    """An AdminClient with the settings of the producer's own client (servers, SASL,
+    TLS: :func:`msgsafe.adapters.kafka.config.client_settings`)."""
     try:
         from confluent_kafka.admin import AdminClient
+
+        from msgsafe.adapters._config import build_config
+        from msgsafe.adapters.kafka import KafkaOptions
+        from msgsafe.adapters.kafka.config import client_settings
     except ImportError as exc:
         raise MissingExtra("kafka", "confluent-kafka") from exc
-    conf: dict[str, Any] = {
-        "bootstrap.servers": ",".join(str(e) for e in url.endpoints),
-        # NOTE: librdkafka logs every refused connection to stderr; the findings say it.
-        "log_level": 0,
-    }
+    conf: dict[str, Any] = client_settings(url, opts or build_config(KafkaOptions, url, {}))
     if failures is not None:
         conf["error_cb"] = lambda err: failures.append(err.str())
-    if url.tls:
-        conf["security.protocol"] = "SASL_SSL" if url.username else "SSL"
-    elif url.username:
-        conf["security.protocol"] = "SASL_PLAINTEXT"
-    if url.username and url.password is not None:
-        conf["sasl.mechanism"] = url.options.get("sasl_mechanism", "PLAIN")
-        conf["sasl.username"] = url.username
-        conf["sasl.password"] = url.password.reveal()
     return AdminClient(conf)
 
 
@@ -65,17 +65,20 @@ def _admin(url: BrokerUrl, failures: deque[str] | None = None) -> Any:
 _ALL_DOWN = "brokers are down"
 
 
-def _connect(url: BrokerUrl, timeout: float = _TIMEOUT_S) -> tuple[Any, Any]:
+def _connect(url: BrokerUrl, opts: KafkaOptions | None = None) -> tuple[Any, Any]:
     """An AdminClient of ``url`` and the cluster's metadata (every topic).
 
     Raises :class:`ConnectError` as soon as librdkafka reports every broker down (a
-    refused port answers in milliseconds), or after ``timeout`` seconds.
+    refused port answers in milliseconds), or after ``connect_timeout`` (and a second);
+    :class:`CertificateError` or :class:`ProtocolMismatch` when the failure is one no
+    retry can fix (the producer's client would meet the same).
     """
     from confluent_kafka import KafkaException
 
     failures: deque[str] = deque(maxlen=8)
-    admin = _admin(url, failures)
-    deadline = time.monotonic() + timeout
+    admin = _admin(url, failures, opts)
+    wait = (opts.connect_timeout if opts is not None else _TIMEOUT_S) + 1.0
+    deadline = time.monotonic() + wait
     while True:
         try:
             return admin, admin.list_topics(timeout=0.1)
@@ -83,10 +86,39 @@ def _connect(url: BrokerUrl, timeout: float = _TIMEOUT_S) -> tuple[Any, Any]:
             admin.poll(0)  # NOTE: error_cb runs only from poll(); the failures wait there.
             down = any(_ALL_DOWN in text for text in failures)
             if down or time.monotonic() >= deadline:
+                _raise_unfixable(url, list(failures))
                 cause = _cause(list(failures)) or exc.args[0].str()
                 raise ConnectError(
                     f"no Kafka broker answered metadata: {cause}", endpoint=url.redacted()
                 ) from exc
+
+
+def _raise_unfixable(url: BrokerUrl, failures: list[str]) -> None:
+    """Raise what no retry fixes about a cluster that did not answer: a certificate
+    (librdkafka's text says so), or a port of another protocol (the port, asked, says)."""
+    from msgsafe.adapters import _peer
+    from msgsafe.adapters.kafka import certificate_refusal
+
+    for text in failures:
+        said = certificate_refusal(text)
+        if said is not None:
+            raise CertificateError(said, endpoint=url.redacted())
+    for endpoint in url.endpoints:
+        where = str(endpoint)
+        if url.tls:
+            spoken = _peer.identify_peer(where, header=None, kafka=True)
+            if spoken == "Kafka":
+                raise ProtocolMismatch(
+                    f"{_peer.PLAIN_NOT_TLS}: use kafka:// (or the broker's SSL listener)",
+                    endpoint=url.redacted(),
+                )
+        else:
+            spoken = _peer.identify_peer(where, header=_peer.AMQP10_HEADER, kafka=False)
+            if spoken in _peer.KAFKA_ADVICE:
+                raise ProtocolMismatch(
+                    f"this port speaks {spoken}, not Kafka: {_peer.KAFKA_ADVICE[spoken]}",
+                    endpoint=url.redacted(),
+                )
 
 
 def check_kafka(url: BrokerUrl, topics: Sequence[str]) -> list[Finding]:
@@ -140,15 +172,23 @@ def check_kafka(url: BrokerUrl, topics: Sequence[str]) -> list[Finding]:
     return findings
 
 
+def inspector(url: BrokerUrl, options: Mapping[str, object]) -> Inspector:
+    """The producer's check of ``url``'s topics, connecting as its client does."""
+    from msgsafe.adapters._config import build_config
+    from msgsafe.adapters.kafka import KafkaOptions
+
+    opts = build_config(KafkaOptions, url, options)
+    return lambda topic: inspect_destination(url, topic, opts)
+
+
 def inspect_destination(
-    url: BrokerUrl, topic: str, *, declare: str | None = None, timeout: float = _TIMEOUT_S
+    url: BrokerUrl, topic: str, opts: KafkaOptions | None = None
 ) -> DestinationReport:
     """The guarantee of ``topic``: replication factor, ``min.insync.replicas`` and unclean
     leader election; for a topic that does not exist yet, the broker defaults that
     auto-creation would give it. Never creates the topic."""
-    del declare  # topics are not declared by the producer
-    admin, metadata = _connect(url, timeout)
-    existing = _find_topics(url, metadata, [topic])
+    admin, metadata = _connect(url, opts)
+    existing = _find_topics(url, metadata, [topic], opts)
     found = existing.get(topic)
     if found is not None:
         replication = min((len(p.replicas) for p in found.partitions.values()), default=0)
@@ -207,7 +247,9 @@ def _guarantee(findings: Sequence[Finding]) -> Guarantee:
     return Guarantee.REPLICATED
 
 
-def _find_topics(url: BrokerUrl, metadata: Any, names: Sequence[str]) -> dict[str, Any]:
+def _find_topics(
+    url: BrokerUrl, metadata: Any, names: Sequence[str], opts: KafkaOptions | None = None
+) -> dict[str, Any]:
     """Metadata of each named topic that exists.
 
     NOTE: a metadata request naming a topic makes brokers with auto-creation create it,
@@ -232,7 +274,7 @@ def _find_topics(url: BrokerUrl, metadata: Any, names: Sequence[str]) -> dict[st
                 options=url.options,
             )
             try:
-                listed = _admin(single).list_topics(timeout=_TIMEOUT_S).topics
+                listed = _admin(single, None, opts).list_topics(timeout=_TIMEOUT_S).topics
             except KafkaException:
                 continue
             found.update({n: listed[n] for n in names if _usable(listed.get(n))})

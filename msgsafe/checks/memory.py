@@ -4,22 +4,27 @@ down cannot be asked, as a real one."""
 
 from __future__ import annotations
 
-from msgsafe.adapters.memory._connection import connect
-from msgsafe.checks import DestinationReport
+from collections.abc import Mapping
+
+from msgsafe.adapters.memory import MemoryBroker
+from msgsafe.checks import DestinationReport, Inspector
 from msgsafe.checks.findings import Finding, Severity
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import ConnectError
 from msgsafe.message import Guarantee
 
-__all__ = ["inspect_destination"]
+__all__ = ["inspect_destination", "inspector"]
 
 
-def inspect_destination(
-    url: BrokerUrl, destination: str, *, declare: str | None = None, timeout: float = 0.0
-) -> DestinationReport:
+def inspector(url: BrokerUrl, options: Mapping[str, object]) -> Inspector:
+    """The producer's check of the memory broker ``url`` names."""
+    del options  # the memory broker has no connection settings
+    return lambda destination: inspect_destination(url, destination)
+
+
+def inspect_destination(url: BrokerUrl, destination: str) -> DestinationReport:
     """The guarantee the memory broker was given for ``destination``."""
-    del declare, timeout
-    broker = connect(url)
+    broker = MemoryBroker.named(url.path)
     if broker.is_down:
         raise ConnectError("the memory broker is down", endpoint=url.redacted())
     guarantee = broker.guarantee(destination)

@@ -17,16 +17,27 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from msgsafe.checks import DestinationReport
 from msgsafe.checks.findings import Finding, Severity
 from msgsafe.endpoints import BrokerUrl
-from msgsafe.errors import AuthenticationError, ConnectError, MissingExtra
+from msgsafe.errors import ConnectError, MissingExtra, MsgsafeError, PermanentError
 from msgsafe.message import Guarantee
 
-__all__ = ["check_rabbitmq", "guarantee_of", "inspect_address", "inspect_destination"]
+if TYPE_CHECKING:
+    from msgsafe.adapters._config import TransportOptions
+    from msgsafe.adapters.rabbitmq import RabbitOptions
+    from msgsafe.checks import Inspector
+
+__all__ = [
+    "check_rabbitmq",
+    "guarantee_of",
+    "inspect_address",
+    "inspect_destination",
+    "inspector",
+]
 
 _TIMEOUT_S = 5.0
 _CURRENT = re.compile(r"current is the value '([^']*)'")
@@ -113,8 +124,17 @@ def guarantee_of(finding: Finding) -> Guarantee:
     return Guarantee.UNKNOWN
 
 
+def inspector(url: BrokerUrl, options: Mapping[str, object]) -> Inspector:
+    """The producer's check of ``url``'s destinations, connecting as its transport does."""
+    from msgsafe.adapters._config import build_config
+    from msgsafe.adapters.rabbitmq import RabbitOptions
+
+    opts = build_config(RabbitOptions, url, options)
+    return lambda destination: inspect_destination(url, destination, opts)
+
+
 def inspect_destination(
-    url: BrokerUrl, destination: str, *, declare: str | None = None, timeout: float = _TIMEOUT_S
+    url: BrokerUrl, destination: str, opts: RabbitOptions | None = None
 ) -> DestinationReport:
     """The guarantee of an AMQP 0-9-1 ``destination`` (a queue through the default
     exchange, or ``exchange/routing-key``), checked over AMQP on a short connection.
@@ -137,7 +157,8 @@ def inspect_destination(
                 ),
             ),
         )
-    connection = _connect(url, timeout)
+    connection = _connect(url, opts)
+    declare = opts.declare if opts is not None else None
     try:
         return _queue_report(connection, destination, destination, declare, dropped=False)
     finally:
@@ -145,7 +166,7 @@ def inspect_destination(
 
 
 def inspect_address(
-    url: BrokerUrl, address: str, *, declare: str | None, timeout: float = _TIMEOUT_S
+    url: BrokerUrl, address: str, opts: TransportOptions, *, declare: str | None
 ) -> DestinationReport:
     """The guarantee of an AMQP 1.0 ``address`` on RabbitMQ's AMQP 1.0 plugin (3.x),
     checked over AMQP 0-9-1 on the same port.
@@ -160,7 +181,7 @@ def inspect_address(
     subject = f"address {address}"
     if address.startswith("/amq/queue/"):
         name = address[len("/amq/queue/") :]
-        connection = _connect(url, timeout)
+        connection = _connect(url, _over_amqp091(opts))
         try:
             return _queue_report(connection, address, name, declare, dropped=True)
         finally:
@@ -190,6 +211,19 @@ def inspect_address(
         "rabbit-ha",
     )
     return DestinationReport(address, Guarantee.NONE, (finding,))
+
+
+def _over_amqp091(opts: TransportOptions) -> RabbitOptions:
+    """The AMQP 1.0 URL's connection options (timeout, TLS) for AMQP 0-9-1 on its port."""
+    from msgsafe.adapters.rabbitmq import RabbitOptions
+
+    return RabbitOptions(
+        connect_timeout=opts.connect_timeout,
+        tls_verify=opts.tls_verify,
+        tls_ca_file=opts.tls_ca_file,
+        tls_cert_file=opts.tls_cert_file,
+        tls_key_file=opts.tls_key_file,
+    )
 
 
 def _queue_report(
@@ -240,49 +274,33 @@ def _declare(connection: Any, name: str, kind: str) -> None:
 # --- the AMQP connection ----------------------------------------------------------------
 
 
-def _connect(url: BrokerUrl, timeout: float = _TIMEOUT_S) -> Any:
+def _connect(url: BrokerUrl, opts: RabbitOptions | None = None) -> Any:
+    """A blocking connection with the transport's own parameters (credentials, virtual
+    host, TLS, ``connect_timeout``: :func:`msgsafe.adapters.rabbitmq.connection_parameters`),
+    to the first host that takes it. A refused login, a certificate that does not verify
+    or a peer of another protocol raise their permanent error at once (the transport
+    would meet the same); otherwise :class:`ConnectError` once every host failed."""
     try:
         import pika
-        import pika.exceptions
 
-        from msgsafe.adapters.rabbitmq._errors import cause
+        from msgsafe.adapters._config import build_config
+        from msgsafe.adapters.rabbitmq import RabbitOptions, connection_parameters, open_error
     except ImportError as exc:
         raise MissingExtra("rabbitmq", "pika") from exc
-    user = url.username or "guest"
-    password = url.password.reveal() if url.password else "guest"
-    last: Exception | None = None
+    options = opts if opts is not None else build_config(RabbitOptions, url, {})
+    last: MsgsafeError | None = None
     for endpoint in url.endpoints:
-        params = pika.ConnectionParameters(
-            host=endpoint.host,
-            port=endpoint.port,
-            virtual_host=url.path or "/",
-            credentials=pika.PlainCredentials(user, password),
-            connection_attempts=1,
-            socket_timeout=timeout,
-            stack_timeout=timeout,
-            blocked_connection_timeout=_TIMEOUT_S,
-            ssl_options=_ssl(endpoint.host) if url.tls else None,
-        )
         try:
-            return pika.BlockingConnection(params)
-        except pika.exceptions.ProbableAuthenticationError as exc:
-            raise AuthenticationError(
-                "the broker refused the credentials", endpoint=url.redacted()
-            ) from exc
+            return pika.BlockingConnection(connection_parameters(url, options, endpoint))
         except Exception as exc:  # pika's connector errors are not all AMQPError
-            last = exc
+            error = open_error(exc, url.redacted())
+            if isinstance(error, PermanentError):
+                raise error from exc
+            last = error
     raise ConnectError(
-        f"no RabbitMQ node answered: {cause(last) if last else 'no endpoint'}",
+        f"no RabbitMQ node answered: {last.message if last else 'no endpoint'}",
         endpoint=url.redacted(),
     ) from last
-
-
-def _ssl(host: str) -> Any:
-    import ssl
-
-    import pika
-
-    return pika.SSLOptions(ssl.create_default_context(), host)
 
 
 def _close(connection: Any) -> None:

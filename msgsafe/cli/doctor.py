@@ -96,7 +96,7 @@ def _check(
         findings = check_amqp10(broker)
         for name in names:
             # The producer's own check of each named address (on RabbitMQ: the queue).
-            report = inspect_destination(broker, name, declare=None)
+            report = inspect_destination(broker, name)
             findings.extend(report.findings)
             if not report.findings:
                 findings.append(

@@ -17,6 +17,8 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise MissingExtra("amqp10", "python-qpid-proton") from exc
 
+from msgsafe.adapters.amqp10._connection import LOGIN_GRACE_S, ssl_domain
+from msgsafe.adapters.amqp10._errors import connection_error, unfixable
 from msgsafe.adapters.amqp10.config import Amqp10Options, load_options
 from msgsafe.adapters.amqp10.receiver import Amqp10Receiver
 from msgsafe.adapters.amqp10.transport import Amqp10Transport
@@ -24,11 +26,15 @@ from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import ConfigurationError
 
 __all__ = [
+    "LOGIN_GRACE_S",
     "Amqp10Options",
     "Amqp10Receiver",
     "Amqp10Transport",
+    "connection_error",
     "open_receiver",
     "open_transport",
+    "ssl_domain",
+    "unfixable",
 ]
 
 

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from proton import Endpoint as ProtonEndpoint
-from proton import SSLDomain
+from proton import SSLDomain, symbol
 from proton.handlers import EndpointStateHandler, MessagingHandler
 from proton.reactor import (
     ApplicationEvent,
@@ -60,7 +60,7 @@ from msgsafe.endpoints import BrokerUrl, Endpoint, EndpointList
 from msgsafe.errors import MsgsafeError
 from msgsafe.retry import RetryPolicy
 
-__all__ = ["Engine", "EngineClient", "Side", "log"]
+__all__ = ["LOGIN_GRACE_S", "Engine", "EngineClient", "Side", "log", "ssl_domain"]
 
 log = logging.getLogger("msgsafe.adapters.amqp10")
 _TICK_S = 0.05
@@ -73,7 +73,7 @@ _TICK_S = 0.05
 _MUTE_S = (5.0, 30.0)
 #: Seconds more a peer that already answered (its SASL frames) gets to finish the login:
 #: a broker may delay a refused login on purpose (RabbitMQ's AMQP 1.0 plugin: 3 s).
-_LOGIN_GRACE_S = 5.0
+LOGIN_GRACE_S = 5.0
 _WAKE = "msgsafe_wake"
 
 
@@ -149,7 +149,7 @@ class Engine(MessagingHandler):
             merge=options.merge_policy,
             allow=options.allows,
         )
-        self._ssl_domain = self._make_ssl_domain() if url.tls else None
+        self._ssl_domain = ssl_domain(options) if url.tls else None
         self._lock = threading.Lock()
         self._commands: collections.deque[Callable[[], None]] = collections.deque()
         self._wake_pending = False
@@ -168,6 +168,9 @@ class Engine(MessagingHandler):
         self.generation = 0
         #: True while ``conn`` is open.
         self.opened = False
+        #: The serving peer marks a redelivery by clearing ``first-acquirer`` (RabbitMQ's
+        #: plugin), not by counting ``delivery-count`` (Artemis, Broker-J): set per open.
+        self.first_acquirer_marks = False
         #: True once shutdown began.
         self.closing = False
         #: The permanent error that ended all attempts (bad credentials), if any.
@@ -257,19 +260,6 @@ class Engine(MessagingHandler):
 
     # --- connecting --------------------------------------------------------------------
 
-    def _make_ssl_domain(self) -> Any:
-        opts = self.options
-        domain = SSLDomain(SSLDomain.MODE_CLIENT)
-        if opts.tls_ca_file:
-            domain.set_trusted_ca_db(opts.tls_ca_file)
-        if opts.tls_cert_file and opts.tls_key_file:
-            domain.set_credentials(opts.tls_cert_file, opts.tls_key_file, None)
-        if opts.tls_verify:
-            domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME, opts.tls_ca_file)
-        else:
-            domain.set_peer_authentication(SSLDomain.ANONYMOUS_PEER)
-        return domain
-
     def on_start(self, event: Any) -> None:
         self.schedule(_TICK_S, self._tick)
         self._connect_next()
@@ -352,7 +342,7 @@ class Engine(MessagingHandler):
         if not graced and conn.transport is not None and conn.transport.frames_input > 0:
             # The peer is an AMQP 1.0 broker and alive (it sent its SASL mechanisms):
             # wait for its verdict on the login rather than call it an outage.
-            self.schedule(_LOGIN_GRACE_S, lambda: self._connect_timeout(generation, graced=True))
+            self.schedule(LOGIN_GRACE_S, lambda: self._connect_timeout(generation, graced=True))
             return
         if self._current is not None:
             hold = min(_MUTE_S[1], 2 * self._mute_hold.get(self._current, _MUTE_S[0] / 2))
@@ -386,7 +376,10 @@ class Engine(MessagingHandler):
         self._failures = 0
         self.history.append(current)
         log.info("connected to %s", current)
-        self._merge_candidates(event.connection.remote_properties, current)
+        properties = event.connection.remote_properties
+        product = str((properties or {}).get(symbol("product"), ""))
+        self.first_acquirer_marks = product.lower() == "rabbitmq"
+        self._merge_candidates(properties, current)
         self._side.opened()
         self.connected.set()
 
@@ -595,3 +588,19 @@ class EngineClient:
     def wait_connected(self, timeout: float) -> bool:
         """True once a connection is open (for start-up checks and tests)."""
         return self._engine.connected.wait(timeout)
+
+
+def ssl_domain(opts: Amqp10Options) -> Any:
+    """proton's client TLS settings from the options: the CA, a client certificate, and
+    the peer's name verified unless ``tls_verify`` is off. The destination checks
+    (:mod:`msgsafe.checks.amqp10`) connect with the same."""
+    domain = SSLDomain(SSLDomain.MODE_CLIENT)
+    if opts.tls_ca_file:
+        domain.set_trusted_ca_db(opts.tls_ca_file)
+    if opts.tls_cert_file and opts.tls_key_file:
+        domain.set_credentials(opts.tls_cert_file, opts.tls_key_file, None)
+    if opts.tls_verify:
+        domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME, opts.tls_ca_file)
+    else:
+        domain.set_peer_authentication(SSLDomain.ANONYMOUS_PEER)
+    return domain

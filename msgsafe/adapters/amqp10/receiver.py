@@ -255,8 +255,10 @@ class Subscriptions:
             key=key,
             headers=headers,
             # NOTE: RabbitMQ's AMQP 1.0 plugin marks a redelivery by clearing
-            # first-acquirer and leaves delivery-count at 0; other peers count.
-            redelivered=bool(message.delivery_count) or not message.first_acquirer,
+            # first-acquirer and leaves delivery-count at 0; Artemis and Broker-J count
+            # and never set first-acquirer (its default is false, on every delivery).
+            redelivered=bool(message.delivery_count)
+            or (engine.first_acquirer_marks and not message.first_acquirer),
         )
         with self._inbox_lock:
             self._inbox.append((generation, delivery))

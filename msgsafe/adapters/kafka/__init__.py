@@ -18,12 +18,20 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
     raise MissingExtra("kafka", "confluent-kafka") from exc
 
 from msgsafe.adapters._config import build_config
+from msgsafe.adapters.kafka._errors import certificate_refusal
 from msgsafe.adapters.kafka.config import KafkaOptions
 from msgsafe.adapters.kafka.receiver import KafkaReceiver
 from msgsafe.adapters.kafka.transport import KafkaTransport
 from msgsafe.endpoints import BrokerUrl
 
-__all__ = ["KafkaOptions", "KafkaReceiver", "KafkaTransport", "open_receiver", "open_transport"]
+__all__ = [
+    "KafkaOptions",
+    "KafkaReceiver",
+    "KafkaTransport",
+    "certificate_refusal",
+    "open_receiver",
+    "open_transport",
+]
 
 
 def open_transport(url: BrokerUrl, options: Mapping[str, object]) -> KafkaTransport:

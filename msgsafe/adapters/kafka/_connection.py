@@ -65,11 +65,7 @@ _RESPONSE_SIZE = re.compile(r"Invalid response size (\d+)")
 _AMQP_HEADER = int.from_bytes(b"AMQP", "big")
 #: librdkafka's connection failure of one broker: its address and the state it failed in.
 _FAILED_IN = re.compile(r"^(\S+?)(?:/\S*)?: .*\(after \d+ms in state (\w+)")
-_ADVICE = {
-    "AMQP 0-9-1": "use amqp://",
-    "AMQP 1.0": "use amqp10://",
-    "TLS": "give the URL TLS (kafka+ssl://) or use the broker's plain listener",
-}
+_ADVICE = _peer.KAFKA_ADVICE
 
 
 class _Report:

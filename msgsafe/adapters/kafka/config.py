@@ -17,7 +17,7 @@ from msgsafe.adapters._config import TransportOptions
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import ConfigurationError
 
-__all__ = ["KafkaOptions", "consumer_settings", "producer_settings"]
+__all__ = ["KafkaOptions", "client_settings", "consumer_settings", "producer_settings"]
 
 log = logging.getLogger("msgsafe.kafka")
 
@@ -137,7 +137,10 @@ def _message_timeout_ms(options: KafkaOptions) -> int:
     return max(500, int(options.confirm_timeout * 1000) - 1200)
 
 
-def _common(url: BrokerUrl, options: KafkaOptions) -> dict[str, object]:
+def client_settings(url: BrokerUrl, options: KafkaOptions) -> dict[str, object]:
+    """The settings every librdkafka client of ``url`` shares (servers, timeouts, SASL,
+    TLS): the producer's, the consumer's, and the destination checks' AdminClient
+    (:mod:`msgsafe.checks.kafka`), so a check reaches the cluster exactly when they do."""
     settings: dict[str, object] = {
         "bootstrap.servers": ",".join(str(e) for e in url.endpoints),
         "client.id": options.client_id,
@@ -170,7 +173,7 @@ def _common(url: BrokerUrl, options: KafkaOptions) -> dict[str, object]:
 
 def producer_settings(url: BrokerUrl, options: KafkaOptions) -> dict[str, object]:
     """librdkafka producer settings (without callbacks)."""
-    settings = _common(url, options)
+    settings = client_settings(url, options)
     settings.update(
         {
             "acks": options.acks,
@@ -194,7 +197,7 @@ def producer_settings(url: BrokerUrl, options: KafkaOptions) -> dict[str, object
 
 def consumer_settings(url: BrokerUrl, options: KafkaOptions, group: str) -> dict[str, object]:
     """librdkafka consumer settings (without callbacks): manual commits only."""
-    settings = _common(url, options)
+    settings = client_settings(url, options)
     settings.update(
         {
             "group.id": group,

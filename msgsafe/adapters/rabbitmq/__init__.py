@@ -17,12 +17,22 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtra("rabbitmq", "pika") from exc
 
 from msgsafe.adapters._config import build_config
+from msgsafe.adapters.rabbitmq._connection import connection_parameters
+from msgsafe.adapters.rabbitmq._errors import open_error
 from msgsafe.adapters.rabbitmq.config import RabbitOptions
 from msgsafe.adapters.rabbitmq.receiver import RabbitReceiver
 from msgsafe.adapters.rabbitmq.transport import RabbitTransport
 from msgsafe.endpoints import BrokerUrl
 
-__all__ = ["RabbitOptions", "RabbitReceiver", "RabbitTransport", "open_receiver", "open_transport"]
+__all__ = [
+    "RabbitOptions",
+    "RabbitReceiver",
+    "RabbitTransport",
+    "connection_parameters",
+    "open_error",
+    "open_receiver",
+    "open_transport",
+]
 
 
 def _check(url: BrokerUrl) -> None:

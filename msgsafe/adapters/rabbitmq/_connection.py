@@ -27,7 +27,7 @@ from msgsafe.endpoints import BrokerUrl, Endpoint, EndpointList
 from msgsafe.errors import AuthenticationError, MsgsafeError, ProtocolMismatch
 from msgsafe.retry import RetryPolicy
 
-__all__ = ["IoThread", "Link"]
+__all__ = ["IoThread", "Link", "connection_parameters"]
 
 log = logging.getLogger("msgsafe.rabbitmq")
 #: Connections lost within this many seconds of opening, twice in a row: backoff.
@@ -230,35 +230,7 @@ class Link:
             self._schedule(0.05)
 
     def _parameters(self, endpoint: Endpoint) -> pika.ConnectionParameters:
-        opts = self._options
-        user = self._url.username or "guest"
-        password = self._url.password.reveal() if self._url.password else "guest"
-        ssl_options = None
-        if endpoint.tls:
-            context = ssl.create_default_context(cafile=opts.tls_ca_file)
-            if opts.tls_cert_file:
-                context.load_cert_chain(opts.tls_cert_file, opts.tls_key_file)
-            if not opts.tls_verify:
-                context.check_hostname = False
-                context.verify_mode = ssl.CERT_NONE
-            ssl_options = pika.SSLOptions(context, server_hostname=endpoint.host)
-        return pika.ConnectionParameters(
-            host=endpoint.host,
-            port=endpoint.port,
-            virtual_host=self._url.path or "/",
-            credentials=pika.PlainCredentials(user, password, erase_on_connect=False),
-            heartbeat=opts.heartbeat,
-            blocked_connection_timeout=opts.blocked_timeout,
-            connection_attempts=1,
-            retry_delay=0,
-            socket_timeout=opts.connect_timeout,
-            # The handshake leaves room for asking a silent peer what it speaks (see
-            # identify_peer) within connect_timeout.
-            stack_timeout=max(PROBE_S, opts.connect_timeout - PROBE_S),
-            frame_max=opts.frame_max,
-            ssl_options=ssl_options,
-            client_properties={"connection_name": opts.client_name},
-        )
+        return connection_parameters(self._url, self._options, endpoint)
 
     def _open_failed(self, conn: Connection, exc: BaseException | str) -> None:
         if conn is not self._connection:
@@ -347,3 +319,40 @@ class Link:
 
     def _unblocked(self, _conn: Connection, _frame: Any) -> None:
         self._on_blocked(False)
+
+
+def connection_parameters(
+    url: BrokerUrl, opts: RabbitOptions, endpoint: Endpoint
+) -> pika.ConnectionParameters:
+    """pika's parameters for one attempt at ``endpoint``: credentials, virtual host, TLS
+    (verified unless ``tls_verify`` is off), timeouts. The destination checks
+    (:mod:`msgsafe.checks.rabbitmq`) connect with the same, so a check reaches the broker
+    exactly when the transport does."""
+    user = url.username or "guest"
+    password = url.password.reveal() if url.password else "guest"
+    ssl_options = None
+    if endpoint.tls:
+        context = ssl.create_default_context(cafile=opts.tls_ca_file)
+        if opts.tls_cert_file:
+            context.load_cert_chain(opts.tls_cert_file, opts.tls_key_file)
+        if not opts.tls_verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        ssl_options = pika.SSLOptions(context, server_hostname=endpoint.host)
+    return pika.ConnectionParameters(
+        host=endpoint.host,
+        port=endpoint.port,
+        virtual_host=url.path or "/",
+        credentials=pika.PlainCredentials(user, password, erase_on_connect=False),
+        heartbeat=opts.heartbeat,
+        blocked_connection_timeout=opts.blocked_timeout,
+        connection_attempts=1,
+        retry_delay=0,
+        socket_timeout=opts.connect_timeout,
+        # The handshake leaves room for asking a silent peer what it speaks (see
+        # identify_peer) within connect_timeout.
+        stack_timeout=max(PROBE_S, opts.connect_timeout - PROBE_S),
+        frame_max=opts.frame_max,
+        ssl_options=ssl_options,
+        client_properties={"connection_name": opts.client_name},
+    )
