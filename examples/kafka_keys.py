@@ -74,7 +74,7 @@ def main(url: str, topic: str | None = None) -> int:
         consumer.subscribe(topic)
         deadline = time.monotonic() + 60
         while sum(map(len, seen.values())) < len(receipts) and time.monotonic() < deadline:
-            for delivery in consumer.poll(max_messages=100, timeout=1.0):
+            for delivery in consumer.poll(1.0, max_messages=100):
                 key, number = delivery.body.decode().split(" #")
                 seen[key].append(int(number))
                 delivery.ack()

@@ -53,7 +53,7 @@ def main(url: str = DEFAULT_URL) -> int:
                     return 1
                 # NOTE: poll() may return an empty list before its timeout when every
                 # message in the batch was a duplicate it dropped, so loop on a deadline.
-                for delivery in consumer.poll(max_messages=10, timeout=1.0):
+                for delivery in consumer.poll(1.0, max_messages=10):
                     print(f"received {delivery.message_id} {delivery.body.decode()}")
                     received.append(delivery.message_id or "")
                     delivery.ack()  # processed: the broker may forget it now
@@ -62,7 +62,7 @@ def main(url: str = DEFAULT_URL) -> int:
             # poll a little longer so the consumer sees it and drops it.
             deadline = time.monotonic() + 10.0
             while consumer.duplicates_dropped == 0 and time.monotonic() < deadline:
-                for delivery in consumer.poll(max_messages=10, timeout=1.0):
+                for delivery in consumer.poll(1.0, max_messages=10):
                     received.append(delivery.message_id or "")  # never a copy: dedup
                     delivery.ack()
             print(

@@ -101,7 +101,7 @@ def test_a_lost_confirm_duplicates_but_never_loses(
     with msgsafe.Consumer(f"memory://{broker.name}", group="billing", dedup=True) as consumer:
         consumer.subscribe("orders")
         seen = []
-        for delivery in consumer.poll(max_messages=10, timeout=1):
+        for delivery in consumer.poll(1, max_messages=10):
             seen.append(delivery.body)
             delivery.ack()
     assert seen == [b"o-5"]

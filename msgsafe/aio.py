@@ -246,10 +246,11 @@ class AsyncConsumer:
         return self
 
     async def poll(
-        self, max_messages: int = 1, timeout: float | None = None
+        self, timeout: float | None = None, *, max_messages: int = 1
     ) -> list[AsyncDelivery]:
         """Up to ``max_messages`` deliveries, waiting at most ``timeout`` seconds for the
-        first (None: until one arrives)."""
+        first (None: until one arrives). Arguments as :meth:`Consumer.poll`: ``timeout``
+        first, ``max_messages`` keyword-only."""
         if max_messages < 1:
             raise ConfigurationError("max_messages must be >= 1")
         loop = asyncio.get_running_loop()
@@ -267,7 +268,7 @@ class AsyncConsumer:
     async def _fetch(self, timeout: float) -> None:
         if self._polling is None:
             self._polling = asyncio.ensure_future(
-                asyncio.to_thread(self._consumer.poll, _FETCH, timeout)
+                asyncio.to_thread(self._consumer.poll, timeout, max_messages=_FETCH)
             )
         # NOTE: shielded: a cancelled wait leaves the poll running, and its deliveries
         # are handed out by the next wait instead of being stranded unsettled.
@@ -287,7 +288,7 @@ class AsyncConsumer:
     async def __anext__(self) -> AsyncDelivery:
         """The next delivery; the iteration ends when the consumer is closed."""
         try:
-            return (await self.poll(1, None))[0]
+            return (await self.poll(None))[0]
         except ClosedError:
             raise StopAsyncIteration from None
 

@@ -64,9 +64,14 @@ class Consumer:
         self._receiver.subscribe(destination)
         return self
 
-    def poll(self, max_messages: int = 1, timeout: float | None = None) -> list[Delivery]:
+    def poll(self, timeout: float | None = None, *, max_messages: int = 1) -> list[Delivery]:
         """Up to ``max_messages`` deliveries, waiting at most ``timeout`` seconds for the
-        first (None: until one arrives). Duplicates are dropped when dedup is on."""
+        first (None: until one arrives). Duplicates are dropped when dedup is on.
+
+        ``timeout`` comes first, as in confluent-kafka's ``Consumer.poll(timeout)``:
+        ``poll(10)`` waits up to 10 s for one message; ``max_messages`` is keyword-only,
+        ``poll(0.5, max_messages=500)``.
+        """
         self._check_open()
         if max_messages < 1:
             raise ConfigurationError("max_messages must be >= 1")
@@ -138,7 +143,7 @@ class Consumer:
         """Deliveries one at a time until :meth:`close` (from another thread) is called."""
         while not self._closed:
             try:
-                batch = self.poll(max_messages=64, timeout=0.5)
+                batch = self.poll(0.5, max_messages=64)
             except ClosedError:
                 return
             yield from batch

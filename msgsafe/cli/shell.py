@@ -187,7 +187,7 @@ def consume(
         while count is None or seen < count:
             wait = 1.0 if timeout is None else max(0.0, min(1.0, last + timeout - time.monotonic()))
             want = 64 if count is None else min(64, count - seen)
-            batch = consumer.poll(max_messages=want, timeout=wait)
+            batch = consumer.poll(wait, max_messages=want)
             if not batch:
                 if timeout is not None and time.monotonic() - last >= timeout:
                     break

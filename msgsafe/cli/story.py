@@ -444,7 +444,7 @@ def _consume(
                 if now - last >= config.consume_timeout:
                     say(f"nothing new for {config.consume_timeout:.0f}s; stopping")
                     break
-                batch = consumer.poll(max_messages=500, timeout=0.5)
+                batch = consumer.poll(0.5, max_messages=500)
                 if batch and not received:
                     say("first message received")
                 for delivery in batch:

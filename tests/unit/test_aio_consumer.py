@@ -46,7 +46,7 @@ def test_async_for_acks_every_message_once(broker: MemoryBroker) -> None:
                 await delivery.ack()  # settled once only
         async with AsyncConsumer(f"memory://{broker.name}") as again:
             await again.subscribe("q")
-            assert await again.poll(1, timeout=0.2) == []  # every one was acknowledged
+            assert await again.poll(0.2, max_messages=1) == []  # every one was acknowledged
         return got
 
     got = asyncio.run(main())
@@ -62,7 +62,7 @@ def test_unsettled_and_cancelled_deliveries_are_not_lost(broker: MemoryBroker) -
         await consumer.subscribe("q")
         # A wait cancelled while its poll runs (nothing there yet): what that poll then
         # fetches is handed to the next wait, not stranded.
-        waiting = asyncio.ensure_future(consumer.poll(5, timeout=5))
+        waiting = asyncio.ensure_future(consumer.poll(5, max_messages=5))
         for _ in range(3):
             await asyncio.sleep(0)
         waiting.cancel()
@@ -70,16 +70,16 @@ def test_unsettled_and_cancelled_deliveries_are_not_lost(broker: MemoryBroker) -
             await waiting
         assert consumer._polling is not None
         sent.update(await asyncio.to_thread(_send, broker, 50))
-        for delivery in await consumer.poll(10, timeout=5):
+        for delivery in await consumer.poll(5, max_messages=10):
             await delivery.ack()
             acked.add(str(delivery.message_id))
-        for delivery in await consumer.poll(5, timeout=5):
+        for delivery in await consumer.poll(5, max_messages=5):
             await delivery.ack()
             acked.add(str(delivery.message_id))
-        await consumer.poll(5, timeout=5)  # taken, never settled: back on close
+        await consumer.poll(5, max_messages=5)  # taken, never settled: back on close
         await consumer.close()
         with pytest.raises(ClosedError):
-            await consumer.poll(1, timeout=0.1)
+            await consumer.poll(0.1, max_messages=1)
         return acked
 
     async def second_pass(expected: int) -> set[str]:
@@ -87,7 +87,7 @@ def test_unsettled_and_cancelled_deliveries_are_not_lost(broker: MemoryBroker) -
         async with AsyncConsumer(f"memory://{broker.name}") as consumer:
             await consumer.subscribe("q")
             while len(got) < expected:
-                for delivery in await consumer.poll(64, timeout=5):
+                for delivery in await consumer.poll(5, max_messages=64):
                     got.add(str(delivery.message_id))
                     await delivery.ack()
         return got
@@ -96,3 +96,24 @@ def test_unsettled_and_cancelled_deliveries_are_not_lost(broker: MemoryBroker) -
     assert len(acked) == 15
     rest = asyncio.run(second_pass(len(sent) - len(acked)))
     assert acked | rest == sent and not acked & rest
+
+
+def test_poll_takes_the_timeout_first_as_the_sync_consumer(broker: MemoryBroker) -> None:
+    import inspect
+
+    parameters = inspect.signature(AsyncConsumer.poll).parameters
+    assert list(parameters) == ["self", "timeout", "max_messages"]
+    assert parameters["max_messages"].kind is inspect.Parameter.KEYWORD_ONLY
+
+    async def main() -> None:
+        async with AsyncConsumer(f"memory://{broker.name}") as consumer:
+            await consumer.subscribe("q")
+            assert await consumer.poll(0.05) == []  # a timeout, not max_messages=0.05
+            sent = await asyncio.to_thread(_send, broker, 3)
+            [first] = await consumer.poll(10)  # one message, not a wait for 10
+            rest = await consumer.poll(2, max_messages=10)
+            assert {str(d.message_id) for d in [first, *rest]} == sent
+            for delivery in [first, *rest]:
+                await delivery.ack()
+
+    asyncio.run(main())

@@ -153,3 +153,23 @@ def test_poll_waits_past_dropped_duplicates(broker: MemoryBroker) -> None:
         threading.Timer(0.3, lambda: p.send("q", b"new")).start()
         [fresh] = c.poll(timeout=5)
         assert fresh.body == b"new" and c.duplicates_dropped == 1
+
+
+def test_poll_takes_the_timeout_first_as_confluent_kafka_does(broker: MemoryBroker) -> None:
+    """``poll(10)`` waits up to 10 s for one message (confluent-kafka's ``poll(timeout)``),
+    never for 10 messages; ``max_messages`` is keyword-only."""
+    import inspect
+
+    parameters = inspect.signature(Consumer.poll).parameters
+    assert list(parameters) == ["self", "timeout", "max_messages"]
+    assert parameters["max_messages"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert parameters["max_messages"].default == 1
+    with Producer(url(broker), outbox=False) as p, Consumer(url(broker)) as c:
+        c.subscribe("q")
+        assert c.poll(0.05) == []  # a timeout, not max_messages=0.05
+        ids = [p.send("q", str(i).encode()).message_id for i in range(3)]
+        [first] = c.poll(10)  # one message, at once: not a wait for 10 of them
+        rest = c.poll(2, max_messages=10)
+        assert [d.message_id for d in [first, *rest]] == ids
+        with pytest.raises(TypeError):
+            c.poll(2, 10)  # type: ignore[misc]

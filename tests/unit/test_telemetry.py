@@ -81,7 +81,7 @@ def test_stats_add_up_without_opentelemetry(broker: MemoryBroker, tmp_path: Path
         received: set[str] = set()
         requeued = 0
         while received != sent:
-            for delivery in consumer.poll(64, timeout=5):
+            for delivery in consumer.poll(5, max_messages=64):
                 if delivery.message_id in received and requeued == 0:
                     pytest.fail("a message came twice before any requeue")
                 if requeued < 3 and delivery.message_id not in received:
@@ -134,7 +134,7 @@ def test_spans_and_metrics_add_up(broker: MemoryBroker, tmp_path: Path) -> None:
         consumer.subscribe("q")
         seen: set[str] = set()
         while len(seen) < 60:
-            for delivery in consumer.poll(64, timeout=5):
+            for delivery in consumer.poll(5, max_messages=64):
                 seen.add(str(delivery.message_id))
                 delivery.ack()
         consumer_target = consumer.target

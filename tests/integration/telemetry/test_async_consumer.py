@@ -69,7 +69,7 @@ async def _consume(route: Route, expected: set[str], unsettled: int) -> tuple[se
     received: list[str] = []
     first = AsyncConsumer(route.url, group=route.group, telemetry=True, **route.consumer_options)
     await first.subscribe(route.destination)
-    taken = await first.poll(unsettled, timeout=30)
+    taken = await first.poll(30, max_messages=unsettled)
     assert taken, "nothing received within 30 s"
     await first.close()
     async with AsyncConsumer(

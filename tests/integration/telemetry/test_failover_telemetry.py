@@ -109,7 +109,7 @@ def test_node_kill_is_a_failover_event_and_the_counters_add_up(
         consumer.subscribe(queue)
         deadline = time.monotonic() + 120
         while not sent <= set(received) and time.monotonic() < deadline:
-            for delivery in consumer.poll(1000, timeout=2):
+            for delivery in consumer.poll(2, max_messages=1000):
                 received[str(delivery.message_id)] += 1
                 delivery.ack()
     lost = sent - set(received)

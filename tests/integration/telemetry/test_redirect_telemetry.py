@@ -40,7 +40,7 @@ def test_connection_redirect_is_counted_and_traced(amqp10_peers: PeerFactory) ->
         consumer.subscribe("orders")
         deadline = time.monotonic() + 30
         while not sent <= received and time.monotonic() < deadline:
-            for delivery in consumer.poll(64, timeout=2):
+            for delivery in consumer.poll(2, max_messages=64):
                 received.add(str(delivery.message_id))
                 delivery.ack()
     assert not sent - received, f"{len(sent - received)} ids never received"
