@@ -317,6 +317,21 @@ class BatchReceipt:
             for mid in self.message_ids
         ]
 
+    def __repr__(self) -> str:
+        """Destination, counts, guarantee and the first :data:`_REPR_IDS` ids (then
+        ``...``): a batch can hold 100,000 ids, which a full repr would all print."""
+        shown = ", ".join(repr(mid) for mid in self.message_ids[:_REPR_IDS])
+        more = ", ..." if len(self.message_ids) > _REPR_IDS else ""
+        return (
+            f"BatchReceipt(destination={self.destination!r}, len={len(self)}, "
+            f"confirmed={self.confirmed}, stored={self.stored}, "
+            f"guarantee={self.guarantee}, message_ids=[{shown}{more}])"
+        )
+
+
+#: How many ids ``repr(BatchReceipt)`` shows.
+_REPR_IDS = 3
+
 
 def validate_body(body: object) -> bytes:
     """Return ``body`` as bytes, or raise :class:`InvalidMessage` for anything else.

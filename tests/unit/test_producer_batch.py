@@ -257,3 +257,29 @@ def test_a_batch_the_store_refuses_in_the_pause_fails_whole_and_frees_its_keys(
         p._settle.refused_until = 0.0
         assert p.drain(timeout=10) == 0
     assert sorted(m.body for m in broker.messages("q")) == [b"after", b"probe"]
+
+
+def test_batch_receipt_repr_is_short_however_big_the_batch() -> None:
+    import dataclasses
+
+    from msgsafe.message import Guarantee
+
+    ids = [f"id-{i}" for i in range(100_000)]
+    receipt = BatchReceipt("orders", ids, frozenset(ids[5:9]), Guarantee.REPLICATED)
+    assert repr(receipt) == (
+        "BatchReceipt(destination='orders', len=100000, confirmed=99996, stored=4, "
+        "guarantee=Guarantee.REPLICATED, message_ids=['id-0', 'id-1', 'id-2', ...])"
+    )
+    assert repr(BatchReceipt("q", ["a", "b"])) == (
+        "BatchReceipt(destination='q', len=2, confirmed=2, stored=0, "
+        "guarantee=Guarantee.UNKNOWN, message_ids=['a', 'b'])"
+    )
+    # Otherwise the same dataclass: frozen, slotted, the same fields.
+    assert [f.name for f in dataclasses.fields(BatchReceipt)] == [
+        "destination",
+        "message_ids",
+        "stored_ids",
+        "guarantee",
+    ]
+    assert BatchReceipt.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    assert not hasattr(receipt, "__dict__")
