@@ -6,6 +6,10 @@ verifying consumer reads them back and counts, per stream, what is lost (accepte
 never read), duplicated (read more than once) and out of order (read after a higher
 sequence number of its stream). Exit 1 on any loss.
 
+Sends that raised were never accepted, so they are not expected back; the report names
+why they raised: each error type with its count and one example message (the human
+report's table, ``errors`` in ``--json``, and INFO log lines).
+
 The two halves can run apart (``--phase produce`` / ``--phase consume`` with the same
 ``--run``, ``--count`` and ``--keys``), so faults — or an operator deleting messages —
 can happen between them.
@@ -14,9 +18,11 @@ can happen between them.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -44,7 +50,9 @@ from msgsafe.errors import AuthenticationError, ConnectError, MsgsafeError, Prot
 from msgsafe.message import Receipt
 from msgsafe.producer import Producer
 
-__all__ = ["StreamCounts", "verify"]
+__all__ = ["StreamCounts", "error_summary", "verify"]
+
+log = logging.getLogger(__name__)
 
 RUN_HEADER = "msgsafe-verify-run"
 STREAM_HEADER = "msgsafe-verify-stream"
@@ -72,6 +80,25 @@ class StreamCounts:
 
 def _stream_key(run: str, index: int) -> str:
     return f"verify-{run}-{index}"
+
+
+def error_summary(errors: Iterable[BaseException]) -> list[dict[str, object]]:
+    """One entry per error type of ``errors``, the most frequent first (then by name):
+    ``{"type": "Unroutable", "count": 200, "example": "no queue bound for 'q'"}``, the
+    example being the first error of that type in ``errors``."""
+    counts: Counter[str] = Counter()
+    examples: dict[str, str] = {}
+    for exc in errors:
+        name = type(exc).__name__
+        counts[name] += 1
+        examples.setdefault(name, str(exc))
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    return [{"type": name, "count": n, "example": examples[name]} for name, n in ranked]
+
+
+def _said(errors: list[dict[str, object]]) -> str:
+    """``200 Unroutable, 3 Rejected``: the error types, for one line of text."""
+    return ", ".join(f"{e['count']} {e['type']}" for e in errors)
 
 
 def verify(
@@ -119,19 +146,32 @@ def verify(
     options = dict(parse_pairs(option, "--option"))
     run_id = run or secrets.token_hex(4)
     result: dict[str, object] = {"run": run_id, "destination": destination, "count": count}
-    failed: set[int] = set()
+    failed: dict[int, BaseException] = {}
+    errors: list[dict[str, object]] = []
     with translate_errors(as_json=as_json):
         full_url = with_options(url, options)
         if phase is not Phase.consume:
             confirmed, stored, failed = _produce(
                 url, destination, run_id, count, keys, outbox, options
             )
-            result.update(confirmed=confirmed, stored=stored, failed=len(failed))
+            errors = error_summary(failed[n] for n in sorted(failed))
+            result.update(confirmed=confirmed, stored=stored, failed=len(failed), errors=errors)
+            for e in errors:
+                log.info(
+                    "run %s: %s send(s) raised %s, e.g. %s",
+                    run_id,
+                    e["count"],
+                    e["type"],
+                    e["example"],
+                )
             if not as_json:
                 err.print(
                     f"run {run_id}: produced {count}: {confirmed} confirmed, {stored} stored, "
-                    f"{len(failed)} failed"
+                    f"{len(failed)} failed" + (f" ({_said(errors)})" if errors else ""),
+                    markup=False,
                 )
+                if errors:
+                    _print_errors(errors)
         if phase is not Phase.produce:
             if group is None:
                 group = f"msgsafe-verify-{run_id}"
@@ -172,7 +212,10 @@ def verify(
         elif failed:
             # Messages whose send raised were never accepted: "lost = 0" would claim
             # more than was checked.
-            verdict = f"[bold red]{len(failed)} not accepted[/] (send raised), none lost"
+            verdict = (
+                f"[bold red]{len(failed)} not accepted[/] "
+                f"(send raised: {escape(_said(errors))}), none lost"
+            )
         else:
             verdict = "[bold green]lost = 0[/]"
         out.print(
@@ -194,11 +237,11 @@ def _produce(
     keys: int,
     outbox: Path | None,
     options: dict[str, str],
-) -> tuple[int, int, set[int]]:
-    """Produce the run; returns confirmed and stored counts and the message numbers whose
-    send raised (the caller was told: those are not expected back)."""
+) -> tuple[int, int, dict[int, BaseException]]:
+    """Produce the run; returns confirmed and stored counts and, by message number, the
+    error of each send that raised (the caller was told: those are not expected back)."""
     spec: bool | Path = outbox if outbox is not None else True
-    failed: set[int] = set()
+    failed: dict[int, BaseException] = {}
     futures: list[Future[Receipt]] = []
     # The run's first message goes straight to the broker, without an outbox: a broker
     # that is down, refuses the login or speaks another protocol ends the command here
@@ -215,10 +258,10 @@ def _produce(
             )
         except (ConnectError, AuthenticationError, ProtocolMismatch):
             raise  # the broker cannot be used at all: the command cannot run
-        except MsgsafeError:
+        except MsgsafeError as exc:
             # Refused or rejected, this message only: the caller was told, as for any
             # send that raised; the run goes on.
-            failed.add(0)
+            failed[0] = exc
             first_confirmed = 0
     with Producer(with_options(url, options), outbox=spec, send_timeout=120.0) as producer:
         progress = Progress(TextColumn("producing"), BarColumn(), MofNCompleteColumn(), console=err)
@@ -242,8 +285,8 @@ def _produce(
     for n, future in enumerate(futures, start=1):
         try:
             receipt = future.result(0)
-        except (MsgsafeError, TimeoutError):
-            failed.add(n)
+        except (MsgsafeError, TimeoutError) as exc:
+            failed[n] = exc
             continue
         if receipt.status.value == "confirmed":
             confirmed += 1
@@ -260,7 +303,7 @@ def _consume(
     keys: int,
     group: str,
     timeouts: tuple[float, float],
-    failed: set[int],
+    failed: Mapping[int, BaseException],
 ) -> tuple[list[StreamCounts], int]:
     expected = [len(range(i, count, keys)) for i in range(keys)]
     #: (stream, seq) of sends that raised: the caller kept those, they are not expected.
@@ -282,7 +325,7 @@ def _consume(
                 last is not None and now - last >= timeout
             ):
                 break
-            for delivery in consumer.poll(max_messages=500, timeout=0.5):
+            for delivery in consumer.poll(0.5, max_messages=500):
                 headers = delivery.headers
                 if headers.get(RUN_HEADER) != run:
                     foreign += 1
@@ -336,4 +379,14 @@ def _print_table(run: str, streams: list[StreamCounts]) -> None:
             str(s.out_of_order),
             ", ".join(map(str, s.lost_seqs[:5])) or "-",
         )
+    out.print(table)
+
+
+def _print_errors(errors: list[dict[str, object]]) -> None:
+    table = Table(title="sends that raised (not accepted, not expected back)")
+    table.add_column("error")
+    table.add_column("count", justify="right")
+    table.add_column("example", overflow="fold")
+    for e in errors:
+        table.add_row(escape(str(e["type"])), str(e["count"]), escape(str(e["example"])))
     out.print(table)
