@@ -6,10 +6,13 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Annotated
 
 import typer
 
+from msgsafe import __version__
 from msgsafe.cli import demo, doctor, outbox, outbox_watch, shell, verify
+from msgsafe.cli._output import reflow_help
 from msgsafe.cluster import cli as cluster
 
 __all__ = ["app", "main"]
@@ -28,6 +31,28 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"msgsafe {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the version (msgsafe X.Y.Z) and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Options before any command: ``--version``."""
+
+
 app.command(name="demo")(demo.demo)
 app.command(name="verify")(verify.verify)
 app.command(name="doctor")(doctor.doctor)
@@ -36,6 +61,8 @@ app.command(name="consume")(shell.consume)
 outbox.app.command(name="watch")(outbox_watch.watch)
 app.add_typer(outbox.app, name="outbox")
 app.add_typer(cluster.app, name="cluster")
+# Last, once every command is registered: their docstrings' line breaks go.
+reflow_help(app)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

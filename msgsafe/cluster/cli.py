@@ -7,8 +7,14 @@ here. ``up`` starts detached nodes and writes ``DIR/cluster.json``; every other 
 finds the cluster again through that file.
 
 Output: results on stdout (``--json``: one JSON object), progress on stderr. Exit codes:
-0 done, 2 bad usage, 3 a :class:`~msgsafe.cluster.base.ClusterError` (one red line, the
-detail such as a node's log tail below it, never a traceback).
+0 done, 2 bad usage (also a kind that is not in :data:`~msgsafe.cluster.KINDS`), 3 a
+:class:`~msgsafe.cluster.base.ClusterError` (one red line, the detail such as a node's
+log tail below it, never a traceback).
+
+``fetch`` also installs what no launcher needs but users ask for (:data:`EXTRAS`):
+``kafka-tools``, Kafka's own command-line tools. When a cluster's ``describe()`` has a
+``tools`` object (``what``, ``fetch``, ``commands``: how to run such tools against it),
+``up`` prints it on stderr (with ``--json`` it is in the JSON only).
 
 Constructor options every launcher accepts (used by ``up``): ``nodes``, ``dir``,
 ``base_port``, ``detached``.
@@ -16,6 +22,7 @@ Constructor options every launcher accepts (used by ``up``): ``nodes``, ``dir``,
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import time
@@ -39,6 +46,10 @@ __all__ = ["app", "main"]
 #: Exit code of a command that could not do its work (a ClusterError).
 EXIT_ERROR = 3
 
+#: What ``fetch`` installs besides the kinds' own needs: name -> "module:function" (no
+#: argument), imported on first use.
+EXTRAS: dict[str, str] = {"kafka-tools": "msgsafe.cluster.kafka:fetch_tools"}
+
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -59,6 +70,22 @@ DirOption = Annotated[
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 NodeArg = Annotated[str, typer.Argument(help="Node index (0, 1, ...) or name (kafka-0).")]
+
+
+def _choice(value: str, known: Sequence[str]) -> str:
+    """``value`` when it is one of ``known``; else a usage error (exit 2, as for click's
+    own) naming every one."""
+    if value not in known:
+        raise typer.BadParameter(f"unknown kind {value!r} (known: {', '.join(known)})")
+    return value
+
+
+def _kind(value: str) -> str:
+    return _choice(value, sorted(KINDS))
+
+
+def _fetchable(value: str) -> str:
+    return _choice(value, ["all", *sorted(KINDS), *sorted(EXTRAS)])
 
 
 def _fail(exc: BaseException) -> NoReturn:
@@ -123,11 +150,12 @@ def _progress(what: str, *, quiet: bool = False) -> Iterator[None]:
             cluster_log.propagate = propagate
 
 
-def _show(cluster: LocalCluster, as_json: bool) -> None:
+def _show(cluster: LocalCluster, as_json: bool) -> dict[str, Any]:
+    """Print what ``cluster.describe()`` says (a table, or its JSON); returns it."""
     described = cluster.describe()
     if as_json:
         print(json.dumps(described))
-        return
+        return described
     table = Table(title=f"{described['kind']} in {described['dir']}", title_justify="left")
     for column in ("node", "pid", "port", "running", "role"):
         table.add_column(column)
@@ -145,6 +173,20 @@ def _show(cluster: LocalCluster, as_json: bool) -> None:
     if tls:
         out.print(f"tls url: {escape(tls['url'])}")
         out.print(f"tls files: {escape(str(Path(tls['ca']).parent))} (ca.pem, client.pem, ...)")
+    return described
+
+
+def _print_tools(tools: dict[str, Any]) -> None:
+    """The ``tools`` of a cluster's description: ``what`` they are, the ``fetch`` command
+    that installs them and the ``commands`` that run them against the cluster."""
+    # On stderr: stdout stays the cluster's description, for scripts that read it.
+    err.print(
+        f"{tools['what']} are not fetched with the broker: run `{tools['fetch']}` once, "
+        "then for example",
+        markup=False,
+    )
+    for command in tools.get("commands", {}).values():
+        err.print(f"  {command}", markup=False)
 
 
 def _node_index(cluster: LocalCluster, node: str) -> int:
@@ -158,7 +200,9 @@ def _node_index(cluster: LocalCluster, node: str) -> int:
 
 @app.command()
 def up(
-    kind: Annotated[str, typer.Argument(help=f"One of: {', '.join(sorted(KINDS))}.")],
+    kind: Annotated[
+        str, typer.Argument(help=f"One of: {', '.join(sorted(KINDS))}.", callback=_kind)
+    ],
     dir: DirOption,
     nodes: Annotated[int | None, typer.Option("--nodes", min=1, help="How many nodes.")] = None,
     base_port: Annotated[
@@ -178,7 +222,9 @@ def up(
 ) -> None:
     """Start a cluster whose nodes keep running after this command (until down).
 
-    A DIR that holds a stopped cluster is started again with its data and ports."""
+    A DIR that holds a stopped cluster is started again with its data and ports. For
+    kafka, the commands that run Kafka's own tools (kafka-topics, the console consumer)
+    against it follow on stderr; with --json they are its "tools" object."""
     with _errors():
         cluster: LocalCluster
         if (dir / STATE_FILE).exists():
@@ -212,7 +258,9 @@ def up(
         cluster.save_state()
         if not as_json:
             err.print(f"{kind} up in {time.monotonic() - started:.1f} s")
-        _show(cluster, as_json)
+        tools = _show(cluster, as_json).get("tools")
+        if tools and not as_json:
+            _print_tools(tools)
 
 
 @app.command()
@@ -268,9 +316,26 @@ app.command(name="pause")(_node_command("pause", lambda c, n: c.pause(n)))
 app.command(name="resume")(_node_command("resume", lambda c, n: c.resume(n)))
 
 
+def _fetch(name: str) -> None:
+    """Install what ``name`` (a kind or one of :data:`EXTRAS`) needs."""
+    if name in EXTRAS:
+        module, _, function = EXTRAS[name].partition(":")
+        install: Callable[[], None] = getattr(importlib.import_module(module), function)
+        install()
+    else:
+        launcher(name).fetch()
+
+
 @app.command()
 def fetch(
-    kind: Annotated[str, typer.Argument(help=f"all, or one of: {', '.join(sorted(KINDS))}.")],
+    kind: Annotated[
+        str,
+        typer.Argument(
+            help=f"all (every kind), one of: {', '.join(sorted(KINDS))}; or "
+            f"{', '.join(sorted(EXTRAS))} (Kafka's own command-line tools).",
+            callback=_fetchable,
+        ),
+    ],
 ) -> None:
     """Install what a kind needs once (jars from Maven Central into the cache)."""
     kinds = sorted(KINDS) if kind == "all" else [kind]
@@ -279,7 +344,7 @@ def fetch(
         started = time.monotonic()
         try:
             with _progress(f"fetching {name}"):
-                launcher(name).fetch()
+                _fetch(name)
         except (ClusterError, ImportError) as exc:
             failed += 1
             first = str(exc).partition("\n")[0]
@@ -292,8 +357,12 @@ def fetch(
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m msgsafe.cluster.cli``, the same commands as ``msgsafe cluster``."""
+    # Imported here: msgsafe.cli imports this module to mount it as `msgsafe cluster`.
+    from msgsafe.cli._output import reflow_help
+
     # Library loggers stay quiet unless something is wrong; progress shows INFO lines.
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    reflow_help(app)
     app(args=None if argv is None else list(argv), prog_name="msgsafe cluster")
 
 

@@ -19,6 +19,12 @@ on ``controller_ports[I]``; with ``base_port=P`` those are ``P+I`` and ``P+nodes
 
 The helpers tests need (:meth:`KafkaCluster.create_topic`, :meth:`KafkaCluster.leader_of`,
 :meth:`KafkaCluster.wait_in_sync`) use confluent-kafka (``pip install 'msgsafe[kafka]'``).
+
+Kafka's own command-line tools (``kafka-topics``, ``kafka-console-consumer``, ...) are
+not among the broker's jars: :func:`fetch_tools` (``msgsafe cluster fetch kafka-tools``)
+resolves ``org.apache.kafka:kafka-tools`` of the same :data:`VERSION` through
+``poms/kafka-tools-<version>.xml``, and :meth:`KafkaCluster.describe` names the commands
+that run them against the cluster.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import base64
 import contextlib
 import json
 import logging
+import shlex
 import subprocess
 import time
 import uuid
@@ -41,7 +48,7 @@ from msgsafe.cluster._jvm import JvmCluster
 from msgsafe.cluster._process import port_open, spawn, wait_for
 from msgsafe.cluster.base import ClusterError
 
-__all__ = ["KafkaCluster"]
+__all__ = ["TOOLS_FETCH", "KafkaCluster", "fetch_tools", "tools_lib"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +58,11 @@ _MAIN = "kafka.Kafka"
 _STORAGE_TOOL = "kafka.tools.StorageTool"
 #: Written with acks=all by start() to prove the cluster takes replicated writes.
 _READY_TOPIC = "msgsafe-ready"
+#: The command that installs Kafka's own tools (:func:`fetch_tools`).
+TOOLS_FETCH = "msgsafe cluster fetch kafka-tools"
+#: The main classes behind bin/kafka-topics.sh and bin/kafka-console-consumer.sh.
+_TOPIC_COMMAND = "org.apache.kafka.tools.TopicCommand"
+_CONSOLE_CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"
 
 _LOG4J2 = """\
 status = warn
@@ -65,6 +77,29 @@ logger.request.level = WARN
 logger.clients.name = org.apache.kafka.clients
 logger.clients.level = WARN
 """
+
+
+def _tools_name() -> str:
+    return f"kafka-tools-{VERSION}"
+
+
+def tools_lib() -> Path:
+    """Where :func:`fetch_tools` puts the jars of Kafka's own tools (the classpath is
+    this dir + ``/*``); a path only: it need not exist yet."""
+    return maven.cache_root() / _tools_name() / "lib"
+
+
+def fetch_tools() -> None:
+    """Resolve ``org.apache.kafka:kafka-tools`` of :data:`VERSION` with its dependencies
+    into :func:`tools_lib` (once; a damaged cache is fetched again). :class:`ClusterError`
+    naming what to install or delete when it cannot."""
+    maven.fetch_lib(
+        _tools_name(),
+        [f"kafka-tools-{VERSION}.jar"],
+        what="Kafka tools",
+        kind="kafka-tools",
+        m2="org/apache/kafka",
+    )
 
 
 def _cluster_id() -> str:
@@ -413,10 +448,30 @@ class KafkaCluster(JvmCluster):
         creds = f"{quote(user, safe='')}:{quote(password, safe='')}"
         return f"kafka://{creds}@{hosts}?sasl_mechanism={mechanism}"
 
+    def tools(self) -> dict[str, Any]:
+        """How to use Kafka's own tools against this cluster: ``what`` they are;
+        ``fetch``, the command that installs them once; their ``classpath``; and
+        ``commands``: ``topics`` (a kafka-topics listing) and ``console_consumer`` (TOPIC
+        to fill in) on the plain listeners, ready to paste into a shell."""
+        java = f"java -cp {shlex.quote(f'{tools_lib()}/*')}"
+        server = f"--bootstrap-server {self.bootstrap}"
+        return {
+            "what": "Kafka's own tools (kafka-topics, kafka-console-consumer, ...)",
+            "fetch": TOOLS_FETCH,
+            "classpath": f"{tools_lib()}/*",
+            "commands": {
+                "topics": f"{java} {_TOPIC_COMMAND} {server} --list",
+                "console_consumer": (
+                    f"{java} {_CONSOLE_CONSUMER} {server} --topic TOPIC --from-beginning"
+                ),
+            },
+        }
+
     def describe(self) -> dict[str, Any]:
-        """The common description; with ``tls`` also the certificate paths, the SSL and
-        EXPIRED listeners' ports and the TLS URL."""
+        """The common description and :meth:`tools`; with ``tls`` also the certificate
+        paths, the SSL and EXPIRED listeners' ports and the TLS URL."""
         described = super().describe()
+        described["tools"] = self.tools()
         if self.tls is not None:
             described["tls"] = {
                 **self.tls.describe(),

@@ -393,3 +393,130 @@ def test_msgsafe_log_level_sets_the_commands_logging(
         monkeypatch.setenv("MSGSAFE_LOG_LEVEL", value)
     assert _log_level() == level
     assert ("names no level" in capsys.readouterr().err) is complaint
+
+
+def test_version_prints_the_package_version() -> None:
+    import msgsafe
+
+    proc = run("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"msgsafe {msgsafe.__version__}"
+
+
+@pytest.mark.parametrize("verb", ["up", "fetch"])
+def test_an_unknown_cluster_kind_is_a_usage_error_naming_the_kinds(
+    verb: str, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from msgsafe.cli import app
+    from msgsafe.cluster import KINDS
+
+    args = ["cluster", verb, "kafak"] + (["--dir", str(tmp_path / "c")] if verb == "up" else [])
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert "kafak" in result.output
+    for kind in KINDS:
+        assert kind in result.output
+    assert not (tmp_path / "c").exists()
+
+
+def _help_texts(app: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], str]]:
+    """(command path, help text as written) of ``app`` and every command and group in it."""
+    import inspect
+
+    texts = [(path, app.info.help)] if isinstance(app.info.help, str) else []
+    for command in app.registered_commands:
+        name = command.name or command.callback.__name__.replace("_", "-")
+        texts.append(((*path, name), inspect.getdoc(command.callback) or ""))
+    for group in app.registered_groups:
+        texts += _help_texts(group.typer_instance, (*path, group.name))
+    return texts
+
+
+def test_every_help_text_reads_as_whole_paragraphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No sentence of a help text is cut where its docstring's source line ended: with a
+    console wide enough that nothing wraps, each paragraph of the docstring (its lines
+    joined by spaces) is one line of ``--help``, and the first one is one line of the
+    group's command list."""
+    import typer.rich_utils
+    from typer.testing import CliRunner
+
+    from msgsafe.cli import app
+
+    monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", 2000)
+    runner = CliRunner()
+
+    def lines(path: tuple[str, ...]) -> list[str]:
+        result = runner.invoke(app, [*path, "--help"])
+        assert result.exit_code == 0, result.output
+        return [" ".join(line.split()) for line in result.output.splitlines()]
+
+    texts = _help_texts(app)
+    assert len(texts) > 20  # every command and group, not an empty walk
+    for path, text in texts:
+        shown = lines(path)
+        paragraphs = [" ".join(p.split()) for p in text.split("\n\n") if p.strip()]
+        for paragraph in paragraphs:
+            assert any(paragraph in line for line in shown), (path, paragraph)
+        if path:
+            listed = lines(path[:-1])
+            assert any(paragraphs[0] in line for line in listed), (path, paragraphs[0])
+
+
+def test_verify_names_why_sends_raised(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from typer.testing import CliRunner
+
+    from msgsafe.cli import app
+    from msgsafe.testing import MemoryBroker
+
+    common = ["q", "--count", "30", "--keys", "3", "--timeout", "1"]
+    broker = MemoryBroker.named("verify-unit-errors")
+    broker.reject_next(3)
+    with caplog.at_level(logging.INFO, logger="msgsafe.cli.verify"):
+        result = CliRunner().invoke(
+            app,
+            [
+                "verify",
+                "memory://verify-unit-errors",
+                *common,
+                "--json",
+                "--outbox",
+                str(tmp_path / "o"),
+            ],
+        )
+    report = _json_of(result.stdout)
+    assert report["failed"] == 3 and result.exit_code == ExitCode.LOSS
+    [rejected] = report["errors"]
+    assert rejected["type"] == "Rejected" and rejected["count"] == 3
+    assert "broker rejected the message" in rejected["example"]
+    assert any(
+        "3 send(s) raised Rejected, e.g. broker rejected the message" in r.getMessage()
+        for r in caplog.records
+    )
+
+    broker.reject_next(2)
+    human = CliRunner().invoke(
+        app, ["verify", "memory://verify-unit-errors", *common, "--outbox", str(tmp_path / "p")]
+    )
+    assert human.exit_code == ExitCode.LOSS
+    assert "2 not accepted (send raised: 2 Rejected), none lost" in " ".join(human.stdout.split())
+    assert "broker rejected the message" in human.stdout  # the example, in the errors table
+
+
+def test_error_summary_counts_each_type_with_its_first_example() -> None:
+    from msgsafe.cli.verify import error_summary
+    from msgsafe.errors import Rejected, SendTimeout, Unroutable
+
+    errors = [
+        Unroutable("no queue bound for 'a'"),
+        Rejected("nope"),
+        Unroutable("no queue bound for 'b'"),
+        SendTimeout("slow"),
+    ]
+    assert error_summary(errors) == [
+        {"type": "Unroutable", "count": 2, "example": "no queue bound for 'a'"},
+        {"type": "Rejected", "count": 1, "example": "nope"},
+        {"type": "SendTimeout", "count": 1, "example": "slow"},
+    ]
+    assert error_summary([]) == []

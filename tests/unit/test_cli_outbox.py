@@ -219,6 +219,34 @@ def test_replay_of_an_unknown_or_waiting_id_is_an_error(mixed: Mixed) -> None:
     assert good.returncode == 0 and json.loads(good.stdout) == {"replayed": 1}
 
 
+@pytest.mark.parametrize("columns", ["80", "40"])
+def test_list_and_quarantine_print_whole_ids_into_a_pipe(tmp_path: Path, columns: str) -> None:
+    """Output that is not a terminal (80 columns, or a narrow COLUMNS) still shows every
+    id whole on one line, so it can be copied into purge or replay; the long destination,
+    key and error fold instead."""
+    path = tmp_path / "wide.sqlite3"
+    store = SqliteOutbox(path, target="memory://wide")
+    envelopes = [
+        Envelope.build("orders-" + "x" * 40, f"m{i}".encode(), key=f"customer-{i}-" + "k" * 30)
+        for i in range(4)
+    ]
+    store.put(envelopes)
+    for env in store.claim(limit=2, lease_s=30):
+        error = "Unroutable: no queue bound for 'orders' in vhost '/' " * 3
+        store.failed(env.message_id, error=error, retry_at=None)
+    store.close()
+    ids = [e.message_id for e in envelopes]
+    id_pattern = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+    printed: dict[str, list[str]] = {}
+    for command in ("list", "quarantine"):
+        proc = run("outbox", command, str(path), env={"COLUMNS": columns})
+        assert proc.returncode == 0, proc.stderr
+        printed[command] = id_pattern.findall(proc.stdout)
+    assert printed == {"list": ids[2:], "quarantine": ids[:2]}
+    copied = run("outbox", "purge", str(path), printed["list"][0], "--yes", "--json")
+    assert json.loads(copied.stdout) == {"purged": 1}
+
+
 def test_drain_takes_the_destination_from_the_rows(mixed: Mixed) -> None:
     path, _, _ = mixed
     drained = run("outbox", "drain", str(path), "--json")  # no --url
