@@ -421,7 +421,7 @@ class Envelope:
                 key = _key_bytes(key)
             frozen = _freeze_headers(headers) if headers else _NO_HEADERS
             if cls is Envelope:
-                return _new_envelope(destination, body, new_message_id(), key, time.time(), frozen)
+                return new_envelope(destination, body, new_message_id(), key, time.time(), frozen)
             return cls(destination, body, new_message_id(), key, frozen, time.time())
         if not isinstance(destination, str) or not destination:
             raise InvalidMessage("destination must be a non-empty string")
@@ -466,7 +466,7 @@ class Envelope:
 )
 
 
-def _new_envelope(
+def new_envelope(
     destination: str,
     body: bytes,
     message_id: str,

@@ -111,7 +111,7 @@ def _too_large(size: int, limit: int, message_id: str, endpoint: str) -> Message
     )
 
 
-def _coerce(name: str, value: object, hint: Any) -> object:
+def coerce(name: str, value: object, hint: Any) -> object:
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -173,11 +173,11 @@ def build_config(cls: type[C], url: BrokerUrl, options: Mapping[str, object]) ->
             f"known: {', '.join(sorted(fields))}"
         )
     values: dict[str, Any] = {
-        name: _coerce(name, value, hints[name]) for name, value in merged.items()
+        name: coerce(name, value, hints[name]) for name, value in merged.items()
     }
     # An option given both ways must agree: which one wins would be a silent guess.
     for name in sorted(set(url.options) & set(options)):
-        if _coerce(name, url.options[name], hints[name]) != values[name]:
+        if coerce(name, url.options[name], hints[name]) != values[name]:
             raise ConfigurationError(
                 f"option {name!r} is given twice with different values (URL and keyword "
                 "argument): give it once"

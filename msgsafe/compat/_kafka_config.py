@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import quote
 
-from msgsafe.adapters._config import _coerce
+from msgsafe.adapters._config import coerce
 from msgsafe.errors import ConfigurationError
 from msgsafe.outbox.location import OutboxSpec
 
@@ -242,7 +242,7 @@ def options_for(url_protocol: str, options: Mapping[str, Any]) -> dict[str, Any]
 
 def _number(name: str, value: object) -> float:
     # The adapters' conversion: one set of rules for URL options and librdkafka values.
-    return cast(float, _coerce(name, value, float))
+    return cast(float, coerce(name, value, float))
 
 
 def check_with_librdkafka(settings: Mapping[str, str] | None) -> None:

@@ -22,7 +22,7 @@ from typing import Any, overload
 
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError
-from msgsafe.message import Batch, Envelope, _new_envelope
+from msgsafe.message import Batch, Envelope, new_envelope
 
 __all__ = [
     "COLUMNS",
@@ -97,7 +97,7 @@ def make_envelope(
         # The common row (no headers, so no tombstone mark): built through the slots
         # (see msgsafe.message.new_receipt for why), which the drain pays for every
         # message it claims.
-        return _new_envelope(destination, body, message_id, key, created_at)
+        return new_envelope(destination, body, message_id, key, created_at)
     decoded, tombstone = _decoded(headers)
     return Envelope(
         destination=destination,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import BatchFailed
-from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status, _new_envelope
+from msgsafe.message import Batch, BatchReceipt, Envelope, Receipt, Status, new_envelope
 from msgsafe.telemetry.stats import ProducerCounters, ProducerStats, TracedConnectionCounters
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ class ProducerTelemetry(TracedConnectionCounters, ProducerCounters):
                 envelope.destination, envelope.headers, envelope.message_id
             )
             # The same message with the span's context in its headers (tombstone kept).
-            traced = _new_envelope(
+            traced = new_envelope(
                 envelope.destination,
                 envelope.body,
                 envelope.message_id,

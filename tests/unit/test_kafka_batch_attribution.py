@@ -12,7 +12,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
-from msgsafe.adapters.kafka._connection import _BatchReports, _Chunk
+from msgsafe.adapters.kafka._connection import BatchReports, ReportChunk
 from msgsafe.adapters.kafka._errors import translate
 from msgsafe.errors import ConfirmTimeout, MsgsafeError, PermanentError
 from msgsafe.message import Batch
@@ -56,8 +56,8 @@ class _Tally:
 def _run(batch: Batch, failing: set[int]) -> _Tally:
     """Deliver ``batch`` through one chunk, failing the messages at ``failing``."""
     tally = _Tally()
-    reports = _BatchReports(_Transport(), batch, tally)  # type: ignore[arg-type]
-    chunk = _Chunk(reports, 0, len(batch))
+    reports = BatchReports(_Transport(), batch, tally)  # type: ignore[arg-type]
+    chunk = ReportChunk(reports, 0, len(batch))
     err = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
     for index in range(len(batch)):
         key = None if batch.keys is None else batch.keys[index]

@@ -18,7 +18,7 @@ import pytest
 from pika.spec import Basic
 
 from msgsafe.adapters.rabbitmq import RabbitOptions, RabbitTransport
-from msgsafe.adapters.rabbitmq._confirms import _Item, _Job, _Part
+from msgsafe.adapters.rabbitmq._confirms import BatchJob, BatchPart, SendItem
 from msgsafe.adapters.rabbitmq.config import parse_destination
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfirmTimeout, ConnectionLost, MsgsafeError, Refused, Unroutable
@@ -80,9 +80,9 @@ def _ack(tag: int, *, multiple: bool = False, nack: bool = False) -> SimpleNames
 
 def _in_flight(
     transport: RabbitTransport, batch: Batch, report: Recorder, deadline: float
-) -> _Part:
-    part = _Part(
-        _Job(batch, parse_destination(batch.destination), report), range(len(batch)), deadline
+) -> BatchPart:
+    part = BatchPart(
+        BatchJob(batch, parse_destination(batch.destination), report), range(len(batch)), deadline
     )
     with transport._cond:
         transport._outstanding += len(batch)
@@ -104,7 +104,7 @@ def test_out_of_order_and_multiple_acks_across_parts_and_an_envelope(
         env = Envelope.build("q", b"z")
         with transport._cond:
             transport._outstanding += 1
-        transport._ledger.in_flight[transport._ledger.next_tag] = _Item(
+        transport._ledger.in_flight[transport._ledger.next_tag] = SendItem(
             env, parse_destination("q"), outcome.append, deadline, 0.0
         )  # tag 11
         transport._ledger.next_tag += 1
@@ -147,7 +147,9 @@ def test_connection_lost_requeues_only_the_unsettled(transport: RabbitTransport)
         transport._on_confirm(_ack(1, multiple=True))  # 1: pos 2
         transport._on_confirm(_ack(5))  # offset 4
         transport._ledger.requeue_in_flight()
-        requeued.extend(list(p.indexes) for p in transport._ledger.pending if isinstance(p, _Part))
+        requeued.extend(
+            list(p.indexes) for p in transport._ledger.pending if isinstance(p, BatchPart)
+        )
         transport._shutdown()
 
     _on_io(transport, scenario)

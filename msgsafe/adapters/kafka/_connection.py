@@ -10,8 +10,8 @@ transport (what callers call) as the part that outlives a producer:
 - a watchdog on the same thread fails anything still open at ``confirm_timeout``, so
   every message's outcome arrives in time (librdkafka bounds each one by
   ``message.timeout.ms``, set inside ``confirm_timeout``, as a first line);
-- :class:`_Report` is one message's delivery callable, :class:`_Chunk` and
-  :class:`_BatchReports` those of a :class:`~msgsafe.message.Batch`.
+- :class:`SendReport` is one message's delivery callable, :class:`ReportChunk` and
+  :class:`BatchReports` those of a :class:`~msgsafe.message.Batch`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from msgsafe.errors import (
 from msgsafe.message import Batch
 from msgsafe.ports import BatchReport, PublishCallback
 
-__all__ = ["ProducerLink", "log"]
+__all__ = ["BatchReports", "ProducerLink", "ReportChunk", "SendReport", "log"]
 
 log = logging.getLogger("msgsafe.kafka")
 
@@ -68,7 +68,7 @@ _FAILED_IN = re.compile(r"^(\S+?)(?:/\S*)?: .*\(after \d+ms in state (\w+)")
 _ADVICE = _peer.KAFKA_ADVICE
 
 
-class _Report:
+class SendReport:
     """One message in librdkafka: its delivery callback and the watchdog's entry.
 
     A slotted object rather than a future or a closure: on the hot path every container
@@ -106,7 +106,7 @@ class _Report:
             link._failed(self, err)
 
 
-class _Chunk:
+class ReportChunk:
     """The delivery callable of up to ``_CHUNK`` consecutive messages of one batch.
 
     librdkafka's delivery report does not say which message it is for beyond the
@@ -122,7 +122,7 @@ class _Chunk:
 
     __slots__ = ("_count", "failures", "owner", "size", "start", "stop")
 
-    def __init__(self, owner: _BatchReports, start: int, stop: int) -> None:
+    def __init__(self, owner: BatchReports, start: int, stop: int) -> None:
         self.owner = owner
         self.start = start
         self.stop = stop
@@ -147,7 +147,7 @@ class _Chunk:
             self.owner.chunk_done(self)
 
 
-class _BatchReports:
+class BatchReports:
     """Everything the transport tracks for one batch: its chunks, its deadline, and
     which indexes are settled. Reports ``confirmed`` once per finished chunk."""
 
@@ -172,7 +172,7 @@ class _BatchReports:
             self._settled.add(index)
         report_failed(self.report, index, error)
 
-    def chunk_done(self, chunk: _Chunk) -> None:
+    def chunk_done(self, chunk: ReportChunk) -> None:
         """Every message of ``chunk`` has a report: settle the ones not settled yet."""
         with self._lock:
             if self.finished:
@@ -195,7 +195,7 @@ class _BatchReports:
         indexes: list[int],
         failures: list[tuple[KafkaError, bytes | None, bytes | None]],
     ) -> dict[int, MsgsafeError]:
-        """Match failed reports to message indexes by (key, value); see :class:`_Chunk`."""
+        """Match failed reports to message indexes by (key, value); see :class:`ReportChunk`."""
         link = self.link
         batch = self.batch
         keys = batch.keys
@@ -266,11 +266,11 @@ class ProducerLink:
         #: The error that has the producer recreated on the poll thread's next round.
         self.fatal: KafkaError | None = None
         #: Reports in publish order with their deadline: the watchdog's list.
-        self.watch: deque[_Report] = deque()
+        self.watch: deque[SendReport] = deque()
         #: Reports not settled yet; removing one from here is the right to settle it.
-        self.open: set[_Report] = set()
+        self.open: set[SendReport] = set()
         #: Batches in publish order: the watchdog's other list.
-        self.batches: deque[_BatchReports] = deque()
+        self.batches: deque[BatchReports] = deque()
         self._down_warned_at = -_DOWN_WARN_EVERY_S
         #: Until when (time.monotonic()) every broker counts as down: publishes fail at
         #: once with ConnectError instead of waiting for message.timeout.ms.
@@ -314,7 +314,7 @@ class ProducerLink:
         except KafkaException as exc:
             self.on_error(exc.args[0])
 
-    def _failed(self, report: _Report, err: KafkaError) -> None:
+    def _failed(self, report: SendReport, err: KafkaError) -> None:
         # Runs where reports are served (poll thread, a publisher, close()), for a report
         # already taken out of _open; must never raise into librdkafka.
         call_logged(

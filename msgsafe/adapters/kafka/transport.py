@@ -22,7 +22,13 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from msgsafe.adapters._config import oversized, size_error
 from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_failed
-from msgsafe.adapters.kafka._connection import ProducerLink, _BatchReports, _Chunk, _Report, log
+from msgsafe.adapters.kafka._connection import (
+    BatchReports,
+    ProducerLink,
+    ReportChunk,
+    SendReport,
+    log,
+)
 from msgsafe.adapters.kafka._errors import translate
 from msgsafe.adapters.kafka._wire import ID_HEADER, RecordHeaders, user_headers
 from msgsafe.adapters.kafka.config import KafkaOptions
@@ -157,7 +163,7 @@ class KafkaTransport:
             headers.extend(user_headers(extra))
         if envelope.tombstone:
             body = None  # a null value, which b"" is not (a compacted topic's delete)
-        report = _Report(link, message_id, now + self._timeout, callback)
+        report = SendReport(link, message_id, now + self._timeout, callback)
         # Open before produce: another thread may serve the report before produce returns.
         link.open.add(report)
         error: MsgsafeError | None = None
@@ -189,7 +195,7 @@ class KafkaTransport:
     def publish_batch(self, batch: Batch, report: BatchReport) -> None:
         """Send every message of ``batch``; ``report`` learns each outcome once (see
         :class:`msgsafe.ports.BatchTransport`): ``acks=all`` delivery reports, counted
-        per chunk of messages (see :class:`~msgsafe.adapters.kafka._connection._Chunk`)."""
+        per chunk of messages (see :class:`~msgsafe.adapters.kafka._connection.ReportChunk`)."""
         count = len(batch)
         if not count:
             return
@@ -204,7 +210,7 @@ class KafkaTransport:
             for index in range(count):
                 report_failed(report, index, link.unreachable(batch.message_ids[index]))
             return
-        reports = _BatchReports(link, batch, report)
+        reports = BatchReports(link, batch, report)
         topic = batch.destination
         bodies, ids, keys = batch.bodies, batch.message_ids, batch.keys
         extra = user_headers(batch.headers)
@@ -216,7 +222,7 @@ class KafkaTransport:
         try:
             for start in range(0, count, _CHUNK):
                 stop = min(start + _CHUNK, count)
-                chunk = _Chunk(reports, start, stop)
+                chunk = ReportChunk(reports, start, stop)
                 for index in range(start, stop):
                     body = bodies[index]
                     key = None if keys is None else keys[index]
@@ -302,7 +308,7 @@ class KafkaTransport:
         body: bytes | None,
         key: bytes | None,
         headers: RecordHeaders,
-        on_delivery: _Report | _Chunk,
+        on_delivery: SendReport | ReportChunk,
         message_id: str | None = None,
     ) -> MsgsafeError | None:
         """Produce once librdkafka's local queue has room, waiting a bounded share of

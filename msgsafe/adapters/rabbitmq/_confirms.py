@@ -9,8 +9,8 @@ transport (the caller side and the channel's life) and the frame writer
 (:mod:`~msgsafe.adapters.rabbitmq._wire`) only add to the ledger; the ledger alone
 settles: each message exactly once, with the window given back as it goes.
 
-Entries: an :class:`_Item` is one envelope (``publish``, ``publish_callback``), a
-:class:`_Part` is a run of messages of one batch handed over together. Both wait in
+Entries: an :class:`SendItem` is one envelope (``publish``, ``publish_callback``), a
+:class:`BatchPart` is a run of messages of one batch handed over together. Both wait in
 ``pending`` (in hand-over order) until written, then are in flight: items keyed by
 their tag, parts as a range of tags in ``spans``. When the channel goes, what is in
 flight returns to the front of ``pending`` in tag order and is resent, same
@@ -34,11 +34,11 @@ from msgsafe.ports import BatchReport, PublishCallback
 if TYPE_CHECKING:
     from msgsafe.adapters.rabbitmq._wire import FrameWriter
 
-__all__ = ["ConfirmLedger", "fail_all"]
+__all__ = ["BatchJob", "BatchPart", "ConfirmLedger", "SendItem", "fail_all"]
 
 
 @dataclass(slots=True, eq=False)
-class _Item:
+class SendItem:
     envelope: Envelope
     dest: Destination
     callback: PublishCallback
@@ -49,7 +49,7 @@ class _Item:
 
 
 @dataclass(slots=True, eq=False)
-class _Job:
+class BatchJob:
     """A batch on its way: what its parts share."""
 
     batch: Batch
@@ -61,14 +61,14 @@ class _Job:
 
 
 @dataclass(slots=True, eq=False)
-class _Part:
+class BatchPart:
     """Messages ``indexes`` of a batch, handed over, sent and confirmed together.
 
     In flight, message ``indexes[k]`` has delivery tag ``first_tag + k``; ``indexes[:pos]``
     are settled, and so are the offsets in ``done`` (acks that came out of order).
     """
 
-    job: _Job
+    job: BatchJob
     indexes: Sequence[int]
     deadline: float
     attempts: int = 0
@@ -81,9 +81,9 @@ class _Part:
             return self.indexes[self.pos :]
         return [self.indexes[k] for k in range(self.pos, len(self.indexes)) if k not in self.done]
 
-    def rest(self, indexes: Sequence[int]) -> _Part:
+    def rest(self, indexes: Sequence[int]) -> BatchPart:
         """A part of the same job and deadline for ``indexes`` (to send again)."""
-        return _Part(self.job, indexes, self.deadline, self.attempts)
+        return BatchPart(self.job, indexes, self.deadline, self.attempts)
 
 
 class ConfirmLedger:
@@ -96,11 +96,11 @@ class ConfirmLedger:
     def __init__(self, settled: Callable[[int], None]) -> None:
         self._settled = settled
         #: Handed over, not written yet (or to resend), in order.
-        self.pending: collections.deque[_Item | _Part] = collections.deque()
+        self.pending: collections.deque[SendItem | BatchPart] = collections.deque()
         #: Single envelopes written and not confirmed, by delivery tag.
-        self.in_flight: collections.OrderedDict[int, _Item] = collections.OrderedDict()
+        self.in_flight: collections.OrderedDict[int, SendItem] = collections.OrderedDict()
         #: Parts of batches in flight, in delivery-tag order.
-        self.spans: collections.deque[_Part] = collections.deque()
+        self.spans: collections.deque[BatchPart] = collections.deque()
         #: Ids of messages the broker returned (unroutable) and has yet to ack.
         self.returned: set[str] = set()
         #: The delivery tag the next message written on the channel gets.
@@ -113,13 +113,13 @@ class ConfirmLedger:
 
     # --- written -------------------------------------------------------------------------
 
-    def in_flight_item(self, item: _Item) -> None:
+    def in_flight_item(self, item: SendItem) -> None:
         """``item`` was written with the next delivery tag."""
         item.attempts += 1
         self.in_flight[self.next_tag] = item
         self.next_tag += 1
 
-    def in_flight_part(self, part: _Part, count: int) -> None:
+    def in_flight_part(self, part: BatchPart, count: int) -> None:
         """The first ``count`` messages of ``part`` were written, with the next tags."""
         part.attempts += 1
         part.first_tag = self.next_tag
@@ -130,7 +130,7 @@ class ConfirmLedger:
 
     # --- outcomes ------------------------------------------------------------------------
 
-    def resolve(self, item: _Item, error: MsgsafeError | None) -> None:
+    def resolve(self, item: SendItem, error: MsgsafeError | None) -> None:
         """Give ``item`` its outcome, unless it has one already."""
         if item.settled:
             return  # already reported (e.g. timed out, then confirmed late)
@@ -140,14 +140,14 @@ class ConfirmLedger:
         call_logged(log, PUBLISH_CALLBACK, item.callback, error)
         self._settled(1)
 
-    def fail(self, entry: _Item | _Part, error: MsgsafeError) -> None:
+    def fail(self, entry: SendItem | BatchPart, error: MsgsafeError) -> None:
         """Fail an item, or every unsettled message of a part, with copies of ``error``."""
-        if isinstance(entry, _Part):
+        if isinstance(entry, BatchPart):
             self.fail_part(entry, entry.unsettled(), error)
         else:
             self.resolve(entry, error.with_id(entry.envelope.message_id))
 
-    def fail_part(self, part: _Part, indexes: Sequence[int], error: MsgsafeError) -> None:
+    def fail_part(self, part: BatchPart, indexes: Sequence[int], error: MsgsafeError) -> None:
         fail_all(part.job.report, indexes, error, part.job.batch.message_ids)
         self._settled(len(indexes))
 
@@ -213,7 +213,9 @@ class ConfirmLedger:
             return nacked
         return False
 
-    def _settle_range(self, part: _Part, start: int, stop: int, nack: bool, endpoint: str) -> bool:
+    def _settle_range(
+        self, part: BatchPart, start: int, stop: int, nack: bool, endpoint: str
+    ) -> bool:
         """Report messages at offsets ``start`` to ``stop`` of ``part`` (those not settled
         already): confirmed, or failed when nacked or returned. True when nacked."""
         job = part.job
@@ -245,7 +247,7 @@ class ConfirmLedger:
         self._settled(count)
         return False
 
-    def _confirmed(self, item: _Item, nack: bool, endpoint: str) -> bool:
+    def _confirmed(self, item: SendItem, nack: bool, endpoint: str) -> bool:
         if nack:
             self.resolve(item, _nacked(endpoint))
             return True
@@ -262,7 +264,7 @@ class ConfirmLedger:
 
     def requeue_in_flight(self) -> None:
         """Put everything in flight back at the front of ``pending``, in tag order."""
-        entries: list[tuple[int, _Item | _Part]] = []
+        entries: list[tuple[int, SendItem | BatchPart]] = []
         if self.in_flight:
             entries.extend(self.in_flight.items())
             self.in_flight.clear()
@@ -290,7 +292,7 @@ class ConfirmLedger:
         elif isinstance(error, MessageTooLarge) and self.pending:
             # NOTE: a frame error names no message; the first resent one is the likeliest.
             first = self.pending.popleft()
-            if isinstance(first, _Part):
+            if isinstance(first, BatchPart):
                 self.fail_part(first, first.indexes[:1], error)
                 if len(first.indexes) > 1:
                     self.pending.appendleft(first.rest(first.indexes[1:]))
@@ -307,16 +309,16 @@ class ConfirmLedger:
     ) -> None:
         """Fail the pending messages to ``queue`` / ``exchange`` / of at least ``min_size``
         body bytes (each criterion given must hold)."""
-        keep: collections.deque[_Item | _Part] = collections.deque()
+        keep: collections.deque[SendItem | BatchPart] = collections.deque()
         for entry in self.pending:
-            dest = entry.job.dest if isinstance(entry, _Part) else entry.dest
+            dest = entry.job.dest if isinstance(entry, BatchPart) else entry.dest
             if (queue is not None and dest.queue != queue) or (
                 exchange is not None and dest.exchange != exchange
             ):
                 keep.append(entry)
             elif min_size is None:
                 self.fail(entry, error)
-            elif isinstance(entry, _Part):
+            elif isinstance(entry, BatchPart):
                 bodies = entry.job.batch.bodies
                 big = [i for i in entry.indexes if len(bodies[i]) >= min_size]
                 if big:
@@ -351,9 +353,9 @@ class ConfirmLedger:
     ) -> None:
         """Fail what waits past its deadline (``everything``: all of it) with
         ``error(attempts)``: what to say depends on whether a copy was ever sent."""
-        keep: collections.deque[_Item | _Part] = collections.deque()
+        keep: collections.deque[SendItem | BatchPart] = collections.deque()
         for entry in self.pending:
-            if isinstance(entry, _Item) and entry.settled:
+            if isinstance(entry, SendItem) and entry.settled:
                 continue
             if now >= entry.deadline or everything:
                 self.fail(entry, error(entry.attempts))
@@ -370,7 +372,7 @@ def fail_all(
         report_failed(report, index, error.with_id(ids[index]))
 
 
-def _skip_done(part: _Part) -> None:
+def _skip_done(part: BatchPart) -> None:
     """Move ``part.pos`` past offsets settled out of order."""
     done = part.done
     while done and part.pos in done:

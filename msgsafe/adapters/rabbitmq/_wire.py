@@ -33,7 +33,7 @@ from pika import frame as pika_frame
 from pika import spec
 from pika.channel import Channel
 
-from msgsafe.adapters.rabbitmq._confirms import ConfirmLedger, _Part
+from msgsafe.adapters.rabbitmq._confirms import BatchPart, ConfirmLedger
 from msgsafe.adapters.rabbitmq._connection import log
 from msgsafe.adapters.rabbitmq._errors import describe
 from msgsafe.adapters.rabbitmq.config import Destination
@@ -388,7 +388,7 @@ class FrameSender:
         frame_max = int(channel.connection.params.frame_max)
         while pending:
             entry = pending[0]
-            if isinstance(entry, _Part):
+            if isinstance(entry, BatchPart):
                 dest = entry.job.dest
             else:
                 if entry.settled:
@@ -398,7 +398,7 @@ class FrameSender:
             if not self._may_send(channel, dest):
                 return
             pending.popleft()
-            if isinstance(entry, _Part):
+            if isinstance(entry, BatchPart):
                 if out and emit is not None:
                     self._emit(channel.connection, emit, out)
                 if not self._send_part(channel, entry, emit):
@@ -475,7 +475,7 @@ class FrameSender:
         _write(conn, emit, data, frames)
 
     def _send_part(
-        self, channel: Channel, part: _Part, emit: Callable[[bytes], None] | None
+        self, channel: Channel, part: BatchPart, emit: Callable[[bytes], None] | None
     ) -> bool:
         """Write the frames of every message of ``part`` with one call and put it in
         flight; False (``part`` back at the front of ``pending``) when the channel is
@@ -512,7 +512,7 @@ class FrameSender:
         self._ledger.in_flight_part(part, len(part.indexes))
         return True
 
-    def _send_part_slowly(self, channel: Channel, part: _Part) -> bool:
+    def _send_part_slowly(self, channel: Channel, part: BatchPart) -> bool:
         """``_send_part`` through ``basic_publish`` (pika internals not as expected)."""
         job = part.job
         batch, dest = job.batch, job.dest

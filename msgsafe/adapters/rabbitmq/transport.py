@@ -1,7 +1,7 @@
 """Publishing: persistent, ``mandatory`` messages with pipelined publisher confirms.
 
 :class:`RabbitTransport` is the caller side and the channel's life. Callers hand each
-envelope (an ``_Item``) or each run of a batch that fits the window (a ``_Part``) over
+envelope (an ``SendItem``) or each run of a batch that fits the window (a ``BatchPart``) over
 through ``incoming`` and wait on futures, callbacks or batch reports; the window
 (``max_in_flight``) is counted here, under one condition. On the I/O thread, the
 transport reacts to the channel (ready, lost, closed by the broker, blocked) and to
@@ -39,7 +39,13 @@ from pika.spec import Basic
 
 from msgsafe.adapters._config import oversized, size_error
 from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_failed
-from msgsafe.adapters.rabbitmq._confirms import ConfirmLedger, _Item, _Job, _Part, fail_all
+from msgsafe.adapters.rabbitmq._confirms import (
+    BatchJob,
+    BatchPart,
+    ConfirmLedger,
+    SendItem,
+    fail_all,
+)
 from msgsafe.adapters.rabbitmq._connection import IoThread, Link, log
 from msgsafe.adapters.rabbitmq._errors import (
     channel_close_error,
@@ -111,7 +117,7 @@ class RabbitTransport:
         self._batching = False
         self._unreleased = 0
         self._closed = False
-        self._incoming: collections.deque[_Item | _Part] = collections.deque()
+        self._incoming: collections.deque[SendItem | BatchPart] = collections.deque()
         self._wake_lock = threading.Lock()
         self._wake_pending = False
         # I/O-thread side.
@@ -197,7 +203,7 @@ class RabbitTransport:
         if error is not None:
             call_logged(log, PUBLISH_CALLBACK, callback, error)
             return
-        self._incoming.append(_Item(envelope, dest, callback, now + timeout, now))
+        self._incoming.append(SendItem(envelope, dest, callback, now + timeout, now))
         self._wake()
 
     def publish_batch(self, batch: Batch, report: BatchReport) -> None:
@@ -216,7 +222,7 @@ class RabbitTransport:
             fail_all(report, range(len(batch)), exc, batch.message_ids)
             return
         good = self._batch_sendable(batch, report)
-        job = _Job(batch, dest, report)
+        job = BatchJob(batch, dest, report)
         timeout = self._options.confirm_timeout
         window = self._options.max_in_flight
         total = len(good)
@@ -253,7 +259,7 @@ class RabbitTransport:
                     return
                 take = min(total - sent, window - self._outstanding)
                 self._outstanding += take
-            self._incoming.append(_Part(job, good[sent : sent + take], now + timeout))
+            self._incoming.append(BatchPart(job, good[sent : sent + take], now + timeout))
             sent += take
             self._wake()
 
