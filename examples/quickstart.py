@@ -4,8 +4,11 @@ Run:  python3 examples/quickstart.py [URL]
 
 URL defaults to ``memory://examples`` (an in-process broker, so this runs anywhere);
 pass ``kafka://127.0.0.1:9092`` or ``amqp://guest:guest@127.0.0.1:5672/%2F?declare=quorum``
-(``declare=`` makes the producer create the queue) to use a real broker. The outbox
-lives in a temporary directory so the example leaves nothing behind.
+(``declare=`` makes the producer create the queue) to use a real broker; over AMQP 1.0
+to RabbitMQ, ``amqp10://guest:guest@127.0.0.1:5672?declare=quorum`` (the queue is then
+addressed ``/amq/queue/NAME``: a bare address would be a transient queue, which the
+producer refuses). The outbox lives in a temporary directory so the example leaves
+nothing behind.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ DEFAULT_URL = "memory://examples"
 def main(url: str = DEFAULT_URL) -> int:
     # A fresh destination per run, so old messages on a real broker do not show up.
     destination = f"quickstart-{uuid.uuid4().hex[:8]}"
+    if url.startswith("amqp10"):
+        # RabbitMQ's AMQP 1.0 plugin: an existing (here: declared) durable queue.
+        destination = f"/amq/queue/{destination}"
     with tempfile.TemporaryDirectory() as tmp:
         outbox = Path(tmp) / "outbox.db"
 

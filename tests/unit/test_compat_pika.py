@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import base64
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pika as real_pika
@@ -22,13 +20,6 @@ from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError, MessageTooLarge, Rejected, Unroutable
 from msgsafe.message import AMQP_PROPERTIES_HEADER, Envelope
 from msgsafe.testing import MemoryBroker
-
-
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    b = MemoryBroker.install(MemoryBroker(f"pk-{uuid.uuid4().hex[:8]}"))
-    yield b
-    MemoryBroker.forget(b.name)
 
 
 def _connection(
@@ -140,9 +131,9 @@ def test_error_mapping() -> None:
 
 
 def test_publish_blocks_until_confirmed_and_carries_every_property(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
-    conn = _connection(broker, tmp_path)
+    conn = _connection(memory_broker, tmp_path)
     ch = conn.channel()
     ch.confirm_delivery()
     props = pika.BasicProperties(
@@ -155,57 +146,57 @@ def test_publish_blocks_until_confirmed_and_carries_every_property(
         delivery_mode=1,
     )
     ch.basic_publish("", "tasks", b"one", properties=props)
-    [one] = broker.messages("tasks")  # there when basic_publish returned
+    [one] = memory_broker.messages("tasks")  # there when basic_publish returned
     assert one.message_id == "order-1" and one.body == b"one"
     carried = _props(one)
     assert carried.content_type == "application/json" and carried.priority == 3
     assert carried.correlation_id == "c-1" and carried.app_id == "legacy"
     assert carried.headers == {"n": 1, "none": None, "raw": b"\xff\xfe", "nested": {"a": [1, 2]}}
     ch.basic_publish("ex", "rk", "two")  # str body, exchange/routing-key destination
-    assert [m.body for m in broker.messages("ex/rk")] == [b"two"]
+    assert [m.body for m in memory_broker.messages("ex/rk")] == [b"two"]
     conn.close()
     assert conn.is_closed and ch.is_closed
 
 
 def test_refused_messages_are_stored_without_an_exception_and_forwarded_on_close(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
-    conn = _connection(broker, tmp_path)
+    conn = _connection(memory_broker, tmp_path)
     ch = conn.channel()
-    broker.refuse_writes()
+    memory_broker.refuse_writes()
     for i in range(20):
         ch.basic_publish("", "q", str(i).encode())
-    assert conn.producer.pending() == 20 and broker.ids("q") == []  # stored on return
-    broker.accept_writes()
+    assert conn.producer.pending() == 20 and memory_broker.ids("q") == []  # stored on return
+    memory_broker.accept_writes()
     conn.close()  # the outbox gets its chance to forward
-    assert sorted(int(m.body) for m in broker.messages("q")) == list(range(20))
+    assert sorted(int(m.body) for m in memory_broker.messages("q")) == list(range(20))
 
 
 def test_rejected_message_raises_nack_error_from_its_own_publish(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
-    conn = _connection(broker, tmp_path)
+    conn = _connection(memory_broker, tmp_path)
     ch = conn.channel()
-    broker.reject_next(1)
+    memory_broker.reject_next(1)
     with pytest.raises(pika.exceptions.NackError) as info:
         ch.basic_publish("", "q", b"bad")
     assert info.value.messages == []  # as pika: only returned messages are listed
     assert isinstance(info.value.__cause__, Rejected)
     ch.basic_publish("", "q", b"good")
     conn.close()
-    assert [m.body for m in broker.messages("q")] == [b"good"]
+    assert [m.body for m in memory_broker.messages("q")] == [b"good"]
 
 
 def test_pipelined_mode_reports_a_failure_from_a_later_call(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
-    conn = _connection(broker, tmp_path, pipelined=True)
+    conn = _connection(memory_broker, tmp_path, pipelined=True)
     ch = conn.channel()
-    broker.reject_next(1)
+    memory_broker.reject_next(1)
     ch.basic_publish("", "q", b"bad")
     with pytest.raises(pika.exceptions.NackError):
         ch.wait_for_confirms(5)
-    broker.reject_next(1)
+    memory_broker.reject_next(1)
     ch.basic_publish("", "q", b"bad again")
     with pytest.raises(pika.exceptions.NackError):
         conn.close()
@@ -214,21 +205,25 @@ def test_pipelined_mode_reports_a_failure_from_a_later_call(
         ch.basic_publish("", "q", b"x")
 
 
-def test_transactions_hold_messages_until_commit(broker: MemoryBroker, tmp_path: Path) -> None:
-    conn = _connection(broker, tmp_path)
+def test_transactions_hold_messages_until_commit(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    conn = _connection(memory_broker, tmp_path)
     ch = conn.channel()
     assert isinstance(ch.tx_select().method, pika.spec.Tx.SelectOk)
     ch.basic_publish("", "q", b"dropped")
     assert isinstance(ch.tx_rollback().method, pika.spec.Tx.RollbackOk)
     ch.basic_publish("", "q", b"kept")
-    assert broker.ids("q") == []
+    assert memory_broker.ids("q") == []
     assert isinstance(ch.tx_commit().method, pika.spec.Tx.CommitOk)
-    assert [m.body for m in broker.messages("q")] == [b"kept"]
+    assert [m.body for m in memory_broker.messages("q")] == [b"kept"]
     conn.close()
 
 
-def test_closing_twice_raises_wrong_state_like_pika(broker: MemoryBroker, tmp_path: Path) -> None:
-    conn = _connection(broker, tmp_path)
+def test_closing_twice_raises_wrong_state_like_pika(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    conn = _connection(memory_broker, tmp_path)
     ch = conn.channel()
     ch.close()
     with pytest.raises(pika.exceptions.ChannelWrongStateError):
@@ -240,8 +235,8 @@ def test_closing_twice_raises_wrong_state_like_pika(broker: MemoryBroker, tmp_pa
         pass
 
 
-def test_sleep_and_process_data_events_wait(broker: MemoryBroker, tmp_path: Path) -> None:
-    conn = _connection(broker, tmp_path)
+def test_sleep_and_process_data_events_wait(memory_broker: MemoryBroker, tmp_path: Path) -> None:
+    conn = _connection(memory_broker, tmp_path)
     started = time.monotonic()
     conn.sleep(0.2)
     conn.process_data_events(time_limit=0.2)
@@ -250,11 +245,40 @@ def test_sleep_and_process_data_events_wait(broker: MemoryBroker, tmp_path: Path
     conn.close()
 
 
-def test_bad_input_raises_like_pika(broker: MemoryBroker, tmp_path: Path) -> None:
-    conn = _connection(broker, tmp_path)
+def test_bad_input_raises_like_pika(memory_broker: MemoryBroker, tmp_path: Path) -> None:
+    conn = _connection(memory_broker, tmp_path)
     ch = conn.channel()
     with pytest.raises(TypeError):
         ch.basic_publish("", "q", 42)  # type: ignore[arg-type]
     with pytest.raises(pika.exceptions.UnsupportedAMQPFieldException):
         ch.basic_publish("", "q", b"x", pika.BasicProperties(headers={"t": object()}))
     conn.close()
+
+
+def test_a_queue_that_loses_confirmed_messages_is_refused_unless_require_any(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    from msgsafe.errors import UnsafeDestination
+    from msgsafe.message import Guarantee
+
+    memory_broker.set_guarantee("hello", Guarantee.NONE)
+    conn = _connection(memory_broker, tmp_path)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    # As pika reports a refused publish in confirm mode, with msgsafe's reason as cause.
+    with pytest.raises(real_pika.exceptions.NackError) as caught:
+        ch.basic_publish("", "hello", b"one")
+    assert isinstance(caught.value.__cause__, UnsafeDestination)
+    assert memory_broker.count("hello") == 0
+    conn.close()
+    relaxed = pika.BlockingConnection(
+        pika.ConnectionParameters(host="127.0.0.1", port=1),
+        outbox=tmp_path / "relaxed.sqlite3",
+        require="any",
+        _url=f"memory://{memory_broker.name}",
+    )
+    channel = relaxed.channel()
+    channel.confirm_delivery()
+    channel.basic_publish("", "hello", b"one")
+    assert memory_broker.count("hello") == 1
+    relaxed.close()

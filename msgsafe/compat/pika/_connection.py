@@ -48,7 +48,9 @@ class BlockingConnection(ClosesOnExit):
     consuming use) and raises pika's ``AMQPConnectionError`` when no host answers.
     ``lazy=True`` opts out: the constructor then does not fail while the brokers are
     down, messages are stored and forwarded when one is back, and the real connection
-    opens on first use.
+    opens on first use. ``require``: msgsafe's destination requirement (``"durable"``:
+    publishing to a queue that a clean restart empties raises ``UnsafeDestination``;
+    ``"any"`` keeps pika's behaviour).
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class BlockingConnection(ClosesOnExit):
         outbox: OutboxSpec = True,
         pipelined: bool = False,
         lazy: bool = False,
+        require: str = "durable",
         _url: str | None = None,
     ) -> None:
         if parameters is None:
@@ -74,7 +77,7 @@ class BlockingConnection(ClosesOnExit):
         self.pipelined = pipelined
         # NOTE: before the producer exists, so a refused connection leaves nothing open.
         real = None if lazy or _url else pika.BlockingConnection(params)
-        self._producer = _SafeProducer(target, outbox=outbox, **options)
+        self._producer = _SafeProducer(target, outbox=outbox, require=require, **options)
         self._lock = threading.Lock()
         self._channels: dict[int, BlockingChannel] = {}
         self._real: Any = real  # pika.BlockingConnection for declares (reopened on use)
