@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Any
 from msgsafe.checks import DestinationReport
 from msgsafe.checks.findings import Finding, Severity
 from msgsafe.endpoints import BrokerUrl
-from msgsafe.errors import CertificateError, ConnectError, MissingExtra, ProtocolMismatch
+from msgsafe.errors import (
+    AuthenticationError,
+    CertificateError,
+    ConnectError,
+    MissingExtra,
+    ProtocolMismatch,
+)
 
 if TYPE_CHECKING:
     from msgsafe.adapters.kafka import KafkaOptions
@@ -43,7 +49,10 @@ def _cause(failures: list[str]) -> str:
 
 
 def _admin(
-    url: BrokerUrl, failures: deque[str] | None = None, opts: KafkaOptions | None = None
+    url: BrokerUrl,
+    failures: deque[str] | None = None,
+    opts: KafkaOptions | None = None,
+    errors: deque[Any] | None = None,
 ) -> Any:
     """An AdminClient with the settings of the producer's own client (servers, SASL,
     TLS: :func:`msgsafe.adapters.kafka.config.client_settings`)."""
@@ -58,6 +67,8 @@ def _admin(
     conf: dict[str, Any] = client_settings(url, opts or build_config(KafkaOptions, url, {}))
     if failures is not None:
         conf["error_cb"] = lambda err: failures.append(err.str())
+    elif errors is not None:
+        conf["error_cb"] = errors.append
     return AdminClient(conf)
 
 
@@ -70,13 +81,14 @@ def _connect(url: BrokerUrl, opts: KafkaOptions | None = None) -> tuple[Any, Any
 
     Raises :class:`ConnectError` as soon as librdkafka reports every broker down (a
     refused port answers in milliseconds), or after ``connect_timeout`` (and a second);
-    :class:`CertificateError` or :class:`ProtocolMismatch` when the failure is one no
-    retry can fix (the producer's client would meet the same).
+    :class:`AuthenticationError`, :class:`CertificateError` or :class:`ProtocolMismatch`
+    when the failure is one no retry can fix (the producer's client would meet the same).
     """
-    from confluent_kafka import KafkaException
+    from confluent_kafka import KafkaError, KafkaException
 
+    errors: deque[Any] = deque(maxlen=8)
     failures: deque[str] = deque(maxlen=8)
-    admin = _admin(url, failures, opts)
+    admin = _admin(url, None, opts, errors)
     wait = (opts.connect_timeout if opts is not None else _TIMEOUT_S) + 1.0
     deadline = time.monotonic() + wait
     while True:
@@ -84,6 +96,16 @@ def _connect(url: BrokerUrl, opts: KafkaOptions | None = None) -> tuple[Any, Any
             return admin, admin.list_topics(timeout=0.1)
         except KafkaException as exc:
             admin.poll(0)  # NOTE: error_cb runs only from poll(); the failures wait there.
+            failures.extend(e.str() for e in errors)
+            refused = (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED)
+            # NOTE: librdkafka retries refused credentials on every reconnect, forever.
+            login = [e for e in errors if e.code() in refused]
+            errors.clear()
+            if login:
+                raise AuthenticationError(
+                    f"the broker refused the SASL login: {login[-1].str()}",
+                    endpoint=url.redacted(),
+                ) from exc
             down = any(_ALL_DOWN in text for text in failures)
             if down or time.monotonic() >= deadline:
                 _raise_unfixable(url, list(failures))
