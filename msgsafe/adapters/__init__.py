@@ -21,7 +21,8 @@ Every adapter package has the same files:
 - ``_wire.py``: bytes on the wire and header names;
 - ``_errors.py``: the client library's errors translated into :mod:`msgsafe.errors`;
 - at most one module of its own, named for what it is: ``rabbitmq/_confirms.py`` (the
-  publisher-confirm ledger), ``kafka/positions.py`` (where a checking group starts),
+  publisher-confirm ledger and the sender that puts messages in flight on it),
+  ``kafka/positions.py`` (where a checking group starts),
   ``amqp10/_failover.py`` (the advertised fail-over list), ``memory/broker.py`` (the
   in-process broker).
 

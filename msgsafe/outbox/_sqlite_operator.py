@@ -1,27 +1,33 @@
-"""The operator's side of the SQLite outbox: list what waits, inspect the quarantine,
-replay it, purge, find where given ids are, and absorb another outbox file.
+"""The operator's side of one SQLite outbox: what ``msgsafe outbox`` asks of the file.
 
-Split from :mod:`msgsafe.outbox.sqlite` along the line between the store contract that
-the producer and the forwarder rely on (:class:`~msgsafe.ports.OutboxStore`: put,
-claim, delivered, failed, release, stats) and the queries a person runs through
-``msgsafe outbox``. Both go through the same writer (one connection, group commit) and
-keep the same in-memory counters: :class:`OperatorQueries` is a base of
-:class:`~msgsafe.outbox.SqliteOutbox`, which provides the writer calls and the counter
-updates declared at the end of the class.
+List what waits (and how much of it per destination), inspect the quarantine, replay
+it, purge, find where given ids are, and absorb another outbox file. None of this is on
+a message's way to the broker (that is :mod:`msgsafe.outbox.sqlite`: put, claim,
+delivered, failed, release); all of it goes through the same store's writer (one
+connection, group commit) and reports what it changed to the store's
+:class:`~msgsafe.outbox._tally.Tally` once committed.
+
+:class:`OperatorQueries` is a collaborator of :class:`~msgsafe.outbox.SqliteOutbox`,
+which offers these queries as its own methods and hands them over.
 """
 
 from __future__ import annotations
 
 import builtins
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from msgsafe.errors import OutboxError
 from msgsafe.outbox._rows import OutboxEntry, QuarantinedEntry, make_envelope
+from msgsafe.outbox._tally import Tally
 from msgsafe.outbox._writer import Handler, HandlerResult
 
-__all__ = ["OperatorQueries"]
+__all__ = ["OperatorQueries", "Run"]
+
+#: Runs a handler in a transaction of the store's writer and returns its result
+#: (ClosedError once the store is closed).
+Run = Callable[[Handler, object], Any]
 
 #: Ids one replay or purge may name (SQLite's variable limit is 32766).
 _MAX_SELECTED = 30000
@@ -46,8 +52,21 @@ _QUARANTINE_COLUMNS = (
 
 
 class OperatorQueries:
-    """``list``, ``destinations``, ``quarantined``, ``replay`` and ``purge`` of a SQLite
-    outbox."""
+    """``list``, ``quarantined``, ``destinations``, ``replay``, ``purge``, ``locate`` and
+    ``absorb`` of one SQLite outbox (their contracts: the methods of the same names of
+    :class:`~msgsafe.outbox.SqliteOutbox`).
+
+    ``call`` runs a handler in a write transaction of the store's writer, ``read`` in a
+    read transaction; ``tally`` is the store's, told what replay, purge and absorb
+    changed.
+    """
+
+    __slots__ = ("_call", "_read", "_tally")
+
+    def __init__(self, call: Run, read: Run, tally: Tally) -> None:
+        self._call = call
+        self._read = read
+        self._tally = tally
 
     def list(self, limit: int = 100, offset: int = 0) -> builtins.list[OutboxEntry]:
         """Waiting messages in queue order."""
@@ -94,14 +113,12 @@ class OperatorQueries:
         return found
 
     def absorb(self, other: OperatorQueries) -> tuple[int, int]:
-        """Move every message of ``other`` (another outbox file for the same destination,
-        opened by this process) into this one; returns ``(waiting, quarantined)`` moved.
+        """Move every message of ``other``'s file into this one; returns ``(waiting,
+        quarantined)`` moved.
 
-        Its waiting messages go ahead of the ones waiting here, in their own order, with
-        their ids and attempts; its quarantine joins this quarantine. Bounds do not apply:
-        these messages were accepted already. Rows move a chunk at a time, each chunk
-        committed here before it is deleted there: a crash in between leaves a message in
-        both files (sent twice at worst, never lost; an id already here is not added).
+        Rows move a chunk at a time, each chunk committed here before it is deleted
+        there: a crash in between leaves a message in both files (sent twice at worst,
+        never lost; an id already here is not added).
         """
         waiting = quarantined = 0
         while rows := other._read(_take_rows, ("outbox", "seq DESC", _WAITING_COLUMNS)):
@@ -113,8 +130,8 @@ class OperatorQueries:
             self._call(_append_quarantined, rows)
             other._call(_delete_rows, ("quarantine", [r[0] for r in rows]))
             quarantined += len(rows)
-        for store in (self, other):
-            store._call(store._recount_batch, None)
+        for queries in (self, other):
+            queries._call(queries._recount_batch, None)
         return waiting, quarantined
 
     # --- writer-thread handlers -----------------------------------------------------------
@@ -139,7 +156,7 @@ class OperatorQueries:
     def _recount_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
     ) -> HandlerResult[object]:
-        return HandlerResult([None] * len(payloads), self._recounted(conn))
+        return HandlerResult([None] * len(payloads), self._tally.recounted(conn))
 
     def _waiting_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
@@ -186,7 +203,7 @@ class OperatorQueries:
             results.append(len(rows))
         # A lease still held on a replayed id (its row was quarantined by a forwarder
         # whose lease had run out and been taken over) would hold back its key.
-        return HandlerResult(results, self._restore(added, settled=replayed))
+        return HandlerResult(results, self._tally.restored(added, settled=replayed))
 
     def _purge_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
@@ -214,39 +231,9 @@ class OperatorQueries:
             results.append(n)
         # The leases of purged rows end with them: a lease left behind would hold back
         # its key (nothing else of that key is claimed) until it ran out.
-        return HandlerResult(results, self._remove(removed, quarantined=-dropped_q, settled=purged))
-
-    # --- provided by the store --------------------------------------------------------------
-
-    def _call(self, handler: Handler, payload: object) -> Any:
-        """Run ``handler`` in a write transaction of the store's writer; its result."""
-        raise NotImplementedError
-
-    def _read(self, handler: Handler, payload: object) -> Any:
-        """Run ``handler`` in a read transaction of the store's writer; its result."""
-        raise NotImplementedError
-
-    def _remove(
-        self,
-        removed: Iterable[tuple[bytes | None, int]],
-        *,
-        quarantined: int = 0,
-        settled: Iterable[str] = (),
-    ) -> Callable[[], None]:
-        """The counter update for rows that left the queue (and the quarantine change),
-        and the end of the leases of ``settled`` ids."""
-        raise NotImplementedError
-
-    def _restore(
-        self, added: Iterable[tuple[bytes | None, int]], *, settled: Iterable[str] = ()
-    ) -> Callable[[], None]:
-        """The counter update for quarantined rows back in the queue, and the end of the
-        leases of ``settled`` ids."""
-        raise NotImplementedError
-
-    def _recounted(self, conn: sqlite3.Connection) -> Callable[[], None]:
-        """The counters and key index rebuilt from the file, to apply after the commit."""
-        raise NotImplementedError
+        return HandlerResult(
+            results, self._tally.removed(removed, quarantined=-dropped_q, settled=purged)
+        )
 
 
 def _entries(

@@ -8,9 +8,14 @@ instead of interleaving with us. That single ownership is also why the key index
 Opening never modifies a file it does not recognise: a non-SQLite file, a damaged one or
 someone else's SQLite database raises :class:`OutboxCorrupt` and is left as it was.
 
-This module is the store contract (:class:`~msgsafe.ports.OutboxStore`) and the file's
-life; what an operator asks of the file (list, quarantine, replay, purge) is in
-:mod:`msgsafe.outbox._sqlite_operator`, a base class of :class:`SqliteOutbox`.
+This module is the file's life (open, check, lock, recover, close, one store per file
+and process) and the store contract a message's way relies on
+(:class:`~msgsafe.ports.OutboxStore`: put, claim, delivered, failed, release, stats).
+Its collaborators: the writer that commits (:mod:`msgsafe.outbox._writer`), the leases
+(:mod:`msgsafe.outbox._claims`), the counts kept in memory
+(:mod:`msgsafe.outbox._tally`), and what an operator asks of the file through
+``msgsafe outbox`` (:mod:`msgsafe.outbox._sqlite_operator`: list, quarantine, replay,
+purge, locate, absorb), which :class:`SqliteOutbox` offers as its own methods.
 """
 
 from __future__ import annotations
@@ -21,11 +26,9 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from functools import partial
-from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,8 +42,17 @@ from msgsafe.errors import (
     OutboxLocked,
 )
 from msgsafe.message import Batch, Envelope
-from msgsafe.outbox._claims import Claims, count_keys, subtract_counts
-from msgsafe.outbox._rows import INSERT, Rows, batch_rows, envelope_rows, insert_rows, redact_target
+from msgsafe.outbox._claims import Claims
+from msgsafe.outbox._rows import (
+    INSERT,
+    OutboxEntry,
+    QuarantinedEntry,
+    Rows,
+    batch_rows,
+    envelope_rows,
+    insert_rows,
+    redact_target,
+)
 from msgsafe.outbox._schema import (
     APPLICATION_ID,
     RETRY_LATER,
@@ -52,22 +64,14 @@ from msgsafe.outbox._schema import (
     translate_sqlite_error,
 )
 from msgsafe.outbox._sqlite_operator import OperatorQueries
+from msgsafe.outbox._tally import Tally, recount
 from msgsafe.outbox._writer import GroupCommitWriter, Handler, HandlerResult
 from msgsafe.ports import OutboxStats
 
 __all__ = ["SqliteOutbox", "held_here"]
 
-_FIRST, _SECOND = itemgetter(0), itemgetter(1)
-
 _AGE_CHECK_S = 1.0
 _IN_CHUNK = 500  # ids per "IN (...)" list, far below SQLite's variable limit
-
-
-@dataclass(slots=True)
-class _Counters:
-    rows: int = 0
-    bytes: int = 0
-    quarantined: int = 0
 
 
 #: Stores opened through SqliteOutbox.shared, by real path.
@@ -86,7 +90,7 @@ def held_here(path: str | os.PathLike[str]) -> bool:
         return os.path.realpath(path) in _held
 
 
-class SqliteOutbox(OperatorQueries):
+class SqliteOutbox:
     """An :class:`~msgsafe.ports.OutboxStore` in one SQLite file.
 
     Bounds: ``max_rows`` waiting messages, ``max_bytes`` of their payloads, and
@@ -121,15 +125,13 @@ class SqliteOutbox(OperatorQueries):
         self.max_age_s = max_age_s
         self._target = redact_target(target)
         self._clock = clock
-        self._lock = threading.Lock()
-        self._keys: dict[bytes, int] = {}
-        self._counts = _Counters()
+        self._lock = threading.Lock()  # guards _closed (the counts have the tally's)
         self._claims = Claims()  # leases live in memory: see msgsafe.outbox._claims
+        self._tally = Tally(self._claims)  # so do the counts: see msgsafe.outbox._tally
+        self._operator = OperatorQueries(self._call, self._read, self._tally)
         self._closed = False
         self._users = 1
         self._shared_key = ""
-        self._oldest_at: float | None = None
-        self._oldest_checked = 0.0
         self._lock_fd = -1
         self._holds = False  # this store's path is in _held
         self._conn: sqlite3.Connection | None = None
@@ -210,8 +212,7 @@ class SqliteOutbox(OperatorQueries):
         except BaseException:
             rollback(conn)
             raise
-        self._counts.rows, self._counts.bytes, self._keys = self._recount(conn)
-        self._counts.quarantined = conn.execute("SELECT count(*) FROM quarantine").fetchone()[0]
+        self._tally.load(conn)
 
     def _translate(self, exc: sqlite3.Error) -> MsgsafeError:
         return translate_sqlite_error(exc, str(self.path))
@@ -300,14 +301,16 @@ class SqliteOutbox(OperatorQueries):
 
     def has_key(self, key: bytes) -> bool:
         """True while any envelope of ``key`` waits (O(1): an in-memory index)."""
-        with self._lock:
-            return key in self._keys
+        tally = self._tally
+        with tally.lock:
+            return key in tally.keys
 
     def stats(self) -> OutboxStats:
         """Depth, payload bytes, age of the oldest waiting message, quarantined count."""
         oldest: float | None = self._read(self._oldest_batch, None)
-        with self._lock:
-            counts = self._counts
+        tally = self._tally
+        with tally.lock:
+            counts = tally.counts
             return OutboxStats(
                 depth=counts.rows,
                 bytes=counts.bytes,
@@ -317,8 +320,9 @@ class SqliteOutbox(OperatorQueries):
 
     def pending(self) -> int:
         """How many messages wait (quarantined ones not counted)."""
-        with self._lock:
-            return self._counts.rows
+        tally = self._tally
+        with tally.lock:
+            return tally.counts.rows
 
     def close(self) -> None:
         """Finish queued writes, checkpoint, release the file and its lock. Idempotent.
@@ -361,6 +365,51 @@ class SqliteOutbox(OperatorQueries):
     def __repr__(self) -> str:
         return f"SqliteOutbox({str(self.path)!r}, target={self._target!r})"
 
+    # --- what an operator asks (msgsafe outbox): msgsafe.outbox._sqlite_operator ---------
+
+    def list(self, limit: int = 100, offset: int = 0) -> builtins.list[OutboxEntry]:
+        """Waiting messages in queue order."""
+        return self._operator.list(limit, offset)
+
+    def quarantined(self, limit: int = 100, offset: int = 0) -> builtins.list[QuarantinedEntry]:
+        """Quarantined messages, oldest first, with the error that put them there."""
+        return self._operator.quarantined(limit, offset)
+
+    def destinations(self, limit: int = 20) -> builtins.list[tuple[str, int]]:
+        """Waiting messages per destination, the fullest first (at most ``limit``)."""
+        return self._operator.destinations(limit)
+
+    def replay(self, ids: Sequence[str] | Literal["all"]) -> int:
+        """Move quarantined messages back to the end of the queue; returns how many."""
+        return self._operator.replay(ids)
+
+    def purge(
+        self,
+        ids: Sequence[str] | Literal["all"],
+        *,
+        waiting: bool = False,
+        quarantined: bool = True,
+    ) -> int:
+        """Delete messages (``ids`` or ``"all"``) for good: quarantined ones unless
+        ``quarantined=False``, waiting ones too with ``waiting=True``. Returns how many
+        were deleted."""
+        return self._operator.purge(ids, waiting=waiting, quarantined=quarantined)
+
+    def locate(self, ids: Sequence[str]) -> dict[str, Literal["waiting", "quarantined"]]:
+        """Where each of ``ids`` is; ids in neither table are left out (unknown)."""
+        return self._operator.locate(ids)
+
+    def absorb(self, other: SqliteOutbox) -> tuple[int, int]:
+        """Move every message of ``other`` (another outbox file for the same destination,
+        opened by this process) into this one; returns ``(waiting, quarantined)`` moved.
+
+        Its waiting messages go ahead of the ones waiting here, in their own order, with
+        their ids and attempts; its quarantine joins this quarantine. Bounds do not apply:
+        these messages were accepted already. A crash while they move leaves a message in
+        both files (sent twice at worst, never lost; an id already here is not added).
+        """
+        return self._operator.absorb(other._operator)
+
     # --- writer-thread handlers -----------------------------------------------------------
 
     def _submit(self, handler: Handler, payload: object) -> Future[Any]:
@@ -383,14 +432,15 @@ class SqliteOutbox(OperatorQueries):
     def _put_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
     ) -> HandlerResult[object]:
-        counts = self._counts
+        tally = self._tally
+        counts = tally.counts
         rows, size = counts.rows, counts.bytes
         now = self._clock()
-        if now - self._oldest_checked > _AGE_CHECK_S or self._oldest_at is None:
+        if now - tally.oldest_checked > _AGE_CHECK_S or tally.oldest_at is None:
             # Looked up at most once a second: the age bound needs no finer grain, and
             # every statement costs a GIL hand-off under load.
-            self._oldest_at, self._oldest_checked = _oldest(conn), now
-        too_old = self._oldest_at is not None and now - self._oldest_at > self.max_age_s
+            tally.oldest_at, tally.oldest_checked = _oldest(conn), now
+        too_old = tally.oldest_at is not None and now - tally.oldest_at > self.max_age_s
         results: builtins.list[object] = []
         accepted: builtins.list[Rows] = []
         count = 0
@@ -413,8 +463,8 @@ class SqliteOutbox(OperatorQueries):
         # Fewer changes than rows: some ids were already stored (a put repeated after an
         # unknown outcome); the stored copies stay and the counters are rebuilt from the file.
         if conn.total_changes - before != count:
-            return HandlerResult(results, partial(self._recounted_rows, self._recount(conn)))
-        return HandlerResult(results, partial(self._added, accepted))
+            return HandlerResult(results, partial(tally.replaced, recount(conn)))
+        return HandlerResult(results, partial(tally.added, accepted))
 
     def _full(self, too_old: bool, too_many: bool) -> OutboxFull:
         """The error of a put refused at a bound (see :meth:`_put_batch`)."""
@@ -426,63 +476,12 @@ class SqliteOutbox(OperatorQueries):
             return OutboxFull(f"the outbox holds max_rows={self.max_rows}")
         return OutboxFull(f"the outbox holds max_bytes={self.max_bytes}")
 
-    def _added(self, accepted: builtins.list[Rows]) -> None:
-        """The counters and key index after ``accepted`` puts committed."""
-        with self._lock:
-            counts, keys = self._counts, self._keys
-            for batch in accepted:
-                counts.rows += batch.count
-                counts.bytes += batch.size
-                for key in batch.keys:
-                    keys[key] = keys.get(key, 0) + 1
-
-    def _recounted_rows(self, recount: tuple[int, int, dict[bytes, int]]) -> None:
-        with self._lock:
-            self._counts.rows, self._counts.bytes, self._keys = recount
-
-    @staticmethod
-    def _recount(conn: sqlite3.Connection) -> tuple[int, int, dict[bytes, int]]:
-        rows, size = conn.execute("SELECT count(*), coalesce(sum(size), 0) FROM outbox").fetchone()
-        keys = {
-            bytes(key): n
-            for key, n in conn.execute(
-                "SELECT key, count(*) FROM outbox WHERE key IS NOT NULL GROUP BY key"
-            )
-        }
-        return rows, size, keys
-
     def _claim_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
     ) -> HandlerResult[object]:
         now = self._clock()
         claims = self._claims
         return HandlerResult([claims.claim(conn, now, *payload) for payload in payloads])
-
-    def _remove(
-        self,
-        removed: Iterable[tuple[bytes | None, int]],
-        *,
-        quarantined: int = 0,
-        settled: Iterable[str] = (),
-    ) -> Callable[[], None]:
-        """What to do in memory once rows ``(key, size)`` left the queue, the quarantine
-        changed by ``quarantined`` rows and the leases of ``settled`` ids ended (run
-        after the commit)."""
-        gone = list(removed)
-        ended = list(settled)
-
-        def apply() -> None:
-            self._claims.drop(ended)
-            self._oldest_checked = 0.0  # the oldest message may be gone
-            # NOTE: C loops (map, count_keys): this runs for every row a drain removes.
-            counts = count_keys(map(_FIRST, gone))
-            with self._lock:
-                self._counts.rows -= len(gone)
-                self._counts.bytes -= sum(map(_SECOND, gone))
-                self._counts.quarantined += quarantined
-                subtract_counts(self._keys, counts)
-
-        return apply
 
     def _delivered_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
@@ -497,7 +496,7 @@ class SqliteOutbox(OperatorQueries):
                     f"DELETE FROM outbox WHERE id IN ({marks}) RETURNING key, size", chunk
                 ).fetchall()
             )
-        return HandlerResult([None] * len(payloads), self._remove(removed, settled=ids))
+        return HandlerResult([None] * len(payloads), self._tally.removed(removed, settled=ids))
 
     def _failed_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
@@ -530,41 +529,15 @@ class SqliteOutbox(OperatorQueries):
         settled = [payload[0] for payload in payloads]
         return HandlerResult(
             [None] * len(payloads),
-            self._remove(removed, quarantined=quarantined, settled=settled),
+            self._tally.removed(removed, quarantined=quarantined, settled=settled),
         )
 
-    def _recounted(self, conn: sqlite3.Connection) -> Callable[[], None]:
-        """The counters and key index rebuilt from the file, to apply after the commit."""
-        rows, size, keys = self._recount(conn)
-        quarantined = conn.execute("SELECT count(*) FROM quarantine").fetchone()[0]
-
-        def apply() -> None:
-            self._oldest_checked = 0.0
-            with self._lock:
-                self._counts = _Counters(rows, size, quarantined)
-                self._keys = keys
-
-        return apply
-
-    def _restore(
-        self, added: Iterable[tuple[bytes | None, int]], *, settled: Iterable[str] = ()
-    ) -> Callable[[], None]:
-        """What to do in memory once quarantined rows ``(key, size)`` are back in the
-        queue and the leases of ``settled`` ids ended (run after the commit)."""
-        back = list(added)
-        ended = list(settled)
-
-        def apply() -> None:
-            self._claims.drop(ended)
-            with self._lock:
-                self._counts.rows += len(back)
-                self._counts.bytes += sum(size for _, size in back)
-                self._counts.quarantined -= len(back)
-                for key, _ in back:
-                    if key is not None:
-                        self._keys[key] = self._keys.get(key, 0) + 1
-
-        return apply
+    def _recount_batch(
+        self, conn: sqlite3.Connection, payloads: builtins.list[Any]
+    ) -> HandlerResult[object]:
+        # For rows written around the store's own methods (salvage's inserts): the
+        # counts are rebuilt from the file once they are committed.
+        return HandlerResult([None] * len(payloads), self._tally.recounted(conn))
 
     def _release_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]

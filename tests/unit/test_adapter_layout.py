@@ -43,12 +43,3 @@ def test_an_adapter_has_the_common_files_and_at_most_one_of_its_own(protocol: st
 def test_an_adapter_offers_both_entry_points(protocol: str) -> None:
     module = msgsafe.adapters.adapter_module(protocol)
     assert callable(module.open_transport) and callable(module.open_receiver)
-
-
-def test_no_adapter_file_passes_600_lines() -> None:
-    long = {
-        str(p.relative_to(ROOT)): n
-        for p in ROOT.rglob("*.py")
-        if (n := len(p.read_text(encoding="utf-8").splitlines())) >= 600
-    }
-    assert not long

@@ -1,13 +1,17 @@
-"""The publisher-confirm ledger: every message from hand-over to outcome.
+"""Publisher confirms: every message from hand-over to outcome, by delivery tag.
 
 Split from :class:`~msgsafe.adapters.rabbitmq.transport.RabbitTransport` because it is
 the one part with rules of its own, all about delivery tags: RabbitMQ numbers the
 messages of a channel 1, 2, 3... and answers with ``basic.ack`` / ``basic.nack`` for a
 tag or (``multiple``) for every tag up to it, possibly out of order, and sends
-``basic.return`` before the ack of a mandatory message it could not route. The
-transport (the caller side and the channel's life) and the frame writer
-(:mod:`~msgsafe.adapters.rabbitmq._wire`) only add to the ledger; the ledger alone
-settles: each message exactly once, with the window given back as it goes.
+``basic.return`` before the ack of a mandatory message it could not route.
+
+Two parts: the :class:`ConfirmLedger` (what is pending and in flight, and settling) and
+the :class:`FrameSender` (what moves messages from pending onto the channel, in order,
+and tells the ledger which tags they went out with; the bytes themselves are
+:mod:`~msgsafe.adapters.rabbitmq._wire`'s). The transport (the caller side and the
+channel's life) and the sender only add to the ledger; the ledger alone settles: each
+message exactly once, with the window given back as it goes.
 
 Entries: an :class:`SendItem` is one envelope (``publish``, ``publish_callback``), a
 :class:`BatchPart` is a run of messages of one batch handed over together. Both wait in
@@ -22,19 +26,30 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
+
+from pika.channel import Channel
 
 from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_confirmed, report_failed
 from msgsafe.adapters.rabbitmq._connection import log
+from msgsafe.adapters.rabbitmq._errors import describe
+from msgsafe.adapters.rabbitmq._wire import (
+    KEY_HEADER,
+    RESERVED_HEADERS,
+    FrameWriter,
+    coalesce_frames,
+    envelope_properties,
+    header_entries,
+    pika_emit,
+    publish_properties,
+    write_frames,
+)
 from msgsafe.adapters.rabbitmq.config import Destination
 from msgsafe.errors import MessageTooLarge, MsgsafeError, Refused, Unroutable
-from msgsafe.message import Batch, Envelope
+from msgsafe.message import MESSAGE_ID_HEADER, Batch, Envelope
 from msgsafe.ports import BatchReport, PublishCallback
 
-if TYPE_CHECKING:
-    from msgsafe.adapters.rabbitmq._wire import FrameWriter
-
-__all__ = ["BatchJob", "BatchPart", "ConfirmLedger", "SendItem", "fail_all"]
+__all__ = ["BatchJob", "BatchPart", "ConfirmLedger", "FrameSender", "SendItem", "fail_all"]
 
 
 @dataclass(slots=True, eq=False)
@@ -391,3 +406,216 @@ def _unroutable(destination: str, endpoint: str, message_id: str | None = None) 
         endpoint=endpoint,
         message_id=message_id,
     )
+
+
+# --- the sender ------------------------------------------------------------------------
+
+#: Destinations whose frame encoder for single envelopes is kept.
+_MAX_ITEM_WRITERS = 256
+#: The one message index of a single envelope, for FrameWriter.encode_into.
+_FIRST = (0,)
+
+
+class FrameSender:
+    """Writes what ``ledger.pending`` holds onto a channel, in order, and puts it in flight.
+
+    ``may_send(channel, dest)`` is asked before each destination's first message: False
+    (its queue is being declared) stops the flush there, so later messages wait too and
+    per-key order holds. Only the I/O thread calls it.
+    """
+
+    def __init__(
+        self, ledger: ConfirmLedger, may_send: Callable[[Channel, Destination], bool]
+    ) -> None:
+        self._ledger = ledger
+        self._may_send = may_send
+        #: Frame encoders of single envelopes per destination (see _item_writer).
+        self._item_writers: dict[str, tuple[tuple[int, int, int], FrameWriter]] = {}
+        #: Frames appended to the buffer of the flush under way.
+        self._out_frames = 0
+
+    def flush(self, channel: Channel) -> None:
+        """Send everything pending on ``channel`` (open, not blocked)."""
+        conn = channel.connection
+        emit = pika_emit(conn)
+        if emit is not None and (not channel.is_open or not conn.is_open):
+            return  # the close callback resends
+        out: list[bytes] = []
+        try:
+            self._flush_pending(channel, emit, out)
+        finally:
+            if out and emit is not None:
+                self._emit(conn, emit, out)
+        coalesce_frames(channel)
+
+    def _flush_pending(
+        self, channel: Channel, emit: Callable[[bytes], None] | None, out: list[bytes]
+    ) -> None:
+        """Send what ``pending`` holds, in order: the frames of single envelopes are
+        appended to ``out`` (the caller writes them), a part is written on its own."""
+        publish = channel.basic_publish
+        ledger = self._ledger
+        pending = ledger.pending
+        frame_max = int(channel.connection.params.frame_max)
+        while pending:
+            entry = pending[0]
+            if isinstance(entry, BatchPart):
+                dest = entry.job.dest
+            else:
+                if entry.settled:
+                    pending.popleft()
+                    continue
+                dest = entry.dest
+            if not self._may_send(channel, dest):
+                return
+            pending.popleft()
+            if isinstance(entry, BatchPart):
+                if out and emit is not None:
+                    self._emit(channel.connection, emit, out)
+                if not self._send_part(channel, entry, emit):
+                    return
+                continue
+            item = entry
+            envelope = item.envelope
+            # The encoded headers (b"" for none), or None: through basic_publish (see
+            # header_entries; no raw write when pika's internals are not as expected).
+            headers = envelope.headers
+            entries = (
+                (header_entries(headers, RESERVED_HEADERS) if headers else b"") if emit else None
+            )
+            if entries is not None:
+                writer = self._item_writer(
+                    dest, envelope.destination, channel.channel_number, frame_max, envelope
+                )
+                key = envelope.key
+                self._out_frames += writer.encode_into(
+                    out,
+                    (envelope.body,),
+                    (envelope.message_id,),
+                    None if key is None else (key,),
+                    _FIRST,
+                    entries,
+                )
+            else:
+                if out and emit is not None:
+                    self._emit(channel.connection, emit, out)
+                try:
+                    publish(
+                        dest.exchange,
+                        dest.routing_key or _key_text(envelope.key),
+                        envelope.body,
+                        envelope_properties(envelope),
+                        mandatory=True,
+                    )
+                except Exception as exc:
+                    # The channel or connection is closing; its close callback resends.
+                    log.debug("publish on a closing channel: %s", describe(exc))
+                    pending.appendleft(item)
+                    return
+            ledger.in_flight_item(item)
+
+    def _item_writer(
+        self, dest: Destination, name: str, number: int, frame_max: int, envelope: Envelope
+    ) -> FrameWriter:
+        """The frame encoder for single envelopes to ``name`` created in the same second
+        (the ``timestamp`` property) on this channel."""
+        second = int(envelope.created_at)
+        cache_key = (number, frame_max, second)
+        cached = self._item_writers.get(name)
+        if cached is not None and cached[0] == cache_key:
+            return cached[1]
+        writer = FrameWriter(
+            channel_number=number,
+            frame_max=frame_max,
+            exchange=dest.exchange,
+            routing_key=dest.routing_key or None,
+            headers={},
+            id_header=MESSAGE_ID_HEADER,
+            key_header=KEY_HEADER,
+            created_at=second,
+        )
+        if len(self._item_writers) >= _MAX_ITEM_WRITERS:
+            self._item_writers.clear()
+        self._item_writers[name] = (cache_key, writer)
+        return writer
+
+    def _emit(self, conn: Any, emit: Callable[[bytes], None], out: list[bytes]) -> None:
+        """Write the frames in ``out`` with one call. On failure the connection is going
+        down; its close callback resends what is in flight."""
+        data = b"".join(out)
+        out.clear()
+        frames, self._out_frames = self._out_frames, 0
+        write_frames(conn, emit, data, frames)
+
+    def _send_part(
+        self, channel: Channel, part: BatchPart, emit: Callable[[bytes], None] | None
+    ) -> bool:
+        """Write the frames of every message of ``part`` with one call and put it in
+        flight; False (``part`` back at the front of ``pending``) when the channel is
+        closing: its close callback resends. ``emit`` None: pika's internals are not as
+        expected (see :func:`~msgsafe.adapters.rabbitmq._wire.pika_emit`), so it goes
+        through ``basic_publish``."""
+        conn = channel.connection
+        if emit is None:
+            return self._send_part_slowly(channel, part)
+        job = part.job
+        batch = job.batch
+        frame_max = int(conn.params.frame_max)
+        writer_key = (channel.channel_number, frame_max)
+        writer = job.writer if job.writer_key == writer_key else None
+        if writer is None:
+            dest = job.dest
+            writer = job.writer = FrameWriter(
+                channel_number=channel.channel_number,
+                frame_max=frame_max,
+                exchange=dest.exchange,
+                routing_key=dest.routing_key or None,
+                headers=batch.headers,
+                id_header=MESSAGE_ID_HEADER,
+                key_header=KEY_HEADER,
+                created_at=batch.created_at,
+            )
+            job.writer_key = writer_key
+        if not channel.is_open or not conn.is_open:
+            self._ledger.pending.appendleft(part)
+            return False
+        buffers, frames = writer.encode(batch.bodies, batch.message_ids, batch.keys, part.indexes)
+        if not write_frames(conn, emit, b"".join(buffers), frames):
+            self._ledger.pending.appendleft(part)
+            return False
+        self._ledger.in_flight_part(part, len(part.indexes))
+        return True
+
+    def _send_part_slowly(self, channel: Channel, part: BatchPart) -> bool:
+        """``_send_part`` through ``basic_publish`` (pika internals not as expected)."""
+        job = part.job
+        batch, dest = job.batch, job.dest
+        sent = 0
+        try:
+            for index in part.indexes:
+                key = batch.key(index)
+                mid = batch.message_ids[index]
+                channel.basic_publish(
+                    dest.exchange,
+                    dest.routing_key or _key_text(key),
+                    batch.bodies[index],
+                    publish_properties(
+                        mid, batch.headers, MESSAGE_ID_HEADER, KEY_HEADER, key, batch.created_at
+                    ),
+                    mandatory=True,
+                )
+                sent += 1
+        except Exception as exc:
+            log.debug("publish on a closing channel: %s", describe(exc))
+            self._ledger.pending.appendleft(part.rest(part.indexes[sent:]))
+            if sent:
+                part.indexes = part.indexes[:sent]
+                self._ledger.in_flight_part(part, sent)
+            return False
+        self._ledger.in_flight_part(part, sent)
+        return True
+
+
+def _key_text(key: bytes | None) -> str:
+    """A key as a routing key (an exchange destination without one routes by key)."""
+    return key.decode("utf-8", "replace") if key else ""

@@ -13,11 +13,12 @@ splices each message's id in; a single envelope's own text headers (a ``tracepar
 go in front of the table's msgsafe entries (:func:`header_entries`). The bytes are the
 ones ``Channel.basic_publish`` writes (``tests/unit/test_rabbitmq_frames.py`` compares).
 
-Writing: :class:`FrameSender` takes what the confirm ledger holds pending, in order,
-encodes it and writes it to the connection with one call per flush (or through
-``basic_publish`` when pika's internals are not what it expects), and tells the ledger
-which delivery tags went out. It was split from the transport because it is the one
-place that knows pika's internals; the transport only says when to flush.
+Writing: :func:`pika_emit` finds the connection's raw write, :func:`write_frames` writes
+encoded frames with one call (keeping pika's counters), :func:`coalesce_frames` joins
+what pika buffered. These are the one place that knows pika's internals (1.3/1.4); when
+they are not what is expected, ``pika_emit`` says so and messages go through
+``basic_publish``. Which messages are written when, and with which delivery tags, is
+the confirm ledger's side (:class:`~msgsafe.adapters.rabbitmq._confirms.FrameSender`).
 """
 
 from __future__ import annotations
@@ -33,29 +34,25 @@ from pika import frame as pika_frame
 from pika import spec
 from pika.channel import Channel
 
-from msgsafe.adapters.rabbitmq._confirms import BatchPart, ConfirmLedger
 from msgsafe.adapters.rabbitmq._connection import log
 from msgsafe.adapters.rabbitmq._errors import describe
-from msgsafe.adapters.rabbitmq.config import Destination
 from msgsafe.message import AMQP_PROPERTIES_HEADER, MESSAGE_ID_HEADER, Envelope
 
 __all__ = [
     "KEY_HEADER",
-    "FrameSender",
-    "carried_properties",
+    "RESERVED_HEADERS",
     "FrameWriter",
+    "carried_properties",
+    "coalesce_frames",
     "envelope_properties",
     "header_entries",
+    "pika_emit",
     "publish_properties",
+    "write_frames",
 ]
 
 #: Header carrying the message key (bytes) next to ``msgsafe-id``.
 KEY_HEADER = "msgsafe-key"
-
-#: Destinations whose frame encoder for single envelopes is kept.
-_MAX_ITEM_WRITERS = 256
-#: The one message index of a single envelope, for FrameWriter.encode_into.
-_FIRST = (0,)
 
 #: Frame type octet, channel, payload size; then the content header's class id, weight
 #: and body size (AMQP 0-9-1 §4.2.3, §4.2.6.1).
@@ -345,208 +342,11 @@ class FrameWriter:
         return frames
 
 
-class FrameSender:
-    """Writes what ``ledger.pending`` holds onto a channel, in order, and puts it in flight.
-
-    ``may_send(channel, dest)`` is asked before each destination's first message: False
-    (its queue is being declared) stops the flush there, so later messages wait too and
-    per-key order holds. Only the I/O thread calls it.
-    """
-
-    def __init__(
-        self, ledger: ConfirmLedger, may_send: Callable[[Channel, Destination], bool]
-    ) -> None:
-        self._ledger = ledger
-        self._may_send = may_send
-        #: Frame encoders of single envelopes per destination (see _item_writer).
-        self._item_writers: dict[str, tuple[tuple[int, int, int], FrameWriter]] = {}
-        #: Frames appended to the buffer of the flush under way.
-        self._out_frames = 0
-
-    def flush(self, channel: Channel) -> None:
-        """Send everything pending on ``channel`` (open, not blocked)."""
-        conn = channel.connection
-        emit = _pika_emit(conn)
-        if emit is not None and (not channel.is_open or not conn.is_open):
-            return  # the close callback resends
-        out: list[bytes] = []
-        try:
-            self._flush_pending(channel, emit, out)
-        finally:
-            if out and emit is not None:
-                self._emit(conn, emit, out)
-        _coalesce(channel)
-
-    def _flush_pending(
-        self, channel: Channel, emit: Callable[[bytes], None] | None, out: list[bytes]
-    ) -> None:
-        """Send what ``pending`` holds, in order: the frames of single envelopes are
-        appended to ``out`` (the caller writes them), a part is written on its own."""
-        publish = channel.basic_publish
-        ledger = self._ledger
-        pending = ledger.pending
-        frame_max = int(channel.connection.params.frame_max)
-        while pending:
-            entry = pending[0]
-            if isinstance(entry, BatchPart):
-                dest = entry.job.dest
-            else:
-                if entry.settled:
-                    pending.popleft()
-                    continue
-                dest = entry.dest
-            if not self._may_send(channel, dest):
-                return
-            pending.popleft()
-            if isinstance(entry, BatchPart):
-                if out and emit is not None:
-                    self._emit(channel.connection, emit, out)
-                if not self._send_part(channel, entry, emit):
-                    return
-                continue
-            item = entry
-            envelope = item.envelope
-            # The encoded headers (b"" for none), or None: through basic_publish (see
-            # header_entries; no raw write when pika's internals are not as expected).
-            headers = envelope.headers
-            entries = (header_entries(headers, _RESERVED) if headers else b"") if emit else None
-            if entries is not None:
-                writer = self._item_writer(
-                    dest, envelope.destination, channel.channel_number, frame_max, envelope
-                )
-                key = envelope.key
-                self._out_frames += writer.encode_into(
-                    out,
-                    (envelope.body,),
-                    (envelope.message_id,),
-                    None if key is None else (key,),
-                    _FIRST,
-                    entries,
-                )
-            else:
-                if out and emit is not None:
-                    self._emit(channel.connection, emit, out)
-                try:
-                    publish(
-                        dest.exchange,
-                        dest.routing_key or _key_text(envelope.key),
-                        envelope.body,
-                        envelope_properties(envelope),
-                        mandatory=True,
-                    )
-                except Exception as exc:
-                    # The channel or connection is closing; its close callback resends.
-                    log.debug("publish on a closing channel: %s", describe(exc))
-                    pending.appendleft(item)
-                    return
-            ledger.in_flight_item(item)
-
-    def _item_writer(
-        self, dest: Destination, name: str, number: int, frame_max: int, envelope: Envelope
-    ) -> FrameWriter:
-        """The frame encoder for single envelopes to ``name`` created in the same second
-        (the ``timestamp`` property) on this channel."""
-        second = int(envelope.created_at)
-        cache_key = (number, frame_max, second)
-        cached = self._item_writers.get(name)
-        if cached is not None and cached[0] == cache_key:
-            return cached[1]
-        writer = FrameWriter(
-            channel_number=number,
-            frame_max=frame_max,
-            exchange=dest.exchange,
-            routing_key=dest.routing_key or None,
-            headers={},
-            id_header=MESSAGE_ID_HEADER,
-            key_header=KEY_HEADER,
-            created_at=second,
-        )
-        if len(self._item_writers) >= _MAX_ITEM_WRITERS:
-            self._item_writers.clear()
-        self._item_writers[name] = (cache_key, writer)
-        return writer
-
-    def _emit(self, conn: Any, emit: Callable[[bytes], None], out: list[bytes]) -> None:
-        """Write the frames in ``out`` with one call. On failure the connection is going
-        down; its close callback resends what is in flight."""
-        data = b"".join(out)
-        out.clear()
-        frames, self._out_frames = self._out_frames, 0
-        _write(conn, emit, data, frames)
-
-    def _send_part(
-        self, channel: Channel, part: BatchPart, emit: Callable[[bytes], None] | None
-    ) -> bool:
-        """Write the frames of every message of ``part`` with one call and put it in
-        flight; False (``part`` back at the front of ``pending``) when the channel is
-        closing: its close callback resends. ``emit`` None: pika's internals are not as
-        expected (see :func:`_pika_emit`), so it goes through ``basic_publish``."""
-        conn = channel.connection
-        if emit is None:
-            return self._send_part_slowly(channel, part)
-        job = part.job
-        batch = job.batch
-        frame_max = int(conn.params.frame_max)
-        writer_key = (channel.channel_number, frame_max)
-        writer = job.writer if job.writer_key == writer_key else None
-        if writer is None:
-            dest = job.dest
-            writer = job.writer = FrameWriter(
-                channel_number=channel.channel_number,
-                frame_max=frame_max,
-                exchange=dest.exchange,
-                routing_key=dest.routing_key or None,
-                headers=batch.headers,
-                id_header=MESSAGE_ID_HEADER,
-                key_header=KEY_HEADER,
-                created_at=batch.created_at,
-            )
-            job.writer_key = writer_key
-        if not channel.is_open or not conn.is_open:
-            self._ledger.pending.appendleft(part)
-            return False
-        buffers, frames = writer.encode(batch.bodies, batch.message_ids, batch.keys, part.indexes)
-        if not _write(conn, emit, b"".join(buffers), frames):
-            self._ledger.pending.appendleft(part)
-            return False
-        self._ledger.in_flight_part(part, len(part.indexes))
-        return True
-
-    def _send_part_slowly(self, channel: Channel, part: BatchPart) -> bool:
-        """``_send_part`` through ``basic_publish`` (pika internals not as expected)."""
-        job = part.job
-        batch, dest = job.batch, job.dest
-        sent = 0
-        try:
-            for index in part.indexes:
-                key = batch.key(index)
-                mid = batch.message_ids[index]
-                channel.basic_publish(
-                    dest.exchange,
-                    dest.routing_key or _key_text(key),
-                    batch.bodies[index],
-                    publish_properties(
-                        mid, batch.headers, MESSAGE_ID_HEADER, KEY_HEADER, key, batch.created_at
-                    ),
-                    mandatory=True,
-                )
-                sent += 1
-        except Exception as exc:
-            log.debug("publish on a closing channel: %s", describe(exc))
-            self._ledger.pending.appendleft(part.rest(part.indexes[sent:]))
-            if sent:
-                part.indexes = part.indexes[:sent]
-                self._ledger.in_flight_part(part, sent)
-            return False
-        self._ledger.in_flight_part(part, sent)
-        return True
-
-
 #: Headers a single envelope's own cannot be encoded around (see header_entries).
-_RESERVED = (MESSAGE_ID_HEADER, KEY_HEADER, AMQP_PROPERTIES_HEADER)
+RESERVED_HEADERS = (MESSAGE_ID_HEADER, KEY_HEADER, AMQP_PROPERTIES_HEADER)
 
 
-def _coalesce(channel: Channel) -> None:
+def coalesce_frames(channel: Channel) -> None:
     """Join the frames waiting in pika's send buffer into one chunk.
 
     NOTE: pika sends each buffered frame with its own ``send()`` call (three per
@@ -562,7 +362,7 @@ def _coalesce(channel: Channel) -> None:
         buffers.append(joined)
 
 
-def _pika_emit(conn: Any) -> Callable[[bytes], None] | None:
+def pika_emit(conn: Any) -> Callable[[bytes], None] | None:
     """The connection's raw write (pika 1.3/1.4 internals), or None when they are not
     as expected: then every message goes through ``basic_publish``."""
     emit: Callable[[bytes], None] | None = getattr(conn, "_adapter_emit_data", None)
@@ -571,7 +371,7 @@ def _pika_emit(conn: Any) -> Callable[[bytes], None] | None:
     return emit
 
 
-def _write(conn: Any, emit: Callable[[bytes], None], data: bytes, frames: int) -> bool:
+def write_frames(conn: Any, emit: Callable[[bytes], None], data: bytes, frames: int) -> bool:
     """Write ``data`` (``frames`` frames) to the connection in one call; False when the
     connection is going down (its close callback resends what is in flight)."""
     try:
@@ -584,8 +384,3 @@ def _write(conn: Any, emit: Callable[[bytes], None], data: bytes, frames: int) -
         log.debug("write on a closing connection: %s", describe(exc))
         return False
     return True
-
-
-def _key_text(key: bytes | None) -> str:
-    """A key as a routing key (an exchange destination without one routes by key)."""
-    return key.decode("utf-8", "replace") if key else ""

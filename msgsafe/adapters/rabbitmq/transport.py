@@ -13,8 +13,9 @@ The class was split in three where its parts have separate rules:
 - the confirm ledger (:mod:`~msgsafe.adapters.rabbitmq._confirms`): what is pending and
   in flight, delivery tags, and settling every message exactly once (ack, nack,
   ``basic.return``, deadline), requeueing in tag order when a channel goes;
-- the frame writer (:class:`~msgsafe.adapters.rabbitmq._wire.FrameSender`): pending
-  messages encoded and written to the connection, one call per flush;
+- the frame sender (:class:`~msgsafe.adapters.rabbitmq._confirms.FrameSender`): pending
+  messages encoded (:mod:`~msgsafe.adapters.rabbitmq._wire`) and written to the
+  connection, one call per flush, and put in flight on the ledger;
 - this module: what callers see, and what the I/O thread does when the link changes.
 
 Every item's deadline is its call time + ``confirm_timeout``. When the connection is
@@ -43,6 +44,7 @@ from msgsafe.adapters.rabbitmq._confirms import (
     BatchJob,
     BatchPart,
     ConfirmLedger,
+    FrameSender,
     SendItem,
     fail_all,
 )
@@ -54,7 +56,6 @@ from msgsafe.adapters.rabbitmq._errors import (
     header_bytes,
     lost_error,
 )
-from msgsafe.adapters.rabbitmq._wire import FrameSender
 from msgsafe.adapters.rabbitmq.config import Destination, RabbitOptions, parse_destination
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import (
