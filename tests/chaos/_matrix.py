@@ -24,6 +24,8 @@ from msgsafe.errors import MsgsafeError
 from msgsafe.message import Status
 from msgsafe.retry import RetryPolicy
 from msgsafe.testing.faultproxy import FaultProxy
+from tests.support.ledger import Ledger
+from tests.support.waiting import wait_until
 
 #: The forwarder's backoff in every cell. NOTE: the default caps at 30 s, and while a
 #: key has rows in the outbox every new send of that key is stored behind them (per-key
@@ -81,20 +83,13 @@ class CellResult:
 
 
 @dataclass
-class Ledger:
-    """Ids sent, receipts and their times, failures; the key and sequence of every id."""
+class CellLedger(Ledger):
+    """The loss ledger (each id's key and sequence in ``positions``) plus what a cell
+    times: when each receipt came, the slowest ``send()``."""
 
-    sent: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (key, seq)
-    status: dict[str, Status] = field(default_factory=dict)
     confirmed_at: list[float] = field(default_factory=list)
     stored_at: list[float] = field(default_factory=list)
-    failures: collections.Counter[str] = field(default_factory=collections.Counter)
     max_send_s: float = 0.0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def receipted(self) -> set[str]:
-        with self.lock:
-            return set(self.status)
 
     def confirmed_since(self, t: float) -> int:
         with self.lock:
@@ -120,7 +115,7 @@ class Traffic:
     ) -> None:
         self.producer = producer
         self.destination = destination
-        self.ledger = Ledger()
+        self.ledger = CellLedger()
         self._keys = keys_per_thread
         self._interval = 1.0 / rate
         self._pad = b"x" * max(0, body_size - 16)
@@ -156,7 +151,8 @@ class Traffic:
                 i += 1
                 message_id = msgsafe.new_message_id()
                 with ledger.lock:
-                    ledger.sent[message_id] = (key, seq)
+                    ledger.sent.add(message_id)
+                    ledger.positions[message_id] = (key, seq)
                 started = time.monotonic()
                 try:
                     receipt = self.producer.send(
@@ -167,13 +163,13 @@ class Traffic:
                     )
                 except MsgsafeError as exc:
                     took = time.monotonic() - started
+                    ledger.add_failure(message_id, exc)
                     with ledger.lock:
-                        ledger.failures[type(exc).__name__] += 1
                         ledger.max_send_s = max(ledger.max_send_s, took)
                 else:
                     now = time.monotonic()
+                    ledger.add_receipt(message_id, receipt.status)
                     with ledger.lock:
-                        ledger.status[message_id] = receipt.status
                         ledger.max_send_s = max(ledger.max_send_s, now - started)
                         if receipt.status is Status.CONFIRMED:
                             ledger.confirmed_at.append(now)
@@ -183,17 +179,6 @@ class Traffic:
                 self._stop.wait(self._interval)
         except BaseException as exc:  # surfaced by the cell
             self.errors.append(exc)
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> float:
-    """Poll ``condition`` until true; returns the seconds it took; fails after ``timeout``."""
-    started = time.monotonic()
-    deadline = started + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.05)
-    return time.monotonic() - started
 
 
 @dataclass
@@ -210,7 +195,7 @@ class Fault:
     hold_s: float
     recovered: Callable[[], bool] | None = None
     #: Checked after the cell: e.g. that the fault really bit (sends stored, disk full).
-    expect: Callable[[Ledger], str | None] | None = None
+    expect: Callable[[CellLedger], str | None] | None = None
     #: Errors ``send()`` may raise under this fault; any other is a failure of the cell
     #: (with an outbox, an outage must end STORED, not in an error).
     allowed_failures: frozenset[str] = frozenset()
@@ -251,7 +236,7 @@ def run_cell(
     ledger = traffic.ledger
     heal_at = 0.0
     try:
-        wait_for(lambda: ledger.confirmed_since(0) >= warmup, 60, f"{warmup} confirmed sends")
+        wait_until(lambda: ledger.confirmed_since(0) >= warmup, 60, f"{warmup} confirmed sends")
         fault.inject()
         try:
             # The fault's duration: traffic runs against it meanwhile.
@@ -260,9 +245,9 @@ def run_cell(
             fault.heal()
             heal_at = time.monotonic()
         if fault.recovered is not None:
-            wait_for(fault.recovered, recover_timeout, f"recovery after {fault.name}")
+            wait_until(fault.recovered, recover_timeout, f"recovery after {fault.name}")
         try:
-            wait_for(
+            wait_until(
                 lambda: ledger.confirmed_since(heal_at) > 0 and producer.pending() == 0,
                 recover_timeout,
                 "a confirmed send and an empty outbox after heal",
@@ -283,26 +268,26 @@ def run_cell(
     left = producer.drain(60)
     assert left == 0, f"{left} messages still in the outbox after drain"
 
-    receipted = ledger.receipted()
-    arrivals = consume(receipted)
-    counts = collections.Counter(mid for mid, _ in arrivals)
-    lost = receipted - set(counts)
-    unknown = set(counts) - set(ledger.sent)
-    duplicates = sum(c - 1 for c in counts.values() if c > 1)
-    violations = _order_violations(arrivals, receipted) if check_order else 0
     with ledger.lock:
-        statuses = collections.Counter(s.value for s in ledger.status.values())
+        receipted = set(ledger.receipted)
+    arrivals = [mid for mid, _ in consume(receipted)]
+    for mid in arrivals:
+        ledger.add_received(mid)
+    lost = ledger.lost
+    unknown = ledger.unknown
+    violations = len(ledger.order_violations(arrivals, among=receipted)) if check_order else 0
+    with ledger.lock:
         stored_after = sum(1 for t in ledger.stored_at if t >= heal_at)
         result = CellResult(
             protocol=protocol,
             fault=fault.name,
             sent=len(ledger.sent),
-            confirmed=statuses.get("confirmed", 0),
-            stored=statuses.get("stored", 0),
+            confirmed=ledger.statuses[Status.CONFIRMED.value],
+            stored=ledger.statuses[Status.STORED.value],
             refused=dict(ledger.failures),
-            received=sum(counts.values()),
+            received=sum(ledger.received.values()),
             lost=len(lost),
-            duplicates=duplicates,
+            duplicates=ledger.duplicates,
             unknown=len(unknown),
             order_violations=violations,
             recover_s=recover_s,
@@ -325,25 +310,7 @@ def run_cell(
     return result
 
 
-def _order_violations(arrivals: list[tuple[str, bytes]], receipted: set[str]) -> int:
-    """Receipted messages that arrived (first copy) after a later message of their key."""
-    seen: set[str] = set()
-    last: dict[str, int] = {}
-    bad = 0
-    for mid, body in arrivals:
-        if mid in seen or mid not in receipted:
-            continue
-        seen.add(mid)
-        key, seq, _ = body.split(b":", 2)
-        k = key.decode()
-        n = int(seq)
-        if n < last.get(k, -1):
-            bad += 1
-        last[k] = max(n, last.get(k, -1))
-    return bad
-
-
-def stored_during_fault(ledger: Ledger) -> str | None:
+def stored_during_fault(ledger: CellLedger) -> str | None:
     """Expectation of a black hole: some sends ended STORED, none timed out."""
     if not ledger.stored_at:
         return "no send was STORED: the fault did not bite"
@@ -429,7 +396,7 @@ def disk_full_fault(proxies: Sequence[FaultProxy], disk: Path, *, leave: int) ->
         for p in proxies:
             p.heal()
 
-    def expect(ledger: Ledger) -> str | None:
+    def expect(ledger: CellLedger) -> str | None:
         if not ledger.failures.get("OutboxFull"):
             return f"no send raised OutboxFull: the disk never filled ({dict(ledger.failures)})"
         if not ledger.stored_at:

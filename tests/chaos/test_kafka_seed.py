@@ -19,7 +19,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -41,21 +40,16 @@ from tests.chaos._matrix import (
     stored_during_fault,
 )
 from tests.support.kafka_lab import LabKafka, all_in_sync, heal, kill_all, restart
-from tests.support.kafka_ledger import Ledger, read_log, start_group_at_zero
+from tests.support.kafka_ledger import read_log, start_group_at_zero
+from tests.support.ledger import Ledger
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST_GROUP = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 500}
-
-
-def _wait(condition: Callable[[], bool], timeout: float, what: str) -> float:
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.1)  # polling interval of the deadline loop above
-    return time.monotonic() - started
+#: How often a wait polls: its conditions ask the cluster (metadata, ISR, a produce).
+POLL_S = 0.1
 
 
 def _follower_node(kafka: LabKafka, *avoid: int) -> int:
@@ -75,7 +69,9 @@ def _topic(kafka: LabKafka, leader: int, config: dict[str, str] | None = None) -
     # NOTE: confluent-kafka wants the partition count with an assignment (not -1).
     topic = NewTopic(name, 1, replica_assignment=[replicas], config=config or {})
     admin.create_topics([topic], request_timeout=30)[name].result(30)
-    _wait(lambda: _leader(kafka, name) == leader, 30, f"{name} led by node {leader}")
+    wait_until(
+        lambda: _leader(kafka, name) == leader, 30, f"{name} led by node {leader}", interval=POLL_S
+    )
     return name
 
 
@@ -88,22 +84,6 @@ def _leader(kafka: LabKafka, topic: str) -> int:
 
 def _isr(kafka: LabKafka, topic: str) -> list[int]:
     return list(kafka_admin.partitions(kafka.bootstrap, topic)[0].isrs)
-
-
-def _order_violations(log_order: list[str], seq: dict[str, tuple[str, int]]) -> int:
-    """Per-key order by first arrival of each id."""
-    last: dict[str, int] = {}
-    seen: set[str] = set()
-    violations = 0
-    for message_id in log_order:
-        if message_id in seen or message_id not in seq:
-            continue
-        seen.add(message_id)
-        key, number = seq[message_id]
-        if number < last.get(key, -1):
-            violations += 1
-        last[key] = max(number, last.get(key, -1))
-    return violations
 
 
 def _record(
@@ -137,16 +117,15 @@ class _KeyedSender:
     def __init__(self, producer: msgsafe.Producer, topic: str, keys: int) -> None:
         self.producer, self.topic, self.keys = producer, topic, keys
         self.ledger = Ledger()
-        self.seq: dict[str, tuple[str, int]] = {}
         self.futures: list[Future[msgsafe.Receipt]] = []
         self._counters: collections.Counter[str] = collections.Counter()
 
     def send(self, i: int) -> None:
         key = f"k{i % self.keys}"
         message_id = msgsafe.new_message_id()
-        self.seq[message_id] = (key, self._counters[key])
+        self.ledger.positions[message_id] = (key, self._counters[key])
         self._counters[key] += 1
-        self.ledger.sent.append(message_id)
+        self.ledger.sent.add(message_id)
         self.futures.append(
             self.producer.send_async(self.topic, b"%07d" % i, key=key, message_id=message_id)
         )
@@ -161,8 +140,7 @@ class _KeyedSender:
                 continue
             receipt = future.result()
             receipts.append(receipt)
-            self.ledger.receipted.add(receipt.message_id)
-            self.ledger.statuses[receipt.status.value] += 1
+            self.ledger.add_receipt(receipt.message_id, receipt.status)
         self.futures = []
         return receipts
 
@@ -174,7 +152,7 @@ class _KeyedSender:
                 kafka.url, self.topic, self.ledger.receipted, deadline_s=120, on_id=order.append
             )
         )
-        return _order_violations(order, self.seq)
+        return len(self.ledger.order_violations(order))
 
 
 # --- the leader SIGKILLed during 50k acks=all sends, and raw acks=1 beside it ---------------
@@ -258,7 +236,9 @@ def test_leader_sigkilled_during_50k_acks_all_sends_then_restarted(
         send_s = time.monotonic() - started
     raw.producer.flush(60)
     new_leader = _leader(kafka, ours)
-    _wait(lambda: all_in_sync(kafka.bootstrap, kafka.count), 120, "replicas in sync")
+    wait_until(
+        lambda: all_in_sync(kafka.bootstrap, kafka.count), 120, "replicas in sync", interval=POLL_S
+    )
     violations = sender.check(kafka)
     in_log = read_log(kafka.url, theirs, raw.acked, deadline_s=120)
     raw_lost = raw.acked - set(in_log)
@@ -349,7 +329,9 @@ def test_not_enough_replicas_then_two_of_three_down_stores_then_drains_in_key_or
         assert all(r.status is msgsafe.Status.CONFIRMED for r in before)
 
         kafka.kill(first)
-        _wait(lambda: len(_isr(kafka, topic)) == 2, 60, "the ISR to shrink to 2")
+        wait_until(
+            lambda: len(_isr(kafka, topic)) == 2, 60, "the ISR to shrink to 2", interval=POLL_S
+        )
         # The broker refuses once its ISR change is applied; until then (and on a busy
         # machine) the probe may time out instead: asked again until the deadline.
         codes: list[int] = []
@@ -358,7 +340,9 @@ def test_not_enough_replicas_then_two_of_three_down_stores_then_drains_in_key_or
             codes.append(_probe_acks_all(kafka.bootstrap, topic))
             return codes[-1] == KafkaError.NOT_ENOUGH_REPLICAS
 
-        _wait(refused, 60, "the broker to refuse acks=all with NOT_ENOUGH_REPLICAS")
+        wait_until(
+            refused, 60, "the broker to refuse acks=all with NOT_ENOUGH_REPLICAS", interval=POLL_S
+        )
         t = time.monotonic()
         for i in range(1000, 2000):
             sender.send(i)
@@ -525,7 +509,12 @@ def test_consumer_killed_mid_batch_group_rebalances_dedup_drops_redeliveries(
         cwd=ROOT,
         env=env,
     )
-    _wait(lambda: len(_lines(out)) > 0 or member_a.poll() is not None, 60, "A to process")
+    wait_until(
+        lambda: len(_lines(out)) > 0 or member_a.poll() is not None,
+        60,
+        "A to process",
+        interval=POLL_S,
+    )
     with msgsafe.Consumer(kafka.url, group=group, dedup=True, **FAST_GROUP) as member_b:
         member_b.subscribe(topic)
         try:

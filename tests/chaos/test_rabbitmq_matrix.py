@@ -27,8 +27,8 @@ from tests.chaos._matrix import (
     proxy_faults,
     run_cell,
     stored_during_fault,
-    wait_for,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -182,7 +182,7 @@ def test_partition(chaos_rep: int, net_rabbit: object, tmp_path: Path) -> None:
         nonlocal cut_paused
         lab.cut(0)
         try:
-            wait_for(lambda: not cluster.is_running(0), 60, "node 0 to pause (pause_minority)")
+            wait_until(lambda: not cluster.is_running(0), 60, "node 0 to pause (pause_minority)")
             cut_paused = True
         except AssertionError:
             pass

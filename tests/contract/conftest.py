@@ -107,6 +107,14 @@ CASES: dict[str, Callable[[pytest.FixtureRequest], Iterator[BrokerCase]]] = {
 }
 
 
-@pytest.fixture(params=sorted(CASES))
+#: The memory adapter runs in the fast tier; the real brokers' runs are integration tests
+#: (``make test-fast`` deselects them: it starts no broker).
+_PARAMS = [
+    pytest.param(name, marks=() if name == "memory" else (pytest.mark.integration,))
+    for name in sorted(CASES)
+]
+
+
+@pytest.fixture(params=_PARAMS)
 def case(request: pytest.FixtureRequest) -> Iterator[BrokerCase]:
     yield from CASES[request.param](request)

@@ -7,7 +7,12 @@
 - :mod:`.rabbit_lab` — a RabbitMQ cluster with one node per namespaced host;
 - :mod:`.qpid_lab` — a Qpid Broker-J BDB HA group with one node per namespaced host;
 - :mod:`.kafka_mock` — librdkafka's in-process mock cluster (per-request errors);
-- :mod:`.kafka_ledger` — ids sent, receipted and received, and readers of a topic.
+- :mod:`.ledger` — the loss ledger: ids sent, receipted and received (lost, unknown,
+  duplicates, per-key order), and publishing/receiving into it through the ports;
+- :mod:`.kafka_ledger` — readers of a Kafka topic that count what it holds per id;
+- :mod:`.lane_ledger` — the ledger fed by the Kafka wrapper's delivery callbacks;
+- :mod:`.waiting` — ``wait_until``: polling a condition against a deadline;
+- :mod:`.commands` — ``msgsafe``, an example or any Python run in a child process.
 
 The real brokers are launched by :mod:`msgsafe.cluster`; the in-process doubles users
 get are in :mod:`msgsafe.testing`.

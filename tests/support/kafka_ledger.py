@@ -1,14 +1,12 @@
-"""Bookkeeping for the Kafka reliability tests: ids sent, receipted, received, and the
-readers that count what a topic holds."""
+"""Reading Kafka back for the reliability tests: what a topic holds, counted per id (the
+ledger the counts go into is :mod:`tests.support.ledger`)."""
 
 from __future__ import annotations
 
 import collections
 import collections.abc
-import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 import confluent_kafka
@@ -18,42 +16,6 @@ from msgsafe.adapters.kafka.positions import start_group_at_beginning
 from msgsafe.endpoints import parse_url
 from msgsafe.message import Delivery, Envelope, new_message_id
 from msgsafe.ports import Transport
-
-
-@dataclass
-class Ledger:
-    """Every id sent, every receipt, every id received (with counts), every failure."""
-
-    sent: list[str] = field(default_factory=list)
-    receipted: set[str] = field(default_factory=set)
-    statuses: collections.Counter[str] = field(default_factory=collections.Counter)
-    failures: collections.Counter[str] = field(default_factory=collections.Counter)
-    received: collections.Counter[str] = field(default_factory=collections.Counter)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def lost(self) -> set[str]:
-        """Receipted ids never received."""
-        return self.receipted - set(self.received)
-
-    @property
-    def duplicates(self) -> int:
-        return sum(c - 1 for c in self.received.values() if c > 1)
-
-    @property
-    def unknown(self) -> set[str]:
-        """Received ids that were never sent (a duplicate must carry a known id)."""
-        return set(self.received) - set(self.sent)
-
-    def report(self, name: str) -> str:
-        statuses = ", ".join(f"{k}={v}" for k, v in sorted(self.statuses.items())) or "none"
-        failures = ", ".join(f"{k}={v}" for k, v in sorted(self.failures.items())) or "none"
-        return (
-            f"[{name}] sent={len(self.sent)} receipted={len(self.receipted)} ({statuses}) "
-            f"received={sum(self.received.values())} unique={len(self.received)} "
-            f"lost={len(self.lost)} duplicates={self.duplicates} unknown={len(self.unknown)} "
-            f"failures: {failures}"
-        )
 
 
 def consume_until(

@@ -4,8 +4,6 @@ guarantees as Consumer (at least once; unsettled deliveries go back on close).""
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -14,26 +12,17 @@ from msgsafe.errors import ClosedError
 from msgsafe.testing import MemoryBroker
 
 
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    made = MemoryBroker.install(MemoryBroker(f"aioc-{uuid.uuid4().hex[:8]}"))
-    try:
-        yield made
-    finally:
-        MemoryBroker.forget(made.name)
-
-
 def _send(broker: MemoryBroker, count: int) -> set[str]:
     with Producer(f"memory://{broker.name}", outbox=False) as producer:
         return set(producer.send_batch("q", [b"%d" % i for i in range(count)]).message_ids)
 
 
-def test_async_for_acks_every_message_once(broker: MemoryBroker) -> None:
-    sent = _send(broker, 200)
+def test_async_for_acks_every_message_once(memory_broker: MemoryBroker) -> None:
+    sent = _send(memory_broker, 200)
 
     async def main() -> list[str]:
         got: list[str] = []
-        async with AsyncConsumer(f"memory://{broker.name}") as consumer:
+        async with AsyncConsumer(f"memory://{memory_broker.name}") as consumer:
             await consumer.subscribe("q")
             async for delivery in consumer:
                 got.append(str(delivery.message_id))
@@ -44,7 +33,7 @@ def test_async_for_acks_every_message_once(broker: MemoryBroker) -> None:
             assert stats.received == stats.acked == len(sent)
             with pytest.raises(ClosedError):
                 await delivery.ack()  # settled once only
-        async with AsyncConsumer(f"memory://{broker.name}") as again:
+        async with AsyncConsumer(f"memory://{memory_broker.name}") as again:
             await again.subscribe("q")
             assert await again.poll(0.2, max_messages=1) == []  # every one was acknowledged
         return got
@@ -53,12 +42,12 @@ def test_async_for_acks_every_message_once(broker: MemoryBroker) -> None:
     assert sorted(got) == sorted(sent)
 
 
-def test_unsettled_and_cancelled_deliveries_are_not_lost(broker: MemoryBroker) -> None:
+def test_unsettled_and_cancelled_deliveries_are_not_lost(memory_broker: MemoryBroker) -> None:
     sent: set[str] = set()
 
     async def first_pass() -> set[str]:
         acked: set[str] = set()
-        consumer = AsyncConsumer(f"memory://{broker.name}")
+        consumer = AsyncConsumer(f"memory://{memory_broker.name}")
         await consumer.subscribe("q")
         # A wait cancelled while its poll runs (nothing there yet): what that poll then
         # fetches is handed to the next wait, not stranded.
@@ -69,7 +58,7 @@ def test_unsettled_and_cancelled_deliveries_are_not_lost(broker: MemoryBroker) -
         with pytest.raises(asyncio.CancelledError):
             await waiting
         assert consumer._polling is not None
-        sent.update(await asyncio.to_thread(_send, broker, 50))
+        sent.update(await asyncio.to_thread(_send, memory_broker, 50))
         for delivery in await consumer.poll(5, max_messages=10):
             await delivery.ack()
             acked.add(str(delivery.message_id))
@@ -84,7 +73,7 @@ def test_unsettled_and_cancelled_deliveries_are_not_lost(broker: MemoryBroker) -
 
     async def second_pass(expected: int) -> set[str]:
         got: set[str] = set()
-        async with AsyncConsumer(f"memory://{broker.name}") as consumer:
+        async with AsyncConsumer(f"memory://{memory_broker.name}") as consumer:
             await consumer.subscribe("q")
             while len(got) < expected:
                 for delivery in await consumer.poll(5, max_messages=64):
@@ -98,7 +87,7 @@ def test_unsettled_and_cancelled_deliveries_are_not_lost(broker: MemoryBroker) -
     assert acked | rest == sent and not acked & rest
 
 
-def test_poll_takes_the_timeout_first_as_the_sync_consumer(broker: MemoryBroker) -> None:
+def test_poll_takes_the_timeout_first_as_the_sync_consumer(memory_broker: MemoryBroker) -> None:
     import inspect
 
     parameters = inspect.signature(AsyncConsumer.poll).parameters
@@ -106,10 +95,10 @@ def test_poll_takes_the_timeout_first_as_the_sync_consumer(broker: MemoryBroker)
     assert parameters["max_messages"].kind is inspect.Parameter.KEYWORD_ONLY
 
     async def main() -> None:
-        async with AsyncConsumer(f"memory://{broker.name}") as consumer:
+        async with AsyncConsumer(f"memory://{memory_broker.name}") as consumer:
             await consumer.subscribe("q")
             assert await consumer.poll(0.05) == []  # a timeout, not max_messages=0.05
-            sent = await asyncio.to_thread(_send, broker, 3)
+            sent = await asyncio.to_thread(_send, memory_broker, 3)
             [first] = await consumer.poll(10)  # one message, not a wait for 10
             rest = await consumer.poll(2, max_messages=10)
             assert {str(d.message_id) for d in [first, *rest]} == sent

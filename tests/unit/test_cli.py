@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -23,25 +20,12 @@ from msgsafe.cli.doctor import exit_code
 from msgsafe.endpoints import parse_url
 from msgsafe.message import Envelope
 from msgsafe.outbox import SqliteOutbox
-
-
-def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "msgsafe", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    print(f"$ msgsafe {' '.join(args)} -> {proc.returncode} ({time.monotonic() - started:.1f}s)")
-    return proc
+from tests.support.commands import msgsafe as run
 
 
 def test_help_lists_every_command() -> None:
     proc = run("--help")
-    assert proc.returncode == 0
+    assert proc.code == 0
     for command in ("demo", "verify", "doctor", "outbox", "send", "consume"):
         assert command in proc.stdout
     outbox = run("outbox", "--help")
@@ -51,7 +35,7 @@ def test_help_lists_every_command() -> None:
 
 def test_demo_on_the_memory_broker_reports_lost_0() -> None:
     proc = run("demo", "--url", "memory://unit", "--count", "400", "--keys", "4", "--json")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.code == 0, proc.stderr
     report = json.loads(proc.stdout)
     print({k: v for k, v in report.items() if k != "timeline"})
     assert report["sent"] == 400
@@ -63,7 +47,7 @@ def test_demo_on_the_memory_broker_reports_lost_0() -> None:
 
 def test_demo_human_report_with_the_application_restarting_too() -> None:
     proc = run("demo", "--url", "memory://unit2", "--count", "200", "--restart-app")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.code == 0, proc.stderr
     assert "lost = 0" in proc.stdout
     assert "stored then delivered" in proc.stdout
     assert "a new producer opens the same outbox" in proc.stderr
@@ -83,30 +67,30 @@ def test_demo_runs_the_users_fault_commands(tmp_path: Path) -> None:
         "--restart-cmd",
         f"touch {marks}.restarted",
     )
-    assert proc.returncode == 0, proc.stderr
+    assert proc.code == 0, proc.stderr
     assert json.loads(proc.stdout)["fault"].startswith("--kill-cmd")
     assert Path(f"{marks}.killed").exists() and Path(f"{marks}.restarted").exists()
     failing = run("demo", "--url", "memory://unit4", "--count", "10", "--kill-cmd", "false")
-    assert failing.returncode == ExitCode.ERROR
+    assert failing.code == ExitCode.ERROR
     assert "fault command" in failing.stderr
 
 
 def test_bad_usage_exits_2() -> None:
-    assert run("demo", "--count", "0").returncode == ExitCode.USAGE
-    assert run("demo", "--kill-cmd", "true").returncode == ExitCode.USAGE
-    assert run("verify").returncode == ExitCode.USAGE
+    assert run("demo", "--count", "0").code == ExitCode.USAGE
+    assert run("demo", "--kill-cmd", "true").code == ExitCode.USAGE
+    assert run("verify").code == ExitCode.USAGE
 
 
 def test_bad_url_exits_3_without_echoing_it() -> None:
     proc = run("doctor", "amqp://user:hunter2@bad host", "--json")
-    assert proc.returncode == ExitCode.ERROR
+    assert proc.code == ExitCode.ERROR
     assert "hunter2" not in proc.stdout + proc.stderr
     assert "error" in json.loads(proc.stdout)
 
 
 def test_doctor_on_memory_is_informational() -> None:
     proc = run("doctor", "memory://x", "--json")
-    assert proc.returncode == 0
+    assert proc.code == 0
     assert json.loads(proc.stdout)["worst"] == "info"
 
 
@@ -133,7 +117,7 @@ def test_outbox_status_list_quarantine(outbox_file: tuple[Path, list[Envelope]])
     assert {r["message_id"] for r in quarantined} == {e.message_id for e in envelopes[:2]}
     assert all("poison" in r["error"] for r in quarantined)
     human = run("outbox", "status", str(path))
-    assert human.returncode == 0 and "quarantined" in human.stdout
+    assert human.code == 0 and "quarantined" in human.stdout
 
 
 def test_outbox_replay_purge_drain(outbox_file: tuple[Path, list[Envelope]]) -> None:
@@ -143,16 +127,16 @@ def test_outbox_replay_purge_drain(outbox_file: tuple[Path, list[Envelope]]) -> 
 
     # stdin is a pipe here: no question can be asked, so nothing is deleted without --yes.
     refused = run("outbox", "purge", str(path), "--quarantined", stdin="y\n")
-    assert refused.returncode == ExitCode.USAGE
+    assert refused.code == ExitCode.USAGE
     assert "--yes" in refused.stderr
     assert json.loads(run("outbox", "status", str(path), "--json").stdout)["quarantined"] == 1
 
-    assert run("outbox", "purge", str(path)).returncode == ExitCode.USAGE
+    assert run("outbox", "purge", str(path)).code == ExitCode.USAGE
     purged = run("outbox", "purge", str(path), "--quarantined", "--yes", "--json")
     assert json.loads(purged.stdout) == {"purged": 1}
 
     drained = run("outbox", "drain", str(path), "--url", "memory://ob", "--json")
-    assert drained.returncode == 0, drained.stderr
+    assert drained.code == 0, drained.stderr
     assert json.loads(drained.stdout)["delivered"] == 4
     final = json.loads(run("outbox", "status", str(path), "--json").stdout)
     assert final["waiting"] == 0 and final["quarantined"] == 0
@@ -160,7 +144,7 @@ def test_outbox_replay_purge_drain(outbox_file: tuple[Path, list[Envelope]]) -> 
 
 def test_outbox_missing_file_exits_3(tmp_path: Path) -> None:
     proc = run("outbox", "status", str(tmp_path / "nope.sqlite3"))
-    assert proc.returncode == ExitCode.ERROR
+    assert proc.code == ExitCode.ERROR
     assert not (tmp_path / "nope.sqlite3").exists()
 
 
@@ -399,7 +383,7 @@ def test_version_prints_the_package_version() -> None:
     import msgsafe
 
     proc = run("--version")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.code == 0, proc.stderr
     assert proc.stdout.strip() == f"msgsafe {msgsafe.__version__}"
 
 

@@ -23,7 +23,6 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,25 +35,10 @@ from msgsafe.errors import OutboxCorrupt
 from msgsafe.message import Envelope
 from msgsafe.outbox import SqliteOutbox, open_store
 from msgsafe.testing import MemoryBroker
+from tests.support.commands import msgsafe as run
 
 ROOT = Path(__file__).resolve().parents[2]
 USAGE, ERROR, STORED = 2, 3, 7
-
-
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "msgsafe", *args],
-        input="",  # stdin is a pipe, never a terminal
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=ROOT,
-        env=None if env is None else {**os.environ, **env},
-    )
-    print(f"$ msgsafe {' '.join(args)} -> {proc.returncode} ({time.monotonic() - started:.1f}s)")
-    return proc
 
 
 @pytest.fixture
@@ -99,17 +83,16 @@ def test_send_to_a_refusing_port_exits_7_and_prints_the_path(tmp_path: Path) -> 
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     url = f"amqp://guest:secret@127.0.0.1:{port}/%2F"
-    proc = subprocess.run(
-        [sys.executable, "-m", "msgsafe", "send", url, "q", "-o", "connect_timeout=0.5"],
-        input="one\n",
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=ROOT,
-        env={**os.environ, "XDG_DATA_HOME": str(tmp_path / "data")},
+    proc = run(
+        "send",
+        url,
+        "q",
+        "-o",
+        "connect_timeout=0.5",
+        stdin="one\n",
+        env={"XDG_DATA_HOME": str(tmp_path / "data")},
     )
-    assert proc.returncode == STORED, proc.stderr
+    assert proc.code == STORED, proc.stderr
     said = " ".join(proc.stderr.split())
     assert "msgsafe outbox drain" in said and str(tmp_path / "data") in said
     assert "--url URL" in said and "secret" not in said
@@ -131,13 +114,13 @@ def test_status_without_a_path_lists_every_default_outbox(data_home: Path) -> No
         store.close()
     env = {"XDG_DATA_HOME": str(data_home)}
     listed = run("outbox", "status", "--json", env=env)
-    assert listed.returncode == 0, listed.stderr
+    assert listed.code == 0, listed.stderr
     rows = {row["destination"]: row for row in json.loads(listed.stdout)}
     assert rows["amqp://h1:5672/%2F"]["waiting"] == 3
     assert rows["kafka://b1:9092"]["waiting"] == 2
     assert all(row["state"] == "ok" for row in rows.values())
     human = run("outbox", "status", env=env)
-    assert human.returncode == 0
+    assert human.code == 0
     assert "amqp://h1:5672/%2F" in human.stdout and "kafka://b1:9092" in human.stdout
     assert "secret" not in listed.stdout + human.stdout
 
@@ -170,7 +153,7 @@ def counts(path: Path) -> tuple[int, int]:
 def test_purge_without_yes_refuses_when_stdin_is_not_a_terminal(mixed: Mixed) -> None:
     path, _, _ = mixed
     refused = run("outbox", "purge", str(path), "--all")
-    assert refused.returncode == USAGE
+    assert refused.code == USAGE
     assert "stdin is not a terminal" in refused.stderr and "--yes" in refused.stderr
     assert counts(path) == (4, 2)
 
@@ -189,7 +172,7 @@ def test_purge_scopes(
 ) -> None:
     path, _, _ = mixed
     proc = run("outbox", "purge", str(path), *flags, "--yes", "--json")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.code == 0, proc.stderr
     assert json.loads(proc.stdout) == {"purged": purged}
     assert counts(path) == left
 
@@ -197,26 +180,26 @@ def test_purge_scopes(
 def test_purge_ids_anywhere_and_unknown_ids_change_nothing(mixed: Mixed) -> None:
     path, waiting, quarantined = mixed
     unknown = run("outbox", "purge", str(path), waiting[0], "no-such-id", "--yes")
-    assert unknown.returncode == USAGE
+    assert unknown.code == USAGE
     assert "no-such-id" in unknown.stderr and "nothing was changed" in unknown.stderr
     assert counts(path) == (4, 2)
     both = run("outbox", "purge", str(path), waiting[0], quarantined[0], "--yes", "--json")
     assert json.loads(both.stdout) == {"purged": 2}
     assert counts(path) == (3, 1)
-    assert run("outbox", "purge", str(path), waiting[1], "--all").returncode == USAGE
+    assert run("outbox", "purge", str(path), waiting[1], "--all").code == USAGE
 
 
 def test_replay_of_an_unknown_or_waiting_id_is_an_error(mixed: Mixed) -> None:
     path, waiting, quarantined = mixed
     unknown = run("outbox", "replay", str(path), "0190aaaa-0000-7000-8000-000000000000")
-    assert unknown.returncode == USAGE, unknown.stdout
+    assert unknown.code == USAGE, unknown.stdout
     assert "0190aaaa-0000-7000-8000-000000000000" in unknown.stderr
     not_quarantined = run("outbox", "replay", str(path), waiting[0], quarantined[0])
-    assert not_quarantined.returncode == USAGE
+    assert not_quarantined.code == USAGE
     assert "is waiting" in not_quarantined.stderr
     assert counts(path) == (4, 2)
     good = run("outbox", "replay", str(path), quarantined[0], "--json")
-    assert good.returncode == 0 and json.loads(good.stdout) == {"replayed": 1}
+    assert good.code == 0 and json.loads(good.stdout) == {"replayed": 1}
 
 
 @pytest.mark.parametrize("columns", ["80", "40"])
@@ -240,7 +223,7 @@ def test_list_and_quarantine_print_whole_ids_into_a_pipe(tmp_path: Path, columns
     printed: dict[str, list[str]] = {}
     for command in ("list", "quarantine"):
         proc = run("outbox", command, str(path), env={"COLUMNS": columns})
-        assert proc.returncode == 0, proc.stderr
+        assert proc.code == 0, proc.stderr
         printed[command] = id_pattern.findall(proc.stdout)
     assert printed == {"list": ids[2:], "quarantine": ids[:2]}
     copied = run("outbox", "purge", str(path), printed["list"][0], "--yes", "--json")
@@ -250,13 +233,13 @@ def test_list_and_quarantine_print_whole_ids_into_a_pipe(tmp_path: Path, columns
 def test_drain_takes_the_destination_from_the_rows(mixed: Mixed) -> None:
     path, _, _ = mixed
     drained = run("outbox", "drain", str(path), "--json")  # no --url
-    assert drained.returncode == 0, drained.stderr
+    assert drained.code == 0, drained.stderr
     report = json.loads(drained.stdout)
     assert report["before"] == 4 and report["delivered"] == 4 and report["remaining"] == 0
     assert "note:" not in drained.stderr  # the same destination: nothing to point out
     assert counts(path) == (0, 2)
     again = run("outbox", "drain", str(path), "--json")
-    assert again.returncode == 0 and json.loads(again.stdout)["before"] == 0
+    assert again.code == 0 and json.loads(again.stdout)["before"] == 0
 
 
 # --- finding 7: a damaged file, and its salvage -----------------------------------------------
@@ -319,11 +302,11 @@ def test_a_damaged_file_names_salvage_which_keeps_every_intact_message(tmp_path:
     with pytest.raises(OutboxCorrupt, match="msgsafe outbox salvage"):
         SqliteOutbox(path)
     opened = run("outbox", "status", str(path))
-    assert opened.returncode == ERROR and "msgsafe outbox salvage" in opened.stderr
+    assert opened.code == ERROR and "msgsafe outbox salvage" in opened.stderr
 
     new = tmp_path / "rescued.sqlite3"
     proc = run("outbox", "salvage", str(path), "--to", str(new), "--json")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.code == 0, proc.stderr
     report = json.loads(proc.stdout)
     print({k: v for k, v in report.items() if k not in ("source", "target")})
     assert digest(path) == before, "the damaged file is only read"
@@ -349,7 +332,7 @@ def test_a_damaged_file_names_salvage_which_keeps_every_intact_message(tmp_path:
     said = " ".join(human.stdout.split())
     assert f"copied {len(waiting)} waiting and 40 quarantined" in said
     assert "msgsafe outbox drain" in said
-    assert run("outbox", "salvage", str(path), "--to", str(new)).returncode == ERROR  # exists
+    assert run("outbox", "salvage", str(path), "--to", str(new)).code == ERROR  # exists
 
 
 _DIES_WITH_A_WAL = textwrap.dedent(
@@ -369,7 +352,7 @@ def test_salvage_applies_the_write_ahead_log_of_a_dead_process(tmp_path: Path) -
     subprocess.run([sys.executable, "-c", _DIES_WITH_A_WAL, str(path)], cwd=ROOT, check=True)
     assert Path(f"{path}-wal").stat().st_size > 0
     proc = run("outbox", "salvage", str(path), "--json")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.code == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["wal"] == "applied" and report["waiting"] == 25
     assert report["target"] == str(tmp_path / "crashed.salvaged.sqlite3")

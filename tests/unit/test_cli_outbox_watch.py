@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -21,20 +18,11 @@ from msgsafe.outbox import SqliteOutbox
 from msgsafe.testing import MemoryBroker
 
 
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    made = MemoryBroker.install(MemoryBroker(f"watch-{uuid.uuid4().hex[:8]}"))
-    try:
-        yield made
-    finally:
-        MemoryBroker.forget(made.name)
-
-
 def test_watch_forwards_until_empty_and_shows_the_figures(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
     path = tmp_path / "o.db"
-    store = SqliteOutbox(path, target=f"memory://{broker.name}")
+    store = SqliteOutbox(path, target=f"memory://{memory_broker.name}")
     ids = {"orders": 30, "audit": 12}
     sent: set[str] = set()
     for destination, count in ids.items():
@@ -49,7 +37,7 @@ def test_watch_forwards_until_empty_and_shows_the_figures(
     )
     assert result.exit_code == 0, result.output
     assert "waiting" in result.output and "drain rate" in result.output
-    assert set(broker.ids("orders")) | set(broker.ids("audit")) == sent
+    assert set(memory_broker.ids("orders")) | set(memory_broker.ids("audit")) == sent
     again = SqliteOutbox(path)
     try:
         assert again.pending() == 0

@@ -4,9 +4,8 @@ against the memory broker (callbacks on the polling thread, stored and failed re
 from __future__ import annotations
 
 import threading
-import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,13 +19,6 @@ from msgsafe.errors import ConfigurationError
 from msgsafe.testing import MemoryBroker
 
 Report = tuple[KafkaError | None, object, int]
-
-
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    b = MemoryBroker.install(MemoryBroker(f"ck-{uuid.uuid4().hex[:8]}"))
-    yield b
-    MemoryBroker.forget(b.name)
 
 
 def _producer(
@@ -121,10 +113,10 @@ def test_unsupported_settings_are_refused() -> None:
 
 
 def test_confirmed_reports_are_served_on_the_polling_thread(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
     rec = Recorder()
-    p = _producer(broker, tmp_path)
+    p = _producer(memory_broker, tmp_path)
     for i in range(50):
         p.produce("t", f"v{i}", key=f"k{i % 3}", headers={"h": b"1"}, on_delivery=rec)
     assert len(rec.reports) == 0  # nothing runs before poll()
@@ -138,13 +130,13 @@ def test_confirmed_reports_are_served_on_the_polling_thread(
     assert (STATUS_HEADER, b"confirmed") in msg.headers()  # type: ignore[attr-defined]
     assert ("h", b"1") in msg.headers()  # type: ignore[attr-defined]
     ids = [m.message_id() for _, m, _ in rec.reports]  # type: ignore[attr-defined]
-    assert sorted(ids) == sorted(broker.ids("t"))
+    assert sorted(ids) == sorted(memory_broker.ids("t"))
     p.close()
 
 
-def test_poll_counts_and_len(broker: MemoryBroker, tmp_path: Path) -> None:
+def test_poll_counts_and_len(memory_broker: MemoryBroker, tmp_path: Path) -> None:
     rec = Recorder()
-    p = _producer(broker, tmp_path, {"on_delivery": rec})  # default callback from the config
+    p = _producer(memory_broker, tmp_path, {"on_delivery": rec})  # default callback from the config
     p.produce("t", b"a")
     p.produce("t", b"b", callback=rec)
     assert len(p) == 2
@@ -157,11 +149,11 @@ def test_poll_counts_and_len(broker: MemoryBroker, tmp_path: Path) -> None:
 
 
 def test_stored_message_reports_offset_invalid_and_is_forwarded(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
     rec = Recorder()
-    p = _producer(broker, tmp_path)
-    broker.refuse_writes()
+    p = _producer(memory_broker, tmp_path)
+    memory_broker.refuse_writes()
     p.produce("t", b"stored-one", on_delivery=rec)
     while not rec.reports:
         p.poll(1.0)
@@ -170,20 +162,20 @@ def test_stored_message_reports_offset_invalid_and_is_forwarded(
     assert msg.offset() == OFFSET_INVALID == -1001  # type: ignore[attr-defined]
     assert msg.stored()  # type: ignore[attr-defined]
     assert (STATUS_HEADER, b"stored") in msg.headers()  # type: ignore[attr-defined]
-    assert p.pending() == 1 and broker.ids("t") == []
-    broker.accept_writes()
+    assert p.pending() == 1 and memory_broker.ids("t") == []
+    memory_broker.accept_writes()
     assert p.flush(10) == 0
     assert p.pending() == 0
-    assert broker.ids("t") == [msg.message_id()]  # type: ignore[attr-defined]
+    assert memory_broker.ids("t") == [msg.message_id()]  # type: ignore[attr-defined]
     p.close()
 
 
 def test_permanent_error_reaches_the_callback_as_a_kafka_error(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
     rec = Recorder()
-    p = _producer(broker, tmp_path)
-    broker.reject_next(1)
+    p = _producer(memory_broker, tmp_path)
+    memory_broker.reject_next(1)
     p.produce("t", b"x", on_delivery=rec)
     p.flush(5)
     err, msg, _ = rec.reports[0]
@@ -195,11 +187,11 @@ def test_permanent_error_reaches_the_callback_as_a_kafka_error(
 
 
 def test_without_an_outbox_a_transient_failure_is_a_retriable_timeout(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
     rec = Recorder()
-    p = _producer(broker, tmp_path, {"msgsafe.outbox": False})
-    broker.refuse_writes()
+    p = _producer(memory_broker, tmp_path, {"msgsafe.outbox": False})
+    memory_broker.refuse_writes()
     p.produce("t", b"x", on_delivery=rec)
     p.flush(5)
     err = rec.reports[0][0]
@@ -207,8 +199,8 @@ def test_without_an_outbox_a_transient_failure_is_a_retriable_timeout(
     p.close()
 
 
-def test_too_large_raises_like_confluent(broker: MemoryBroker, tmp_path: Path) -> None:
-    p = _producer(broker, tmp_path, {"message.max.bytes": 10})
+def test_too_large_raises_like_confluent(memory_broker: MemoryBroker, tmp_path: Path) -> None:
+    p = _producer(memory_broker, tmp_path, {"message.max.bytes": 10})
     rec = Recorder()
     with pytest.raises(KafkaException) as raised:  # refused in produce(), as librdkafka does
         p.produce("t", b"x" * 100, on_delivery=rec)
@@ -220,8 +212,10 @@ def test_too_large_raises_like_confluent(broker: MemoryBroker, tmp_path: Path) -
     p.close()
 
 
-def test_buffer_error_when_reports_are_not_served(broker: MemoryBroker, tmp_path: Path) -> None:
-    p = _producer(broker, tmp_path, {"queue.buffering.max.messages": 3})
+def test_buffer_error_when_reports_are_not_served(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    p = _producer(memory_broker, tmp_path, {"queue.buffering.max.messages": 3})
     for _ in range(3):
         p.produce("t", b"x")
     with pytest.raises(BufferError):
@@ -231,8 +225,8 @@ def test_buffer_error_when_reports_are_not_served(broker: MemoryBroker, tmp_path
     p.close()
 
 
-def test_argument_errors(broker: MemoryBroker, tmp_path: Path) -> None:
-    p = _producer(broker, tmp_path)
+def test_argument_errors(memory_broker: MemoryBroker, tmp_path: Path) -> None:
+    p = _producer(memory_broker, tmp_path)
     with pytest.warns(CompatWarning, match="partition"):
         p.produce("t", b"x", partition=2)  # placed by key, as the warning says
     with pytest.raises(TypeError, match="partition"):
@@ -254,11 +248,13 @@ def test_argument_errors(broker: MemoryBroker, tmp_path: Path) -> None:
         p.produce("t", b"after close")
 
 
-def test_callback_exception_propagates_from_poll(broker: MemoryBroker, tmp_path: Path) -> None:
+def test_callback_exception_propagates_from_poll(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
     def boom(err: object, msg: object) -> None:
         raise RuntimeError("user bug")
 
-    p = _producer(broker, tmp_path)
+    p = _producer(memory_broker, tmp_path)
     p.produce("t", b"x", on_delivery=boom)
     with pytest.raises(RuntimeError, match="user bug"):
         p.flush(5)
@@ -270,7 +266,7 @@ def test_callback_exception_propagates_from_poll(broker: MemoryBroker, tmp_path:
 
 
 def test_keyword_config_default_topic_config_and_logger(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
     import logging
 
@@ -279,12 +275,12 @@ def test_keyword_config_default_topic_config_and_logger(
         producer = Producer(
             **{"bootstrap.servers": "127.0.0.1:1", "msgsafe.outbox": str(tmp_path / "o.db")},
             logger=logging.getLogger("legacy"),
-            _url=f"memory://{broker.name}",
+            _url=f"memory://{memory_broker.name}",
         )
     assert producer.close() is True
     merged = Producer(
         {"bootstrap.servers": "127.0.0.1:1", "default.topic.config": {"message.timeout.ms": 1234}},
-        _url=f"memory://{broker.name}",
+        _url=f"memory://{memory_broker.name}",
     )
     assert merged._confirm_timeout == 1.234
     merged.close()
@@ -307,19 +303,19 @@ def test_without_bootstrap_servers_made_and_failing_on_use() -> None:
 
 
 def test_closed_producer_raises_runtime_error_and_with_closes(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
-    with _producer(broker, tmp_path) as producer:
+    with _producer(memory_broker, tmp_path) as producer:
         producer.produce("t", b"v")
-    assert broker.ids("t") != []  # leaving the block flushed
+    assert memory_broker.ids("t") != []  # leaving the block flushed
     for call in (lambda: producer.produce("t", b"x"), lambda: producer.poll(0), producer.flush):
         with pytest.raises(RuntimeError, match="closed"):
             call()
     assert len(producer) == 0 and producer.close() is True
 
 
-def test_produce_batch_purge_and_credentials(broker: MemoryBroker, tmp_path: Path) -> None:
-    producer = _producer(broker, tmp_path)
+def test_produce_batch_purge_and_credentials(memory_broker: MemoryBroker, tmp_path: Path) -> None:
+    producer = _producer(memory_broker, tmp_path)
     record = Recorder()
     messages: list[dict[str, object]] = [
         {"value": b"a"},
@@ -340,19 +336,19 @@ def test_produce_batch_purge_and_credentials(broker: MemoryBroker, tmp_path: Pat
     with pytest.warns(CompatWarning, match="list_topics"):
         producer.set_sasl_credentials("u", "p")
     assert producer.flush(5) == 0 and len(record.reports) == 3
-    assert [m.body for m in broker.messages("t")] == [b"a", b"b", b"c"]
+    assert [m.body for m in memory_broker.messages("t")] == [b"a", b"b", b"c"]
     producer.close()
 
 
 @pytest.mark.timeout(120)
 def test_flush_returns_while_other_threads_poll_flush_and_produce(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
     """Each round: 200 messages, then flush() (no timeout) on four threads while two
     more poll and one produces 50 more, confirms arriving over time (5 ms each); every
     flush must return within 10 s."""
-    broker.delay_confirms(0.005)
-    producer = _producer(broker, tmp_path)
+    memory_broker.delay_confirms(0.005)
+    producer = _producer(memory_broker, tmp_path)
     errors: list[BaseException] = []
 
     def guarded(work: Callable[[], object]) -> Callable[[], None]:
@@ -385,5 +381,5 @@ def test_flush_returns_while_other_threads_poll_flush_and_produce(
         assert not any(t.is_alive() for t in threads), "flush() did not return"
         assert errors == []
     assert producer.flush(10) == 0
-    assert len(broker.ids("t")) == 5 * 250
+    assert len(memory_broker.ids("t")) == 5 * 250
     producer.close()

@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import pickle
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,16 +20,11 @@ from msgsafe.testing import MemoryBroker
 from tests.support.waiting import wait_until
 
 
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    b = MemoryBroker.install(MemoryBroker(f"g-{uuid.uuid4().hex[:8]}"))
-    yield b
-    MemoryBroker.forget(b.name)
-
-
-def test_a_destination_below_require_is_refused_and_nothing_is_sent(broker: MemoryBroker) -> None:
-    broker.set_guarantee("q", Guarantee.NONE)
-    with Producer(f"memory://{broker.name}", outbox=False) as producer:
+def test_a_destination_below_require_is_refused_and_nothing_is_sent(
+    memory_broker: MemoryBroker,
+) -> None:
+    memory_broker.set_guarantee("q", Guarantee.NONE)
+    with Producer(f"memory://{memory_broker.name}", outbox=False) as producer:
         with pytest.raises(UnsafeDestination) as caught:
             producer.send("q", b"x", message_id="m-1")
         with pytest.raises(UnsafeDestination):
@@ -53,7 +46,7 @@ def test_a_destination_below_require_is_refused_and_nothing_is_sent(broker: Memo
         "durable",
         error.fix,
     )
-    assert broker.publish_attempts == 0 and broker.count("q") == 0
+    assert memory_broker.publish_attempts == 0 and memory_broker.count("q") == 0
 
 
 @pytest.mark.parametrize(
@@ -69,10 +62,10 @@ def test_a_destination_below_require_is_refused_and_nothing_is_sent(broker: Memo
     ],
 )
 def test_require_levels(
-    broker: MemoryBroker, require: str, guarantee: Guarantee, allowed: bool
+    memory_broker: MemoryBroker, require: str, guarantee: Guarantee, allowed: bool
 ) -> None:
-    broker.set_guarantee("q", guarantee)
-    with Producer(f"memory://{broker.name}", outbox=False, require=require) as producer:
+    memory_broker.set_guarantee("q", guarantee)
+    with Producer(f"memory://{memory_broker.name}", outbox=False, require=require) as producer:
         if allowed:
             receipt = producer.send("q", b"x")
             assert (receipt.status, receipt.guarantee) == (Status.CONFIRMED, guarantee)
@@ -80,22 +73,22 @@ def test_require_levels(
         else:
             with pytest.raises(UnsafeDestination):
                 producer.send("q", b"x")
-            assert broker.count("q") == 0
+            assert memory_broker.count("q") == 0
 
 
-def test_a_bad_require_is_a_configuration_error(broker: MemoryBroker) -> None:
+def test_a_bad_require_is_a_configuration_error(memory_broker: MemoryBroker) -> None:
     with pytest.raises(ConfigurationError, match="require"):
-        Producer(f"memory://{broker.name}", outbox=False, require="safe")
+        Producer(f"memory://{memory_broker.name}", outbox=False, require="safe")
     with pytest.raises(ConfigurationError, match="check_every"):
-        Producer(f"memory://{broker.name}", outbox=False, check_every=0)
+        Producer(f"memory://{memory_broker.name}", outbox=False, check_every=0)
 
 
 def test_below_replicated_warns_once_per_destination(
-    broker: MemoryBroker, caplog: pytest.LogCaptureFixture
+    memory_broker: MemoryBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
-    broker.set_guarantee("q", Guarantee.DURABLE)
+    memory_broker.set_guarantee("q", Guarantee.DURABLE)
     caplog.set_level(logging.WARNING, logger="msgsafe.checks")
-    with Producer(f"memory://{broker.name}", outbox=False) as producer:
+    with Producer(f"memory://{memory_broker.name}", outbox=False) as producer:
         for _ in range(50):
             producer.send("q", b"x")
         producer.send("other", b"x")
@@ -103,7 +96,7 @@ def test_below_replicated_warns_once_per_destination(
     assert len(warnings) == 1 and "q" in warnings[0].getMessage()
 
 
-def test_the_check_runs_once_per_destination_not_per_message(broker: MemoryBroker) -> None:
+def test_the_check_runs_once_per_destination_not_per_message(memory_broker: MemoryBroker) -> None:
     calls: list[str] = []
 
     def inspect(destination: str) -> DestinationReport:
@@ -117,10 +110,10 @@ def test_the_check_runs_once_per_destination_not_per_message(broker: MemoryBroke
     assert calls == ["a", "b"]
 
 
-def test_a_refresh_sees_a_destination_that_became_unsafe(broker: MemoryBroker) -> None:
-    with Producer(f"memory://{broker.name}", outbox=False, check_every=0.2) as producer:
+def test_a_refresh_sees_a_destination_that_became_unsafe(memory_broker: MemoryBroker) -> None:
+    with Producer(f"memory://{memory_broker.name}", outbox=False, check_every=0.2) as producer:
         assert producer.send("q", b"x").guarantee is Guarantee.REPLICATED
-        broker.set_guarantee("q", Guarantee.NONE)
+        memory_broker.set_guarantee("q", Guarantee.NONE)
 
         def refused() -> bool:
             try:
@@ -132,55 +125,59 @@ def test_a_refresh_sees_a_destination_that_became_unsafe(broker: MemoryBroker) -
         wait_until(refused, 10.0, "the refreshed check refuses the destination")
 
 
-def test_an_unreachable_broker_without_outbox_raises_connect_error(broker: MemoryBroker) -> None:
-    broker.down()
+def test_an_unreachable_broker_without_outbox_raises_connect_error(
+    memory_broker: MemoryBroker,
+) -> None:
+    memory_broker.down()
     with (
-        Producer(f"memory://{broker.name}", outbox=False) as producer,
+        Producer(f"memory://{memory_broker.name}", outbox=False) as producer,
         pytest.raises(ConnectError) as caught,
     ):
         producer.send("q", b"x", message_id="m-2")
     assert caught.value.message_id == "m-2"
 
 
-def test_stored_unchecked_then_forwarded_once_checked(broker: MemoryBroker, tmp_path: Path) -> None:
-    broker.down()
-    with Producer(f"memory://{broker.name}", outbox=tmp_path / "o.db") as producer:
+def test_stored_unchecked_then_forwarded_once_checked(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    memory_broker.down()
+    with Producer(f"memory://{memory_broker.name}", outbox=tmp_path / "o.db") as producer:
         receipts = [producer.send("q", b"x") for _ in range(5)]
         assert {(r.status, r.guarantee) for r in receipts} == {(Status.STORED, Guarantee.UNKNOWN)}
-        broker.up()
+        memory_broker.up()
         assert producer.drain(10.0) == 0
-    assert sorted(broker.ids("q")) == sorted(r.message_id for r in receipts)
+    assert sorted(memory_broker.ids("q")) == sorted(r.message_id for r in receipts)
 
 
 def test_stored_messages_for_an_unsafe_destination_are_quarantined_not_sent(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
-    broker.down()
-    with Producer(f"memory://{broker.name}", outbox=tmp_path / "o.db") as producer:
+    memory_broker.down()
+    with Producer(f"memory://{memory_broker.name}", outbox=tmp_path / "o.db") as producer:
         stored = [producer.send("q", b"x", key="k").message_id for _ in range(5)]
         fine = producer.send("ok", b"y").message_id
-        broker.set_guarantee("q", Guarantee.NONE)
-        broker.up()
+        memory_broker.set_guarantee("q", Guarantee.NONE)
+        memory_broker.up()
         wait_until(lambda: producer.drain(1.0) == 0, 10.0, "the outbox drains or quarantines")
         outbox = producer.outbox
         assert outbox is not None
         assert outbox.stats().quarantined == len(stored)
-    assert broker.count("q") == 0
-    assert broker.ids("ok") == [fine]
+    assert memory_broker.count("q") == 0
+    assert memory_broker.ids("ok") == [fine]
 
 
-def test_async_producer_checks_off_the_loop(broker: MemoryBroker) -> None:
-    broker.set_guarantee("q", Guarantee.NONE)
+def test_async_producer_checks_off_the_loop(memory_broker: MemoryBroker) -> None:
+    memory_broker.set_guarantee("q", Guarantee.NONE)
 
     async def main() -> None:
-        async with AsyncProducer(f"memory://{broker.name}", outbox=False) as producer:
+        async with AsyncProducer(f"memory://{memory_broker.name}", outbox=False) as producer:
             with pytest.raises(UnsafeDestination):
                 await producer.send("q", b"x")
             receipt = await producer.send("fine", b"x")
             assert receipt.guarantee is Guarantee.REPLICATED
 
     asyncio.run(main())
-    assert broker.count("q") == 0
+    assert memory_broker.count("q") == 0
 
 
 def test_a_failover_checks_every_destination_again_in_the_background() -> None:

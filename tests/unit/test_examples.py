@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.examples._run import EXAMPLES, Run, run_example
+from tests.support.commands import EXAMPLES, Run, run_example
 
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 

@@ -11,11 +11,12 @@ import socket
 import socketserver
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from msgsafe.testing.faultproxy import FaultProxies, FaultProxy, ProxyStats
+from tests.support.waiting import wait_until
 
 
 class _EchoHandler(socketserver.BaseRequestHandler):
@@ -66,14 +67,6 @@ def proxy(echo: _EchoServer) -> Iterator[FaultProxy]:
         yield p
 
 
-def wait_until(cond: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
-
-
 def connect(p: FaultProxy, timeout: float = 5.0) -> socket.socket:
     sock = socket.create_connection(p.address, timeout=timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -113,12 +106,12 @@ def still_open(sock: socket.socket) -> bool:
 def test_transparent_pipe_and_counters(proxy: FaultProxy) -> None:
     with connect(proxy) as sock:
         assert roundtrip(sock, b"x" * 1000) == b"x" * 1000
-        wait_until(lambda: proxy.stats().bytes_downstream == 1000, what="1000 bytes down")
+        wait_until(lambda: proxy.stats().bytes_downstream == 1000, 5, "1000 bytes down")
     stats = proxy.stats()
     assert isinstance(stats, ProxyStats)
     assert stats.bytes_upstream == 1000
     assert stats.connections_accepted == 1
-    wait_until(lambda: proxy.stats().connections_active == 0, what="connection closed")
+    wait_until(lambda: proxy.stats().connections_active == 0, 5, "connection closed")
     print(stats)
 
 
@@ -143,7 +136,7 @@ def test_blackhole_hangs_reads_but_keeps_connections_open(
         assert still_open(sock)
         assert proxy.stats().connections_active == 1
         assert echo.open == 1  # the server side is open too, and heard nothing
-        wait_until(lambda: proxy.stats().dropped_upstream == 4, what="4 dropped bytes")
+        wait_until(lambda: proxy.stats().dropped_upstream == 4, 5, "4 dropped bytes")
 
         # A new connection opens, but nothing comes back.
         with connect(proxy, timeout=0.5) as fresh:
@@ -318,7 +311,7 @@ def test_upstream_down_resets_the_client() -> None:
     with FaultProxy("127.0.0.1", dead_port) as p:
         with pytest.raises(ConnectionResetError), connect(p) as sock:
             roundtrip(sock)
-        wait_until(lambda: p.stats().upstream_connect_failures == 1, what="1 failed dial")
+        wait_until(lambda: p.stats().upstream_connect_failures == 1, 5, "1 failed dial")
 
 
 def test_close_closes_every_socket_and_the_thread(echo: _EchoServer) -> None:
@@ -331,12 +324,12 @@ def test_close_closes_every_socket_and_the_thread(echo: _EchoServer) -> None:
         p.close()  # idempotent
         sock.settimeout(5)
         assert sock.recv(1) == b""
-        wait_until(lambda: echo.open == 0, what="server side closed")
+        wait_until(lambda: echo.open == 0, 5, "server side closed")
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(p.address, timeout=2).close()
         # The echo server's handler thread for this connection may still be on its way
         # out after it counted the close; the proxy's own thread must be gone too.
-        wait_until(lambda: threading.active_count() <= threads_before, what="proxy thread stopped")
+        wait_until(lambda: threading.active_count() <= threads_before, 5, "proxy thread stopped")
         with pytest.raises(RuntimeError):
             p.blackhole()
     finally:

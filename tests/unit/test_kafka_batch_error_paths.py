@@ -21,8 +21,9 @@ from msgsafe.adapters.kafka import KafkaTransport, open_transport
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import BatchFailed, MsgsafeError, PermanentError, TransientError
 from msgsafe.message import Batch
-from tests.support.kafka_ledger import Ledger, consume_until, warm_up
+from tests.support.kafka_ledger import consume_until, warm_up
 from tests.support.kafka_mock import MockKafkaCluster
+from tests.support.ledger import Ledger
 from tests.unit.test_kafka_error_paths import _raise_fatal
 
 TOPIC = "orders"
@@ -57,10 +58,9 @@ class _Tally:
 
 
 def _record(ledger: Ledger, batch_ids: list[str], receipt: msgsafe.message.BatchReceipt) -> None:
-    ledger.sent.extend(batch_ids)
+    ledger.sent.update(batch_ids)
     for message_id in receipt.message_ids:
-        ledger.receipted.add(message_id)
-        ledger.statuses[receipt.status(message_id).value] += 1
+        ledger.add_receipt(message_id, receipt.status(message_id))
 
 
 def test_not_enough_replicas_sends_a_batch_to_the_outbox_then_delivers_it(
@@ -157,12 +157,12 @@ def test_a_partly_failed_batch_names_exactly_the_messages_the_broker_lacks(
         batch_num_messages=100,
         linger_ms=0,
     ) as producer:
-        ledger.sent.append(producer.send(TOPIC, b"warm-up").message_id)
+        ledger.sent.add(producer.send(TOPIC, b"warm-up").message_id)
         # One produce request fails for good (not retried by librdkafka): only the
         # messages in it fail; unique bodies let each report name its message.
         kafka_mock.fail_produce(KafkaError.TOPIC_AUTHORIZATION_FAILED, count=1)
         batch = Batch.build(TOPIC, [b"m%d" % i for i in range(3000)])
-        ledger.sent.extend(batch.message_ids)
+        ledger.sent.update(batch.message_ids)
         with pytest.raises(BatchFailed) as caught:
             producer.submit_batch(batch).result(30)
         kafka_mock.heal_produce()
@@ -195,7 +195,7 @@ def test_a_leader_down_stores_exactly_its_partitions_messages(
     with msgsafe.Producer(
         kafka_mock.url, outbox=tmp_path / "o.db", send_timeout=30, confirm_timeout=3
     ) as producer:
-        ledger.sent.append(producer.send(TOPIC, b"warm-up").message_id)
+        ledger.sent.add(producer.send(TOPIC, b"warm-up").message_id)
         kafka_mock.broker_down(2)
         # Unique keys spread the batch over every partition; unique bodies let each
         # failed report name its message.

@@ -18,8 +18,9 @@ from pathlib import Path
 from confluent_kafka import Producer as RawProducer
 
 import msgsafe
-from tests.support.kafka_ledger import Ledger, consume_until
+from tests.support.kafka_ledger import consume_until
 from tests.support.kafka_mock import MockKafkaCluster
+from tests.support.ledger import Ledger
 
 TOPIC = "orders"
 #: The raw producer's topic: its messages carry no id for the ledger.
@@ -55,12 +56,12 @@ def test_a_blocking_send_after_a_pause_is_as_quick_as_a_raw_send(
     took = []
     with msgsafe.Producer(kafka_mock.url, outbox=tmp_path / "outbox.db") as producer:
         warm_up = msgsafe.new_message_id()
-        ledger.sent.append(warm_up)
+        ledger.sent.add(warm_up)
         producer.send(TOPIC, b"warm-up", message_id=warm_up)
         for _ in range(SENDS):
             time.sleep(PAUSE_S)  # the pause is the scenario, not a synchronisation
             message_id = msgsafe.new_message_id()
-            ledger.sent.append(message_id)
+            ledger.sent.add(message_id)
             started = time.perf_counter()
             receipt = producer.send(TOPIC, b"x" * 100, message_id=message_id)
             took.append(time.perf_counter() - started)

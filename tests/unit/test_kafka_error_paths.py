@@ -21,8 +21,9 @@ from msgsafe.adapters.kafka import KafkaTransport, open_transport
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import TransientError
 from msgsafe.message import Envelope
-from tests.support.kafka_ledger import Ledger, consume_until, warm_up
+from tests.support.kafka_ledger import consume_until, warm_up
 from tests.support.kafka_mock import MockKafkaCluster, _librdkafka
+from tests.support.ledger import Ledger
 
 TOPIC = "orders"
 
@@ -31,14 +32,13 @@ def _send(producer: msgsafe.Producer, ledger: Ledger, count: int) -> list[msgsaf
     futures = []
     for i in range(count):
         message_id = msgsafe.new_message_id()
-        ledger.sent.append(message_id)
+        ledger.sent.add(message_id)
         futures.append(
             producer.send_async(TOPIC, b"x" * 100, key=f"k{i % 8}", message_id=message_id)
         )
     receipts = [f.result(60) for f in futures]
     for receipt in receipts:
-        ledger.receipted.add(receipt.message_id)
-        ledger.statuses[receipt.status.value] += 1
+        ledger.add_receipt(receipt.message_id, receipt.status)
     return receipts
 
 
@@ -128,12 +128,11 @@ def test_fatal_idempotence_error_recreates_the_producer_and_loses_nothing(
             if i == 500:
                 _raise_fatal(transport)
             message_id = msgsafe.new_message_id()
-            ledger.sent.append(message_id)
+            ledger.sent.add(message_id)
             futures.append(producer.send_async(TOPIC, b"y", key=f"k{i % 8}", message_id=message_id))
         for future in futures:
             receipt = future.result(60)
-            ledger.receipted.add(receipt.message_id)
-            ledger.statuses[receipt.status.value] += 1
+            ledger.add_receipt(receipt.message_id, receipt.status)
         assert producer.drain(60) == 0
         recreated = transport.recreated
     ledger.received.update(consume_until(kafka_mock.url, TOPIC, ledger.receipted, deadline_s=60))
@@ -158,13 +157,12 @@ def test_leader_moves_while_sending_lose_nothing(
             if i == 3000:
                 kafka_mock.broker_down(2)
             message_id = msgsafe.new_message_id()
-            ledger.sent.append(message_id)
+            ledger.sent.add(message_id)
             futures.append(producer.send_async(TOPIC, b"z", key=f"k{i % 8}", message_id=message_id))
         kafka_mock.broker_up(2)
         for future in futures:
             receipt = future.result(60)
-            ledger.receipted.add(receipt.message_id)
-            ledger.statuses[receipt.status.value] += 1
+            ledger.add_receipt(receipt.message_id, receipt.status)
         assert producer.drain(60) == 0
     ledger.received.update(consume_until(kafka_mock.url, TOPIC, ledger.receipted, deadline_s=60))
     print(f"\n{ledger.report('kafka leader moves')}")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import threading
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -13,19 +11,12 @@ from msgsafe.errors import ClosedError, ConfigurationError, InvalidMessage, Mess
 from msgsafe.testing import MemoryBroker
 
 
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    b = MemoryBroker.install(MemoryBroker(f"t-{uuid.uuid4().hex[:8]}"))
-    yield b
-    MemoryBroker.forget(b.name)
-
-
 def url(b: MemoryBroker) -> str:
     return f"memory://{b.name}"
 
 
-def test_send_poll_ack(broker: MemoryBroker) -> None:
-    with Producer(url(broker), outbox=False) as p, Consumer(url(broker)) as c:
+def test_send_poll_ack(memory_broker: MemoryBroker) -> None:
+    with Producer(url(memory_broker), outbox=False) as p, Consumer(url(memory_broker)) as c:
         receipt = p.send("q", b"hello", key="k1", headers={"h": "v"})
         assert receipt.status is Status.CONFIRMED and receipt.destination == "q"
         c.subscribe("q")
@@ -44,8 +35,8 @@ def test_send_poll_ack(broker: MemoryBroker) -> None:
             d.ack()  # never acknowledged twice
 
 
-def test_nack_requeue_redelivers_and_reject_drops(broker: MemoryBroker) -> None:
-    with Producer(url(broker), outbox=False) as p, Consumer(url(broker)) as c:
+def test_nack_requeue_redelivers_and_reject_drops(memory_broker: MemoryBroker) -> None:
+    with Producer(url(memory_broker), outbox=False) as p, Consumer(url(memory_broker)) as c:
         p.send("q", b"one")
         c.subscribe("q")
         [d] = c.poll(timeout=2)
@@ -56,26 +47,26 @@ def test_nack_requeue_redelivers_and_reject_drops(broker: MemoryBroker) -> None:
         assert c.poll(timeout=0.05) == []
 
 
-def test_unsettled_deliveries_return_when_consumer_closes(broker: MemoryBroker) -> None:
-    with Producer(url(broker), outbox=False) as p:
+def test_unsettled_deliveries_return_when_consumer_closes(memory_broker: MemoryBroker) -> None:
+    with Producer(url(memory_broker), outbox=False) as p:
         ids = [p.send("q", str(i).encode()).message_id for i in range(5)]
-    first = Consumer(url(broker)).subscribe("q")
+    first = Consumer(url(memory_broker)).subscribe("q")
     got = first.poll(max_messages=5, timeout=2)
     assert [d.message_id for d in got] == ids
     first.close()
-    with Consumer(url(broker)) as second:
+    with Consumer(url(memory_broker)) as second:
         second.subscribe("q")
         again = second.poll(max_messages=5, timeout=2)
         assert [d.message_id for d in again] == ids
         assert all(d.redelivered for d in again)
 
 
-def test_groups_each_see_every_message_and_members_share(broker: MemoryBroker) -> None:
-    with Producer(url(broker), outbox=False) as p:
+def test_groups_each_see_every_message_and_members_share(memory_broker: MemoryBroker) -> None:
+    with Producer(url(memory_broker), outbox=False) as p:
         ids = {p.send("topic", b"x").message_id for _ in range(10)}
-    a1 = Consumer(url(broker), group="A").subscribe("topic")
-    a2 = Consumer(url(broker), group="A").subscribe("topic")
-    b = Consumer(url(broker), group="B").subscribe("topic")
+    a1 = Consumer(url(memory_broker), group="A").subscribe("topic")
+    a2 = Consumer(url(memory_broker), group="A").subscribe("topic")
+    b = Consumer(url(memory_broker), group="B").subscribe("topic")
     got_a = a1.poll(max_messages=4, timeout=1) + a2.poll(max_messages=10, timeout=1)
     got_b = b.poll(max_messages=10, timeout=1)
     assert {d.message_id for d in got_a} == ids and len(got_a) == 10
@@ -84,12 +75,12 @@ def test_groups_each_see_every_message_and_members_share(broker: MemoryBroker) -
         c.close()
 
 
-def test_dedup_drops_known_ids(broker: MemoryBroker) -> None:
-    with Producer(url(broker), outbox=False) as p:
+def test_dedup_drops_known_ids(memory_broker: MemoryBroker) -> None:
+    with Producer(url(memory_broker), outbox=False) as p:
         r = p.send("q", b"x", message_id="fixed-id")
         p.send("q", b"x", message_id="fixed-id")  # a retry after an unknown outcome
         p.send("q", b"y")
-    with Consumer(url(broker), dedup=True) as c:
+    with Consumer(url(memory_broker), dedup=True) as c:
         c.subscribe("q")
         got = c.poll(max_messages=10, timeout=1)
         for d in got:
@@ -99,8 +90,8 @@ def test_dedup_drops_known_ids(broker: MemoryBroker) -> None:
         assert c.duplicates_dropped == 1
 
 
-def test_bad_input_is_typed(broker: MemoryBroker) -> None:
-    with Producer(url(broker), outbox=False, max_message_size=10) as p:
+def test_bad_input_is_typed(memory_broker: MemoryBroker) -> None:
+    with Producer(url(memory_broker), outbox=False, max_message_size=10) as p:
         with pytest.raises(InvalidMessage):
             p.send("q", "text")  # type: ignore[arg-type]
         with pytest.raises(InvalidMessage):
@@ -112,28 +103,28 @@ def test_bad_input_is_typed(broker: MemoryBroker) -> None:
         with pytest.raises(MessageTooLarge):
             p.send("q", b"x" * 11)
     with pytest.raises(ConfigurationError, match="unknown option"):
-        Producer(url(broker), outbox=False, confirm_timout=3)
+        Producer(url(memory_broker), outbox=False, confirm_timout=3)
     with pytest.raises(ConfigurationError, match="must be a number"):
-        Producer(url(broker) + "?confirm_timeout=soon", outbox=False)
+        Producer(url(memory_broker) + "?confirm_timeout=soon", outbox=False)
 
 
-def test_closed_producer_and_consumer(broker: MemoryBroker) -> None:
-    p = Producer(url(broker), outbox=False)
+def test_closed_producer_and_consumer(memory_broker: MemoryBroker) -> None:
+    p = Producer(url(memory_broker), outbox=False)
     p.close()
     p.close()  # idempotent
     with pytest.raises(ClosedError):
         p.send("q", b"x")
-    c = Consumer(url(broker))
+    c = Consumer(url(memory_broker))
     c.close()
     with pytest.raises(ClosedError):
         c.poll()
 
 
-def test_iteration_stops_on_close(broker: MemoryBroker) -> None:
-    with Producer(url(broker), outbox=False) as p:
+def test_iteration_stops_on_close(memory_broker: MemoryBroker) -> None:
+    with Producer(url(memory_broker), outbox=False) as p:
         for i in range(3):
             p.send("q", str(i).encode())
-    c = Consumer(url(broker)).subscribe("q")
+    c = Consumer(url(memory_broker)).subscribe("q")
     seen = []
     for d in c:
         seen.append(d.body)
@@ -143,8 +134,11 @@ def test_iteration_stops_on_close(broker: MemoryBroker) -> None:
     assert seen == [b"0", b"1", b"2"]
 
 
-def test_poll_waits_past_dropped_duplicates(broker: MemoryBroker) -> None:
-    with Producer(url(broker), outbox=False) as p, Consumer(url(broker), dedup=True) as c:
+def test_poll_waits_past_dropped_duplicates(memory_broker: MemoryBroker) -> None:
+    with (
+        Producer(url(memory_broker), outbox=False) as p,
+        Consumer(url(memory_broker), dedup=True) as c,
+    ):
         c.subscribe("q")
         p.send("q", b"x", message_id="same")
         [d] = c.poll(timeout=2)
@@ -155,7 +149,7 @@ def test_poll_waits_past_dropped_duplicates(broker: MemoryBroker) -> None:
         assert fresh.body == b"new" and c.duplicates_dropped == 1
 
 
-def test_poll_takes_the_timeout_first_as_confluent_kafka_does(broker: MemoryBroker) -> None:
+def test_poll_takes_the_timeout_first_as_confluent_kafka_does(memory_broker: MemoryBroker) -> None:
     """``poll(10)`` waits up to 10 s for one message (confluent-kafka's ``poll(timeout)``),
     never for 10 messages; ``max_messages`` is keyword-only."""
     import inspect
@@ -164,7 +158,7 @@ def test_poll_takes_the_timeout_first_as_confluent_kafka_does(broker: MemoryBrok
     assert list(parameters) == ["self", "timeout", "max_messages"]
     assert parameters["max_messages"].kind is inspect.Parameter.KEYWORD_ONLY
     assert parameters["max_messages"].default == 1
-    with Producer(url(broker), outbox=False) as p, Consumer(url(broker)) as c:
+    with Producer(url(memory_broker), outbox=False) as p, Consumer(url(memory_broker)) as c:
         c.subscribe("q")
         assert c.poll(0.05) == []  # a timeout, not max_messages=0.05
         ids = [p.send("q", str(i).encode()).message_id for i in range(3)]

@@ -88,18 +88,16 @@ def test_build_fast_path_matches_the_checked_path() -> None:
         Envelope.build("q", b"x", key=1)  # type: ignore[arg-type]
 
 
-def test_receipt_future_cannot_be_cancelled_and_flush_waits_for_it() -> None:
-    broker = MemoryBroker.install(MemoryBroker("ids-cancel"))
-    broker.delay_confirms(0.2)
-    try:
-        with msgsafe.Producer("memory://ids-cancel", outbox=False) as producer:
-            future = producer.send_async("q", b"x")
-            assert future.cancel() is False
-            assert producer.flush(5)
-            assert future.done()
-            assert future.result().status is msgsafe.Status.CONFIRMED
-    finally:
-        MemoryBroker.forget("ids-cancel")
+def test_receipt_future_cannot_be_cancelled_and_flush_waits_for_it(
+    memory_broker: MemoryBroker,
+) -> None:
+    memory_broker.delay_confirms(0.2)
+    with msgsafe.Producer(f"memory://{memory_broker.name}", outbox=False) as producer:
+        future = producer.send_async("q", b"x")
+        assert future.cancel() is False
+        assert producer.flush(5)
+        assert future.done()
+        assert future.result().status is msgsafe.Status.CONFIRMED
 
 
 def test_light_future_behaves_as_a_future() -> None:

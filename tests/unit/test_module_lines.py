@@ -26,6 +26,4 @@ def test_no_private_name_is_imported_across_modules() -> None:
                 if (module_file / f"{name}.py").exists() or (module_file / name).is_dir():
                     continue  # a private module, imported as a module
                 crossings.append(f"{path.relative_to(PACKAGE.parent)}: {node.module}.{name}")
-    assert not crossings, "rename these (drop the underscore on the name):\n" + "\n".join(
-        crossings
-    )
+    assert not crossings, "rename these (drop the underscore on the name):\n" + "\n".join(crossings)

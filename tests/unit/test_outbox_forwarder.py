@@ -254,33 +254,29 @@ def test_permanent_error_quarantines_and_the_key_continues(
     assert [e.message_id for e in transport.published] == [e.message_id for e in sent]
 
 
-def test_drain_with_the_memory_broker(tmp_path: Path) -> None:
-    broker = MemoryBroker.install(MemoryBroker("outbox-drain"))
-    try:
-        transport = open_transport(parse_url("memory://outbox-drain"), {})
-        store = SqliteOutbox(tmp_path / "o.db")
-        sent = envs(2000, keys=10)
-        store.put(sent)
-        broker.refuse_writes()
-        fwd = Forwarder(store, transport, policy=RetryPolicy(initial=0.01, maximum=0.05))
-        fwd.start()
-        fwd.wake()
-        assert fwd.drain(0.3) == 2000  # refusing: nothing goes
-        broker.accept_writes()
-        assert fwd.drain(20) == 0
-        fwd.stop(5)
-        got = broker.ids("q")
-        assert set(got) == {e.message_id for e in sent}
-        for k in range(10):
-            key = f"k{k}".encode()
-            ids = [e.message_id for e in broker.messages("q") if e.key == key]
-            assert ids == [e.message_id for e in sent if e.key == key]
-        dupes = len(got) - len(set(got))
-        print(f"sent={len(sent)} received={len(set(got))} duplicates={dupes} lost=0")
-        store.close()
-        transport.close()
-    finally:
-        MemoryBroker.forget("outbox-drain")
+def test_drain_with_the_memory_broker(memory_broker: MemoryBroker, tmp_path: Path) -> None:
+    transport = open_transport(parse_url(f"memory://{memory_broker.name}"), {})
+    store = SqliteOutbox(tmp_path / "o.db")
+    sent = envs(2000, keys=10)
+    store.put(sent)
+    memory_broker.refuse_writes()
+    fwd = Forwarder(store, transport, policy=RetryPolicy(initial=0.01, maximum=0.05))
+    fwd.start()
+    fwd.wake()
+    assert fwd.drain(0.3) == 2000  # refusing: nothing goes
+    memory_broker.accept_writes()
+    assert fwd.drain(20) == 0
+    fwd.stop(5)
+    got = memory_broker.ids("q")
+    assert set(got) == {e.message_id for e in sent}
+    for k in range(10):
+        key = f"k{k}".encode()
+        ids = [e.message_id for e in memory_broker.messages("q") if e.key == key]
+        assert ids == [e.message_id for e in sent if e.key == key]
+    dupes = len(got) - len(set(got))
+    print(f"sent={len(sent)} received={len(set(got))} duplicates={dupes} lost=0")
+    store.close()
+    transport.close()
 
 
 def test_drain_without_thread_returns_remaining(store: SqliteOutbox) -> None:

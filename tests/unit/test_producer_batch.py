@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pickle
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -24,58 +23,53 @@ from msgsafe.testing import MemoryBroker
 FAST = RetryPolicy(initial=0.01, maximum=0.05)
 
 
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    b = MemoryBroker.install(MemoryBroker(f"b-{uuid.uuid4().hex[:8]}"))
-    yield b
-    MemoryBroker.forget(b.name)
-
-
 def producer(broker: MemoryBroker, path: Path | None, **options: object) -> Producer:
     outbox: Path | bool = path if path is not None else False
     return Producer(f"memory://{broker.name}", outbox=outbox, retry=FAST, **options)
 
 
-def test_a_batch_is_confirmed_in_order_with_its_ids(broker: MemoryBroker, tmp_path: Path) -> None:
+def test_a_batch_is_confirmed_in_order_with_its_ids(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
     bodies = [f"m{i}".encode() for i in range(500)]
-    with producer(broker, tmp_path / "o.db") as p:
+    with producer(memory_broker, tmp_path / "o.db") as p:
         receipt = p.send_batch("q", bodies, keys=[f"k{i % 7}" for i in range(500)])
     assert isinstance(receipt, BatchReceipt)
     assert len(receipt) == 500 and receipt.confirmed == 500 and receipt.stored == 0
-    assert list(receipt.message_ids) == broker.ids("q")
-    assert [m.body for m in broker.messages("q")] == bodies
+    assert list(receipt.message_ids) == memory_broker.ids("q")
+    assert [m.body for m in memory_broker.messages("q")] == bodies
     assert {r.status for r in receipt.receipts()} == {Status.CONFIRMED}
 
 
-def test_given_ids_are_kept(broker: MemoryBroker, tmp_path: Path) -> None:
+def test_given_ids_are_kept(memory_broker: MemoryBroker, tmp_path: Path) -> None:
     ids = [f"order-{i}" for i in range(10)]
-    with producer(broker, tmp_path / "o.db") as p:
+    with producer(memory_broker, tmp_path / "o.db") as p:
         receipt = p.send_batch("q", [b"x"] * 10, message_ids=ids)
-    assert list(receipt.message_ids) == ids == broker.ids("q")
+    assert list(receipt.message_ids) == ids == memory_broker.ids("q")
 
 
 def test_a_refused_batch_is_stored_then_delivered_exactly(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
-    with producer(broker, tmp_path / "o.db") as p:
-        broker.refuse_writes()
+    with producer(memory_broker, tmp_path / "o.db") as p:
+        memory_broker.refuse_writes()
         receipt = p.send_batch("q", [f"m{i}".encode() for i in range(300)])
         assert receipt.stored + receipt.confirmed == 300
         assert receipt.stored == 300
         assert {r.status for r in receipt.receipts()} == {Status.STORED}
-        broker.accept_writes()
+        memory_broker.accept_writes()
         assert p.drain(timeout=10) == 0
-    assert sorted(broker.ids("q")) == sorted(receipt.message_ids)
+    assert sorted(memory_broker.ids("q")) == sorted(receipt.message_ids)
 
 
 def test_messages_of_a_key_in_the_outbox_queue_behind_it(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
-    with producer(broker, tmp_path / "o.db") as p:
-        broker.refuse_writes()
+    with producer(memory_broker, tmp_path / "o.db") as p:
+        memory_broker.refuse_writes()
         first = p.send("q", b"a0", key="a")
         assert first.status is Status.STORED
-        broker.accept_writes()
+        memory_broker.accept_writes()
         # Past the refusal pause, so only the key barrier holds messages back.
         p._settle.refused_until = 0.0
         receipt = p.send_batch("q", [b"a1", b"b1", b"a2", b"b2"], keys=["a", "b", "a", "b"])
@@ -85,12 +79,14 @@ def test_messages_of_a_key_in_the_outbox_queue_behind_it(
         assert receipt.status(ids[1]) is Status.CONFIRMED
         assert receipt.status(ids[3]) is Status.CONFIRMED
         assert p.drain(timeout=10) == 0
-    bodies_a = [m.body for m in broker.messages("q") if m.key == b"a"]
+    bodies_a = [m.body for m in memory_broker.messages("q") if m.key == b"a"]
     assert bodies_a == [b"a0", b"a1", b"a2"]
 
 
-def test_invalid_input_raises_before_anything_is_sent(broker: MemoryBroker, tmp_path: Path) -> None:
-    with producer(broker, tmp_path / "o.db") as p:
+def test_invalid_input_raises_before_anything_is_sent(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    with producer(memory_broker, tmp_path / "o.db") as p:
         with pytest.raises(InvalidMessage, match="message 2"):
             p.send_batch("q", [b"a", b"b", "c", b"d"])  # type: ignore[list-item]
         with pytest.raises(InvalidMessage, match="one key per body"):
@@ -101,14 +97,14 @@ def test_invalid_input_raises_before_anything_is_sent(broker: MemoryBroker, tmp_
             p.send_batch("q", [b"a"], message_ids=["1", "2"])
         with pytest.raises(InvalidMessage, match="key must be"):
             p.send_batch("q", [b"a"], keys=[1])  # type: ignore[list-item]
-    assert broker.count("q") == 0
+    assert memory_broker.count("q") == 0
 
 
 def test_permanent_failures_are_named_and_the_rest_is_safe(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
-    with producer(broker, tmp_path / "o.db") as p:
-        broker.reject_next(2)
+    with producer(memory_broker, tmp_path / "o.db") as p:
+        memory_broker.reject_next(2)
         with pytest.raises(BatchFailed) as caught:
             p.send_batch("q", [f"m{i}".encode() for i in range(20)])
         assert p.pending() == 0
@@ -118,30 +114,30 @@ def test_permanent_failures_are_named_and_the_rest_is_safe(
     assert all(mid == e.message_id for mid, e in failed.errors.items())
     safe = failed.receipt
     assert isinstance(safe, BatchReceipt) and safe.confirmed == 18
-    delivered = set(broker.ids("q"))
+    delivered = set(memory_broker.ids("q"))
     assert delivered == set(safe.message_ids)
     assert not delivered & set(failed.errors)
     clone = pickle.loads(pickle.dumps(failed))
     assert set(clone.errors) == set(failed.errors) and clone.receipt == safe
 
 
-def test_without_an_outbox_refused_messages_fail_typed(broker: MemoryBroker) -> None:
-    with producer(broker, None) as p:
-        broker.refuse_writes()
+def test_without_an_outbox_refused_messages_fail_typed(memory_broker: MemoryBroker) -> None:
+    with producer(memory_broker, None) as p:
+        memory_broker.refuse_writes()
         with pytest.raises(BatchFailed) as caught:
             p.send_batch("q", [b"x"] * 5)
     assert len(caught.value.errors) == 5
     assert all(isinstance(e, Refused) for e in caught.value.errors.values())
-    assert broker.count("q") == 0
+    assert memory_broker.count("q") == 0
 
 
 def test_after_a_refusal_new_sends_go_to_the_outbox_without_trying_the_broker(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
-    with producer(broker, tmp_path / "o.db") as p:
-        broker.refuse_writes()
+    with producer(memory_broker, tmp_path / "o.db") as p:
+        memory_broker.refuse_writes()
         assert p.send("q", b"probe").status is Status.STORED
-        broker.accept_writes()
+        memory_broker.accept_writes()
         # The broker answers again, but the producer is inside its refusal pause: these
         # are stored without a publish (the forwarder brings them over).
         p._settle.refused_until = float("inf")
@@ -150,14 +146,20 @@ def test_after_a_refusal_new_sends_go_to_the_outbox_without_trying_the_broker(
         p._settle.refused_until = 0.0
         assert p.drain(timeout=10) == 0
         assert p.send("q", b"after").status is Status.CONFIRMED
-    assert sorted(m.body for m in broker.messages("q")) == [b"after", b"probe", b"x", b"y", b"z"]
+    assert sorted(m.body for m in memory_broker.messages("q")) == [
+        b"after",
+        b"probe",
+        b"x",
+        b"y",
+        b"z",
+    ]
 
 
 def test_flush_waits_for_batches_and_close_refuses_new_ones(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
-    p = producer(broker, tmp_path / "o.db")
-    broker.delay_confirms(0.2)
+    p = producer(memory_broker, tmp_path / "o.db")
+    memory_broker.delay_confirms(0.2)
     future = p.send_batch_async("q", [b"x"] * 50)
     assert p.flush(10)
     assert future.done() and future.result().confirmed == 50
@@ -167,8 +169,8 @@ def test_flush_waits_for_batches_and_close_refuses_new_ones(
         p.send_batch("q", [b"x"])
 
 
-def test_an_empty_batch_is_an_empty_receipt(broker: MemoryBroker, tmp_path: Path) -> None:
-    with producer(broker, tmp_path / "o.db") as p:
+def test_an_empty_batch_is_an_empty_receipt(memory_broker: MemoryBroker, tmp_path: Path) -> None:
+    with producer(memory_broker, tmp_path / "o.db") as p:
         receipt = p.send_batch("q", [])
     assert len(receipt) == 0 and receipt.destination == "q"
 
@@ -196,13 +198,13 @@ def test_batch_select_and_envelope_keep_each_message() -> None:
 
 
 def test_a_batch_sent_in_the_refusal_pause_is_stored_whole_with_its_columns(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
     """In the refusal pause a batch reaches the store as one put of its columns (no
     transport attempt): each row is what the message's own envelope would have stored,
     and every id arrives once after the drain."""
-    with producer(broker, tmp_path / "o.db") as p:
-        broker.refuse_writes()
+    with producer(memory_broker, tmp_path / "o.db") as p:
+        memory_broker.refuse_writes()
         assert p.send("q", b"probe").status is Status.STORED
         p._settle.refused_until = float("inf")
         store = p.outbox
@@ -226,23 +228,23 @@ def test_a_batch_sent_in_the_refusal_pause_is_stored_whole_with_its_columns(
             env = waiting[message_id]
             key = None if keys[i] is None else str(keys[i]).encode()
             assert (env.body, env.key, dict(env.headers)) == (bodies[i], key, {"h": "1"})
-        broker.accept_writes()
+        memory_broker.accept_writes()
         p._settle.refused_until = 0.0
         assert p.drain(timeout=10) == 0
-    delivered = broker.ids("q")
+    delivered = memory_broker.ids("q")
     print(f"sent=251 stored=251 delivered={len(delivered)} unique={len(set(delivered))}")
     assert len(delivered) == 251 and set(delivered) == set(waiting)
 
 
 def test_a_batch_the_store_refuses_in_the_pause_fails_whole_and_frees_its_keys(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
     """A whole-batch put at the outbox's row bound: every id is named in BatchFailed
     (the caller owns them), nothing is stored, and a later send of a key of that batch
     is not held back by it."""
     store = SqliteOutbox(tmp_path / "o.db", max_rows=10)
-    with Producer(f"memory://{broker.name}", outbox=store, retry=FAST) as p:
-        broker.refuse_writes()
+    with Producer(f"memory://{memory_broker.name}", outbox=store, retry=FAST) as p:
+        memory_broker.refuse_writes()
         assert p.send("q", b"probe", key="k").status is Status.STORED
         p._settle.refused_until = float("inf")
         with pytest.raises(BatchFailed) as caught:
@@ -253,10 +255,10 @@ def test_a_batch_the_store_refuses_in_the_pause_fails_whole_and_frees_its_keys(
         assert p._settle.detouring == {}
         assert p.pending() == 1
         assert p.send("q", b"after", key="j").status is Status.STORED
-        broker.accept_writes()
+        memory_broker.accept_writes()
         p._settle.refused_until = 0.0
         assert p.drain(timeout=10) == 0
-    assert sorted(m.body for m in broker.messages("q")) == [b"after", b"probe"]
+    assert sorted(m.body for m in memory_broker.messages("q")) == [b"after", b"probe"]
 
 
 def test_batch_receipt_repr_is_short_however_big_the_batch() -> None:

@@ -4,8 +4,7 @@ typed msgsafe error: every id is accounted for, none silently dropped."""
 from __future__ import annotations
 
 import random
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -22,14 +21,6 @@ from msgsafe.errors import (
 )
 from msgsafe.testing import MemoryBroker
 
-
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    b = MemoryBroker.install(MemoryBroker(f"f-{uuid.uuid4().hex[:8]}"))
-    yield b
-    MemoryBroker.forget(b.name)
-
-
 FAULTS: dict[str, tuple[Callable[[MemoryBroker], None], type[MsgsafeError]]] = {
     "refuse": (lambda b: b.refuse_writes(), Refused),
     "reject": (lambda b: b.reject_next(1), Rejected),
@@ -40,28 +31,30 @@ FAULTS: dict[str, tuple[Callable[[MemoryBroker], None], type[MsgsafeError]]] = {
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_each_fault_raises_its_typed_error(broker: MemoryBroker, fault: str) -> None:
+def test_each_fault_raises_its_typed_error(memory_broker: MemoryBroker, fault: str) -> None:
     inject, expected = FAULTS[fault]
-    with Producer(f"memory://{broker.name}", outbox=False) as p:
-        inject(broker)
+    with Producer(f"memory://{memory_broker.name}", outbox=False) as p:
+        inject(memory_broker)
         with pytest.raises(expected) as info:
             p.send("q", b"x", message_id="m-1")
         assert info.value.message_id == "m-1"
-        assert info.value.endpoint == f"memory://{broker.name}"
+        assert info.value.endpoint == f"memory://{memory_broker.name}"
 
 
-def test_late_confirm_is_a_confirm_timeout_and_a_possible_duplicate(broker: MemoryBroker) -> None:
-    with Producer(f"memory://{broker.name}", outbox=False, confirm_timeout=0.2) as p:
-        broker.delay_confirms(5)
+def test_late_confirm_is_a_confirm_timeout_and_a_possible_duplicate(
+    memory_broker: MemoryBroker,
+) -> None:
+    with Producer(f"memory://{memory_broker.name}", outbox=False, confirm_timeout=0.2) as p:
+        memory_broker.delay_confirms(5)
         with pytest.raises(ConfirmTimeout) as info:
             p.send("q", b"x")
         assert info.value.maybe_delivered
-        assert broker.ids("q") == [info.value.message_id]  # the broker does hold it
-        broker.delay_confirms(0.05)
+        assert memory_broker.ids("q") == [info.value.message_id]  # the broker does hold it
+        memory_broker.delay_confirms(0.05)
         assert p.send("q", b"y").status is Status.CONFIRMED
 
 
-def test_random_fault_storm_accounts_for_every_id(broker: MemoryBroker) -> None:
+def test_random_fault_storm_accounts_for_every_id(memory_broker: MemoryBroker) -> None:
     """1000 sends while faults come and go: each id is CONFIRMED (and then on the broker)
     or got a typed error; errors that say the broker cannot have acted really left
     nothing behind."""
@@ -70,27 +63,27 @@ def test_random_fault_storm_accounts_for_every_id(broker: MemoryBroker) -> None:
     failed_clean: set[str] = set()  # the broker cannot have acted
     failed_maybe: set[str] = set()  # it may have
     permanent: set[str] = set()
-    with Producer(f"memory://{broker.name}", outbox=False, confirm_timeout=0.05) as p:
+    with Producer(f"memory://{memory_broker.name}", outbox=False, confirm_timeout=0.05) as p:
         for i in range(1000):
             roll = rng.random()
             if roll < 0.05:
-                broker.refuse_writes()
+                memory_broker.refuse_writes()
             elif roll < 0.10:
-                broker.accept_writes()
+                memory_broker.accept_writes()
             elif roll < 0.13:
-                broker.down()
+                memory_broker.down()
             elif roll < 0.18:
-                broker.up()
+                memory_broker.up()
             elif roll < 0.21:
-                broker.drop_before_confirm()
+                memory_broker.drop_before_confirm()
             elif roll < 0.24:
-                broker.drop_after_confirm()
+                memory_broker.drop_after_confirm()
             elif roll < 0.26:
-                broker.reject_next()
+                memory_broker.reject_next()
             elif roll < 0.27:
-                broker.delay_confirms(0.2)
+                memory_broker.delay_confirms(0.2)
             elif roll < 0.30:
-                broker.delay_confirms(0)
+                memory_broker.delay_confirms(0)
             mid = f"m-{i}"
             try:
                 receipt = p.send("q", b"x", message_id=mid)
@@ -103,7 +96,7 @@ def test_random_fault_storm_accounts_for_every_id(broker: MemoryBroker) -> None:
             else:
                 assert receipt.status is Status.CONFIRMED
                 confirmed.add(mid)
-    on_broker = set(broker.ids("q"))
+    on_broker = set(memory_broker.ids("q"))
     total = len(confirmed) + len(failed_clean) + len(failed_maybe) + len(permanent)
     print(
         f"confirmed={len(confirmed)} transient={len(failed_clean)} "

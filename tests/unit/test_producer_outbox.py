@@ -4,8 +4,6 @@ the broker answers, per-key order holds across the detour, bounds raise typed er
 from __future__ import annotations
 
 import threading
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,87 +16,84 @@ from msgsafe.testing import MemoryBroker
 FAST = RetryPolicy(initial=0.01, maximum=0.05)
 
 
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    b = MemoryBroker.install(MemoryBroker(f"o-{uuid.uuid4().hex[:8]}"))
-    yield b
-    MemoryBroker.forget(b.name)
-
-
 def producer(broker: MemoryBroker, path: Path, **options: object) -> Producer:
     return Producer(f"memory://{broker.name}", outbox=path, retry=FAST, **options)
 
 
 @pytest.mark.parametrize("fault", ["refuse", "down", "drop_before", "drop_after", "late"])
 def test_transient_faults_end_stored_then_delivered(
-    broker: MemoryBroker, tmp_path: Path, fault: str
+    memory_broker: MemoryBroker, tmp_path: Path, fault: str
 ) -> None:
-    with producer(broker, tmp_path / "o.db", confirm_timeout=0.1) as p:
+    with producer(memory_broker, tmp_path / "o.db", confirm_timeout=0.1) as p:
         {
-            "refuse": broker.refuse_writes,
-            "down": broker.down,
-            "drop_before": lambda: broker.drop_before_confirm(1),
-            "drop_after": lambda: broker.drop_after_confirm(1),
-            "late": lambda: broker.delay_confirms(1.0),
+            "refuse": memory_broker.refuse_writes,
+            "down": memory_broker.down,
+            "drop_before": lambda: memory_broker.drop_before_confirm(1),
+            "drop_after": lambda: memory_broker.drop_after_confirm(1),
+            "late": lambda: memory_broker.delay_confirms(1.0),
         }[fault]()
         receipt = p.send("q", b"x")
         assert receipt.status is Status.STORED
-        broker.accept_writes()
-        broker.up()
-        broker.delay_confirms(0)
+        memory_broker.accept_writes()
+        memory_broker.up()
+        memory_broker.delay_confirms(0)
         assert p.drain(timeout=10) == 0
         assert p.pending() == 0
-    assert receipt.message_id in broker.ids("q")
+    assert receipt.message_id in memory_broker.ids("q")
 
 
-def test_permanent_errors_are_raised_not_stored(broker: MemoryBroker, tmp_path: Path) -> None:
-    with producer(broker, tmp_path / "o.db") as p:
-        broker.reject_next(1)
+def test_permanent_errors_are_raised_not_stored(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    with producer(memory_broker, tmp_path / "o.db") as p:
+        memory_broker.reject_next(1)
         with pytest.raises(Rejected):
             p.send("q", b"x")
         assert p.pending() == 0
 
 
 def test_a_tombstone_is_refused_before_anything_is_sent_without_null_bodies(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
-    with producer(broker, tmp_path / "o.db") as p:
-        broker.down()  # refused before the outbox too: it would only be stored
+    with producer(memory_broker, tmp_path / "o.db") as p:
+        memory_broker.down()  # refused before the outbox too: it would only be stored
         with pytest.raises(InvalidMessage, match="tombstone"):
             p.send("q", None, key="k")
         with pytest.raises(InvalidMessage, match="tombstone"):
             p.send_async("q", None)
         assert p.pending() == 0
         assert p.flush(1)
-    assert broker.ids("q") == []
+    assert memory_broker.ids("q") == []
 
 
-def test_outbox_false_raises_transient_errors(broker: MemoryBroker) -> None:
-    with Producer(f"memory://{broker.name}", outbox=False, confirm_timeout=0.05) as p:
-        broker.delay_confirms(1)
+def test_outbox_false_raises_transient_errors(memory_broker: MemoryBroker) -> None:
+    with Producer(f"memory://{memory_broker.name}", outbox=False, confirm_timeout=0.05) as p:
+        memory_broker.delay_confirms(1)
         with pytest.raises(ConfirmTimeout):
             p.send("q", b"x")
         assert p.pending() == 0 and p.drain(0.1) == 0
 
 
-def test_per_key_order_holds_across_the_outbox_detour(broker: MemoryBroker, tmp_path: Path) -> None:
+def test_per_key_order_holds_across_the_outbox_detour(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
     """Messages of a key sent while an earlier one waits in the outbox queue behind it,
     even after the broker is back; the consumer sees every key in send order."""
-    with producer(broker, tmp_path / "o.db") as p:
+    with producer(memory_broker, tmp_path / "o.db") as p:
         sent: dict[str, list[int]] = {"a": [], "b": []}
         statuses = []
         for i in range(300):
             if i == 50:
-                broker.refuse_writes()
+                memory_broker.refuse_writes()
             if i == 120:
-                broker.accept_writes()  # the outbox still holds 50..119: later ones queue
+                memory_broker.accept_writes()  # the outbox still holds 50..119: later ones queue
             key = "a" if i % 3 else "b"
             statuses.append(p.send("q", b"%d" % i, key=key).status)
             sent[key].append(i)
         assert statuses[:50] == [Status.CONFIRMED] * 50
         assert Status.STORED in statuses[120:], "later messages must queue behind their key"
         assert p.drain(timeout=20) == 0
-    with Consumer(f"memory://{broker.name}", dedup=True) as c:
+    with Consumer(f"memory://{memory_broker.name}", dedup=True) as c:
         c.subscribe("q")
         got = c.poll(max_messages=1000, timeout=1)
     for key, order in sent.items():
@@ -107,12 +102,12 @@ def test_per_key_order_holds_across_the_outbox_detour(broker: MemoryBroker, tmp_
 
 
 def test_concurrent_senders_during_outage_lose_nothing(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
     receipts: list[str] = []
     lock = threading.Lock()
-    broker.down()
-    with producer(broker, tmp_path / "o.db") as p:
+    memory_broker.down()
+    with producer(memory_broker, tmp_path / "o.db") as p:
 
         def worker(n: int) -> None:
             futs = [p.send_async("q", b"w%d-%d" % (n, i)) for i in range(500)]
@@ -127,31 +122,31 @@ def test_concurrent_senders_during_outage_lose_nothing(
         for t in threads:
             t.join()
         assert p.pending() == 2000
-        broker.up()
+        memory_broker.up()
         assert p.drain(timeout=30) == 0
-    delivered = set(broker.ids("q"))
+    delivered = set(memory_broker.ids("q"))
     lost = set(receipts) - delivered
     print(f"sent=2000 stored={len(receipts)} delivered={len(delivered)} lost={len(lost)}")
     assert not lost
 
 
 def test_a_new_producer_forwards_what_an_old_one_stored(
-    broker: MemoryBroker, tmp_path: Path
+    memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
     path = tmp_path / "o.db"
-    broker.refuse_writes()
-    with producer(broker, path) as p:
+    memory_broker.refuse_writes()
+    with producer(memory_broker, path) as p:
         ids = [p.send("q", b"x").message_id for _ in range(20)]
-    broker.accept_writes()
-    with producer(broker, path) as p2:
+    memory_broker.accept_writes()
+    with producer(memory_broker, path) as p2:
         assert p2.drain(timeout=10) == 0
-    assert set(ids) <= set(broker.ids("q"))
+    assert set(ids) <= set(memory_broker.ids("q"))
 
 
-def test_full_outbox_raises_outbox_full(broker: MemoryBroker, tmp_path: Path) -> None:
+def test_full_outbox_raises_outbox_full(memory_broker: MemoryBroker, tmp_path: Path) -> None:
     store = SqliteOutbox(tmp_path / "o.db", max_rows=5)
-    broker.refuse_writes()
-    with Producer(f"memory://{broker.name}", outbox=store, retry=FAST) as p:
+    memory_broker.refuse_writes()
+    with Producer(f"memory://{memory_broker.name}", outbox=store, retry=FAST) as p:
         for _ in range(5):
             assert p.send("q", b"x").status is Status.STORED
         with pytest.raises(OutboxFull) as info:

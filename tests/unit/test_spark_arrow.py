@@ -9,7 +9,6 @@ function directly; tests/integration/spark runs it through a real SparkSession.
 from __future__ import annotations
 
 import datetime
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,11 +32,11 @@ from msgsafe.testing import MemoryBroker
 
 
 @pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    b = MemoryBroker.install(MemoryBroker(f"a-{uuid.uuid4().hex[:8]}"))
-    yield b
+def broker(memory_broker: MemoryBroker) -> Iterator[MemoryBroker]:
+    """The shared ``memory_broker``; the sink's cached producers are closed before it is
+    forgotten, so none outlives the test connected to a broker that is gone."""
+    yield memory_broker
     close_all(5)
-    MemoryBroker.forget(b.name)
 
 
 def plan_for(broker: MemoryBroker, **changes: object) -> PartitionPlan:

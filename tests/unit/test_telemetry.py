@@ -3,8 +3,6 @@ in-process broker: the figures add up to the ids this test counts itself."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +17,6 @@ from msgsafe.testing import MemoryBroker
 from tests.support.otel import SpanProcessor, install, metric_total, spans_of, trace
 
 FAST = RetryPolicy(initial=0.01, maximum=0.05)
-
-
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    made = MemoryBroker.install(MemoryBroker(f"tel-{uuid.uuid4().hex[:8]}"))
-    try:
-        yield made
-    finally:
-        MemoryBroker.forget(made.name)
 
 
 def _traffic(broker: MemoryBroker, producer: Producer) -> dict[str, set[str]]:
@@ -70,10 +59,10 @@ def _check_stats(producer: Producer, ids: dict[str, set[str]], *, traced: bool) 
         assert stats.confirm_latency_mean_s is None
 
 
-def test_stats_add_up_without_opentelemetry(broker: MemoryBroker, tmp_path: Path) -> None:
-    url = f"memory://{broker.name}"
+def test_stats_add_up_without_opentelemetry(memory_broker: MemoryBroker, tmp_path: Path) -> None:
+    url = f"memory://{memory_broker.name}"
     with Producer(url, outbox=tmp_path / "o.db", retry=FAST) as producer:
-        ids = _traffic(broker, producer)
+        ids = _traffic(memory_broker, producer)
         _check_stats(producer, ids, traced=False)
     sent = set().union(ids["confirmed"], ids["stored"])
     with Consumer(url) as consumer:
@@ -97,12 +86,12 @@ def test_stats_add_up_without_opentelemetry(broker: MemoryBroker, tmp_path: Path
     assert stats.unsettled == 0 and stats.rejected == 0
 
 
-def test_spans_and_metrics_add_up(broker: MemoryBroker, tmp_path: Path) -> None:
+def test_spans_and_metrics_add_up(memory_broker: MemoryBroker, tmp_path: Path) -> None:
     install()
-    url = f"memory://{broker.name}"
+    url = f"memory://{memory_broker.name}"
     with Producer(url, outbox=tmp_path / "o.db", retry=FAST, telemetry=True) as producer:
         target = producer.target
-        ids = _traffic(broker, producer)
+        ids = _traffic(memory_broker, producer)
         _check_stats(producer, ids, traced=True)
         assert metric_total(target, "msgsafe.outbox.depth") == 0
         assert metric_total(target, "msgsafe.outbox.drained") == 10
@@ -167,21 +156,21 @@ class _Breaking(SpanProcessor):
             raise RuntimeError("processor broke")
 
 
-def test_a_broken_processor_never_breaks_sending(broker: MemoryBroker) -> None:
+def test_a_broken_processor_never_breaks_sending(memory_broker: MemoryBroker) -> None:
     install()
     provider = trace.get_tracer_provider()
     breaking = _Breaking()
     provider.add_span_processor(breaking)  # type: ignore[attr-defined]
     breaking.on = True
     try:
-        with Producer(f"memory://{broker.name}", outbox=False, telemetry=True) as producer:
+        with Producer(f"memory://{memory_broker.name}", outbox=False, telemetry=True) as producer:
             receipts = [producer.send("q", b"x") for _ in range(5)]
             batch = producer.send_batch("q", [b"y"] * 5)
             assert producer.stats().confirmed == 10
     finally:
         breaking.on = False
     assert all(r.status is Status.CONFIRMED for r in receipts) and batch.confirmed == 5
-    assert len(broker.ids("q")) == 10
+    assert len(memory_broker.ids("q")) == 10
 
 
 class _Heard:

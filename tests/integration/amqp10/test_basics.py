@@ -19,7 +19,7 @@ from msgsafe.errors import ConfigurationError, ConnectError, MessageTooLarge
 from msgsafe.message import Delivery, Envelope
 from msgsafe.ports import Receiver, Transport
 from tests.integration.amqp10._open import receiver_for, transport_for
-from tests.integration.amqp10._tally import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -175,3 +175,21 @@ def test_closed_transports_and_receivers_release_their_descriptors(
         cycle()
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) <= before + 2
+
+
+def test_redelivered_means_redelivered_on_artemis(artemis_pair: ArtemisCluster) -> None:
+    """Artemis never sets first-acquirer (its default is false) and counts redeliveries
+    in delivery-count: a first delivery is not redelivered, one after a nack is."""
+    url = artemis_pair.node_url(0)
+    address = _address("redelivered")
+    with transport_for(url) as t:
+        t.publish(Envelope.build(address, b"x")).result(10)
+    with receiver_for(url) as r:
+        r.subscribe(address)
+        [first] = r.receive(max_messages=10, timeout=10)
+        assert first.redelivered is False
+        first.nack()
+        [again] = r.receive(max_messages=10, timeout=10)
+        assert again.message_id == first.message_id
+        assert again.redelivered is True
+        again.ack()

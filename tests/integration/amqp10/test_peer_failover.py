@@ -27,8 +27,9 @@ from msgsafe.errors import TransientError, Unroutable
 from msgsafe.message import Envelope
 from tests.fixtures.amqp10 import PeerFactory, TlsFiles
 from tests.integration.amqp10._open import receiver_for, transport_for
-from tests.integration.amqp10._tally import Drain, Tally, wait_until
 from tests.support.amqp10_peer import PeerProcess
+from tests.support.ledger import Drain, Ledger
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +40,7 @@ def _peer_at(peers: list[PeerProcess], endpoint: Endpoint) -> PeerProcess:
 
 def _publish_killing(
     transport: Amqp10Transport,
-    tally: Tally,
+    ledger: Ledger,
     *,
     count: int,
     kill_after: int,
@@ -49,19 +50,19 @@ def _publish_killing(
     """Publish ``count`` messages; SIGKILL ``victim`` once ``kill_after`` are confirmed."""
     for i in range(count):
         env = Envelope.build(destination, b"%08d" % i + b"." * 92, key=f"k{i % 16}")
-        tally.track(env.message_id, transport.publish(env))
-        if victim.alive and tally.confirmed_count() >= kill_after:
+        ledger.track(env.message_id, transport.publish(env))
+        if victim.alive and len(ledger.receipted) >= kill_after:
             victim.kill()
     assert not victim.alive, "the peer was never killed: too few confirmed before the end"
 
 
-def _consume_all(url: str, tally: Tally, timeout: float = 60.0) -> None:
+def _consume_all(url: str, ledger: Ledger, timeout: float = 60.0) -> None:
     with receiver_for(url, credit=500) as receiver:
         receiver.subscribe("orders")
-        drain = Drain(receiver, tally)
+        drain = Drain(receiver, ledger)
         drain.start()
         try:
-            wait_until(lambda: not tally.missing(), timeout, "every confirmed id to arrive")
+            wait_until(lambda: not ledger.missing(), timeout, "every confirmed id to arrive")
         finally:
             drain.stop()
 
@@ -69,20 +70,20 @@ def _consume_all(url: str, tally: Tally, timeout: float = 60.0) -> None:
 def test_url_host_list_10k_messages_connected_node_killed(amqp10_peers: PeerFactory) -> None:
     peers = [amqp10_peers.start() for _ in range(3)]
     url = "amqp10://" + ",".join(f"127.0.0.1:{p.port}" for p in peers)
-    tally = Tally()
+    ledger = Ledger()
     with transport_for(url, confirm_timeout=30.0) as transport:
         assert transport.wait_connected(10)
         first = transport.history[0]
         victim = _peer_at(peers, first)
-        _publish_killing(transport, tally, count=10_000, kill_after=3_000, victim=victim)
-        wait_until(lambda: tally.resolved() == 10_000, 60, "every publish to resolve")
+        _publish_killing(transport, ledger, count=10_000, kill_after=3_000, victim=victim)
+        wait_until(lambda: ledger.resolved() == 10_000, 60, "every publish to resolve")
         history = transport.history
     survivors = [p for p in peers if p is not victim]
-    _consume_all("amqp10://" + ",".join(f"127.0.0.1:{p.port}" for p in survivors), tally)
-    counts = tally.report("url-list failover")
+    _consume_all("amqp10://" + ",".join(f"127.0.0.1:{p.port}" for p in survivors), ledger)
+    counts = ledger.counts("url-list failover")
     assert counts["lost"] == 0
     assert counts["unknown"] == 0
-    assert counts["confirmed"] == 10_000, f"errors: {set(map(repr, tally.errors.values()))}"
+    assert counts["confirmed"] == 10_000, f"errors: {set(map(repr, ledger.failed.values()))}"
     assert len(history) >= 2 and history[-1] != first
     assert history[-1] in parse_url(url).endpoints, "moved on to another host from the URL"
 
@@ -91,26 +92,26 @@ def test_one_url_resumes_on_advertised_candidate(amqp10_peers: PeerFactory) -> N
     backups = [amqp10_peers.start() for _ in range(2)]
     primary = amqp10_peers.start(advertise=[f"amqp://127.0.0.1:{p.port}" for p in backups])
     url = f"amqp10://127.0.0.1:{primary.port}"  # ONE host: the candidates come from the peer
-    tally = Tally()
+    ledger = Ledger()
     with transport_for(url, confirm_timeout=30.0) as transport, receiver_for(url, credit=200) as rx:
         rx.subscribe("orders")
         assert transport.wait_connected(10) and rx.wait_connected(10)
-        drain = Drain(rx, tally)
+        drain = Drain(rx, ledger)
         drain.start()
         try:
-            _publish_killing(transport, tally, count=5_000, kill_after=1_500, victim=primary)
-            received_at_kill = len(tally.received)
-            wait_until(lambda: tally.resolved() == 5_000, 60, "every publish to resolve")
-            wait_until(lambda: not tally.missing(), 60, "the consumer to receive every id")
+            _publish_killing(transport, ledger, count=5_000, kill_after=1_500, victim=primary)
+            received_at_kill = ledger.counts()["received"]
+            wait_until(lambda: ledger.resolved() == 5_000, 60, "every publish to resolve")
+            wait_until(lambda: not ledger.missing(), 60, "the consumer to receive every id")
         finally:
             drain.stop()
         sender_history, receiver_history = transport.history, rx.history
-    counts = tally.report("advertised-candidate resume")
+    counts = ledger.counts("advertised-candidate resume")
     backup_ports = {p.port for p in backups}
     assert sender_history[0].port == primary.port and sender_history[-1].port in backup_ports
     assert receiver_history[0].port == primary.port and receiver_history[-1].port in backup_ports
     assert counts["received"] > received_at_kill, "the consumer kept receiving after the kill"
-    assert counts["confirmed"] == 5_000, f"errors: {set(map(repr, tally.errors.values()))}"
+    assert counts["confirmed"] == 5_000, f"errors: {set(map(repr, ledger.failed.values()))}"
     assert counts["lost"] == 0
     assert counts["unknown"] == 0
 
@@ -125,22 +126,22 @@ def test_tls_connection_never_follows_a_plain_candidate(
         advertise=[f"amqp://127.0.0.1:{plain.port}", f"amqps://localhost:{tls_backup.port}"],
     )
     url = f"amqp10s://localhost:{primary.port}"
-    tally = Tally()
+    ledger = Ledger()
     caplog.set_level(logging.WARNING, logger="msgsafe.adapters.amqp10")
     with transport_for(url, tls_ca_file=str(amqp10_tls.ca), confirm_timeout=20.0) as transport:
         assert transport.wait_connected(10)
         refusals = [r for r in caplog.records if "downgrade" in r.getMessage()]
         assert refusals, "the refused plain candidate must be logged"
         assert f"127.0.0.1:{plain.port}" in refusals[0].getMessage()
-        _publish_killing(transport, tally, count=2_000, kill_after=500, victim=primary)
-        wait_until(lambda: tally.resolved() == 2_000, 60, "every publish to resolve")
+        _publish_killing(transport, ledger, count=2_000, kill_after=500, victim=primary)
+        wait_until(lambda: ledger.resolved() == 2_000, 60, "every publish to resolve")
         history = transport.history
     assert plain.connections == 0, "a plain-TCP candidate was followed from a TLS session"
     assert all(e.tls for e in history)
     assert history[-1].port == tls_backup.port
-    assert all(isinstance(e, TransientError) for e in tally.errors.values())
-    _consume_all(f"amqp10://127.0.0.1:{plain.port}", tally)  # same store, read in the clear
-    counts = tally.report("tls downgrade refused")
+    assert all(isinstance(e, TransientError) for e in ledger.failed.values())
+    _consume_all(f"amqp10://127.0.0.1:{plain.port}", ledger)  # same store, read in the clear
+    counts = ledger.counts("tls downgrade refused")
     assert counts["lost"] == 0 and counts["unknown"] == 0
 
 
@@ -204,16 +205,16 @@ def test_not_found_from_a_stale_master_is_transient(amqp10_peers: PeerFactory) -
     stale = amqp10_peers.start(stale=True)
     healthy = amqp10_peers.start()
     url = f"amqp10://127.0.0.1:{stale.port},127.0.0.1:{healthy.port}"
-    tally = Tally()
+    ledger = Ledger()
     with transport_for(url, confirm_timeout=15.0) as transport:
         for i in range(100):
             env = Envelope.build("orders", b"%04d" % i, key=f"k{i % 4}")
-            tally.track(env.message_id, transport.publish(env))
-        wait_until(lambda: tally.resolved() == 100, 20, "100 outcomes")
+            ledger.track(env.message_id, transport.publish(env))
+        wait_until(lambda: ledger.resolved() == 100, 20, "100 outcomes")
         assert transport.history[-1].port == healthy.port
-    _consume_all(f"amqp10://127.0.0.1:{healthy.port}", tally)
-    counts = tally.report("stale master")
-    assert counts["errors"] == 0, f"errors: {set(map(repr, tally.errors.values()))}"
+    _consume_all(f"amqp10://127.0.0.1:{healthy.port}", ledger)
+    counts = ledger.counts("stale master")
+    assert counts["failed"] == 0, f"errors: {set(map(repr, ledger.failed.values()))}"
     assert counts["confirmed"] == 100
     assert counts["lost"] == 0 and counts["unknown"] == 0
 
@@ -285,15 +286,15 @@ def test_connection_redirect_is_followed(
     caplog.set_level(logging.INFO, logger="msgsafe.adapters.amqp10")
     target = amqp10_peers.start()
     mover = amqp10_peers.start(redirect=f"127.0.0.1:{target.port}")
-    tally = Tally()
+    ledger = Ledger()
     with transport_for(f"amqp10://127.0.0.1:{mover.port}", confirm_timeout=15.0) as transport:
         for i in range(50):
             env = Envelope.build("orders", b"%04d" % i)
-            tally.track(env.message_id, transport.publish(env))
-        wait_until(lambda: tally.resolved() == 50, 20, "50 outcomes")
+            ledger.track(env.message_id, transport.publish(env))
+        wait_until(lambda: ledger.resolved() == 50, 20, "50 outcomes")
         assert transport.history[-1].port == target.port
-    _consume_all(f"amqp10://127.0.0.1:{target.port}", tally)
-    counts = tally.report("connection redirect")
+    _consume_all(f"amqp10://127.0.0.1:{target.port}", ledger)
+    counts = ledger.counts("connection redirect")
     assert counts["confirmed"] == 50 and counts["lost"] == 0 and counts["unknown"] == 0
     assert mover.redirects >= 1
     assert any("redirected the client to" in r.getMessage() for r in caplog.records)
@@ -304,15 +305,15 @@ def test_link_redirect_moves_the_session(amqp10_peers: PeerFactory) -> None:
     node named, with their ids."""
     target = amqp10_peers.start()
     mover = amqp10_peers.start(link_redirect=f"127.0.0.1:{target.port}")
-    tally = Tally()
+    ledger = Ledger()
     with transport_for(f"amqp10://127.0.0.1:{mover.port}", confirm_timeout=15.0) as transport:
         for i in range(50):
             env = Envelope.build("orders", b"%04d" % i)
-            tally.track(env.message_id, transport.publish(env))
-        wait_until(lambda: tally.resolved() == 50, 20, "50 outcomes")
+            ledger.track(env.message_id, transport.publish(env))
+        wait_until(lambda: ledger.resolved() == 50, 20, "50 outcomes")
         assert [e.port for e in transport.history] == [mover.port, target.port]
-    _consume_all(f"amqp10://127.0.0.1:{target.port}", tally)
-    counts = tally.report("link redirect")
+    _consume_all(f"amqp10://127.0.0.1:{target.port}", ledger)
+    counts = ledger.counts("link redirect")
     assert counts["confirmed"] == 50 and counts["lost"] == 0 and counts["unknown"] == 0
 
 

@@ -12,7 +12,7 @@ import pytest
 from msgsafe import Consumer, Producer, Status
 from msgsafe.cluster.artemis import ArtemisCluster
 from msgsafe.message import Receipt
-from tests.integration.amqp10._tally import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

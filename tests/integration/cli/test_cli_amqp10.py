@@ -9,7 +9,7 @@ import pytest
 
 from msgsafe.cluster.artemis import ArtemisCluster
 from tests.fixtures.rabbitmq import RabbitUrls
-from tests.integration.cli._run import msgsafe
+from tests.support.commands import msgsafe
 
 pytestmark = pytest.mark.integration
 

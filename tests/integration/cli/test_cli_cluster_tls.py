@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cli._run import msgsafe
+from tests.support.commands import msgsafe
 from tests.support.tls_checks import round_trip
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ import pytest
 from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.message import Envelope
 from msgsafe.outbox import SqliteOutbox
-from tests.integration.cli._run import msgsafe
+from tests.support.commands import msgsafe
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import pytest
 
 from msgsafe.cluster.rabbitmq import RabbitCluster
 from tests.fixtures.rabbitmq import RabbitUrls
-from tests.integration.cli._run import msgsafe
+from tests.support.commands import msgsafe
 
 pytestmark = pytest.mark.integration
 

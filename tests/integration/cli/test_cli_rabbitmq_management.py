@@ -19,7 +19,7 @@ import pytest
 
 from msgsafe.cluster._process import free_port
 from msgsafe.cluster.rabbitmq import INSTALL_HINT, RabbitCluster
-from tests.integration.cli._run import msgsafe
+from tests.support.commands import msgsafe
 
 pytestmark = pytest.mark.integration
 

@@ -26,9 +26,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +35,12 @@ from proton import symbol
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
-from msgsafe import Consumer, Producer, Status
+from msgsafe import Consumer, Producer
 from msgsafe.cluster import ClusterError
 from msgsafe.cluster.artemis import ArtemisCluster
-from msgsafe.message import Receipt, new_message_id
+from msgsafe.message import new_message_id
+from tests.support.ledger import Ledger
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -148,68 +148,14 @@ def _probe(cluster: ArtemisCluster, node: int) -> _Probe:
 # --- counting ------------------------------------------------------------------------------
 
 
-@dataclass
-class _Ledger:
-    """Ids sent, receipted (CONFIRMED or STORED), failed, and received (with repeats)."""
-
-    sent: list[str] = field(default_factory=list)
-    receipted: set[str] = field(default_factory=set)
-    failed: dict[str, str] = field(default_factory=dict)
-    received: list[str] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def send(self, producer: Producer, address: str, i: int) -> None:
-        """Send message ``i`` with an id chosen here, and record its outcome."""
-        message_id = new_message_id()
-        with self.lock:
-            self.sent.append(message_id)
-        future = producer.send_async(address, b"%08d" % i, key=f"k{i % 16}", message_id=message_id)
-        future.add_done_callback(lambda f: self._outcome(message_id, f))
-
-    def _outcome(self, message_id: str, future: Future[Receipt]) -> None:
-        exc = future.exception()
-        with self.lock:
-            if exc is not None:
-                self.failed[message_id] = f"{type(exc).__name__}: {exc}"
-            elif future.result().status in (Status.CONFIRMED, Status.STORED):
-                self.receipted.add(message_id)
-            else:
-                self.failed[message_id] = f"unexpected receipt {future.result()!r}"
-
-    def resolved(self) -> int:
-        with self.lock:
-            return len(self.receipted) + len(self.failed)
-
-    def unresolved(self) -> int:
-        with self.lock:
-            return len(self.sent) - len(self.receipted) - len(self.failed)
-
-    def counts(self, label: str) -> dict[str, int]:
-        """Counts (printed for the test log) and the invariants' inputs."""
-        with self.lock:
-            unique = set(self.received)
-            counts = {
-                "sent": len(self.sent),
-                "receipted": len(self.receipted),
-                "failed": len(self.failed),
-                "received": len(self.received),
-                "duplicates": len(self.received) - len(unique),
-                "lost": len(self.receipted - unique),
-                "unknown": len(unique - set(self.sent)),
-            }
-        print(f"[{label}] " + " ".join(f"{k}={v}" for k, v in counts.items()))
-        return counts
+def _send(ledger: Ledger, producer: Producer, address: str, i: int) -> None:
+    """Send message ``i`` with an id chosen here; the ledger records its outcome."""
+    message_id = new_message_id()
+    future = producer.send_async(address, b"%08d" % i, key=f"k{i % 16}", message_id=message_id)
+    ledger.track(message_id, future)
 
 
-def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.01)
-
-
-def _read_back(url: str, address: str, ledger: _Ledger, timeout: float = 60.0) -> None:
+def _read_back(url: str, address: str, ledger: Ledger, timeout: float = 60.0) -> None:
     """Consume ``address`` through ``url`` until every receipted id arrived and one more
     second brings nothing (late duplicates are counted too)."""
     with Consumer(url) as consumer:
@@ -219,15 +165,12 @@ def _read_back(url: str, address: str, ledger: _Ledger, timeout: float = 60.0) -
         def take() -> bool:
             for delivery in consumer.poll(max_messages=500, timeout=0.2):
                 assert delivery.message_id is not None
-                with ledger.lock:
-                    ledger.received.append(delivery.message_id)
+                ledger.add_received(delivery.message_id)
                 delivery.ack()
                 last_new[0] = time.monotonic()
-            with ledger.lock:
-                complete = ledger.receipted <= set(ledger.received)
-            return complete and time.monotonic() - last_new[0] > 1.0
+            return not ledger.missing() and time.monotonic() - last_new[0] > 1.0
 
-        _wait(take, timeout, f"every receipted id on {address}")
+        wait_until(take, timeout, f"every receipted id on {address}")
 
 
 # --- the tests -----------------------------------------------------------------------------
@@ -279,11 +222,11 @@ def test_producer_and_consumer_through_the_live_only(pair: ArtemisCluster) -> No
     # capability) creates a durable anycast queue: nothing sent before the consumer
     # subscribes may be dropped.
     address = _address()
-    ledger = _Ledger()
+    ledger = Ledger()
     with Producer(pair.node_url(0), outbox=False, confirm_timeout=30.0) as producer:
         for i in range(1_000):
-            ledger.send(producer, address, i)
-        _wait(lambda: ledger.resolved() == 1_000, 60, "1000 outcomes")
+            _send(ledger, producer, address, i)
+        wait_until(lambda: ledger.resolved() == 1_000, 60, "1000 outcomes")
     _read_back(pair.node_url(0), address, ledger)
     counts = ledger.counts("artemis live only")
     assert counts["failed"] == 0, ledger.failed
@@ -297,13 +240,13 @@ def test_multicast_default_without_the_queue_capability_routes_nowhere(
     """Why the client sends the ``queue`` capability: with it off, Artemis accepts every
     send to a new address and keeps none of them (what a client without it loses)."""
     address = _address()
-    ledger = _Ledger()
+    ledger = Ledger()
     with Producer(
         pair.node_url(0), outbox=False, confirm_timeout=30.0, address_capability=""
     ) as producer:
         for i in range(100):
-            ledger.send(producer, address, i)
-        _wait(lambda: ledger.resolved() == 100, 60, "100 outcomes")
+            _send(ledger, producer, address, i)
+        wait_until(lambda: ledger.resolved() == 100, 60, "100 outcomes")
     with Consumer(pair.node_url(0), address_capability="") as consumer:
         consumer.subscribe(address)
         got = consumer.poll(max_messages=100, timeout=2.0)
@@ -320,27 +263,27 @@ def test_primary_sigkill_during_counted_sends_loses_nothing(
     primary before the kill or by the backup after it, or STORED while no node served
     (fail fast) and forwarded to the backup; the backup alone then holds every one."""
     address = _address()
-    ledger = _Ledger()
+    ledger = Ledger()
     total = 6_000
     producer = Producer(pair.node_url(0), outbox=tmp_path / "outbox.db", confirm_timeout=60.0)
     try:
 
         def sender() -> None:
             for i in range(total):
-                ledger.send(producer, address, i)
+                _send(ledger, producer, address, i)
                 if i % 250 == 0:  # pace: the kill must land with sends in flight
                     time.sleep(0.002)
 
         thread = threading.Thread(target=sender, name="artemis-sender")
         thread.start()
-        _wait(lambda: ledger.resolved() >= 1_500, 60, "1500 outcomes before the kill")
+        wait_until(lambda: ledger.resolved() >= 1_500, 60, "1500 outcomes before the kill")
         in_flight = ledger.unresolved()
         killed = time.monotonic()
         pair.kill(0)
-        _wait(lambda: pair.nodes()[1].role == "live", 30, "the backup to become live")
+        wait_until(lambda: pair.nodes()[1].role == "live", 30, "the backup to become live")
         promoted = time.monotonic() - killed
         thread.join(120)
-        _wait(lambda: ledger.resolved() == total, 120, "every send to resolve")
+        wait_until(lambda: ledger.resolved() == total, 120, "every send to resolve")
         resolved = time.monotonic() - killed
         assert producer.drain(timeout=120) == 0, "stored messages must reach the backup"
     finally:
@@ -353,7 +296,7 @@ def test_primary_sigkill_during_counted_sends_loses_nothing(
     # Everything the pair confirmed must be readable from the backup alone.
     _read_back(pair.node_url(1), address, ledger)
     counts = ledger.counts("artemis primary SIGKILL")
-    assert counts["failed"] == 0, sorted(set(ledger.failed.values()))[:5]
+    assert counts["failed"] == 0, sorted({repr(e) for e in ledger.failed.values()})[:5]
     assert counts["receipted"] == total
     assert counts["lost"] == 0
     assert counts["unknown"] == 0
@@ -361,11 +304,11 @@ def test_primary_sigkill_during_counted_sends_loses_nothing(
 
 def test_consumer_follows_the_fail_over_to_the_backup(pair: ArtemisCluster) -> None:
     address = _address()
-    ledger = _Ledger()
+    ledger = Ledger()
     with Producer(pair.node_url(0), outbox=False, confirm_timeout=30.0) as producer:
         for i in range(2_000):
-            ledger.send(producer, address, i)
-        _wait(lambda: ledger.resolved() == 2_000, 60, "2000 outcomes")
+            _send(ledger, producer, address, i)
+        wait_until(lambda: ledger.resolved() == 2_000, 60, "2000 outcomes")
     assert not ledger.failed, ledger.failed
     # Consumer knows only the primary; it must continue on the backup after the kill.
     with Consumer(pair.node_url(0), credit=100) as consumer:
@@ -374,15 +317,14 @@ def test_consumer_follows_the_fail_over_to_the_backup(pair: ArtemisCluster) -> N
         def take() -> int:
             for delivery in consumer.poll(max_messages=100, timeout=0.2):
                 assert delivery.message_id is not None
-                with ledger.lock:
-                    ledger.received.append(delivery.message_id)
+                ledger.add_received(delivery.message_id)
                 delivery.ack()
             with ledger.lock:
-                return len(set(ledger.received))
+                return len(ledger.received)  # distinct ids
 
-        _wait(lambda: take() >= 500, 60, "the first 500 deliveries")
+        wait_until(lambda: take() >= 500, 60, "the first 500 deliveries")
         pair.kill(0)
-        _wait(lambda: take() >= 2_000, 90, "every delivery after the fail-over")
+        wait_until(lambda: take() >= 2_000, 90, "every delivery after the fail-over")
     counts = ledger.counts("artemis consumer fail-over")
     assert counts["lost"] == 0 and counts["unknown"] == 0
 
@@ -393,19 +335,19 @@ def test_backup_restarted_after_a_kill_catches_up_with_the_primary(
     """Messages confirmed while the backup was dead reach it by the initial sync when it
     comes back: after that, the primary can die and the backup still has them all."""
     address = _address()
-    ledger = _Ledger()
+    ledger = Ledger()
     pair.kill(1)
     with Producer(pair.node_url(0), outbox=False, confirm_timeout=30.0) as producer:
         for i in range(1_000):
-            ledger.send(producer, address, i)
-        _wait(lambda: ledger.resolved() == 1_000, 60, "1000 outcomes with the backup down")
+            _send(ledger, producer, address, i)
+        wait_until(lambda: ledger.resolved() == 1_000, 60, "1000 outcomes with the backup down")
     assert not ledger.failed, "the primary alone must confirm (vote-on-replication-failure off)"
     started = time.monotonic()
     pair.restart(1)
     resync = time.monotonic() - started
     assert [n.role for n in pair.nodes()] == ["live", "backup"]
     pair.kill(0)
-    _wait(lambda: pair.nodes()[1].role == "live", 30, "the backup to become live")
+    wait_until(lambda: pair.nodes()[1].role == "live", 30, "the backup to become live")
     _read_back(pair.node_url(1), address, ledger)
     print(f"[artemis backup restart] restart(1) until synchronized: {resync:.2f}s")
     counts = ledger.counts("artemis backup catch-up")
@@ -416,11 +358,11 @@ def test_both_killed_the_journal_survives_and_the_backup_waits_for_the_primary(
     pair: ArtemisCluster,
 ) -> None:
     address = _address()
-    ledger = _Ledger()
+    ledger = Ledger()
     with Producer(pair.node_url(0), outbox=False, confirm_timeout=30.0) as producer:
         for i in range(500):
-            ledger.send(producer, address, i)
-        _wait(lambda: ledger.resolved() == 500, 60, "500 outcomes")
+            _send(ledger, producer, address, i)
+        wait_until(lambda: ledger.resolved() == 500, 60, "500 outcomes")
     assert not ledger.failed
     pair.kill(1)
     pair.kill(0)  # last: the primary's journal is the newest
@@ -441,9 +383,9 @@ def test_restarted_primary_takes_over_again_under_traffic(
     both addresses loses nothing across the two hand-overs (what no node could take
     while they swapped is STORED and forwarded)."""
     address = _address()
-    ledger = _Ledger()
+    ledger = Ledger()
     pair.kill(0)
-    _wait(lambda: pair.nodes()[1].role == "live", 30, "the backup to become live")
+    wait_until(lambda: pair.nodes()[1].role == "live", 30, "the backup to become live")
     stop = threading.Event()
     producer = Producer(pair.url, outbox=tmp_path / "outbox.db", confirm_timeout=60.0)
     try:
@@ -451,30 +393,30 @@ def test_restarted_primary_takes_over_again_under_traffic(
         def sender() -> None:
             i = 0
             while not stop.is_set():
-                ledger.send(producer, address, i)
+                _send(ledger, producer, address, i)
                 i += 1
                 if i % 100 == 0:
                     time.sleep(0.01)
 
         thread = threading.Thread(target=sender, name="artemis-sender")
         thread.start()
-        _wait(lambda: ledger.resolved() >= 1_000, 60, "1000 outcomes on the backup")
+        wait_until(lambda: ledger.resolved() >= 1_000, 60, "1000 outcomes on the backup")
         started = time.monotonic()
         pair.restart(0)
         failback = time.monotonic() - started
         # restart() returns once the primary is live and the backup has synchronized;
         # the roles are read from the logs and ports, which a busy machine may show a
         # moment later.
-        _wait(
+        wait_until(
             lambda: [n.role for n in pair.nodes()] == ["live", "backup"],
             30,
             "the primary live and the backup a backup again",
         )
         after = len(ledger.sent)
-        _wait(lambda: ledger.resolved() >= after + 1_000, 60, "1000 outcomes after fail-back")
+        wait_until(lambda: ledger.resolved() >= after + 1_000, 60, "1000 outcomes after fail-back")
         stop.set()
         thread.join(30)
-        _wait(lambda: ledger.resolved() == len(ledger.sent), 120, "every send to resolve")
+        wait_until(lambda: ledger.resolved() == len(ledger.sent), 120, "every send to resolve")
         assert producer.drain(timeout=120) == 0, "stored messages must reach the live"
     finally:
         stop.set()
@@ -482,7 +424,7 @@ def test_restarted_primary_takes_over_again_under_traffic(
     print(f"[artemis fail-back] restart(0) until the pair was whole: {failback:.2f}s")
     _read_back(pair.node_url(0), address, ledger)
     counts = ledger.counts("artemis fail-back")
-    assert counts["failed"] == 0, sorted(set(ledger.failed.values()))[:5]
+    assert counts["failed"] == 0, sorted({repr(e) for e in ledger.failed.values()})[:5]
     assert counts["lost"] == 0
     assert counts["unknown"] == 0
 

@@ -11,11 +11,8 @@ stops it with ``down``; the fixture's teardown stops whatever is left.
 from __future__ import annotations
 
 import collections
-import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -31,6 +28,7 @@ from msgsafe.cluster import load
 from msgsafe.cluster._process import pid_alive
 from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.message import Status, new_message_id
+from tests.support.commands import Run, run_python
 
 pytestmark = pytest.mark.integration
 
@@ -42,30 +40,15 @@ _HINT = (
 FAST_GROUP = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 500}
 
 
-@dataclass(frozen=True)
-class Run:
-    code: int
-    stdout: str
-    stderr: str
-    seconds: float
-
-    def json(self) -> Any:
-        return json.loads(self.stdout)
-
-
 def cli(*args: str, timeout: float = 300.0) -> Run:
     """``python -m msgsafe.cluster.cli ARGS`` in a subprocess (never raises on the code)."""
-    started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "msgsafe.cluster.cli", *args],
-        capture_output=True,
-        text=True,
+    return run_python(
+        "-m",
+        "msgsafe.cluster.cli",
+        *args,
+        label=f"msgsafe cluster {' '.join(args)}",
         timeout=timeout,
-        check=False,
     )
-    run = Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
-    print(f"$ msgsafe cluster {' '.join(args)} -> exit {run.code} in {run.seconds:.1f}s")
-    return run
 
 
 @dataclass

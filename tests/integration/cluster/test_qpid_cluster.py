@@ -24,7 +24,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from msgsafe import Consumer, Producer, Status
 from msgsafe.cluster.base import ClusterError
 from msgsafe.cluster.qpid import MASTER, REPLICA, QpidCluster
 from msgsafe.message import Receipt
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -69,15 +70,6 @@ def qpid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QpidCluster]:
     finally:
         cluster.stop()
         assert not any(node.running for node in cluster.nodes()), "stop() left a node running"
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``condition`` until true; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def read_back(url: str, address: str, wanted: set[str], timeout: float = 90.0) -> list[str]:

@@ -58,9 +58,8 @@ def test_all_brokers_killed_while_the_lane_produces(
     # timeout to forward, while no broker runs).
     _poll_until(producer, lambda: len(producer) == 0, 60, "every callback served")
     assert producer.pending() > 0
-    statuses = list(ledger.outcomes.values())
-    assert statuses.count("confirmed") >= BEFORE, ledger.summary("down")
-    assert statuses.count("stored") >= DOWN, ledger.summary("down")
+    assert ledger.statuses["confirmed"] >= BEFORE, ledger.report("down")
+    assert ledger.statuses["stored"] >= DOWN, ledger.report("down")
 
     healed = heal(kafka)
     ledger.produce(producer, kafka_topic, AFTER, keys=KEYS)
@@ -83,10 +82,10 @@ def test_all_brokers_killed_while_the_lane_produces(
     producer.close()
 
     consume_until(
-        kafka.url, kafka_topic, set(ledger.outcomes), deadline_s=90, on_delivery=ledger.record
+        kafka.url, kafka_topic, set(ledger.sent), deadline_s=90, on_delivery=ledger.record
     )
     print(
-        f"\n{ledger.summary('direct lane, all brokers killed')} switched {switched:.1f}s "
+        f"\n{ledger.report('direct lane, all brokers killed')} switched {switched:.1f}s "
         f"after the kill, healed in {healed:.1f}s, back on the lane {back:.1f}s later, "
         f"{switches} switch(es)"
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.examples._run import run_example
+from tests.support.commands import run_example
 
 pytestmark = pytest.mark.integration
 

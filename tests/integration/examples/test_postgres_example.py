@@ -12,7 +12,7 @@ import pytest
 
 import msgsafe
 from msgsafe.cluster.kafka import KafkaCluster
-from tests.integration.examples._run import run_example
+from tests.support.commands import run_example
 
 pytestmark = pytest.mark.integration
 

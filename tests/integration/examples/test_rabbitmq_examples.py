@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.rabbitmq import RabbitUrls
-from tests.integration.examples._run import run_example
+from tests.support.commands import run_example
 
 pytestmark = pytest.mark.integration
 
@@ -23,6 +23,7 @@ def test_quickstart_on_rabbitmq(rabbit_urls: RabbitUrls, tmp_path: Path) -> None
 
 
 def test_quickstart_on_rabbitmq_amqp10(rabbit_urls: RabbitUrls, tmp_path: Path) -> None:
-    result = run_example("quickstart.py", rabbit_urls.amqp10[0], home=tmp_path)
+    url = rabbit_urls.amqp10[0] + "?declare=quorum"
+    result = run_example("quickstart.py", url, home=tmp_path)
     assert result.code == 0, result.stderr
     assert result.lines()[-1] == "sent 3 · received 3 · duplicates dropped 1"

@@ -14,7 +14,7 @@ import pytest
 import msgsafe
 from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.message import new_message_id
-from tests.integration.examples._run import EXAMPLES
+from tests.support.commands import EXAMPLES
 from tests.support.kafka_ledger import start_group_at_zero
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,8 @@ import pytest
 import msgsafe
 from msgsafe.errors import BatchFailed, MessageTooLarge
 from msgsafe.message import Delivery
-from tests.support.kafka_ledger import Ledger, consume_until
+from tests.support.kafka_ledger import consume_until
+from tests.support.ledger import Ledger
 
 pytestmark = pytest.mark.integration
 
@@ -21,10 +22,9 @@ KEYS = 16
 
 
 def _record(ledger: Ledger, batch_ids: list[str], receipt: msgsafe.message.BatchReceipt) -> None:
-    ledger.sent.extend(batch_ids)
+    ledger.sent.update(batch_ids)
     for message_id in receipt.message_ids:
-        ledger.receipted.add(message_id)
-        ledger.statuses[receipt.status(message_id).value] += 1
+        ledger.add_receipt(message_id, receipt.status(message_id))
 
 
 def test_a_batch_reaches_the_broker_whole_and_in_key_order(

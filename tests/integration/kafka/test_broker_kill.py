@@ -15,7 +15,8 @@ import pytest
 
 import msgsafe
 from msgsafe.cluster.kafka import KafkaCluster
-from tests.support.kafka_ledger import Ledger, read_log
+from tests.support.kafka_ledger import read_log
+from tests.support.ledger import Ledger
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +63,7 @@ def test_50k_messages_with_broker_killed_mid_stream(
                 # A bounded window keeps traffic flowing across each kill.
                 futures[i - WINDOW].exception(60)
             message_id = msgsafe.new_message_id()
-            ledger.sent.append(message_id)
+            ledger.sent.add(message_id)
             futures.append(
                 producer.send_async(
                     kafka_topic, b"%07d" % i, key=f"k{i % 64}", message_id=message_id
@@ -76,8 +77,7 @@ def test_50k_messages_with_broker_killed_mid_stream(
                 ledger.failures[type(exc).__name__] += 1
                 continue
             receipt = future.result()
-            ledger.receipted.add(receipt.message_id)
-            ledger.statuses[receipt.status.value] += 1
+            ledger.add_receipt(receipt.message_id, receipt.status)
         assert producer.drain(120) == 0, "outbox did not drain"
         assert producer.pending() == 0
 

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.endpoints import parse_url
 from msgsafe.message import Envelope
 from tests.support.kafka_ledger import start_group_at_zero
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -52,14 +52,6 @@ def _start(url: str, topic: str, group: str, out: Path, *extra: str) -> subproce
     )
 
 
-def _wait(condition: collections.abc.Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def test_consumer_killed_mid_batch_loses_nothing(
     kafka_cluster: KafkaCluster, kafka_topic: str, tmp_path: Path
 ) -> None:
@@ -91,7 +83,7 @@ def test_consumer_killed_mid_batch_loses_nothing(
     second = _start(url, kafka_topic, group, second_out)
     try:
         everything = set(sent)
-        _wait(
+        wait_until(
             lambda: everything <= set(_lines(first_out)) | set(_lines(second_out)),
             120,
             "every message to be consumed",

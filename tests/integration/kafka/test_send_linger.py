@@ -11,7 +11,8 @@ import pytest
 
 import msgsafe
 from msgsafe.cluster.kafka import KafkaCluster
-from tests.support.kafka_ledger import Ledger, consume_until
+from tests.support.kafka_ledger import consume_until
+from tests.support.ledger import Ledger
 
 pytestmark = pytest.mark.integration
 
@@ -29,26 +30,23 @@ def test_blocking_send_skips_the_linger(
     ) as producer:
         # Metadata and connections first (a blocking send itself: counted like the rest).
         warm = producer.send(kafka_topic, b"warm-up")
-        ledger.sent.append(warm.message_id)
-        ledger.receipted.add(warm.message_id)
-        ledger.statuses[warm.status.value] += 1
+        ledger.sent.add(warm.message_id)
+        ledger.add_receipt(warm.message_id, warm.status)
         slowest = 0.0
         for i in range(SENDS):
             message_id = msgsafe.new_message_id()
-            ledger.sent.append(message_id)
+            ledger.sent.add(message_id)
             started = time.monotonic()
             receipt = producer.send(kafka_topic, f"m{i}".encode(), message_id=message_id)
             slowest = max(slowest, time.monotonic() - started)
-            ledger.receipted.add(receipt.message_id)
-            ledger.statuses[receipt.status.value] += 1
+            ledger.add_receipt(receipt.message_id, receipt.status)
         # The control: the same producer, a receipt awaited without send(), lingers.
         control_id = msgsafe.new_message_id()
-        ledger.sent.append(control_id)
+        ledger.sent.add(control_id)
         started = time.monotonic()
         control = producer.send_async(kafka_topic, b"control", message_id=control_id).result(30)
         lingered = time.monotonic() - started
-        ledger.receipted.add(control.message_id)
-        ledger.statuses[control.status.value] += 1
+        ledger.add_receipt(control.message_id, control.status)
 
     ledger.received.update(
         consume_until(kafka_cluster.url, kafka_topic, ledger.receipted, deadline_s=60)

@@ -12,28 +12,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support import netns
 from tests.support.netns import CLIENT, NetLab, NetLabError, cleanup_stale
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
 PEER = str(Path(__file__).with_name("echo_peer.py"))
 PORT = 7000  # every namespace has its own port space: a fixed port cannot clash
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> float:
-    """Poll ``cond``; return the seconds it took."""
-    start = time.monotonic()
-    while not cond():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-    return time.monotonic() - start
 
 
 class EchoWatch:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable
 
 import pika
 import pika.exceptions
@@ -19,25 +18,13 @@ import pytest
 
 from msgsafe.testing.faultproxy import FaultProxy
 from tests.support.rabbit_lab import AMQP_PORT, NetRabbitCluster
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.slow]
 
 QUEUE = "partition-q"
-
-
-def wait_until(
-    cond: Callable[[], bool],
-    timeout: float,
-    what: str,
-    diagnose: Callable[[], str] | None = None,
-) -> float:
-    start = time.monotonic()
-    while not cond():
-        if time.monotonic() - start > timeout:
-            detail = f"\n{diagnose()}" if diagnose is not None else ""
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}{detail}")
-        time.sleep(0.2)
-    return time.monotonic() - start
+#: How often a wait polls: its conditions run rabbitmqctl in a namespace (slow, costly).
+POLL_S = 0.2
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +40,7 @@ def cluster(net_rabbit: object) -> NetRabbitCluster:
         except (RuntimeError, ValueError):
             return False
 
-    wait_until(whole, 120, "the namespaced cluster to be whole")
+    wait_until(whole, 120, "the namespaced cluster to be whole", interval=POLL_S)
     return net_rabbit
 
 
@@ -122,7 +109,9 @@ def test_cut_off_node_pauses_closes_clients_and_rejoins(cluster: NetRabbitCluste
                 return True
             return False
 
-        closed_after = wait_until(minority_closed, 60, "node 2 to close its clients")
+        closed_after = wait_until(
+            minority_closed, 60, "node 2 to close its clients", interval=POLL_S
+        )
         # The majority keeps taking confirmed publishes while node 2 is cut off.
         sent += publish_confirmed(ch, 100)
         assert not cluster.is_running(2), "node 2 should be paused (pause_minority)"
@@ -132,8 +121,10 @@ def test_cut_off_node_pauses_closes_clients_and_rejoins(cluster: NetRabbitCluste
         lab.heal(2)
         heal_at = time.monotonic()
         expected = {cluster.node(i) for i in range(3)}
-        wait_until(lambda: cluster.is_running(2), 90, "node 2 to resume")
-        wait_until(lambda: running_nodes(cluster, 0) == expected, 60, "3 running nodes")
+        wait_until(lambda: cluster.is_running(2), 90, "node 2 to resume", interval=POLL_S)
+        wait_until(
+            lambda: running_nodes(cluster, 0) == expected, 60, "3 running nodes", interval=POLL_S
+        )
         rejoined_after = time.monotonic() - heal_at
 
         # Every confirmed message is there, read through the node that was cut off.
@@ -218,6 +209,7 @@ def test_sigstopped_node_is_declared_down_then_comes_back(cluster: NetRabbitClus
                 lambda: cluster.node(1) not in cluster.connected_nodes(0),
                 60,
                 "nodes 0 and 2 to declare node 1 down",
+                interval=POLL_S,
             )
             sent += publish_confirmed(ch, 50, queue)  # majority of the quorum queue: 0, 2
         finally:
@@ -234,7 +226,7 @@ def test_sigstopped_node_is_declared_down_then_comes_back(cluster: NetRabbitClus
         # The documented recovery is to restart the app on the node that recorded it.
         recovery = "automatic"
         try:
-            wait_until(whole, 30, "node 1 back in a 3-node cluster")
+            wait_until(whole, 30, "node 1 back in a 3-node cluster", interval=POLL_S)
         except AssertionError:
             islands = partitioned_nodes(cluster)
             assert islands, f"no partition recorded, yet not whole:\n{describe(cluster)}"
@@ -242,7 +234,13 @@ def test_sigstopped_node_is_declared_down_then_comes_back(cluster: NetRabbitClus
             for i in islands:
                 cluster.ctl(i, "stop_app")
                 cluster.ctl(i, "start_app")
-            wait_until(whole, 90, "3 nodes after restarting", lambda: describe(cluster))
+            wait_until(
+                whole,
+                90,
+                "3 nodes after restarting",
+                diagnose=lambda: describe(cluster),
+                interval=POLL_S,
+            )
         back_after = time.monotonic() - resumed_at
         received = drain(doors[1].port, queue, len(sent), 60)
         lost = set(sent) - set(received)

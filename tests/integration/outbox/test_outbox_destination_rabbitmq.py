@@ -16,9 +16,6 @@ login), and every id is consumed.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -26,18 +23,17 @@ from pathlib import Path
 import pytest
 
 import msgsafe
-from msgsafe.adapters import open_receiver
 from msgsafe.cluster.rabbitmq import RabbitCluster
-from msgsafe.endpoints import parse_url
 from msgsafe.message import Envelope
 from msgsafe.outbox import SqliteOutbox
 from msgsafe.retry import RetryPolicy
 from msgsafe.testing.faultproxy import FaultProxies
-from tests.integration.rabbitmq._ledger import Ledger, consume_until, wait_for
+from tests.support.commands import msgsafe as run_msgsafe
+from tests.support.ledger import Ledger, receive_receipted
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[3]
 FIRST = 300  #: stored under the first spelling
 EACH = 50  #: stored under each further spelling while the brokers still refuse
 
@@ -102,36 +98,15 @@ def test_stored_messages_survive_five_respellings_of_the_url(
         try:
             assert producer.outbox is not None and producer.outbox.path in paths  # type: ignore[attr-defined]
             assert producer.pending() == len(ledger.receipted)
-            wait_for(lambda: producer.pending() == 0, 120, "the outbox to drain")
+            wait_until(lambda: producer.pending() == 0, 120, "the outbox to drain")
             drained_s = time.monotonic() - healed
         finally:
             producer.close(10)
-    receiver = open_receiver(parse_url(rabbit_cluster.cluster_url()), {"prefetch": 500})
-    try:
-        receiver.subscribe(queue)
-        consume_until(receiver, ledger, expected=ledger.receipted, deadline_s=120)
-    finally:
-        receiver.close()
+    receive_receipted(rabbit_cluster.cluster_url(), queue, ledger, deadline_s=120)
     print(f"{ledger.report('five respellings')} stored_s={stored_s:.1f} drained_s={drained_s:.1f}")
     assert len(ledger.receipted) == FIRST + 4 * EACH
     assert not ledger.lost
     assert not ledger.unknown
-
-
-def msgsafe_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "msgsafe", *args],
-        input="",
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-        cwd=ROOT,
-        env=dict(os.environ),
-    )
-    print(f"$ msgsafe {' '.join(args)} -> {proc.returncode} ({time.monotonic() - started:.1f}s)")
-    return proc
 
 
 def test_drain_forwards_to_the_broker_the_rows_name(
@@ -148,7 +123,7 @@ def test_drain_forwards_to_the_broker_the_rows_name(
         sent={e.message_id for e in envelopes}, receipted={e.message_id for e in envelopes}
     )
 
-    wrong = msgsafe_cli(
+    wrong = run_msgsafe(
         "outbox",
         "drain",
         str(path),
@@ -158,21 +133,17 @@ def test_drain_forwards_to_the_broker_the_rows_name(
         "20",
         "-o",
         "declare=quorum",
+        timeout=180,
     )
-    assert wrong.returncode == 3, wrong.stderr
+    assert wrong.code == 3, wrong.stderr
     assert "AuthenticationError" in wrong.stderr and "--url" in wrong.stderr
     assert "wrong" not in wrong.stderr.replace("--url 'amqp://USER:PASSWORD", "")
-    status = json.loads(msgsafe_cli("outbox", "status", str(path), "--json").stdout)
+    status = json.loads(run_msgsafe("outbox", "status", str(path), "--json", timeout=180).stdout)
     assert status["waiting"] == 200 and status["quarantined"] == 0
 
-    drained = msgsafe_cli("outbox", "drain", str(path), "--json")
-    assert drained.returncode == 0, drained.stderr
+    drained = run_msgsafe("outbox", "drain", str(path), "--json", timeout=180)
+    assert drained.code == 0, drained.stderr
     assert json.loads(drained.stdout)["delivered"] == 200
-    receiver = open_receiver(parse_url(rabbit_cluster.node_url(0)), {"prefetch": 500})
-    try:
-        receiver.subscribe(queue)
-        consume_until(receiver, ledger, expected=ledger.receipted, deadline_s=60)
-    finally:
-        receiver.close()
+    receive_receipted(rabbit_cluster.node_url(0), queue, ledger, deadline_s=60)
     print(ledger.report("drain from the rows"))
     assert not ledger.lost and not ledger.unknown

@@ -31,23 +31,15 @@ def store(postgres_conninfo: str, table: str) -> Iterator[PostgresOutbox]:
     s.close()
 
 
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    name = f"pg-{uuid.uuid4().hex[:8]}"
-    b = MemoryBroker.install(MemoryBroker(name))
-    yield b
-    MemoryBroker.forget(name)
-
-
 def test_rollback_publishes_nothing_and_commit_publishes_exactly_its_messages(
-    postgres_conninfo: str, store: PostgresOutbox, broker: MemoryBroker
+    postgres_conninfo: str, store: PostgresOutbox, memory_broker: MemoryBroker
 ) -> None:
     from msgsafe import Producer
 
     with psycopg.connect(postgres_conninfo) as app:
         app.execute("CREATE TABLE IF NOT EXISTS orders (id serial PRIMARY KEY, item text)")
         app.commit()
-    producer = Producer(f"memory://{broker.name}", outbox=store)
+    producer = Producer(f"memory://{memory_broker.name}", outbox=store)
     try:
         rolled_back: list[str] = []
         committed: list[str] = []
@@ -65,7 +57,7 @@ def test_rollback_publishes_nothing_and_commit_publishes_exactly_its_messages(
                 committed.append(receipt.message_id)
             app.commit()
         assert producer.drain(20) == 0
-        got = broker.ids("orders")
+        got = memory_broker.ids("orders")
         print(
             f"rolled_back={len(rolled_back)} committed={len(committed)} "
             f"published={len(got)} lost={len(set(committed) - set(got))}"
@@ -78,14 +70,14 @@ def test_rollback_publishes_nothing_and_commit_publishes_exactly_its_messages(
 
 
 def test_transactional_sends_leave_no_key_barrier_behind(
-    postgres_conninfo: str, store: PostgresOutbox, broker: MemoryBroker
+    postgres_conninfo: str, store: PostgresOutbox, memory_broker: MemoryBroker
 ) -> None:
     """A transactional send of a key that already waits in the outbox must not hold that
     key's ordering barrier after the outbox drained: later sends go to the broker."""
     from msgsafe import Producer, Status
 
-    broker.refuse_writes()  # keep the committed rows in the outbox while we send more
-    producer = Producer(f"memory://{broker.name}", outbox=store)
+    memory_broker.refuse_writes()  # keep the committed rows in the outbox while we send more
+    producer = Producer(f"memory://{memory_broker.name}", outbox=store)
     try:
         with psycopg.connect(postgres_conninfo) as app:
             first = producer.send("orders", b"t1", key="k", transaction=app)
@@ -93,17 +85,21 @@ def test_transactional_sends_leave_no_key_barrier_behind(
             assert store.has_key(b"k")
             second = producer.send("orders", b"t2", key="k", transaction=app)
             app.commit()
-        broker.accept_writes()
+        memory_broker.accept_writes()
         assert producer.drain(20) == 0
         after = producer.send("orders", b"plain", key="k")
         assert after.status is Status.CONFIRMED
-        assert broker.ids("orders") == [first.message_id, second.message_id, after.message_id]
+        assert memory_broker.ids("orders") == [
+            first.message_id,
+            second.message_id,
+            after.message_id,
+        ]
     finally:
         producer.close(10)
 
 
 def test_store_protocol_on_postgres(
-    postgres_conninfo: str, store: PostgresOutbox, broker: MemoryBroker
+    postgres_conninfo: str, store: PostgresOutbox, memory_broker: MemoryBroker
 ) -> None:
     assert isinstance(store, OutboxStore)
     a = [Envelope.build("q", b"a%d" % i, key="a", headers={"h": "v"}) for i in range(4)]
@@ -125,10 +121,10 @@ def test_store_protocol_on_postgres(
     assert q.envelope == a[0] and "poison" in q.error
     store.release([(e.message_id, "later") for e in a[2:]], retry_at=0)
     assert store.replay("all") == 1
-    transport = open_transport(parse_url(f"memory://{broker.name}"), {})
+    transport = open_transport(parse_url(f"memory://{memory_broker.name}"), {})
     fwd = Forwarder(store, transport)
     assert fwd.drain(10) == 0
-    assert broker.ids("q") == [e.message_id for e in a[2:]] + [a[0].message_id]
+    assert memory_broker.ids("q") == [e.message_id for e in a[2:]] + [a[0].message_id]
     transport.close()
 
 

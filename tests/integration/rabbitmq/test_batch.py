@@ -18,14 +18,15 @@ import pytest
 
 from msgsafe.adapters import open_receiver, open_transport
 from msgsafe.adapters.rabbitmq import RabbitTransport
-from msgsafe.adapters.rabbitmq import _wire as rabbit_wire
+from msgsafe.adapters.rabbitmq import _confirms as rabbit_confirms
 from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import MessageTooLarge, MsgsafeError, TransientError, Unroutable
 from msgsafe.message import Batch, Envelope
 from msgsafe.ports import Transport
 from tests.fixtures.rabbitmq import RabbitUrls
-from tests.integration.rabbitmq._ledger import Ledger, consume_until, wait_for
+from tests.support.ledger import Ledger, receive_receipted
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -95,15 +96,6 @@ def transport(rabbit_urls: RabbitUrls) -> Iterator[RabbitTransport]:
         t.close(5)
 
 
-def _consume(url: str, queue: str, ledger: Ledger, *, quiet_s: float = 2.0) -> None:
-    receiver = open_receiver(parse_url(url), {"prefetch": 1000})
-    try:
-        receiver.subscribe(queue)
-        consume_until(receiver, ledger, expected=ledger.receipted, quiet_s=quiet_s)
-    finally:
-        receiver.close()
-
-
 def test_batch_larger_than_the_window_confirmed_and_consumed_exactly(
     transport: RabbitTransport, rabbit_urls: RabbitUrls
 ) -> None:
@@ -121,7 +113,7 @@ def test_batch_larger_than_the_window_confirmed_and_consumed_exactly(
     # Confirms are counted per run of acks, not one call per message.
     assert report.confirm_calls < n // 10, report.confirm_calls
     ledger.receipted = report.confirmed_ids()
-    _consume(rabbit_urls.cluster, queue, ledger)
+    receive_receipted(rabbit_urls.cluster, queue, ledger, prefetch=1000)
     print(ledger.report("batch 3000") + f" confirm_calls={report.confirm_calls}")
     assert not ledger.lost
     assert not ledger.unknown
@@ -138,7 +130,7 @@ def test_batch_and_single_publishes_interleave_in_order(
     internals as if they were not what the frame writer expects (another pika release),
     so every message goes through pika's own publish."""
     if writes == "basic_publish":
-        monkeypatch.setattr(rabbit_wire, "_pika_emit", lambda conn: None)
+        monkeypatch.setattr(rabbit_confirms, "pika_emit", lambda conn: None)
     transport = open_transport(
         parse_url(rabbit_urls.cluster), {"declare": "quorum", "max_in_flight": 500}
     )
@@ -225,7 +217,7 @@ def test_batch_with_one_oversize_message(rabbit_urls: RabbitUrls) -> None:
     assert isinstance(report.failures[123], MessageTooLarge)
     assert report.confirmed_count == 399
     ledger.receipted = report.confirmed_ids()
-    _consume(rabbit_urls.cluster, queue, ledger)
+    receive_receipted(rabbit_urls.cluster, queue, ledger, prefetch=1000)
     assert not ledger.lost
     assert ledger.duplicates == 0
     assert batch.message_ids[123] not in ledger.received
@@ -268,9 +260,11 @@ def test_kill_connected_node_mid_batch(rabbit: RabbitCluster) -> None:
             progress["confirmed"] += count
 
     def fault() -> None:
-        wait_for(lambda: progress["confirmed"] >= N_KILL // 4, 60, "a quarter confirmed")
+        wait_until(lambda: progress["confirmed"] >= N_KILL // 4, 60, "a quarter confirmed")
         rabbit.kill(victim)
-        wait_for(lambda: progress["confirmed"] >= N_KILL // 2, 60, "half confirmed after the kill")
+        wait_until(
+            lambda: progress["confirmed"] >= N_KILL // 2, 60, "half confirmed after the kill"
+        )
         rabbit.restart(victim)
 
     fault_thread = threading.Thread(target=fault, name="fault")
@@ -285,10 +279,8 @@ def test_kill_connected_node_mid_batch(rabbit: RabbitCluster) -> None:
             report = Report(todo)
             t.publish_batch(todo, report)
             report.wait(60)
-            for error in report.failures.values():
-                ledger.failures[type(error).__name__] += 1
-                if not isinstance(error, TransientError):
-                    ledger.permanent.append(error)
+            for index, error in report.failures.items():
+                ledger.add_failure(todo.message_ids[index], error)
             for mid in report.confirmed_ids():
                 confirmed[mid] += 1
             retry = sorted(i for i, e in report.failures.items() if isinstance(e, TransientError))
@@ -299,7 +291,7 @@ def test_kill_connected_node_mid_batch(rabbit: RabbitCluster) -> None:
     published = time.monotonic() - started
     ledger.receipted = set(confirmed)
     others = [i for i in order if i != victim]
-    _consume(rabbit.cluster_url(others), queue, ledger, quiet_s=5.0)
+    receive_receipted(rabbit.cluster_url(others), queue, ledger, prefetch=1000, quiet_s=5.0)
     print(f"{ledger.report('batch kill -9')} rounds={rounds} publish_s={published:.1f}")
     assert not ledger.permanent, ledger.permanent[:3]
     assert len(ledger.receipted) == N_KILL, "every message should be confirmed after retries"

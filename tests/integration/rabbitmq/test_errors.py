@@ -25,7 +25,7 @@ from msgsafe.errors import (
 )
 from msgsafe.message import Envelope
 from tests.fixtures.rabbitmq import RabbitUrls
-from tests.integration.rabbitmq._ledger import wait_for
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -162,7 +162,7 @@ def test_memory_alarm_blocks_within_the_timeout(rabbit: RabbitCluster) -> None:
         for i in range(rabbit.size):
             rabbit.ctl(i, "set_vm_memory_high_watermark", "absolute", "1")
         try:
-            wait_for(
+            wait_until(
                 lambda: all(
                     "memory" in rabbit.ctl(i, "eval", "rabbit_alarm:get_alarms().")
                     for i in range(rabbit.size)

@@ -13,11 +13,12 @@ import uuid
 
 import pytest
 
-from msgsafe.adapters import open_receiver, open_transport
+from msgsafe.adapters import open_transport
 from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.endpoints import parse_url
 from msgsafe.message import Envelope
-from tests.integration.rabbitmq._ledger import Ledger, consume_until, publish_all, wait_for
+from tests.support.ledger import Ledger, publish_all, receive_receipted
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -55,12 +56,7 @@ def _run(
     published = time.monotonic() - started
     # Consume through the nodes that stayed up (the victim may still be rejoining).
     others = [i for i in order if i != victim]
-    receiver = open_receiver(parse_url(rabbit.cluster_url(others)), {"prefetch": 1000})
-    try:
-        receiver.subscribe(queue)
-        consume_until(receiver, ledger, expected=ledger.receipted, deadline_s=120)
-    finally:
-        receiver.close()
+    receive_receipted(rabbit.cluster_url(others), queue, ledger, prefetch=1000, deadline_s=120)
     print(f"{ledger.report(name)} publish_s={published:.1f}")
 
 
@@ -76,9 +72,9 @@ def test_kill_connected_node_mid_stream(rabbit: RabbitCluster) -> None:
     victim = 0
 
     def fault() -> None:
-        wait_for(lambda: len(ledger.receipted) >= N // 4, 60, "a quarter receipted")
+        wait_until(lambda: len(ledger.receipted) >= N // 4, 60, "a quarter receipted")
         rabbit.kill(victim)
-        wait_for(lambda: len(ledger.receipted) >= N // 2, 60, "half receipted after the kill")
+        wait_until(lambda: len(ledger.receipted) >= N // 2, 60, "half receipted after the kill")
         rabbit.restart(victim)
 
     _run(
@@ -99,7 +95,7 @@ def test_sigstop_connected_node_30s(rabbit: RabbitCluster) -> None:
     frozen = threading.Event()
 
     def fault() -> None:
-        wait_for(lambda: len(ledger.receipted) >= N // 4, 60, "a quarter receipted")
+        wait_until(lambda: len(ledger.receipted) >= N // 4, 60, "a quarter receipted")
         rabbit.pause(victim)
         frozen.set()
         # The fault itself lasts 30 s (what the issue asks for), not a synchronisation.

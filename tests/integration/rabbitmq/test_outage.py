@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 
 import msgsafe
-from msgsafe.adapters import open_receiver
 from msgsafe.cluster.rabbitmq import RabbitCluster
-from msgsafe.endpoints import parse_url
 from msgsafe.retry import RetryPolicy
-from tests.integration.rabbitmq._ledger import Ledger, consume_until, wait_for
+from tests.support.ledger import Ledger, receive_receipted
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -74,16 +73,11 @@ def test_all_nodes_down_sends_are_stored_then_drained(
         assert slowest <= SEND_TIMEOUT_S, f"a send blocked {slowest:.1f} s"
         rabbit.heal()
         healed = time.monotonic()
-        wait_for(lambda: producer.pending() == 0, 120, "the outbox to drain")
+        wait_until(lambda: producer.pending() == 0, 120, "the outbox to drain")
         drained_s = time.monotonic() - healed
     finally:
         producer.close(10)
-    receiver = open_receiver(parse_url(rabbit.cluster_url()), {"prefetch": 500})
-    try:
-        receiver.subscribe(queue)
-        consume_until(receiver, ledger, expected=ledger.receipted, deadline_s=60)
-    finally:
-        receiver.close()
+    receive_receipted(rabbit.cluster_url(), queue, ledger, deadline_s=60)
     print(
         f"{ledger.report('all nodes down 20 s')} statuses={statuses} "
         f"slowest_send_s={slowest:.2f} drain_s={drained_s:.1f}"

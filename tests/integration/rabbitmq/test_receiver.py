@@ -199,10 +199,10 @@ def test_headers_read_back_by_pika_and_msgsafe(
     """Single messages with text headers: pika and msgsafe consumers read back exactly
     what was sent, whether the frame writer or pika's ``basic_publish`` wrote them (the
     two must be indistinguishable on the wire)."""
-    from msgsafe.adapters.rabbitmq import _wire as rabbit_wire
+    from msgsafe.adapters.rabbitmq import _confirms as rabbit_confirms
 
     if writes == "basic_publish":
-        monkeypatch.setattr(rabbit_wire, "_pika_emit", lambda conn: None)
+        monkeypatch.setattr(rabbit_confirms, "pika_emit", lambda conn: None)
     url = rabbit_urls.amqp[0]
     queues = [f"rh-{writes}-{i}-{uuid.uuid4().hex[:8]}" for i in range(2)]
     sent: dict[str, Envelope] = {}

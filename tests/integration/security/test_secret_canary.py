@@ -33,6 +33,7 @@ from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.endpoints import parse_url
 from tests.integration.security._users import SCRAM_USER
+from tests.support.commands import run_python
 
 pytestmark = pytest.mark.integration
 
@@ -116,18 +117,14 @@ _CLI_AT_DEBUG = (
 
 def _cli(sweep: Sweep, *args: str, stdin: str = "", timeout: float = 90.0) -> int:
     """The ``msgsafe`` command in a child process whose logging is at DEBUG."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _CLI_AT_DEBUG, *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    # The label is printed, and this process's output is swept too: no URL in it.
     name = " ".join(a for a in args[:3] if "://" not in a)
-    sweep.add(f"cli {name} stdout", proc.stdout)
-    sweep.add(f"cli {name} stderr", proc.stderr)
-    return proc.returncode
+    run = run_python(
+        "-c", _CLI_AT_DEBUG, *args, label=f"msgsafe {name} (at DEBUG)", stdin=stdin, timeout=timeout
+    )
+    sweep.add(f"cli {name} stdout", run.stdout)
+    sweep.add(f"cli {name} stderr", run.stderr)
+    return run.code
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ import pytest
 
 from msgsafe import Consumer, Producer, Receipt, Status
 from msgsafe.cluster.rabbitmq import RabbitCluster
-from tests.integration.rabbitmq._ledger import wait_for
 from tests.support.otel import install, metric_total, spans_of
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,7 @@ def test_node_kill_is_a_failover_event_and_the_counters_add_up(
                 failures[type(error).__name__] += 1
 
     def fault() -> None:
-        wait_for(lambda: len(receipts) >= N // 4, 60, "a quarter receipted")
+        wait_until(lambda: len(receipts) >= N // 4, 60, "a quarter receipted")
         rabbit.kill(victim)
 
     producer = Producer(
