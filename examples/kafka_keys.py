@@ -38,7 +38,12 @@ def create_topic(url: str, topic: str, partitions: int = 3) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient({"bootstrap.servers": url.removeprefix("kafka://").split("?")[0]})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+    # Replication 3 with min.insync.replicas=2 where the cluster has three brokers (what
+    # `msgsafe doctor` asks for); a one-broker demo cluster can only hold one copy.
+    brokers = len(admin.list_topics(timeout=10).brokers)
+    replication = min(3, brokers)
+    config = {"min.insync.replicas": str(min(2, replication))}
+    admin.create_topics([NewTopic(topic, partitions, replication, config=config)])[topic].result(30)
     deadline = time.monotonic() + 30
     while not admin.list_topics(topic, timeout=5).topics[topic].partitions:
         if time.monotonic() > deadline:
