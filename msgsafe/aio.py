@@ -227,9 +227,17 @@ class AsyncConsumer:
         group: str | None = None,
         dedup: bool | int = False,
         telemetry: bool = False,
+        connect_window: float = 10.0,
         **options: object,
     ) -> None:
-        self._consumer = Consumer(url, group=group, dedup=dedup, telemetry=telemetry, **options)
+        self._consumer = Consumer(
+            url,
+            group=group,
+            dedup=dedup,
+            telemetry=telemetry,
+            connect_window=connect_window,
+            **options,
+        )
         self._ready: deque[AsyncDelivery] = deque()
         #: A poll running in a worker thread; kept across a cancelled wait.
         self._polling: asyncio.Future[list[Delivery]] | None = None

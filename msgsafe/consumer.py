@@ -9,9 +9,10 @@ from types import TracebackType
 from typing import Self
 
 from msgsafe.adapters import open_receiver
+from msgsafe.checks import Inspector, inspector_for
 from msgsafe.dedup import DedupWindow
-from msgsafe.endpoints import parse_url
-from msgsafe.errors import ClosedError, ConfigurationError
+from msgsafe.endpoints import BrokerUrl, parse_url
+from msgsafe.errors import ClosedError, ConfigurationError, ConnectError, TransientError
 from msgsafe.message import Delivery, Outcome
 from msgsafe.ports import Receiver
 from msgsafe.telemetry._observer import observing
@@ -30,6 +31,14 @@ class Consumer:
     retries can cause — acknowledging them for you. ``telemetry=True`` adds
     OpenTelemetry spans and metrics (see :mod:`msgsafe.telemetry`); :meth:`stats`
     works without it. Options go to the adapter.
+
+    Failing loudly, as the producer does: until the broker has answered once,
+    :meth:`poll` checks it (the producer's destination check on the first subscribed
+    destination, with the same connection settings): a peer of another protocol, a
+    refused login or a certificate that does not verify raises its permanent error at
+    once, and a consumer that reached no broker within ``connect_window`` seconds raises
+    :class:`~msgsafe.errors.ConnectError`. Once it has, an outage is retried by the
+    adapter (one WARNING), and ``poll`` returns what arrives.
     """
 
     def __init__(
@@ -39,8 +48,11 @@ class Consumer:
         group: str | None = None,
         dedup: bool | int = False,
         telemetry: bool = False,
+        connect_window: float = 10.0,
         **options: object,
     ) -> None:
+        if connect_window <= 0:
+            raise ConfigurationError("connect_window must be > 0 seconds")
         if isinstance(dedup, bool):
             self._dedup = DedupWindow() if dedup else None
         elif isinstance(dedup, int) and dedup > 0:
@@ -51,6 +63,7 @@ class Consumer:
         self._telemetry = ConsumerTelemetry(self._url, otel=telemetry)
         with observing(self._telemetry):
             self._receiver: Receiver = open_receiver(self._url, options, group=group)
+        self._reach = _Reach(inspector_for(self._url, options), connect_window, self._url)
         self._closed = False
         self._lock = threading.Lock()
         #: message id -> copies held back while the first copy is unsettled.
@@ -62,6 +75,7 @@ class Consumer:
         """Consume from ``destination`` (a queue, topic or address). Returns self."""
         self._check_open()
         self._receiver.subscribe(destination)
+        self._reach.destinations.append(destination)
         return self
 
     def poll(self, timeout: float | None = None, *, max_messages: int = 1) -> list[Delivery]:
@@ -75,6 +89,8 @@ class Consumer:
         self._check_open()
         if max_messages < 1:
             raise ConfigurationError("max_messages must be >= 1")
+        if not self._reach.reached:
+            self._reach.check()
         return self._telemetry.deliver(self._poll(max_messages, timeout))
 
     def _poll(self, max_messages: int, timeout: float | None) -> list[Delivery]:
@@ -183,3 +199,37 @@ class Consumer:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"Consumer({self._url.redacted()!r}, {state})"
+
+
+class _Reach:
+    """Whether the consumer's broker has answered once, asked with the destination
+    check (at most once a second) until it has; see :class:`Consumer`."""
+
+    def __init__(self, inspect: Inspector, window: float, url: BrokerUrl) -> None:
+        self._inspect = inspect
+        self._window = window
+        self._url = url
+        self._started = time.monotonic()
+        self._next_try = 0.0
+        self._last: TransientError | None = None
+        self.destinations: list[str] = []
+        self.reached = False
+
+    def check(self) -> None:
+        """Ask the broker (when due); raise its permanent error, or ConnectError once
+        ``window`` passed without an answer."""
+        now = time.monotonic()
+        if now >= self._next_try and self.destinations:
+            try:
+                self._inspect(self.destinations[0])
+            except TransientError as exc:
+                self._last = exc
+                self._next_try = now + 1.0
+            else:
+                self.reached = True
+                return
+        if self._last is not None and now - self._started >= self._window:
+            raise ConnectError(
+                f"no broker answered within connect_window={self._window:g}s: {self._last.message}",
+                endpoint=self._url.redacted(),
+            ) from self._last

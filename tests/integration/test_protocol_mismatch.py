@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from msgsafe import Producer
+from msgsafe import Consumer, Producer
 from msgsafe.cluster.artemis import ArtemisCluster
 from msgsafe.cluster.base import TlsFiles
 from msgsafe.cluster.kafka import KafkaCluster
@@ -126,6 +126,43 @@ def test_kafka_client_to_an_amqp10_broker(artemis_pair: ArtemisCluster) -> None:
     assert isinstance(error, ProtocolMismatch), repr(error)
     assert "AMQP 1.0" in str(error) and "amqp10://" in str(error)
     assert took < WITHIN_S, took
+
+
+def _first_poll_error(url: str) -> tuple[BaseException, float]:
+    """What a consumer raises first for ``url``: at construction, subscribe or poll."""
+    start = time.monotonic()
+    try:
+        with Consumer(url, group="mismatch") as consumer:
+            consumer.subscribe("orders")
+            while time.monotonic() - start < 30.0:
+                consumer.poll(0.2)
+    except Exception as exc:  # the assertion names what was raised instead
+        return exc, time.monotonic() - start
+    raise AssertionError(f"a consumer of {url} polled for 30 s without an error")
+
+
+def test_consumers_raise_the_mismatch_as_producers_do(
+    rabbit_without_amqp10: RabbitCluster,
+    kafka_cluster: KafkaCluster,
+    artemis_pair: ArtemisCluster,
+) -> None:
+    """The producer's pairs, consumed: each raises ProtocolMismatch naming what to use,
+    within the same bound, instead of polling nothing for ever."""
+    rabbit, kafka = rabbit_without_amqp10.port(0), kafka_cluster.ports[0]
+    artemis = artemis_pair.ports[0]
+    pairs = [
+        (rabbit_without_amqp10.amqp10_url(0), "amqp://"),
+        (f"kafka://127.0.0.1:{rabbit}", "amqp://"),
+        (f"amqp://127.0.0.1:{kafka}/", "kafka://"),
+        (f"amqp10://127.0.0.1:{kafka}", "kafka://"),
+        (f"amqp://u:p@127.0.0.1:{artemis}/", "amqp10://"),
+        (f"kafka://127.0.0.1:{artemis}", "amqp10://"),
+    ]
+    for url, use in pairs:
+        error, took = _first_poll_error(url)
+        assert isinstance(error, ProtocolMismatch), (url, repr(error))
+        assert use in str(error), (url, str(error))
+        assert took < WITHIN_S * 2, (url, took)
 
 
 #: (scheme, which port, what the error must name): a plain client on a TLS port, a TLS

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from msgsafe import Consumer, Producer, Status
-from msgsafe.errors import ClosedError, ConfigurationError, InvalidMessage, MessageTooLarge
+from msgsafe.errors import (
+    ClosedError,
+    ConfigurationError,
+    ConnectError,
+    InvalidMessage,
+    MessageTooLarge,
+    MsgsafeError,
+)
 from msgsafe.testing import MemoryBroker
 
 
@@ -167,3 +175,52 @@ def test_poll_takes_the_timeout_first_as_confluent_kafka_does(memory_broker: Mem
         assert [d.message_id for d in [first, *rest]] == ids
         with pytest.raises(TypeError):
             c.poll(2, 10)  # type: ignore[misc]
+
+
+def test_a_consumer_that_never_reached_its_broker_raises_after_its_window(
+    memory_broker: MemoryBroker,
+) -> None:
+    """As the producer raises ConnectError for a broker it cannot reach, so does a
+    consumer that never reached one, once its connect_window has passed; before, poll
+    returns nothing."""
+    memory_broker.down()
+    with Consumer(f"memory://{memory_broker.name}", connect_window=0.5) as consumer:
+        consumer.subscribe("q")
+        assert consumer.poll(0.05) == []
+        error = _first_error(consumer, within=5.0)
+    assert isinstance(error, ConnectError) and "connect_window=0.5s" in str(error), error
+
+
+def test_a_consumer_that_reached_its_broker_once_waits_through_an_outage(
+    memory_broker: MemoryBroker,
+) -> None:
+    with Consumer(f"memory://{memory_broker.name}", connect_window=0.2) as consumer:
+        consumer.subscribe("q")
+        assert consumer.poll(0.05) == []
+        memory_broker.down()
+        start = time.monotonic()
+        while time.monotonic() - start < 0.6:
+            assert consumer.poll(0.05) == []  # an outage after the first answer: waits
+
+
+def test_a_closed_port_consumer_raises_connect_error_after_its_window() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with Consumer(f"kafka://127.0.0.1:{port}", group="g", connect_window=1.0) as consumer:
+        consumer.subscribe("orders")
+        error = _first_error(consumer, within=10.0)
+    assert isinstance(error, ConnectError), error
+
+
+def _first_error(consumer: Consumer, *, within: float) -> MsgsafeError:
+    """What ``poll`` raises first, polling for at most ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            consumer.poll(0.05)
+        except MsgsafeError as exc:
+            return exc
+    raise AssertionError(f"poll raised nothing within {within:g} s")
