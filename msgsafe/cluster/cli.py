@@ -292,14 +292,21 @@ def _node_command(
         with _errors():
             cluster = load(dir)
             index = _node_index(cluster, node)
+            before = [(n.running, n.role) for n in cluster.nodes()]
             with _progress(f"{verb} {cluster.nodes()[index].name}"):
                 action(cluster, index)
             cluster.save_state()
-            info = cluster.nodes()[index]
-            out.print(
-                f"{info.name}: {'running' if info.running else 'not running'}"
-                f" (pid {info.pid or '-'}, role {info.role or '-'})"
-            )
+            after = cluster.nodes()
+            # The named node, then any other the verb had to change (a Kafka restart
+            # brings back enough of the KRaft quorum with it).
+            others = [i for i, n in enumerate(after) if (n.running, n.role) != before[i]]
+            for i in [index, *(i for i in others if i != index)]:
+                info = after[i]
+                also = "" if i == index else "also "
+                out.print(
+                    f"{also}{info.name}: {'running' if info.running else 'not running'}"
+                    f" (pid {info.pid or '-'}, role {info.role or '-'})"
+                )
 
     command.__doc__ = {
         "kill": "SIGKILL one node (its data stays, as after a crash).",

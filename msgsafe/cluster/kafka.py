@@ -335,6 +335,56 @@ class KafkaCluster(JvmCluster):
         optional = [p for p in (ports.tls, ports.expired, ports.sasl) if p is not None]
         return [ports.plain, ports.controller, *optional]
 
+    def restart(self, node: int, timeout: float | None = None) -> None:
+        """Start ``node`` again and wait until it serves, as :meth:`JvmCluster.restart`.
+
+        Every node is a KRaft controller, and a controller alone never serves: when the
+        nodes that still run (paused ones do not vote) and this one are fewer than a
+        majority, paused nodes are resumed and stopped ones started with it, lowest
+        first, until they are (after a whole-cluster kill, ``restart 0`` brings back
+        nodes 0 and 1 of three); a warning names them.
+        """
+        self._check_index(node)
+        limit = 120.0 if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        majority = self.count // 2 + 1
+        voting = {n for n in range(self.count) if self._running(n) and not self._paused(n)}
+        voting.add(node)
+        resumed, started = [], []
+        for other in range(self.count):
+            if len(voting) >= majority:
+                break
+            if other not in voting and self._running(other):
+                self.resume(other)
+                resumed.append(other)
+                voting.add(other)
+        lib = self._lib()
+        for other in range(self.count):
+            if len(voting) >= majority:
+                break
+            if other not in voting:
+                self._spawn(other, lib)
+                started.append(other)
+                voting.add(other)
+        if resumed or started:
+            self._save()
+            log.warning(
+                "kafka: a KRaft quorum needs %d of %d controllers: also %s",
+                majority,
+                self.count,
+                "; ".join(
+                    part
+                    for part in (
+                        f"resumed node(s) {resumed}" if resumed else "",
+                        f"started node(s) {started}" if started else "",
+                    )
+                    if part
+                ),
+            )
+        super().restart(node, max(1.0, deadline - time.monotonic()))
+        if started:
+            self._wait_registered(started, deadline)
+
     def _wait_back(self, node: int, deadline: float) -> None:
         # Registered as an unfenced broker; it may still be catching up replicas (see
         # wait_in_sync).

@@ -216,6 +216,30 @@ def test_cli_kill_restart_pause_resume(kafka_cli: CliCluster) -> None:
     assert kafka_cli.status()["nodes"][2]["role"] in ("controller-leader", "controller-follower")
 
 
+def test_restart_brings_back_a_cluster_whose_every_node_was_killed(
+    kafka_cli: CliCluster, tmp_path: Path
+) -> None:
+    """A KRaft controller alone never serves: restarting one node of a cluster whose
+    every node was killed starts the quorum with it (and says which), then the cluster
+    takes writes again; restarting the last one makes it whole."""
+    dir = str(kafka_cli.dir)
+    for node in range(3):
+        assert cli("kill", str(node), "--dir", dir).code == 0
+    assert not any(n["running"] for n in kafka_cli.status()["nodes"])
+    run = cli("restart", "0", "--dir", dir, timeout=240)
+    assert run.code == 0, run.stderr
+    assert "also kafka-1: running" in run.stdout, run.stdout
+    running = [n["running"] for n in kafka_cli.status()["nodes"]]
+    assert running == [True, True, False], running
+    cluster = kafka_cli.cluster()
+    topic = f"after-{new_message_id()}"
+    cluster.create_topic(topic, partitions=1, replication=2)
+    with msgsafe.Producer(cluster.url, outbox=tmp_path / "outbox.db") as producer:
+        assert producer.send(topic, b"x").status is Status.CONFIRMED
+    assert cli("restart", "2", "--dir", dir, timeout=240).code == 0
+    assert all(n["running"] for n in kafka_cli.status()["nodes"])
+
+
 def test_cli_errors_are_one_red_line_and_exit_3(kafka_cli: CliCluster) -> None:
     run = cli("kill", "7", "--dir", str(kafka_cli.dir))
     assert run.code == 3
