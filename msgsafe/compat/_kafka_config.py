@@ -91,6 +91,8 @@ class ProducerConfig:
     queue_max: int  #: reports not yet served at which produce() raises BufferError
     admin: dict[str, Any] = field(repr=False)  #: settings of the list_topics() client
     warnings: tuple[str, ...]  #: overrides and ignored settings, for CompatWarning
+    #: ``msgsafe.require``: the destination requirement (see msgsafe.checks.gate).
+    require: str = "durable"
 
 
 def _bootstrap_url(config: Mapping[str, object]) -> tuple[str, list[str]]:
@@ -149,6 +151,7 @@ def translate_config(config: Mapping[str, object]) -> ProducerConfig:
     on_delivery: DeliveryCallback | None = None
     error_cb: Callable[[Any], object] | None = None
     outbox: OutboxSpec = True
+    require = "durable"
     queue_max = DEFAULT_QUEUE_MAX
     for name, value in config.items():
         if name in ("bootstrap.servers", "metadata.broker.list", "security.protocol"):
@@ -159,6 +162,12 @@ def translate_config(config: Mapping[str, object]) -> ProducerConfig:
             if not isinstance(value, (bool, str)):
                 raise ConfigurationError("'msgsafe.outbox' must be True, False or a file path")
             outbox = value
+        elif name == "msgsafe.require":
+            if value not in ("any", "durable", "replicated"):
+                raise ConfigurationError(
+                    "'msgsafe.require' must be 'any', 'durable' or 'replicated'"
+                )
+            require = str(value)
         elif name in ("on_delivery", "delivery.report.callback"):
             if not callable(value):
                 raise ConfigurationError(f"{name!r} must be callable")
@@ -225,6 +234,7 @@ def translate_config(config: Mapping[str, object]) -> ProducerConfig:
         queue_max=queue_max,
         admin=admin,
         warnings=tuple(notes),
+        require=require,
     )
 
 

@@ -28,6 +28,7 @@ from msgsafe.errors import (
     Rejected,
     TransientError,
     Unroutable,
+    UnsafeDestination,
 )
 from msgsafe.message import MESSAGE_ID_HEADER, RECORD_HEADERS_HEADER, Status
 
@@ -187,6 +188,7 @@ _KAFKA_CODES: tuple[tuple[type[BaseException], int, bool], ...] = (
     (InvalidMessage, KafkaError._INVALID_ARG, False),
     (Rejected, KafkaError.INVALID_RECORD, False),
     (ConfigurationError, KafkaError._INVALID_ARG, False),
+    (UnsafeDestination, KafkaError.POLICY_VIOLATION, False),
     (PermanentError, KafkaError._FAIL, False),
     (OutboxError, KafkaError._FS, True),
     (ClosedError, KafkaError._DESTROY, False),

@@ -88,7 +88,7 @@ from msgsafe.compat._kafka_report import (
     record_headers,
 )
 from msgsafe.endpoints import parse_url
-from msgsafe.errors import ConfigurationError, MsgsafeError
+from msgsafe.errors import ConfigurationError, MsgsafeError, TransientError, UnsafeDestination
 from msgsafe.message import MESSAGE_ID_HEADER, new_message_id
 from msgsafe.producer import Producer as _SafeProducer
 
@@ -165,7 +165,9 @@ class Producer(ClosesOnExit, SafeReports):
             producer = None
             if target:
                 options = options_for(parse_url(target).protocol, translated.options)
-                producer = _SafeProducer(target, outbox=translated.outbox, **options)
+                producer = _SafeProducer(
+                    target, outbox=translated.outbox, require=translated.require, **options
+                )
         except ConfigurationError as exc:
             raise KafkaException(kafka_error(exc)) from exc
         SafeReports.__init__(self, translated, producer)
@@ -198,6 +200,23 @@ class Producer(ClosesOnExit, SafeReports):
         )
 
     # --- producing ----------------------------------------------------------------------
+
+    def _checked_for_lane(self, topic: str) -> bool:
+        """Whether the direct lane may produce to ``topic``: the safe producer's
+        destination check (see :mod:`msgsafe.checks.gate`) admitted it, once. A topic
+        below ``require=`` raises ``KafkaException(POLICY_VIOLATION)`` before anything
+        is queued; one that could not be checked (no broker answers) goes the safe path,
+        which stores it and checks before forwarding."""
+        producer = self._producer
+        if producer is None:
+            return True
+        try:
+            producer.guarantee(topic)
+        except UnsafeDestination as exc:
+            raise KafkaException(kafka_error(exc)) from exc
+        except TransientError:
+            return False
+        return True
 
     def produce(
         self,
@@ -294,7 +313,12 @@ class Producer(ClosesOnExit, SafeReports):
         if type(topic) is str:
             self._check_size(topic, body, key_bytes, record, header_map)
         lane = self._lane
-        if lane is not None and type(topic) is str and lane.takes(topic):
+        if (
+            lane is not None
+            and type(topic) is str
+            and (topic in lane.topics or self._checked_for_lane(topic))
+            and lane.takes(topic)
+        ):
             # The direct lane (see _kafka_direct): the adapter's record, id header first.
             produced: _Produced = [(MESSAGE_ID_HEADER, new_message_id())]
             if record:

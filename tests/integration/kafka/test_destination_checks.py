@@ -7,6 +7,7 @@ writes that one broker's loss (or an unclean election) discards, so they are
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -74,8 +75,6 @@ def test_each_topic_setting_is_on_the_receipt_or_refused(
 
 
 def test_refused_sends_put_nothing_on_the_topic(kafka_cluster: LabKafka) -> None:
-    from confluent_kafka import Consumer, TopicPartition
-
     topic = f"check-refused-{new_message_id()}"
     kafka_cluster.create_topic(topic, partitions=1, replication=1)
     with Producer(kafka_cluster.url, outbox=False, require="replicated") as producer:
@@ -84,12 +83,7 @@ def test_refused_sends_put_nothing_on_the_topic(kafka_cluster: LabKafka) -> None
                 producer.send(topic, b"x")
         with pytest.raises(UnsafeDestination):
             producer.send_batch(topic, [b"x"] * 10)
-    consumer = Consumer({"bootstrap.servers": kafka_cluster.bootstrap, "group.id": topic})
-    try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
-    finally:
-        consumer.close()
-    assert high - low == 0
+    assert _watermarks(kafka_cluster, topic) == 0
 
 
 def test_an_auto_created_topic_gets_the_broker_defaults(kafka_cluster: LabKafka) -> None:
@@ -101,3 +95,52 @@ def test_an_auto_created_topic_gets_the_broker_defaults(kafka_cluster: LabKafka)
         assert producer.guarantee(topic) is Guarantee.REPLICATED
         receipt = producer.send(topic, b"x")
     assert receipt.status is Status.CONFIRMED and receipt.guarantee is Guarantee.REPLICATED
+
+
+def test_the_confluent_kafka_drop_in_checks_before_its_direct_lane(
+    kafka_cluster: LabKafka, tmp_path: Path
+) -> None:
+    """The drop-in's direct lane produces through librdkafka itself: it asks the same
+    check first, so a one-replica topic under ``msgsafe.require=replicated`` raises
+    KafkaException(POLICY_VIOLATION) from produce() and nothing reaches the topic."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from msgsafe.compat.confluent_kafka import Producer as DropIn
+
+    topic = f"check-dropin-{new_message_id()}"
+    kafka_cluster.create_topic(topic, partitions=1, replication=1)
+    strict = DropIn(
+        {
+            "bootstrap.servers": kafka_cluster.bootstrap,
+            "msgsafe.require": "replicated",
+            "msgsafe.outbox": str(tmp_path / "strict.db"),
+        }
+    )
+    with pytest.raises(KafkaException) as caught:
+        strict.produce(topic, b"x")
+    assert caught.value.args[0].code() == KafkaError.POLICY_VIOLATION
+    assert "min.insync.replicas" in caught.value.args[0].str() or "replication" in str(caught.value)
+    assert strict.flush(10) == 0
+    delivered: list[object] = []
+    relaxed = DropIn(
+        {
+            "bootstrap.servers": kafka_cluster.bootstrap,
+            "msgsafe.outbox": str(tmp_path / "relaxed.db"),
+        }
+    )
+    relaxed.produce(topic, b"y", on_delivery=lambda err, msg: delivered.append(err))
+    assert relaxed.flush(30) == 0
+    assert delivered == [None]
+    assert _watermarks(kafka_cluster, topic) == 1
+
+
+def _watermarks(kafka_cluster: LabKafka, topic: str) -> int:
+    """How many records partition 0 of ``topic`` holds."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": kafka_cluster.bootstrap, "group.id": topic})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    finally:
+        consumer.close()
+    return int(high - low)
