@@ -36,6 +36,8 @@ class RabbitNode:
     base: Path  #: this node's directory (data, logs, config)
     tls_port: int | None = None  #: a TLS listener on 127.0.0.1 (AMQP 0-9-1 and 1.0)
     tls: TlsFiles | None = None  #: its certificate files (given with ``tls_port``)
+    #: The management HTTP API on 127.0.0.1 (None: the plugin is not enabled).
+    management_port: int | None = None
 
     @property
     def pid_file(self) -> Path:
@@ -83,12 +85,21 @@ class RabbitNode:
                     "log.file.level = info",
                     "log.console = false",
                     *self._tls_lines(),
+                    *self._management_lines(),
                     "",
                 ]
             )
         )
         (self.base / "advanced.config").write_text("[].\n")
-        (self.base / "enabled_plugins").write_text("[rabbitmq_amqp1_0].\n")
+        plugins = "rabbitmq_amqp1_0"
+        if self.management_port is not None:
+            plugins += ",rabbitmq_management"
+        (self.base / "enabled_plugins").write_text(f"[{plugins}].\n")
+
+    def _management_lines(self) -> list[str]:
+        if self.management_port is None:
+            return []
+        return ["management.tcp.ip = 127.0.0.1", f"management.tcp.port = {self.management_port}"]
 
     def _tls_lines(self) -> list[str]:
         if self.tls_port is None or self.tls is None:

@@ -224,7 +224,9 @@ def up(
 
     A DIR that holds a stopped cluster is started again with its data and ports. For
     kafka, the commands that run Kafka's own tools (kafka-topics, the console consumer)
-    against it follow on stderr; with --json they are its "tools" object."""
+    against it follow on stderr; with --json they are its "tools" object. RabbitMQ nodes
+    run the management API (for msgsafe doctor: the command follows on stderr; with
+    --json, "management")."""
     with _errors():
         cluster: LocalCluster
         if (dir / STATE_FILE).exists():
@@ -250,6 +252,9 @@ def up(
                     known = ", ".join(k for k in sorted(KINDS) if launcher(k).supports_tls)
                     raise ClusterError(f"{kind} has no --tls (kinds with TLS: {known})")
                 options["tls"] = True
+            if kind == "rabbitmq":
+                # What doctor reads for the nodes, partitions and queue types.
+                options["management"] = True
             dir.mkdir(parents=True, exist_ok=True)
             cluster = create(kind, **options)
         started = time.monotonic()
@@ -258,9 +263,17 @@ def up(
         cluster.save_state()
         if not as_json:
             err.print(f"{kind} up in {time.monotonic() - started:.1f} s")
-        tools = _show(cluster, as_json).get("tools")
+        described = _show(cluster, as_json)
+        tools = described.get("tools")
         if tools and not as_json:
             _print_tools(tools)
+        management = described.get("management")
+        if management and not as_json:
+            err.print(
+                f"doctor: msgsafe doctor {described['url']} --management {management[0]}",
+                markup=False,
+                highlight=False,
+            )
 
 
 @app.command()

@@ -87,7 +87,9 @@ class RabbitCluster(LocalCluster):
     ``tls``: a TLS listener (AMQP 0-9-1 and 1.0) per node, presenting the given files
     (one set for every node, or one per node); True makes a set with
     :func:`msgsafe.cluster.tls.make` in ``dir/tls`` whose listeners require a client
-    certificate (``msgsafe cluster up rabbitmq --tls``).
+    certificate (``msgsafe cluster up rabbitmq --tls``). ``management``: the management
+    HTTP API on a loopback port per node (what ``msgsafe doctor`` reads for the nodes,
+    partitions and every queue: ``--management URL``; see :meth:`management_url`).
 
     Not thread-safe: drive it from one thread. Nodes are addressed by index
     ``0 .. nodes-1``; node 0 is the one the others join.
@@ -110,6 +112,7 @@ class RabbitCluster(LocalCluster):
         password: str = "guest",
         start_timeout: float = 90.0,
         tls: TlsFiles | Sequence[TlsFiles] | bool | None = None,
+        management: bool = False,
     ) -> None:
         if size is not None and nodes is not None and size != nodes:
             raise ClusterError("give the number of nodes once (nodes=, or size=)")
@@ -130,13 +133,14 @@ class RabbitCluster(LocalCluster):
         self.net_ticktime = net_ticktime
         self._take_dir(where, "msgsafe-rabbit-")
         if base_port is None:
-            picked = free_ports(3 * count)
+            picked = free_ports(4 * count)
             ports, dist_ports = picked[:count], picked[count : 2 * count]
-            tls_ports = picked[2 * count :]
+            tls_ports, api_ports = picked[2 * count : 3 * count], picked[3 * count :]
         else:
             ports = [base_port + i for i in range(count)]
             dist_ports = [base_port + count + i for i in range(count)]
             tls_ports = [base_port + 2 * count + i for i in range(count)]
+            api_ports = [base_port + 3 * count + i for i in range(count)]
         #: The certificates made for ``tls=True`` (None otherwise).
         self.tls: cluster_tls.ClusterTls | None = None
         if tls is True:
@@ -157,6 +161,7 @@ class RabbitCluster(LocalCluster):
                 base=self.dir / f"n{i}",
                 tls_port=tls_ports[i] if per_node[i] is not None else None,
                 tls=per_node[i],
+                management_port=api_ports[i] if management else None,
             )
             for i in range(count)
         ]
@@ -221,12 +226,22 @@ class RabbitCluster(LocalCluster):
 
     def describe(self) -> dict[str, Any]:
         """The common description; with ``tls=True`` also ``tls``: the certificate paths,
-        the TLS ports and a TLS URL."""
+        the TLS ports and a TLS URL; with ``management=True`` also ``management``: each
+        node's API URL."""
         described = super().describe()
         if self.tls is not None:
             ports = [self.tls_port(i) for i in range(self.size)]
             described["tls"] = {**self.tls.describe(), "ports": ports, "url": self.tls_url()}
+        if self._nodes[0].management_port is not None:
+            described["management"] = [self.management_url(i) for i in range(self.size)]
         return described
+
+    def management_url(self, node: int = 0) -> str:
+        """The management API of ``node`` (``msgsafe doctor URL --management THIS``)."""
+        port = self._nodes[node].management_port
+        if port is None:
+            raise ClusterError("this cluster runs without the management plugin")
+        return f"http://127.0.0.1:{port}"
 
     def port(self, node: int) -> int:
         """The AMQP port (0-9-1 and 1.0) of ``node``."""
@@ -507,6 +522,7 @@ class RabbitCluster(LocalCluster):
             "net_ticktime": self.net_ticktime,
             "started": self._started,
             "tls_ports": [n.tls_port for n in self._nodes] if self.tls is not None else None,
+            "management_ports": [n.management_port for n in self._nodes],
         }
 
     @classmethod
@@ -539,6 +555,11 @@ class RabbitCluster(LocalCluster):
                     dataclasses.replace(n, tls_port=p, tls=cluster.tls.server)
                     for n, p in zip(cluster._nodes, ports, strict=True)
                 ]
+            api_ports = state.get("management_ports") or [None] * len(members)
+            cluster._nodes = [
+                dataclasses.replace(n, management_port=None if p is None else int(p))
+                for n, p in zip(cluster._nodes, api_ports, strict=True)
+            ]
             cluster._started = bool(state.get("started")) and any(
                 cluster.is_running(i) for i in range(len(members))
             )

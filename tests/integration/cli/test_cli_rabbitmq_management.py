@@ -1,14 +1,14 @@
 """``msgsafe doctor`` reading a RabbitMQ node through its management HTTP API.
 
 The session cluster runs without the management plugin (doctor then says what it cannot
-see); this test starts one node of its own and enables the plugin on a free port.
+see); this test starts one node as a user does, ``msgsafe cluster up rabbitmq``, which
+runs the plugin on a free loopback port and prints the doctor command that uses it.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pika
 import pytest
 
-from msgsafe.cluster._process import free_port
+from msgsafe.cluster import load
 from msgsafe.cluster.rabbitmq import INSTALL_HINT, RabbitCluster
 from tests.support.commands import msgsafe
 
@@ -25,44 +25,22 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def managed_node() -> Iterator[tuple[RabbitCluster, str]]:
-    """A single RabbitMQ node with the management API on a free loopback port."""
-    cluster = RabbitCluster(size=1)
+def managed_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RabbitCluster, str]]:
+    """One node started as a user starts it, ``msgsafe cluster up rabbitmq``: the
+    management API runs on a loopback port it names (stderr, and --json)."""
+    dir = tmp_path_factory.mktemp("rabbit-managed")
+    up = msgsafe("cluster", "up", "rabbitmq", "--nodes", "1", "--dir", str(dir))
+    if up.code != 0:
+        pytest.fail(f"msgsafe cluster up rabbitmq failed ({INSTALL_HINT}): {up.stderr}")
     try:
-        cluster.start()
-    except RuntimeError as exc:
-        pytest.fail(f"cannot start RabbitMQ ({INSTALL_HINT} if missing): {exc}")
-    try:
-        port = free_port()
-        cluster.ctl(
-            0,
-            "eval",
-            f"application:set_env(rabbitmq_management, tcp_config, [{{port, {port}}}, "
-            f'{{ip, "127.0.0.1"}}]).',
-        )
-        node = cluster.members[0]
-        # NOTE: rabbitmq-plugins must see the node's own environment (enabled-plugins
-        # file, cookie in HOME); the harness builds it.
-        enabled = subprocess.run(
-            [
-                "/usr/lib/rabbitmq/bin/rabbitmq-plugins",
-                "-n",
-                node.name,
-                "enable",
-                "rabbitmq_management",
-            ],
-            env=cluster.env(0),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert enabled.returncode == 0, enabled.stderr
-        api = f"http://127.0.0.1:{port}"
+        cluster = load(dir)
+        assert isinstance(cluster, RabbitCluster)
+        api = cluster.management_url(0)
+        assert f"--management {api}" in up.stderr, up.stderr
         _wait_for_api(api, timeout=60)
         yield cluster, api
     finally:
-        cluster.stop()
+        msgsafe("cluster", "down", "--dir", str(dir))
 
 
 def _wait_for_api(api: str, timeout: float) -> None:
@@ -79,7 +57,7 @@ def _wait_for_api(api: str, timeout: float) -> None:
         except (urllib.error.URLError, OSError):
             if time.monotonic() > deadline:
                 raise
-            time.sleep(0.2)
+            time.sleep(0.2)  # polling the API against the deadline
 
 
 def test_doctor_reads_nodes_and_queue_types_from_the_management_api(
