@@ -165,6 +165,23 @@ def test_consumers_raise_the_mismatch_as_producers_do(
         assert took < WITHIN_S * 2, (url, took)
 
 
+def test_doctor_names_the_mismatch(
+    rabbit_without_amqp10: RabbitCluster, kafka_cluster: KafkaCluster
+) -> None:
+    """``msgsafe doctor kafka://`` at an AMQP port says ProtocolMismatch and what to use,
+    not a broker transport failure; likewise ``amqp://`` at a Kafka port."""
+    from tests.support.commands import msgsafe
+
+    rabbit, kafka = rabbit_without_amqp10.port(0), kafka_cluster.ports[0]
+    for url, use in (
+        (f"kafka://127.0.0.1:{rabbit}", "amqp://"),
+        (f"amqp://127.0.0.1:{kafka}/", "kafka://"),
+    ):
+        run = msgsafe("doctor", url)
+        assert run.code == 3, (url, run.stdout, run.stderr)
+        assert "ProtocolMismatch" in run.stderr and use in run.stderr, (url, run.stderr)
+
+
 #: (scheme, which port, what the error must name): a plain client on a TLS port, a TLS
 #: client on a plain port, for each protocol.
 TLS_PAIRS = [
