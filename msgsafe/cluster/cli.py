@@ -126,6 +126,12 @@ def _progress(what: str, *, quiet: bool = False) -> Iterator[None]:
         yield
         return
     cluster_log = logging.getLogger("msgsafe.cluster")
+    if not err.is_terminal:
+        # No spinner in a pipe or a CI log: each step is a line of its own (a first
+        # Kafka start spends a minute fetching its jars, and must not look stuck).
+        with _logged_to(cluster_log, _ProgressHandler(lambda text: _line(what, text))):
+            yield
+        return
     with Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -137,17 +143,28 @@ def _progress(what: str, *, quiet: bool = False) -> Iterator[None]:
         handler = _ProgressHandler(
             lambda text: progress.update(task, description=escape(f"{what}: {text}"))
         )
-        level, propagate = cluster_log.level, cluster_log.propagate
-        cluster_log.addHandler(handler)
-        cluster_log.setLevel(logging.INFO)
-        # The progress line shows these records; the root handler would print them again.
-        cluster_log.propagate = False
-        try:
+        with _logged_to(cluster_log, handler):
             yield
-        finally:
-            cluster_log.removeHandler(handler)
-            cluster_log.setLevel(level)
-            cluster_log.propagate = propagate
+
+
+def _line(what: str, text: str) -> None:
+    err.print(f"{what}: {text}", markup=False, highlight=False)
+
+
+@contextmanager
+def _logged_to(logger: logging.Logger, handler: logging.Handler) -> Iterator[None]:
+    """``logger``'s INFO records go to ``handler`` alone while the block runs."""
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    # The progress shows these records; the root handler would print them again.
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def _show(cluster: LocalCluster, as_json: bool) -> dict[str, Any]:

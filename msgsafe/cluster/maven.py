@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import subprocess
+import time
 import zipfile
 from collections.abc import Sequence
 from importlib import resources
@@ -82,6 +83,8 @@ def resolve(name: str, goals: Sequence[str], *, timeout: float = 900.0) -> Path:
     if target.exists():
         shutil.rmtree(target)  # an interrupted earlier run: start over
     target.mkdir(parents=True)
+    log.info("fetching %s from Maven Central into %s (once; later runs reuse it)", name, target)
+    started = time.monotonic()
     with resources.as_file(pom) as pom_path:
         argv = [mvn, "-q", "-B", "-f", str(pom_path), f"-Dcache={target}", *goals]
         try:
@@ -94,6 +97,8 @@ def resolve(name: str, goals: Sequence[str], *, timeout: float = 900.0) -> Path:
         out = (done.stdout + done.stderr).strip().splitlines()[-25:]
         raise ClusterError(f"mvn could not fetch {name}:\n" + "\n".join(out))
     marker.write_text("ok\n")
+    size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
+    log.info("fetched %s: %.0f MB in %.0f s", name, size / 1e6, time.monotonic() - started)
     return target
 
 

@@ -5,6 +5,7 @@ or a JVM: the cluster's ``start`` and the fetch are replaced where a command wou
 from __future__ import annotations
 
 import json
+import os
 import xml.etree.ElementTree as ElementTree
 from importlib import resources
 from pathlib import Path
@@ -16,6 +17,7 @@ from typer.testing import CliRunner
 from msgsafe.cli import app
 from msgsafe.cluster import kafka
 from msgsafe.cluster.kafka import VERSION, KafkaCluster
+from tests.support.commands import msgsafe
 
 _POM = "{http://maven.apache.org/POM/4.0.0}"
 
@@ -118,3 +120,29 @@ def test_the_tools_pom_pins_kafka_tools_of_the_brokers_version() -> None:
     # maven.fetch_lib reads DIR/lib: the pom copies every jar there, as the broker's does.
     out_dir = f".//{_POM}plugin/{_POM}configuration/{_POM}outputDirectory"
     assert tools.findtext(out_dir) == broker.findtext(out_dir) == "${cache}/lib"
+
+
+def test_a_first_fetch_says_what_it_fetches_into_a_pipe(tmp_path: Path) -> None:
+    """A first `cluster up kafka` spends a minute fetching jars: with stderr a pipe (no
+    spinner) each step is a line, so the command never looks stuck. A stand-in `mvn` on
+    PATH (a real fetch needs Maven Central) writes the pom's jar."""
+    fake = tmp_path / "bin" / "mvn"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do case "$a" in -Dcache=*) d="${a#-Dcache=}";; esac; done\n'
+        'mkdir -p "$d/lib" && python3 -c "import zipfile,sys; '
+        "zipfile.ZipFile(sys.argv[1], 'w').writestr('x', 'y')\" "
+        f'"$d/lib/kafka-tools-{VERSION}.jar"\n'
+    )
+    fake.chmod(0o755)
+    env = {
+        "PATH": f"{fake.parent}:{os.environ['PATH']}",
+        "MSGSAFE_CACHE": str(tmp_path / "cache"),
+    }
+    result = msgsafe("cluster", "fetch", "kafka-tools", env=env)
+    assert result.code == 0, result.stderr
+    assert f"fetching kafka-tools: fetching kafka-tools-{VERSION} from Maven Central" in (
+        result.stderr
+    ), result.stderr
+    assert f"fetched kafka-tools-{VERSION}:" in result.stderr, result.stderr
