@@ -19,6 +19,14 @@ def test_kafka_keys(kafka_url: str, tmp_path: Path) -> None:
     lines = result.lines()
     assert re.fullmatch(r"created topic keys-[0-9a-f]{8}", lines[0])
     assert lines[1] == "sent 200: CONFIRMED 200"
+    # The topic it creates is one doctor rates safe: three replicas on three brokers.
+    topic = lines[0].removeprefix("created topic ")
+    from msgsafe.checks.kafka import inspect_destination
+    from msgsafe.endpoints import parse_url
+    from msgsafe.message import Guarantee
+
+    report = inspect_destination(parse_url(kafka_url), topic)
+    assert report.guarantee is Guarantee.REPLICATED, report.reasons
     for n in range(1, 5):
         assert f"customer-{n}: received 50 of 50, in order: True" in lines
 
