@@ -46,7 +46,9 @@ class Amqp10Receiver(EngineClient):
     (at-least-once, settled by the application) with ``credit`` outstanding at most:
     credit is only topped up as deliveries are settled, so the window bounds
     memory whatever the application's pace. ``ack`` -> ``accepted``,
-    ``nack()`` -> ``released`` (redelivered), ``nack(requeue=False)`` -> ``rejected``.
+    ``nack()`` -> ``modified`` with delivery-failed (redelivered, its delivery-count
+    raised; ``released`` on RabbitMQ, which marks redeliveries by first-acquirer),
+    ``nack(requeue=False)`` -> ``rejected``.
 
     After a fail-over every subscription is attached again on the new connection.
     Deliveries received on the lost connection are not settled there any more; their
@@ -271,7 +273,15 @@ class Subscriptions:
             # settled, so the ack becomes a no-op instead of a second acknowledgement.
             log.debug("settle after fail-over ignored; the broker redelivers it")
             return
-        dlv.update(_SETTLE[outcome])
+        if outcome is Outcome.REQUEUE and not engine.first_acquirer_marks:
+            # NOTE: "released" leaves delivery-count as it was, so Artemis and Broker-J
+            # (which mark a redelivery only by counting) would hand the message out again
+            # as a first delivery; "modified" with delivery-failed counts it. RabbitMQ's
+            # plugin marks redeliveries by first-acquirer and keeps "released".
+            dlv.local.failed = True
+            dlv.update(ProtonDelivery.MODIFIED)
+        else:
+            dlv.update(_SETTLE[outcome])
         dlv.settle()
         link = dlv.link
         if link.state & link.LOCAL_ACTIVE:
