@@ -293,7 +293,7 @@ def _connect(url: BrokerUrl, opts: RabbitOptions | None = None) -> Any:
         try:
             return pika.BlockingConnection(connection_parameters(url, options, endpoint))
         except Exception as exc:  # pika's connector errors are not all AMQPError
-            error = open_error(exc, str(endpoint))
+            error = open_error(exc, str(endpoint), tls=endpoint.tls)
             if isinstance(error, PermanentError):
                 raise error from exc
             last = error

@@ -238,7 +238,7 @@ class Link:
         self._connection = None
         endpoint = self._endpoint
         err_in = exc if isinstance(exc, BaseException) else RuntimeError(str(exc))
-        err = open_error(err_in, str(endpoint))
+        err = open_error(err_in, str(endpoint), tls=endpoint is not None and endpoint.tls)
         if self._closing:
             self._finish()
             return

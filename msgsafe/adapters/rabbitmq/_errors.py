@@ -88,8 +88,9 @@ def _flatten(exc: BaseException) -> list[BaseException]:
     return seen
 
 
-def open_error(exc: BaseException, endpoint: str) -> MsgsafeError:
-    """The error for a connection attempt that failed before it opened."""
+def open_error(exc: BaseException, endpoint: str, *, tls: bool = False) -> MsgsafeError:
+    """The error for a connection attempt that failed before it opened (``tls``: the
+    attempt was a TLS one)."""
     for item in _flatten(exc):
         if _dropped_in_handshake(item):
             return ConnectError(
@@ -117,6 +118,15 @@ def open_error(exc: BaseException, endpoint: str) -> MsgsafeError:
         # NOTE: pika's guess for "closed before connection.start", or a peer that took
         # the connection and said nothing (a Kafka broker does that): ask the peer.
         spoken = identify_peer(endpoint, kafka_only=silent)
+        if spoken == "TLS" and tls:
+            # NOTE: a TLS 1.3 server that requires a client certificate sends its alert
+            # after the handshake; when the socket's EOF reaches pika before the alert
+            # does, all that is left is a TLS peer that ended the session at once.
+            return CertificateError(
+                "the broker ended the TLS session right after the handshake: it "
+                "requires a client certificate it trusts (tls_cert_file=, tls_key_file=)",
+                endpoint=endpoint,
+            )
         if spoken is not None:
             return ProtocolMismatch(
                 f"this port speaks {spoken}, not AMQP 0-9-1: {_ADVICE[spoken]}",
