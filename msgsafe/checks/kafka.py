@@ -49,13 +49,11 @@ def _cause(failures: list[str]) -> str:
 
 
 def _admin(
-    url: BrokerUrl,
-    failures: deque[str] | None = None,
-    opts: KafkaOptions | None = None,
-    errors: deque[Any] | None = None,
+    url: BrokerUrl, opts: KafkaOptions | None = None, errors: deque[Any] | None = None
 ) -> Any:
     """An AdminClient with the settings of the producer's own client (servers, SASL,
-    TLS: :func:`msgsafe.adapters.kafka.config.client_settings`)."""
+    TLS: :func:`msgsafe.adapters.kafka.config.client_settings`); librdkafka's error
+    events go to ``errors`` (served by ``poll``)."""
     try:
         from confluent_kafka.admin import AdminClient
 
@@ -65,9 +63,7 @@ def _admin(
     except ImportError as exc:
         raise MissingExtra("kafka", "confluent-kafka") from exc
     conf: dict[str, Any] = client_settings(url, opts or build_config(KafkaOptions, url, {}))
-    if failures is not None:
-        conf["error_cb"] = lambda err: failures.append(err.str())
-    elif errors is not None:
+    if errors is not None:
         conf["error_cb"] = errors.append
     return AdminClient(conf)
 
@@ -88,7 +84,7 @@ def _connect(url: BrokerUrl, opts: KafkaOptions | None = None) -> tuple[Any, Any
 
     errors: deque[Any] = deque(maxlen=8)
     failures: deque[str] = deque(maxlen=8)
-    admin = _admin(url, None, opts, errors)
+    admin = _admin(url, opts, errors)
     wait = (opts.connect_timeout if opts is not None else _TIMEOUT_S) + 1.0
     deadline = time.monotonic() + wait
     while True:
@@ -305,7 +301,7 @@ def _find_topics(
                 options=url.options,
             )
             try:
-                listed = _admin(single, None, opts).list_topics(timeout=_TIMEOUT_S).topics
+                listed = _admin(single, opts).list_topics(timeout=_TIMEOUT_S).topics
             except KafkaException:
                 continue
             found.update({n: listed[n] for n in names if _usable(listed.get(n))})
