@@ -1,12 +1,22 @@
 """How every send of a :class:`~msgsafe.Producer` ends, and the way to the outbox.
 
 Split from ``producer.py`` along the line between the caller's side and the
-bookkeeping behind it: :class:`~msgsafe.Producer` validates input and routes each
-message (to the transport, or behind the outbox barrier); :class:`Settlement` is the
-:class:`~msgsafe._receipts.ReceiptOwner` every receipt reports to. It resolves receipts,
-counts each send until it is settled (what ``flush()`` waits for), holds the per-key
-barrier and the refusal pause in front of the outbox, and runs the thread that stores
-detoured messages.
+bookkeeping behind it: :class:`~msgsafe.Producer` validates input and carries out the
+route each message gets here; :class:`Settlement` decides that route (:meth:`~Settlement.route`,
+:meth:`~Settlement.route_batch`: to the transport, or behind the outbox barrier) and is
+the :class:`~msgsafe._receipts.ReceiptOwner` every receipt reports to. It resolves
+receipts, counts each send until it is settled (what ``flush()`` waits for), owns the
+per-key order in front of the outbox (the barrier and the refusal pause; nothing outside
+this class reads or writes their state) and runs the thread that stores detoured
+messages.
+
+Per-key order, the rule this class keeps: a keyed message never reaches the broker
+before an earlier message of its key that waits in (or is on its way to) the outbox, and
+the outbox receives each key's messages in send order, whatever order the transport's
+errors come in. Three counts serve it, all under one lock: ``_detouring`` (messages of a
+key on their way to the outbox, until the store holds them and ``has_key`` answers),
+``_in_transport`` (keyed single sends handed to the transport and not answered yet) and
+``_parked`` (messages bound for the outbox that wait for those to leave the transport).
 
 Two batching layers stand between a detoured message and the disk, on purpose:
 
@@ -28,6 +38,7 @@ that finds the connection idle commits in this writer's thread
 
 from __future__ import annotations
 
+import enum
 import itertools
 import logging
 import math
@@ -39,12 +50,12 @@ from concurrent.futures import Future
 from functools import partial
 
 from msgsafe._receipts import BatchPart, BatchSend, Send, StoreItem
-from msgsafe.errors import MsgsafeError, OutboxError, TransientError
+from msgsafe.errors import ClosedError, MsgsafeError, OutboxError, TransientError
 from msgsafe.message import Batch, Guarantee, Receipt, Status, new_receipt
 from msgsafe.ports import OutboxStore
 from msgsafe.telemetry.stats import OutcomeCounts
 
-__all__ = ["Settlement"]
+__all__ = ["Route", "Settlement"]
 
 log = logging.getLogger("msgsafe.producer")
 
@@ -60,34 +71,59 @@ _UNKNOWN = Guarantee.UNKNOWN
 _STORE_BATCH = 1000
 
 
+class Route(enum.Enum):
+    """What :meth:`Settlement.route` tells the producer to do with one send."""
+
+    #: Hand it to the transport; nothing was counted for it.
+    PUBLISH = "publish"
+    #: Hand it to the transport; its key is counted in the transport until its outcome
+    #: comes: if the hand-over raises instead, call ``left_transport(key)``.
+    PUBLISH_COUNTED = "publish counted"
+    #: Behind the barrier (its key waits in the outbox, or the refusal pause): call
+    #: ``hold(send)``; its key is already counted on the way to the outbox.
+    HOLD = "hold"
+    #: A transactional send: the caller writes it into the store inside its transaction
+    #: and resolves it (the barrier does not apply: see :meth:`Settlement.route`).
+    TRANSACTION = "transaction"
+    #: The producer is closed: the send is already settled; raise ``ClosedError``.
+    CLOSED = "closed"
+
+
+# Module globals: read faster than Route.HOLD on every send.
+_PUBLISH = Route.PUBLISH
+_PUBLISH_COUNTED = Route.PUBLISH_COUNTED
+_HOLD = Route.HOLD
+
+
 class Settlement:
     """The producer's bookkeeping (see the module docstring). Thread-safe.
 
-    ``lock`` guards the flush count and the key barrier (``detouring``); the producer
-    shares it, so a send takes one lock, not two. ``tickets`` counts every send as it
-    starts (``next()`` is atomic: sending takes no lock for it).
+    ``_lock`` guards the flush count, the key barrier and the closed flag: one lock, so
+    a send takes one lock, not two. ``_tickets`` counts every send as it starts
+    (``next()`` is atomic: sending takes no lock for it).
     """
 
     def __init__(self, store: OutboxStore | None, outcomes: OutcomeCounts | None = None) -> None:
         self.store = store
         #: How single sends ended, for Producer.stats() (see msgsafe.telemetry.stats).
         self.outcomes = outcomes or OutcomeCounts()
-        self.lock = threading.Lock()
-        self.tickets = itertools.count(1)
+        self._lock = threading.Lock()
+        self._tickets = itertools.count(1)
+        self._closed = False
         self._spent = 0
         self._settled_total = 0
         #: The smallest settled count a wait() waits for (inf: nobody waits).
         self._wake_at = math.inf
-        self._all_done = threading.Condition(self.lock)
+        self._all_done = threading.Condition(self._lock)
         #: Keys with a message on its way to the outbox (the barrier before has_key is true).
-        self.detouring: dict[bytes, int] = {}
+        self._detouring: dict[bytes, int] = {}
         #: Keyed single sends handed to the transport and not answered yet, per key.
-        self.in_transport: dict[bytes, int] = {}
+        self._in_transport: dict[bytes, int] = {}
         #: Messages bound for the outbox that wait for earlier sends of their key to leave
         #: the transport (see :meth:`hold`), per key.
         self._parked: dict[bytes, list[StoreItem]] = {}
         #: monotonic() until which new sends go straight to the outbox (0: not paused).
-        self.refused_until = 0.0
+        self._refused_until = 0.0
         #: Each checked destination's guarantee, for its receipts (the producer's
         #: DestinationGate fills it; see msgsafe.checks.gate).
         self.guarantees: dict[str, Guarantee] = {}
@@ -113,7 +149,8 @@ class Settlement:
             self._writer.join(timeout)
 
     def hold(self, item: StoreItem) -> None:
-        """Queue ``item`` for the outbox; its key is already counted in ``detouring``.
+        """Queue ``item`` for the outbox; its key is already counted on the way there (a
+        :data:`Route.HOLD`, or an index :meth:`route_batch` returned).
 
         Per-key order: while an earlier message of the key is still in the transport
         (the broker may yet refuse it, and the outbox would then get it *after* this
@@ -125,28 +162,29 @@ class Settlement:
         if key is None:
             self._queue.put(item)
             return
-        with self.lock:
-            if key in self.in_transport:
+        with self._lock:
+            if key in self._in_transport:
                 self._parked.setdefault(key, []).append(item)
                 return
             self._queue.put(item)
 
     def left_transport(self, key: bytes, *, detour: StoreItem | bool = False) -> None:
-        """One keyed single send of ``key`` got its transport outcome. ``detour``: the
-        message goes to the outbox — the item itself (queued here, in send order with
-        what is parked), or True when the caller holds it next."""
-        with self.lock:
+        """One keyed single send of ``key`` counted in the transport (a
+        :data:`Route.PUBLISH_COUNTED`) got its outcome, or never will (its hand-over
+        raised). ``detour``: the message goes to the outbox — the item itself (queued
+        here, in send order with what is parked), or True when the caller holds it next."""
+        with self._lock:
             if detour is not False:
-                self.detouring[key] = self.detouring.get(key, 0) + 1
-            left = self.in_transport.get(key, 0) - 1
+                self._detouring[key] = self._detouring.get(key, 0) + 1
+            left = self._in_transport.get(key, 0) - 1
             parked = self._parked
             if left > 0:
-                self.in_transport[key] = left
+                self._in_transport[key] = left
                 if not isinstance(detour, bool):
                     # Earlier sends of this key may still fail: it waits in the park.
                     parked.setdefault(key, []).append(detour)
                 return
-            self.in_transport.pop(key, None)
+            self._in_transport.pop(key, None)
             items = parked.pop(key, [])
             if not isinstance(detour, bool):
                 items.append(detour)
@@ -202,8 +240,8 @@ class Settlement:
         leave the barrier's ``detouring`` count (has_key answers for them from now on)."""
         if not keys:
             return
-        with self.lock:
-            detouring = self.detouring
+        with self._lock:
+            detouring = self._detouring
             for key in keys:
                 left = detouring.get(key, 0) - 1
                 if left > 0:
@@ -219,7 +257,7 @@ class Settlement:
 
         Per-key order: only when no key of the batch has a message in the transport
         (the broker may yet refuse it, which would then be stored after this batch) or
-        on its way to the outbox. The batch's keys count in ``detouring`` until the put
+        on its way to the outbox. The batch's keys count in ``_detouring`` until the put
         is durable, and the put is queued under the lock that orders that count: a later
         send of one of these keys is held, and reaches the store after this batch.
         """
@@ -234,8 +272,8 @@ class Settlement:
             except Exception as exc:
                 error = _outbox_error(exc)
         else:
-            with self.lock:
-                detouring, in_transport = self.detouring, self.in_transport
+            with self._lock:
+                detouring, in_transport = self._detouring, self._in_transport
                 if any(key in detouring or key in in_transport for key in set(keys)):
                     return False
                 for key in keys:
@@ -264,25 +302,113 @@ class Settlement:
         if error is None and self._wake_forwarder is not None:
             self._wake_forwarder()
 
-    # --- the barrier in front of the outbox ------------------------------------------------
+    # --- the route of a send: the barrier in front of the outbox --------------------------
 
-    def paused(self) -> bool:
-        """True while new sends should go straight to the outbox."""
-        until = self.refused_until
-        if time.monotonic() < until:
-            return True
-        if self.refused_until == until:
-            # A failure in between may have renewed the pause: keep a newer value.
-            self.refused_until = 0.0
-        return False
+    def route(self, send: Send, *, transactional: bool = False) -> Route:
+        """Where ``send`` goes, decided as it starts; the producer carries it out.
 
-    def held_by_barrier(self, keys: Sequence[bytes | None]) -> list[int]:
-        """Indexes of the messages whose key has a message in (or on its way to) the
-        outbox: they queue behind it (call under ``lock``)."""
+        Takes the send's ticket (its place in send order and in what ``flush()`` waits
+        for). Then: :data:`Route.CLOSED` after :meth:`close` (the send is settled here);
+        :data:`Route.TRANSACTION` for a ``transactional`` send; :data:`Route.HOLD` during
+        the refusal pause or while a message of its key is in or on its way to the
+        outbox (sending it now would overtake that one); otherwise to the transport,
+        :data:`Route.PUBLISH_COUNTED` when its key is counted there (what a later
+        message of the key bound for the outbox waits for, see :meth:`hold`) and
+        :data:`Route.PUBLISH` when there is nothing to count.
+        """
+        # NOTE: no Python-level call inside the lock: the interpreter may hand the GIL to
+        # another thread at one, and every sender would then queue on this lock. The pause
+        # is read without it: it only spares a refusing broker. A send that misses a pause
+        # begun meanwhile goes to the broker, and to the outbox if that refuses it
+        # (published()); a key's order rests on the counts below, not on the pause.
+        paused = not transactional and self._refused_until > 0.0 and self.paused()
+        send.ticket = next(self._tickets)
+        if self._closed:
+            # Counted, then settled: a close() that read the count does not wait for it.
+            self.settled(1)
+            return Route.CLOSED
+        if transactional:
+            # The store takes it whatever the barrier says (the caller's transaction
+            # orders it), and nothing would release a barrier count taken for it: the
+            # writer thread never sees it.
+            return Route.TRANSACTION
+        key = send.envelope.key
         store = self.store
-        detouring = self.detouring
-        if store is None:
-            return []
+        if key is None or store is None:
+            # No lock: nothing is counted. An unkeyed message has no order to keep, and
+            # without a store nothing waits anywhere (a failure fails the send).
+            return _HOLD if paused else _PUBLISH
+        # NOTE: a keyed send with a store always takes the lock, even when nothing of its
+        # key waits and nothing is paused (the common case). It must count itself in
+        # _in_transport — a message of its key that fails or is sent during a pause
+        # later waits for that count (hold) — and a dict count cannot be raised by two
+        # threads without a lock (get-then-set loses updates). The look at _detouring
+        # must be under the same lock: a message of this key leaves _detouring only once
+        # it is in the store, and only the lock orders that hand-over with this look.
+        detouring = self._detouring
+        with self._lock:
+            held = paused or key in detouring
+            if held:
+                detouring[key] = detouring.get(key, 0) + 1
+            else:
+                # Counted before has_key is asked: a message of this key bound for the
+                # outbox waits until this one has left the transport.
+                in_transport = self._in_transport
+                in_transport[key] = in_transport.get(key, 0) + 1
+        if held:
+            return _HOLD
+        # NOTE: asked after _detouring: a message of this key leaves _detouring only once
+        # it is in the store, so one of the two questions sees it.
+        if store.has_key(key):
+            self.left_transport(key, detour=True)
+            return _HOLD
+        return _PUBLISH_COUNTED
+
+    def route_batch(
+        self, send: BatchSend, put_whole: Callable[[Batch], Future[None]] | None
+    ) -> list[int] | None:
+        """Where each message of ``send.batch`` goes, decided as it starts; the producer
+        carries it out. Takes the batch's ticket (as :meth:`route`).
+
+        Raises :class:`ClosedError` after :meth:`close` (the batch is settled here).
+        Returns None when the batch went to the store whole: during the refusal pause,
+        through ``put_whole`` (the store's ``put_batch_async``), when no key of the batch
+        has a message in the transport or on its way to the outbox. Otherwise the
+        indexes of the messages to :meth:`hold` (as :class:`~msgsafe._receipts.BatchPart`;
+        their keys are counted on the way to the outbox): every one during the pause,
+        else those whose key has a message in or on its way to the outbox; the rest go
+        to the transport.
+        """
+        batch = send.batch
+        store = self.store
+        paused = store is not None and self._refused_until > 0.0 and self.paused()
+        send.ticket = next(self._tickets)
+        if self._closed:
+            self.settled(1)
+            raise ClosedError("producer is closed")
+        if paused and put_whole is not None and self.store_batch(send, put_whole):
+            return None
+        keys = batch.keys
+        if keys is None or store is None:
+            # No lock, as for single sends: no key to count or to look up.
+            return list(range(len(batch))) if paused else []
+        with self._lock:
+            # NOTE: has_key is asked under the lock here (a Python call, once per distinct
+            # key of the batch): a batch is rarer than a send, and a key that arrives in
+            # the store meanwhile must not slip between the two looks.
+            held = list(range(len(batch))) if paused else self._held_by_barrier(store, keys)
+            if held:
+                detouring = self._detouring
+                for index in held:
+                    key = keys[index]
+                    if key is not None:
+                        detouring[key] = detouring.get(key, 0) + 1
+        return held
+
+    def _held_by_barrier(self, store: OutboxStore, keys: Sequence[bytes | None]) -> list[int]:
+        """Indexes of the messages whose key has a message in (or on its way to) the
+        outbox: they queue behind it (call under ``_lock``)."""
+        detouring = self._detouring
         barred = {
             key for key in set(keys) if key is not None and (key in detouring or store.has_key(key))
         }
@@ -290,20 +416,56 @@ class Settlement:
             return []
         return [i for i, key in enumerate(keys) if key in barred]
 
-    def refuse_for_a_moment(self) -> None:
-        """Send to the outbox for a short pause, as after a refusal (the broker could not
-        be reached to check a destination)."""
-        self.refused_until = time.monotonic() + _REFUSAL_PAUSE_S
+    def paused(self) -> bool:
+        """True while new sends go straight to the outbox (the refusal pause)."""
+        until = self._refused_until
+        if time.monotonic() < until:
+            return True
+        if self._refused_until == until:
+            # A failure in between may have renewed the pause: keep a newer value.
+            self._refused_until = 0.0
+        return False
+
+    def pause(self, seconds: float = _REFUSAL_PAUSE_S) -> None:
+        """Send to the outbox for ``seconds`` from now (default: the short pause after a
+        refusal, as when the broker could not be reached to check a destination); a
+        later failure renews the pause from its own time."""
+        self._refused_until = time.monotonic() + seconds
+
+    def resume(self) -> None:
+        """End the refusal pause now: the next send tries the broker again."""
+        self._refused_until = 0.0
+
+    def detouring_keys(self) -> frozenset[bytes]:
+        """The keys with a message on its way to the outbox (not stored yet, nor failed)."""
+        with self._lock:
+            return frozenset(self._detouring)
 
     def to_outbox(self, item: StoreItem) -> None:
         """After a transient failure: pause sending, hold the item's key behind the
         barrier, and queue the item for the outbox writer."""
-        self.refused_until = time.monotonic() + _REFUSAL_PAUSE_S
+        self._refused_until = time.monotonic() + _REFUSAL_PAUSE_S
         key = item.envelope.key
         if key is not None:
-            with self.lock:
-                self.detouring[key] = self.detouring.get(key, 0) + 1
+            with self._lock:
+                self._detouring[key] = self._detouring.get(key, 0) + 1
         self.hold(item)
+
+    # --- closing ------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called: every new send is refused."""
+        return self._closed
+
+    def close(self) -> bool:
+        """Refuse every send from now on (:data:`Route.CLOSED`); False when it already
+        was closed (the caller's close is then a no-op)."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._closed = True
+            return True
 
     # --- ReceiptOwner ----------------------------------------------------------------------
 
@@ -334,7 +496,7 @@ class Settlement:
             if key is None:
                 self.to_outbox(send)
                 return
-            self.refused_until = time.monotonic() + _REFUSAL_PAUSE_S
+            self._refused_until = time.monotonic() + _REFUSAL_PAUSE_S
             self.left_transport(key, detour=send)
             return
         if isinstance(error, MsgsafeError):
@@ -369,25 +531,17 @@ class Settlement:
     def settled(self, units: int) -> None:
         """``units`` sends (messages or batches) are finished: what flush() waits for."""
         if units:
-            with self.lock:
-                # settle_locked, inlined: this runs once for every message.
+            with self._lock:
                 self._settled_total += units
                 if self._settled_total >= self._wake_at:
                     self._wake_at = math.inf
                     self._all_done.notify_all()
 
-    def settle_locked(self, units: int) -> None:
-        """:meth:`settled`, for a caller that holds ``lock``."""
-        self._settled_total += units
-        if self._settled_total >= self._wake_at:
-            self._wake_at = math.inf
-            self._all_done.notify_all()
-
     def wait(self, timeout: float | None) -> bool:
         """Wait until every send started so far is settled; False if ``timeout`` passed."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self.lock:
-            target = next(self.tickets) - 1 - self._spent
+        with self._lock:
+            target = next(self._tickets) - 1 - self._spent
             self._spent += 1
             while self._settled_total < target:
                 left = None if deadline is None else deadline - time.monotonic()

@@ -41,6 +41,7 @@ class AsyncProducer:
         telemetry: bool = False,
         require: str = "durable",
         check_every: float = 300.0,
+        forward: bool = True,
         **options: object,
     ) -> None:
         self._send_timeout = send_timeout
@@ -53,6 +54,7 @@ class AsyncProducer:
             telemetry=telemetry,
             require=require,
             check_every=check_every,
+            forward=forward,
             **options,
         )
 

@@ -1,38 +1,78 @@
-"""The two seams of msgsafe, as Protocols.
+"""The seams of msgsafe, as Protocols, and what each implementation declares.
 
 Everything above a seam depends on these Protocols, never on pika, confluent_kafka or
-proton types. An adapter implements :class:`Transport` (publishing) and
-:class:`Receiver` (consuming); an outbox store implements :class:`OutboxStore`. An
-adapter may also implement :class:`CallbackTransport`, the same publishing with a
-callback instead of a future per message, and :class:`BatchTransport`, many messages
-to one destination in one call with one report object, and :class:`HurryingTransport`,
-which stops batching-by-waiting for a caller blocked on one message; the producer uses
-each when it is there.
+proton types. A new adapter is this module plus one folder under ``msgsafe/adapters/``
+(the shape every folder has is in :mod:`msgsafe.adapters`); a new outbox store is this
+module plus one class.
+
+An adapter must implement:
+
+- :class:`Transport` (publishing): ``target``, ``publish``, ``close`` and
+  ``capabilities``, a :class:`TransportCapabilities` record;
+- :class:`Receiver` (consuming): ``subscribe``, ``receive``, ``close``.
+
+and may offer, each behind a flag of its record that promises it:
+
+- ``callback``: :class:`CallbackTransport`, the same publishing with a callback instead
+  of a future per message;
+- ``batch``: :class:`BatchTransport`, many messages to one destination in one call with
+  one :class:`BatchReport`;
+- ``hurry``: :class:`HurryingTransport`, which stops batching-by-waiting for a caller
+  blocked on one message;
+- ``listen_errors``: :class:`ErrorListeningTransport`, the client library's connection
+  events as they happen;
+
+and declare two properties of its wire: ``tombstones`` (an envelope with a null body is
+sent as one) and ``ordered_rounds`` (order per key holds across calls, and behind a
+failure). An outbox store implements :class:`OutboxStore` and declares a
+:class:`StoreCapabilities` record the same way (``claim_rows``, ``put_batch_async``,
+``transactional``, ``release``, ``pending``, ``notify``).
+
+Capabilities are declared, not probed: the producer, the forwarder and the CLI read the
+record once, when they are built, and call what it promises without looking for it
+(``tests/unit/test_capabilities_declared.py`` keeps it so). :func:`transport_capabilities`
+and :func:`store_capabilities` are the one place that looks: an implementation written
+before the records existed, which has no ``capabilities``, declares nothing optional. A
+flag set to True is a promise the contract suite (``tests/contract/``) holds every
+adapter and store to.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 from msgsafe._futures import LightFuture
 from msgsafe.errors import MsgsafeError
 from msgsafe.message import Batch, Delivery, Envelope
 
 __all__ = [
+    "BatchPutStore",
     "BatchReport",
     "BatchTransport",
     "CallbackTransport",
+    "CountingStore",
+    "ErrorListener",
+    "ErrorListeningTransport",
     "HurryingTransport",
+    "NotifyingStore",
     "OutboxStats",
     "OutboxStore",
     "PublishCallback",
     "PublishFuture",
     "Receiver",
+    "ReleasingStore",
+    "RowClaimingStore",
+    "StoreCapabilities",
+    "TransactionalStore",
     "Transport",
+    "TransportCapabilities",
+    "is_outbox_store",
+    "store_capabilities",
+    "transport_capabilities",
 ]
 
 log = logging.getLogger("msgsafe.transport")
@@ -40,6 +80,93 @@ log = logging.getLogger("msgsafe.transport")
 #: What :meth:`CallbackTransport.publish_callback` reports to, once per envelope:
 #: ``None`` when the broker confirmed it, otherwise the error.
 PublishCallback = Callable[[MsgsafeError | None], None]
+
+#: What :meth:`ErrorListeningTransport.listen_errors` tells, once per event: the client
+#: library's own error object (for Kafka, a ``confluent_kafka.KafkaError``).
+ErrorListener = Callable[[Any], object]
+
+
+@dataclass(frozen=True, slots=True)
+class TransportCapabilities:
+    """What a :class:`Transport` offers beyond ``publish``, declared once.
+
+    Every flag defaults to False: ``TransportCapabilities()`` is the minimal transport,
+    which the layers above drive through ``publish`` alone. A flag set to True is a
+    promise: the method it names exists and keeps the contract of its Protocol, or the
+    wire property holds, for the transport's whole life (the record is read once, when
+    the producer or forwarder is built). The contract suite checks each promise.
+    """
+
+    #: A :class:`CallbackTransport`: ``publish_callback(envelope, callback)`` keeps every
+    #: rule of ``publish`` and calls ``callback`` exactly once. The producer then holds
+    #: no future per message besides the receipt.
+    callback: bool = False
+    #: A :class:`BatchTransport`: ``publish_batch(batch, report)`` reports every message
+    #: of the batch exactly once (confirmed by count, failed by index). The producer's
+    #: ``send_batch`` and the forwarder's rounds then go out as batches.
+    batch: bool = False
+    #: A :class:`HurryingTransport`: ``hurry(done, timeout)`` sends what the transport
+    #: lingers on until ``done`` resolves. A blocking ``send`` then skips the linger.
+    hurry: bool = False
+    #: An envelope marked ``tombstone`` is sent with a null body (a Kafka record with a
+    #: null value, not an empty one, as any consumer of the topic reads it). False: the
+    #: producer refuses a tombstone with :class:`~msgsafe.errors.InvalidMessage` before
+    #: anything is sent.
+    tombstones: bool = False
+    #: What is handed over later reaches the broker later on each key's ordered channel,
+    #: across calls, and what is queued behind a failure fails too (Kafka's idempotent
+    #: producer). The outbox forwarder may then publish its next round while the last is
+    #: answered, with a store that declares ``claim_rows``
+    #: (:mod:`msgsafe.outbox.forwarder`); without it, rounds never overlap.
+    ordered_rounds: bool = False
+    #: An :class:`ErrorListeningTransport`: ``listen_errors(listener)`` reports the client
+    #: library's connection events (``Producer.listen_errors`` forwards to it).
+    listen_errors: bool = False
+
+    def publish_only(self) -> TransportCapabilities:
+        """The record of a wrapper that forwards only ``publish`` to a transport declaring
+        this one: the properties of the wire hold through it (``tombstones``,
+        ``ordered_rounds``: the wrapper publishes what it is handed, in that order), no
+        optional method does."""
+        return TransportCapabilities(tombstones=self.tombstones, ordered_rounds=self.ordered_rounds)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCapabilities:
+    """What an :class:`OutboxStore` offers beyond its required methods, declared once.
+
+    As for :class:`TransportCapabilities`: all False is the minimal store, and each True
+    is a promise that the named method exists and keeps the contract of its Protocol.
+    """
+
+    #: A :class:`RowClaimingStore`: ``claim_rows(limit=, lease_s=, follow=)`` claims as
+    #: ``claim`` does, without an envelope object per row, and can continue keys whose
+    #: earlier rows the caller holds in flight. With a transport's ``ordered_rounds``, the
+    #: forwarder overlaps its rounds.
+    claim_rows: bool = False
+    #: A :class:`BatchPutStore`: ``put_batch_async(batch)`` stores every message of a
+    #: :class:`~msgsafe.message.Batch` as ``put`` stores its envelopes, all or none, and
+    #: returns a future resolved once durable. During the refusal pause the producer then
+    #: stores a batch whole.
+    put_batch_async: bool = False
+    #: A :class:`TransactionalStore`: ``put_in(connection, envelopes)`` writes through the
+    #: caller's connection inside its open transaction (``send(transaction=...)``).
+    transactional: bool = False
+    #: A :class:`ReleasingStore`: ``release(items, retry_at=)`` is ``failed(id, error=,
+    #: retry_at=)`` for many leased messages in one write.
+    release: bool = False
+    #: A :class:`CountingStore`: ``pending()`` is ``stats().depth``, cheap enough to ask
+    #: in a loop (``drain`` asks after every round).
+    pending: bool = False
+    #: A :class:`NotifyingStore`: ``listen(wake)`` calls ``wake()`` whenever rows are put
+    #: by any process sharing the store (PostgreSQL's LISTEN/NOTIFY). A started
+    #: forwarder then listens, so that another process's put is forwarded at once rather
+    #: than at its next poll.
+    notify: bool = False
+
+
+_NO_TRANSPORT_CAPABILITIES = TransportCapabilities()
+_NO_STORE_CAPABILITIES = StoreCapabilities()
 
 
 @runtime_checkable
@@ -65,11 +192,18 @@ class Transport(Protocol):
       while the connection holds.
     - ``close`` is idempotent: it waits up to ``timeout`` for outstanding confirms, then
       fails the rest with :class:`~msgsafe.errors.ConnectionLost` and releases resources.
+    - ``capabilities`` declares what else it offers (:class:`TransportCapabilities`);
+      nobody looks for a method it does not declare.
     """
 
     @property
     def target(self) -> str:
         """The redacted URL this transport publishes to (no credentials)."""
+        ...
+
+    @property
+    def capabilities(self) -> TransportCapabilities:
+        """What this transport offers beyond ``publish``; an equal record every time."""
         ...
 
     def publish(self, envelope: Envelope) -> Future[None]:
@@ -83,7 +217,8 @@ class Transport(Protocol):
 
 @runtime_checkable
 class CallbackTransport(Transport, Protocol):
-    """A transport that can also report to a callback instead of a future.
+    """A transport that can also report to a callback instead of a future
+    (``capabilities.callback``).
 
     ``publish_callback(envelope, callback)`` keeps every rule of ``publish`` and calls
     ``callback`` exactly once: with ``None`` when the broker confirmed the envelope,
@@ -105,7 +240,7 @@ class CallbackTransport(Transport, Protocol):
 @runtime_checkable
 class HurryingTransport(Transport, Protocol):
     """A transport that batches by waiting (Kafka's ``linger.ms``) and can stop waiting
-    for a caller that blocks on one message.
+    for a caller that blocks on one message (``capabilities.hurry``).
 
     ``hurry(done, timeout)`` returns once ``done`` is resolved or ``timeout`` seconds
     passed, sending what the transport holds without lingering meanwhile; it never
@@ -141,7 +276,8 @@ class BatchReport(Protocol):
 
 @runtime_checkable
 class BatchTransport(Transport, Protocol):
-    """A transport that can publish a :class:`~msgsafe.message.Batch` in one call.
+    """A transport that can publish a :class:`~msgsafe.message.Batch` in one call
+    (``capabilities.batch``).
 
     Every rule of ``publish`` holds for each message of the batch (same confirmation,
     same error classes, same ``confirm_timeout``, per-key order in index order); the
@@ -152,6 +288,24 @@ class BatchTransport(Transport, Protocol):
 
     def publish_batch(self, batch: Batch, report: BatchReport) -> None:
         """Send every message of ``batch``; ``report`` learns each outcome once."""
+        ...
+
+
+@runtime_checkable
+class ErrorListeningTransport(Transport, Protocol):
+    """A transport that reports its client library's connection events
+    (``capabilities.listen_errors``).
+
+    ``listen_errors(listener)`` has ``listener`` told each global error event of the
+    client library (for Kafka, what confluent-kafka's ``error_cb`` gets: ``_TRANSPORT``,
+    ``_ALL_BROKERS_DOWN``, ``_AUTHENTICATION``, ...) as it happens, before the transport
+    acts on it; ``None`` stops. It runs on the library's or a publisher's thread: it must
+    not block, and what it raises is logged and dropped. The events change nothing the
+    transport promises: messages still fail or are confirmed as ``publish`` says.
+    """
+
+    def listen_errors(self, listener: ErrorListener | None) -> None:
+        """Tell ``listener`` each connection event from now on; ``None`` stops."""
         ...
 
 
@@ -223,7 +377,13 @@ class OutboxStore(Protocol):
     - ``delivered`` removes envelopes for good; ``failed`` releases one with a
       ``retry_at`` (epoch seconds), or quarantines it when ``retry_at`` is None.
     - ``has_key`` answers whether any envelope of ``key`` waits (the ordering barrier).
+    - ``capabilities`` declares what else it offers (:class:`StoreCapabilities`).
     """
+
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        """What this store offers beyond the required methods; an equal record every time."""
+        ...
 
     def put(self, envelopes: Sequence[Envelope]) -> None:
         """Store ``envelopes`` durably, all or none."""
@@ -252,3 +412,147 @@ class OutboxStore(Protocol):
     def close(self) -> None:
         """Release the file and locks. Idempotent."""
         ...
+
+
+@runtime_checkable
+class RowClaimingStore(OutboxStore, Protocol):
+    """A store whose claim needs no envelope per row and can follow keys
+    (``capabilities.claim_rows``).
+
+    ``claim_rows(limit=, lease_s=, follow=)`` keeps every rule of ``claim`` and returns
+    a sequence of envelopes (which may be read column by column, see
+    :class:`~msgsafe.outbox._rows.ClaimedRows`). ``follow`` maps a key to how many of its
+    rows the caller holds in flight: for such a key the claim continues after them
+    instead of stopping at the leased head (see :mod:`msgsafe.outbox._claims`).
+    """
+
+    def claim_rows(
+        self, *, limit: int, lease_s: float, follow: Mapping[bytes, int] | None = None
+    ) -> Sequence[Envelope]:
+        """Lease up to ``limit`` ready envelopes, per-key order kept, following ``follow``."""
+        ...
+
+
+@runtime_checkable
+class BatchPutStore(OutboxStore, Protocol):
+    """A store that takes a whole :class:`~msgsafe.message.Batch` in one put
+    (``capabilities.put_batch_async``).
+
+    ``put_batch_async(batch)`` stores ``batch.envelope(i)`` for every ``i``, in batch
+    order, all or none, with ``put``'s bounds, and returns at once; the future resolves
+    once every row is durable, or fails with the error ``put`` would have raised.
+    """
+
+    def put_batch_async(self, batch: Batch) -> Future[None]:
+        """Store every message of ``batch`` durably; the future says when (or why not)."""
+        ...
+
+
+@runtime_checkable
+class TransactionalStore(OutboxStore, Protocol):
+    """A store that writes inside the caller's transaction (``capabilities.transactional``).
+
+    ``put_in(connection, envelopes)`` writes the rows through ``connection`` and commits
+    nothing: they exist, and are forwarded, only if the caller's transaction commits.
+    It raises :class:`~msgsafe.errors.OutboxError` (or ``OutboxFull``) when it cannot.
+    """
+
+    def put_in(self, connection: Any, envelopes: Sequence[Envelope]) -> None:
+        """Write ``envelopes`` through ``connection`` inside its open transaction."""
+        ...
+
+
+@runtime_checkable
+class ReleasingStore(OutboxStore, Protocol):
+    """A store that releases many leased envelopes in one write (``capabilities.release``).
+
+    ``release(items, retry_at=)`` is ``failed(id, error=text, retry_at=retry_at)`` for
+    every ``(id, text)`` of ``items``: each is ready again at ``retry_at``.
+    """
+
+    def release(self, items: Sequence[tuple[str, str]], *, retry_at: float) -> None:
+        """Release the leased envelopes ``(id, error)`` until ``retry_at``."""
+        ...
+
+
+@runtime_checkable
+class CountingStore(OutboxStore, Protocol):
+    """A store that counts what waits cheaply (``capabilities.pending``).
+
+    ``pending()`` equals ``stats().depth`` (quarantined messages not counted) without
+    the rest of the snapshot's cost.
+    """
+
+    def pending(self) -> int:
+        """How many envelopes wait in the store."""
+        ...
+
+
+@runtime_checkable
+class NotifyingStore(OutboxStore, Protocol):
+    """A store that tells when rows were put, by this process or any other sharing it
+    (``capabilities.notify``).
+
+    ``listen(wake)`` has ``wake()`` called after every committed put (and replay) into the
+    store, from a thread of the store's own, until the store is closed; and once each
+    time it (re)starts listening, since rows may have come while it was not. ``wake``
+    must be quick and must not block (a hint: the caller looks at the store itself). A
+    wake-up lost to a broken connection is made up by that reconnect call; callers still
+    poll for what no put announces (leases that ran out).
+    """
+
+    def listen(self, wake: Callable[[], None]) -> None:
+        """Call ``wake()`` after each committed put into the store, until :meth:`close`."""
+        ...
+
+
+# --- the one place that looks -------------------------------------------------------------
+
+
+def transport_capabilities(transport: object) -> TransportCapabilities:
+    """What ``transport`` declares: its ``capabilities``, or the minimal record
+    (``TransportCapabilities()``) when it has none — an implementation written before the
+    records existed is driven through ``publish`` alone. Raises :class:`TypeError` when
+    ``capabilities`` is something other than a :class:`TransportCapabilities`.
+
+    The one place of the package that looks at a transport for what it offers (kombu's
+    ``implements``): the layers above call this once and trust the answer.
+    """
+    declared = getattr(transport, "capabilities", None)
+    if declared is None:
+        return _NO_TRANSPORT_CAPABILITIES
+    if not isinstance(declared, TransportCapabilities):
+        raise TypeError(
+            f"{type(transport).__name__}.capabilities must be a TransportCapabilities,"
+            f" not {type(declared).__name__}"
+        )
+    return declared
+
+
+def store_capabilities(store: object) -> StoreCapabilities:
+    """What ``store`` declares: its ``capabilities``, or the minimal record
+    (``StoreCapabilities()``) when it has none. As :func:`transport_capabilities`, the
+    one place that looks."""
+    declared = getattr(store, "capabilities", None)
+    if declared is None:
+        return _NO_STORE_CAPABILITIES
+    if not isinstance(declared, StoreCapabilities):
+        raise TypeError(
+            f"{type(store).__name__}.capabilities must be a StoreCapabilities,"
+            f" not {type(declared).__name__}"
+        )
+    return declared
+
+
+#: The methods every OutboxStore has (``capabilities`` may be missing, see below).
+_STORE_METHODS = ("put", "claim", "delivered", "failed", "has_key", "stats", "close")
+
+
+def is_outbox_store(obj: object) -> TypeGuard[OutboxStore]:
+    """True when ``obj`` can serve as the producer's outbox: it has every required method
+    of :class:`OutboxStore`. Unlike ``isinstance(obj, OutboxStore)`` it does not ask for
+    ``capabilities``: a store written before the records existed still serves, declaring
+    nothing optional (:func:`store_capabilities`)."""
+    return isinstance(obj, OutboxStore) or all(
+        callable(getattr(obj, name, None)) for name in _STORE_METHODS
+    )

@@ -4,10 +4,12 @@
 by the broker, or committed to the local outbox — and otherwise raises a typed error
 while the caller still owns the message. There is no third outcome.
 
-This module is the caller's side: input checks, and the route of each message (to the
-transport, or behind the outbox barrier). The bookkeeping every receipt reports to —
-settling, the flush count, the barrier, the outbox writer — is
-:class:`msgsafe._settlement.Settlement`; the receipts are in :mod:`msgsafe._receipts`.
+This module is the caller's side: input checks, and carrying out the route of each
+message (to the transport, or behind the outbox barrier). The route itself, and the
+bookkeeping every receipt reports to — settling, the flush count, the per-key barrier,
+the outbox writer — is :class:`msgsafe._settlement.Settlement`; the receipts are in
+:mod:`msgsafe._receipts`. What the transport and the store offer beyond the required
+methods is read once, from their declared capabilities (:mod:`msgsafe.ports`).
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Self, cast
 
 from msgsafe._receipts import BatchPart, BatchSend, OneOfBatch, Send, SubsetReport
-from msgsafe._settlement import Settlement
+from msgsafe._settlement import Route, Settlement
 from msgsafe.adapters import open_transport
 from msgsafe.checks import inspector_for
 from msgsafe.checks.gate import DestinationGate
@@ -45,7 +47,21 @@ from msgsafe.message import (
 )
 from msgsafe.outbox import Forwarder
 from msgsafe.outbox.location import OutboxSpec, open_store
-from msgsafe.ports import OutboxStore, PublishCallback, Transport
+from msgsafe.ports import (
+    BatchPutStore,
+    BatchReport,
+    BatchTransport,
+    CallbackTransport,
+    ErrorListener,
+    ErrorListeningTransport,
+    HurryingTransport,
+    OutboxStore,
+    PublishCallback,
+    TransactionalStore,
+    Transport,
+    store_capabilities,
+    transport_capabilities,
+)
 from msgsafe.retry import RetryPolicy
 from msgsafe.telemetry._observer import Observers, observing
 from msgsafe.telemetry.producer import ProducerTelemetry
@@ -53,17 +69,11 @@ from msgsafe.telemetry.stats import ProducerStats
 
 __all__ = ["OutboxSpec", "Producer"]
 
-
-class _TransactionalStore(Protocol):
-    def put_in(self, connection: Any, envelopes: list[Envelope]) -> None: ...
-
-
-class _PublishWithCallback(Protocol):
-    def __call__(self, envelope: Envelope, callback: PublishCallback) -> None: ...
-
-
-class _PublishBatch(Protocol):
-    def __call__(self, batch: Batch, report: Any) -> None: ...
+# Module globals: read faster than Route.PUBLISH on every send.
+_PUBLISH = Route.PUBLISH
+_PUBLISH_COUNTED = Route.PUBLISH_COUNTED
+_HOLD = Route.HOLD
+_TRANSACTION = Route.TRANSACTION
 
 
 class Producer:
@@ -94,6 +104,10 @@ class Producer:
     the forwarder checks before it forwards (a destination below ``require`` then
     quarantines its messages).
 
+    ``forward=False``: the outbox is not forwarded in the background (another process
+    does it: ``msgsafe outbox forward`` on a shared PostgreSQL outbox); :meth:`drain`
+    still forwards on the caller's thread.
+
     Thread-safe: any number of threads may call ``send``/``send_async`` at once.
     """
 
@@ -107,6 +121,7 @@ class Producer:
         telemetry: bool = False,
         require: str = "durable",
         check_every: float = 300.0,
+        forward: bool = True,
         **options: object,
     ) -> None:
         if send_timeout <= 0:
@@ -121,43 +136,56 @@ class Producer:
         #: Destination -> when its check is due again (read on every send, no lock).
         self._admitted = self._gate.admitted
         self._send_timeout = send_timeout
-        self._closed = False
         self._store: OutboxStore | None = None
         self._forwarder: Forwarder | None = None
         self._telemetry = ProducerTelemetry(self._url, otel=telemetry)
         # A fail-over or redirect is counted, and every destination checked again.
         with observing(Observers(self._telemetry, self._gate)):
             self._transport: Transport = open_transport(self._url, options)
-        #: The transport's callback seam when it has one (no future per message).
-        self._publish_callback: _PublishWithCallback | None = getattr(
-            self._transport, "publish_callback", None
+        # What the transport declares (msgsafe.ports.TransportCapabilities), read once:
+        # each seam below is bound when its flag promises it, None otherwise.
+        transport = self._transport
+        caps = transport_capabilities(transport)
+        #: The transport's callback seam (no future per message besides the receipt).
+        self._publish_callback: Callable[[Envelope, PublishCallback], None] | None = (
+            cast(CallbackTransport, transport).publish_callback if caps.callback else None
         )
-        #: The transport's batch seam when it has one (see msgsafe.ports.BatchTransport).
-        self._publish_batch: _PublishBatch | None = getattr(self._transport, "publish_batch", None)
+        #: The transport's batch seam (see msgsafe.ports.BatchTransport).
+        self._publish_batch: Callable[[Batch, BatchReport], None] | None = (
+            cast(BatchTransport, transport).publish_batch if caps.batch else None
+        )
         #: The transport's way to skip its linger for a blocking send (HurryingTransport).
-        self._hurry: Callable[[Future[Any], float], None] | None = getattr(
-            self._transport, "hurry", None
+        self._hurry: Callable[[Future[Any], float], None] | None = (
+            cast(HurryingTransport, transport).hurry if caps.hurry else None
+        )
+        #: The transport's connection events (ErrorListeningTransport).
+        self._listen_errors: Callable[[ErrorListener | None], None] | None = (
+            cast(ErrorListeningTransport, transport).listen_errors if caps.listen_errors else None
         )
         #: Whether the transport sends a null value (Kafka): tombstones are refused if not.
-        self._tombstones = bool(getattr(self._transport, "tombstones", False))
+        self._tombstones = caps.tombstones
         try:
             self._store = open_store(outbox, self._url, options)
             self._settle = Settlement(self._store, self._telemetry.outcomes)
             self._settle.guarantees = self._gate.guarantees
-            # The hot path reads these directly (the same objects as the settlement's).
-            self._lock = self._settle.lock
-            self._tickets = self._settle.tickets
-            self._detouring = self._settle.detouring
-            self._in_transport = self._settle.in_transport
-            #: The store's put of a whole batch's columns, when it has one (SqliteOutbox).
-            self._put_batch_async: Callable[[Batch], Future[None]] | None = getattr(
-                self._store, "put_batch_async", None
+            # What the store declares (msgsafe.ports.StoreCapabilities), read once.
+            store_caps = store_capabilities(self._store)
+            #: The store's put of a whole batch's columns (BatchPutStore: SqliteOutbox).
+            self._put_batch_async: Callable[[Batch], Future[None]] | None = (
+                cast(BatchPutStore, self._store).put_batch_async
+                if store_caps.put_batch_async
+                else None
+            )
+            #: The store's write inside the caller's transaction (TransactionalStore).
+            self._put_in: Callable[[Any, list[Envelope]], None] | None = (
+                cast(TransactionalStore, self._store).put_in if store_caps.transactional else None
             )
             if self._store is not None:
                 self._forwarder = Forwarder(
                     self._store, self._transport, policy=retry, admit=self._gate.admit
                 )
-                self._forwarder.start()
+                if forward:
+                    self._forwarder.start()
                 self._settle.start(self._forwarder.wake)
             self._telemetry.attach(self._store, self._forwarder)
         except BaseException:
@@ -324,33 +352,10 @@ class Producer:
         if not count:
             send.set_result(BatchReceipt(batch.destination, ()))
             return send
-        keys = batch.keys
-        store = self._store
-        paused = store is not None and settle.refused_until > 0.0 and settle.paused()
-        send.ticket = next(self._tickets)
-        if paused and self._put_batch_async is not None:
-            if self._closed:
-                settle.settled(1)
-                raise ClosedError("producer is closed")
-            # The broker refused a moment ago: the batch goes to the outbox whole.
-            if settle.store_batch(send, self._put_batch_async):
-                return send
-        with self._lock:
-            if self._closed:
-                settle.settle_locked(1)
-                raise ClosedError("producer is closed")
-            if paused:
-                held: list[int] | None = list(range(count))
-            elif keys is not None and store is not None:
-                held = settle.held_by_barrier(keys)
-            else:
-                held = None
-            if held:
-                detouring = self._detouring
-                for index in held:
-                    key = keys[index] if keys is not None else None
-                    if key is not None:
-                        detouring[key] = detouring.get(key, 0) + 1
+        # During the refusal pause the batch may go to the store whole (None here).
+        held = settle.route_batch(send, self._put_batch_async)
+        if held is None:
+            return send
         if not held:
             self._publish_batch_part(batch, send)
             return send
@@ -366,9 +371,23 @@ class Producer:
         """Wait until ``receipt`` (a future this producer returned) resolves or ``timeout``
         passes (default ``send_timeout``), having the adapter send what it holds now
         instead of after its batching delay (Kafka's ``linger.ms``). For a caller about
-        to block on its last sends; never raises, never resolves anything itself."""
+        to block on its last sends; never raises, never resolves anything itself. Returns
+        at once on a transport that does not linger (``capabilities.hurry`` False)."""
         if self._hurry is not None:
             self._hurry(receipt, self._send_timeout if timeout is None else timeout)
+
+    def listen_errors(self, listener: ErrorListener | None) -> bool:
+        """Have ``listener`` told each connection event of the transport's client library
+        as it happens (for Kafka, what confluent-kafka's ``error_cb`` gets; see
+        :class:`~msgsafe.ports.ErrorListeningTransport`); ``None`` stops. It runs on the
+        library's or a publisher's thread: it must not block, and what it raises is logged
+        and dropped. Returns False, and does nothing, when the transport reports no such
+        events (``capabilities.listen_errors`` False: RabbitMQ, AMQP 1.0, memory); the
+        sends are not affected either way."""
+        if self._listen_errors is None:
+            return False
+        self._listen_errors(listener)
+        return True
 
     def _publish_batch_part(self, batch: Batch, report: BatchSend | SubsetReport) -> None:
         if self._publish_batch is not None:
@@ -426,69 +445,38 @@ class Producer:
                 return  # a transactional send only goes to the store
             if self._store is None:
                 raise exc.with_id(message_id) from None
-            self._settle.refuse_for_a_moment()
+            self._settle.pause()
 
     def _submit(self, envelope: Envelope, transaction: Any) -> Future[Receipt]:
-        if transaction is not None and getattr(self._store, "put_in", None) is None:
-            if self._closed:
+        settle = self._settle
+        if transaction is not None and self._put_in is None:
+            if settle.closed:
                 raise ClosedError("producer is closed", message_id=envelope.message_id)
             raise ConfigurationError(
                 "send(transaction=...) needs a transactional outbox (msgsafe.outbox.PostgresOutbox)"
             )
-        settle = self._settle
         result = Send(settle, envelope)
-        key = envelope.key
-        store = self._store
-        # NOTE: no Python-level call inside the lock: the interpreter may hand the GIL to
-        # another thread at one, and every sender would then queue on this lock.
-        paused = transaction is None and settle.refused_until > 0.0 and settle.paused()
-        result.ticket = next(self._tickets)
-        if self._closed:
-            # Counted, then settled: a close() that read the count does not wait for it.
-            settle.settled(1)
-            raise ClosedError("producer is closed", message_id=envelope.message_id)
-        # A transactional send goes to the store whatever the barrier says, and nothing
-        # would release a barrier count taken for it (the writer thread never sees it).
-        behind_barrier = paused
-        #: The key counted in the transport's share of the barrier (see Settlement.hold).
-        counted: bytes | None = None
-        # NOTE: every keyed send looks at _detouring under the lock, never lock-free: a
-        # message of this key leaves _detouring only once it is in the store, and only the
-        # lock orders that hand-over with this look (per-key order behind the outbox).
-        if key is not None and transaction is None and store is not None:
-            in_transport = self._in_transport
-            with self._lock:
-                behind_barrier = paused or key in self._detouring
-                if behind_barrier:
-                    self._detouring[key] = self._detouring.get(key, 0) + 1
-                else:
-                    # Counted before has_key is asked: a message of this key bound for
-                    # the outbox waits until this one has left the transport.
-                    in_transport[key] = in_transport.get(key, 0) + 1
-                    counted = key
-            if counted is not None and store.has_key(counted):
-                # NOTE: asked after _detouring: a message of this key leaves _detouring
-                # only once it is in the store, so one of the two questions sees it.
-                behind_barrier = True
-                settle.left_transport(counted, detour=True)
-                counted = None
-
-        if transaction is not None:
-            self._put_in_transaction(transaction, result)
-        elif behind_barrier:
-            # NOTE: an earlier message of this key waits in the outbox (sending this one
-            # now would overtake it: per-key order), or the broker refused a moment ago
-            # (sending would only hammer it): it queues behind, in the outbox.
-            settle.hold(result)
-        elif counted is not None:
+        # The settlement decides (per-key order, the refusal pause, closing); this carries
+        # it out. The common routes first.
+        route = settle.route(result, transactional=transaction is not None)
+        if route is _PUBLISH:
+            self._publish_one(envelope, result)
+        elif route is _PUBLISH_COUNTED:
             try:
                 self._publish_one(envelope, result)
             except BaseException:
                 # No outcome will come for it: its key must not wait behind it.
-                settle.left_transport(counted)
+                settle.left_transport(cast(bytes, envelope.key))  # counted: it has one
                 raise
+        elif route is _HOLD:
+            # NOTE: an earlier message of this key waits in the outbox (sending this one
+            # now would overtake it: per-key order), or the broker refused a moment ago
+            # (sending would only hammer it): it queues behind, in the outbox.
+            settle.hold(result)
+        elif route is _TRANSACTION:
+            self._put_in_transaction(transaction, result)
         else:
-            self._publish_one(envelope, result)
+            raise ClosedError("producer is closed", message_id=envelope.message_id)
         return result
 
     def _publish_one(self, envelope: Envelope, result: Send) -> None:
@@ -498,10 +486,11 @@ class Producer:
             self._transport.publish(envelope).add_done_callback(result.transport_done)
 
     def _put_in_transaction(self, connection: Any, result: Send) -> None:
-        store: _TransactionalStore = self._store  # type: ignore[assignment]
+        # _submit refused the transaction when the store declares no put_in.
+        put_in = cast(Callable[[Any, list[Envelope]], None], self._put_in)
         envelope = result.envelope
         try:
-            store.put_in(connection, [envelope])
+            put_in(connection, [envelope])
         except MsgsafeError as exc:
             self._settle.resolve(result, None, exc)
         except BaseException:
@@ -519,7 +508,8 @@ class Producer:
                     self._gate.guarantees.get(envelope.destination, Guarantee.UNKNOWN),
                 ),
             )
-            # Rows appear when the caller commits; the forwarder polls, wake() only hints.
+            # Rows appear when the caller commits: the store's NOTIFY wakes the forwarder
+            # then (where it declares notify), its poll otherwise; wake() only hints.
             if self._forwarder is not None:
                 self._forwarder.wake()
 
@@ -573,16 +563,14 @@ class Producer:
     # --- lifecycle --------------------------------------------------------------------------
 
     def _check_open(self) -> None:
-        if self._closed:
+        if self._settle.closed:
             raise ClosedError("producer is closed")
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Wait up to ``timeout`` for sends in flight, stop the forwarder, disconnect.
         Messages still in the outbox stay there for the next producer. Idempotent."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+        if not self._settle.close():
+            return
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def left() -> float | None:
@@ -609,7 +597,7 @@ class Producer:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
+        state = "closed" if self._settle.closed else "open"
         return f"Producer({self._url.redacted()!r}, {state})"
 
 

@@ -1,6 +1,11 @@
 """``msgsafe outbox status|list|quarantine|drain|replay|purge|salvage``: inspect and
 operate outbox files (``watch``, the live view, is :mod:`msgsafe.cli.outbox_watch`).
 
+Every command but ``salvage`` also takes a ``postgresql://`` URL in place of the file
+(the table a fleet shares, ``?table=`` as for the producer): the same figures and
+operations on that table while producers and forwarders use it; the URL is shown
+without its password.
+
 ``status`` with no path lists every default outbox (the user's data directory) with its
 destination and waiting count. A file belongs to one process at a time: while a producer
 holds it these commands exit with :class:`~msgsafe.errors.OutboxLocked` (code 3) instead
@@ -19,7 +24,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias
 
 import typer
 from rich.markup import escape
@@ -40,12 +45,19 @@ from msgsafe.endpoints import BrokerUrl, parse_url
 from msgsafe.errors import AuthenticationError, ConnectError, OutboxLocked
 from msgsafe.message import Envelope
 from msgsafe.outbox import Forwarder, SqliteOutbox
+from msgsafe.outbox._pg_url import is_store_url, parse_store_url
 from msgsafe.outbox.destination import destination_of, destination_of_target
 from msgsafe.outbox.discovery import default_dir, find_outboxes
 from msgsafe.outbox.salvage import salvage as salvage_file
-from msgsafe.ports import Transport
+from msgsafe.ports import Transport, transport_capabilities
 
-__all__ = ["app", "broker_for", "opened"]
+if TYPE_CHECKING:
+    from msgsafe.outbox.postgres import PostgresOutbox
+
+    #: What these commands operate: an outbox file, or a PostgreSQL outbox table.
+    OperatedStore: TypeAlias = SqliteOutbox | PostgresOutbox
+
+__all__ = ["app", "broker_for", "label", "opened"]
 
 app = typer.Typer(
     help=(
@@ -55,7 +67,7 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-PathArg = Annotated[Path, typer.Argument(help="The outbox file (SQLite).")]
+PathArg = Annotated[Path, typer.Argument(help="The outbox file (SQLite), or a postgresql:// URL.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="JSON instead of tables.")]
 LimitOpt = Annotated[int, typer.Option(help="Rows to show at most.")]
 IdsArg = Annotated[list[str] | None, typer.Argument(help="Message ids (or --all).")]
@@ -65,8 +77,35 @@ YesOpt = Annotated[
 ]
 
 
+def _spec(path: Path) -> str:
+    # A Path collapses the URL's // into /: made a URL again.
+    from msgsafe.cli.outbox_forward import store_spec
+
+    return store_spec(str(path))
+
+
+def label(path: Path) -> str:
+    """How ``path`` is shown: the file, or the PostgreSQL URL without its password."""
+    spec = _spec(path)
+    return parse_store_url(spec).redacted if is_store_url(spec) else str(path)
+
+
 @contextmanager
-def opened(path: Path, as_json: bool) -> Iterator[SqliteOutbox]:
+def opened(path: Path, as_json: bool) -> Iterator[OperatedStore]:
+    """The store ``path`` names, closed on exit: the SQLite file (exit 1 when missing or
+    held by a producer), or the PostgreSQL table of a ``postgresql://`` URL (shared: it
+    is operated on beside the fleet using it)."""
+    spec = _spec(path)
+    if is_store_url(spec):
+        with translate_errors(as_json=as_json):
+            from msgsafe.outbox.postgres import PostgresOutbox  # the optional extra
+
+            pg = PostgresOutbox.from_url(spec)
+        try:
+            yield pg
+        finally:
+            pg.close()
+        return
     if not path.is_file():
         fail(f"no outbox file at {path}", as_json=as_json)
     with translate_errors(as_json=as_json):
@@ -114,7 +153,7 @@ def status(
         first = store.list(limit=1)
         target = first[0].target if first else None
     data = {
-        "path": str(path),
+        "path": label(path),
         "target": target,
         "waiting": stats.depth,
         "bytes": stats.bytes,
@@ -124,7 +163,7 @@ def status(
     if as_json:
         print_json(data)
         return
-    table = Table(title=escape(f"outbox {path}"), show_header=False)
+    table = Table(title=escape(f"outbox {label(path)}"), show_header=False)
     table.add_column("what")
     table.add_column("value", justify="right")
     table.add_row("target", escape(target or "-"))
@@ -197,7 +236,7 @@ def list_(path: PathArg, limit: LimitOpt = 50, offset: int = 0, as_json: JsonOpt
         print_json(rows)
         return
     _print_table(
-        f"waiting in {path}",
+        f"waiting in {label(path)}",
         ("message id", "destination", "key", "size", "attempts", "ready in", "error"),
         [
             (
@@ -236,7 +275,7 @@ def quarantine(
         print_json(rows)
         return
     _print_table(
-        f"quarantined in {path}",
+        f"quarantined in {label(path)}",
         ("message id", "destination", "key", "attempts", "when", "error"),
         [
             (
@@ -310,7 +349,7 @@ def purge(
     with opened(path, as_json) as store:
         if ids:
             _require(store, ids, path, ("waiting", "quarantined"), as_json)
-        _confirm(f"Delete {what} in {path} for good?", yes, as_json)
+        _confirm(f"Delete {what} in {label(path)} for good?", yes, as_json)
         deleted = store.purge(ids or "all", waiting=waiting, quarantined=quarantined)
     if as_json:
         print_json({"purged": deleted})
@@ -319,7 +358,7 @@ def purge(
 
 
 def _require(
-    store: SqliteOutbox,
+    store: OperatedStore,
     ids: Sequence[str],
     path: Path,
     places: tuple[str, ...],
@@ -337,7 +376,7 @@ def _require(
     elsewhere = {i: found[i] for i in missing if i in found}
     note = "; ".join(f"{i} is {place}" for i, place in list(elsewhere.items())[:3])
     fail(
-        f"{len(missing)} id(s) not {where} in {path}: {shown}"
+        f"{len(missing)} id(s) not {where} in {label(path)}: {shown}"
         + (f" ({note})" if note else "")
         + "; nothing was changed",
         ExitCode.USAGE,
@@ -386,7 +425,7 @@ def drain(
         broker = broker_for(store, path, url, as_json)
         transport = open_transport(broker, options)
         guard = _LoginGuard(transport)
-        forwarder = Forwarder(store, cast(Transport, guard))
+        forwarder = Forwarder(store, guard)
         try:
             remaining = _forward(forwarder, guard, timeout)
             stats = forwarder.stats()
@@ -394,7 +433,7 @@ def drain(
             fail(
                 f"AuthenticationError: {exc}; nothing was quarantined. The outbox keeps no "
                 f"credentials: give them with --url, e.g. msgsafe outbox drain "
-                f"{shlex.quote(str(path))} --url 'amqp://USER:PASSWORD@...'",
+                f"{shlex.quote(label(path))} --url 'amqp://USER:PASSWORD@...'",
                 as_json=as_json,
             )
         finally:
@@ -402,13 +441,13 @@ def drain(
     _report_drain(before, stats.delivered, remaining, stats.quarantined, stats.last_error, as_json)
 
 
-def broker_for(store: SqliteOutbox, path: Path, url: str | None, as_json: bool) -> BrokerUrl:
+def broker_for(store: OperatedStore, path: Path, url: str | None, as_json: bool) -> BrokerUrl:
     """Where ``store``'s messages go: ``url``, or the broker the rows were stored for
     (a note when the two differ; exit 3 when neither names one)."""
     newest = store.list(limit=1, offset=max(0, store.pending() - 1))
     stored_for = newest[0].target if newest else None
     if url is None and not stored_for:
-        fail(f"the messages in {path} name no broker; give --url", as_json=as_json)
+        fail(f"the messages in {label(path)} name no broker; give --url", as_json=as_json)
     broker = parse_url(url or stored_for or "")
     if stored_for and destination_of_target(stored_for) != destination_of(broker):
         err.print(
@@ -422,14 +461,20 @@ def broker_for(store: SqliteOutbox, path: Path, url: str | None, as_json: bool) 
 class _LoginGuard:
     """The transport as the drain's forwarder sees it: a refused login fails a publish
     transiently (the message is released, not quarantined: the login, not the message,
-    is wrong) and is remembered for :func:`_forward` to stop on."""
-
-    #: No batch seam: every publish must pass through :meth:`publish` to be watched.
-    publish_batch = None
+    is wrong) and is remembered for :func:`_forward` to stop on. A
+    :class:`~msgsafe.ports.Transport` of its own, wrapping ``transport``."""
 
     def __init__(self, transport: Transport) -> None:
         self._transport = transport
+        #: What the wrapped transport declares, but no optional method (batch, callback,
+        #: ...): every message must pass through :meth:`publish` to be watched. What the
+        #: wire does (tombstones, ordered_rounds) holds through it.
+        self.capabilities = transport_capabilities(transport).publish_only()
         self.refused: AuthenticationError | None = None
+
+    @property
+    def target(self) -> str:
+        return self._transport.target
 
     def publish(self, envelope: Envelope) -> Future[None]:
         outcome: Future[None] = Future()
@@ -447,8 +492,9 @@ class _LoginGuard:
         self._transport.publish(envelope).add_done_callback(settle)
         return outcome
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._transport, name)
+    def close(self, timeout: float | None = None) -> None:
+        """Close the wrapped transport."""
+        self._transport.close(timeout)
 
 
 def _forward(forwarder: Forwarder, guard: _LoginGuard, timeout: float) -> int:

@@ -5,6 +5,7 @@ the age of the oldest, the quarantine, how many were delivered and at what rate 
 the last few seconds), when the rest should be gone at that rate, the broker's state
 (forwarding, or refusing with its last error) and the waiting count per destination.
 
+A ``postgresql://`` URL watches (and forwards, beside the fleet) the table it names.
 An outbox file belongs to one process at a time (see :mod:`msgsafe.outbox.sqlite`):
 ``watch`` forwards the file itself, as ``drain`` does, to the broker its rows name (or
 ``--url``). A file a producer holds cannot be watched from outside: that process reads
@@ -17,7 +18,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Protocol
 
 import typer
 from rich.console import Group, RenderableType
@@ -27,9 +28,9 @@ from rich.text import Text
 
 from msgsafe.adapters import open_transport
 from msgsafe.cli._output import out, parse_pairs, translate_errors
-from msgsafe.cli.outbox import broker_for, opened
-from msgsafe.outbox import Forwarder, SqliteOutbox
-from msgsafe.ports import Transport
+from msgsafe.cli.outbox import broker_for, label, opened
+from msgsafe.outbox import Forwarder
+from msgsafe.ports import OutboxStats, Transport
 
 __all__ = ["Sample", "Sampler", "render", "watch"]
 
@@ -54,14 +55,30 @@ class Sample:
     per_destination: tuple[tuple[str, int], ...]
 
 
-class Sampler:
-    """Takes :class:`Sample` s of a store (and of the forwarder draining it)."""
+class WatchedStore(Protocol):
+    """What a watch reads of a store (:class:`~msgsafe.outbox.SqliteOutbox` and
+    :class:`~msgsafe.outbox.postgres.PostgresOutbox` both have it)."""
 
-    def __init__(self, store: SqliteOutbox, forwarder: Forwarder | None, target: str | None):
+    def stats(self) -> OutboxStats: ...
+
+    def destinations(self, limit: int = 20) -> list[tuple[str, int]]: ...
+
+
+class Sampler:
+    """Takes :class:`Sample` s of a store (and of the forwarder draining it); ``name``
+    is how the store is shown (default: its file's path)."""
+
+    def __init__(
+        self,
+        store: WatchedStore,
+        forwarder: Forwarder | None,
+        target: str | None,
+        name: str | None = None,
+    ):
         self._store = store
         self._forwarder = forwarder
         self._target = target
-        self._path = str(store.path)
+        self._path = name if name is not None else str(getattr(store, "path", "?"))
         self._history: deque[tuple[float, int, int]] = deque()
 
     def take(self) -> Sample:
@@ -141,7 +158,7 @@ def render(sample: Sample) -> RenderableType:
     return Group(table, per)
 
 
-PathArg = Annotated[Path, typer.Argument(help="The outbox file (SQLite).")]
+PathArg = Annotated[Path, typer.Argument(help="The outbox file (SQLite), or a postgresql:// URL.")]
 
 
 def watch(
@@ -178,7 +195,7 @@ def watch(
             forwarder = Forwarder(store, transport)
             forwarder.start()
         try:
-            _show(Sampler(store, forwarder, target), interval, until_empty, duration)
+            _show(Sampler(store, forwarder, target, label(path)), interval, until_empty, duration)
         finally:
             if forwarder is not None:
                 forwarder.stop(10.0)

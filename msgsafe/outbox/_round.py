@@ -1,7 +1,8 @@
 """One claimed batch in flight: published at once in claim order, every answer kept by
 claim index until the forwarder settles them in that order.
 
-Where the transport has a batch seam (:class:`~msgsafe.ports.BatchTransport`), runs of
+Where the transport declares a batch seam (:class:`~msgsafe.ports.BatchTransport`, which
+the forwarder hands over as ``publish_batch``), runs of
 consecutive messages that share a destination, headers and the second of their
 ``created_at`` go out as one :class:`~msgsafe.message.Batch` (no future and no envelope
 per message on the transport's side: the per-message path is several times slower than
@@ -24,14 +25,15 @@ from msgsafe.message import Batch, Envelope
 from msgsafe.outbox._rows import ClaimedRows, column, run_signatures
 from msgsafe.ports import BatchReport, Transport
 
-__all__ = ["Round", "UNSENT"]
+__all__ = ["UNSENT", "PublishBatch", "Round"]
 
 #: No answer yet.
 _PENDING = object()
 #: Not handed to the transport: the round stopped before it (the broker refused at once).
 UNSENT = ConfirmTimeout("not attempted: the broker refused")
 
-_PublishBatch = Callable[[Batch, BatchReport], None]
+#: A transport's ``publish_batch`` (see msgsafe.ports.BatchTransport).
+PublishBatch = Callable[[Batch, BatchReport], None]
 #: The destination check (see msgsafe.checks.gate): raises when nothing may go there.
 _Admit = Callable[[str], object]
 
@@ -93,16 +95,21 @@ class Round:
 
     # --- publishing --------------------------------------------------------------------------
 
-    def publish(self, transport: Transport, admit: _Admit | None = None) -> None:
+    def publish(
+        self,
+        transport: Transport,
+        admit: _Admit | None = None,
+        publish_batch: PublishBatch | None = None,
+    ) -> None:
         """Hand every message to ``transport`` in claim order, until one fails at once
         for a reason other than itself (the broker refuses: stop hammering it).
 
         ``admit(destination)`` runs once per destination of the round before its first
         message goes: its error answers that destination's messages unsent (permanent:
-        each is answered with it; transient: the round stops there, as at a refusal)."""
+        each is answered with it; transient: the round stops there, as at a refusal).
+        ``publish_batch``: the transport's batch seam, where it declares one
+        (``capabilities.batch``); runs of messages then go out as batches."""
         count = len(self.envelopes)
-        # The batch seam is optional (see msgsafe.ports.BatchTransport), as for the producer.
-        publish_batch: _PublishBatch | None = getattr(transport, "publish_batch", None)
         verdicts: dict[str, MsgsafeError | None] = {}
         for start, end, batchable in _runs(self.envelopes):
             if admit is not None:
@@ -152,7 +159,7 @@ class Round:
 
         future.add_done_callback(report)
 
-    def _publish_run(self, publish_batch: _PublishBatch, start: int, end: int) -> None:
+    def _publish_run(self, publish_batch: PublishBatch, start: int, end: int) -> None:
         envelopes = self.envelopes
         first = envelopes[start]
         if isinstance(envelopes, ClaimedRows):

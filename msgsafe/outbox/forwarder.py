@@ -33,8 +33,9 @@ because each ends with a wait for its last answer (Kafka's linger and ``acks=all
 trip): 500 a round drained 13k msg/s on Kafka where 10,000 a round drained 76k.
 
 Overlapping rounds: on a transport that keeps the order of what it is handed across
-rounds (``ordered_rounds``: Kafka, one partition per key, idempotent producer) and a
-store whose claim can follow keys (``claim_rows``: SQLite), a round stays in flight
+rounds (it declares ``ordered_rounds``: Kafka, one partition per key, idempotent
+producer) and a store whose claim can follow keys (it declares ``claim_rows``: SQLite;
+both records are :mod:`msgsafe.ports`' capabilities, read once), a round stays in flight
 when its step ends: the next step claims the next round while the broker answers it,
 then settles it and publishes the next, so that the forwarder does not idle for each
 round's last answer. Such a claim continues a key past
@@ -53,10 +54,10 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Protocol, cast
+from typing import cast
 
 from msgsafe._callbacks import call_logged
 from msgsafe.errors import (
@@ -67,9 +68,19 @@ from msgsafe.errors import (
     ProtocolMismatch,
 )
 from msgsafe.message import Envelope
-from msgsafe.outbox._round import UNSENT, Round
+from msgsafe.outbox._round import UNSENT, PublishBatch, Round
 from msgsafe.outbox._rows import ClaimedRows, column
-from msgsafe.ports import OutboxStore, Transport
+from msgsafe.ports import (
+    BatchTransport,
+    CountingStore,
+    NotifyingStore,
+    OutboxStore,
+    ReleasingStore,
+    RowClaimingStore,
+    Transport,
+    store_capabilities,
+    transport_capabilities,
+)
 from msgsafe.retry import Backoff, RetryPolicy
 
 __all__ = ["Forwarder", "ForwarderStats"]
@@ -87,14 +98,6 @@ _PROBE_CAP_S = 1.0
 
 #: How often an idle forwarder looks for rows whose retry time has come.
 _IDLE_POLL_S = 1.0
-
-
-class _FollowingClaim(Protocol):
-    """A store's ``claim_rows``: a claim that can follow keys (see the module docstring)."""
-
-    def __call__(
-        self, *, limit: int, lease_s: float, follow: Mapping[bytes, int] | None
-    ) -> Sequence[Envelope]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,19 +195,46 @@ class Forwarder:
         #: The ERROR for a refused connection was logged (until the next confirm).
         self._refusal_logged = False
         self._unsettled: list[Callable[[], None]] = []
-        #: The store's claim without an envelope per row, which can follow keys.
-        self._claim_rows: _FollowingClaim | None = getattr(store, "claim_rows", None)
+        # What the store and the transport declare (msgsafe.ports), read once: each seam
+        # is bound when its flag promises it, None otherwise.
+        caps = store_capabilities(store)
+        transport_caps = transport_capabilities(transport)
+        #: The store, where its claim needs no envelope per row and can follow keys.
+        self._row_claims: RowClaimingStore | None = (
+            cast(RowClaimingStore, store) if caps.claim_rows else None
+        )
+        #: The store, where it releases many rows in one write.
+        self._releases: ReleasingStore | None = (
+            cast(ReleasingStore, store) if caps.release else None
+        )
+        #: The store's cheap count of waiting rows.
+        self._pending: Callable[[], int] | None = (
+            cast(CountingStore, store).pending if caps.pending else None
+        )
+        #: The store's wake-ups when any process puts rows, subscribed to by start().
+        self._listen: Callable[[Callable[[], None]], None] | None = (
+            cast(NotifyingStore, store).listen if caps.notify else None
+        )
+        #: The transport's batch seam: a round's runs go out as batches (see _round).
+        self._publish_batch: PublishBatch | None = (
+            cast(BatchTransport, transport).publish_batch if transport_caps.batch else None
+        )
         # Overlapping rounds (see the module docstring): both sides must say they can.
-        self._overlap = bool(getattr(transport, "ordered_rounds", False) and self._claim_rows)
+        self._overlap = transport_caps.ordered_rounds and caps.claim_rows
         #: The round published and not settled yet (overlapping rounds only).
         self._flight: _Flight | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the background thread (once)."""
+        """Start the background thread (once). On a store that declares ``notify``, the
+        first start also has the store wake the thread whenever any process puts rows
+        (:class:`~msgsafe.ports.NotifyingStore`; it polls once a second besides)."""
         if self._thread is not None:
             return
+        if self._listen is not None:
+            listen, self._listen = self._listen, None  # once: the store keeps it until closed
+            listen(self.wake)
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="msgsafe-forwarder", daemon=True)
         self._thread.start()
@@ -256,9 +286,8 @@ class Forwarder:
 
     def pending(self) -> int:
         """How many messages wait in the store."""
-        count = getattr(self._store, "pending", None)
-        if callable(count):
-            return int(count())
+        if self._pending is not None:
+            return self._pending()
         return self._store.stats().depth
 
     def step(self) -> int:
@@ -285,13 +314,15 @@ class Forwarder:
         ahead = self._flight
         try:
             envelopes: Sequence[Envelope]
-            if self._claim_rows is None:
+            if self._row_claims is None:
                 envelopes = self._store.claim(limit=limit, lease_s=self._lease_s)
             else:
                 follow = None
                 if ahead is not None:
                     follow = ahead.keys
-                envelopes = self._claim_rows(limit=limit, lease_s=self._lease_s, follow=follow)
+                envelopes = self._row_claims.claim_rows(
+                    limit=limit, lease_s=self._lease_s, follow=follow
+                )
         except MsgsafeError as exc:
             self._land()
             self._note_error(f"claim failed: {exc}")
@@ -317,7 +348,7 @@ class Forwarder:
                 rnd.withhold()
                 self._finish(flight)
                 return len(envelopes)
-            rnd.publish(self._transport, self._admit)
+            rnd.publish(self._transport, self._admit, self._publish_batch)
             if self._overlap and not self._backoff.failures:
                 self._flight = flight
             else:
@@ -476,10 +507,10 @@ class Forwarder:
             call_logged(log, "the on_quarantine callback", self._on_quarantine, env, text)
 
     def _release(self, releases: Sequence[tuple[Envelope, str]], retry_at: float) -> None:
-        many = getattr(self._store, "release", None)
-        if callable(many):
+        many = self._releases
+        if many is not None:
             items = [(env.message_id, text) for env, text in releases]
-            self._settle(lambda: many(items, retry_at=retry_at))
+            self._settle(lambda: many.release(items, retry_at=retry_at))
             return
         for env, text in releases:
             self._settle(partial(self._store.failed, env.message_id, error=text, retry_at=retry_at))

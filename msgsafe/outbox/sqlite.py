@@ -66,7 +66,7 @@ from msgsafe.outbox._schema import (
 from msgsafe.outbox._sqlite_operator import OperatorQueries
 from msgsafe.outbox._tally import Tally, recount
 from msgsafe.outbox._writer import GroupCommitWriter, Handler, HandlerResult
-from msgsafe.ports import OutboxStats
+from msgsafe.ports import OutboxStats, StoreCapabilities
 
 __all__ = ["SqliteOutbox", "held_here"]
 
@@ -233,6 +233,12 @@ class SqliteOutbox:
             self._lock_fd = -1
 
     # --- the OutboxStore protocol ---------------------------------------------------------
+
+    #: Claims as columns that follow keys in flight, whole batches put from their
+    #: columns, releases in one commit, counts from memory (see msgsafe.ports).
+    capabilities = StoreCapabilities(
+        claim_rows=True, put_batch_async=True, release=True, pending=True
+    )
 
     @property
     def target(self) -> str:

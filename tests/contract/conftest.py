@@ -1,14 +1,25 @@
 """The conformance suite runs against every adapter: one ``BrokerCase`` per adapter,
-built from the session's broker fixtures, with feature flags where protocols differ."""
+built from the session's broker fixtures, with feature flags where protocols differ; and
+against every outbox store: one ``StoreCase`` per store.
+
+What an adapter or a store offers beyond the required methods is not listed here: each
+declares it (``capabilities``, see msgsafe/ports.py), and the suite holds it to that."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from msgsafe.adapters import open_transport
+from msgsafe.endpoints import parse_url
+from msgsafe.outbox import SqliteOutbox
+from msgsafe.ports import OutboxStore, Transport
 from msgsafe.testing import MemoryBroker
 
 
@@ -28,6 +39,9 @@ class BrokerCase:
     features: frozenset[str] = frozenset({"redelivered"})
     #: Seconds to wait for a message that should arrive.
     patience: float = 10.0
+    #: The first ``n`` bodies of a destination as the wire holds them, None for a null
+    #: body: where the adapter declares tombstones (its own consumer reads one as b"").
+    read_bodies: Callable[[str, int], list[bytes | None]] | None = None
 
 
 def _memory_case() -> Iterator[BrokerCase]:
@@ -60,6 +74,23 @@ def _kafka_case(request: pytest.FixtureRequest) -> Iterator[BrokerCase]:
         cluster.create_topic(name, partitions=3)
         return name
 
+    def read_bodies(topic: str, count: int) -> list[bytes | None]:
+        from tests.support.kafka_ledger import earliest_consumer
+
+        consumer = earliest_consumer(cluster.bootstrap, "contract")
+        consumer.subscribe([topic])
+        bodies: list[bytes | None] = []
+        deadline = time.monotonic() + 60
+        try:
+            while len(bodies) < count:
+                assert time.monotonic() < deadline, f"only {len(bodies)} of {count} read"
+                msg = consumer.poll(0.5)
+                if msg is not None and msg.error() is None:
+                    bodies.append(msg.value())
+        finally:
+            consumer.close()
+        return bodies
+
     yield BrokerCase(
         name="kafka",
         url=cluster.url,
@@ -68,6 +99,7 @@ def _kafka_case(request: pytest.FixtureRequest) -> Iterator[BrokerCase]:
         # Kafka has no per-message redelivery flag: it re-reads from the committed offset.
         features=frozenset(),
         patience=20.0,
+        read_bodies=read_bodies,
     )
 
 
@@ -118,3 +150,78 @@ _PARAMS = [
 @pytest.fixture(params=_PARAMS)
 def case(request: pytest.FixtureRequest) -> Iterator[BrokerCase]:
     yield from CASES[request.param](request)
+
+
+#: The size limit of the transports the capability tests open (an oversized message
+#: shows how each seam reports a message's own failure).
+SIZE_LIMIT = 1024
+
+
+@pytest.fixture
+def transport(case: BrokerCase) -> Iterator[Transport]:
+    """The case's adapter transport itself (no producer in front), at SIZE_LIMIT."""
+    opened = open_transport(
+        parse_url(case.url), {**case.producer_options, "max_message_size": SIZE_LIMIT}
+    )
+    try:
+        yield opened
+    finally:
+        opened.close(case.patience)
+
+
+@dataclass
+class StoreCase:
+    """How the contract suite opens one outbox store."""
+
+    name: str
+    #: A fresh, empty store (the test closes it).
+    open: Callable[[], OutboxStore]
+    #: A new connection of the application's, for send(transaction=...), where the
+    #: store writes inside one (PostgreSQL): its transaction is open until commit().
+    connect: Callable[[], Any] | None = None
+    #: Another store on the same data as the given one (another process of a fleet),
+    #: where the store declares ``notify``.
+    same: Callable[[Any], OutboxStore] | None = None
+
+
+def _sqlite_case(tmp_path: Path) -> Iterator[StoreCase]:
+    yield StoreCase(name="sqlite", open=lambda: SqliteOutbox(tmp_path / f"{uuid.uuid4().hex}.db"))
+
+
+def _postgres_case(request: pytest.FixtureRequest) -> Iterator[StoreCase]:
+    import psycopg
+
+    from msgsafe.outbox import PostgresOutbox
+
+    conninfo = request.getfixturevalue("postgres_conninfo")
+    yield StoreCase(
+        name="postgres",
+        open=lambda: PostgresOutbox(conninfo, table=f"contract_{uuid.uuid4().hex[:10]}"),
+        connect=lambda: psycopg.connect(conninfo),
+        same=lambda store: PostgresOutbox(conninfo, table=store.table),
+    )
+
+
+STORES: dict[str, Callable[[pytest.FixtureRequest, Path], Iterator[StoreCase]]] = {
+    "sqlite": lambda request, tmp_path: _sqlite_case(tmp_path),
+    "postgres": lambda request, tmp_path: _postgres_case(request),
+}
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(name, marks=() if name == "sqlite" else (pytest.mark.integration,))
+        for name in sorted(STORES)
+    ]
+)
+def store_case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreCase]:
+    yield from STORES[request.param](request, tmp_path)
+
+
+@pytest.fixture
+def store(store_case: StoreCase) -> Iterator[OutboxStore]:
+    opened = store_case.open()
+    try:
+        yield opened
+    finally:
+        opened.close()

@@ -24,7 +24,7 @@ from msgsafe.errors import (
 )
 from msgsafe.message import Batch, Envelope
 from msgsafe.outbox import Forwarder, SqliteOutbox
-from msgsafe.ports import BatchReport
+from msgsafe.ports import BatchReport, TransportCapabilities
 from msgsafe.retry import RetryPolicy
 from msgsafe.testing import MemoryBroker
 from tests.support.clock import Clock
@@ -41,6 +41,9 @@ class ScriptedTransport:
         self.max_in_flight_per_key: dict[bytes, int] = {}
         self._in_flight: dict[bytes, int] = {}
         self._lock = threading.Lock()
+
+    #: publish alone: the forwarder finds no optional seam.
+    capabilities = TransportCapabilities()
 
     @property
     def target(self) -> str:
@@ -387,6 +390,8 @@ def test_a_connection_refused_for_good_keeps_every_message_and_pauses(
 class BatchingTransport(ScriptedTransport):
     """A transport with the batch seam: every batch is held until ``answer`` reports it,
     failures by index and confirmations by count, as the adapters do."""
+
+    capabilities = TransportCapabilities(batch=True)
 
     def __init__(self) -> None:
         super().__init__()

@@ -13,7 +13,7 @@ import pytest
 from msgsafe.errors import Refused
 from msgsafe.message import Batch, Envelope
 from msgsafe.outbox import Forwarder, SqliteOutbox
-from msgsafe.ports import BatchReport
+from msgsafe.ports import BatchReport, TransportCapabilities
 from tests.support.clock import Clock
 
 
@@ -73,7 +73,7 @@ class OrderedTransport:
     once: message ``fail`` is refused on its first attempt, everything else confirmed.
     ``log`` is every publish with its outcome, in publish order."""
 
-    ordered_rounds = True
+    capabilities = TransportCapabilities(ordered_rounds=True)
 
     def __init__(self, fail: str) -> None:
         self.fail = fail
@@ -157,7 +157,7 @@ def test_without_overlap_the_store_is_settled_after_each_step(
     round (the prefix rule alone)."""
     store.put(keyed(30, keys=3))
     transport = OrderedTransport(fail="")
-    transport.ordered_rounds = False  # type: ignore[misc]
+    transport.capabilities = TransportCapabilities(ordered_rounds=False)
     fwd = Forwarder(store, transport, batch=10, clock=clock)
     fwd._limit = 10
     assert fwd.step() == 10
@@ -183,6 +183,8 @@ def test_an_overlapping_forwarder_settles_its_round_in_flight_on_the_next_step(
 
 class ConfirmingBatchTransport(OrderedTransport):
     """The batch seam, confirming at once; a tombstone comes through ``publish``."""
+
+    capabilities = TransportCapabilities(batch=True, ordered_rounds=True)
 
     def __init__(self) -> None:
         super().__init__(fail="")

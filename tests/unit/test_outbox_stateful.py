@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from msgsafe.errors import Refused, Rejected
 from msgsafe.message import Envelope
 from msgsafe.outbox import Forwarder, SqliteOutbox
+from msgsafe.ports import TransportCapabilities
 from msgsafe.retry import RetryPolicy
 from tests.support.clock import Clock
 
@@ -37,6 +38,8 @@ class Row:
 
 class ChoosingTransport:
     """Outcomes drawn by the test: "ok", "transient" or "permanent" per publish."""
+
+    capabilities = TransportCapabilities()
 
     def __init__(self) -> None:
         self.outcomes: list[str] = []

@@ -71,7 +71,7 @@ def test_messages_of_a_key_in_the_outbox_queue_behind_it(
         assert first.status is Status.STORED
         memory_broker.accept_writes()
         # Past the refusal pause, so only the key barrier holds messages back.
-        p._settle.refused_until = 0.0
+        p._settle.resume()
         receipt = p.send_batch("q", [b"a1", b"b1", b"a2", b"b2"], keys=["a", "b", "a", "b"])
         ids = list(receipt.message_ids)
         assert receipt.status(ids[0]) is Status.STORED
@@ -140,10 +140,10 @@ def test_after_a_refusal_new_sends_go_to_the_outbox_without_trying_the_broker(
         memory_broker.accept_writes()
         # The broker answers again, but the producer is inside its refusal pause: these
         # are stored without a publish (the forwarder brings them over).
-        p._settle.refused_until = float("inf")
+        p._settle.pause(float("inf"))
         assert p.send("q", b"x").status is Status.STORED
         assert p.send_batch("q", [b"y", b"z"]).stored == 2
-        p._settle.refused_until = 0.0
+        p._settle.resume()
         assert p.drain(timeout=10) == 0
         assert p.send("q", b"after").status is Status.CONFIRMED
     assert sorted(m.body for m in memory_broker.messages("q")) == [
@@ -206,7 +206,7 @@ def test_a_batch_sent_in_the_refusal_pause_is_stored_whole_with_its_columns(
     with producer(memory_broker, tmp_path / "o.db") as p:
         memory_broker.refuse_writes()
         assert p.send("q", b"probe").status is Status.STORED
-        p._settle.refused_until = float("inf")
+        p._settle.pause(float("inf"))
         store = p.outbox
         assert isinstance(store, SqliteOutbox)
         puts: list[int] = []
@@ -229,7 +229,7 @@ def test_a_batch_sent_in_the_refusal_pause_is_stored_whole_with_its_columns(
             key = None if keys[i] is None else str(keys[i]).encode()
             assert (env.body, env.key, dict(env.headers)) == (bodies[i], key, {"h": "1"})
         memory_broker.accept_writes()
-        p._settle.refused_until = 0.0
+        p._settle.resume()
         assert p.drain(timeout=10) == 0
     delivered = memory_broker.ids("q")
     print(f"sent=251 stored=251 delivered={len(delivered)} unique={len(set(delivered))}")
@@ -246,17 +246,17 @@ def test_a_batch_the_store_refuses_in_the_pause_fails_whole_and_frees_its_keys(
     with Producer(f"memory://{memory_broker.name}", outbox=store, retry=FAST) as p:
         memory_broker.refuse_writes()
         assert p.send("q", b"probe", key="k").status is Status.STORED
-        p._settle.refused_until = float("inf")
+        p._settle.pause(float("inf"))
         with pytest.raises(BatchFailed) as caught:
             p.send_batch("q", [b"x"] * 20, keys=["j"] * 20)
         failed = caught.value
         assert len(failed.errors) == 20
         assert all(isinstance(e, OutboxFull) for e in failed.errors.values())
-        assert p._settle.detouring == {}
+        assert p._settle.detouring_keys() == frozenset()
         assert p.pending() == 1
         assert p.send("q", b"after", key="j").status is Status.STORED
         memory_broker.accept_writes()
-        p._settle.refused_until = 0.0
+        p._settle.resume()
         assert p.drain(timeout=10) == 0
     assert sorted(m.body for m in memory_broker.messages("q")) == [b"after", b"probe"]
 

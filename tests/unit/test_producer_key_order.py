@@ -19,11 +19,15 @@ import msgsafe.producer
 from msgsafe import Producer, RetryPolicy, Status
 from msgsafe.errors import ConnectError
 from msgsafe.message import Envelope
+from msgsafe.ports import TransportCapabilities
 
 
 class HeldTransport:
     """Holds every publish until the test answers it; once ``delivering``, confirms at
     once and records the order the broker would have seen."""
+
+    #: publish alone: every send's future is one the test answers.
+    capabilities = TransportCapabilities()
 
     def __init__(self) -> None:
         self.lock = threading.Lock()

@@ -13,13 +13,17 @@ from msgsafe.adapters.memory.broker import MemoryBroker
 from msgsafe.adapters.memory.config import MemoryOptions
 from msgsafe.errors import ClosedError, ConfirmTimeout, MsgsafeError
 from msgsafe.message import Envelope
-from msgsafe.ports import PublishCallback, PublishFuture
+from msgsafe.ports import PublishCallback, PublishFuture, TransportCapabilities
 
 __all__ = ["MemoryTransport"]
 
 
 class MemoryTransport:
     """Publishes into a :class:`MemoryBroker`. Thread-safe."""
+
+    #: publish_callback (a CallbackTransport); no batch seam, no linger, and no null
+    #: body: a message in the memory broker has bytes, as on RabbitMQ (msgsafe.ports).
+    capabilities = TransportCapabilities(callback=True)
 
     def __init__(self, broker: MemoryBroker, options: MemoryOptions, target: str) -> None:
         self._broker = broker

@@ -13,10 +13,13 @@ from concurrent.futures import Future
 
 from msgsafe.message import Envelope
 from msgsafe.outbox import Forwarder, SqliteOutbox
+from msgsafe.ports import TransportCapabilities
 
 
 class FileBroker:
     """A transport whose "broker" is the file at ``path``: one id per line."""
+
+    capabilities = TransportCapabilities()
 
     def __init__(self, path: str) -> None:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
