@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 from urllib.parse import quote
 
-from msgsafe.adapters._config import coerce
+from msgsafe.adapters.kafka.config import setting_number
 from msgsafe.errors import ConfigurationError
 from msgsafe.outbox.location import OutboxSpec
 
@@ -252,7 +252,7 @@ def options_for(url_protocol: str, options: Mapping[str, Any]) -> dict[str, Any]
 
 def _number(name: str, value: object) -> float:
     # The adapters' conversion: one set of rules for URL options and librdkafka values.
-    return cast(float, coerce(name, value, float))
+    return setting_number(name, value)
 
 
 def check_with_librdkafka(settings: Mapping[str, str] | None) -> None:

@@ -1,17 +1,17 @@
-"""The direct lane of :mod:`msgsafe.compat.confluent_kafka`: its own librdkafka producer.
+"""The direct path of :mod:`msgsafe.compat.confluent_kafka`: a Kafka lane of its own.
 
-While nothing is wrong, ``Producer.produce`` hands each message straight to a
-``confluent_kafka.Producer`` ("rk") of the wrapper's own, built with exactly the Kafka
-adapter's settings for the same URL and options
-(:func:`~msgsafe.adapters.kafka.config.producer_settings`: ``acks=all``, idempotence,
-``message.timeout.ms`` inside ``confirm_timeout``, TLS, credentials), and with no poll
-thread: delivery reports are served only by the user's ``poll()`` / ``flush()``, on the
-caller's thread, as with the real client. Per message that is one id, one header list
-and one :class:`DirectReport` (the delivery callable, which is also the ``msg`` the
-callback gets), against an envelope, a receipt future, a transport report and a
-wrapper report on the safe path (:class:`~msgsafe.Producer`).
+While nothing is wrong, ``Producer.produce`` hands each message straight to the
+librdkafka producer ("rk") of the wrapper's own
+:class:`~msgsafe.adapters.kafka.lane.KafkaLane`: exactly the Kafka adapter's settings for
+the same URL and options (``acks=all``, idempotence, ``message.timeout.ms`` inside
+``confirm_timeout``, TLS, credentials), its record headers and its error translation.
+There is no poll thread: delivery reports are served only by the user's ``poll()`` /
+``flush()``, on the caller's thread, as with the real client. Per message that is one
+id, one header dict and one :class:`DirectReport` (the delivery callable, which is also
+the ``msg`` the callback gets), against an envelope, a receipt future, a transport
+report and a wrapper report on the safe path (:class:`~msgsafe.Producer`).
 
-What makes it keep the wrapper's promise is the switch (:meth:`DirectLane.switch`): on
+What makes it keep the wrapper's promise is the switch (:meth:`DirectPath.switch`): on
 the first failure the safe Producer would store (a :class:`~msgsafe.errors.TransientError`
 with an outbox), or when librdkafka says every broker is down, new produces leave the
 lane for the safe path, and everything rk still holds is purged and moved to the
@@ -30,11 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError
-from confluent_kafka import Producer as _Rk
 
-from msgsafe.adapters._config import build_config
-from msgsafe.adapters.kafka._errors import translate
-from msgsafe.adapters.kafka.config import KafkaOptions, producer_settings
+from msgsafe.adapters.kafka.lane import KafkaLane
 from msgsafe.compat._kafka_queue import Parked
 from msgsafe.compat._kafka_report import (
     STATUS_HEADER,
@@ -43,24 +40,23 @@ from msgsafe.compat._kafka_report import (
     kafka_error,
     record_headers,
 )
-from msgsafe.endpoints import parse_url
 from msgsafe.errors import OutboxError, TransientError
 from msgsafe.message import MESSAGE_ID_HEADER, Envelope, Status
 from msgsafe.ports import OutboxStore
 
-__all__ = ["CLOSED", "DIRECT", "SAFE", "SWITCHING", "DirectLane", "DirectReport"]
+__all__ = ["CLOSED", "DIRECT", "SAFE", "SWITCHING", "DirectPath", "DirectReport"]
 
 log = logging.getLogger("msgsafe.compat")
 
-#: Where new produces go (DirectLane.state; read and written under the wrapper's lock).
+#: Where new produces go (DirectPath.state; read and written under the wrapper's lock).
 # NOTE: ordered: ``state <= SWITCHING`` means rk may still hold messages.
 DIRECT = 0  #: into rk
 SWITCHING = 1  #: parked, while rk's messages move to the outbox
 SAFE = 2  #: through msgsafe's Producer (outbox barrier, per-key order)
 CLOSED = 3  #: the wrapper is closed: produce() raises
 
-#: Seconds of one poll of rk while the switch waits for it to hold nothing.
-_DRAIN_POLL_S = 0.05
+#: Seconds the wrapper's close gives rk to report what it purged.
+_CLOSE_DRAIN_S = 5.0
 #: Seconds after librdkafka's last "all brokers down" during which the lane stays off.
 _DOWN_HOLD_S = 2.0
 #: Topics the lane remembers as checked (a set that does not grow without bound).
@@ -80,10 +76,10 @@ class DirectReport:
     ``offset()`` are where the broker put it.
     """
 
-    __slots__ = ("_callback", "_error", "_headers", "_lane", "_msg", "seq")
+    __slots__ = ("_callback", "_direct", "_error", "_headers", "_msg", "seq")
 
-    def __init__(self, lane: DirectLane, callback: Any, seq: int, headers: Any) -> None:
-        self._lane = lane
+    def __init__(self, direct: DirectPath, callback: Any, seq: int, headers: Any) -> None:
+        self._direct = direct
         self._callback = callback
         self.seq = seq
         #: As produced: ``{id header: id}`` (a dict of str is not tracked by the cyclic
@@ -101,9 +97,9 @@ class DirectReport:
                 try:
                     callback(None, self)
                 except BaseException as exc:  # raised from poll()/flush() after rk returns
-                    self._lane.raised.append(exc)
+                    self._direct.raised.append(exc)
             return
-        self._lane.failed(self, err)
+        self._direct.failed(self, err)
 
     # --- what confluent_kafka.Message offers ---------------------------------------------
 
@@ -170,12 +166,12 @@ class DirectReport:
         return f"DeliveredMessage(id={self.message_id()!r}, {status}, direct)"
 
 
-class DirectLane:
-    """rk, the failures it reported, and the switch to the safe path.
+class DirectPath:
+    """The wrapper's Kafka lane, the failures it reported, and the switch to the safe path.
 
     ``lock`` is the wrapper's own lock: the wrapper reads :attr:`state` and calls
-    ``rk.produce`` under it, so that no message enters rk once the switch began. The
-    lane holds no reference to the wrapper (the wrapper's finalizer closes it).
+    :attr:`produce` under it, so that no message enters rk once the switch began. This
+    holds no reference to the wrapper (the wrapper's finalizer closes it).
     """
 
     def __init__(
@@ -186,10 +182,12 @@ class DirectLane:
         lock: threading.Lock,
         on_error: Callable[[KafkaError], None] | None,
     ) -> None:
-        parsed = parse_url(url)
-        config = build_config(KafkaOptions, parsed, options)
-        self.target = parsed.redacted()
-        self.size_limit = config.size_limit
+        #: The lane, never renewed here: after a fatal error the wrapper stays off it.
+        self.lane = KafkaLane.for_url(url, options, on_error=self._on_error)
+        #: rk's ``produce``, called positionally (see msgsafe.adapters.kafka.lane.BY_KEY).
+        self.produce = self.lane.producer.produce
+        self.target = self.lane.target
+        self.size_limit = self.lane.size_limit
         self.store = store
         self.lock = lock
         self.state = DIRECT
@@ -211,14 +209,11 @@ class DirectLane:
         self.broken = False  #: a fatal error: rk is done for, the lane stays off
         self.switches = 0  #: times the lane was left (for tests and logs)
         self._listener = on_error
-        settings = producer_settings(parsed, config)
-        settings["error_cb"] = self._on_error
-        self.rk = _Rk(settings)
 
     # --- inside rk.poll(): record, never switch here ---------------------------------------
 
     def _on_error(self, err: KafkaError) -> None:
-        # rk's error_cb, on the thread in rk.poll()/flush().
+        # rk's error_cb (through the lane), on the thread in rk.poll()/flush().
         if self.store is not None and (err.fatal() or err.code() == KafkaError._ALL_BROKERS_DOWN):
             self.down_until = time.monotonic() + _DOWN_HOLD_S
             self.down = True
@@ -231,7 +226,7 @@ class DirectLane:
         """A failed delivery report: kept for the outbox when the safe Producer would
         store it (served after the switch), otherwise its callback gets the
         ``KafkaError`` the safe path gives."""
-        error = translate(err, endpoint=self.target, message_id=report.message_id())
+        error = self.lane.error(err, report.message_id())
         if self.store is not None and isinstance(error, TransientError):
             if err.fatal():
                 self.broken = True
@@ -297,14 +292,8 @@ class DirectLane:
             self.state = SWITCHING
             self.switches += 1
         log.info("kafka wrapper to %s: switching to the outbox path", self.target)
-        rk = self.rk
-        rk.purge(True, True, False)
-        waited = time.monotonic()
-        while len(rk) > 0:
-            rk.poll(_DRAIN_POLL_S)
-            if time.monotonic() - waited > 10.0:
-                waited = time.monotonic()
-                log.warning("kafka wrapper: %d messages still in librdkafka", len(rk))
+        self.lane.purge()
+        self.lane.drain(None)
         self._store_failures()
         while True:
             with self.lock:
@@ -397,14 +386,12 @@ class DirectLane:
     def close(self, timeout: float) -> None:
         """At close or collection: give rk ``timeout`` to deliver, then move what it
         still holds (and what failed unserved) to the outbox; no callbacks run."""
-        rk = self.rk
-        if len(rk):
-            rk.flush(max(0.0, timeout))
-            if len(rk) and self.store is not None:
-                rk.purge(True, True, False)
-                deadline = time.monotonic() + 5.0
-                while len(rk) and time.monotonic() < deadline:
-                    rk.poll(_DRAIN_POLL_S)
+        lane = self.lane
+        if len(lane):
+            lane.drain(max(0.0, timeout))
+            if len(lane) and self.store is not None:
+                lane.purge()
+                lane.drain(_CLOSE_DRAIN_S)
         self.raised.clear()
         self._store_failures()
         self.ready.clear()

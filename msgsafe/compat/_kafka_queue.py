@@ -16,7 +16,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from msgsafe.adapters._config import size_error
+from msgsafe.adapters.kafka.lane import exceeds_size_limit
 from msgsafe.compat._kafka_config import DeliveryCallback, ProducerConfig
 from msgsafe.compat._kafka_report import (
     DeliveredMessage,
@@ -139,7 +139,7 @@ class SafeReports:
         if size <= self._size_limit and not record:
             return
         envelope = Envelope.build(topic, body, key=key, headers=header_map or None)
-        if size_error(envelope, self._size_limit, "") is not None:
+        if exceeds_size_limit(envelope, self._size_limit):
             raise KafkaException(
                 KafkaError(
                     KafkaError.MSG_SIZE_TOO_LARGE,

@@ -17,8 +17,8 @@ changes:
   ``stored()`` is True and whose headers carry ``("msgsafe-status", b"stored")``;
 - a permanent failure reaches the callback as a ``KafkaError`` (never a silent loss).
 
-Messages go to the wrapper's own librdkafka producer while nothing fails (the direct
-lane, :mod:`._kafka_direct`), else through msgsafe's Producer (:mod:`._kafka_queue`),
+Messages go to the wrapper's own Kafka lane while nothing fails (the direct path,
+:mod:`._kafka_direct`), else through msgsafe's Producer (:mod:`._kafka_queue`),
 per-key order kept. ``docs/migration.md`` lists every difference. Other names of
 ``confluent_kafka`` (``KafkaError``, ``Consumer``, ``admin`` ...) are re-exported as is.
 """
@@ -53,6 +53,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtra("kafka", "confluent-kafka") from exc
 
+from msgsafe.adapters.kafka.lane import BY_KEY, NOW, message_headers
 from msgsafe.compat._common import ClosesOnExit, warn
 from msgsafe.compat._kafka_config import (
     DeliveryCallback,
@@ -66,7 +67,7 @@ from msgsafe.compat._kafka_direct import (
     DIRECT,
     SAFE,
     SWITCHING,
-    DirectLane,
+    DirectPath,
     DirectReport,
 )
 from msgsafe.compat._kafka_queue import (
@@ -116,19 +117,18 @@ __all__ = [
 ]
 
 
-#: Record headers as handed to rk: the id header first, then the user's.
-_Produced = list[tuple[str, str | bytes | None]]
-
 #: What a closed producer's methods raise, in confluent-kafka's words.
 _CLOSED = "Producer has been closed"
 
 
-def _close_quietly(producer: _SafeProducer | None, lane: DirectLane | None, timeout: float) -> None:
+def _close_quietly(
+    producer: _SafeProducer | None, direct: DirectPath | None, timeout: float
+) -> None:
     # At interpreter exit or garbage collection: sends in flight get their chance to be
     # confirmed or stored; what is stored stays in the outbox for the next run.
-    if lane is not None:
+    if direct is not None:
         with contextlib.suppress(Exception):
-            lane.close(timeout)
+            direct.close(timeout)
     if producer is not None:
         with contextlib.suppress(MsgsafeError):
             producer.close(timeout)
@@ -175,34 +175,33 @@ class Producer(ClosesOnExit, SafeReports):
         listener = None
         if translated.error_cb is not None:
             listener = error_listener(self._errors, self._reports)
-        self._lane: DirectLane | None = None
+        self._direct: DirectPath | None = None
         if producer is not None and _url is None:
             try:
-                self._lane = DirectLane(target, options, producer.outbox, self._lock, listener)
+                self._direct = DirectPath(target, options, producer.outbox, self._lock, listener)
             except BaseException:
                 producer.close(0)
                 raise
             if producer.pending() > 0:  # rows of an earlier run: not to be overtaken
-                self._lane.state = SAFE
-        elif listener is not None:
-            listen = getattr(getattr(producer, "_transport", None), "listen_errors", None)
-            if listen is not None:
-                # NOTE: the transport's librdkafka client sees the same connection events
-                # as confluent-kafka's would; error_cb gets them from poll()/flush().
-                listen(listener)
+                self._direct.state = SAFE
+        elif listener is not None and producer is not None:
+            # NOTE: the transport's librdkafka client sees the same connection events
+            # as confluent-kafka's would; error_cb gets them from poll()/flush(). A
+            # transport without them (memory://, in tests) declares so: nothing to hear.
+            producer.listen_errors(listener)
         self._safe_sent = 0  #: safe-path produces so far (under _lock; see _maybe_direct)
         self._next_check = 0.0  #: monotonic() of the next look at going back to the lane
         self._closed = False
         self._admin: Any = None
         self._warned: set[str] = set()
         self._finalizer = weakref.finalize(
-            self, _close_quietly, producer, self._lane, self._confirm_timeout
+            self, _close_quietly, producer, self._direct, self._confirm_timeout
         )
 
     # --- producing ----------------------------------------------------------------------
 
-    def _checked_for_lane(self, topic: str) -> bool:
-        """Whether the direct lane may produce to ``topic``: the safe producer's
+    def _checked_for_direct(self, topic: str) -> bool:
+        """Whether the direct path may produce to ``topic``: the safe producer's
         destination check (see :mod:`msgsafe.checks.gate`) admitted it, once. A topic
         below ``require=`` raises ``KafkaException(POLICY_VIOLATION)`` before anything
         is queued; one that could not be checked (no broker answers) goes the safe path,
@@ -237,36 +236,37 @@ class Producer(ClosesOnExit, SafeReports):
         and ``RuntimeError`` after :meth:`close`. An explicit ``partition`` is ignored with a
         warning (msgsafe places messages by key).
         """
-        lane = self._lane
+        direct = self._direct
         if (
-            lane is not None
+            direct is not None
             and not headers
             and partition == -1
             and not timestamp
             and type(value) is bytes
             and (key is None or type(key) is bytes)
             and type(topic) is str
-            and topic in lane.topics
-            and len(value) + (0 if key is None else len(key)) <= lane.size_limit
+            and topic in direct.topics
+            and len(value) + (0 if key is None else len(key)) <= direct.size_limit
         ):
             # The common message on the lane (bytes, no headers, a known topic); the
-            # rest takes _produce's general path.
+            # rest takes _produce's general path. Its headers: the lane's dict form
+            # (message_headers), built inline.
             produced: dict[str, str | bytes | None] = {MESSAGE_ID_HEADER: new_message_id()}
             cb = on_delivery or callback or self._on_delivery
             with self._lock:
-                if lane.state == DIRECT:
-                    lane.seq = seq = lane.seq + 1
+                if direct.state == DIRECT:
+                    direct.seq = seq = direct.seq + 1
                     try:
-                        # (topic, value, key, partition -1: by key, on_delivery, callback,
-                        # timestamp 0: now, headers): positional, as the adapter (faster).
-                        lane.rk.produce(
+                        # (topic, value, key, partition, on_delivery, callback, timestamp,
+                        # headers): positional, as the lane calls it (faster).
+                        direct.produce(
                             topic,
                             value,
                             key,
-                            -1,
-                            DirectReport(lane, cb, seq, produced),
+                            BY_KEY,
+                            DirectReport(direct, cb, seq, produced),
                             None,
-                            0,
+                            NOW,
                             produced,
                         )
                         return
@@ -312,33 +312,33 @@ class Producer(ClosesOnExit, SafeReports):
         cb = on_delivery or callback or self._on_delivery
         if type(topic) is str:
             self._check_size(topic, body, key_bytes, record, header_map)
-        lane = self._lane
+        direct = self._direct
         if (
-            lane is not None
+            direct is not None
             and type(topic) is str
-            and (topic in lane.topics or self._checked_for_lane(topic))
-            and lane.takes(topic)
+            and (topic in direct.topics or self._checked_for_direct(topic))
+            and direct.takes(topic)
         ):
-            # The direct lane (see _kafka_direct): the adapter's record, id header first.
-            produced: _Produced = [(MESSAGE_ID_HEADER, new_message_id())]
-            if record:
-                produced.extend(h for h in record if h[0] != MESSAGE_ID_HEADER)
+            # The direct path (see _kafka_direct): the lane's record headers, the id first.
+            produced = message_headers(
+                new_message_id(), [h for h in record if h[0] != MESSAGE_ID_HEADER]
+            )
             refused: KafkaError | None = None
             with self._lock:
-                state = lane.state
+                state = direct.state
                 if state == DIRECT:
-                    lane.seq = seq = lane.seq + 1
-                    # produce(topic, value, key, partition (-1: by key), on_delivery,
-                    # callback, timestamp (0: now), headers): positional, as the adapter.
+                    direct.seq = seq = direct.seq + 1
+                    # produce(topic, value, key, partition, on_delivery, callback,
+                    # timestamp, headers): positional, as the lane calls it.
                     try:
-                        lane.rk.produce(
+                        direct.produce(
                             topic,
                             body,
                             key_bytes,
-                            -1,
-                            DirectReport(lane, cb, seq, produced),
+                            BY_KEY,
+                            DirectReport(direct, cb, seq, produced),
                             None,
-                            0,
+                            NOW,
                             produced,
                         )
                         return
@@ -349,12 +349,12 @@ class Producer(ClosesOnExit, SafeReports):
                         raise BufferError("Local: Queue full (serve delivery reports with poll())")
                     self._unreported += 1
                     self._safe_sent += 1
-                    lane.parked.append((topic, body, key_bytes, record, header_map, cb))
+                    direct.parked.append((topic, body, key_bytes, record, header_map, cb))
                     return
             if refused is not None and refused.fatal():
                 # rk is done for: its messages go to the outbox before this one goes on.
-                lane.broken = lane.down = True
-                lane.switch(self._send_parked)
+                direct.broken = direct.down = True
+                direct.switch(self._send_parked)
         with self._lock:
             if self._unreported >= self._config.queue_max:
                 raise BufferError("Local: Queue full (serve delivery reports with poll())")
@@ -368,8 +368,8 @@ class Producer(ClosesOnExit, SafeReports):
             self._send_safe(item)
         except (KafkaException, MsgsafeError) as exc:
             err = exc.args[0] if isinstance(exc, KafkaException) else kafka_error(exc)
-            if self._lane is not None:
-                self._lane.fail_local(item, err)
+            if self._direct is not None:
+                self._direct.fail_local(item, err)
 
     def produce_batch(
         self,
@@ -427,45 +427,45 @@ class Producer(ClosesOnExit, SafeReports):
         """Serve delivery callbacks, waiting up to ``timeout`` seconds for the first
         (None or a negative value: until one arrives). Returns how many were served."""
         self._check_open()
-        lane = self._lane
-        if lane is None:
+        direct = self._direct
+        if direct is None:
             return self._poll_queue(timeout)
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         wait = 0.0
         while True:
-            if lane.state == DIRECT and not self._unreported:
+            if direct.state == DIRECT and not self._unreported:
                 # Only rk has reports to come: wait in librdkafka, as the real client.
-                served = self._lane_round(wait)
+                served = self._direct_round(wait)
                 served += self._poll_queue(0) if self._errors else 0
             else:
-                served = self._lane_round(0)
+                served = self._direct_round(0)
                 served += self._poll_queue(wait)
             if served:
                 return served
             left = FLUSH_SLICE_S if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 return 0
-            wait = min(left, _LANE_SLICE_S)
+            wait = min(left, _DIRECT_SLICE_S)
 
-    def _lane_round(self, timeout: float) -> int:
+    def _direct_round(self, timeout: float) -> int:
         """rk's reports (waiting up to ``timeout``), the switch when one failed, the
         callbacks of stored messages, and now and then a look at going back to the
-        lane. Returns the number served."""
-        lane = self._lane
-        assert lane is not None
-        served = lane.rk.poll(timeout) if lane.state != SAFE or timeout == 0 else 0
-        if lane.wants_switch:
-            lane.switch(self._send_parked)
-        if lane.ready:
-            served += lane.serve_ready()
+        direct path. Returns the number served."""
+        direct = self._direct
+        assert direct is not None
+        served = direct.lane.producer.poll(timeout) if direct.state != SAFE or timeout == 0 else 0
+        if direct.wants_switch:
+            direct.switch(self._send_parked)
+        if direct.ready:
+            served += direct.serve_ready()
             self._notify_served()
-        if lane.state == SAFE:
-            self._maybe_direct(lane)
-        lane.reraise()
+        if direct.state == SAFE:
+            self._maybe_direct(direct)
+        direct.reraise()
         return int(served)
 
-    def _maybe_direct(self, lane: DirectLane) -> None:
-        """Back to the lane once the safe path holds nothing of this wrapper and the
+    def _maybe_direct(self, direct: DirectPath) -> None:
+        """Back to the direct path once the safe path holds nothing of this wrapper and the
         outbox is empty (looked at every _BACK_EVERY_S, not per message).
 
         NOTE: the outbox is asked between two looks under the lock that see no
@@ -474,20 +474,20 @@ class Producer(ClosesOnExit, SafeReports):
         the first look; ``pending() == 0`` after it means all were forwarded. A produce
         after the switch back goes to rk, and cannot overtake a row of its key."""
         now = time.monotonic()
-        if now < self._next_check or lane.broken or now < lane.down_until:
+        if now < self._next_check or direct.broken or now < direct.down_until:
             return
         self._next_check = now + _BACK_EVERY_S
         safe = self._producer
         with self._lock:
-            if self._unreported or lane.deferred or safe is None:
+            if self._unreported or direct.deferred or safe is None:
                 return
             sent = self._safe_sent
         if safe.pending() > 0:
             return
         with self._lock:
-            if not self._unreported and not lane.deferred and self._safe_sent == sent:
-                lane.down = False  # an outage's events, read while off the lane
-                lane.state = DIRECT
+            if not self._unreported and not direct.deferred and self._safe_sent == sent:
+                direct.down = False  # an outage's events, read while off the lane
+                direct.state = DIRECT
 
     def flush(self, timeout: float | None = None) -> int:
         """Serve callbacks until every produced message is reported, or ``timeout``.
@@ -503,15 +503,17 @@ class Producer(ClosesOnExit, SafeReports):
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         if self._errors:
             self._serve_errors()
-        lane = self._lane
+        direct = self._direct
         while len(self) > 0:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return len(self)
-            if lane is not None and len(lane.rk):
+            if direct is not None and len(direct.lane.producer):
                 # rk sends what lingers now and serves its reports here.
-                lane.rk.flush(_LANE_SLICE_S if left is None else min(left, _LANE_SLICE_S))
-                self._lane_round(0)
+                direct.lane.producer.flush(
+                    _DIRECT_SLICE_S if left is None else min(left, _DIRECT_SLICE_S)
+                )
+                self._direct_round(0)
                 continue
             if self.poll(0) == 0:
                 # Another thread may hold the last reports: wait for a report to be
@@ -519,7 +521,7 @@ class Producer(ClosesOnExit, SafeReports):
                 with self._served:
                     self._flushing += 1
                     try:
-                        waiting = self._unreported + (0 if lane is None else lane.deferred)
+                        waiting = self._unreported + (0 if direct is None else direct.deferred)
                         if waiting > 0 and self._reports.empty():
                             self._served.wait(min(left or FLUSH_SLICE_S, FLUSH_SLICE_S))
                     finally:
@@ -527,8 +529,8 @@ class Producer(ClosesOnExit, SafeReports):
         left = self._confirm_timeout if deadline is None else deadline - time.monotonic()
         if left > 0 and self._producer is not None and self._producer.pending() > 0:
             self._producer.drain(left)
-            if lane is not None:
-                self._lane_round(0)  # rk's events of the wait, and the switch back
+            if direct is not None:
+                self._direct_round(0)  # rk's events of the wait, and the switch back
         if self._errors:
             self._serve_errors()
         return len(self)
@@ -558,14 +560,14 @@ class Producer(ClosesOnExit, SafeReports):
 
     def __len__(self) -> int:
         """Messages produced whose delivery callback has not been served yet."""
-        lane = self._lane
+        direct = self._direct
         with self._lock:
-            if lane is None:
+            if direct is None:
                 return self._unreported
             # NOTE: len(rk) also counts librdkafka's queued error events; off the lane
             # rk holds no message, and its events are not messages to report.
-            held = len(lane.rk) if lane.state <= SWITCHING else 0
-            return self._unreported + lane.deferred + held
+            held = len(direct.lane.producer) if direct.state <= SWITCHING else 0
+            return self._unreported + direct.deferred + held
 
     def __bool__(self) -> bool:  # ``if producer:`` would be False whenever len() is 0
         return True
@@ -595,10 +597,10 @@ class Producer(ClosesOnExit, SafeReports):
             self.flush(timeout)
             with self._lock:
                 self._closed = True
-                if self._lane is not None:
-                    self._lane.state = CLOSED  # produce() then takes the path that raises
+                if self._direct is not None:
+                    self._direct.state = CLOSED  # produce() then takes the path that raises
             self._finalizer.detach()
-            _close_quietly(self._producer, self._lane, timeout)
+            _close_quietly(self._producer, self._direct, timeout)
         return True
 
     @property
@@ -612,6 +614,6 @@ class Producer(ClosesOnExit, SafeReports):
 
 
 #: Longest single wait in rk (poll, flush) between looks at the switch and the queue.
-_LANE_SLICE_S = 0.1
-#: Seconds between looks at going back to the direct lane.
+_DIRECT_SLICE_S = 0.1
+#: Seconds between looks at going back to the direct path.
 _BACK_EVERY_S = 0.5

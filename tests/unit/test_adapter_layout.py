@@ -19,11 +19,13 @@ SAME_FILES = {
     "_wire.py",
     "_errors.py",
 }
-OWN_MODULE = {
-    "rabbitmq": "_confirms.py",
-    "kafka": "positions.py",
-    "amqp10": "_failover.py",
-    "memory": "broker.py",
+#: The modules an adapter has beyond the common ones: one each, and Kafka's lane, the
+#: librdkafka producer the drop-in and the Spark sink put on their own paths too.
+OWN_MODULES = {
+    "rabbitmq": {"_confirms.py"},
+    "kafka": {"positions.py", "lane.py"},
+    "amqp10": {"_failover.py"},
+    "memory": {"broker.py"},
 }
 
 
@@ -33,10 +35,10 @@ def test_every_protocol_of_the_registry_has_an_adapter_package() -> None:
 
 
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
-def test_an_adapter_has_the_common_files_and_at_most_one_of_its_own(protocol: str) -> None:
+def test_an_adapter_has_the_common_files_and_its_own_listed_here(protocol: str) -> None:
     files = {p.name for p in (ROOT / protocol).glob("*.py")}
     assert files >= SAME_FILES, f"{protocol} lacks {sorted(SAME_FILES - files)}"
-    assert files - SAME_FILES == {OWN_MODULE[protocol]}
+    assert files - SAME_FILES == OWN_MODULES[protocol]
 
 
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))

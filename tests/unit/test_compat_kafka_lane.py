@@ -45,8 +45,8 @@ def test_produces_made_during_the_switch_queue_behind_the_stored_ones(
             "message.timeout.ms": 4000,
         }
     )
-    lane = producer._lane
-    assert lane is not None and lane.state == DIRECT
+    direct = producer._direct
+    assert direct is not None and direct.state == DIRECT
     ledger.produce(producer, TOPIC, 200, keys=KEYS)
     assert producer.flush(30) == 0
     assert set(ledger.statuses) == {"confirmed"} and not ledger.failures, ledger.report("up")
@@ -54,20 +54,20 @@ def test_produces_made_during_the_switch_queue_behind_the_stored_ones(
     # Every produce refused (until the switch heals it): librdkafka retries until
     # message.timeout.ms, then reports the messages failed (transient: stored).
     kafka_mock.fail_produce(KafkaError.NOT_ENOUGH_REPLICAS)
-    store_failures = lane._store_failures
+    store_failures = direct._store_failures
     mid_switch: list[int] = []
 
     def produce_mid_switch() -> None:
         # rk is empty, its failures not stored yet, and the brokers take messages again:
         # a produce that did not queue behind the stored ones would overtake them.
-        mid_switch.append(lane.state)
+        mid_switch.append(direct.state)
         kafka_mock.heal_produce()
         ledger.produce(producer, TOPIC, 300, keys=KEYS)
         store_failures()
 
-    lane._store_failures = produce_mid_switch  # type: ignore[method-assign]
+    direct._store_failures = produce_mid_switch  # type: ignore[method-assign]
     ledger.produce(producer, TOPIC, 500, keys=KEYS)
-    _until(producer, lambda: lane.state == SAFE, 30, "switched to the outbox path")
+    _until(producer, lambda: direct.state == SAFE, 30, "switched to the outbox path")
     assert mid_switch and mid_switch[0] != DIRECT
     # flush() gives the outbox what is left of its timeout to forward: a short one.
     assert producer.flush(3) == 0, ledger.report("refused")
@@ -75,7 +75,7 @@ def test_produces_made_during_the_switch_queue_behind_the_stored_ones(
     # (stored too), which the read-back order below checks.
     assert ledger.statuses["stored"] >= 500, ledger.report("refused")
 
-    _until(producer, lambda: lane.state == DIRECT, 60, "back on the direct lane")
+    _until(producer, lambda: direct.state == DIRECT, 60, "back on the direct lane")
     assert producer.pending() == 0
     ledger.produce(producer, TOPIC, 200, keys=KEYS)
     assert producer.flush(30) == 0
@@ -101,8 +101,8 @@ def test_a_permanent_refusal_reaches_the_callback_and_the_lane_stays(
     kafka_mock: MockKafkaCluster, tmp_path: Path
 ) -> None:
     producer = _lane_producer(kafka_mock, tmp_path)
-    lane = producer._lane
-    assert lane is not None
+    direct = producer._direct
+    assert direct is not None
     reports: list[tuple[object, object]] = []
     producer.produce(TOPIC, b"warm", key=b"k", on_delivery=lambda e, m: reports.append((e, m)))
     assert producer.flush(30) == 0
@@ -118,7 +118,7 @@ def test_a_permanent_refusal_reaches_the_callback_and_the_lane_stays(
     assert err.code() == KafkaError.INVALID_RECORD and not err.retriable()
     assert not msg.stored() and msg.error() is err  # type: ignore[attr-defined]
     assert msg.headers()[-1] == ("msgsafe-status", b"failed")  # type: ignore[attr-defined]
-    assert lane.state == DIRECT and producer.pending() == 0
+    assert direct.state == DIRECT and producer.pending() == 0
     producer.close()
 
 
@@ -126,13 +126,13 @@ def test_an_outbox_that_cannot_store_fails_the_callback_with_fs(
     kafka_mock: MockKafkaCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     producer = _lane_producer(kafka_mock, tmp_path)
-    lane = producer._lane
-    assert lane is not None and lane.store is not None
+    direct = producer._direct
+    assert direct is not None and direct.store is not None
 
     def full(envelopes: object) -> None:
         raise OutboxError("outbox full")
 
-    monkeypatch.setattr(lane.store, "put", full)
+    monkeypatch.setattr(direct.store, "put", full)
     kafka_mock.fail_produce(KafkaError.NOT_ENOUGH_REPLICAS)
     reports: list[tuple[object, object]] = []
     for i in range(20):

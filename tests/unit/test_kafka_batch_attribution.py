@@ -1,9 +1,10 @@
 """How the Kafka batch path maps failed delivery reports to messages without a broker.
 
 librdkafka's report carries the message's key and value but not its headers, so a
-failure is matched by content within its chunk: exactly where the content is unique,
-and where identical messages both failed and succeeded, all of them go to the outbox
-as possibly delivered (a duplicate with a known id, never a loss).
+failure is matched by content within its chunk (one ``ReportRun`` of the Kafka lane):
+exactly where the content is unique, and where identical messages both failed and
+succeeded, all of them go to the outbox as possibly delivered (a duplicate with a known
+id, never a loss).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
-from msgsafe.adapters.kafka._connection import BatchReports, ReportChunk
+from msgsafe.adapters.kafka._connection import BatchReports
 from msgsafe.adapters.kafka._errors import translate
 from msgsafe.errors import ConfirmTimeout, MsgsafeError, PermanentError
 from msgsafe.message import Batch
@@ -57,7 +58,7 @@ def _run(batch: Batch, failing: set[int]) -> _Tally:
     """Deliver ``batch`` through one chunk, failing the messages at ``failing``."""
     tally = _Tally()
     reports = BatchReports(_Transport(), batch, tally)  # type: ignore[arg-type]
-    chunk = ReportChunk(reports, 0, len(batch))
+    chunk = reports.chunk(0, len(batch))
     err = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
     for index in range(len(batch)):
         key = None if batch.keys is None else batch.keys[index]

@@ -1,41 +1,44 @@
-"""The librdkafka producer, its poll thread, and every delivery report it owes.
+"""The transport's policy on its Kafka lane: the poll thread, the watchdog, and every
+delivery report it owes.
 
-librdkafka owns the connections to the brokers and fails over by itself; msgsafe adds the
-thread that serves its delivery reports and the rules around them, apart from the
+The producer itself, its settings, the record headers, reports in runs and error
+translation are the lane's (:class:`~msgsafe.adapters.kafka.lane.KafkaLane`); librdkafka
+owns the connections to the brokers and fails over by itself. On top of that, for the
 transport (what callers call) as the part that outlives a producer:
 
 - :class:`ProducerLink` polls librdkafka when publishers are not serving reports
-  themselves, and recreates the producer after a fatal error (the idempotence state is
+  themselves, and renews the producer after a fatal error (the idempotence state is
   lost): what the old one held fails transiently and goes to the outbox;
 - a watchdog on the same thread fails anything still open at ``confirm_timeout``, so
   every message's outcome arrives in time (librdkafka bounds each one by
   ``message.timeout.ms``, set inside ``confirm_timeout``, as a first line);
-- :class:`SendReport` is one message's delivery callable, :class:`ReportChunk` and
-  :class:`BatchReports` those of a :class:`~msgsafe.message.Batch`.
+- librdkafka's error events tell when every broker is down (publishes then fail at
+  once) and when the peer speaks another protocol or refuses the certificate;
+- :class:`SendReport` is one message's delivery callable; :class:`BatchReports` settles
+  a :class:`~msgsafe.message.Batch` from the :class:`~msgsafe.adapters.kafka.lane.ReportRun`
+  of each chunk of it.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import re
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from msgsafe.adapters import _peer
 from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_confirmed, report_failed
-from msgsafe.adapters.kafka._errors import PRODUCER_STATE, certificate_refusal, translate
-from msgsafe.adapters.kafka.config import KafkaOptions, producer_settings
+from msgsafe.adapters.kafka._errors import PRODUCER_STATE, certificate_refusal
+from msgsafe.adapters.kafka.config import KafkaOptions
+from msgsafe.adapters.kafka.lane import KafkaLane, ReportRun
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import (
     AuthenticationError,
     CertificateError,
-    ConfigurationError,
     ConfirmTimeout,
     ConnectError,
     ConnectionLost,
@@ -45,7 +48,7 @@ from msgsafe.errors import (
 from msgsafe.message import Batch
 from msgsafe.ports import BatchReport, PublishCallback
 
-__all__ = ["BatchReports", "ProducerLink", "ReportChunk", "SendReport", "log"]
+__all__ = ["BatchReports", "ProducerLink", "SendReport", "log"]
 
 log = logging.getLogger("msgsafe.kafka")
 
@@ -106,50 +109,16 @@ class SendReport:
             link._failed(self, err)
 
 
-class ReportChunk:
-    """The delivery callable of up to ``_CHUNK`` consecutive messages of one batch.
-
-    librdkafka's delivery report does not say which message it is for beyond the
-    message's key and value (confluent-kafka does not return headers there), so a
-    chunk counts its reports (``next()`` on an ``itertools.count`` is atomic, and
-    reports may be served on several threads) and keeps each failure's key and value.
-    Once every message of the chunk has a report, failures are matched to indexes by
-    ``(key, value)``, exactly where that content is unique in the chunk. Where identical
-    messages both failed and succeeded, all of them are failed as possibly delivered:
-    they go to the outbox, and the ones the broker had in fact confirmed become
-    duplicates with known ids, never losses.
-    """
-
-    __slots__ = ("_count", "failures", "owner", "size", "start", "stop")
-
-    def __init__(self, owner: BatchReports, start: int, stop: int) -> None:
-        self.owner = owner
-        self.start = start
-        self.stop = stop
-        #: Reports owed (stop - start, kept: this is read once per delivery report).
-        self.size = stop - start
-        self._count = itertools.count(1)
-        #: (error, key, value) of each failed report, appended before it is counted.
-        self.failures: list[tuple[KafkaError, bytes | None, bytes | None]] = []
-
-    def __call__(self, err: KafkaError | None, msg: Message) -> None:
-        # librdkafka's delivery report; must never raise into librdkafka.
-        if err is not None:
-            self.failures.append((err, msg.key(), msg.value()))
-        if next(self._count) == self.size:
-            self.owner.chunk_done(self)
-
-    def fail(self, index: int, error: MsgsafeError) -> None:
-        """Message ``index`` never reached librdkafka: report it failed now, and count
-        it (no delivery report will come for it)."""
-        self.owner.fail_local(index, error)
-        if next(self._count) == self.size:
-            self.owner.chunk_done(self)
-
-
 class BatchReports:
     """Everything the transport tracks for one batch: its chunks, its deadline, and
-    which indexes are settled. Reports ``confirmed`` once per finished chunk."""
+    which indexes are settled. Reports ``confirmed`` once per finished chunk.
+
+    Each chunk of the batch is a :class:`~msgsafe.adapters.kafka.lane.ReportRun`, whose
+    failures this matches to indexes by ``(key, value)``, exactly where that content is
+    unique in the chunk. Where identical messages both failed and succeeded, all of them
+    are failed as possibly delivered: they go to the outbox, and the ones the broker had
+    in fact confirmed become duplicates with known ids, never losses.
+    """
 
     __slots__ = ("_lock", "_settled", "batch", "deadline", "finished", "link", "report")
 
@@ -172,7 +141,17 @@ class BatchReports:
             self._settled.add(index)
         report_failed(self.report, index, error)
 
-    def chunk_done(self, chunk: ReportChunk) -> None:
+    def chunk(self, start: int, stop: int) -> ReportRun:
+        """The delivery callable of messages ``start`` to ``stop - 1``."""
+        return ReportRun(self.chunk_done, start, stop)
+
+    def fail(self, chunk: ReportRun, index: int, error: MsgsafeError) -> None:
+        """Message ``index`` of ``chunk`` never reached librdkafka: report it failed now,
+        and count it (no delivery report will come for it)."""
+        self.fail_local(index, error)
+        chunk.skip()
+
+    def chunk_done(self, chunk: ReportRun) -> None:
         """Every message of ``chunk`` has a report: settle the ones not settled yet."""
         with self._lock:
             if self.finished:
@@ -195,7 +174,7 @@ class BatchReports:
         indexes: list[int],
         failures: list[tuple[KafkaError, bytes | None, bytes | None]],
     ) -> dict[int, MsgsafeError]:
-        """Match failed reports to message indexes by (key, value); see :class:`ReportChunk`."""
+        """Match failed reports to message indexes by (key, value); see the class."""
         link = self.link
         batch = self.batch
         keys = batch.keys
@@ -248,17 +227,16 @@ class BatchReports:
 
 
 class ProducerLink:
-    """The producer of one transport and the thread that serves its delivery reports.
+    """The lane of one transport and the thread that serves its delivery reports.
 
     Publishers add to :attr:`open` and :attr:`watch` (single messages) or
     :attr:`batches`, serve reports themselves while busy (:meth:`serve`, noting
-    :attr:`inline_at`) and read :attr:`producer` afresh for every message: it is
+    :attr:`inline_at`) and read ``lane.producer`` afresh for every message: it is
     replaced after a fatal error.
     """
 
     def __init__(self, url: BrokerUrl, options: KafkaOptions) -> None:
         self._target = url.redacted()
-        self._settings = producer_settings(url, options)
         self._timeout = options.confirm_timeout
         self._closing = False
         #: True while the poll thread serves a replaced producer's last reports.
@@ -295,22 +273,15 @@ class ProducerLink:
         #: Producers recreated after a fatal error (for tests and metrics).
         self.recreated = 0
         self.listener: Callable[[KafkaError], object] | None = None  # see listen_errors
-        self.producer = self._new_producer()
+        #: The producer, renewed after a fatal error.
+        self.lane = KafkaLane(url, options, on_error=self.on_error)
         self._thread = threading.Thread(target=self._run, name="msgsafe-kafka-poll", daemon=True)
         self._thread.start()
-
-    def _new_producer(self) -> Producer:
-        settings: dict[str, Any] = dict(self._settings)
-        settings["error_cb"] = self.on_error
-        try:
-            return Producer(settings)
-        except KafkaException as exc:
-            raise ConfigurationError(f"kafka producer settings: {exc.args[0].str()}") from exc
 
     def serve(self, timeout: float) -> None:
         """Serve delivery reports on this thread, blocking at most ``timeout`` seconds."""
         try:
-            self.producer.poll(timeout)
+            self.lane.producer.poll(timeout)
         except KafkaException as exc:
             self.on_error(exc.args[0])
 
@@ -353,7 +324,7 @@ class ProducerLink:
             # longer knows; librdkafka keeps using it, so start a fresh producer.
             log.warning("kafka %s: recreating the producer", err.name())
             self.fatal = err
-        return translate(err, endpoint=self._target, message_id=message_id)
+        return self.lane.error(err, message_id)
 
     def on_error(self, err: KafkaError) -> None:
         """librdkafka's ``error_cb`` (and what ``poll`` raises): a fatal error has the
@@ -429,7 +400,7 @@ class ProducerLink:
         failed are not asked, so an outage costs nothing here.
         """
         self._peers_asked = True
-        tls = str(self._settings.get("security.protocol", "")).endswith("SSL")
+        tls = str(self.lane.settings.get("security.protocol", "")).endswith("SSL")
         spoken = None
         for endpoint in self._endpoints:
             if endpoint in self._unreachable:
@@ -470,7 +441,7 @@ class ProducerLink:
                 continue
             self.polling = True
             try:
-                self.producer.poll(_POLL_S)
+                self.lane.producer.poll(_POLL_S)
             except KafkaException as exc:
                 # NOTE: confluent-kafka raises a fatal error out of poll() as well as
                 # through error_cb.
@@ -489,33 +460,22 @@ class ProducerLink:
         # Messages still in librdkafka's queue were never sent: with every broker down
         # they fail now (ConnectError, to the outbox) instead of at message.timeout.ms.
         self._purge_queue = False
-        try:
-            self.producer.purge(in_queue=True, in_flight=False, blocking=False)
-            self.producer.poll(0)
-        except (KafkaException, RuntimeError):
-            log.debug("purging the local queue", exc_info=True)
+        self.lane.purge(in_flight=False)
 
     def _recreate(self) -> None:
-        old = self.producer
         self.fatal = None
+        # Everything the old producer held fails transiently (queued: Refused, in flight:
+        # ConnectionLost) and goes to the outbox; the watchdog catches any report that
+        # never comes. Its own fatal errors meanwhile are about it: ignored.
+        self._draining = True
         try:
-            self.producer = self._new_producer()
+            self.lane.renew()
         except MsgsafeError:
             log.exception("kafka producer could not be recreated")
             return
-        self.recreated += 1
-        # Everything the old producer held fails transiently (queued: Refused, in flight:
-        # ConnectionLost) and goes to the outbox; the watchdog catches any report that
-        # never comes.
-        self._draining = True
-        try:
-            old.purge(in_queue=True, in_flight=True, blocking=False)
-            old.poll(0)
-            old.flush(0)
-        except (KafkaException, RuntimeError):
-            log.debug("purging the failed producer", exc_info=True)
         finally:
             self._draining = False
+        self.recreated += 1
 
     def _expire(self, now: float) -> None:
         batches = self.batches
@@ -560,17 +520,15 @@ class ProducerLink:
         then fail the rest with :class:`ConnectionLost` and release the producer. Once."""
         self._stop.set()
         self._thread.join()
-        producer = self.producer
         wait = self._timeout if timeout is None else max(0.0, timeout)
         try:
-            left = producer.flush(wait)
-            if left:
-                self._closing = True
-                producer.purge(in_queue=True, in_flight=True, blocking=False)
-                producer.poll(0)
+            left = self.lane.drain(wait)
         except (KafkaException, RuntimeError):
             log.debug("closing the kafka producer", exc_info=True)
+            left = len(self.lane)
         self._closing = True
+        if left:
+            self.lane.purge()
         while self.batches:
             self.batches.popleft().abandon(
                 ConnectionLost(

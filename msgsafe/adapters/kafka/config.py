@@ -13,11 +13,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from msgsafe.adapters._config import TransportOptions
+from msgsafe.adapters._config import TransportOptions, to_number
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import ConfigurationError
 
-__all__ = ["KafkaOptions", "client_settings", "consumer_settings", "producer_settings"]
+__all__ = [
+    "KafkaOptions",
+    "client_settings",
+    "consumer_settings",
+    "producer_settings",
+    "setting_number",
+]
 
 log = logging.getLogger("msgsafe.kafka")
 
@@ -128,6 +134,13 @@ class KafkaOptions(TransportOptions):
             raise ConfigurationError("heartbeat_interval_ms must be at most session_timeout_ms/3")
         if self.auto_offset_reset not in ("earliest", "latest"):
             raise ConfigurationError("auto_offset_reset must be 'earliest' or 'latest'")
+
+
+def setting_number(name: str, value: object) -> float:
+    """A librdkafka setting's ``value`` (a number, or its text) as a float, by the rules
+    the options follow in a URL; :class:`ConfigurationError` naming ``name`` (never the
+    value) for anything else."""
+    return to_number(name, value, float)
 
 
 def _message_timeout_ms(options: KafkaOptions) -> int:

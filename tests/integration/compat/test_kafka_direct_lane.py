@@ -46,14 +46,14 @@ def test_all_brokers_killed_while_the_lane_produces(
             "linger.ms": 20,  # messages still in librdkafka when the brokers go
         }
     )
-    lane = producer._lane
-    assert lane is not None and lane.state == DIRECT
+    direct = producer._direct
+    assert direct is not None and direct.state == DIRECT
     ledger.produce(producer, kafka_topic, BEFORE, keys=KEYS)
     assert producer.flush(60) == 0
     ledger.produce(producer, kafka_topic, IN_FLIGHT, keys=KEYS)
     kill_all(kafka)
     ledger.produce(producer, kafka_topic, DOWN, keys=KEYS)
-    switched = _poll_until(producer, lambda: lane.state == SAFE, 30, "switched to the outbox")
+    switched = _poll_until(producer, lambda: direct.state == SAFE, 30, "switched to the outbox")
     # Every callback served (flush() would go on to give the outbox the rest of its
     # timeout to forward, while no broker runs).
     _poll_until(producer, lambda: len(producer) == 0, 60, "every callback served")
@@ -65,7 +65,7 @@ def test_all_brokers_killed_while_the_lane_produces(
     ledger.produce(producer, kafka_topic, AFTER, keys=KEYS)
     back = _poll_until(
         producer,
-        lambda: lane.state == DIRECT and len(producer) == 0,
+        lambda: direct.state == DIRECT and len(producer) == 0,
         120,
         "back on the direct lane",
     )
@@ -74,11 +74,11 @@ def test_all_brokers_killed_while_the_lane_produces(
         producer.poll(0.3)
     # One switch: while the brokers were down the outbox held messages, so the wrapper
     # could not come back before the restart, nor leave again after it.
-    switches = lane.switches
-    assert lane.state == DIRECT and switches == 1, f"{switches} switches"
+    switches = direct.switches
+    assert direct.state == DIRECT and switches == 1, f"{switches} switches"
     ledger.produce(producer, kafka_topic, LAST, keys=KEYS)
     assert producer.flush(60) == 0
-    assert lane.state == DIRECT and lane.switches == switches
+    assert direct.state == DIRECT and direct.switches == switches
     producer.close()
 
     consume_until(
