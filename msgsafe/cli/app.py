@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from msgsafe import __version__
-from msgsafe.cli import demo, doctor, outbox, outbox_watch, shell, verify
+from msgsafe.cli import demo, doctor, outbox, outbox_forward, outbox_watch, shell, verify
 from msgsafe.cli._output import reflow_help
 from msgsafe.cluster import cli as cluster
 
@@ -59,6 +59,7 @@ app.command(name="doctor")(doctor.doctor)
 app.command(name="send")(shell.send)
 app.command(name="consume")(shell.consume)
 outbox.app.command(name="watch")(outbox_watch.watch)
+outbox.app.command(name="forward")(outbox_forward.forward)
 app.add_typer(outbox.app, name="outbox")
 app.add_typer(cluster.app, name="cluster")
 # Last, once every command is registered: their docstrings' line breaks go.

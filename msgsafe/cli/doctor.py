@@ -1,7 +1,8 @@
 """``msgsafe doctor URL [DESTINATION...]``: names each broker setting that the failure
 stories show can lose acknowledged messages, with the fix. The exit code is the worst
 finding's: 0 fine, 4 something could not be checked, 5 warning, 6 a setting that loses
-messages (3: the broker could not be reached)."""
+messages (3: the broker could not be reached). ``--outbox STORE`` (a ``postgresql://``
+URL or a SQLite file) adds the outbox store's own findings (:mod:`msgsafe.checks.store`)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,13 @@ def doctor(
         str | None,
         typer.Option(help="RabbitMQ management API base URL (default: http://HOST:15672)."),
     ] = None,
+    outbox: Annotated[
+        str | None,
+        typer.Option(
+            help="The producers' outbox too: a postgresql:// URL (server settings, "
+            "replication) or a SQLite file (its filesystem)."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print findings as JSON.")] = False,
 ) -> None:
     """Check the broker's settings against the failure stories; name each risky one and
@@ -48,6 +56,11 @@ def doctor(
     with translate_errors(as_json=as_json):
         broker = parse_url(url)
         findings = _check(broker.protocol, broker, names, management)
+        if outbox is not None:
+            from msgsafe.checks.store import check_store
+            from msgsafe.cli.outbox_forward import store_spec
+
+            findings += check_store(store_spec(outbox))
     code = exit_code(findings)
     if as_json:
         print_json(

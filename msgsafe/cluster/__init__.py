@@ -1,6 +1,7 @@
 """Real brokers on loopback, for users and for this project's own tests: RabbitMQ,
-Apache Kafka (KRaft), Qpid Broker-J (BDB HA group), ActiveMQ Artemis (live/backup), and
-tansu (a zero-Java Kafka-protocol broker for the demo).
+Apache Kafka (KRaft), Qpid Broker-J (BDB HA group), ActiveMQ Artemis (live/backup),
+tansu (a zero-Java Kafka-protocol broker for the demo), and PostgreSQL (a primary with
+synchronous standbys, for the shared outbox).
 
 One table maps a kind to its launcher; each launcher is a :class:`LocalCluster`
 (``msgsafe/cluster/base.py`` states the shape). The ``msgsafe cluster`` command is a thin
@@ -22,6 +23,7 @@ __all__ = ["KINDS", "ClusterError", "LocalCluster", "NodeInfo", "create", "launc
 KINDS: dict[str, str] = {
     "artemis": "msgsafe.cluster.artemis:ArtemisCluster",
     "kafka": "msgsafe.cluster.kafka:KafkaCluster",
+    "postgres": "msgsafe.cluster.postgres:PostgresCluster",
     "qpid": "msgsafe.cluster.qpid:QpidCluster",
     "rabbitmq": "msgsafe.cluster.rabbitmq:RabbitCluster",
     "tansu": "msgsafe.cluster.tansu:TansuCluster",

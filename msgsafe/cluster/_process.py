@@ -181,12 +181,14 @@ def spawn(
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
     detached: bool = False,
+    user: str | None = None,
 ) -> int:
     """Start ``argv`` with stdout and stderr appended to ``log``; return its pid.
 
     ``detached=False`` (tests, benchmarks, the demo): the process dies with its parent.
     ``detached=True`` (``msgsafe cluster up``): it runs in its own session and outlives
-    the command that started it; ``msgsafe cluster down`` stops it.
+    the command that started it; ``msgsafe cluster down`` stops it. ``user``: run as
+    that user (and its group), for servers that refuse to run as root (PostgreSQL).
     """
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
@@ -199,11 +201,22 @@ def spawn(
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                # NOTE: Popen switches the user before preexec_fn runs; the parent-death
+                # signal is cleared by a change of user, so it must be set after it.
                 preexec_fn=None if detached else _die_with_parent,
+                user=user,
+                group=None if user is None else _group_of(user),
+                extra_groups=None if user is None else [],
             )
         except FileNotFoundError as exc:
             raise ClusterError(f"cannot run {argv[0]!r}: {exc.strerror}") from exc
     return proc.pid
+
+
+def _group_of(user: str) -> int:
+    import pwd
+
+    return pwd.getpwnam(user).pw_gid
 
 
 def tail(path: Path, lines: int = 30) -> str:

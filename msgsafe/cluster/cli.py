@@ -343,6 +343,7 @@ def _node_command(
         "restart": "Start a node again on its ports with its data; wait until it serves.",
         "pause": "SIGSTOP one node: its sockets stay open, it answers nothing.",
         "resume": "SIGCONT a paused node.",
+        "promote": "Make a standby the primary (postgres; the primary must be down).",
     }[verb]
     return command
 
@@ -351,6 +352,17 @@ app.command(name="kill")(_node_command("kill", lambda c, n: c.kill(n)))
 app.command(name="restart")(_node_command("restart", lambda c, n: c.restart(n)))
 app.command(name="pause")(_node_command("pause", lambda c, n: c.pause(n)))
 app.command(name="resume")(_node_command("resume", lambda c, n: c.resume(n)))
+
+
+def _promote(cluster: LocalCluster, node: int) -> None:
+    # Only kinds with a manual fail-over have it (postgres); the others fail over alone.
+    promote: Callable[[int], None] | None = getattr(cluster, "promote", None)
+    if promote is None:
+        raise ClusterError(f"{cluster.kind} has no promote: its nodes fail over by themselves")
+    promote(node)
+
+
+app.command(name="promote")(_node_command("promote", _promote))
 
 
 def _fetch(name: str) -> None:

@@ -5,15 +5,26 @@ the caller's open transaction: they become visible — and the forwarder publish
 only if that transaction commits; a rollback leaves nothing to publish. Everything else
 (claims, deliveries, quarantine) runs on the store's own connection.
 
-Several processes may share the table: claims use ``FOR UPDATE SKIP LOCKED`` and
-``has_key`` asks the database. Per-key order follows the ``seq`` the rows got at insert;
-two transactions writing the same key at once commit in an order the database chooses,
-so callers that need strict order for a key write it from one transaction at a time.
+Several processes may share the table (a fleet: every producer and any number of
+``msgsafe outbox forward`` processes, see docs/fleet.md): claims take key-level leases
+(:mod:`msgsafe.outbox._pg_leases`: one forwarder per key at a time, taken over
+``lease_s`` after a forwarder dies) and ``has_key`` asks the database. Per-key order
+follows the ``seq`` the rows got at insert; two transactions writing the same key at
+once commit in an order the database chooses, so callers that need strict order for a
+key write it from one transaction at a time.
+
+A put knows whether it committed: a connection lost during COMMIT is resolved by asking
+the server about the transaction, or by putting the same rows again, which the unique
+ids make idempotent (:mod:`msgsafe.outbox._pg_commit`); a connection lost before COMMIT
+is retried on a new one (libpq's host list finds the primary after a fail-over) until
+``write_timeout``. :meth:`PostgresOutbox.from_url` opens a store from a
+``postgresql://`` URL (:mod:`msgsafe.outbox._pg_url`).
 """
 
 from __future__ import annotations
 
 import builtins
+import logging
 import re
 import threading
 import time
@@ -29,6 +40,9 @@ from msgsafe.errors import (
     OutboxFull,
 )
 from msgsafe.message import Envelope
+from msgsafe.outbox._pg_commit import PutAttempt, outcome, server_identity
+from msgsafe.outbox._pg_leases import Listener, claim_sql, keys_sql, lock_sql
+from msgsafe.outbox._pg_url import parse_store_url, redact_conninfo
 from msgsafe.outbox._rows import (
     OutboxEntry,
     QuarantinedEntry,
@@ -36,7 +50,7 @@ from msgsafe.outbox._rows import (
     redact_target,
     row_headers,
 )
-from msgsafe.ports import OutboxStats
+from msgsafe.ports import OutboxStats, StoreCapabilities
 
 try:
     import psycopg
@@ -45,6 +59,12 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise MissingExtra("postgres", "psycopg") from exc
 
 __all__ = ["PostgresOutbox"]
+
+log = logging.getLogger("msgsafe.outbox")
+
+#: How long a count of the waiting rows (for max_rows) is reused: counting a large
+#: table on every put would cost more than the put.
+_COUNT_TTL_S = 5.0
 
 _TABLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 _COLUMNS = "id, target, destination, key, headers, body, created_at, size"
@@ -56,9 +76,13 @@ class PostgresOutbox:
     with quarantined messages in ``<table>_quarantine``.
 
     ``conninfo`` is a libpq connection string or URL; it is never shown in errors or
-    ``repr``. ``max_rows`` bounds the waiting messages (checked on the store's own puts;
-    ``put_in`` follows the caller's transaction and is not refused on the row bound).
-    Thread-safe.
+    ``repr``. ``max_rows`` bounds the waiting messages (checked on the store's own puts
+    against a count at most 5 s old plus this store's puts since; ``put_in`` follows the
+    caller's transaction and is not refused on the row bound). ``lease_s`` caps every
+    claim's lease: a key a dead forwarder held is taken over after at most that long.
+    ``max_keys``: keys one claim takes at most (forwarders share the rest).
+    ``write_timeout``: how long a put keeps trying a new connection (a fail-over) before
+    it raises. Thread-safe.
     """
 
     def __init__(
@@ -69,6 +93,9 @@ class PostgresOutbox:
         target: str | None = None,
         max_rows: int = 10_000_000,
         clock: Callable[[], float] = time.time,
+        lease_s: float = 10.0,
+        max_keys: int = 16,
+        write_timeout: float = 30.0,
     ) -> None:
         if not _TABLE_NAME.match(table):
             raise ConfigurationError(
@@ -82,21 +109,20 @@ class PostgresOutbox:
         self._lock = threading.Lock()
         self._closed = False
         self._conn: psycopg.Connection[Any] | None = None
+        self.lease_s = lease_s
+        self.max_keys = max_keys
+        self.write_timeout = write_timeout
+        #: The conninfo without its password, for repr and the CLI.
+        self.redacted = redact_conninfo(conninfo)
+        #: (rows counted, when: time.monotonic()) for the max_rows check.
+        self._counted: tuple[int, float] | None = None
+        self._listeners: list[Listener] = []
+        #: The server the store's connection talks to (for commit-unknown answers).
+        self._server: tuple[str, int, str] | None = None
         t, q = table, f"{table}_quarantine"
         self._sql = {
             "insert": f"INSERT INTO {t} ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
             " ON CONFLICT (id) DO NOTHING",
-            "claim": f"""
-                UPDATE {t} SET ready_at = %(until)s, attempts = attempts + 1
-                WHERE seq IN (
-                    SELECT o.seq FROM {t} AS o
-                    WHERE o.ready_at <= %(now)s
-                      AND (o.key IS NULL OR NOT EXISTS (
-                          SELECT 1 FROM {t} AS p
-                          WHERE p.key = o.key AND p.ready_at > %(now)s AND p.seq < o.seq))
-                    ORDER BY o.seq LIMIT %(limit)s
-                    FOR UPDATE SKIP LOCKED)
-                RETURNING seq, id, destination, key, headers, body, created_at""",
             "delivered": f"DELETE FROM {t} WHERE id = ANY(%s)",
             "retry": f"UPDATE {t} SET ready_at = %s, last_error = %s WHERE id = %s",
             "quarantine": f"""
@@ -104,6 +130,11 @@ class PostgresOutbox:
                 INSERT INTO {q} ({_COLUMNS}, attempts, error, quarantined_at)
                 SELECT {_COLUMNS}, attempts, %s, %s FROM moved
                 ON CONFLICT (id) DO NOTHING""",
+            "keys": keys_sql(t),
+            "lock": lock_sql(t),
+            "claim_keys": claim_sql(t),
+            "notify": f"SELECT pg_notify('{t}', '')",
+            "xid": "SELECT pg_current_xact_id()::text",
             "has_key": f"SELECT EXISTS (SELECT 1 FROM {t} WHERE key = %s)",
             "stats": f"SELECT count(*), coalesce(sum(size), 0), min(created_at) FROM {t}",
             "count_q": f"SELECT count(*) FROM {q}",
@@ -112,6 +143,10 @@ class PostgresOutbox:
             f" ready_at, last_error FROM {t} ORDER BY seq LIMIT %s OFFSET %s",
             "quarantined": f"SELECT id, destination, key, headers, body, created_at, target,"
             f" attempts, error, quarantined_at FROM {q} ORDER BY seq LIMIT %s OFFSET %s",
+            "destinations": f"SELECT destination, count(*) FROM {t} GROUP BY destination"
+            " ORDER BY count(*) DESC, destination LIMIT %s",
+            "locate": f"SELECT id, 'waiting' FROM {t} WHERE id = ANY(%s)"
+            f" UNION ALL SELECT id, 'quarantined' FROM {q} WHERE id = ANY(%s)",
         }
         self._schema = (
             f"""CREATE TABLE IF NOT EXISTS {t} (
@@ -159,7 +194,7 @@ class PostgresOutbox:
                 raise ClosedError("the outbox is closed")
             try:
                 if self._conn is None or self._conn.closed or self._conn.broken:
-                    self._conn = psycopg.connect(self._conninfo, autocommit=True)
+                    self._conn = self._connect()
                 yield self._conn
             except pg_errors.DiskFull as exc:
                 raise OutboxFull(f"the PostgreSQL outbox is out of disk: {exc}") from exc
@@ -167,6 +202,11 @@ class PostgresOutbox:
                 raise OutboxError(
                     f"PostgreSQL outbox {self._table}: {type(exc).__name__}: {exc}"
                 ) from exc
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(self._conninfo, autocommit=True)
+        self._server = server_identity(conn)
+        return conn
 
     def _row(self, env: Envelope) -> _ROW:
         return (
@@ -182,22 +222,125 @@ class PostgresOutbox:
 
     # --- the OutboxStore protocol ------------------------------------------------------------
 
+    #: Writes inside the caller's transaction (put_in), releases in one transaction, a
+    #: count without the rest of stats(), wake-ups by LISTEN/NOTIFY (listen; see
+    #: msgsafe.ports). Its claim makes envelopes.
+    capabilities = StoreCapabilities(transactional=True, release=True, pending=True, notify=True)
+
     @property
     def table(self) -> str:
         """The table holding waiting messages."""
         return self._table
 
+    @classmethod
+    def from_url(cls, url: str, *, target: str | None = None, **options: Any) -> PostgresOutbox:
+        """The store a ``postgresql://user:pw@h1:5432,h2:5432/db?table=T&lease=S`` URL
+        names (default table ``msgsafe_outbox``), with libpq's multi-host fail-over
+        (``target_session_attrs=read-write`` unless the URL says otherwise); see
+        :mod:`msgsafe.outbox._pg_url`. ``options`` as for the constructor."""
+        parsed = parse_store_url(url)
+        if parsed.lease_s is not None:
+            options.setdefault("lease_s", parsed.lease_s)
+        store = cls(parsed.conninfo, table=parsed.table, target=target, **options)
+        store.redacted = parsed.redacted
+        return store
+
+    def listen(self, wake: Callable[[], None]) -> None:
+        """Call ``wake()`` whenever rows are put into the table by any process (LISTEN/
+        NOTIFY on a connection of its own, kept until :meth:`close`)."""
+        if self._closed:
+            raise ClosedError("the outbox is closed")
+        self._listeners.append(
+            Listener(lambda: psycopg.connect(self._conninfo, autocommit=True), self._table, wake)
+        )
+
     def put(self, envelopes: Sequence[Envelope]) -> None:
-        """Store ``envelopes`` in one committed transaction (durable when this returns)."""
+        """Store ``envelopes`` in one committed transaction (durable when this returns).
+
+        Returns only for a commit known to have happened; a connection lost before or
+        during COMMIT is handled as the module docstring says, for up to
+        ``write_timeout`` seconds; then :class:`~msgsafe.errors.OutboxError`."""
         if not envelopes:
             return
         rows = [self._row(env) for env in envelopes]
-        with self._session() as conn, conn.transaction():
-            count = conn.execute(self._sql["count"]).fetchone()
-            if count is not None and count[0] + len(rows) > self.max_rows:
-                raise OutboxFull(f"the outbox holds max_rows={self.max_rows}")
+        self._check_room(len(rows))
+        deadline = time.monotonic() + self.write_timeout
+        pause = 0.05
+        while True:
+            try:
+                with self._lock:
+                    if self._closed:
+                        raise ClosedError("the outbox is closed")
+                    done = self._put_once(rows, deadline)
+            except pg_errors.DiskFull as exc:
+                raise OutboxFull(f"the PostgreSQL outbox is out of disk: {exc}") from exc
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                # Lost before COMMIT was sent: nothing committed, try a new connection.
+                if time.monotonic() >= deadline:
+                    raise OutboxError(
+                        f"PostgreSQL outbox {self._table}: {type(exc).__name__}: {exc}"
+                    ) from exc
+                log.info("outbox put on %s retried: %s", self.redacted, exc)
+                done = False
+            except psycopg.Error as exc:
+                raise OutboxError(
+                    f"PostgreSQL outbox {self._table}: {type(exc).__name__}: {exc}"
+                ) from exc
+            if done:
+                if self._counted is not None:
+                    self._counted = (self._counted[0] + len(rows), self._counted[1])
+                return
+            time.sleep(pause)  # the server is away (a fail-over): try again shortly
+            pause = min(pause * 2, 1.0)
+
+    def _put_once(self, rows: list[_ROW], deadline: float) -> bool:
+        """One attempt under the lock: True once committed (known), False to try again."""
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = self._connect()
+        conn = self._conn
+        server = self._server
+        # One round trip for BEGIN, the rows, the wake-up and the transaction's id, then
+        # COMMIT: what bare psycopg spends on the same rows and commit, less the BEGIN.
+        with conn.pipeline():
+            conn.execute("BEGIN")
             with conn.cursor() as cur:
                 cur.executemany(self._sql["insert"], rows)
+            conn.execute(self._sql["notify"])
+            xid_cur = conn.execute(self._sql["xid"])
+        xid_row = xid_cur.fetchone()
+        assert xid_row is not None and server is not None
+        attempt = PutAttempt(str(xid_row[0]), server, conn.info.backend_pid)
+        try:
+            self._commit(conn)
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            conn.close()
+            self._conn = None
+            known = outcome(self._connect, attempt, deadline=deadline)
+            log.warning(
+                "outbox put on %s: the connection was lost during COMMIT (%s); the "
+                "transaction is %s%s",
+                self.redacted,
+                exc,
+                known,
+                "" if known == "committed" else ": the rows are put again (idempotent)",
+            )
+            return known == "committed"
+        return True
+
+    def _commit(self, conn: psycopg.Connection[Any]) -> None:
+        """Send COMMIT and wait for its answer (a seam for tests that lose it)."""
+        conn.execute("COMMIT")
+
+    def _check_room(self, adding: int) -> None:
+        now = time.monotonic()
+        counted = self._counted
+        if counted is None or now - counted[1] > _COUNT_TTL_S:
+            with self._session() as conn:
+                row = conn.execute(self._sql["count"]).fetchone()
+            counted = self._counted = (int(row[0]) if row else 0, now)
+        if counted[0] + adding > self.max_rows:
+            self._counted = None  # counted again next time: rows may have been forwarded
+            raise OutboxFull(f"the outbox holds max_rows={self.max_rows}")
 
     def put_in(self, connection: psycopg.Connection[Any], envelopes: Sequence[Envelope]) -> None:
         """Write ``envelopes`` through ``connection`` inside the caller's transaction.
@@ -211,6 +354,8 @@ class PostgresOutbox:
         try:
             with connection.cursor() as cur:
                 cur.executemany(self._sql["insert"], rows)
+                # Delivered to the forwarders' listeners when the caller commits.
+                cur.execute(self._sql["notify"])
         except pg_errors.DiskFull as exc:
             raise OutboxFull(f"the PostgreSQL outbox is out of disk: {exc}") from exc
         except psycopg.Error as exc:
@@ -219,14 +364,26 @@ class PostgresOutbox:
             ) from exc
 
     def claim(self, *, limit: int, lease_s: float) -> list[Envelope]:
-        """Lease up to ``limit`` ready envelopes, per-key order kept, skipping rows another
-        claimer holds."""
+        """Lease up to ``limit`` ready envelopes of at most ``max_keys`` keys (and keyless
+        ones), per-key order kept, for ``min(lease_s, self.lease_s)`` seconds; keys and
+        rows another claimer holds are skipped (see :mod:`msgsafe.outbox._pg_leases`)."""
         if limit < 1:
             return []
         now = self._clock()
+        lease = min(lease_s, self.lease_s)
         with self._session() as conn, conn.transaction():
+            found = conn.execute(
+                self._sql["keys"],
+                {"now": now, "scan": max(4 * limit, 10_000), "keys": self.max_keys},
+            ).fetchall()
+            keys = [bytes(k[0]) for k in found]
+            if keys:
+                keys = [
+                    bytes(k[0]) for k in conn.execute(self._sql["lock"], {"keys": keys}).fetchall()
+                ]
             rows = conn.execute(
-                self._sql["claim"], {"now": now, "until": now + lease_s, "limit": limit}
+                self._sql["claim_keys"],
+                {"now": now, "until": now + lease, "limit": limit, "keys": keys},
             ).fetchall()
         rows.sort(key=lambda r: r[0])
         return [make_envelope(*r[1:]) for r in rows]
@@ -278,7 +435,10 @@ class PostgresOutbox:
         return int(row[0]) if row else 0
 
     def close(self) -> None:
-        """Close the store's own connection. Idempotent."""
+        """Close the store's own connection and stop its listeners. Idempotent."""
+        for listener in self._listeners:
+            listener.stop()
+        self._listeners.clear()
         with self._lock:
             self._closed = True
             if self._conn is not None:
@@ -299,6 +459,19 @@ class PostgresOutbox:
             rows = conn.execute(self._sql["quarantined"], (limit, offset)).fetchall()
         return [QuarantinedEntry(make_envelope(*r[:6]), r[6], r[7], r[8], r[9]) for r in rows]
 
+    def destinations(self, limit: int = 20) -> builtins.list[tuple[str, int]]:
+        """Waiting messages per destination, the fullest first (at most ``limit``)."""
+        with self._session() as conn:
+            rows = conn.execute(self._sql["destinations"], (limit,)).fetchall()
+        return [(str(r[0]), int(r[1])) for r in rows]
+
+    def locate(self, ids: Sequence[str]) -> dict[str, Literal["waiting", "quarantined"]]:
+        """Where each of ``ids`` is; ids in neither table are left out (unknown)."""
+        wanted = builtins.list(ids)
+        with self._session() as conn:
+            rows = conn.execute(self._sql["locate"], (wanted, wanted)).fetchall()
+        return {str(r[0]): "waiting" if r[1] == "waiting" else "quarantined" for r in rows}
+
     def replay(self, ids: Sequence[str] | Literal["all"]) -> int:
         """Move quarantined messages back to the end of the queue; returns how many."""
         t, q = self._table, f"{self._table}_quarantine"
@@ -310,7 +483,9 @@ class PostgresOutbox:
                 " ON CONFLICT (id) DO NOTHING",
                 params,
             )
-            return cur.rowcount
+            moved = cur.rowcount
+            conn.execute(self._sql["notify"])
+            return moved
 
     def purge(
         self,
@@ -331,7 +506,7 @@ class PostgresOutbox:
         return n
 
     def __repr__(self) -> str:
-        return f"PostgresOutbox(table={self._table!r}, target={self._target!r})"
+        return f"PostgresOutbox({self.redacted!r}, table={self._table!r}, target={self._target!r})"
 
 
 def _selection(ids: Sequence[str] | Literal["all"]) -> tuple[str, tuple[Any, ...]]:

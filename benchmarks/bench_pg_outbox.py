@@ -1,0 +1,362 @@
+"""PostgreSQL outbox benchmarks (the store a fleet shares), all figures from one run, on
+a real primary + synchronous standby pair (``msgsafe cluster``'s postgres launcher):
+
+1. Store puts against bare psycopg: ``PostgresOutbox.put`` of one message per commit,
+   and of batches of 100 and 1000, against bare psycopg inserting the same rows (same
+   table, same columns, same INSERT) with the same commits (``executemany`` in one
+   transaction), no msgsafe code. The two alternate in short slices so both see the
+   same moments of a shared machine; the ratio is msgsafe / bare (goal >= 0.8 each).
+2. Forwarding rate with 1, 2 and 4 ``msgsafe outbox forward`` processes sharing one
+   table of 64 keys, to a real RabbitMQ node (a quorum queue): the backlog is put first,
+   then the forwarders start; the rate is counted from the first row gone to the last.
+3. Bloat: table and index size after ``--bloat`` rows were put and forwarded (deleted
+   row by row as the broker confirms them: ``DELETE ... WHERE id = ANY(...)`` per round,
+   autovacuum at the server's defaults), then after a plain ``VACUUM``.
+
+Run: ``flock /tmp/msgsafe-bench.lock python3 benchmarks/bench_pg_outbox.py
+[--bloat 1000000] [--readme benchmarks/README.md]``; ``--only put`` (or ``forward``,
+``bloat``; repeatable) runs one part and prints its figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._readme import replace_section  # noqa: E402
+from msgsafe.message import Envelope  # noqa: E402
+
+BODY = b"x" * 100
+KEYS = 64
+PARTS = ("put", "forward", "bloat")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--only", action="append", choices=PARTS, help="run one part (repeatable)")
+    parser.add_argument("--seconds", type=float, default=8.0, help="per put mode, each side")
+    parser.add_argument(
+        "--forward-rows", type=int, default=20_000, help="backlog per forwarder count"
+    )
+    parser.add_argument(
+        "--forwarders", type=int, nargs="+", default=[1, 2, 4], help="forwarder counts"
+    )
+    parser.add_argument(
+        "--bloat", type=int, default=1_000_000, help="rows put and forwarded for the bloat part"
+    )
+    parser.add_argument("--readme", type=Path, help="update the '## PostgreSQL outbox' section")
+    args = parser.parse_args(argv)
+    if args.readme is not None and args.only:
+        parser.error("--readme needs every part: leave out --only")
+    if args.seconds <= 0 or args.forward_rows < 1 or args.bloat < 1:
+        parser.error("--seconds, --forward-rows and --bloat must be > 0")
+    if any(n < 1 for n in args.forwarders):
+        parser.error("--forwarders must be >= 1")
+    return args
+
+
+def _envelopes(n: int, queue: str = "bench") -> list[Envelope]:
+    return [Envelope.build(queue, BODY, key=f"k{i % KEYS}") for i in range(n)]
+
+
+# --- 1. puts --------------------------------------------------------------------------------
+
+
+@dataclass
+class PutResult:
+    batch: int
+    store: float  #: msg/s
+    bare: float
+    pairs: list[float]  #: store/bare per slice pair
+
+    @property
+    def ratio(self) -> float:
+        return self.store / self.bare
+
+
+def puts(url: str, batch: int, seconds: float) -> PutResult:
+    """Alternating slices of ``PostgresOutbox.put`` and bare psycopg, ``batch`` rows per
+    commit, about ``seconds`` each side."""
+    import psycopg
+
+    from msgsafe.outbox import PostgresOutbox
+
+    table = f"bench_put_{uuid.uuid4().hex[:8]}"
+    store = PostgresOutbox.from_url(f"{url}&table={table}", target="amqp://bench/")
+    insert = store._sql["insert"]  # the same INSERT, the same table
+    bare = psycopg.connect(store._conninfo, autocommit=True)
+    slice_s = 0.5
+    totals = {"store": [0, 0.0], "bare": [0, 0.0]}
+    pairs: list[float] = []
+
+    def run(side: str) -> float:
+        count, started = 0, time.perf_counter()
+        while time.perf_counter() - started < slice_s:
+            rows = _envelopes(batch)
+            if side == "store":
+                t0 = time.perf_counter()
+                store.put(rows)
+            else:
+                values = [store._row(env) for env in rows]
+                t0 = time.perf_counter()
+                with bare.transaction(), bare.cursor() as cur:
+                    cur.executemany(insert, values)
+            totals[side][1] += time.perf_counter() - t0
+            count += len(rows)
+        totals[side][0] += count
+        return count / (time.perf_counter() - started)
+
+    try:
+        deadline = time.monotonic() + 2 * seconds
+        while time.monotonic() < deadline:
+            order = ("store", "bare") if len(pairs) % 2 == 0 else ("bare", "store")
+            rates = {side: run(side) for side in order}
+            pairs.append(rates["store"] / rates["bare"])
+            with bare.transaction():
+                bare.execute(f"TRUNCATE {table}")  # keeps the table small for both sides
+    finally:
+        bare.close()
+        store.close()
+    return PutResult(
+        batch,
+        totals["store"][0] / totals["store"][1],
+        totals["bare"][0] / totals["bare"][1],
+        sorted(pairs),
+    )
+
+
+# --- 2. forwarding --------------------------------------------------------------------------
+
+
+def _count(url: str, table: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+    return int(row[0]) if row else 0
+
+
+def fill(url: str, table: str, rows: int, queue: str, target: str) -> None:
+    """``rows`` messages on 64 keys put into ``table``, 1000 per commit."""
+    from msgsafe.outbox import PostgresOutbox
+
+    store = PostgresOutbox.from_url(f"{url}&table={table}", target=target)
+    try:
+        for start in range(0, rows, 1000):
+            store.put(_envelopes(min(1000, rows - start), queue))
+    finally:
+        store.close()
+
+
+def forward(url: str, table: str, broker: str, forwarders: int, rows: int) -> float:
+    """msg/s of ``forwarders`` processes draining ``rows`` rows of ``table``."""
+    store = f"{url}&table={table}"
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "msgsafe",
+                "outbox",
+                "forward",
+                store,
+                "--url",
+                broker,
+                "-o",
+                "declare=quorum",
+                "--until-empty",
+                "--json",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(forwarders)
+    ]
+    try:
+        first: float | None = None
+        left = rows
+        while left:
+            time.sleep(0.05)  # a sampling period: the figure is rows over the time they took
+            left = _count(url, table)
+            if first is None and left < rows:
+                first = time.monotonic()
+            if all(p.poll() is not None for p in procs) and left:
+                raise RuntimeError(f"the forwarders exited with {left} rows left")
+        done = time.monotonic()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+            p.wait(60)
+    assert first is not None
+    return rows / max(done - first, 1e-6)
+
+
+# --- 3. bloat -------------------------------------------------------------------------------
+
+
+def sizes(url: str, table: str) -> dict[str, int]:
+    """Bytes of the table (heap), its indexes, and its dead tuples as counted."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        heap, index = conn.execute(
+            "SELECT pg_relation_size(%s::regclass), pg_indexes_size(%s::regclass)",
+            (table, table),
+        ).fetchone() or (0, 0)
+        dead = conn.execute(
+            "SELECT coalesce(n_dead_tup, 0) FROM pg_stat_user_tables WHERE relname = %s",
+            (table,),
+        ).fetchone()
+    return {"heap": int(heap), "index": int(index), "dead": int(dead[0]) if dead else 0}
+
+
+def bloat(url: str, broker: str, rows: int) -> dict[str, Any]:
+    """Put and forward ``rows`` rows in chunks of 50k (the backlog a forwarder sees), then
+    the sizes; then after a VACUUM."""
+    import psycopg
+
+    table = f"bench_bloat_{uuid.uuid4().hex[:8]}"
+    queue = f"bench-bloat-{uuid.uuid4().hex[:6]}"
+    chunk = 50_000
+    forwarded = 0
+    started = time.monotonic()
+    peak = {"heap": 0, "index": 0}
+    while forwarded < rows:
+        n = min(chunk, rows - forwarded)
+        fill(url, table, n, queue, broker)
+        full = sizes(url, table)
+        peak = {k: max(peak[k], full[k]) for k in peak}
+        forward(url, table, broker, 2, n)
+        forwarded += n
+        print(f"  bloat: {forwarded:,} of {rows:,} forwarded", file=sys.stderr)
+    after = sizes(url, table)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"VACUUM {table}")
+    vacuumed = sizes(url, table)
+    return {
+        "rows": rows,
+        "seconds": time.monotonic() - started,
+        "peak": peak,
+        "after": after,
+        "vacuumed": vacuumed,
+    }
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def report(
+    put_results: list[PutResult],
+    rates: dict[int, float],
+    bloated: dict[str, Any] | None,
+    args: argparse.Namespace,
+    header: str,
+) -> str:
+    """The README section's body: the table of figures."""
+    lines = [header, "", "| figure | value | goal |", "|---|---|---|"]
+    for r in put_results:
+        what = "1 message per commit" if r.batch == 1 else f"batches of {r.batch}"
+        lines.append(
+            f"| put, {what}: PostgresOutbox / bare psycopg | {r.store:,.0f} / {r.bare:,.0f} "
+            f"msg/s = {r.ratio:.2f} (slice pairs: median {r.pairs[len(r.pairs) // 2]:.2f}, "
+            f"range {r.pairs[0]:.2f} to {r.pairs[-1]:.2f}) | >= 0.8 |"
+        )
+    base = rates.get(1)
+    for n, rate in sorted(rates.items()):
+        scale = f" ({rate / base:.2f} x 1 forwarder)" if base and n != 1 else ""
+        lines.append(
+            f"| forwarding, {n} forwarder process(es), {KEYS} keys, {args.forward_rows:,} rows "
+            f"to RabbitMQ (1 node, quorum queue) | {rate:,.0f} msg/s{scale} | |"
+        )
+    if bloated is not None:
+        peak, after, vac = bloated["peak"], bloated["after"], bloated["vacuumed"]
+        lines += [
+            f"| largest backlog (50k rows): table / indexes | {_mib(peak['heap'])} / "
+            f"{_mib(peak['index'])} | |",
+            f"| after {bloated['rows']:,} rows put and forwarded ({bloated['seconds']:.0f} s), "
+            f"empty: table / indexes / dead tuples | {_mib(after['heap'])} / "
+            f"{_mib(after['index'])} / {after['dead']:,} | |",
+            f"| the same after VACUUM | {_mib(vac['heap'])} / {_mib(vac['index'])} / "
+            f"{vac['dead']:,} | |",
+        ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    parts = set(args.only or PARTS)
+    from msgsafe.cluster.postgres import PostgresCluster, postgres_bin
+    from msgsafe.cluster.rabbitmq import RabbitCluster
+
+    load = os.getloadavg()[0]
+    started = time.gmtime()
+    with tempfile.TemporaryDirectory(prefix="bench-pg-") as tmp:
+        pair = PostgresCluster(nodes=2, dir=Path(tmp) / "pg")
+        rabbit: RabbitCluster | None = None
+        pair.start()
+        try:
+            url = pair.url
+            put_results = (
+                [puts(url, b, args.seconds) for b in (1, 100, 1000)] if "put" in parts else []
+            )
+            rates: dict[int, float] = {}
+            bloated = None
+            if parts & {"forward", "bloat"}:
+                rabbit = RabbitCluster(size=1, dir=Path(tmp) / "rabbit")
+                rabbit.start()
+                broker = rabbit.node_url(0)
+            if "forward" in parts:
+                for n in args.forwarders:
+                    table = f"bench_fwd_{uuid.uuid4().hex[:8]}"
+                    fill(url, table, args.forward_rows, f"bench-{n}-{table}", broker)
+                    rates[n] = forward(url, table, broker, n, args.forward_rows)
+                    print(f"  {n} forwarder(s): {rates[n]:,.0f} msg/s", file=sys.stderr)
+            if "bloat" in parts:
+                bloated = bloat(url, broker, args.bloat)
+        finally:
+            if rabbit is not None:
+                rabbit.stop()
+            pair.stop()
+    load_end = os.getloadavg()[0]
+    header = (
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', started)} on {os.cpu_count()} cores, "
+        f"load average {load:.1f} at the start and {load_end:.1f} at the end (the machine is "
+        f"shared), PostgreSQL {postgres_bin().parent.parent.name} (primary + synchronous "
+        f"standby on the same machine), Python {sys.version.split()[0]}."
+    )
+    text = report(put_results, rates, bloated, args, header)
+    print(text)
+    if args.readme is not None:
+        update_readme(args.readme, text)
+
+
+def update_readme(path: Path, body: str) -> None:
+    """Replace the ``## PostgreSQL outbox`` section of ``path`` (created if missing)."""
+    replace_section(
+        path,
+        "## PostgreSQL outbox\n\n`flock /tmp/msgsafe-bench.lock python3 "
+        "benchmarks/bench_pg_outbox.py --readme benchmarks/README.md`\n\n" + body + "\n",
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""A put whose COMMIT may be lost in transit: knowing whether it happened.
+
+A connection that breaks while COMMIT is on its way leaves the client not knowing:
+the server may have committed (and the rows will be forwarded) or not (and they are
+gone). :class:`PutAttempt` remembers what identifies the transaction — its 64-bit id
+(``pg_current_xact_id()``, taken before COMMIT), the server it ran on (address, port,
+postmaster start time) and its backend — and :func:`outcome` asks again on a new
+connection:
+
+- the same server, not restarted: ``pg_xact_status`` answers ``committed`` or
+  ``aborted`` exactly (``in progress``: the old backend still finishes its COMMIT, e.g.
+  waiting for a synchronous standby; polled until it ends or the deadline passes);
+- another server (a fail-over: libpq's ``target_session_attrs=read-write`` found the
+  promoted standby) or one restarted: transaction ids there need not mean the same
+  transaction, so the answer is ``unknown``. The caller then puts the same rows again:
+  ids are unique and the insert is ``ON CONFLICT (id) DO NOTHING``, so a row that did
+  commit (and reached the standby: synchronous replication) is not doubled; only a row
+  forwarded and deleted in between would be stored twice — a duplicate of a known id.
+
+``send()`` reports ``STORED`` only after ``committed`` or a put that committed again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["Outcome", "PutAttempt", "outcome", "server_identity"]
+
+Outcome = Literal["committed", "aborted", "unknown"]
+ServerIdentity = tuple[str, int, str]
+
+_IDENTITY_SQL = (
+    "SELECT coalesce(host(inet_server_addr()), ''), coalesce(inet_server_port(), 0),"
+    " pg_postmaster_start_time()::text"
+)
+
+
+def server_identity(conn: Any) -> ServerIdentity:
+    """Which server (and which life of it) ``conn`` talks to."""
+    row = conn.execute(_IDENTITY_SQL).fetchone()
+    return (str(row[0]), int(row[1]), str(row[2]))
+
+
+@dataclass(frozen=True, slots=True)
+class PutAttempt:
+    """One put's transaction, as far as it must be known to ask about it later."""
+
+    xid: str  #: pg_current_xact_id() as text (xid8: no wrap-around)
+    server: ServerIdentity
+    backend_pid: int
+
+
+def outcome(
+    connect: Callable[[], Any],
+    attempt: PutAttempt,
+    *,
+    deadline: float,
+    poll_s: float = 0.05,
+) -> Outcome:
+    """Whether ``attempt`` committed, asked through ``connect()`` (a new connection,
+    closed here) until ``deadline`` (``time.monotonic()``); see the module docstring."""
+    conn = None
+    try:
+        while True:
+            try:
+                if conn is None:
+                    conn = connect()
+                if server_identity(conn) != attempt.server:
+                    return "unknown"
+                row = conn.execute("SELECT pg_xact_status(%s::xid8)", (attempt.xid,)).fetchone()
+                status = None if row is None else row[0]
+            except Exception:  # the server is still away: ask again until the deadline
+                if conn is not None:
+                    conn.close()
+                    conn = None
+                status = "retry"
+            if status == "committed":
+                return "committed"
+            if status == "aborted":
+                return "aborted"
+            if status is None:
+                return "unknown"
+            if time.monotonic() >= deadline:
+                return "unknown"
+            time.sleep(poll_s)  # the old backend still commits, or the server restarts
+    finally:
+        if conn is not None:
+            conn.close()

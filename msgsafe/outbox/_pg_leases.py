@@ -1,0 +1,130 @@
+"""Key-level leases on a PostgreSQL outbox shared by many forwarders, and their wake-ups.
+
+The order promise across forwarders: messages of one key reach the consumer in key
+order by first arrival, however many producers and forwarders share the table. It rests
+on one rule — a key is forwarded by one forwarder at a time, always from its first
+waiting row — kept by two mechanisms:
+
+- **the lease** of a key is the ``ready_at`` of its claimed rows: a claim sets it to
+  ``now + lease``; while any earlier row of a key is leased, no claim takes a later one.
+  A forwarder that dies (SIGKILL) holds its keys until the lease runs out (the store's
+  ``lease_s``, 10 s by default); the next claim after that takes the key from its first
+  waiting row, so what the dead one had in flight is sent again (duplicates of known
+  ids, in order) and nothing overtakes it.
+- **the claim** of a key is serialised: a claim transaction first picks the keys whose
+  first waiting row is free, in queue order, and takes a transaction-scoped advisory lock
+  on each (``pg_try_advisory_xact_lock``: a key another claim holds is skipped, as rows
+  are with ``SKIP LOCKED``), then claims rows of only those keys (and keyless rows, with
+  ``FOR UPDATE SKIP LOCKED``) in a statement whose snapshot sees every lease committed
+  before it got the locks. Two claims racing for one key cannot both take it, which a
+  single ``SKIP LOCKED`` statement does not ensure: it does not see another claim's
+  uncommitted leases. A claim takes at most ``keys`` keys, so that forwarders share them.
+
+:class:`Listener` is the wake-up: every put (and replay) ends with ``pg_notify`` on the
+table's channel, delivered when it commits; a forwarder's listener thread wakes it at
+once instead of polling hot.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Listener", "claim_sql", "keys_sql", "lock_sql"]
+
+log = logging.getLogger("msgsafe.outbox")
+
+_RETURNING = "RETURNING seq, id, destination, key, headers, body, created_at"
+
+
+def keys_sql(table: str) -> str:
+    """Keys whose first waiting row is ready and not behind a leased row, in queue order,
+    found among the first ``scan`` ready rows (params: now, scan, keys)."""
+    t = table
+    return f"""
+        SELECT h.key FROM (
+            SELECT w.key, min(w.seq) AS first FROM (
+                SELECT key, seq FROM {t}
+                WHERE ready_at <= %(now)s AND key IS NOT NULL
+                ORDER BY seq LIMIT %(scan)s) AS w
+            GROUP BY w.key) AS h
+        WHERE NOT EXISTS (
+            SELECT 1 FROM {t} AS p
+            WHERE p.key = h.key AND p.ready_at > %(now)s AND p.seq < h.first)
+        ORDER BY h.first LIMIT %(keys)s"""
+
+
+def lock_sql(table: str) -> str:
+    """The keys of ``%(keys)s`` whose advisory lock this transaction got (param: keys)."""
+    return f"""
+        SELECT c.k FROM unnest(%(keys)s::bytea[]) WITH ORDINALITY AS c(k, i)
+        WHERE pg_try_advisory_xact_lock(hashtext('{table}'), hashtext(encode(c.k, 'hex')))
+        ORDER BY c.i"""
+
+
+def claim_sql(table: str) -> str:
+    """Lease ready rows of the locked keys (and keyless ones), key order kept (params:
+    now, until, keys, limit)."""
+    t = table
+    return f"""
+        UPDATE {t} SET ready_at = %(until)s, attempts = attempts + 1
+        WHERE seq IN (
+            SELECT o.seq FROM {t} AS o
+            WHERE o.ready_at <= %(now)s
+              AND (o.key IS NULL OR (o.key = ANY(%(keys)s::bytea[]) AND NOT EXISTS (
+                  SELECT 1 FROM {t} AS p
+                  WHERE p.key = o.key AND p.ready_at > %(now)s AND p.seq < o.seq)))
+            ORDER BY o.seq LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED)
+        {_RETURNING}"""
+
+
+class Listener:
+    """A daemon thread that LISTENs on ``channel`` through its own connection and calls
+    ``wake()`` for each notification, and once after every (re)connect (rows may have
+    come while it was away). Reconnects after a lost connection (a fail-over) with a
+    capped backoff; :meth:`stop` ends it."""
+
+    def __init__(self, connect: Callable[[], Any], channel: str, wake: Callable[[], None]) -> None:
+        self._connect = connect
+        self._channel = channel
+        self._wake = wake
+        self._stopping = threading.Event()
+        self._conn: Any = None
+        self._thread = threading.Thread(target=self._run, name="msgsafe-pg-listen", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        pause = 0.1
+        while not self._stopping.is_set():
+            try:
+                conn = self._conn = self._connect()
+                conn.execute(f"LISTEN {self._channel}")
+                pause = 0.1
+                self._wake()
+                while not self._stopping.is_set():
+                    for _ in conn.notifies(timeout=0.5, stop_after=1):
+                        self._wake()
+            except Exception as exc:  # lost connection, fail-over: listen again
+                if self._stopping.is_set():
+                    break
+                log.info("outbox listener on %s reconnects: %s", self._channel, exc)
+                self._close()
+                self._stopping.wait(pause)
+                pause = min(pause * 2, 2.0)
+        self._close()
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # closing a broken connection: nothing to save
+                log.debug("closing the listener's connection failed", exc_info=True)
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """End the thread (within about half a second) and close its connection."""
+        self._stopping.set()
+        self._thread.join(timeout)

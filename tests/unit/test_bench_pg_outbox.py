@@ -1,0 +1,84 @@
+"""benchmarks/bench_pg_outbox.py: its arguments and the README section it writes (no
+database: the figures are made up here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_pg_outbox
+from benchmarks.bench_pg_outbox import PutResult
+
+
+def test_defaults_and_every_option_parse() -> None:
+    args = bench_pg_outbox.parse_args([])
+    assert (args.seconds, args.forward_rows, args.forwarders, args.bloat) == (
+        8.0,
+        20_000,
+        [1, 2, 4],
+        1_000_000,
+    )
+    assert args.only is None and args.readme is None
+    args = bench_pg_outbox.parse_args(
+        [
+            "--only",
+            "put",
+            "--only",
+            "bloat",
+            "--seconds",
+            "2",
+            "--forward-rows",
+            "500",
+            "--forwarders",
+            "1",
+            "3",
+            "--bloat",
+            "200000",
+        ]
+    )
+    assert args.only == ["put", "bloat"] and args.seconds == 2.0
+    assert (args.forward_rows, args.forwarders, args.bloat) == (500, [1, 3], 200_000)
+    assert bench_pg_outbox.parse_args(["--readme", "b/README.md"]).readme == Path("b/README.md")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--only", "drain"],
+        ["--only", "put", "--readme", "README.md"],
+        ["--seconds", "0"],
+        ["--bloat", "0"],
+        ["--forwarders", "0"],
+    ],
+)
+def test_bad_arguments_are_refused(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        bench_pg_outbox.parse_args(argv)
+    assert exited.value.code == 2
+
+
+def test_the_report_and_its_readme_section(tmp_path: Path) -> None:
+    args = bench_pg_outbox.parse_args(["--bloat", "200000"])
+    text = bench_pg_outbox.report(
+        [PutResult(1, 900.0, 1000.0, [0.8, 0.9, 1.0])],
+        {1: 2000.0, 2: 3000.0},
+        {
+            "rows": 200_000,
+            "seconds": 100.0,
+            "peak": {"heap": 10 << 20, "index": 5 << 20},
+            "after": {"heap": 12 << 20, "index": 6 << 20, "dead": 1000},
+            "vacuumed": {"heap": 12 << 20, "index": 6 << 20, "dead": 0},
+        },
+        args,
+        "Measured now.",
+    )
+    assert "= 0.90 (slice pairs: median 0.90, range 0.80 to 1.00) | >= 0.8 |" in text
+    assert "3,000 msg/s (1.50 x 1 forwarder)" in text
+    assert "after 200,000 rows put and forwarded" in text and "12.0 MiB" in text
+    readme = tmp_path / "README.md"
+    readme.write_text("# Benchmarks\n\n## Kafka\n\nkafka body\n")
+    bench_pg_outbox.update_readme(readme, text)
+    written = readme.read_text()
+    assert written.startswith("# Benchmarks\n\n## Kafka\n\nkafka body\n\n## PostgreSQL outbox\n")
+    assert "Measured now." in written
