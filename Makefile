@@ -1,4 +1,4 @@
-.PHONY: demo test test-fast lint bench client-suites
+.PHONY: demo test test-fast lint docs docs-serve bench client-suites
 
 demo:            ## install and run the demo of the promise (lost = 0)
 	bash scripts/demo.sh
@@ -11,6 +11,12 @@ test-fast:       ## the inner loop: lint, types, unit and contract tests (no bro
 
 lint:
 	python3 -m ruff check msgsafe tests benchmarks examples && python3 -m ruff format --check msgsafe tests benchmarks examples && python3 -m mypy && python3 -m mypy tests
+
+docs:            ## build the documentation site strictly into site/ (a broken link, a missing page, a docstring that does not render: fails)
+	bash scripts/bootstrap.sh docs && NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict
+
+docs-serve:      ## serve the documentation site at http://127.0.0.1:8000, rebuilt on every change
+	bash scripts/bootstrap.sh docs && NO_MKDOCS_2_WARNING=1 python3 -m mkdocs serve --dev-addr 127.0.0.1:8000
 
 bench:           ## run every benchmark and print ratios measured in one run
 	bash scripts/bootstrap.sh all && for b in benchmarks/bench_*.py; do python3 "$$b"; done

@@ -19,7 +19,8 @@ need_root_for_apt() {
 mode="${1:-all}"
 case "$mode" in
   demo) extras="kafka,rabbitmq,amqp10,demo" ;;
-  *) extras="all,dev" ;;
+  docs) extras="docs" ;;
+  *) extras="all,dev,docs" ;;  # fast and all: the docs build is part of the fast tier
 esac
 
 log "pip install -e .[$extras]"

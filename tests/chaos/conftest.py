@@ -4,7 +4,7 @@
 parameter). At the end of the run the figures of every cell are aggregated into
 ``.msgsafe-run/chaos-summary.md`` (and ``.json``), which is also printed.
 
-Regenerate the table of the README::
+Regenerate the table of docs/evidence/reliability.md::
 
     MSGSAFE_CHAOS_REPEAT=3 python3 -m pytest tests/chaos -m chaos
 """

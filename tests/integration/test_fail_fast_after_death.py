@@ -3,8 +3,8 @@ seconds: it is STORED at once (every protocol), and nothing receipted is lost.
 
 Real brokers, one node each (SIGKILLed three times, restarted in between): RabbitMQ for
 ``amqp://`` and ``amqp10://``, Apache Kafka for ``kafka://``. The documented bound is
-100 ms (README, "Defaults"); ``benchmarks/bench_failfast.py`` measures the figures, this
-test asserts them loosely for a loaded machine.
+100 ms (docs/reference/configuration.md, "Defaults"); ``benchmarks/bench_failfast.py``
+measures the figures, this test asserts them loosely for a loaded machine.
 """
 
 from __future__ import annotations
