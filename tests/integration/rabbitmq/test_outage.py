@@ -4,7 +4,10 @@ and every receipted id is consumed."""
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
+import traceback
 import uuid
 from pathlib import Path
 
@@ -23,6 +26,24 @@ SEND_TIMEOUT_S = 5.0
 #: Sends per second during the outage. NOTE: unpaced, 20 s of sends stored ~40k messages
 #: whose drain and consumption alone took ~40 s of the suite; 10k prove the same.
 OUTAGE_RATE = 500.0
+
+
+def _diagnosis(producer: msgsafe.Producer, rabbit: RabbitCluster) -> str:
+    """What a reader of a drain that never ended needs: the producer's counts, the
+    cluster's view, and where each msgsafe thread stands."""
+    lines = [f"stats: {producer.stats()}"]
+    for node in range(rabbit.size):
+        try:
+            lines.append(f"node {node}: running {rabbit.status(node).get('running_nodes')}")
+        except Exception as exc:  # a diagnosis reports, it does not fail
+            lines.append(f"node {node}: {exc}")
+    frames = sys._current_frames()
+    for thread in threading.enumerate():
+        frame = frames.get(thread.ident or -1)
+        if thread.name.startswith("msgsafe") and frame is not None:
+            stack = "".join(traceback.format_stack(frame)[-6:])
+            lines.append(f"--- thread {thread.name}\n{stack}")
+    return "\n".join(lines)
 
 
 def test_all_nodes_down_sends_are_stored_then_drained(
@@ -73,7 +94,12 @@ def test_all_nodes_down_sends_are_stored_then_drained(
         assert slowest <= SEND_TIMEOUT_S, f"a send blocked {slowest:.1f} s"
         rabbit.heal()
         healed = time.monotonic()
-        wait_until(lambda: producer.pending() == 0, 120, "the outbox to drain")
+        wait_until(
+            lambda: producer.pending() == 0,
+            120,
+            "the outbox to drain",
+            diagnose=lambda: _diagnosis(producer, rabbit),
+        )
         drained_s = time.monotonic() - healed
     finally:
         producer.close(10)
