@@ -14,11 +14,15 @@ go in front of the table's msgsafe entries (:func:`header_entries`). The bytes a
 ones ``Channel.basic_publish`` writes (``tests/unit/test_rabbitmq_frames.py`` compares).
 
 Writing: :func:`pika_emit` finds the connection's raw write, :func:`write_frames` writes
-encoded frames with one call (keeping pika's counters), :func:`coalesce_frames` joins
-what pika buffered. These are the one place that knows pika's internals (1.3/1.4); when
-they are not what is expected, ``pika_emit`` says so and messages go through
-``basic_publish``. Which messages are written when, and with which delivery tags, is
-the confirm ledger's side (:class:`~msgsafe.adapters.rabbitmq._confirms.FrameSender`).
+encoded frames with one call (keeping pika's counters; on a plain TCP connection whose
+send buffer is empty, straight to the socket), :func:`coalesce_frames` joins what pika
+buffered. Reading: :func:`fast_confirms` hands a channel's ``basic.ack`` and
+``basic.nack`` frames to the transport without pika's callback registry. These are the
+one place that knows pika's internals (1.3/1.4); when they are not what is expected,
+``pika_emit`` says so and messages go through ``basic_publish`` (and ``fast_confirms``
+leaves confirms to pika's callbacks). Which messages are written when, and with which
+delivery tags, is the confirm ledger's side
+(:class:`~msgsafe.adapters.rabbitmq._confirms.FrameSender`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,15 @@ from msgsafe.adapters.rabbitmq._connection import log
 from msgsafe.adapters.rabbitmq._errors import describe
 from msgsafe.message import AMQP_PROPERTIES_HEADER, MESSAGE_ID_HEADER, Envelope
 
+#: pika's plain TCP transport (1.3/1.4), whose socket write_frames may write itself.
+_PlainTransport: Any
+try:
+    from pika.adapters.utils.io_services_utils import _AsyncPlaintextTransport
+
+    _PlainTransport = _AsyncPlaintextTransport
+except ImportError:  # pragma: no cover - another pika layout: every write through pika
+    _PlainTransport = None
+
 __all__ = [
     "KEY_HEADER",
     "RESERVED_HEADERS",
@@ -45,6 +58,7 @@ __all__ = [
     "carried_properties",
     "coalesce_frames",
     "envelope_properties",
+    "fast_confirms",
     "header_entries",
     "pika_emit",
     "publish_properties",
@@ -68,6 +82,7 @@ _TABLE_AT = 2
 #: The previous frame's end octet, then a body frame's type, channel and payload size.
 _BODY_START = struct.Struct(">BBHI")
 _FRAME_END = b"\xce"
+_FRAME_METHOD = 1
 _FRAME_HEADER = 2
 _FRAME_BODY = 3
 _FRAME_END_OCTET = 0xCE
@@ -379,8 +394,117 @@ def write_frames(conn: Any, emit: Callable[[bytes], None], data: bytes, frames: 
         # heartbeat checker reads these counters.
         conn.bytes_sent += len(data)
         conn.frames_sent += frames
-        emit(data)
+        rest = _send_now(conn, data)
+        if rest:
+            emit(rest)
     except Exception as exc:
         log.debug("write on a closing connection: %s", describe(exc))
         return False
+    return True
+
+
+def _send_now(conn: Any, data: bytes) -> bytes:
+    """Write what the socket takes of ``data`` at once; return the rest, for pika's
+    buffer (all of it when this cannot write: TLS, data already buffered, a closing
+    transport, or any socket error, which pika's own write then meets and handles).
+
+    NOTE: pika's plain transport only buffers a write and asks the I/O loop to watch
+    the socket for writability: two ``epoll_ctl`` calls and one more turn of the loop
+    for every flush, on the path of each blocking send. Sending first, as pika's own
+    writable handler would one turn later, keeps the byte order (nothing is buffered
+    ahead of it) and leaves pika the remainder of a partial write.
+    """
+    transport: Any = getattr(conn, "_transport", None)
+    if (
+        _PlainTransport is None
+        or type(transport) is not _PlainTransport
+        or transport._tx_buffers
+        or transport._state != transport._STATE_ACTIVE
+    ):
+        return data
+    try:
+        sent = transport._sock.send(data)
+    except OSError:  # EAGAIN included: pika's buffer and writability watcher take it all
+        return data
+    return data[sent:] if sent < len(data) else b""
+
+
+#: A whole ``basic.ack`` / ``basic.nack`` frame: type, channel, size (13), method id,
+#: delivery tag, flags (bit 0: multiple), frame end (AMQP 0-9-1 §4.2.3, §1.8.3.13).
+_CONFIRM_FRAME = struct.Struct(">BHIIQBB")
+_CONFIRM_SIZE = _CONFIRM_FRAME.size
+_ACK_ID = (_BASIC_CLASS << 16) | 80
+_NACK_ID = (_BASIC_CLASS << 16) | 120
+
+
+def fast_confirms(channel: Channel, on_confirm: Callable[[int, bool, bool], None]) -> bool:
+    """Hand ``channel``'s ``basic.ack`` and ``basic.nack`` to ``on_confirm(delivery_tag,
+    multiple, nack)`` as soon as they are read, and everything else to pika; False
+    (nothing changed) when pika's internals are not as expected (the confirms then reach
+    the ``ack_nack_callback`` given to ``confirm_delivery``, through pika).
+
+    NOTE: pika decodes every frame into objects and looks up its callbacks in its
+    registry (several decorated calls): about half of the I/O thread's time per
+    blocking send. A confirm is 21 bytes of fixed layout with exactly one callback, the
+    transport's: whole confirm frames at the start of what was read are decoded here
+    (pika's counters kept), the rest goes to pika, where a confirm frame among other
+    frames still skips the registry. Frames of the channel reach ``on_confirm`` while
+    pika would deliver them, i.e. until the channel is closed (its callbacks then go);
+    a later call for a new channel of the same connection replaces this one.
+    """
+    conn = channel.connection
+    process = getattr(type(conn), "_process_frame", None)
+    receive = getattr(type(conn), "_on_data_available", None)
+    if (
+        not callable(process)
+        or not callable(receive)
+        or not isinstance(getattr(conn, "frames_received", None), int)
+        or not isinstance(getattr(conn, "bytes_received", None), int)
+        or not isinstance(getattr(conn, "_frame_buffer", None), bytes)
+    ):
+        return False
+    number = channel.channel_number
+    method_frame, ack, nack = pika_frame.Method, spec.Basic.Ack, spec.Basic.Nack
+    unpack, size = _CONFIRM_FRAME.unpack_from, _CONFIRM_SIZE
+
+    def process_frame(frame_value: Any) -> None:
+        if (
+            type(frame_value) is method_frame
+            and frame_value.channel_number == number
+            and not channel.is_closed
+        ):
+            method = frame_value.method
+            kind = type(method)
+            if kind is ack or kind is nack:
+                conn.frames_received += 1  # as pika's _process_frame counts it
+                on_confirm(method.delivery_tag, bool(method.multiple), kind is nack)
+                return
+        process(conn, frame_value)
+
+    def data_available(data: bytes) -> None:
+        at = 0
+        if not conn._frame_buffer:  # no partial frame of pika's before this data
+            end = len(data)
+            while end - at >= size:
+                kind, chan, length, method_id, tag, flags, frame_end = unpack(data, at)
+                if (
+                    kind != _FRAME_METHOD
+                    or chan != number
+                    or length != 13
+                    or frame_end != _FRAME_END_OCTET
+                    or (method_id != _ACK_ID and method_id != _NACK_ID)
+                    or channel.is_closed
+                ):
+                    break
+                at += size
+                # As pika's _trim_frame_buffer and _process_frame count them.
+                conn.bytes_received += size
+                conn.frames_received += 1
+                on_confirm(tag, bool(flags & 1), method_id == _NACK_ID)
+            if at == end:
+                return
+        receive(conn, data[at:] if at else data)
+
+    conn._process_frame = process_frame
+    conn._on_data_available = data_available
     return True

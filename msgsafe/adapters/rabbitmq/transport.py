@@ -56,6 +56,7 @@ from msgsafe.adapters.rabbitmq._errors import (
     header_bytes,
     lost_error,
 )
+from msgsafe.adapters.rabbitmq._wire import fast_confirms
 from msgsafe.adapters.rabbitmq.config import Destination, RabbitOptions, parse_destination
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import (
@@ -69,7 +70,7 @@ from msgsafe.errors import (
     Rejected,
 )
 from msgsafe.message import Batch, Envelope
-from msgsafe.ports import BatchReport, PublishCallback, PublishFuture
+from msgsafe.ports import BatchReport, PublishCallback, PublishFuture, TransportCapabilities
 
 __all__ = ["RabbitTransport"]
 
@@ -101,6 +102,11 @@ class RabbitTransport:
     ``ConnectError`` (or ``ConnectionLost`` when a copy was already sent). All of this
     holds per message for ``publish_callback`` and ``publish_batch``.
     """
+
+    #: publish_callback and publish_batch (see msgsafe.ports). No tombstones: an AMQP
+    #: 0-9-1 body is bytes. No ordered_rounds: a nack fails one message and those behind
+    #: it may still be confirmed, so a round must be settled before the next goes out.
+    capabilities = TransportCapabilities(callback=True, batch=True)
 
     def __init__(self, url: BrokerUrl, options: RabbitOptions) -> None:
         if url.protocol != "rabbitmq":
@@ -384,7 +390,10 @@ class RabbitTransport:
             return
         with self._cond:
             self._outstanding -= count
-            if self._outstanding == 0 or (self._waiters and self._outstanding <= self._low_water):
+            # NOTE: close() waits for 0 once _closed is set; nobody else waits for 0.
+            if (self._waiters and self._outstanding <= self._low_water) or (
+                self._closed and self._outstanding == 0
+            ):
                 self._cond.notify_all()
 
     def _fail_unreachable(self) -> None:
@@ -450,6 +459,8 @@ class RabbitTransport:
         for state in self._declares.values():
             state.running = False
         channel.add_on_return_callback(self._on_return)
+        # Confirms straight from the frame reader (pika's callbacks when that cannot be).
+        fast_confirms(channel, self._confirmed)
         channel.confirm_delivery(ack_nack_callback=self._on_confirm, callback=self._confirming)
 
     def _confirming(self, _frame: Any) -> None:
@@ -467,14 +478,17 @@ class RabbitTransport:
 
     def _on_confirm(self, frame: Any) -> None:
         method = frame.method
+        self._confirmed(method.delivery_tag, bool(method.multiple), isinstance(method, Basic.Nack))
+
+    def _confirmed(self, tag: int, multiple: bool, nack: bool) -> None:
+        """A ``basic.ack`` (``nack``: ``basic.nack``) for ``tag`` (``multiple``: and every
+        tag before it)."""
+        ledger = self._ledger
+        # The endpoint names the broker in errors only: a nack, or an unroutable message.
+        endpoint = self._link.endpoint if nack or ledger.returned else ""
         self._batching = True
         try:
-            nacked = self._ledger.confirm(
-                method.delivery_tag,
-                bool(method.multiple),
-                isinstance(method, Basic.Nack),
-                self._link.endpoint,
-            )
+            nacked = ledger.confirm(tag, multiple, nack, endpoint)
         finally:
             self._batching = False
             count, self._unreleased = self._unreleased, 0
