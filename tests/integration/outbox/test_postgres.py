@@ -36,8 +36,11 @@ def test_rollback_publishes_nothing_and_commit_publishes_exactly_its_messages(
 ) -> None:
     from msgsafe import Producer
 
+    # NOTE: a table of this test's own: the database is shared with the docs' and the
+    # examples' blocks, whose "orders" tables have other columns.
+    orders = f"orders_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(postgres_conninfo) as app:
-        app.execute("CREATE TABLE IF NOT EXISTS orders (id serial PRIMARY KEY, item text)")
+        app.execute(f"CREATE TABLE {orders} (id serial PRIMARY KEY, item text)")
         app.commit()
     producer = Producer(f"memory://{memory_broker.name}", outbox=store)
     try:
@@ -45,13 +48,13 @@ def test_rollback_publishes_nothing_and_commit_publishes_exactly_its_messages(
         committed: list[str] = []
         with psycopg.connect(postgres_conninfo) as app:
             # A business transaction that fails: its messages must never be published.
-            app.execute("INSERT INTO orders (item) VALUES ('lost')")
+            app.execute(f"INSERT INTO {orders} (item) VALUES ('lost')")
             for i in range(5):
                 receipt = producer.send("orders", b"rb%d" % i, key="o1", transaction=app)
                 rolled_back.append(receipt.message_id)
             app.rollback()
             # One that commits: exactly its messages are published, in order.
-            app.execute("INSERT INTO orders (item) VALUES ('kept')")
+            app.execute(f"INSERT INTO {orders} (item) VALUES ('kept')")
             for i in range(7):
                 receipt = producer.send("orders", b"ok%d" % i, key="o2", transaction=app)
                 committed.append(receipt.message_id)
@@ -67,6 +70,8 @@ def test_rollback_publishes_nothing_and_commit_publishes_exactly_its_messages(
         assert store.stats().depth == 0
     finally:
         producer.close(10)
+        with psycopg.connect(postgres_conninfo, autocommit=True) as app:
+            app.execute(f"DROP TABLE IF EXISTS {orders}")
 
 
 def test_transactional_sends_leave_no_key_barrier_behind(
