@@ -17,7 +17,7 @@ subscriptions of a receiver (:class:`~msgsafe.adapters.amqp10.receiver.Subscript
 attached again; deliveries of the dead connection are never settled twice).
 
 Threading: callers hand work to the container thread through :meth:`Engine.call` (a
-deque and one wake-up of its selectable per batch) or their side's own hand-over queue
+deque and one ``EventInjector`` wake-up per batch) or their side's own hand-over queue
 and :meth:`Engine.wake`; every attribute below ``# container thread only`` is touched by
 that thread alone, and every :class:`Side` method but :meth:`Side.stopped` runs on it.
 """
@@ -38,8 +38,10 @@ from proton import Endpoint as ProtonEndpoint
 from proton import SSLDomain, symbol
 from proton.handlers import EndpointStateHandler, MessagingHandler
 from proton.reactor import (
+    ApplicationEvent,
     AtLeastOnce,
     Container,
+    EventInjector,
     Handler,
 )
 
@@ -72,6 +74,7 @@ _MUTE_S = (5.0, 30.0)
 #: Seconds more a peer that already answered (its SASL frames) gets to finish the login:
 #: a broker may delay a refused login on purpose (RabbitMQ's AMQP 1.0 plugin: 3 s).
 LOGIN_GRACE_S = 5.0
+_WAKE = "msgsafe_wake"
 
 
 class Side(Protocol):
@@ -113,49 +116,6 @@ class Side(Protocol):
         """The container thread ended (runs on that thread, last): fail what remains."""
 
 
-class _Waker:
-    """The selectable that wakes the container thread: callers write a byte to its
-    pipe, and the container runs ``on_wake`` once it reads them.
-
-    NOTE: proton's ``EventInjector`` queues an ``ApplicationEvent`` per wake-up (a
-    ``queue.Queue`` and an event object on the caller's side) and dispatches it to
-    every handler of the container; this calls the one function it is for. The rest
-    of the interface is the injector's: ``pipe``, ``fileno``, ``close``, and no
-    transport behind it for proton's ``IOHandler``.
-    """
-
-    def __init__(self, on_wake: Callable[[], None]) -> None:
-        self.pipe = os.pipe()
-        self._on_wake = on_wake
-        self._transport = None
-        self._closed = False
-
-    def trigger(self) -> None:
-        os.write(self.pipe[1], b"!")
-
-    def close(self) -> None:
-        """Have the container let go of this selectable (after one more wake-up)."""
-        if not self._closed:
-            self._closed = True
-            os.write(self.pipe[1], b"!")
-
-    def fileno(self) -> int:
-        return self.pipe[0]
-
-    def on_selectable_init(self, event: Any) -> None:
-        selectable = event.context
-        selectable.reading = True
-        selectable.update()
-
-    def on_selectable_readable(self, event: Any) -> None:
-        os.read(self.pipe[0], 512)
-        self._on_wake()
-        if self._closed:
-            selectable = event.context
-            selectable.terminate()
-            selectable.update()
-
-
 class _Call(Handler):
     """A proton timer handler that runs one callable on the container thread."""
 
@@ -194,11 +154,10 @@ class Engine(MessagingHandler):
         self._commands: collections.deque[Callable[[], None]] = collections.deque()
         self._wake_pending = False
         self._stopped = False
-        self._injector = _Waker(self._on_wake)
+        self._injector = EventInjector()
         self.container = Container(self)
         self.container.container_id = f"msgsafe-{role}-{uuid.uuid4()}"
-        waker: Any = self._injector  # proton's stub names only its own injector here
-        self.container.selectable(waker)
+        self.container.selectable(self._injector)
         self.connected = threading.Event()
         #: Endpoints connected to, in order (diagnostics and tests).
         self.history: list[Endpoint] = []
@@ -209,8 +168,6 @@ class Engine(MessagingHandler):
         self.generation = 0
         #: True while ``conn`` is open.
         self.opened = False
-        #: ``conn``'s transport and socket selectable, and its generation (_write_now).
-        self._out: tuple[Any, Any, int] | None = None
         #: The serving peer marks a redelivery by clearing ``first-acquirer`` (RabbitMQ's
         #: plugin), not by counting ``delivery-count`` (Artemis, Broker-J): set per open.
         self.first_acquirer_marks = False
@@ -282,44 +239,13 @@ class Engine(MessagingHandler):
             if self._wake_pending:
                 return
             self._wake_pending = True
-        self._injector.trigger()
+        self._injector.trigger(ApplicationEvent(_WAKE))
 
-    def _on_wake(self) -> None:
+    def on_msgsafe_wake(self, event: Any) -> None:
         with self._lock:
             self._wake_pending = False
         self._run_commands()
         self._side.woken()
-        self._write_now()
-
-    def _write_now(self) -> None:
-        """Write what the connection has for the peer (the transfers just made) to its
-        socket now, as proton's ``IOHandler`` does on the socket's next writable turn.
-
-        NOTE: proton writes only after one more turn of its loop (a select that finds
-        the socket writable, five handlers told of each event on the way): one turn of
-        the three each blocking send took. Only while proton is not watching the socket
-        for writability (nothing of its own left to write), so its view stays right:
-        what the socket does not take now, it writes on its turn.
-        """
-        if not self.opened:
-            return
-        try:
-            out = self._out
-            if out is None or out[2] != self.generation:
-                # Proton makes a new wrapper per ``conn.transport``: kept per connection.
-                transport = None if self.conn is None else self.conn.transport
-                found = None if transport is None else getattr(transport, "_selectable", None)
-                if found is None:
-                    return
-                out = self._out = (transport, found, self.generation)
-            transport, selectable, _ = out
-            if selectable.writing or selectable.is_terminal:
-                return
-            pending = transport.pending()
-            if pending > 0:
-                transport.pop(selectable.send(transport.peek(pending)))
-        except Exception as exc:  # EAGAIN, a closing transport: proton's turn deals with it
-            log.debug("writing at once to %s: %s", self._current, exc)
 
     def _run_commands(self) -> None:
         with self._lock:
@@ -637,9 +563,8 @@ class Engine(MessagingHandler):
         if self.call(stop):
             self._thread.join(timeout if timeout is not None else 10.0)
         if not self._thread.is_alive():
-            # NOTE: the selectable never closes its wake-up pipe (proton's EventInjector,
-            # whose interface it keeps, does not either); a process that opens many
-            # transports would run out of file descriptors.
+            # NOTE: proton's EventInjector never closes its wake-up pipe; a process that
+            # opens many transports would run out of file descriptors.
             for fd in self._injector.pipe:
                 with contextlib.suppress(OSError):
                     os.close(fd)

@@ -90,40 +90,9 @@ def encode_message(
     )
 
 
-#: The name of the application property ``msgsafe-id``, encoded: the one property of the
-#: common message (no headers, no key; see encode_envelope).
-_ID_NAME = _str(MESSAGE_ID_HEADER)
-
-
 def encode_envelope(envelope: Envelope) -> bytes:
     """``envelope`` as msgsafe sends it: its headers, the id and the key as application
     properties next to them."""
-    if not envelope.headers and envelope.key is None:
-        # encode_message(id, body, {MESSAGE_ID_HEADER: id}) without the dict, the
-        # generator and the calls per property: the common message, byte for byte.
-        mid = _str(envelope.message_id)
-        entries = _ID_NAME + mid
-        props = (
-            bytes((0xC0, len(mid) + 1, 1)) + mid
-            if len(mid) + 1 < 256
-            else _compound(0xC0, 0xD0, 1, mid)
-        )
-        app = (
-            bytes((0xC1, len(entries) + 1, 2)) + entries
-            if len(entries) + 1 < 256
-            else _compound(0xC1, 0xD1, 2, entries)
-        )
-        return b"".join(
-            (
-                _HEADER_DURABLE,
-                _PROPERTIES,
-                props,
-                _APPLICATION_PROPERTIES,
-                app,
-                _DATA,
-                _binary(envelope.body),
-            )
-        )
     properties: dict[str, str | bytes] = dict(envelope.headers)
     properties[MESSAGE_ID_HEADER] = envelope.message_id
     if envelope.key is not None:

@@ -12,19 +12,18 @@ loss), before anything queued later for the same address.
 from __future__ import annotations
 
 import collections
+import contextlib
 import heapq
 import itertools
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
 
 from proton import Delivery as ProtonDelivery
 
 from msgsafe.adapters._config import size_error
-from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged
 from msgsafe.adapters.amqp10._connection import Engine, EngineClient, log
 from msgsafe.adapters.amqp10._errors import detach_error, is_not_found, rejected_error
 from msgsafe.adapters.amqp10._wire import encode_envelope, send_bytes
@@ -39,7 +38,7 @@ from msgsafe.errors import (
     Refused,
 )
 from msgsafe.message import Envelope
-from msgsafe.ports import PublishCallback, PublishFuture, TransportCapabilities
+from msgsafe.ports import TransportCapabilities
 
 __all__ = ["Amqp10Transport", "Sends"]
 
@@ -58,9 +57,7 @@ _TERMINAL = (
 class Amqp10Transport(EngineClient):
     """Publishes durable messages over AMQP 1.0 with unsettled sends (at-least-once).
 
-    Implements :class:`msgsafe.ports.Transport` and :class:`msgsafe.ports.CallbackTransport`
-    (``publish_callback``: the same, with the callback the producer's receipt is, and no
-    future per message). Each envelope is sent as a durable
+    Implements :class:`msgsafe.ports.Transport`. Each envelope is sent as a durable
     message with ``message-id`` = ``envelope.message_id`` and the application properties
     ``msgsafe-id`` (the same id) and ``msgsafe-key`` (the key, binary) next to the
     envelope's headers. Outcomes map as:
@@ -75,15 +72,15 @@ class Amqp10Transport(EngineClient):
 
     A lost connection is not an error by itself: the transport fails over to the next
     candidate (URL hosts and the broker's ``failover-server-list``) and resends every
-    unsettled envelope with its id; only the deadline fails a send.
+    unsettled envelope with its id; only the deadline fails a future.
     ``max_in_flight`` bounds unresolved sends: ``publish`` waits for room up to
-    ``confirm_timeout`` and then fails the send with ``Refused``.
+    ``confirm_timeout`` and then fails the future with ``Refused``.
     """
 
-    #: ``publish`` and ``publish_callback`` (see msgsafe.ports): no batch seam, no
-    #: linger, no null body (an AMQP 1.0 message sent here always has a data section),
-    #: and no ordered_rounds (a released transfer does not fail the transfers behind it).
-    capabilities = TransportCapabilities(callback=True)
+    #: ``publish`` only (see msgsafe.ports): no callback or batch seam, no linger, no
+    #: null body (an AMQP 1.0 message sent here always has a data section), and no
+    #: ordered_rounds (a released transfer does not fail the transfers behind it).
+    capabilities = TransportCapabilities()
 
     def __init__(self, url: BrokerUrl, options: Amqp10Options) -> None:
         self._url = url
@@ -97,43 +94,38 @@ class Amqp10Transport(EngineClient):
         self._waiting = 0
         self._room = threading.Condition(threading.Lock())
         self._closed = False
-        self._sends = Sends(self._release)
+        self._sends = Sends()
         self._engine = Engine(url, options, self._sends, role="sender")
 
     def publish(self, envelope: Envelope) -> Future[None]:
         """Send ``envelope``; the future resolves when the broker accepted it."""
-        future = PublishFuture()
-        # NOTE: a transfer on the wire cannot be taken back; the future is not cancellable.
-        future.set_running_or_notify_cancel()
-        self.publish_callback(envelope, future)
-        return future
-
-    def publish_callback(self, envelope: Envelope, callback: PublishCallback) -> None:
-        """Send ``envelope``; ``callback`` learns the outcome once (``None``: accepted),
-        on this thread for an error found before sending, else on the container thread.
-        Everything else as :meth:`publish`."""
+        future: Future[None] = Future()
         if self._closed:
-            error: MsgsafeError | None = ClosedError(
-                "the transport is closed", endpoint=self.target, message_id=envelope.message_id
+            future.set_exception(
+                ClosedError(
+                    "the transport is closed", endpoint=self.target, message_id=envelope.message_id
+                )
             )
-        else:
-            error = size_error(envelope, self._size_limit, self.target)
-        if error is not None:
-            call_logged(log, PUBLISH_CALLBACK, callback, error)
-            return
+            return future
+        too_large = size_error(envelope, self._size_limit, self.target)
+        if too_large is not None:
+            future.set_exception(too_large)
+            return future
         # One deadline from the call: waiting for room spends the same confirm_timeout.
         deadline = time.monotonic() + self._options.confirm_timeout
         if not self._acquire(deadline):
-            refused = Refused(
-                f"{self._options.max_in_flight} messages in flight for "
-                f"{self._options.confirm_timeout}s: the broker is not confirming",
-                endpoint=self.target,
-                message_id=envelope.message_id,
+            future.set_exception(
+                Refused(
+                    f"{self._options.max_in_flight} messages in flight for "
+                    f"{self._options.confirm_timeout}s: the broker is not confirming",
+                    endpoint=self.target,
+                    message_id=envelope.message_id,
+                )
             )
-            call_logged(log, PUBLISH_CALLBACK, callback, refused)
-            return
-        # The window slot is given back (_release) when the outcome is reported.
-        self._sends.publish(envelope, callback, deadline)
+            return future
+        future.add_done_callback(self._done)
+        self._sends.publish(envelope, future, deadline)
+        return future
 
     def _acquire(self, deadline: float) -> bool:
         with self._room:
@@ -149,8 +141,7 @@ class Amqp10Transport(EngineClient):
             self._in_flight += 1
             return True
 
-    def _release(self) -> None:
-        """One send got its outcome: its window slot is free."""
+    def _done(self, future: Future[None]) -> None:
         with self._room:
             self._in_flight -= 1
             if self._waiting and self._in_flight <= self._low_water:
@@ -178,7 +169,7 @@ class Amqp10Transport(EngineClient):
 class _Outgoing:
     seq: int
     envelope: Envelope
-    callback: PublishCallback
+    future: Future[None]
     deadline: float
     generation: int = 0  #: connection generation it was last transferred on; 0: never
     tag: str | None = None
@@ -190,18 +181,16 @@ class Sends:
     _connection.Side` of a sender engine.
 
     ``publish`` is called from any thread (a lock-free hand-over); everything else runs
-    on the engine's container thread. Every send ends with one call of ``released``
-    (the transport's window), then one of its callback.
+    on the engine's container thread.
     """
 
     #: The engine whose connection the sends go over (set by :meth:`bind`).
     engine: Engine
 
-    def __init__(self, released: Callable[[], None] = lambda: None) -> None:
-        self._released = released
-        #: Sends handed over by publish(): (envelope, callback, deadline). deque.append
-        #: and popleft are atomic, so the hot path takes no lock beyond the wake-up flag.
-        self._incoming: collections.deque[tuple[Envelope, PublishCallback, float]] = (
+    def __init__(self) -> None:
+        #: Sends handed over by publish(): (envelope, future, deadline). deque.append and
+        #: popleft are atomic, so the hot path takes no lock beyond the wake-up flag.
+        self._incoming: collections.deque[tuple[Envelope, Future[None], float]] = (
             collections.deque()
         )
         self._idle = threading.Condition()
@@ -222,14 +211,14 @@ class Sends:
 
     # --- any thread ----------------------------------------------------------------------
 
-    def publish(self, envelope: Envelope, callback: PublishCallback, deadline: float) -> None:
-        """Queue ``envelope``; ``callback`` gets its outcome by ``deadline``
+    def publish(self, envelope: Envelope, future: Future[None], deadline: float) -> None:
+        """Queue ``envelope``; ``future`` resolves with its outcome by ``deadline``
         (``time.monotonic()`` seconds)."""
         engine = self.engine
         if engine.stopped:
-            self._report(callback, _closed(engine, envelope))
+            _set_exception(future, _closed(engine, envelope))
             return
-        self._incoming.append((envelope, callback, deadline))
+        self._incoming.append((envelope, future, deadline))
         if engine.stopped:  # the thread ended between the check and the append
             self._fail_incoming()
             return
@@ -247,19 +236,10 @@ class Sends:
         # even when publish() and the container thread's exit race.
         while True:
             try:
-                envelope, callback, _ = self._incoming.popleft()
+                envelope, future, _ = self._incoming.popleft()
             except IndexError:
                 return
-            self._report(callback, _closed(self.engine, envelope))
-
-    def _report(self, callback: PublishCallback, error: MsgsafeError | None) -> None:
-        """A send's one outcome: its window slot back, then its callback (guarded; a
-        caller woken by it finds the slot free)."""
-        self._released()
-        try:
-            callback(error)
-        except Exception:
-            log.exception("%s raised; ignored", PUBLISH_CALLBACK)
+            _set_exception(future, _closed(self.engine, envelope))
 
     # --- the Side protocol (container thread) -------------------------------------------
 
@@ -389,19 +369,18 @@ class Sends:
 
     # --- sending -------------------------------------------------------------------------
 
-    def _enqueue(self, envelope: Envelope, callback: PublishCallback, deadline: float) -> None:
+    def _enqueue(self, envelope: Envelope, future: Future[None], deadline: float) -> None:
         engine = self.engine
         if engine.fatal is not None:
-            self._report(callback, engine.fatal.with_id(envelope.message_id))
+            _set_exception(future, engine.fatal.with_id(envelope.message_id))
             return
         if engine.closing:
-            self._report(callback, _closed(engine, envelope))
+            _set_exception(future, _closed(engine, envelope))
             return
         if engine.all_failed:
-            unsent = _Outgoing(0, envelope, callback, 0.0)
-            self._report(callback, self._unreachable_error(unsent))
+            _set_exception(future, self._unreachable_error(_Outgoing(0, envelope, future, 0.0)))
             return
-        out = _Outgoing(next(self._seq), envelope, callback, deadline)
+        out = _Outgoing(next(self._seq), envelope, future, deadline)
         self._outstanding[out.seq] = out
         heapq.heappush(self._deadlines, (deadline, out.seq))
         self._queues.setdefault(envelope.destination, collections.deque()).append(out)
@@ -515,10 +494,19 @@ class Sends:
                 self._idle.notify_all()
         if out.tag is not None:
             self._inflight.pop(out.tag, None)
-        self._report(out.callback, error)
+        if error is None:
+            with contextlib.suppress(InvalidStateError):
+                out.future.set_result(None)
+        else:
+            _set_exception(out.future, error)
 
 
 def _closed(engine: Engine, envelope: Envelope) -> ClosedError:
     return ClosedError(
         "the transport is closed", endpoint=engine.target, message_id=envelope.message_id
     )
+
+
+def _set_exception(future: Future[None], error: BaseException) -> None:
+    with contextlib.suppress(InvalidStateError):
+        future.set_exception(error)

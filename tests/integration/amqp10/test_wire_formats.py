@@ -11,11 +11,10 @@ from hypothesis import strategies as st
 from proton import Message, symbol
 
 from msgsafe.adapters.amqp10._failover import parse_failover_list
-from msgsafe.adapters.amqp10._wire import KEY_HEADER, encode_envelope, encode_message
+from msgsafe.adapters.amqp10._wire import encode_message
 from msgsafe.adapters.amqp10.config import load_options
 from msgsafe.endpoints import Endpoint, MergePolicy, parse_url
 from msgsafe.errors import ConfigurationError
-from msgsafe.message import MESSAGE_ID_HEADER, Envelope
 
 _text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=300)
 
@@ -39,25 +38,6 @@ def test_encoded_message_decodes_with_proton(
         for k, v in (decoded.properties or {}).items()
     }
     assert got == properties
-
-
-@settings(max_examples=100, deadline=None)
-@given(
-    message_id=st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=300),
-    body=st.binary(max_size=700),
-    key=st.one_of(st.none(), st.binary(max_size=40)),
-    headers=st.dictionaries(st.text(min_size=1, max_size=20), _text, max_size=3),
-)
-def test_an_envelope_is_encoded_as_its_properties_say(
-    message_id: str, body: bytes, key: bytes | None, headers: dict[str, str]
-) -> None:
-    # The common envelope (no headers, no key) has a path of its own: the same bytes.
-    headers = {k: v for k, v in headers.items() if k not in (MESSAGE_ID_HEADER, KEY_HEADER)}
-    envelope = Envelope.build("q", body, key=key, headers=headers, message_id=message_id)
-    properties: dict[str, str | bytes] = {**headers, MESSAGE_ID_HEADER: message_id}
-    if key is not None:
-        properties[KEY_HEADER] = key
-    assert encode_envelope(envelope) == encode_message(message_id, body, properties)
 
 
 def test_failover_list_as_qpid_sends_it() -> None:
