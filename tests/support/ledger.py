@@ -239,21 +239,25 @@ def receive_until(
     expected: Iterable[str],
     quiet_s: float = 2.0,
     deadline_s: float = 120.0,
-) -> None:
+) -> list[str]:
     """Receive and ack until every ``expected`` id arrived and nothing came for ``quiet_s``
-    (so duplicates still on their way are counted too), or until ``deadline_s``."""
+    (so duplicates still on their way are counted too), or until ``deadline_s``; returns
+    the ids in arrival order, copies included (for :meth:`Ledger.order_violations`)."""
     want = set(expected)
+    arrivals: list[str] = []
     deadline = time.monotonic() + deadline_s
     last = time.monotonic()
     while time.monotonic() < deadline:
         batch = receiver.receive(max_messages=500, timeout=0.5)
         for delivery in batch:
+            arrivals.append(str(delivery.message_id))
             ledger.add_received(delivery.message_id)
             delivery.ack()
         if batch:
             last = time.monotonic()
         elif want <= set(ledger.received) and time.monotonic() - last >= quiet_s:
-            return
+            break
+    return arrivals
 
 
 def receive_receipted(
@@ -264,13 +268,14 @@ def receive_receipted(
     prefetch: int = 500,
     quiet_s: float = 2.0,
     deadline_s: float = 120.0,
-) -> None:
+) -> list[str]:
     """Open a receiver on ``url`` (the adapter its scheme names), subscribe to
-    ``destination`` and :func:`receive_until` every receipted id arrived; closed after."""
+    ``destination`` and :func:`receive_until` every receipted id arrived; closed after.
+    Returns the ids in arrival order."""
     receiver = open_receiver(parse_url(url), {"prefetch": prefetch})
     try:
         receiver.subscribe(destination)
-        receive_until(
+        return receive_until(
             receiver, ledger, expected=ledger.receipted, quiet_s=quiet_s, deadline_s=deadline_s
         )
     finally:

@@ -25,9 +25,7 @@ import psycopg
 import pytest
 
 from msgsafe import Producer, Status
-from msgsafe.adapters import open_receiver
 from msgsafe.cluster.postgres import PostgresCluster
-from msgsafe.endpoints import parse_url
 from msgsafe.message import Envelope
 from msgsafe.message_ids import new_message_id
 from msgsafe.outbox import PostgresOutbox
@@ -35,7 +33,7 @@ from msgsafe.testing import MemoryBroker
 from msgsafe.testing.faultproxy import FaultProxy
 from tests.fixtures.rabbitmq import RabbitUrls
 from tests.support.commands import ROOT
-from tests.support.ledger import Ledger
+from tests.support.ledger import Ledger, receive_receipted
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -301,32 +299,8 @@ def test_a_forwarder_killed_holding_leases_is_taken_over_within_the_bound(
         out = second.stdout.read() if second.stdout is not None else ""
         assert '"stopped_by": "signal"' in out, out[-2000:]
 
-    arrivals = _receive(rabbit_urls.amqp[0], queue, ledger)
+    arrivals = receive_receipted(rabbit_urls.amqp[0], queue, ledger)
     report = ledger.report("takeover")
     print(report)
     assert not ledger.lost and not ledger.unknown, report
     assert ledger.order_violations(arrivals) == []
-
-
-def _receive(url: str, queue: str, ledger: Ledger) -> list[str]:
-    """Every delivery of ``queue`` into ``ledger`` until each receipted id arrived and
-    nothing came for 2 s; the ids in arrival order (copies included)."""
-    arrivals: list[str] = []
-    receiver = open_receiver(parse_url(url), {"prefetch": 500})
-    try:
-        receiver.subscribe(queue)
-        deadline = time.monotonic() + 120
-        quiet_since = time.monotonic()
-        while time.monotonic() < deadline:
-            batch = receiver.receive(max_messages=500, timeout=0.5)
-            for delivery in batch:
-                arrivals.append(str(delivery.message_id))
-                ledger.add_received(delivery.message_id)
-                delivery.ack()
-            if batch:
-                quiet_since = time.monotonic()
-            elif not ledger.missing() and time.monotonic() - quiet_since > 2:
-                break
-    finally:
-        receiver.close()
-    return arrivals

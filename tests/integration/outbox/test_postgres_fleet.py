@@ -22,13 +22,11 @@ from dataclasses import dataclass, field
 import psycopg
 import pytest
 
-from msgsafe.adapters import open_receiver
 from msgsafe.cluster._process import free_ports
 from msgsafe.cluster.postgres import PostgresCluster
-from msgsafe.endpoints import parse_url
 from tests.fixtures.rabbitmq import RabbitUrls
 from tests.support.commands import ROOT
-from tests.support.ledger import Ledger
+from tests.support.ledger import Ledger, receive_receipted
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -159,24 +157,7 @@ def test_four_producers_three_forwarders_one_of_each_killed(
         assert child.proc.wait(60) == 0
         assert '"stopped_by": "signal"' in "\n".join(child.lines), child.lines[-12:]
 
-    arrivals: list[str] = []
-    receiver = open_receiver(parse_url(rabbit_urls.cluster), {"prefetch": 500})
-    try:
-        receiver.subscribe(queue)
-        deadline = time.monotonic() + 120
-        quiet_since = time.monotonic()
-        while time.monotonic() < deadline:
-            batch = receiver.receive(max_messages=500, timeout=0.5)
-            for delivery in batch:
-                arrivals.append(str(delivery.message_id))
-                ledger.add_received(delivery.message_id)
-                delivery.ack()
-            if batch:
-                quiet_since = time.monotonic()
-            elif not ledger.missing() and time.monotonic() - quiet_since > 2:
-                break
-    finally:
-        receiver.close()
+    arrivals = receive_receipted(rabbit_urls.cluster, queue, ledger)
     report = ledger.report("pg fleet")
     print(f"{report} drained_after_kill_s={drained_s:.1f}")
     assert not ledger.lost, report
