@@ -22,10 +22,13 @@ block may use what an earlier one defined (the URL, a producer).
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.commands import Run, run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -180,3 +183,32 @@ def program(blocks: Sequence[Block], values: Mapping[str, str] | None = None) ->
                 code = re.sub(rf"(?<=[\"'/]){name}(?=[\"'])", fresh, code)
         parts.append(f"# --- {block.where}\n{code}")
     return "\n\n".join(parts) + "\n"
+
+
+def run_blocks(
+    blocks: Sequence[Block],
+    values: Mapping[str, str] | None = None,
+    *,
+    label: str,
+    cwd: Path,
+    timeout: float,
+) -> Run:
+    """Run :func:`program` of ``blocks`` in a fresh interpreter in ``cwd``, with a HOME of
+    its own there (an outbox a block opens by default lands in the test's directory, not
+    the user's) and this checkout first on the import path."""
+    home = cwd / "home"
+    home.mkdir()
+    return run_python(
+        "-c",
+        program(blocks, values),
+        label=label,
+        cwd=cwd,
+        env={
+            "HOME": str(home),
+            "XDG_DATA_HOME": str(home / ".local" / "share"),
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
+            ),
+        },
+        timeout=timeout,
+    )

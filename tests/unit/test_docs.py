@@ -5,7 +5,6 @@ as a reader would run them. The blocks that need one run in tests/integration/do
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from tests.support.docs_blocks import (
     all_blocks,
     groups,
     pages,
-    program,
+    run_blocks,
 )
 
 BLOCKS = all_blocks()
@@ -70,21 +69,8 @@ def test_every_page_of_the_site_is_read_for_blocks() -> None:
 @pytest.mark.parametrize("page", sorted(FAST))
 def test_the_blocks_of_a_page_run(page: str, tmp_path: Path) -> None:
     blocks: list[Block] = FAST[page]
-    home = tmp_path / "home"
-    home.mkdir()
-    result = run_python(
-        "-c",
-        program(blocks),
-        label=f"python blocks of {page} ({len(blocks)})",
-        cwd=tmp_path,
-        env={
-            "HOME": str(home),
-            "XDG_DATA_HOME": str(home / ".local" / "share"),
-            "PYTHONPATH": os.pathsep.join(
-                p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
-            ),
-        },
-        timeout=120,
+    result = run_blocks(
+        blocks, label=f"python blocks of {page} ({len(blocks)})", cwd=tmp_path, timeout=120
     )
     print(result.stdout)
     assert result.code == 0, f"{page}:\n{result.stderr[-5000:]}"

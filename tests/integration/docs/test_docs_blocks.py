@@ -7,15 +7,14 @@ broker in tests/unit/test_docs.py."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.support.commands import ROOT, Run, run_python
-from tests.support.docs_blocks import DESTINATIONS, all_blocks, groups, program
+from tests.support.commands import Run
+from tests.support.docs_blocks import DESTINATIONS, all_blocks, groups, run_blocks
 
 pytestmark = pytest.mark.integration
 
@@ -104,20 +103,11 @@ def test_the_blocks_of_a_page_run(
     values = FIXTURES[need](request)
     for name in DESTINATIONS:
         values.setdefault(f"dest_{name}", f"docs-{name}-{uuid.uuid4().hex[:8]}")
-    home = tmp_path / "home"
-    home.mkdir()
-    run = run_python(
-        "-c",
-        program(blocks, values),
+    run = run_blocks(
+        blocks,
+        values,
         label=f"python blocks of {page} on {need} ({len(blocks)})",
         cwd=tmp_path,
-        env={
-            "HOME": str(home),
-            "XDG_DATA_HOME": str(home / ".local" / "share"),
-            "PYTHONPATH": os.pathsep.join(
-                p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
-            ),
-        },
         timeout=300,
     )
     print(run.stdout)
