@@ -68,11 +68,8 @@ class KafkaTransport:
     Thread-safe. A fatal producer error (the idempotence state is lost) recreates the
     producer; the messages it held fail transiently, so the caller stores them in the
     outbox and nothing is lost. An envelope marked ``tombstone`` is produced with a null
-    value (``tombstones`` is True: the producer lets such envelopes through).
+    value (``capabilities.tombstones``: the producer lets such envelopes through).
     """
-
-    #: Kafka records can have a null value: a tombstone envelope is sent as one.
-    tombstones = True
 
     def __init__(self, url: BrokerUrl, options: KafkaOptions) -> None:
         self._target = url.redacted()
@@ -90,23 +87,20 @@ class KafkaTransport:
         return self._target
 
     @property
-    def ordered_rounds(self) -> bool:
-        """What is handed over later goes out later on each key's partition, across
-        batches (idempotent producer: max.in.flight <= 5, ordered retries, what is
-        queued behind a failure fails), so the outbox forwarder may publish its next
-        round while the last is answered (see msgsafe.outbox.forwarder). Not without
-        idempotence (``allow_unsafe``): a retry may then overtake."""
-        return self._options.enable_idempotence
-
-    @property
     def capabilities(self) -> TransportCapabilities:
-        """Every optional seam of msgsafe.ports, tombstones, and ordered_rounds (above)."""
+        """Every optional seam of msgsafe.ports; tombstones (a Kafka record can have a
+        null value: a tombstone envelope is sent as one); and ordered_rounds with
+        idempotence: what is handed over later goes out later on each key's partition,
+        across batches (max.in.flight <= 5, ordered retries, what is queued behind a
+        failure fails), so the outbox forwarder may publish its next round while the
+        last is answered (see msgsafe.outbox.forwarder). Not without idempotence
+        (``allow_unsafe``): a retry may then overtake."""
         return TransportCapabilities(
             callback=True,
             batch=True,
             hurry=True,
             tombstones=True,
-            ordered_rounds=self.ordered_rounds,
+            ordered_rounds=self._options.enable_idempotence,
             listen_errors=True,
         )
 
