@@ -1,9 +1,10 @@
 """The clients' own test suites, run twice on the same real broker: with the real client
 and with msgsafe's wrapper, and the outcomes compared.
 
-    python3 -m tests.thirdparty.client_suites --checkout pika=DIR --checkout confluent-kafka=DIR
+    python3 -m tests.thirdparty.client_suites --checkout pika=DIR --checkout confluent-kafka=DIR ...
 
-``DIR`` is a checkout of the client's repository at the commit :data:`SUITES` names
+``DIR`` is a checkout of the client's repository at the commit its suite names (one
+module of :mod:`tests.thirdparty.suites` a client)
 (``tests/thirdparty/README.md`` says how to get one). For each side the suite's files are
 copied into a temporary tree with the harness edits of :class:`Suite` (the import swap on
 the wrapper side, the broker address, a pika 1.4 module name), the tests that only look
@@ -25,161 +26,48 @@ import tempfile
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.cluster.rabbitmq import RabbitCluster
+from tests.thirdparty.suites import SUITES
+from tests.thirdparty.suites.model import Suite
 
 #: Outcome of one test id: "passed", "failed", "error" or "skipped".
 Outcomes = dict[str, str]
 
 
-@dataclass(frozen=True)
-class Suite:
-    """One client's suite: where it comes from and how the harness runs it."""
-
-    repo: str
-    commit: str
-    test_file: str
-    #: Other files of the checkout the test file imports (copied as they are).
-    support: tuple[str, ...]
-    #: (old, new) text edits for both sides; ``{address}`` in ``new`` is the broker's.
-    edits: tuple[tuple[str, str], ...]
-    #: (old, new) text edits for the wrapper side only: the import swap.
-    swap: tuple[tuple[str, str], ...]
-    #: Test (class or function) name -> why it is not run: it reads private internals.
-    set_aside: dict[str, str]
-    #: Test id -> why the wrapper's outcome differs on purpose (one line each).
-    intended: dict[str, str]
-    #: conftest.py written next to the tests (harness changes that are not text edits).
-    conftest: str = ""
-    env: dict[str, str] = field(default_factory=dict)
-
-
-_PIKA_CONFTEST = '''\
-"""Harness: BlockingTestCaseBase without pika's private instrumentation.
-
-Upstream _connect_params passes _impl_class and arms a test timer and an exception-leak
-probe on connection._impl (pika's private SelectConnection); neither exists behind
-another BlockingConnection, so both sides run without them.
-"""
-
-
-def pytest_collection_modifyitems(session, config, items):
-    for module in {item.module for item in items}:
-        base = getattr(module, "BlockingTestCaseBase", None)
-        if base is None:
-            continue
-
-        def _connect_params(self, parameters, connection_class=None, impl_class=None):
-            connection = (connection_class or module.pika.BlockingConnection)(parameters)
-            self.addCleanup(lambda: connection.close() if connection.is_open else None)
-            return connection
-
-        base._connect_params = _connect_params
-        base._instrument_io_loop_exception_leak_detection = lambda self, connection: None
-'''
-
-#: pika's acceptance tests: what each set-aside test reads of pika's private state.
-_PIKA_PRIVATE = {
-    "TestCreateAndCloseConnection": "asserts connection._impl.is_closing",
-    "TestCreateConnectionFromTwoConfigsFirstUnreachable": "reads connection._impl.params",
-    "TestMultiCloseConnectionRaisesWrongState": "asserts connection._impl.is_closing",
-    "TestLostConnectionResultsInIsClosedConnectionAndChannel": "shuts _impl._transport._sock",
-    "TestCreateAndCloseConnectionWithChannelAndConsumer": "asserts _impl._channels",
-    "TestSuddenBrokerDisconnectBeforeChannel": "asserts connection._impl._transport",
-    "TestNoAccessToConnectionAfterConnectionLost": "asserts connection._impl._transport",
-    "TestDisconnectDuringConnectionStart": "passes _impl_class (a SelectConnection subclass)",
-    "TestDisconnectDuringConnectionTune": "passes _impl_class (a SelectConnection subclass)",
-    "TestDisconnectDuringConnectionProtocol": "passes _impl_class (a SelectConnection subclass)",
-    "TestConnectionRegisterForBlockAndUnblock": "calls _impl._process_frame",
-    "TestBlockedConnectionTimeout": "calls connection._impl._on_connection_blocked",
-    "TestAddTimeoutRemoveTimeout": "builds blocking_connection._TimerEvt",
-    "TestRemoveTimeoutFromTimeoutCallback": "asserts connection._ready_events",
-    "TestConnectionProperties": "asserts connection._impl.is_closing",
-    "TestCreateAndCloseChannel": "asserts channel._impl.is_closing",
-    "TestConfirmDeliveryAfterUnroutableMessage": "asserts channel._pending_events",
-    "TestUnroutableMessagesReturnedInNonPubackMode": "asserts channel._pending_events",
-    "TestUnroutableMessageReturnedInPubackMode": "asserts channel._pending_events",
-    "TestBasicPublishDeliveredWhenPendingUnroutable": "asserts channel._pending_events",
-    "TestPublishAndConsumeWithPubacksAndQosOfOne": "asserts channel._pending_events",
-    "TestTwoBasicConsumersOnSameChannel": "asserts channel._pending_events",
-    "TestBasicCancelPurgesPendingConsumerCancellationEvt": "polls channel._pending_events",
-    "TestBasicPublishWithoutPubacks": "asserts channel._pending_events",
-    "TestStartConsumingReturnsAfterCancelFromBroker": "asserts channel._consumer_infos",
-    "TestNonPubAckPublishAndConsumeHugeMessage": "asserts channel._queue_consumer_generator",
-    "TestNonPubAckPublishAndConsumeManyMessages": "asserts channel._queue_consumer_generator",
-    "TestConsumeGeneratorInterruptedByCancelFromBroker": "asserts _queue_consumer_generator",
-    "TestConsumeGeneratorCancelEncountersCancelFromBroker": "polls _queue_consumer_generator",
-}
-
-SUITES: dict[str, Suite] = {
-    "pika": Suite(
-        repo="pika/pika",
-        commit="09682a233db3b2db02c93d9187f35eea885433b1",
-        test_file="tests/acceptance/blocking_adapter_test.py",
-        support=("tests/misc/test_utils.py", "tests/misc/forward_server.py"),
-        edits=(
-            ("{'port': 5672}", "{{'port': {port}}}"),
-            # pika 1.4 (installed) names the module pika.compat; later pika pika._utils.
-            ("from pika._utils import", "from pika.compat import"),
-        ),
-        swap=(("import pika\nimport pika.exceptions\n", "import msgsafe.compat.pika as pika\n"),),
-        set_aside=_PIKA_PRIVATE,
-        intended={},
-        conftest=_PIKA_CONFTEST,
-    ),
-    "confluent-kafka": Suite(
-        repo="confluentinc/confluent-kafka-python",
-        commit="01bc439c9e837e535722a05ed581ed46d2200641",
-        test_file="tests/test_Producer.py",
-        support=("tests/common/__init__.py",),
-        edits=(
-            ("localhost:9092", "{address}"),
-            ("127.0.0.1:9092", "{address}"),
-            # The avro extra (avro, requests) is not a msgsafe dependency: without it the
-            # one test that makes an AvroProducer gets the ImportError it skips on.
-            (
-                "from confluent_kafka.avro import AvroProducer\n",
-                "try:\n    from confluent_kafka.avro import AvroProducer\n"
-                "except ImportError as _no_avro:\n"
-                "    def AvroProducer(*args, _exc=_no_avro, **kwargs):\n"
-                "        raise ImportError(str(_exc))\n",
-            ),
-        ),
-        swap=(
-            (
-                "from confluent_kafka import Producer,",
-                "from msgsafe.compat.confluent_kafka import Producer,",
-            ),
-        ),
-        set_aside={},
-        intended={
-            "test_transaction_api": "transactional.id is refused: msgsafe's transactional "
-            "outbox replaces Kafka transactions",
-        },
-    ),
-}
-
-
 def _copy_tree(checkout: Path, suite: Suite, root: Path, *, wrapper: bool, address: str) -> None:
-    """The suite's files under ``root`` with the harness edits of ``suite``."""
-    for name in (suite.test_file, *suite.support):
+    """The suite's files under ``root`` with the harness edits of ``suite`` (applied to
+    the test files and to the Python files among ``support``)."""
+    port = address.rsplit(":", 1)[-1]
+    texts: dict[str, str] = {}
+    for name in suite.test_files:
         source = checkout / name
-        target = root / name
-        target.parent.mkdir(parents=True, exist_ok=True)
+        if not source.exists():
+            raise SystemExit(f"{suite.repo}: {name} is not in the checkout {checkout}")
+        texts[name] = source.read_text()
+    for name in suite.support:
+        source = checkout / name
         if not source.exists():
             continue  # an optional helper this commit does not have
-        if name != suite.test_file:
+        target = root / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, dirs_exist_ok=True)
+        elif name.endswith(".py"):
+            texts[name] = source.read_text()
+        else:
             shutil.copyfile(source, target)
-            continue
-        text = source.read_text()
-        port = address.rsplit(":", 1)[-1]
-        for old, new in suite.edits + (suite.swap if wrapper else ()):
-            if old not in text:
-                raise SystemExit(f"{suite.repo}:{name}: harness edit not applicable: {old!r}")
-            text = text.replace(old, new.format(address=address, port=port))
+    for old, new in suite.edits + (suite.swap if wrapper else ()):
+        if not any(old in text for text in texts.values()):
+            raise SystemExit(f"{suite.repo}: harness edit not applicable: {old!r}")
+        for name, text in texts.items():
+            texts[name] = text.replace(old, new.format(address=address, port=port))
+    for name, text in texts.items():
+        target = root / name
+        target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
     for directory in {p.parent for p in root.rglob("*.py")} | {root / "tests"}:
         init = directory / "__init__.py"
@@ -189,13 +77,18 @@ def _copy_tree(checkout: Path, suite: Suite, root: Path, *, wrapper: bool, addre
         (root / "conftest.py").write_text(suite.conftest)
 
 
-def _outcomes(report: Path) -> Outcomes:
-    """Test id (``Class::test`` or function name with parameters) -> outcome."""
+def _outcomes(report: Path, *, by_module: bool = False) -> Outcomes:
+    """Test id (``Class::test`` or function name with parameters, prefixed with
+    ``module::`` when ``by_module``) -> outcome."""
     outcomes: Outcomes = {}
     for case in ElementTree.parse(report).iter("testcase"):
-        klass = case.get("classname", "").rsplit(".", 1)[-1]
+        parts = case.get("classname", "").split(".")
+        klass = parts[-1]
         name = case.get("name", "")
         key = name if klass[:1].islower() else f"{klass}::{name}"
+        if by_module:
+            module = klass if klass[:1].islower() else (parts[-2] if len(parts) > 1 else "")
+            key = f"{module}::{key}"
         kinds = {child.tag for child in case}
         if "failure" in kinds:
             outcomes[key] = "failed"
@@ -213,7 +106,11 @@ def run_side(checkout: Path, suite: Suite, *, wrapper: bool, address: str, work:
     root = work / ("wrapper" if wrapper else "real")
     _copy_tree(checkout, suite, root, wrapper=wrapper, address=address)
     report = root / "report.xml"
-    deselect = [f"--deselect={suite.test_file}::{name}" for name in suite.set_aside]
+    deselect = [
+        f"--deselect={test_file}::{name}"
+        for test_file in suite.test_files
+        for name in suite.set_aside
+    ]
     env = {
         **os.environ,
         **suite.env,
@@ -226,13 +123,14 @@ def run_side(checkout: Path, suite: Suite, *, wrapper: bool, address: str, work:
             sys.executable,
             "-m",
             "pytest",
-            suite.test_file,
+            *suite.test_files,
             "-q",
             "-p",
             "no:cacheprovider",
             "--timeout=120",
             f"--junitxml={report}",
             *deselect,
+            *suite.pytest_args,
         ],
         cwd=root,
         env=env,
@@ -240,7 +138,7 @@ def run_side(checkout: Path, suite: Suite, *, wrapper: bool, address: str, work:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    return _outcomes(report)
+    return _outcomes(report, by_module=len(suite.test_files) > 1)
 
 
 @dataclass(frozen=True)
@@ -280,27 +178,32 @@ class Comparison:
 
 
 @contextmanager
-def _broker(name: str) -> Iterator[str]:
-    """A one-node broker for the suite: its ``host:port``."""
-    if name == "pika":
+def _broker(kind: str) -> Iterator[str]:
+    """A one-node broker of ``kind`` (``rabbitmq``, ``kafka``) started through
+    :mod:`msgsafe.cluster`: its ``host:port``. ``none``: the suite brings its own peer."""
+    if kind == "none":
+        yield ""
+    elif kind == "rabbitmq":
         rabbit = RabbitCluster(size=1)
         rabbit.start()
         try:
             yield f"127.0.0.1:{rabbit.port(0)}"
         finally:
             rabbit.stop()
-    else:
+    elif kind == "kafka":
         kafka = KafkaCluster(nodes=1)
         kafka.start()
         try:
             yield kafka.bootstrap
         finally:
             kafka.stop()
+    else:
+        raise SystemExit(f"no broker of kind {kind!r}")
 
 
 def compare(name: str, checkout: Path, work: Path) -> Comparison:
     suite = SUITES[name]
-    with _broker(name) as address:
+    with _broker(suite.broker) as address:
         real = run_side(checkout, suite, wrapper=False, address=address, work=work / name)
         wrapped = run_side(checkout, suite, wrapper=True, address=address, work=work / name)
     return Comparison(name, real, wrapped, suite)
