@@ -46,6 +46,21 @@ if [ $paths -eq 0 ]; then
   echo "== mypy --strict"; python3 -m mypy || exit 1
   echo "== mypy tests (looser profile: pyproject.toml)"; python3 -m mypy tests || exit 1
 fi
+if [ $fast -eq 0 ] && [ $paths -eq 0 ]; then
+  # Everything: the tests without a broker first, four workers on two cores (they mostly
+  # wait), then the ones against real brokers one at a time (they start clusters and
+  # break them; two at once on two cores would race each other's timeouts).
+  echo "== pytest: tests without a broker (4 workers)"
+  python3 -m pytest -ra --durations=10 -n 4 -m "not integration and not chaos" tests "$@"
+  first=$?
+  [ $first -eq 5 ] && { echo "no tests were collected"; exit 1; }
+  echo "== pytest: integration and chaos, against real brokers"
+  python3 -m pytest -ra --durations=40 -m "integration or chaos" tests "$@"
+  rc=$?
+  [ $rc -eq 5 ] && { echo "no tests were collected"; exit 1; }
+  [ $first -ne 0 ] && exit $first
+  exit $rc
+fi
 echo "== pytest"
 python3 -m pytest -ra --durations=15 "$@"
 rc=$?
