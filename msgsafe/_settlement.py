@@ -200,27 +200,35 @@ class Settlement:
         if store is None:  # pragma: no cover - thread only started with a store
             return
         while True:
-            item = self._queue.get()
-            if item is None:
+            first = self._queue.get()
+            if first is None:
                 return
-            batch = [item]
-            while len(batch) < _STORE_BATCH:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self._queue.put(None)
-                    break
-                batch.append(nxt)
-            error: OutboxError | None = None
+            self._store_round(store, first)
+            # NOTE: no local may keep a settled send while get() waits, maybe for the
+            # producer's whole life: a send holds its callbacks, and a wrapper's report
+            # among them holds the wrapper, whose finalizer closes this producer.
+            del first
+
+    def _store_round(self, store: OutboxStore, first: StoreItem) -> None:
+        """One durable put of ``first`` and whatever else is queued (up to _STORE_BATCH)."""
+        batch = [first]
+        while len(batch) < _STORE_BATCH:
             try:
-                store.put([item.envelope for item in batch])
-            except Exception as exc:  # the writer thread must never die
-                error = _outbox_error(exc)
-            self._settle_stored(batch, error)
-            if error is None and self._wake_forwarder is not None:
-                self._wake_forwarder()
+                nxt = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is None:
+                self._queue.put(None)
+                break
+            batch.append(nxt)
+        error: OutboxError | None = None
+        try:
+            store.put([item.envelope for item in batch])
+        except Exception as exc:  # the writer thread must never die
+            error = _outbox_error(exc)
+        self._settle_stored(batch, error)
+        if error is None and self._wake_forwarder is not None:
+            self._wake_forwarder()
 
     def _settle_stored(self, batch: list[StoreItem], error: OutboxError | None) -> None:
         """Resolve a batch the writer stored (or failed to): one lock for the whole

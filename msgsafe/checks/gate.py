@@ -132,8 +132,13 @@ class DestinationGate:
         try:
             return self._inspect(destination)
         except TransientError as exc:
-            self._unreachable[destination] = (self._clock() + _UNREACHABLE_S, exc)
-            log.info("destination %s not checked: %s", destination, exc)
+            # A copy without a traceback is kept: the one raised collects the frames of
+            # the send that asked (its message, its future) and would keep them alive
+            # for as long as this answer is cached.
+            kept = exc.with_id(None)
+            self._unreachable[destination] = (self._clock() + _UNREACHABLE_S, kept)
+            # The copy in the record too: a handler may keep records (pytest's does).
+            log.info("destination %s not checked: %s", destination, kept)
             raise
         except MsgsafeError:
             raise
@@ -142,8 +147,9 @@ class DestinationGate:
                 f"the check of {destination!r} failed: {type(exc).__name__}: {exc}",
                 endpoint=self._endpoint,
             )
-            self._unreachable[destination] = (self._clock() + _UNREACHABLE_S, error)
-            log.warning("%s", error)
+            kept = error.with_id(None)
+            self._unreachable[destination] = (self._clock() + _UNREACHABLE_S, kept)
+            log.warning("%s", kept)
             raise error from exc
 
     def _decide(self, report: DestinationReport) -> Guarantee:

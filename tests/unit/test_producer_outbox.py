@@ -153,3 +153,30 @@ def test_full_outbox_raises_outbox_full(memory_broker: MemoryBroker, tmp_path: P
             p.send("q", b"x", message_id="sixth")
         assert info.value.message_id == "sixth"
         assert p.pending() == 5
+
+
+def test_the_outbox_writer_keeps_no_stored_send_alive(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    # A wrapper's report (a done callback) refers to the wrapper, whose finalizer closes
+    # the producer: a stored send the writer thread still held kept both alive.
+    import gc
+    import time
+    import weakref
+
+    class Owner:
+        pass
+
+    with producer(memory_broker, tmp_path / "o.db") as p:
+        memory_broker.down()
+        owner = Owner()
+        future = p.send_async("q", b"x")
+        future.add_done_callback(lambda f, o=owner: None)  # holds owner, as a report does
+        assert future.result(10).status is Status.STORED
+        dropped = weakref.ref(owner)
+        del owner, future
+        # The writer may still be running the callbacks it just resolved: poll, bounded.
+        deadline = time.monotonic() + 5
+        while gc.collect() >= 0 and dropped() is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert dropped() is None, "a stored send is still referenced while the writer waits"
