@@ -75,7 +75,10 @@ SEAM_PROTOCOLS = {
 }
 
 
-def _probes(tree: ast.AST) -> Iterator[tuple[int, str]]:
+def _probes(tree: ast.AST, *, wraps_clients: bool = False) -> Iterator[tuple[int, str]]:
+    """The probes in ``tree``. ``wraps_clients``: a module of msgsafe.compat, whose
+    classes with ``publish`` and ``__getattr__`` stand in for a third-party client's
+    object (kombu's producer for Celery), not for a transport: not counted."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             args = node.args
@@ -92,7 +95,7 @@ def _probes(tree: ast.AST) -> Iterator[tuple[int, str]]:
                     seam = name.attr if isinstance(name, ast.Attribute) else getattr(name, "id", "")
                     if seam in SEAM_PROTOCOLS:
                         yield node.lineno, f"isinstance(..., {seam})"
-        if isinstance(node, ast.ClassDef):
+        if isinstance(node, ast.ClassDef) and not wraps_clients:
             methods = {item.name for item in node.body if isinstance(item, ast.FunctionDef)}
             if "publish" in methods and "__getattr__" in methods:
                 yield node.lineno, f"class {node.name}: __getattr__ forwarding on a transport"
@@ -103,7 +106,9 @@ def test_no_module_but_ports_probes_a_transport_or_a_store() -> None:
     for path in sorted(PACKAGE.rglob("*.py")):
         if path == PACKAGE / "ports.py":
             continue
-        for line, what in _probes(ast.parse(path.read_text(encoding="utf-8"))):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        compat = PACKAGE / "compat" in path.parents
+        for line, what in _probes(tree, wraps_clients=compat):
             found.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {what}")
     assert not found, (
         "read the declared record instead (msgsafe.ports.transport_capabilities / "
