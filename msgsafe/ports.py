@@ -23,8 +23,8 @@ and may offer, each behind a flag of its record that promises it:
   events as they happen;
 
 and declare two properties of its wire: ``tombstones`` (an envelope with a null body is
-sent as one) and ``ordered_rounds`` (order per key holds across calls, and behind a
-failure). An outbox store implements :class:`OutboxStore` and declares a
+sent as one) and ``ordered_rounds`` (order per key holds across calls and
+reconnects). An outbox store implements :class:`OutboxStore` and declares a
 :class:`StoreCapabilities` record the same way (``claim_rows``, ``put_batch_async``,
 ``transactional``, ``release``, ``pending``, ``notify``).
 
@@ -114,10 +114,12 @@ class TransportCapabilities:
     #: anything is sent.
     tombstones: bool = False
     #: What is handed over later reaches the broker later on each key's ordered channel,
-    #: across calls, and what is queued behind a failure fails too (Kafka's idempotent
-    #: producer). The outbox forwarder may then publish its next round while the last is
-    #: answered, with a store that declares ``claim_rows``
-    #: (:mod:`msgsafe.outbox.forwarder`); without it, rounds never overlap.
+    #: across calls, also after a reconnect (what was unanswered goes again first): one
+    #: Kafka idempotent producer, one RabbitMQ channel, one AMQP 1.0 link. The outbox
+    #: forwarder may then claim its next round while the last is answered, with a store
+    #: that declares ``claim_rows``; it publishes that round only once every answer of
+    #: the last is in, and releases it unsent after any failure
+    #: (:mod:`msgsafe.outbox.forwarder`). Without it, rounds never overlap.
     ordered_rounds: bool = False
     #: An :class:`ErrorListeningTransport`: ``listen_errors(listener)`` reports the client
     #: library's connection events (``Producer.listen_errors`` forwards to it).

@@ -34,9 +34,10 @@ trip): 500 a round drained 13k msg/s on Kafka where 10,000 a round drained 76k.
 
 Overlapping rounds: on a transport that keeps the order of what it is handed across
 rounds (it declares ``ordered_rounds``: Kafka, one partition per key, idempotent
-producer) and a store whose claim can follow keys (it declares ``claim_rows``: SQLite;
-both records are :mod:`msgsafe.ports`' capabilities, read once), a round stays in flight
-when its step ends: the next step claims the next round while the broker answers it,
+producer; RabbitMQ, one channel; AMQP 1.0, one link per address) and a store whose
+claim can follow keys (it declares ``claim_rows``: SQLite; both records are
+:mod:`msgsafe.ports`' capabilities, read once), a round stays in flight when its step
+ends: the next step claims the next round while the broker answers it,
 then settles it and publishes the next, so that the forwarder does not idle for each
 round's last answer. Such a claim continues a key past
 its rows in flight (see :mod:`msgsafe.outbox._claims`). A round is published only
@@ -44,7 +45,12 @@ once the round ahead of it is settled, and not at all when something failed ther
 (a key stopped, or the broker refused): one of its rows of a failed key would reach a
 consumer before the message it follows, which is re-sent later, and a refusing broker
 gets one probe per backoff period. Such a round is released whole and claimed again,
-in queue order from the first failure, once nothing is in flight.
+in queue order from the first failure, once nothing is in flight. That rule is what
+makes a transport whose failures do not fail what follows them (a RabbitMQ nack, an
+AMQP 1.0 ``released``) safe to overlap: nothing of the next round is on the wire
+before every answer of the last is in. The removal of a settled round commits on a
+thread of its own while the next round is handed over (:class:`_Removal`), and is
+waited for before the next claim.
 """
 
 from __future__ import annotations
@@ -132,6 +138,40 @@ class _Settling:
     stopped_keys: set[bytes] = field(default_factory=set)  # stopped at their first failure
     stopped: bool = False  # a transient error: back off after this round
     answered: bool = False  # the broker answered at least one message
+
+
+class _Removal:
+    """A settled round's removal (``store.delivered``), committing on its own thread
+    while the forwarder publishes the round behind it: with overlapping rounds the
+    wire would otherwise idle for it (a few µs a message on SQLite), once per round.
+    The forwarder waits for it before its next claim, so that the claim sees those
+    rows gone (a claim that follows keys counts the rows held of each). Safe to commit
+    late: the answers it records are already known; should the process die first,
+    the messages are sent again (duplicates of known ids, after their first arrival)."""
+
+    __slots__ = ("_done", "_error", "action")
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        self.action = action
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._run, name="msgsafe-outbox-removal", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self.action()
+        except BaseException as exc:  # handed to the forwarder's thread by result()
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def result(self) -> MsgsafeError | None:
+        """Wait for the removal: None, or the store's error (anything else raises)."""
+        self._done.wait()
+        error = self._error
+        if error is None or isinstance(error, MsgsafeError):
+            return error
+        raise error
 
 
 class Forwarder:
@@ -223,6 +263,8 @@ class Forwarder:
         self._overlap = transport_caps.ordered_rounds and caps.claim_rows
         #: The round published and not settled yet (overlapping rounds only).
         self._flight: _Flight | None = None
+        #: The removal of the last round settled, committing while the next is published.
+        self._removal: _Removal | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -303,6 +345,7 @@ class Forwarder:
         return claimed
 
     def _step(self) -> int:
+        self._removed()
         if not self._backoff.ready():
             self._land()
             return 0
@@ -332,7 +375,7 @@ class Forwarder:
         # The round ahead is settled before this one is published: its answers came
         # while this one was claimed.
         if ahead is not None:
-            self._finish(ahead)
+            self._finish(ahead, behind=bool(envelopes))
         if envelopes:
             keys = Counter(column(envelopes, "key"))
             keys.pop(None, None)
@@ -360,6 +403,17 @@ class Forwarder:
         flight, self._flight = self._flight, None
         if flight is not None:
             self._finish(flight)
+        self._removed()
+
+    def _removed(self) -> None:
+        """Wait for the removal committing in the background, if any; when it failed, it
+        joins the updates retried before the next claim (its rows stay leased)."""
+        removal, self._removal = self._removal, None
+        if removal is not None:
+            error = removal.result()
+            if error is not None:
+                self._note_error(f"outbox update failed: {error}")
+                self._unsettled.append(removal.action)
 
     def next_attempt_in(self) -> float:
         """Seconds until the broker is tried again (0 unless it refused recently)."""
@@ -414,9 +468,11 @@ class Forwarder:
         self._wake.wait(seconds)
         self._wake.clear()
 
-    def _finish(self, flight: _Flight) -> None:
+    def _finish(self, flight: _Flight, *, behind: bool = False) -> None:
         """Wait for the answers of ``flight`` and settle them; a key stopped in it (a
-        failure, and what was released behind it) counts as a backoff failure."""
+        failure, and what was released behind it) counts as a backoff failure.
+        ``behind``: a round is published next, and the removal of what ``flight``
+        delivered commits while it is (see :class:`_Removal`)."""
         rnd = flight.round
         envelopes = rnd.envelopes
         # NOTE: the contract says every answer comes within confirm_timeout; a transport
@@ -436,7 +492,10 @@ class Forwarder:
         if out.delivered:
             delivered = out.delivered
             self._delivered += len(delivered)
-            self._settle(lambda: self._store.delivered(delivered))
+            if behind:
+                self._removal = _Removal(partial(self._store.delivered, delivered))
+            else:
+                self._settle(lambda: self._store.delivered(delivered))
         if out.releases:
             self._retried += len(out.releases)
             # The rows are ready again at once, so that drain() can really push everything

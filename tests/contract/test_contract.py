@@ -327,6 +327,50 @@ def test_the_forwarder_drains_through_the_transport_in_key_order(
         assert seq == sorted(seq), f"key k{k} out of order"
 
 
+def test_ordered_rounds_as_declared(case: BrokerCase, transport: Transport, tmp_path: Path) -> None:
+    """``ordered_rounds``: what is handed over in a later call reaches the broker later on
+    each key (three rounds handed over one after another, none waiting for the answers
+    of the last, arrive in hand-over order), and the forwarder overlaps its rounds
+    through the transport: a step leaves its round in flight, the next claims the next
+    round (following each key past the rows in flight) before settling it, and the
+    drain keeps every key's order. Undeclared, a step settles its own round."""
+    declared = transport.capabilities.ordered_rounds
+    dest = case.new_destination()
+    store = SqliteOutbox(tmp_path / "o.db")
+    try:
+        stored = [Envelope.build(dest, b"s%d" % i, key=f"k{i % 3}") for i in range(120)]
+        store.put(stored)
+        fwd = Forwarder(store, transport, batch=40)
+        fwd._limit = 40  # rounds of 40 from the first: three of them
+        assert fwd.step() == 40
+        assert (fwd._flight is not None) is declared
+        assert fwd.drain(case.patience * 3) == 0
+    finally:
+        store.close()
+    handed: list[Envelope] = []
+    if declared:
+        futures: list[Future[None]] = []
+        for r in range(3):
+            round_ = [
+                Envelope.build(dest, b"h%d" % (r * 30 + i), key=f"k{i % 3}") for i in range(30)
+            ]
+            handed += round_
+            futures += [transport.publish(env) for env in round_]
+        for future in futures:
+            future.result(case.patience)
+    sent = stored + handed
+    with _consumer(case, dest) as c:
+        got = _collect(c, len(sent), case.patience * 2, ack=True)
+    assert {d.message_id for d in got} == {e.message_id for e in sent}
+    position = {e.message_id: i for i, e in enumerate(sent)}
+    for k in range(3):
+        firsts: list[int] = []
+        for d in got:
+            if d.key == f"k{k}".encode() and position[d.message_id or ""] not in firsts:
+                firsts.append(position[d.message_id or ""])
+        assert firsts == sorted(firsts), f"key k{k}: first arrivals out of order"
+
+
 # --- what each store declares (msgsafe.ports.StoreCapabilities) ----------------------------
 
 _STORE_SEAMS: dict[str, type] = {

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from msgsafe.errors import Refused
+from msgsafe.errors import OutboxError, Refused
 from msgsafe.message import Batch, Envelope
 from msgsafe.outbox import Forwarder, SqliteOutbox
 from msgsafe.ports import BatchReport, TransportCapabilities
@@ -173,12 +173,51 @@ def test_an_overlapping_forwarder_settles_its_round_in_flight_on_the_next_step(
     fwd._limit = 10
     assert fwd.step() == 10
     assert store.pending() == 30  # in flight, not settled yet
+    assert fwd.stats().delivered == 0
     assert fwd.step() == 10
-    assert store.pending() == 20  # the first settled once the second was claimed
+    # The first settled once the second was claimed; its removal commits while the
+    # second is published, and is waited for before the next claim.
+    assert fwd.stats().delivered == 10
+    assert fwd.step() == 10
+    assert store.pending() in (10, 20)
     while fwd.step():
         pass
     assert store.pending() == 0
     assert fwd.stats().delivered == 30
+
+
+def test_a_removal_that_fails_behind_the_next_round_is_retried_before_the_next_claim(
+    store: SqliteOutbox, clock: Clock
+) -> None:
+    """With overlapping rounds a settled round's removal commits on its own thread while
+    the next round is published. When it fails (a full disk), its rows stay leased (not
+    sent again), the error is reported, and the removal is retried before the next
+    claim: every message is published once and the store ends empty."""
+    sent = keyed(30, keys=3)
+    store.put(sent)
+    transport = OrderedTransport(fail="")
+    fwd = Forwarder(store, transport, batch=10, clock=clock)
+    fwd._limit = 10
+    real_delivered = store.delivered
+    failures = [OutboxError("disk full")]
+    attempts: list[list[str]] = []
+
+    def delivered(message_ids: list[str]) -> None:
+        attempts.append(list(message_ids))
+        if failures:
+            raise failures.pop()
+        real_delivered(message_ids)
+
+    store.delivered = delivered  # type: ignore[method-assign]
+    assert fwd.step() == 10  # round 1 in flight
+    assert fwd.step() == 10  # round 1 settled, its removal fails while round 2 goes out
+    assert fwd.step() == 10  # the failure is seen before this claim, and retried
+    assert fwd.last_error is not None and "disk full" in fwd.last_error
+    assert attempts[0] == attempts[1] == ids_of(sent[:10])
+    while fwd.step():
+        pass
+    assert store.pending() == 0
+    assert [env.message_id for env, _ in transport.log] == ids_of(sent)  # each once, in order
 
 
 class ConfirmingBatchTransport(OrderedTransport):

@@ -78,9 +78,15 @@ class Amqp10Transport(EngineClient):
     """
 
     #: ``publish`` only (see msgsafe.ports): no callback or batch seam, no linger, no
-    #: null body (an AMQP 1.0 message sent here always has a data section), and no
-    #: ordered_rounds (a released transfer does not fail the transfers behind it).
-    capabilities = TransportCapabilities()
+    #: null body (an AMQP 1.0 message sent here always has a data section).
+    #: ordered_rounds: one sender link per address carries transfers in the order they
+    #: are handed over, across calls, and after a fail-over every unsettled transfer
+    #: goes again before anything queued later. Each transfer is settled on its own
+    #: (a released one does not fail those behind it); the forwarder allows for that:
+    #: it only claims its next round while a round is answered, publishes it once every
+    #: outcome of that round is in, and releases it unsent when one of them failed
+    #: (msgsafe.outbox.forwarder).
+    capabilities = TransportCapabilities(ordered_rounds=True)
 
     def __init__(self, url: BrokerUrl, options: Amqp10Options) -> None:
         self._url = url

@@ -69,10 +69,19 @@ from msgsafe.errors import (
     Refused,
     Rejected,
 )
-from msgsafe.message import Batch, Envelope
+from msgsafe.message import AMQP_PROPERTIES_HEADER, Batch, Envelope
 from msgsafe.ports import BatchReport, PublishCallback, PublishFuture, TransportCapabilities
 
 __all__ = ["RabbitTransport"]
+
+
+def _report_one(report: BatchReport, index: int, error: MsgsafeError | None) -> None:
+    """Message ``index`` of a batch sent on the per-message path: its outcome to ``report``."""
+    if error is None:
+        report.confirmed(1)
+    else:
+        report.failed(index, error)
+
 
 _TICK_S = 0.1
 
@@ -104,9 +113,14 @@ class RabbitTransport:
     """
 
     #: publish_callback and publish_batch (see msgsafe.ports). No tombstones: an AMQP
-    #: 0-9-1 body is bytes. No ordered_rounds: a nack fails one message and those behind
-    #: it may still be confirmed, so a round must be settled before the next goes out.
-    capabilities = TransportCapabilities(callback=True, batch=True)
+    #: 0-9-1 body is bytes. ordered_rounds: everything goes out on one channel in the
+    #: order it is handed over, across calls, and a lost channel's messages are sent
+    #: again in delivery-tag order before anything handed over later. A nack or a
+    #: ``basic.return`` fails one message while those behind it may be confirmed; the
+    #: forwarder allows for that: it only claims its next round while a round is
+    #: answered, publishes it once every answer of that round is in, and releases it
+    #: unsent when one of them failed (msgsafe.outbox.forwarder).
+    capabilities = TransportCapabilities(callback=True, batch=True, ordered_rounds=True)
 
     def __init__(self, url: BrokerUrl, options: RabbitOptions) -> None:
         if url.protocol != "rabbitmq":
@@ -222,6 +236,14 @@ class RabbitTransport:
         no room comes within ``confirm_timeout`` the rest fail with ``Refused``.
         """
         if not len(batch):
+            return
+        if AMQP_PROPERTIES_HEADER in batch.headers:
+            # NOTE: a pika or Celery publisher's properties (msgsafe.compat) are its
+            # message's own, published whole with the id in them (carried_properties);
+            # a batch's frame template would send them as a text header instead. The
+            # outbox forwards such messages in runs: each takes the per-message path.
+            for index in range(len(batch)):
+                self.publish_callback(batch.envelope(index), partial(_report_one, report, index))
             return
         try:
             dest = self._destination(batch.destination)
