@@ -71,24 +71,28 @@ def _copy_tree(checkout: Path, suite: Suite, root: Path, *, wrapper: bool, addre
         target.write_text(text)
     for directory in {p.parent for p in root.rglob("*.py")} | {root / "tests"}:
         init = directory / "__init__.py"
-        if directory != root and not init.exists():
+        # NOTE: not every checkout has a tests/ folder (Celery's and kombu's are t/).
+        if directory != root and directory.is_dir() and not init.exists():
             init.write_text("")
     if suite.conftest:
         (root / "conftest.py").write_text(suite.conftest)
 
 
-def _outcomes(report: Path, *, by_module: bool = False) -> Outcomes:
-    """Test id (``Class::test`` or function name with parameters, prefixed with
-    ``module::`` when ``by_module``) -> outcome."""
+def _outcomes(report: Path, test_files: tuple[str, ...]) -> Outcomes:
+    """Test id -> outcome. The id is ``Class::test`` for a test of a class (whatever
+    the case of its name: kombu's and Celery's classes are ``test_*``) and the test's
+    name for a function; prefixed with ``module::`` when the suite has several files."""
+    modules = {name.removesuffix(".py").replace("/", ".") for name in test_files}
     outcomes: Outcomes = {}
     for case in ElementTree.parse(report).iter("testcase"):
-        parts = case.get("classname", "").split(".")
-        klass = parts[-1]
+        classname = case.get("classname", "")
         name = case.get("name", "")
-        key = name if klass[:1].islower() else f"{klass}::{name}"
-        if by_module:
-            module = klass if klass[:1].islower() else (parts[-2] if len(parts) > 1 else "")
-            key = f"{module}::{key}"
+        module, _, klass = classname.rpartition(".")
+        if classname in modules or not module:
+            module, klass = classname, ""  # a function of the module
+        key = f"{klass}::{name}" if klass else name
+        if len(test_files) > 1:
+            key = f"{module.rpartition('.')[2]}::{key}"
         kinds = {child.tag for child in case}
         if "failure" in kinds:
             outcomes[key] = "failed"
@@ -138,7 +142,7 @@ def run_side(checkout: Path, suite: Suite, *, wrapper: bool, address: str, work:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    return _outcomes(report, by_module=len(suite.test_files) > 1)
+    return _outcomes(report, suite.test_files)
 
 
 @dataclass(frozen=True)

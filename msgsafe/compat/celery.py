@@ -1,0 +1,371 @@
+"""Celery's task publishing through msgsafe: ``install(app)``.
+
+::
+
+    app = Celery("proj", broker="amqp://guest:guest@rabbit1,rabbit2//")
+    msgsafe.compat.celery.install(app)
+
+After ``install(app)`` every task message the app publishes — ``delay()``,
+``apply_async()``, ``send_task()``, canvas (chains, groups, chords), retries, tasks
+sent from inside a worker that imports the app — goes through a :class:`msgsafe.Producer`:
+publisher confirms, a bounded wait (``send_timeout``), fail-over across the broker
+hosts, and the durable outbox when the broker refuses the message or cannot be reached
+(a stopped node, a memory alarm): the call returns once the message is confirmed *or
+stored*, and the outbox forwards it later. Nothing else changes: results, events,
+the worker and its consumer are Celery's own.
+
+The message is the one kombu would publish (:mod:`._celery_message`: kombu's own
+``Producer.publish`` builds the body, headers and properties), so an unchanged Celery
+worker runs it, also when it arrives from the outbox hours later. Its msgsafe id is
+the task id (the AMQP ``message_id`` is set to it), so a message sent twice after a
+lost confirm is two deliveries of one task id.
+
+Options come from ``install(app, ...)`` keywords, else from the app setting
+``msgsafe_producer`` (a dict), else msgsafe's defaults: ``url`` (default: the app's
+``broker_write_url`` / ``broker_url`` as an ``amqp://`` host list), and every keyword
+:class:`msgsafe.Producer` takes (``outbox``, ``send_timeout``, ``connect_timeout``,
+``confirm_timeout``, ...). ``docs/migration.md`` ("Celery") lists what changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from msgsafe.errors import MissingExtra
+
+try:
+    from kombu import common as _kombu_common
+    from kombu.exceptions import OperationalError
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise MissingExtra("compat", "celery") from exc
+
+from msgsafe.compat._celery_message import (
+    TaskMessage,
+    broker_url,
+    encode_properties,
+    kombu_message,
+    task_id_of,
+)
+from msgsafe.compat._pika_config import destination_of
+from msgsafe.errors import (
+    ClosedError,
+    OutboxError,
+    SendTimeout,
+    TransientError,
+    Unroutable,
+)
+from msgsafe.message import AMQP_PROPERTIES_HEADER, Envelope, Receipt, Status
+from msgsafe.producer import Producer
+
+#: kombu's cached declare, called untyped.
+maybe_declare: Callable[..., Any] = _kombu_common.maybe_declare
+
+__all__ = ["SETTING", "CeleryPublisher", "install", "installed"]
+
+log = logging.getLogger("msgsafe.compat.celery")
+
+#: The app setting holding the defaults of ``install(app)`` (a dict).
+SETTING = "msgsafe_producer"
+
+#: Attribute of the app's ``amqp`` object holding its publisher (one per app).
+_MARK = "_msgsafe_publisher"
+
+#: Seconds a declare may take to reach the broker before it is given up for now.
+_DECLARE_CONNECT_S = 2.0
+#: During an outage, how often the forwarder's progress is read (one outbox query).
+_OUTAGE_POLL_S = 0.1
+
+
+class _Declarer:
+    """Declares the queues and exchanges Celery names with each task (``declare=``), once
+    each, on a short-lived kombu connection, as kombu's ``maybe_declare`` would.
+
+    After a declare failed (no broker answered) it rests until msgsafe confirms a
+    message again, so an outage costs no connection attempt per task: those messages go
+    to the outbox, and one the broker later returns as unroutable stays there too."""
+
+    def __init__(self, connect: Callable[[], Any]) -> None:
+        self._connect = connect
+        self._done: set[Any] = set()
+        self._resting = False
+        self._lock = threading.Lock()
+
+    def declare(self, entities: Any) -> None:
+        if not entities or self._resting:
+            return
+        with self._lock:
+            todo = [e for e in entities if e not in self._done]
+            if not todo or self._resting:
+                return
+            conn = self._connect()
+            try:
+                conn.ensure_connection(max_retries=0, timeout=_DECLARE_CONNECT_S)
+                for entity in todo:
+                    channel = conn.channel()
+                    try:
+                        maybe_declare(entity, channel)
+                    except conn.channel_errors as exc:
+                        # NOTE: RabbitMQ closes the channel when the entity exists with
+                        # other arguments (PRECONDITION_FAILED): it exists, publish anyway.
+                        log.warning("declaring %s: %r; publishing to it as it is", entity, exc)
+                    finally:
+                        if channel.is_open:
+                            channel.close()
+                    self._done.add(entity)
+            except Exception as exc:  # any other failure: msgsafe's path decides
+                log.info("declaring %s failed (%r); publishing without it", todo, exc)
+                self._resting = True
+            finally:
+                conn.release()
+
+    def resume(self) -> None:
+        self._resting = False
+
+
+class CeleryPublisher:
+    """One app's task publishing through msgsafe (what :func:`install` returns).
+
+    Thread-safe. Each process has its own :class:`msgsafe.Producer`, made on its first
+    task (a forked worker child makes its own)."""
+
+    def __init__(self, app: Any, options: Mapping[str, Any]) -> None:
+        self._app = app
+        opts = dict(options)
+        self._url: str = opts.pop("url", None) or broker_url(app.connection_for_write())
+        self._options = opts
+        self._lock = threading.Lock()
+        self._producer: Producer | None = None
+        self._pid = 0
+        self._declarer = _Declarer(self._declare_connection)
+        #: Queues are declared on the app's broker only when msgsafe publishes there.
+        self._declares = self._url.partition("://")[0] in ("amqp", "amqps")
+        self._original: Callable[..., Any] | None = None
+        #: The forwarder's ``drained`` count when an outage began; None: no outage.
+        self._outage_drained: int | None = None
+        self._outage_polled = 0.0
+
+    # --- the producer ----------------------------------------------------------------
+
+    @property
+    def producer(self) -> Producer:
+        """This process's msgsafe producer (made on first use)."""
+        producer = self._producer
+        if producer is not None and self._pid == os.getpid():
+            return producer
+        with self._lock:
+            if self._producer is None or self._pid != os.getpid():
+                # NOTE: after a fork the parent's producer has no threads here: a new one.
+                self._producer = Producer(self._url, **self._options)
+                self._pid = os.getpid()
+                self._declarer = _Declarer(self._declare_connection)
+            return self._producer
+
+    def _declare_connection(self) -> Any:
+        conn = self._app.connection_for_write()
+        conn.connect_timeout = min(float(conn.connect_timeout or _DECLARE_CONNECT_S), 2.0)
+        return conn
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Close this process's producer (what waits in the outbox stays there)."""
+        with self._lock:
+            producer, self._producer = self._producer, None
+        if producer is not None and self._pid == os.getpid():
+            producer.close(timeout)
+
+    # --- publishing ------------------------------------------------------------------
+
+    def publish(
+        self,
+        body: Any,
+        *,
+        exchange: Any = None,
+        routing_key: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+        declare: Any = None,
+        **options: Any,
+    ) -> Receipt:
+        """Publish one task message (the arguments of kombu's ``Producer.publish``) and
+        return once it is confirmed or stored.
+
+        Raises ``kombu.exceptions.OperationalError`` when it is neither (no outbox, the
+        outbox full, ``send_timeout`` passed); msgsafe's ``InvalidMessage`` or
+        ``PermanentError`` for a message the broker will never take."""
+        message = kombu_message(
+            body, exchange=exchange, routing_key=routing_key, headers=headers, options=options
+        )
+        producer = self.producer
+        envelope = envelope_of(message)
+        if self._in_outage(producer):
+            return self._store(producer, envelope)
+        if self._declares:
+            self._declarer.declare(declare)
+        future = producer.send_envelope(envelope)
+        try:
+            receipt = future.result(self._send_timeout())
+        except Unroutable as exc:
+            receipt = self._park(producer, envelope, message, exc)
+        except (TransientError, OutboxError, ClosedError) as exc:
+            raise OperationalError(f"task {envelope.message_id} not published: {exc}") from exc
+        except TimeoutError:
+            raise OperationalError(
+                f"task {envelope.message_id} not confirmed or stored in time"
+            ) from SendTimeout("send_timeout passed", message_id=envelope.message_id)
+        if receipt.status is Status.CONFIRMED:
+            self._declarer.resume()
+        elif self._forwarding:
+            self._outage_drained = producer.stats().drained
+            self._outage_polled = time.monotonic()
+        return receipt
+
+    @property
+    def _forwarding(self) -> bool:
+        return bool(self._options.get("forward", True)) and self._options.get("outbox") is not False
+
+    def _in_outage(self, producer: Producer) -> bool:
+        """Whether an outage goes on: a task was stored, and the forwarder has delivered
+        nothing since (the broker still does not take messages).
+
+        NOTE: while no broker answers, each of msgsafe's attempts may wait out a
+        connection timeout per host (its send, its destination check); Celery's caller
+        would pay that again every few seconds. The forwarder keeps trying in the
+        background; the caller's tasks go straight to the outbox until it gets through.
+        """
+        drained = self._outage_drained
+        if drained is None:
+            return False
+        now = time.monotonic()
+        if now - self._outage_polled < _OUTAGE_POLL_S:
+            return True
+        self._outage_polled = now
+        stats = producer.stats()
+        if stats.drained > drained or stats.outbox_depth == 0:
+            self._outage_drained = None
+            return False
+        return True
+
+    def _store(self, producer: Producer, envelope: Envelope) -> Receipt:
+        outbox = producer.outbox
+        if outbox is None:  # pragma: no cover - no outage without an outbox
+            raise OperationalError(f"task {envelope.message_id} not published: no outbox")
+        try:
+            outbox.put([envelope])
+        except OutboxError as exc:
+            raise OperationalError(f"task {envelope.message_id} not stored: {exc}") from exc
+        return Receipt(envelope.message_id, Status.STORED, envelope.destination)
+
+    def _send_timeout(self) -> float:
+        return float(self._options.get("send_timeout", 30.0))
+
+    def _park(
+        self, producer: Producer, envelope: Envelope, message: TaskMessage, exc: Unroutable
+    ) -> Receipt:
+        """NOTE: kombu publishes without ``mandatory`` and RabbitMQ drops a message no
+        queue is bound for; msgsafe publishes ``mandatory``, hears of it, and keeps the
+        task in the outbox (forwarded again, quarantined while it stays unroutable)."""
+        outbox = producer.outbox
+        if outbox is None:
+            raise exc
+        outbox.put([envelope])
+        log.warning(
+            "task %s to %r/%r is unroutable (no queue bound); kept in the outbox",
+            envelope.message_id,
+            message.exchange,
+            message.routing_key,
+        )
+        return Receipt(envelope.message_id, Status.STORED, envelope.destination)
+
+    # --- the hook in Celery -----------------------------------------------------------
+
+    def wrap(self, send_task_message: Callable[..., Any]) -> Callable[..., Any]:
+        """Celery's ``app.amqp.send_task_message`` with its ``producer.publish`` of the
+        task message routed here; its events and everything else unchanged."""
+        self._original = send_task_message
+        publisher = self
+
+        def send_task_message_through_msgsafe(
+            producer: Any, name: str, message: Any, **kwargs: Any
+        ) -> Any:
+            return send_task_message(_TaskProducer(publisher, producer), name, message, **kwargs)
+
+        send_task_message_through_msgsafe.__wrapped__ = send_task_message  # type: ignore[attr-defined]
+        return send_task_message_through_msgsafe
+
+    def uninstall(self) -> None:
+        """Give the app its own publishing back and close this process's producer."""
+        amqp = self._app.amqp
+        if getattr(amqp, _MARK, None) is self:
+            delattr(amqp, _MARK)
+            if self._original is not None:
+                amqp.send_task_message = self._original
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"CeleryPublisher(app={self._app.main!r}, url={_redacted(self._url)!r})"
+
+
+def _redacted(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.split("@", 1)[1]
+    return f"{scheme}{sep}{rest}"
+
+
+def envelope_of(message: TaskMessage) -> Envelope:
+    """The envelope of one task message: its properties carried whole, its id the task id."""
+    return Envelope.build(
+        destination_of(message.exchange, message.routing_key),
+        message.body,
+        headers={AMQP_PROPERTIES_HEADER: encode_properties(message.properties)},
+        message_id=task_id_of(message),
+    )
+
+
+class _TaskProducer:
+    """The producer Celery's ``send_task_message`` sees: its first ``publish`` (the task
+    message) goes through msgsafe; any later one (the ``task-sent`` event) and every
+    other attribute are the real kombu producer's."""
+
+    def __init__(self, publisher: CeleryPublisher, producer: Any) -> None:
+        self._publisher = publisher
+        self._producer = producer
+        self._task_sent = False
+
+    def publish(self, body: Any, **kwargs: Any) -> Any:
+        if self._task_sent:
+            return self._producer.publish(body, **kwargs)
+        self._task_sent = True
+        return self._publisher.publish(body, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+
+def install(app: Any, **options: Any) -> CeleryPublisher:
+    """Route ``app``'s task publishing through msgsafe; returns the publisher.
+
+    ``options`` (else the app setting ``msgsafe_producer``): ``url`` and the keywords of
+    :class:`msgsafe.Producer`. Installing again replaces the earlier publisher. Raises
+    ``ConfigurationError`` when the app's broker is not RabbitMQ."""
+    settings = app.conf.get(SETTING) or {}
+    merged = {**dict(settings), **options}
+    amqp = app.amqp
+    earlier = getattr(amqp, _MARK, None)
+    if isinstance(earlier, CeleryPublisher):
+        earlier.uninstall()
+    publisher = CeleryPublisher(app, merged)
+    # NOTE: ``send_task_message`` is a cached property of Celery's AMQP object: an
+    # attribute set on the instance takes its place.
+    amqp.send_task_message = publisher.wrap(amqp.send_task_message)
+    setattr(amqp, _MARK, publisher)
+    return publisher
+
+
+def installed(app: Any) -> CeleryPublisher | None:
+    """The publisher :func:`install` gave ``app``, or None."""
+    found = getattr(app.amqp, _MARK, None)
+    return found if isinstance(found, CeleryPublisher) else None
