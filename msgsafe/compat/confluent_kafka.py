@@ -25,7 +25,9 @@ per-key order kept. ``docs/migration.md`` lists every difference. Other names of
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import threading
 import time
 import weakref
 from collections.abc import Iterable, Mapping
@@ -50,6 +52,7 @@ try:
         libversion,
         version,
     )
+    from confluent_kafka import Producer as _Librdkafka
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtra("kafka", "confluent-kafka") from exc
 
@@ -103,6 +106,7 @@ __all__ = [
     "TIMESTAMP_CREATE_TIME",
     "TIMESTAMP_LOG_APPEND_TIME",
     "TIMESTAMP_NOT_AVAILABLE",
+    "AIOProducer",
     "Consumer",
     "DeliveredMessage",
     "KafkaError",
@@ -156,6 +160,25 @@ class Producer(ClosesOnExit, SafeReports):
         **settings: object,
     ):
         merged = merged_config(config, settings)
+        # NOTE: confluent-kafka hands default.topic.config to librdkafka last, as the
+        # default topic configuration: its settings win over the same top-level ones
+        # (confluent-kafka's test_topic_config_update).
+        for given in (config, settings):
+            topic_config = given.get("default.topic.config") if given is not None else None
+            if isinstance(topic_config, Mapping):
+                merged.update(topic_config)
+        # NOTE: librdkafka's own log lines go to ``logger`` (confluent-kafka's setting);
+        # without brokers its statistics go to ``stats_cb`` too (see _idle below).
+        logger = merged.pop("logger", None)
+        brokerless = merged.get("bootstrap.servers", merged.get("metadata.broker.list")) in (
+            None,
+            "",
+        )
+        idle_callbacks = {
+            name: merged.pop(name)
+            for name in ("stats_cb", "throttle_cb")
+            if brokerless and callable(merged.get(name))
+        }
         try:
             translated = translate_config(merged)
             check_with_librdkafka(translated.options.get("librdkafka"))
@@ -176,9 +199,22 @@ class Producer(ClosesOnExit, SafeReports):
         if translated.error_cb is not None:
             listener = error_listener(self._errors, self._reports)
         self._direct: DirectPath | None = None
+        #: Without brokers: librdkafka's client as confluent-kafka makes it, connecting
+        #: nowhere; poll()/flush() serve its log lines, statistics and error events.
+        self._idle: Any = None
+        if producer is None and (logger is not None or idle_callbacks or translated.error_cb):
+            idle: dict[str, Any] = dict(translated.options.get("librdkafka") or {})
+            idle.update(idle_callbacks)
+            if logger is not None:
+                idle["logger"] = logger
+            if translated.error_cb is not None:
+                idle["error_cb"] = translated.error_cb
+            self._idle = _Librdkafka(idle)
         if producer is not None and _url is None:
             try:
                 self._direct = DirectPath(target, options, producer.outbox, self._lock, listener)
+                if logger is not None:
+                    _log_to(self._direct, logger)
             except BaseException:
                 producer.close(0)
                 raise
@@ -209,13 +245,13 @@ class Producer(ClosesOnExit, SafeReports):
         producer = self._producer
         if producer is None:
             return True
-        try:
-            producer.guarantee(topic)
-        except UnsafeDestination as exc:
-            raise KafkaException(kafka_error(exc)) from exc
-        except TransientError:
-            return False
-        return True
+        # NOTE: on a thread of its own: the check's error may be kept (and raised again)
+        # by the destination gate, and its traceback's frames, through their callers,
+        # would keep this producer and all its threads alive after it was dropped.
+        refused = _CHECKS.submit(_guarantee, producer, topic).result()
+        if isinstance(refused, UnsafeDestination):
+            raise KafkaException(kafka_error(refused)) from refused
+        return refused is None
 
     def produce(
         self,
@@ -429,6 +465,8 @@ class Producer(ClosesOnExit, SafeReports):
         self._check_open()
         direct = self._direct
         if direct is None:
+            if self._idle is not None:
+                return self._poll_idle(timeout)
             return self._poll_queue(timeout)
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         wait = 0.0
@@ -446,6 +484,18 @@ class Producer(ClosesOnExit, SafeReports):
             if left <= 0:
                 return 0
             wait = min(left, _DIRECT_SLICE_S)
+
+    def _poll_idle(self, timeout: float | None) -> int:
+        """:meth:`poll` without brokers: the held messages' reports and the idle
+        librdkafka client's events (log lines, statistics), whichever come first."""
+        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+        while True:
+            served = self._poll_queue(0)
+            left = FLUSH_SLICE_S if deadline is None else deadline - time.monotonic()
+            wait = 0.0 if served else max(0.0, min(left, FLUSH_SLICE_S))
+            served += int(self._idle.poll(wait))
+            if served or left <= 0:
+                return served
 
     def _direct_round(self, timeout: float) -> int:
         """rk's reports (waiting up to ``timeout``), the switch when one failed, the
@@ -504,6 +554,12 @@ class Producer(ClosesOnExit, SafeReports):
         if self._errors:
             self._serve_errors()
         direct = self._direct
+        # librdkafka's flush() serves the client's queued events (log lines, error
+        # events) even when no message waits: so does this.
+        if direct is not None:
+            self._direct_round(0)
+        elif self._idle is not None:
+            self._idle.poll(0)
         while len(self) > 0:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -548,8 +604,12 @@ class Producer(ClosesOnExit, SafeReports):
 
     def set_sasl_credentials(self, username: str, password: str) -> None:
         """Use these credentials for the ``list_topics`` client from now on; the
-        producing connection keeps the ones it was made with (see the migration notes)."""
+        producing connection keeps the ones it was made with (see the migration notes).
+        ``TypeError`` unless both are ``str``, as confluent-kafka."""
         self._check_open()
+        for position, value in ((1, username), (2, password)):
+            if not isinstance(value, str):
+                raise TypeError(f"argument {position} must be str, not {type(value).__name__}")
         self._config.admin["sasl.username"] = username
         self._config.admin["sasl.password"] = password
         if self._admin is not None:
@@ -559,7 +619,10 @@ class Producer(ClosesOnExit, SafeReports):
         )
 
     def __len__(self) -> int:
-        """Messages produced whose delivery callback has not been served yet."""
+        """Messages produced whose delivery callback has not been served yet (0 once
+        closed)."""
+        if self._closed:
+            return 0
         direct = self._direct
         with self._lock:
             if direct is None:
@@ -582,6 +645,46 @@ class Producer(ClosesOnExit, SafeReports):
 
             self._admin = AdminClient(dict(self._config.admin))
         return self._admin.list_topics(topic=topic, timeout=timeout)
+
+    def cluster_id(self, timeout: float = -1) -> str | None:
+        """The cluster's id, from the same metadata client as :meth:`list_topics`."""
+        cluster: str | None = self.list_topics(timeout=timeout).cluster_id
+        return cluster
+
+    # --- transactions: not wrapped (transactional.id is refused) ---------------------------
+
+    def _no_transactions(self) -> None:
+        self._check_open()
+        # NOTE: librdkafka's answer for a producer without transactional.id, which every
+        # wrapper producer is (the setting is refused at construction).
+        raise KafkaException(
+            KafkaError(
+                KafkaError._NOT_CONFIGURED,
+                "The Transactional API requires transactional.id to be configured",
+            )
+        )
+
+    def init_transactions(self, timeout: float | None = None) -> None:
+        """Raises ``KafkaException(_NOT_CONFIGURED)``: see :meth:`_no_transactions`."""
+        self._no_transactions()
+
+    def begin_transaction(self) -> None:
+        """Raises ``KafkaException(_NOT_CONFIGURED)``."""
+        self._no_transactions()
+
+    def send_offsets_to_transaction(
+        self, positions: object, group_metadata: object, timeout: float | None = None
+    ) -> None:
+        """Raises ``KafkaException(_NOT_CONFIGURED)``."""
+        self._no_transactions()
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Raises ``KafkaException(_NOT_CONFIGURED)``."""
+        self._no_transactions()
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        """Raises ``KafkaException(_NOT_CONFIGURED)``."""
+        self._no_transactions()
 
     # --- msgsafe additions --------------------------------------------------------------
 
@@ -612,8 +715,51 @@ class Producer(ClosesOnExit, SafeReports):
         target = self._producer.target if self._producer is not None else "(no brokers)"
         return f"<msgsafe.compat.confluent_kafka.Producer {target}>"
 
+    # NOTE: a subclass whose __init__ does not call this one's (confluent-kafka's
+    # test_uninitialized_producer_methods) gets a closed producer: its methods raise
+    # RuntimeError("Producer has been closed") and len() is 0, as the real client's do.
+    _closed = True
+    _direct: DirectPath | None = None
+    _producer: _SafeProducer | None = None
+
+
+#: Where the destination checks of _checked_for_direct run (one thread, made on use).
+_CHECKS = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="msgsafe-compat-check")
+
+
+def _guarantee(producer: _SafeProducer, topic: str) -> MsgsafeError | None:
+    """The safe producer's check of ``topic``: None when it is admitted, else the
+    refusal (UnsafeDestination) or the failure to check (TransientError)."""
+    try:
+        producer.guarantee(topic)
+    except (UnsafeDestination, TransientError) as exc:
+        return exc
+    return None
+
+
+def _log_to(direct: DirectPath, logger: object) -> None:
+    """librdkafka's log lines of the direct lane go to ``logger`` (confluent-kafka's
+    ``logger`` setting), served by poll()/flush() as the real client serves them: the
+    lane's producer, made a moment ago and not used yet, is made again with the same
+    settings (callbacks included) plus the logger."""
+    lane = direct.lane
+    unused = lane.producer
+    lane.producer = _Librdkafka({**lane.settings, "logger": logger})
+    direct.produce = lane.producer.produce
+    # NOTE: destroying a librdkafka client waits for its broker threads, which may sit
+    # in a name lookup for seconds: the unused one is let go on a thread of its own.
+    threading.Thread(target=_let_go, args=([unused],), daemon=True).start()
+    del unused
+
+
+def _let_go(held: list[Any]) -> None:
+    held.clear()  # the last reference: librdkafka's destroy runs here
+
 
 #: Longest single wait in rk (poll, flush) between looks at the switch and the queue.
 _DIRECT_SLICE_S = 0.1
 #: Seconds between looks at going back to the direct path.
 _BACK_EVERY_S = 0.5
+
+# NOTE: imported last: the asyncio producer is built on Producer above.
+from msgsafe.compat._confluent_aio import AIOProducer  # noqa: E402

@@ -77,7 +77,6 @@ SUITE = Suite(
     support=("tests/common/__init__.py", "tests/common/schema_registry/__init__.py"),
     edits=(
         ("localhost:9092", "{address}"),
-        ("127.0.0.1:9092", "{address}"),
         # The avro extra (avro, requests) is not a msgsafe dependency: without it the
         # one test that makes an AvroProducer gets the ImportError it skips on, and the
         # avro logging tests of test_log.py fail alike on both sides.
