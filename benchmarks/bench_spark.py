@@ -23,6 +23,9 @@ hand-written foreachPartition.
 - ``via Producer`` — the same sink with an option only the Producer takes
   (``send_timeout``): it publishes through :class:`msgsafe.Producer` (receipts per chunk
   of rows) instead of the Kafka lane, as a sink with an outbox does.
+- ``data source`` — ``df.write.format("msgsafe")`` (:class:`msgsafe.spark.MsgsafeDataSource`,
+  Spark 4's Python writer API, Arrow record batches): the sink's ids and promise through
+  Spark's own writer; goal data source/spark >= 0.95.
 - ``producer`` — ``df.foreachPartition`` with ``msgsafe.Producer.send_async`` per row
   (``outbox=False``), waiting for every receipt: what the sink adds on top of the SDK.
 - CPU per row of this run's Python workers, Spark's JVM and Kafka brokers (from /proc)
@@ -35,9 +38,12 @@ after one warm-up round that is not counted; the best round of each is reported 
 ratios sink/spark (goal >= 1.0), sink/(raw + ids) (goal >= 0.9) and sink/raw, and the
 empty-batch overhead (goal <= 100 ms). The brokers are a 3-node Apache Kafka cluster
 started here (replication factor 3, ``min.insync.replicas=2``) unless ``--url
-kafka://...`` names another.
+kafka://...`` names another. ``--standalone`` runs it all on a Spark standalone cluster
+(:class:`msgsafe.cluster.spark.SparkCluster`, one one-core worker per ``--cores``)
+started here, instead of ``local[N]``.
 
     python -m benchmarks.bench_spark           # or: python benchmarks/bench_spark.py
+    python -m benchmarks.bench_spark --standalone
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ _RAW_PRODUCERS: dict[str, Any] = {}
 _KINDS = (
     ("python workers", "pyspark.daemon"),
     ("spark jvm", "SparkSubmit"),
+    ("spark executors", "CoarseGrainedExecutorBackend"),
     ("kafka brokers", "kafka.Kafka"),
 )
 
@@ -229,16 +236,34 @@ def _spark_sink(df: Any, bootstrap: str, topic: str) -> None:
     )
 
 
-def _session(cores: int) -> Any:
+def _datasource(df: Any, url: str, topic: str, batch_id: int) -> None:
+    """msgsafe's data source, ``format("msgsafe")``, with the sink's defaults."""
+    (
+        df.write.format("msgsafe")
+        .mode("append")
+        .option("url", url)
+        .option("destination", topic)
+        .option("batch_id", batch_id)
+        .save()
+    )
+
+
+def _session(cores: int, master: str | None = None) -> Any:
     from pyspark.sql import SparkSession
 
+    from msgsafe.spark import MsgsafeDataSource
     from tests.support.spark_kafka import spark_kafka_jars
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     session = (
-        SparkSession.builder.master(f"local[{cores}]")
+        SparkSession.builder.master(master or f"local[{cores}]")
         .appName("msgsafe-bench-spark")
         .config("spark.jars", ",".join(spark_kafka_jars()))
+        # Executors of a standalone cluster import this module's functions.
+        .config("spark.executorEnv.PYTHONPATH", root)
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.executor.memory", "1g")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.bindAddress", "127.0.0.1")
@@ -247,6 +272,7 @@ def _session(cores: int) -> Any:
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(MsgsafeDataSource)
     return session
 
 
@@ -258,6 +284,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument(
         "--url", help="kafka://host:port,... (default: a 3-node Kafka cluster started here)"
+    )
+    parser.add_argument(
+        "--standalone",
+        action="store_true",
+        help="run on a Spark standalone cluster (one one-core worker per --cores) started here",
     )
     args = parser.parse_args(argv)
 
@@ -273,7 +304,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"kafka cluster up in {cluster.start_seconds:.1f} s: {cluster.url}", flush=True)
         url = cluster.url
     bootstrap = url.removeprefix("kafka://").split("?", 1)[0]
-    spark = _session(args.cores)
+    standalone = None
+    if args.standalone:
+        from msgsafe.cluster.spark import SparkCluster
+
+        standalone = SparkCluster(nodes=args.cores, cores=1, memory="1536m")
+        standalone.start()
+        print(f"spark standalone up in {standalone.start_seconds:.1f} s: {standalone.url}")
+    where = standalone.url if standalone is not None else f"local[{args.cores}]"
+    try:
+        spark = _session(args.cores, standalone.url if standalone is not None else None)
+    except BaseException:
+        if standalone is not None:
+            standalone.stop()
+        raise
     try:
         df = spark.range(0, args.rows, numPartitions=args.cores).selectExpr(
             "cast(id AS string) AS value"
@@ -286,7 +330,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         producer_rates: list[float] = []
         spark_rates: list[float] = []
         via_producer: list[float] = []
+        ds_rates: list[float] = []
         spark_cpu, sink_cpu, via_cpu = _CpuMeter(), _CpuMeter(), _CpuMeter()
+        ds_cpu = _CpuMeter()
         # Round 0 warms up Python workers, producers and the JVM; it is not counted.
         for round_ in range(args.rounds + 1):
             topic = f"bench-spark-{uuid.uuid4().hex[:8]}"
@@ -327,7 +373,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             via_producer.append(args.rows / (time.perf_counter() - started))
             if report.confirmed != args.rows:
                 raise RuntimeError(f"the sink confirmed {report.confirmed} of {args.rows}")
-            for meter in (spark_cpu, sink_cpu, via_cpu):
+
+            started = time.perf_counter()
+            with ds_cpu:
+                _datasource(df, url, topic, 2000 + round_)
+            ds_rates.append(args.rows / (time.perf_counter() - started))
+            for meter in (spark_cpu, sink_cpu, via_cpu, ds_cpu):
                 if round_:
                     meter.rows += args.rows
                 else:  # the warm-up round's CPU is not counted either
@@ -336,7 +387,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 f"  round {round_}{' (warm-up)' if not round_ else ''}: "
                 f"raw {raw[-1]:>9,.0f}   raw + ids {raw_ids[-1]:>9,.0f}   "
                 f"producer {producer_rates[-1]:>9,.0f}   spark {spark_rates[-1]:>9,.0f}   "
-                f"sink {sink_rates[-1]:>9,.0f}   via Producer {via_producer[-1]:>9,.0f} rows/s",
+                f"sink {sink_rates[-1]:>9,.0f}   via Producer {via_producer[-1]:>9,.0f}   "
+                f"data source {ds_rates[-1]:>9,.0f} rows/s",
                 flush=True,
             )
             if not round_:
@@ -346,6 +398,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 spark_rates.clear()
                 sink_rates.clear()
                 via_producer.clear()
+                ds_rates.clear()
 
         # What a DataFrame with no rows looks like to the optimizer (an empty local
         # relation): no Spark job is needed.
@@ -369,6 +422,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             bare.append(time.perf_counter() - started)
     finally:
         spark.stop()
+        if standalone is not None:
+            standalone.stop()
         if cluster is not None:
             cluster.stop()
 
@@ -388,13 +443,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "bare_job_ms": statistics.median(bare) * 1000,
         "via_producer_best": max(via_producer),
         "ratio_via_producer": max(via_producer) / max(spark_rates),
+        "datasource_best": max(ds_rates),
+        "ratio_datasource_spark": max(ds_rates) / max(spark_rates),
+        "ratio_datasource_spark_rounds": [
+            d / k for d, k in zip(ds_rates, spark_rates, strict=True)
+        ],
+        "ratio_datasource_sink": max(ds_rates) / max(sink_rates),
         "cpu_us_per_row": {
             "spark": spark_cpu.per_row_us(),
             "sink": sink_cpu.per_row_us(),
             "via Producer": via_cpu.per_row_us(),
+            "data source": ds_cpu.per_row_us(),
         },
     }
-    print(f"{args.rows:,} rows on local[{args.cores}], Kafka {url}")
+    print(f"{args.rows:,} rows on {where}, Kafka {url}")
     print(
         f"  Spark's own Kafka sink (acks=all)       {figures['spark_best']:>10,.0f} rows/s (best)"
     )
@@ -410,6 +472,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(
         f"  msgsafe Producer in foreachPartition    {figures['producer_best']:>10,.0f} rows/s "
         "(best)"
+    )
+    ds_rounds = ", ".join(f"{r:.2f}" for r in figures["ratio_datasource_spark_rounds"])
+    print(
+        f"  msgsafe format('msgsafe') data source   {figures['datasource_best']:>10,.0f} rows/s "
+        f"(best; / Spark's sink {figures['ratio_datasource_spark']:.2f}, goal >= 0.95; "
+        f"rounds {ds_rounds}; / the sink {figures['ratio_datasource_sink']:.2f})"
     )
     rounds = ", ".join(f"{r:.2f}" for r in figures["ratio_spark_rounds"])
     print(

@@ -1,7 +1,8 @@
 """Real brokers on loopback, for users and for this project's own tests: RabbitMQ,
 Apache Kafka (KRaft), Qpid Broker-J (BDB HA group), ActiveMQ Artemis (live/backup),
-tansu (a zero-Java Kafka-protocol broker for the demo), and PostgreSQL (a primary with
-synchronous standbys, for the shared outbox).
+tansu (a zero-Java Kafka-protocol broker for the demo), PostgreSQL (a primary with
+synchronous standbys, for the shared outbox), and a Spark standalone cluster (master and
+workers from the installed PySpark, for the Spark sink's executor-loss tests).
 
 One table maps a kind to its launcher; each launcher is a :class:`LocalCluster`
 (``msgsafe/cluster/base.py`` states the shape). The ``msgsafe cluster`` command is a thin
@@ -26,6 +27,7 @@ KINDS: dict[str, str] = {
     "postgres": "msgsafe.cluster.postgres:PostgresCluster",
     "qpid": "msgsafe.cluster.qpid:QpidCluster",
     "rabbitmq": "msgsafe.cluster.rabbitmq:RabbitCluster",
+    "spark": "msgsafe.cluster.spark:SparkCluster",
     "tansu": "msgsafe.cluster.tansu:TansuCluster",
 }
 

@@ -14,6 +14,8 @@ with the same message ids. Needs the ``spark`` extra (``pip install 'msgsafe[spa
 on the driver; executors need msgsafe and the broker's extra.
 
 - :mod:`.sink` — the driver side: schema check, one task per partition, the report;
+- :mod:`.datasource` — the same sink as Spark 4's data source ``format("msgsafe")``
+  (:class:`MsgsafeDataSource`, imported on first use: it needs PySpark 4);
 - :mod:`.partition` — what runs in an executor: publish one partition, wait for receipts;
 - :mod:`.arrow` — the same over Arrow record batches (``mapInArrow``), the fast route;
 - :mod:`.kafka_lane` — Arrow batches to Kafka without an outbox: rows counted, not receipted;
@@ -28,6 +30,7 @@ The sink's report and error are :class:`SparkBatchReport` and :class:`SparkBatch
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 from msgsafe.spark.ids import ContentIds, key_id
 from msgsafe.spark.partition import PartitionPlan, PartitionResult, publish_partition
@@ -39,9 +42,13 @@ from msgsafe.spark.sink import (
     foreach_batch_sink,
 )
 
+if TYPE_CHECKING:
+    from msgsafe.spark.datasource import MsgsafeDataSource, read_reports
+
 __all__ = [
     "ContentIds",
     "ForeachBatchSink",
+    "MsgsafeDataSource",
     "PartitionPlan",
     "PartitionResult",
     "SparkBatchFailed",
@@ -50,13 +57,23 @@ __all__ = [
     "foreach_batch_sink",
     "key_id",
     "publish_partition",
+    "read_reports",
 ]
+
+#: Names of :mod:`.datasource`, imported on first use (it subclasses PySpark 4's classes;
+#: the foreachBatch sink also runs on Spark 3).
+_DATASOURCE = frozenset({"MsgsafeDataSource", "read_reports"})
 
 #: Names of earlier releases, kept importable.
 _RENAMED = {"BatchFailed": "SparkBatchFailed", "BatchReport": "SparkBatchReport"}
 
 
-def __getattr__(name: str) -> type:
+def __getattr__(name: str) -> object:
+    if name in _DATASOURCE:
+        from msgsafe.spark import datasource
+
+        found: object = getattr(datasource, name)
+        return found
     # The old names shadowed msgsafe.errors.BatchFailed and msgsafe.ports.BatchReport;
     # code that still imports them keeps working, with a warning naming the new one.
     if name in _RENAMED:
