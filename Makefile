@@ -21,5 +21,11 @@ docs-serve:      ## serve the documentation site at http://127.0.0.1:8000, rebui
 bench:           ## run every benchmark and print ratios measured in one run
 	bash scripts/bootstrap.sh all && for b in benchmarks/bench_*.py; do python3 "$$b"; done
 
+# Each client whose checkout is given runs (at least one): NAME_CHECKOUT=DIR, e.g.
+# make client-suites PIKA_CHECKOUT=../pika KAFKA_PYTHON_CHECKOUT=../kafka-python
+SUITE_CHECKOUTS = pika=$(PIKA_CHECKOUT) confluent-kafka=$(CONFLUENT_KAFKA_CHECKOUT) \
+	kafka-python=$(KAFKA_PYTHON_CHECKOUT) aiokafka=$(AIOKAFKA_CHECKOUT) celery=$(CELERY_CHECKOUT) \
+	kombu=$(KOMBU_CHECKOUT) aio-pika=$(AIO_PIKA_CHECKOUT) proton=$(PROTON_CHECKOUT)
+
 client-suites:   ## the clients' own test suites, real client vs wrapper (checkouts: tests/thirdparty/README.md)
-	python3 -m tests.thirdparty.client_suites --checkout pika=$(PIKA_CHECKOUT) --checkout confluent-kafka=$(CONFLUENT_KAFKA_CHECKOUT)
+	python3 -m tests.thirdparty.client_suites $(foreach c,$(SUITE_CHECKOUTS),$(if $(word 2,$(subst =, ,$(c))),--checkout $(c)))

@@ -1,4 +1,5 @@
-"""Drop-in wrappers for code written against confluent-kafka or pika.
+"""Drop-in wrappers for code written against confluent-kafka, kafka-python, aiokafka,
+pika, Celery, aio-pika or python-qpid-proton.
 
 Change one import line and a legacy producer gains msgsafe's promise (broker-confirmed
 or stored in the local outbox, never silently lost), fail-over across the listed hosts
@@ -17,7 +18,14 @@ imported only when named. See ``docs/migration.md`` for exactly what changes.
   ``BlockingChannel``;
   :mod:`._pika_config` maps pika's parameters and errors.
 - :mod:`msgsafe.compat.confluent_kafka` — confluent-kafka's names, with msgsafe's
-  ``Producer``; :mod:`._kafka_config` maps the librdkafka settings.
+  ``Producer`` and ``AIOProducer``; :mod:`._kafka_config` maps the librdkafka settings.
+- :mod:`msgsafe.compat.kafka_python` — kafka-python's names, with msgsafe's
+  ``KafkaProducer``; :mod:`msgsafe.compat.aiokafka` — aiokafka's, with
+  ``AIOKafkaProducer``. Both publish through the confluent-kafka wrapper.
+- :mod:`msgsafe.compat.celery` — ``install(app)``: a Celery app's task publishing.
+- :mod:`msgsafe.compat.aio_pika` — aio-pika's names, with ``connect`` and
+  ``connect_robust`` whose exchanges publish through msgsafe.
+- :mod:`msgsafe.compat.proton` — ``BlockingConnection``: proton.utils' sender side.
 - :mod:`._common` — the warning category and header conversion both share.
 """
 
@@ -28,12 +36,23 @@ from types import ModuleType
 
 from msgsafe.compat._common import CompatWarning
 
-__all__ = ["CompatWarning", "confluent_kafka", "pika"]
+__all__ = [
+    "CompatWarning",
+    "aio_pika",
+    "aiokafka",
+    "celery",
+    "confluent_kafka",
+    "kafka_python",
+    "pika",
+    "proton",
+]
+#: The submodules, each imported only when named (each needs its client library).
+_SUBMODULES = frozenset(__all__) - {"CompatWarning"}
 
 
 def __getattr__(name: str) -> ModuleType:
     # ``from msgsafe.compat import pika`` imports the submodule on demand, so a user of
     # one library never needs the other.
-    if name in ("confluent_kafka", "pika"):
+    if name in _SUBMODULES:
         return importlib.import_module(f"msgsafe.compat.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
