@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -315,21 +315,28 @@ def msgsafe_url(url: URL, failover: Sequence[str] = ()) -> tuple[str, dict[str, 
     return f"{url.scheme}://{user}:{password}@{','.join(hosts)}/{vhost}", options
 
 
-async def _attach(
-    connection: Any,
+async def _open(
+    opener: Callable[..., Awaitable[Any]],
+    url: str | URL | None,
     *,
     failover: Sequence[str],
     outbox: OutboxSpec,
     require: str,
     publish_timeout: float,
-    url: str | None,
+    msgsafe_target: str | None,
+    **kwargs: Any,
 ) -> Any:
+    """``opener`` (aio-pika's ``connect`` or ``connect_robust``) with ``kwargs``, and
+    msgsafe's publisher attached to the connection it returns."""
+    if publish_timeout <= 0:
+        raise ConfigurationError("publish_timeout must be > 0")
+    connection = await opener(url, **kwargs)
     if not isinstance(connection, (Connection, RobustConnection)):
         await connection.close()
         raise TypeError("connection_class must be msgsafe.compat.aio_pika's Connection class")
     target, options = msgsafe_url(connection.url, failover)
-    if url is not None:
-        target, options = url, {}
+    if msgsafe_target is not None:
+        target, options = msgsafe_target, {}
     else:
         options["max_in_flight"] = WINDOW + _FORWARDER_ROOM
     try:
@@ -364,16 +371,16 @@ async def connect(
     aio-pika's behaviour) and ``publish_timeout`` (the deadline of a publish given no
     ``timeout``). ``_url`` replaces msgsafe's broker URL (tests: ``memory://``).
     """
-    if publish_timeout <= 0:
-        raise ConfigurationError("publish_timeout must be > 0")
-    connection = await aio_pika.connect(url, connection_class=connection_class, **kwargs)
-    return await _attach(  # type: ignore[no-any-return]
-        connection,
+    return await _open(  # type: ignore[no-any-return]
+        aio_pika.connect,
+        url,
         failover=failover,
         outbox=outbox,
         require=require,
         publish_timeout=publish_timeout,
-        url=_url,
+        msgsafe_target=_url,
+        connection_class=connection_class,
+        **kwargs,
     )
 
 
@@ -392,16 +399,16 @@ async def connect_robust(
     exchanges publish through msgsafe; msgsafe's arguments as :func:`connect`. The
     aio-pika connection reconnects as aio-pika's does (declares, queues, consumers);
     publishing does not wait for it."""
-    if publish_timeout <= 0:
-        raise ConfigurationError("publish_timeout must be > 0")
-    connection = await aio_pika.connect_robust(url, connection_class=connection_class, **kwargs)
-    return await _attach(  # type: ignore[no-any-return]
-        connection,
+    return await _open(  # type: ignore[no-any-return]
+        aio_pika.connect_robust,
+        url,
         failover=failover,
         outbox=outbox,
         require=require,
         publish_timeout=publish_timeout,
-        url=_url,
+        msgsafe_target=_url,
+        connection_class=connection_class,
+        **kwargs,
     )
 
 
