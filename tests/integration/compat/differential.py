@@ -13,13 +13,16 @@ wrapper's, whose docstring says why in one line.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pika
 import pytest
 
+from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.cluster.rabbitmq import RabbitCluster
 
 #: Observations of the real client, by test name.
@@ -70,3 +73,27 @@ def rabbit_params(cluster: RabbitCluster) -> list[pika.ConnectionParameters]:
         pika.ConnectionParameters("127.0.0.1", cluster.port(i), credentials=creds)
         for i in range(cluster.size)
     ]
+
+
+def kafka_sides(
+    make: Callable[[str, KafkaCluster, Path], Side],
+) -> tuple[Callable[..., Side], Callable[..., Side]]:
+    """The ``side`` (each of "real" and "wrapper") and ``real`` fixtures of a Kafka
+    differential module whose ``make(name, cluster, tmp_path)`` builds a side."""
+
+    @pytest.fixture(params=["real", "wrapper"])
+    def side(request: pytest.FixtureRequest, kafka_cluster: KafkaCluster, tmp_path: Path) -> Side:
+        return make(request.param, kafka_cluster, tmp_path)
+
+    @pytest.fixture
+    def real(kafka_cluster: KafkaCluster, tmp_path: Path) -> Side:
+        return make("real", kafka_cluster, tmp_path)
+
+    return side, real
+
+
+def new_topic(cluster: KafkaCluster, prefix: str, partitions: int = 3) -> str:
+    """A fresh topic of ``partitions`` on ``cluster``, named ``prefix-<random>``."""
+    name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+    cluster.create_topic(name, partitions=partitions)
+    return name

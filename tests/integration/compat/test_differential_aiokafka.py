@@ -20,7 +20,7 @@ from aiokafka.structs import RecordMetadata
 from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.compat import aiokafka as wrapped_aiokafka
 from msgsafe.message import MESSAGE_ID_HEADER
-from tests.integration.compat.differential import Side, differ
+from tests.integration.compat.differential import Side, differ, kafka_sides, new_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -50,20 +50,11 @@ def _side(name: str, cluster: KafkaCluster, tmp_path: Path) -> Side:
     )
 
 
-@pytest.fixture(params=["real", "wrapper"])
-def side(request: pytest.FixtureRequest, kafka_cluster: KafkaCluster, tmp_path: Path) -> Side:
-    return _side(request.param, kafka_cluster, tmp_path)
-
-
-@pytest.fixture
-def real(kafka_cluster: KafkaCluster, tmp_path: Path) -> Side:
-    return _side("real", kafka_cluster, tmp_path)
+side, real = kafka_sides(_side)
 
 
 def _topic(cluster: KafkaCluster, partitions: int = 3) -> str:
-    name = f"diff-ak-{uuid.uuid4().hex[:12]}"
-    cluster.create_topic(name, partitions=partitions)
-    return name
+    return new_topic(cluster, "diff-ak", partitions)
 
 
 async def _consume(cluster: KafkaCluster, topic: str, count: int) -> list[Any]:

@@ -19,7 +19,7 @@ import pytest
 from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.compat import confluent_kafka as wrapped_ck
 from msgsafe.message import MESSAGE_ID_HEADER
-from tests.integration.compat.differential import Side, differ
+from tests.integration.compat.differential import Side, differ, kafka_sides, new_topic
 from tests.support.kafka_ledger import earliest_consumer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -43,20 +43,11 @@ def _side(name: str, cluster: KafkaCluster, tmp_path: Path) -> Side:
     )
 
 
-@pytest.fixture(params=["real", "wrapper"])
-def side(request: pytest.FixtureRequest, kafka_cluster: KafkaCluster, tmp_path: Path) -> Side:
-    return _side(request.param, kafka_cluster, tmp_path)
-
-
-@pytest.fixture
-def real(kafka_cluster: KafkaCluster, tmp_path: Path) -> Side:
-    return _side("real", kafka_cluster, tmp_path)
+side, real = kafka_sides(_side)
 
 
 def _topic(cluster: KafkaCluster, partitions: int = 3) -> str:
-    name = f"diff-{uuid.uuid4().hex[:12]}"
-    cluster.create_topic(name, partitions=partitions)
-    return name
+    return new_topic(cluster, "diff", partitions)
 
 
 def _consume(cluster: KafkaCluster, topic: str, count: int) -> list[Any]:
