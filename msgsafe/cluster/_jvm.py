@@ -207,8 +207,7 @@ class JvmCluster(LocalCluster):
             self._check_ports_free([p for n in range(self.count) for p in self._node_ports(n)])
             self.dir.mkdir(parents=True, exist_ok=True)
             self._prepare(lib)
-            for node in range(self.count):
-                self._spawn(node, lib)
+            self._spawn_all(lib, started + timeout)
             self._save()
             log.info("%s: %d nodes launched, waiting until they serve", self.kind, self.count)
             self._wait_serving(started + timeout)
@@ -223,6 +222,11 @@ class JvmCluster(LocalCluster):
             self.start_seconds,
             self.url,
         )
+
+    def _spawn_all(self, lib: Path, deadline: float) -> None:
+        """Launch every node; a cluster whose nodes must come up in order overrides it."""
+        for node in range(self.count):
+            self._spawn(node, lib)
 
     def stop(self, grace: float = 30.0) -> None:
         """SIGTERM every node, SIGKILL what is left after ``grace`` seconds; remove the

@@ -269,6 +269,28 @@ class QpidCluster(JvmCluster):
         # attached REPLICA.
         self.wait_group(max(0.0, deadline - time.monotonic()))
 
+    def _spawn_all(self, lib: Path, deadline: float) -> None:
+        # A new group is made by node 0 alone: it must be MASTER with its virtual host
+        # active before anyone joins. Otherwise a node that registers while the helper's
+        # first configuration commit runs raises the quorum to 2; that commit fails with
+        # InsufficientReplicasException, the helper restarts its environment and the group
+        # (two members, one of them not yet replicating) never elects again: every node
+        # stays WAITING. A group that exists already restarts all at once.
+        if (self._node_dir(0) / "ha").exists():
+            super()._spawn_all(lib, deadline)
+            return
+        self._spawn(0, lib)
+        self._wait_roles([0], (MASTER,), deadline)
+        wait_for(
+            lambda: self._virtualhost_active(0),
+            max(0.0, deadline - time.monotonic()),
+            "qpid node 0's virtual host to be active",
+            interval=0.2,
+            on_timeout=lambda: self._tails([0]),
+        )
+        for node in range(1, self.count):
+            self._spawn(node, lib)
+
     def _spawn(self, node: int, lib: Path) -> None:
         env = {**os.environ, "QPID_WORK": str(self._node_dir(node))}
         self.pids[node] = spawn(
