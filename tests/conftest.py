@@ -66,3 +66,42 @@ def _fast_tier_starts_no_server() -> Iterator[None]:
         yield
     finally:
         subprocess.Popen.__init__ = real  # type: ignore[method-assign]
+
+
+# --- lanes: `make test` runs the broker tests as two concurrent pytest processes -------
+
+#: A module belongs to the Kafka lane when its path names Kafka or Spark or one of its
+#: tests uses the session Kafka cluster or a Spark fixture; every other module is in the
+#: "other" lane (RabbitMQ, AMQP 1.0 brokers, PostgreSQL, network labs). Whole modules
+#: move together so a module's own clusters start once.
+LANES = ("kafka", "other")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--lane",
+        choices=LANES,
+        default=None,
+        help="run only the modules of one lane (scripts/test.sh runs both at once)",
+    )
+
+
+def _kafka_lane(item: pytest.Item) -> bool:
+    path = item.nodeid.split("::", 1)[0].lower()
+    if "kafka" in path or "spark" in path:
+        return True
+    return any(name == "kafka_cluster" or "spark" in name for name in item.fixturenames)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    lane = config.getoption("--lane")
+    if lane is None:
+        return
+    kafka_modules = {item.nodeid.split("::", 1)[0] for item in items if _kafka_lane(item)}
+    keep, drop = [], []
+    for item in items:
+        in_kafka = item.nodeid.split("::", 1)[0] in kafka_modules
+        (keep if in_kafka == (lane == "kafka") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[3]
 BATCH_ROWS_PER_PARTITION = 40_000
 #: Stream: micro-batches of this many rows (two partitions each), and how many.
 STREAM_ROWS_PER_BATCH = 40_000
-STREAM_BATCHES = 4
+STREAM_BATCHES = 3
 #: The micro-batch whose executor dies, and the one whose driver dies.
 EXECUTOR_BATCH = 1
 DRIVER_BATCH = 2
