@@ -180,22 +180,22 @@ class KafkaProducer(ClosesOnExit):
         """Publish a message; the future resolves once it is confirmed (``acks=all``) or
         stored in the outbox, or fails with a kafka-python error.
 
-        Raises as kafka-python does before anything is sent: ``ValueError`` without key
-        and value (``AssertionError`` with kafka-python 2.x), ``TypeError`` for bad
-        headers or a serializer that returns no bytes, ``MessageSizeTooLargeError``,
+        Raises as the installed kafka-python does before anything is sent. With 3.x:
+        ``ValueError`` without key and value, ``TypeError`` for bad headers or a
+        serializer that returns no bytes, ``MessageSizeTooLargeError``,
         ``KafkaTimeoutError`` when the queue stayed full for ``max_block_ms``, and
-        ``IllegalStateError`` after :meth:`close`.
+        ``IllegalStateError`` after :meth:`close`. 2.x checks the first three and the
+        closed producer with ``assert`` (``AssertionError``, same text) and returns an
+        oversize message as a failed future instead of raising.
         """
         if self._closed:
-            raise errors.IllegalStateError("KafkaProducer already closed!")
+            raise _usage_error(errors.IllegalStateError("KafkaProducer already closed!"))
         if value is None and key is None:
-            if KAFKA_PYTHON_3:
-                raise ValueError("Need at least one: key or value")
-            raise AssertionError("Need at least one: key or value")
+            raise _usage_error(ValueError("Need at least one: key or value"))
         if headers is None:
             headers = []
         elif not isinstance(headers, list):
-            raise TypeError("headers must be list-type")
+            raise _usage_error(TypeError("headers must be list-type"))
         elif not all(
             isinstance(h, tuple)
             and len(h) == 2
@@ -203,7 +203,7 @@ class KafkaProducer(ClosesOnExit):
             and isinstance(h[1], bytes)
             for h in headers
         ):
-            raise TypeError("All headers items must be (str, bytes) tuples")
+            raise _usage_error(TypeError("All headers items must be (str, bytes) tuples"))
         if not isinstance(topic, str):
             raise TypeError(f"topic must be str, not {type(topic).__name__}")
         serialize = self._key_serializer
@@ -231,7 +231,15 @@ class KafkaProducer(ClosesOnExit):
             int(time.time() * 1000),
             self._counts,
         )
-        self._produce(topic, value_bytes, key_bytes, future, headers or None)
+        try:
+            self._produce(topic, value_bytes, key_bytes, future, headers or None)
+        except errors.BrokerResponseError as exc:
+            if KAFKA_PYTHON_3:
+                raise
+            # kafka-python 2.x: a broker error found before the send (an oversize
+            # message) fails the future it returns.
+            log.error("%s: Exception occurred during message send: %s", self, exc)
+            future.failure(exc)
         return future
 
     def _produce(
@@ -438,16 +446,24 @@ class KafkaProducer(ClosesOnExit):
     __repr__ = __str__
 
 
+def _usage_error(exc: Exception) -> Exception:
+    """What the installed kafka-python raises for a misuse that 3.x reports as ``exc``:
+    ``exc`` itself, or with 2.x, whose ``send`` checks it with ``assert``, an
+    ``AssertionError`` of the same text."""
+    return exc if KAFKA_PYTHON_3 else AssertionError(str(exc))
+
+
 def _as_bytes(what: str, data: object) -> bytes | None:
-    """A serialized key or value as librdkafka takes it; kafka-python's TypeError for
-    anything but bytes, bytearray, memoryview or None."""
+    """A serialized key or value as librdkafka takes it; what kafka-python raises
+    (:func:`_usage_error` of a TypeError) for anything but bytes, bytearray,
+    memoryview or None."""
     if data is None:
         return None
     if isinstance(data, (bytearray, memoryview)):
         return bytes(data)
     if isinstance(data, bytes):  # a bytes subclass
         return bytes(data)
-    raise TypeError(f"Unsupported type for serialized {what}: {type(data)}")
+    raise _usage_error(TypeError(f"Unsupported type for serialized {what}: {type(data)}"))
 
 
 def __getattr__(name: str) -> Any:
