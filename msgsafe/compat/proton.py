@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -54,6 +55,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtra("amqp10", "python-qpid-proton") from exc
 
 from msgsafe.compat._common import ClosesOnExit, warn
+from msgsafe.compat._proton_direct import DirectSender
 from msgsafe.compat._proton_send import (
     envelope_of,
     msgsafe_url,
@@ -62,7 +64,7 @@ from msgsafe.compat._proton_send import (
     set_fields,
 )
 from msgsafe.errors import InvalidMessage, MsgsafeError
-from msgsafe.message import Receipt
+from msgsafe.message import Receipt, Status
 from msgsafe.outbox.location import OutboxSpec
 from msgsafe.producer import Producer
 
@@ -162,10 +164,15 @@ class BlockingSender(ClosesOnExit):
                 warn(f"Message.{name} is not carried by msgsafe (body, id and properties are)")
         envelope = envelope_of(self.address, msg)
         limit = self.connection.timeout if timeout is False else timeout
+        seconds = None if limit is None else float(limit)
+        direct = self.connection._direct
+        started = time.monotonic()
+        if (receipt := direct.send(envelope, seconds)) is not None:
+            return Sent(self, envelope.message_id, receipt)  # accepted, on this thread
+        if seconds is not None:
+            seconds = max(0.0, seconds - (time.monotonic() - started))
         try:
-            receipt = send_within(
-                self.connection.producer, envelope, None if limit is None else float(limit)
-            )
+            receipt = send_within(self.connection.producer, envelope, seconds)
         except InvalidMessage:
             raise
         except MsgsafeError as exc:
@@ -175,6 +182,8 @@ class BlockingSender(ClosesOnExit):
                 # proton returns such a delivery: its remote_state says what happened.
                 return Sent(self, envelope.message_id, None, error.state)
             raise error from exc
+        if receipt.status is Status.CONFIRMED:
+            direct.confirmed_elsewhere()
         return Sent(self, envelope.message_id, receipt)
 
     def close(self) -> None:
@@ -195,7 +204,9 @@ class BlockingConnection(ClosesOnExit):
     while no broker accepts them; default a file in the user's data directory),
     ``require`` (``"durable"`` or ``"any"``), ``lazy`` (no real proton connection
     until a receiver needs one: the constructor does not fail while the brokers are
-    down) and ``_url`` (replaces msgsafe's URL; tests use ``memory://``).
+    down), ``direct`` (False: every send through msgsafe's producer, none on the
+    caller's thread; see :mod:`msgsafe.compat._proton_direct`) and ``_url`` (replaces
+    msgsafe's URL; tests use ``memory://``).
 
     As proton's, the constructor connects (the real connection receivers use) and
     raises proton's ``ConnectionException`` / ``Timeout`` when no host answers.
@@ -214,6 +225,7 @@ class BlockingConnection(ClosesOnExit):
         outbox: OutboxSpec = True,
         require: str = "durable",
         lazy: bool = False,
+        direct: bool = True,
         user: str | None = None,
         password: str | None = None,
         _url: str | None = None,
@@ -255,7 +267,13 @@ class BlockingConnection(ClosesOnExit):
             if self._real is not None:
                 self._real.close()
             raise
-        self._finalizer = weakref.finalize(self, _close_quietly, self._producer)
+        # Sends go on the caller's thread while the broker accepts them (its own real
+        # connection, opened on the first send); not with a test's URL, or when asked.
+        self._direct = DirectSender(
+            lambda: _utils.BlockingConnection(**self._real_args), self._producer
+        )
+        self._direct.resting = _url is not None or not direct
+        self._finalizer = weakref.finalize(self, _close_quietly, self._producer, self._direct)
 
     # --- senders, receivers ------------------------------------------------------------
 
@@ -300,6 +318,12 @@ class BlockingConnection(ClosesOnExit):
         if self._real is not None and self._real.conn is not None:
             return str(self._real.url)
         return self._producer.target
+
+    @property
+    def direct_sends(self) -> int:
+        """msgsafe addition: how many sends the broker accepted on the caller's thread,
+        over the direct path (the others went through :attr:`producer`)."""
+        return self._direct.accepted
 
     @property
     def producer(self) -> Producer:
@@ -347,6 +371,7 @@ class BlockingConnection(ClosesOnExit):
         return f"<msgsafe.compat.proton.BlockingConnection {self._producer.target} {state}>"
 
 
-def _close_quietly(producer: Producer) -> None:
+def _close_quietly(producer: Producer, direct: DirectSender) -> None:
+    direct.close()
     with contextlib.suppress(MsgsafeError):
         producer.close(CLOSE_WAIT_S)

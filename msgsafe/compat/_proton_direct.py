@@ -1,0 +1,118 @@
+"""The blocking send on the caller's thread: proton's own round trip to ``accepted``.
+
+``proton.utils.BlockingSender.send`` writes the message and waits on the calling thread
+until the broker settles it. The wrapper does the same while it can: on the thread that
+made the wrapper connection, a message goes out over a real proton connection of the
+direct path's own (opened on the first send), on a sender link to the same address,
+shaped as msgsafe's AMQP 1.0 adapter sends it (durable, msgsafe's id as ``message-id``
+and ``msgsafe-id``, the application properties as text, one data section), with the
+adapter's link options (at-least-once, the ``queue`` capability). An ``accepted``
+outcome means the broker has the message: the promise holds and nothing else is done.
+
+Only an address msgsafe's destination check admitted goes this way (the producer checks
+it once, as it would before its own first send there). Anything else (no answer within
+half the send's time, the link or connection lost, an outcome other than ``accepted``)
+and the message goes to msgsafe's producer instead, which decides what the caller sees
+(fail-over, the outbox, proton's exception): the same outcome as without this path, one
+round trip later. A message whose outcome was lost with the connection may then reach
+the broker twice, with the same id. After a failure the direct path rests until msgsafe
+confirms a message again with nothing left in its outbox, so a broker outage costs no
+reconnect attempt per send and no message overtakes one the outbox still holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from proton import Delivery, ProtonException
+
+from msgsafe.adapters.amqp10 import link_options, wire_message
+from msgsafe.errors import MsgsafeError
+from msgsafe.message import Envelope, Guarantee, Receipt, Status, new_receipt
+
+if TYPE_CHECKING:
+    from msgsafe.producer import Producer
+
+__all__ = ["DirectSender"]
+
+log = logging.getLogger("msgsafe.compat.proton")
+
+#: Share of a send's time the direct path may wait for the outcome: the rest is
+#: msgsafe's, to fail over or store the message.
+_DIRECT_SHARE = 0.5
+
+
+class DirectSender:
+    """A wrapper connection's direct path (see the module docstring): its own real
+    proton connection, opened on first use by the thread that made the wrapper, with one
+    link per address."""
+
+    def __init__(self, open_connection: Callable[[], Any], producer: Producer) -> None:
+        self._open = open_connection
+        self._producer = producer
+        self._owner = threading.get_ident()
+        self._conn: Any = None  # a real proton.utils.BlockingConnection
+        self._links: dict[str, Any] = {}  # address -> real proton BlockingSender
+        self._guarantees: dict[str, Guarantee] = {}
+        self._tags = 0
+        self.resting = False
+        #: Messages the broker accepted on this path.
+        self.accepted = 0
+
+    def send(self, envelope: Envelope, timeout: float | None) -> Receipt | None:
+        """Send ``envelope`` and wait for its outcome; a CONFIRMED receipt when the broker
+        accepted it. None when it was not sent this way or not accepted: msgsafe's
+        producer takes over."""
+        if self.resting or self._owner != threading.get_ident():
+            return None
+        destination = envelope.destination
+        try:
+            guarantee = self._guarantees.get(destination)
+            if guarantee is None:
+                guarantee = self._producer.guarantee(destination)
+                self._guarantees[destination] = guarantee
+            conn = self._conn
+            if conn is None:
+                conn = self._conn = self._open()
+            link = self._links.get(destination)
+            if link is None:
+                link = conn.create_sender(destination, options=link_options())
+                self._links[destination] = link
+            self._tags += 1
+            proton_link = link.link
+            delivery = proton_link.delivery(str(self._tags))
+            proton_link.stream(wire_message(envelope))
+            proton_link.advance()
+            limit = None if timeout is None else max(0.001, timeout * _DIRECT_SHARE)
+            conn.wait(lambda: delivery.settled, timeout=limit)
+        except MsgsafeError:
+            return None  # the check refused or could not run: msgsafe's path says so
+        except ProtonException as exc:
+            log.debug("direct send failed (%r); msgsafe's producer takes over", exc)
+            self.resting = True
+            self.close()
+            return None
+        state = delivery.remote_state
+        delivery.settle()
+        if state != Delivery.ACCEPTED:
+            return None  # released, modified or rejected: msgsafe's path decides
+        self.accepted += 1
+        return new_receipt(envelope.message_id, Status.CONFIRMED, destination, guarantee)
+
+    def confirmed_elsewhere(self) -> None:
+        """msgsafe confirmed a message: when its outbox is empty too, the brokers answer
+        and nothing waits that a direct send could overtake; try the direct path again."""
+        if self.resting and self._producer.pending() == 0:
+            self.resting = False
+
+    def close(self) -> None:
+        """Close the direct connection (nothing is in flight: a send waits for its outcome)."""
+        conn, self._conn, self._links = self._conn, None, {}
+        if conn is not None:
+            try:
+                conn.close()
+            except ProtonException as exc:  # the peer may be gone: closing anyway
+                log.debug("closing the direct connection: %r", exc)
