@@ -69,6 +69,12 @@ _UNKNOWN = Guarantee.UNKNOWN
 
 #: Messages per outbox put at most.
 _STORE_BATCH = 1000
+#: Seconds the outbox writer waits, at most, for a round as large as its last one.
+#: Blocking senders each wait for the commit of their message, so the next round's
+#: messages arrive one by one right after a commit: without the wait, a commit would
+#: carry only those that came before the writer looked (half of 8 threads, measured),
+#: and each commit costs one fdatasync whatever it carries.
+_GATHER_S = 0.0005
 
 
 class Route(enum.Enum):
@@ -130,6 +136,8 @@ class Settlement:
         self._queue: queue.SimpleQueue[StoreItem | None] = queue.SimpleQueue()
         self._wake_forwarder: Callable[[], None] | None = None
         self._writer: threading.Thread | None = None
+        #: How many messages the writer's last put carried (see _GATHER_S).
+        self._last_round = 1
 
     # --- the outbox writer -----------------------------------------------------------------
 
@@ -210,17 +218,31 @@ class Settlement:
             del first
 
     def _store_round(self, store: OutboxStore, first: StoreItem) -> None:
-        """One durable put of ``first`` and whatever else is queued (up to _STORE_BATCH)."""
+        """One durable put of ``first`` and whatever else is queued (up to _STORE_BATCH),
+        waiting up to _GATHER_S for as many messages as the last put carried."""
         batch = [first]
+        want = self._last_round
+        deadline = 0.0
         while len(batch) < _STORE_BATCH:
             try:
                 nxt = self._queue.get_nowait()
             except queue.Empty:
-                break
+                if len(batch) >= want:
+                    break
+                now = time.monotonic()
+                if not deadline:
+                    deadline = now + _GATHER_S
+                if now >= deadline:
+                    break
+                try:
+                    nxt = self._queue.get(timeout=deadline - now)
+                except queue.Empty:
+                    break
             if nxt is None:
                 self._queue.put(None)
                 break
             batch.append(nxt)
+        self._last_round = len(batch)
         error: OutboxError | None = None
         try:
             store.put([item.envelope for item in batch])
