@@ -5,13 +5,14 @@ executors and drivers die. Counted: every row expected, every copy received.
 - A batch write (two partitions): both tasks publish half their rows and wait at a gate;
   the executor running partition 0 is SIGKILLed; Spark runs the task again elsewhere,
   and it publishes the partition again with the same ids.
-- A streaming query (rate-micro-batch, four micro-batches, two partitions each): in
+- A streaming query (rate-micro-batch, three micro-batches, two partitions each): in
   micro-batch 1 an executor is SIGKILLed mid-batch as above; in micro-batch 2 the
   driver itself (Python and its JVM) is SIGKILLed mid-batch and started again from its
   checkpoint: Spark replays micro-batch 2 with its id, and the query runs to the end.
 
-For each: lost = 0, every duplicate carries a known id, and a consumer with ``dedup=``
-gets every row exactly once. The batch writes must show duplicates (the killed task had
+Each to Kafka, to RabbitMQ (AMQP 0-9-1) and over AMQP 1.0 (RabbitMQ's plugin). For each:
+lost = 0, every duplicate carries a known id, and a consumer with ``dedup=`` gets every
+row exactly once. The batch writes must show duplicates (the killed task had
 published rows); a micro-batch's writer was seen to get no row while the gate held the
 rest of its partition, so there the kills may come before anything was published.
 
@@ -248,6 +249,8 @@ class Watch:
 
     def __init__(self, url: str, destination: str, **options: object) -> None:
         self.got = Received()
+        #: Copies a ``dedup=`` consumer dropped (their ids had arrived before).
+        self.dropped = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._error: list[BaseException] = []
@@ -265,6 +268,7 @@ class Watch:
                         with self._lock:
                             self.got.add(delivery.message_id, delivery.body)
                         delivery.ack()
+                    self.dropped = consumer.duplicates_dropped
         except BaseException as exc:  # reported by finish()
             self._error.append(exc)
 
@@ -497,7 +501,7 @@ def _stream_story(
     markers.mkdir()
     args = _driver_args("stream", cluster, url, destination, work, **options)
     first = Driver(work / "driver-1.log", args)
-    killed = _kill_executor_at_gate(cluster, markers, EXECUTOR_BATCH, watch, first, published_s=30)
+    killed = _kill_executor_at_gate(cluster, markers, EXECUTOR_BATCH, watch, first, published_s=5)
     halves = [markers / f"half-{DRIVER_BATCH}-{p}" for p in (0, 1)]
     _wait(lambda: all(h.exists() for h in halves), "micro-batch 2 to be halfway", first)
     first.kill()
@@ -563,6 +567,79 @@ def test_stream_to_rabbitmq_survives_an_executor_kill_and_a_driver_restart(
         time.monotonic() - started,
     )
     _check(counts, deduped, expected, duplicates=False)
+
+
+# --- AMQP 1.0 (RabbitMQ's plugin, a quorum queue) ---------------------------------------
+#
+# One queue, so one consumer: it drops repeats by id (``dedup=``), and counts them. A
+# repeat it drops carries the id of a copy it delivered before, and every delivered id
+# is checked to be known: what the two queues of the RabbitMQ stories show.
+
+
+def _amqp10_queue(rabbit: RabbitCluster, name: str) -> str:
+    import pika
+
+    params = pika.URLParameters(rabbit.node_url(0))
+    with pika.BlockingConnection(params) as connection:
+        connection.channel().queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+    return f"/amq/queue/{name}"
+
+
+def _check_deduped(counts: Any, watch: Watch, *, duplicates: bool) -> None:
+    assert counts.lost == 0, counts
+    assert counts.unknown == 0, counts
+    assert counts.wrong_rows == 0, counts
+    assert counts.duplicates == 0, "the dedup consumer delivered a row twice"
+    assert watch.dropped > 0 or not duplicates, "the kill did not hit mid-batch"
+
+
+def test_batch_write_over_amqp10_survives_an_executor_kill(
+    spark_cluster: SparkCluster, rabbit_cluster: RabbitCluster, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    (tmp_path / "markers").mkdir()
+    url = rabbit_cluster.amqp10_url(0)
+    destination = _amqp10_queue(rabbit_cluster, f"ds-a-{uuid.uuid4().hex[:8]}")
+    expected = _batch_expected()
+    watch = Watch(url, destination, dedup=4 * len(expected))
+    args = _driver_args(
+        "batch", spark_cluster, url, destination, tmp_path, id_cols="id", batch_id="13"
+    )
+    job = Driver(tmp_path / "driver.log", args)
+    killed = _kill_executor_at_gate(spark_cluster, tmp_path / "markers", BATCH_GATE, watch, job)
+    job.wait(DEADLINE_S)
+
+    known = {key_id(destination, 13, [i]) for i in range(2 * BATCH_ROWS_PER_PARTITION)}
+    counts = tally(expected, watch.finish(set(expected)), known)
+    _report(
+        f"cluster batch -> amqp10, executor {killed} killed, {watch.dropped} repeats dropped",
+        counts,
+        tmp_path / "reports",
+        time.monotonic() - started,
+    )
+    _check_deduped(counts, watch, duplicates=True)
+
+
+def test_stream_over_amqp10_survives_an_executor_kill_and_a_driver_restart(
+    spark_cluster: SparkCluster, rabbit_cluster: RabbitCluster, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    url = rabbit_cluster.amqp10_url(0)
+    destination = _amqp10_queue(rabbit_cluster, f"ds-as-{uuid.uuid4().hex[:8]}")
+    expected, known = _stream_expected(destination)
+    watch = Watch(url, destination, dedup=4 * len(expected))
+    killed, replayed = _stream_story(
+        spark_cluster, url, destination, watch, tmp_path, key_col="key", id_cols="id"
+    )
+    counts = tally(expected, watch.finish(set(expected)), known)
+    _report(
+        f"cluster stream -> amqp10, executor {killed} killed, driver restarted "
+        f"({replayed} batches after), {watch.dropped} repeats dropped",
+        counts,
+        tmp_path / "reports",
+        time.monotonic() - started,
+    )
+    _check_deduped(counts, watch, duplicates=False)
 
 
 if __name__ == "__main__":
