@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from msgsafe.checks import DestinationReport
 from msgsafe.checks.findings import Finding, Severity
 from msgsafe.endpoints import BrokerUrl
-from msgsafe.errors import ConnectError, MissingExtra, MsgsafeError, PermanentError
+from msgsafe.errors import MissingExtra
 from msgsafe.message import Guarantee
 
 if TYPE_CHECKING:
@@ -275,32 +275,14 @@ def _declare(connection: Any, name: str, kind: str) -> None:
 
 
 def _connect(url: BrokerUrl, opts: RabbitOptions | None = None) -> Any:
-    """A blocking connection with the transport's own parameters (credentials, virtual
-    host, TLS, ``connect_timeout``: :func:`msgsafe.adapters.rabbitmq.connection_parameters`),
-    to the first host that takes it. A refused login, a certificate that does not verify
-    or a peer of another protocol raise their permanent error at once (the transport
-    would meet the same); otherwise :class:`ConnectError` once every host failed."""
+    """A blocking connection with the transport's own parameters, to the first host that
+    takes it (:func:`msgsafe.adapters.rabbitmq.open_blocking_connection`): a check
+    reaches the broker exactly when the transport does."""
     try:
-        import pika
-
-        from msgsafe.adapters._config import build_config
-        from msgsafe.adapters.rabbitmq import RabbitOptions, connection_parameters, open_error
+        from msgsafe.adapters.rabbitmq import open_blocking_connection
     except ImportError as exc:
         raise MissingExtra("rabbitmq", "pika") from exc
-    options = opts if opts is not None else build_config(RabbitOptions, url, {})
-    last: MsgsafeError | None = None
-    for endpoint in url.endpoints:
-        try:
-            return pika.BlockingConnection(connection_parameters(url, options, endpoint))
-        except Exception as exc:  # pika's connector errors are not all AMQPError
-            error = open_error(exc, str(endpoint), tls=endpoint.tls)
-            if isinstance(error, PermanentError):
-                raise error from exc
-            last = error
-    raise ConnectError(
-        f"no RabbitMQ node answered: {last.message if last else 'no endpoint'}",
-        endpoint=url.redacted(),
-    ) from last
+    return open_blocking_connection(url, opts)
 
 
 def _close(connection: Any) -> None:

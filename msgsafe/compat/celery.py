@@ -24,7 +24,10 @@ Options come from ``install(app, ...)`` keywords, else from the app setting
 ``msgsafe_producer`` (a dict), else msgsafe's defaults: ``url`` (default: the app's
 ``broker_write_url`` / ``broker_url`` as an ``amqp://`` host list), and every keyword
 :class:`msgsafe.Producer` takes (``outbox``, ``send_timeout``, ``connect_timeout``,
-``confirm_timeout``, ...). ``docs/migration.md`` ("Celery") lists what changes.
+``confirm_timeout``, ...), and ``direct`` (default True: while RabbitMQ confirms, a task
+is published and confirmed on the caller's thread, see
+:mod:`msgsafe.compat._celery_direct`; False: always through the Producer).
+``docs/migration.md`` ("Celery") lists what changes.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtra("compat", "celery") from exc
 
+from msgsafe.compat._celery_direct import DirectTaskPublisher
 from msgsafe.compat._celery_message import (
     TaskMessage,
     broker_url,
@@ -77,6 +81,8 @@ _MARK = "_msgsafe_publisher"
 
 #: Seconds a declare may take to reach the broker before it is given up for now.
 _DECLARE_CONNECT_S = 2.0
+#: msgsafe's default confirm wait, when the options name none.
+_DEFAULT_CONFIRM_S = 10.0
 #: During an outage, how often the forwarder's progress is read (one outbox query).
 _OUTAGE_POLL_S = 0.1
 
@@ -137,6 +143,7 @@ class CeleryPublisher:
         self._app = app
         opts = dict(options)
         self._url: str = opts.pop("url", None) or broker_url(app.connection_for_write())
+        direct = bool(opts.pop("direct", True))
         self._options = opts
         self._lock = threading.Lock()
         self._producer: Producer | None = None
@@ -144,6 +151,9 @@ class CeleryPublisher:
         self._declarer = _Declarer(self._declare_connection)
         #: Queues are declared on the app's broker only when msgsafe publishes there.
         self._declares = self._url.partition("://")[0] in ("amqp", "amqps")
+        #: Tasks go on the caller's thread while the broker confirms them (RabbitMQ only).
+        self._direct_enabled = direct and self._declares
+        self._direct: DirectTaskPublisher | None = None
         self._original: Callable[..., Any] | None = None
         #: The forwarder's ``drained`` count when an outage began; None: no outage.
         self._outage_drained: int | None = None
@@ -163,7 +173,21 @@ class CeleryPublisher:
                 self._producer = Producer(self._url, **self._options)
                 self._pid = os.getpid()
                 self._declarer = _Declarer(self._declare_connection)
+                self._direct = None
+                if self._direct_enabled:
+                    self._direct = DirectTaskPublisher(
+                        self._url,
+                        self._producer,
+                        blocked_timeout=_direct_blocked_s(self._options),
+                    )
             return self._producer
+
+    @property
+    def direct_sends(self) -> int:
+        """How many tasks of this process the broker confirmed on the caller's thread,
+        over the direct path (the others went through :attr:`producer`)."""
+        direct = self._direct
+        return 0 if direct is None else direct.accepted
 
     def _declare_connection(self) -> Any:
         conn = self._app.connection_for_write()
@@ -174,7 +198,10 @@ class CeleryPublisher:
         """Close this process's producer (what waits in the outbox stays there)."""
         with self._lock:
             producer, self._producer = self._producer, None
+            direct, self._direct = self._direct, None
         if producer is not None and self._pid == os.getpid():
+            if direct is not None:
+                direct.close()
             producer.close(timeout)
 
     # --- publishing ------------------------------------------------------------------
@@ -204,6 +231,9 @@ class CeleryPublisher:
             return self._store(producer, envelope)
         if self._declares:
             self._declarer.declare(declare)
+        direct = self._direct
+        if direct is not None and (confirmed := direct.publish(message, envelope)) is not None:
+            return confirmed  # the broker confirmed it, on this thread, as Celery's own
         future = producer.send_envelope(envelope)
         try:
             receipt = future.result(self._send_timeout())
@@ -217,6 +247,8 @@ class CeleryPublisher:
             ) from SendTimeout("send_timeout passed", message_id=envelope.message_id)
         if receipt.status is Status.CONFIRMED:
             self._declarer.resume()
+            if direct is not None:
+                direct.confirmed_elsewhere()
         elif self._forwarding:
             self._outage_drained = producer.stats().drained
             self._outage_polled = time.monotonic()
@@ -306,6 +338,13 @@ class CeleryPublisher:
 
     def __repr__(self) -> str:
         return f"CeleryPublisher(app={self._app.main!r}, url={_redacted(self._url)!r})"
+
+
+def _direct_blocked_s(options: Mapping[str, Any]) -> float:
+    """How long a direct publish may wait on a blocked connection: half the confirm wait,
+    between 0.5 and 2 s (msgsafe's path then has the rest to store the task)."""
+    confirm = float(options.get("confirm_timeout", _DEFAULT_CONFIRM_S))
+    return max(0.5, min(2.0, confirm / 2))
 
 
 def _redacted(url: str) -> str:

@@ -8,11 +8,18 @@ acknowledgement. Needs the ``rabbitmq`` extra (pika).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
-from msgsafe.errors import ConfigurationError, MissingExtra
+from msgsafe.errors import (
+    ConfigurationError,
+    ConnectError,
+    MissingExtra,
+    MsgsafeError,
+    PermanentError,
+)
 
 try:
-    import pika  # noqa: F401
+    import pika
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtra("rabbitmq", "pika") from exc
 
@@ -29,6 +36,7 @@ __all__ = [
     "RabbitReceiver",
     "RabbitTransport",
     "connection_parameters",
+    "open_blocking_connection",
     "open_error",
     "open_receiver",
     "open_transport",
@@ -56,3 +64,31 @@ def open_receiver(
     """
     _check(url)
     return RabbitReceiver(url, build_config(RabbitOptions, url, options), group=group)
+
+
+def open_blocking_connection(
+    url: BrokerUrl, options: RabbitOptions | Mapping[str, object] | None = None
+) -> Any:
+    """A pika ``BlockingConnection`` with the transport's own parameters (credentials,
+    virtual host, TLS, ``connect_timeout``: :func:`connection_parameters`) to the first
+    host of ``url`` that takes it. A refused login, a certificate that does not verify
+    or a peer of another protocol raise their permanent error at once (the transport
+    would meet the same); otherwise :class:`~msgsafe.errors.ConnectError` once every host
+    failed."""
+    if isinstance(options, RabbitOptions):
+        opts = options
+    else:
+        opts = build_config(RabbitOptions, url, options or {})
+    last: MsgsafeError | None = None
+    for endpoint in url.endpoints:
+        try:
+            return pika.BlockingConnection(connection_parameters(url, opts, endpoint))
+        except Exception as exc:  # pika's connector errors are not all AMQPError
+            error = open_error(exc, str(endpoint), tls=endpoint.tls)
+            if isinstance(error, PermanentError):
+                raise error from exc
+            last = error
+    raise ConnectError(
+        f"no RabbitMQ node answered: {last.message if last else 'no endpoint'}",
+        endpoint=url.redacted(),
+    ) from last
