@@ -415,3 +415,10 @@ async def connect_robust(
 # The public home of the classes (reprs, docs, pickling by name).
 for _cls in (Connection, RobustConnection, Channel, RobustChannel, Exchange, RobustExchange):
     _cls.__module__ = __name__
+
+
+def __getattr__(name: str) -> Any:
+    # Every other name of ``aio_pika`` (its submodules ``message``, ``channel``,
+    # ``connection``, ``robust_*``, ``transaction``, ``log``, ...) is the original:
+    # application code reaches them as ``aio_pika.message.IncomingMessage``.
+    return getattr(aio_pika, name)

@@ -87,6 +87,8 @@ def test_the_module_is_aio_pika_with_the_publishing_classes_replaced() -> None:
     assert aio_pika.Message is real_aio_pika.Message
     assert aio_pika.DeliveryMode is real_aio_pika.DeliveryMode
     assert aio_pika.exceptions is real_aio_pika.exceptions
+    # Names it does not list are aio-pika's too (annotations such as aio_pika.message.X).
+    assert aio_pika.message is real_aio_pika.message  # type: ignore[attr-defined]
     for name in ("Connection", "RobustConnection", "Channel", "RobustChannel"):
         assert issubclass(getattr(aio_pika, name), getattr(real_aio_pika, name))
     assert issubclass(aio_pika.Exchange, real_aio_pika.Exchange)

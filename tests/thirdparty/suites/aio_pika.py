@@ -26,6 +26,14 @@ _CONTAINER_ADDRESS = (
     "        host=rabbitmq_container.host,\n" + '        port=rabbitmq_container.ports["5672/tcp"],'
 )
 
+#: Why the wrapper differs in the two tests that fail with it on purpose.
+_WHY = {
+    "test_big_message": "a 22 MB body is over msgsafe's max_message_size (8 MiB): "
+    "ChannelPreconditionFailed before sending",
+    "test_delivery_fail": "the broker's nack (x-overflow reject-publish) is transient for "
+    "msgsafe: the message is stored, no DeliveryError",
+}
+
 SUITE = Suite(
     name="aio-pika",
     broker="rabbitmq",
@@ -80,25 +88,33 @@ SUITE = Suite(
     # Test ids carry their module (two test files): test_amqp's with the connect
     # fixture's parameter, test_amqp_robust's (connect_robust only) without.
     intended={
-        f"{module}::{cls}::{test}{param}": why
-        for module, params in (
-            ("test_amqp", ("[connect]", "[connect_robust]")),
-            ("test_amqp_robust", ("",)),
+        f"{module}::{cls}::{test}{param}": _WHY[test]
+        for module, cls, params in (
+            ("test_amqp", "TestCaseAmqp", ("[connect]", "[connect_robust]")),
+            ("test_amqp", "TestCaseAmqpNoConfirms", ("[connect]", "[connect_robust]")),
+            ("test_amqp_robust", "TestCaseAmqp", ("",)),
+            ("test_amqp_robust", "TestCaseAmqpNoConfirms", ("",)),
+            ("test_amqp_robust", "TestCaseAmqpNoConfirmsRobust", ("",)),
         )
+        for test in _WHY
         for param in params
-        for cls in ("TestCaseAmqp", "TestCaseAmqpNoConfirms")
-        for test, why in (
+    }
+    | {
+        # The robust module's own class runs the same two tests with its own parameters.
+        f"test_amqp_robust::TestCaseNoRobust::{test}{param}": _WHY[test]
+        for test, params in (
             (
                 "test_big_message",
-                "a 22 MB body is over msgsafe's max_message_size (8 MiB): "
-                "ChannelPreconditionFailed before sending",
+                (
+                    "[robust=0-robust=0]",
+                    "[robust=0-robust=1]",
+                    "[robust=1-robust=0]",
+                    "[robust=1-robust=1]",
+                ),
             ),
-            (
-                "test_delivery_fail",
-                "the broker's nack (x-overflow reject-publish) is transient for msgsafe: "
-                "the message is stored, no DeliveryError",
-            ),
+            ("test_delivery_fail", ("[robust=0]", "[robust=1]")),
         )
+        for param in params
     },
     conftest=_CONFTEST,
     pytest_args=("-p", "no:asyncio"),
