@@ -1,4 +1,4 @@
-.PHONY: demo test test-fast lint docs docs-serve bench client-suites
+.PHONY: demo test test-fast test-kafka-python-2 lint docs docs-serve bench client-suites
 
 demo:            ## install and run the demo of the promise (lost = 0)
 	bash scripts/demo.sh
@@ -8,6 +8,9 @@ test:            ## install and run the full test suite against real brokers
 
 test-fast:       ## the inner loop: lint, types, unit and contract tests (no brokers, no JVM, < 3 min); ARGS=PATH... for some files
 	bash scripts/test.sh --fast $(ARGS)
+
+test-kafka-python-2:  ## the kafka-python drop-in's unit, differential and crash tests under kafka-python 2.x (a venv)
+	bash scripts/test_kafka_python_2.sh $(ARGS)
 
 lint:
 	python3 -m ruff check msgsafe tests benchmarks examples && python3 -m ruff format --check msgsafe tests benchmarks examples && python3 -m mypy && python3 -m mypy tests
