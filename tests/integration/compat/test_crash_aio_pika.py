@@ -41,20 +41,27 @@ def _declare(rabbit: RabbitCluster, queue: str, node: int) -> None:
 
 
 def _consume_all(rabbit: RabbitCluster, queue: str, nodes: list[int], expect: int) -> list[str]:
-    """Every message id in ``queue`` (read through ``nodes``), polled until ``expect``
-    arrived or nothing came for a while after the deadline of 120 s."""
+    """Every copy's message id in ``queue`` (read through ``nodes``), polled until
+    ``expect`` distinct ids arrived and the queue is empty, or 120 s passed.
+
+    NOTE: distinct ids: a duplicate counted towards ``expect`` once ended the read
+    with as many messages still queued (a run reported them lost)."""
     params = [rabbit_params(rabbit)[i] for i in nodes]
     ids: list[str] = []
+    seen: set[str] = set()
     deadline = time.monotonic() + 120
     conn = pika.BlockingConnection(params)
     ch = conn.channel()
     try:
-        while len(ids) < expect and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             method, props, _body = ch.basic_get(queue, auto_ack=True)
             if method is None:
+                if len(seen) >= expect:
+                    break  # every expected id arrived and nothing else is queued
                 conn.sleep(0.1)  # the polling period of this wait
                 continue
             ids.append(props.message_id)
+            seen.add(props.message_id)
         ch.queue_delete(queue)
     finally:
         conn.close()
