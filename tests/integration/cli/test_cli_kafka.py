@@ -1,6 +1,9 @@
 """The ``msgsafe`` command against the session's Apache Kafka cluster, as a subprocess
 (``msgsafe demo`` with no URL runs its own zero-Java tansu broker, as a user's first run
-does; ``msgsafe demo --cluster kafka`` its own 3-node Apache Kafka)."""
+does; ``msgsafe demo --cluster kafka`` its own 3-node Apache Kafka).
+
+Why tansu in one test: it is what ``msgsafe demo`` itself starts without a URL, so no
+real broker can show that first run; every other test here uses Apache Kafka."""
 
 from __future__ import annotations
 

@@ -3,6 +3,9 @@ process that drives the cluster and in one that found it again from ``cluster.js
 (what ``msgsafe cluster status`` does). RabbitMQ and tansu: the launchers whose nodes
 are not JVMs (the JVM launchers are covered by their own test files).
 
+Why tansu: its launcher is the one under test here (``msgsafe cluster up tansu``), not a
+stand-in for another broker; no real broker can check that launcher's ``nodes()``.
+
 A missing broker fails the test with the launcher's message on how to install it.
 """
 
