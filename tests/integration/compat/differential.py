@@ -75,19 +75,20 @@ def rabbit_params(cluster: RabbitCluster) -> list[pika.ConnectionParameters]:
     ]
 
 
-def kafka_sides(
-    make: Callable[[str, KafkaCluster, Path], Side],
+def sides(
+    make: Callable[[str, Any, Path], Side], cluster: str
 ) -> tuple[Callable[..., Side], Callable[..., Side]]:
-    """The ``side`` (each of "real" and "wrapper") and ``real`` fixtures of a Kafka
-    differential module whose ``make(name, cluster, tmp_path)`` builds a side."""
+    """The ``side`` (each of "real" and "wrapper") and ``real`` fixtures of a differential
+    module whose ``make(name, brokers, tmp_path)`` builds a side on the session fixture
+    named ``cluster`` (``kafka_cluster``, ``rabbit_cluster``, ``artemis_pair``)."""
 
     @pytest.fixture(params=["real", "wrapper"])
-    def side(request: pytest.FixtureRequest, kafka_cluster: KafkaCluster, tmp_path: Path) -> Side:
-        return make(request.param, kafka_cluster, tmp_path)
+    def side(request: pytest.FixtureRequest, tmp_path: Path) -> Side:
+        return make(request.param, request.getfixturevalue(cluster), tmp_path)
 
     @pytest.fixture
-    def real(kafka_cluster: KafkaCluster, tmp_path: Path) -> Side:
-        return make("real", kafka_cluster, tmp_path)
+    def real(request: pytest.FixtureRequest, tmp_path: Path) -> Side:
+        return make("real", request.getfixturevalue(cluster), tmp_path)
 
     return side, real
 

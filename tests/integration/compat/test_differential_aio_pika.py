@@ -21,7 +21,7 @@ from pamqp.commands import Basic
 from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.compat import aio_pika as wrapped_aio_pika
 from msgsafe.testing.faultproxy import FaultProxy
-from tests.integration.compat.differential import Side, differ
+from tests.integration.compat.differential import Side, differ, sides
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -47,14 +47,7 @@ def _side(name: str, cluster: RabbitCluster, tmp_path: Path) -> Side:
     )
 
 
-@pytest.fixture(params=["real", "wrapper"])
-def side(request: pytest.FixtureRequest, rabbit_cluster: RabbitCluster, tmp_path: Path) -> Side:
-    return _side(request.param, rabbit_cluster, tmp_path)
-
-
-@pytest.fixture
-def real(rabbit_cluster: RabbitCluster, tmp_path: Path) -> Side:
-    return _side("real", rabbit_cluster, tmp_path)
+side, real = sides(_side, "rabbit_cluster")
 
 
 def _sync(scenario: Scenario) -> Callable[[Side], Any]:

@@ -20,7 +20,7 @@ from aiokafka.structs import RecordMetadata
 from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.compat import aiokafka as wrapped_aiokafka
 from msgsafe.message import MESSAGE_ID_HEADER
-from tests.integration.compat.differential import Side, differ, kafka_sides, new_topic
+from tests.integration.compat.differential import Side, differ, new_topic, sides
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -50,7 +50,7 @@ def _side(name: str, cluster: KafkaCluster, tmp_path: Path) -> Side:
     )
 
 
-side, real = kafka_sides(_side)
+side, real = sides(_side, "kafka_cluster")
 
 
 def _topic(cluster: KafkaCluster, partitions: int = 3) -> str:

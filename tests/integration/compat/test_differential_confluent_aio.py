@@ -17,7 +17,7 @@ from confluent_kafka.aio import AIOProducer as RealAIOProducer
 
 from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.compat import confluent_kafka as wrapped_ck
-from tests.integration.compat.differential import Side, differ, kafka_sides, new_topic
+from tests.integration.compat.differential import Side, differ, new_topic, sides
 from tests.integration.compat.test_differential_kafka import _consume
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -41,7 +41,7 @@ def _side(name: str, cluster: KafkaCluster, tmp_path: Path) -> Side:
     )
 
 
-side, real = kafka_sides(_side)
+side, real = sides(_side, "kafka_cluster")
 
 
 def _topic(cluster: KafkaCluster, partitions: int = 3) -> str:

@@ -19,7 +19,7 @@ import pytest
 from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.compat import confluent_kafka as wrapped_ck
 from msgsafe.message import MESSAGE_ID_HEADER
-from tests.integration.compat.differential import Side, differ, kafka_sides, new_topic
+from tests.integration.compat.differential import Side, differ, new_topic, sides
 from tests.support.kafka_ledger import earliest_consumer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -43,7 +43,7 @@ def _side(name: str, cluster: KafkaCluster, tmp_path: Path) -> Side:
     )
 
 
-side, real = kafka_sides(_side)
+side, real = sides(_side, "kafka_cluster")
 
 
 def _topic(cluster: KafkaCluster, partitions: int = 3) -> str:

@@ -20,7 +20,7 @@ from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.compat import kafka_python as wrapped_kp
 from msgsafe.compat._kafka_python_config import KAFKA_PYTHON_3
 from msgsafe.message import MESSAGE_ID_HEADER
-from tests.integration.compat.differential import Side, differ, kafka_sides, new_topic
+from tests.integration.compat.differential import Side, differ, new_topic, sides
 from tests.support.kafka_ledger import earliest_consumer
 
 pytestmark = [
@@ -44,7 +44,7 @@ def _side(name: str, cluster: KafkaCluster, tmp_path: Path) -> Side:
     )
 
 
-side, real = kafka_sides(_side)
+side, real = sides(_side, "kafka_cluster")
 
 
 def _topic(cluster: KafkaCluster, partitions: int = 3) -> str:

@@ -15,7 +15,7 @@ import pytest
 from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.compat import pika as wrapped_pika
 from msgsafe.message import MESSAGE_ID_HEADER
-from tests.integration.compat.differential import Side, differ, rabbit_params
+from tests.integration.compat.differential import Side, differ, rabbit_params, sides
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -33,14 +33,7 @@ def _side(name: str, cluster: RabbitCluster, tmp_path: Path) -> Side:
     )
 
 
-@pytest.fixture(params=["real", "wrapper"])
-def side(request: pytest.FixtureRequest, rabbit_cluster: RabbitCluster, tmp_path: Path) -> Side:
-    return _side(request.param, rabbit_cluster, tmp_path)
-
-
-@pytest.fixture
-def real(rabbit_cluster: RabbitCluster, tmp_path: Path) -> Side:
-    return _side("real", rabbit_cluster, tmp_path)
+side, real = sides(_side, "rabbit_cluster")
 
 
 def _fresh(name: str) -> str:

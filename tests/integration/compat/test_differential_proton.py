@@ -22,7 +22,7 @@ import pytest
 from msgsafe.adapters.amqp10._wire import Capability
 from msgsafe.cluster.artemis import ArtemisCluster
 from msgsafe.compat import proton as compat
-from tests.integration.compat.differential import Side, differ
+from tests.integration.compat.differential import Side, differ, sides
 
 pytestmark = [
     pytest.mark.integration,
@@ -45,14 +45,7 @@ def _side(name: str, cluster: ArtemisCluster, tmp_path: Path) -> Side:
     )
 
 
-@pytest.fixture(params=["real", "wrapper"])
-def side(request: pytest.FixtureRequest, artemis_pair: ArtemisCluster, tmp_path: Path) -> Side:
-    return _side(request.param, artemis_pair, tmp_path)
-
-
-@pytest.fixture
-def real(artemis_pair: ArtemisCluster, tmp_path: Path) -> Side:
-    return _side("real", artemis_pair, tmp_path)
+side, real = sides(_side, "artemis_pair")
 
 
 def _address() -> str:
