@@ -32,10 +32,11 @@ from pika import exceptions as pe
 
 from msgsafe.adapters.rabbitmq import open_blocking_connection
 from msgsafe.compat._celery_message import TaskMessage
+from msgsafe.compat._common import DirectPath
 from msgsafe.compat.pika._direct import direct_properties
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import MsgsafeError, TransientError
-from msgsafe.message import Envelope, Guarantee, Receipt, Status, new_receipt
+from msgsafe.message import Envelope, Receipt, Status, new_receipt
 from msgsafe.producer import Producer
 
 __all__ = ["DirectTaskPublisher"]
@@ -43,25 +44,21 @@ __all__ = ["DirectTaskPublisher"]
 log = logging.getLogger("msgsafe.compat.celery")
 
 
-class DirectTaskPublisher:
+class DirectTaskPublisher(DirectPath):
     """One process's direct path for an app's tasks (see the module docstring)."""
 
     def __init__(self, url: str, producer: Producer, *, blocked_timeout: float) -> None:
+        # NOTE: the first task goes through msgsafe's producer: a broker that does not
+        # answer then costs one connect timeout, not two; its confirm starts this path.
+        super().__init__(producer, resting=True)
         self._url = parse_url(url)
-        self._producer = producer
         # NOTE: a memory alarm blocks a connection without closing it, and a publish that
         # raced the connection.blocked frame waits for its confirm until pika drops the
         # connection: blocked_timeout, well within msgsafe's own confirm wait.
         self._options = {"blocked_timeout": blocked_timeout}
         self._local = threading.local()
-        self._guarantees: dict[str, Guarantee] = {}
         self._opened: list[Any] = []  # every thread's connection, closed by close()
         self._lock = threading.Lock()
-        # NOTE: the first task goes through msgsafe's producer: a broker that does not
-        # answer then costs one connect timeout, not two; its confirm starts this path.
-        self.resting = True
-        #: Tasks the broker confirmed on this path so far.
-        self.accepted = 0
 
     def publish(self, message: TaskMessage, envelope: Envelope) -> Receipt | None:
         """Publish and wait for the broker's confirm; a CONFIRMED receipt when it came.
@@ -70,16 +67,13 @@ class DirectTaskPublisher:
         if self.resting:
             return None
         destination = envelope.destination
-        guarantee = self._guarantees.get(destination)
-        if guarantee is None:
-            try:
-                guarantee = self._producer.guarantee(destination)
-            except TransientError:
-                self.resting = True
-                return None
-            except MsgsafeError:
-                return None  # refused: msgsafe's path raises it
-            self._guarantees[destination] = guarantee
+        try:
+            guarantee = self.guarantee(destination)
+        except TransientError:
+            self.resting = True
+            return None
+        except MsgsafeError:
+            return None  # refused: msgsafe's path raises it
         props = direct_properties(message.properties, envelope.message_id, time.time())
         local = self._local
         try:
@@ -100,15 +94,8 @@ class DirectTaskPublisher:
             self.resting = True
             self._drop()
             return None
-        with self._lock:
-            self.accepted += 1
+        self.count_accepted()
         return new_receipt(envelope.message_id, Status.CONFIRMED, destination, guarantee)
-
-    def confirmed_elsewhere(self) -> None:
-        """msgsafe confirmed a task: when its outbox is empty too, the broker answers and
-        nothing waits that a direct publish could overtake; try the direct path again."""
-        if self.resting and self._producer.pending() == 0:
-            self.resting = False
 
     def _channel(self) -> Any:
         local = self._local
@@ -139,15 +126,10 @@ class DirectTaskPublisher:
         connection = getattr(local, "connection", None)
         local.connection = local.channel = None
         if connection is not None:
-            self._close(connection)
-
-    def _close(self, connection: Any) -> None:
-        with self._lock:
-            if connection in self._opened:
-                self._opened.remove(connection)
-        if connection.is_open:
-            with contextlib.suppress(pe.AMQPError, OSError):
-                connection.close()
+            with self._lock:
+                if connection in self._opened:
+                    self._opened.remove(connection)
+            _close_quietly(connection)
 
     def close(self) -> None:
         """Close every thread's connection (nothing is in flight: a publish waits for its
@@ -156,6 +138,10 @@ class DirectTaskPublisher:
         with self._lock:
             opened, self._opened = self._opened, []
         for connection in opened:
-            if connection.is_open:
-                with contextlib.suppress(pe.AMQPError, OSError):
-                    connection.close()
+            _close_quietly(connection)
+
+
+def _close_quietly(connection: Any) -> None:
+    if connection.is_open:
+        with contextlib.suppress(pe.AMQPError, OSError):
+            connection.close()

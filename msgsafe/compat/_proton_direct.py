@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 from proton import Delivery, ProtonException
 
 from msgsafe.adapters.amqp10 import link_options, wire_message
+from msgsafe.compat._common import DirectPath
 from msgsafe.errors import MsgsafeError
-from msgsafe.message import Envelope, Guarantee, Receipt, Status, new_receipt
+from msgsafe.message import Envelope, Receipt, Status, new_receipt
 
 if TYPE_CHECKING:
     from msgsafe.producer import Producer
@@ -45,22 +46,18 @@ log = logging.getLogger("msgsafe.compat.proton")
 _DIRECT_SHARE = 0.5
 
 
-class DirectSender:
+class DirectSender(DirectPath):
     """A wrapper connection's direct path (see the module docstring): its own real
     proton connection, opened on first use by the thread that made the wrapper, with one
     link per address."""
 
     def __init__(self, open_connection: Callable[[], Any], producer: Producer) -> None:
+        super().__init__(producer)
         self._open = open_connection
-        self._producer = producer
         self._owner = threading.get_ident()
         self._conn: Any = None  # a real proton.utils.BlockingConnection
         self._links: dict[str, Any] = {}  # address -> real proton BlockingSender
-        self._guarantees: dict[str, Guarantee] = {}
         self._tags = 0
-        self.resting = False
-        #: Messages the broker accepted on this path.
-        self.accepted = 0
 
     def send(self, envelope: Envelope, timeout: float | None) -> Receipt | None:
         """Send ``envelope`` and wait for its outcome; a CONFIRMED receipt when the broker
@@ -70,10 +67,7 @@ class DirectSender:
             return None
         destination = envelope.destination
         try:
-            guarantee = self._guarantees.get(destination)
-            if guarantee is None:
-                guarantee = self._producer.guarantee(destination)
-                self._guarantees[destination] = guarantee
+            guarantee = self.guarantee(destination)
             conn = self._conn
             if conn is None:
                 conn = self._conn = self._open()
@@ -99,14 +93,8 @@ class DirectSender:
         delivery.settle()
         if state != Delivery.ACCEPTED:
             return None  # released, modified or rejected: msgsafe's path decides
-        self.accepted += 1
+        self.count_accepted()
         return new_receipt(envelope.message_id, Status.CONFIRMED, destination, guarantee)
-
-    def confirmed_elsewhere(self) -> None:
-        """msgsafe confirmed a message: when its outbox is empty too, the brokers answer
-        and nothing waits that a direct send could overtake; try the direct path again."""
-        if self.resting and self._producer.pending() == 0:
-            self.resting = False
 
     def close(self) -> None:
         """Close the direct connection (nothing is in flight: a send waits for its outcome)."""
