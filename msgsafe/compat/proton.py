@@ -166,11 +166,12 @@ class BlockingSender(ClosesOnExit):
         limit = self.connection.timeout if timeout is False else timeout
         seconds = None if limit is None else float(limit)
         direct = self.connection._direct
-        started = time.monotonic()
-        if (receipt := direct.send(envelope, seconds)) is not None:
-            return Sent(self, envelope.message_id, receipt)  # accepted, on this thread
-        if seconds is not None:
-            seconds = max(0.0, seconds - (time.monotonic() - started))
+        if direct is not None:
+            started = time.monotonic()
+            if (accepted := direct.send(envelope, seconds)) is not None:
+                return Sent(self, envelope.message_id, accepted)  # on this thread
+            if seconds is not None:
+                seconds = max(0.0, seconds - (time.monotonic() - started))
         try:
             receipt = send_within(self.connection.producer, envelope, seconds)
         except InvalidMessage:
@@ -182,7 +183,7 @@ class BlockingSender(ClosesOnExit):
                 # proton returns such a delivery: its remote_state says what happened.
                 return Sent(self, envelope.message_id, None, error.state)
             raise error from exc
-        if receipt.status is Status.CONFIRMED:
+        if direct is not None and receipt.status is Status.CONFIRMED:
             direct.confirmed_elsewhere()
         return Sent(self, envelope.message_id, receipt)
 
@@ -269,10 +270,11 @@ class BlockingConnection(ClosesOnExit):
             raise
         # Sends go on the caller's thread while the broker accepts them (its own real
         # connection, opened on the first send); not with a test's URL, or when asked.
-        self._direct = DirectSender(
-            lambda: _utils.BlockingConnection(**self._real_args), self._producer
-        )
-        self._direct.resting = _url is not None or not direct
+        self._direct: DirectSender | None = None
+        if direct and _url is None:
+            self._direct = DirectSender(
+                lambda: _utils.BlockingConnection(**self._real_args), self._producer
+            )
         self._finalizer = weakref.finalize(self, _close_quietly, self._producer, self._direct)
 
     # --- senders, receivers ------------------------------------------------------------
@@ -323,7 +325,7 @@ class BlockingConnection(ClosesOnExit):
     def direct_sends(self) -> int:
         """msgsafe addition: how many sends the broker accepted on the caller's thread,
         over the direct path (the others went through :attr:`producer`)."""
-        return self._direct.accepted
+        return 0 if self._direct is None else self._direct.accepted
 
     @property
     def producer(self) -> Producer:
@@ -371,7 +373,8 @@ class BlockingConnection(ClosesOnExit):
         return f"<msgsafe.compat.proton.BlockingConnection {self._producer.target} {state}>"
 
 
-def _close_quietly(producer: Producer, direct: DirectSender) -> None:
-    direct.close()
+def _close_quietly(producer: Producer, direct: DirectSender | None) -> None:
+    if direct is not None:
+        direct.close()
     with contextlib.suppress(MsgsafeError):
         producer.close(CLOSE_WAIT_S)
