@@ -47,6 +47,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtra("compat", "celery") from exc
 
+from msgsafe.adapters.rabbitmq import RabbitOptions
 from msgsafe.compat._celery_direct import DirectTaskPublisher
 from msgsafe.compat._celery_message import (
     TaskMessage,
@@ -82,7 +83,7 @@ _MARK = "_msgsafe_publisher"
 #: Seconds a declare may take to reach the broker before it is given up for now.
 _DECLARE_CONNECT_S = 2.0
 #: msgsafe's default confirm wait, when the options name none.
-_DEFAULT_CONFIRM_S = 10.0
+_DEFAULT_CONFIRM_S = RabbitOptions().confirm_timeout
 #: During an outage, how often the forwarder's progress is read (one outbox query).
 _OUTAGE_POLL_S = 0.1
 
