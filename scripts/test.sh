@@ -63,14 +63,32 @@ if [ $fast -eq 0 ] && [ $paths -eq 0 ]; then
   run_lane() {
     local lane=$1
     shift
-    python3 -m pytest -ra --durations=25 -m "integration or chaos" --lane "$lane" \
-      --basetemp "$logs/tmp-$lane" tests "$@" 2>&1 | tee "$logs/$lane.log" | sed -u "s/^/[$lane] /"
+    python3 -m pytest -ra --durations=40 --durations-min=10 -m "integration or chaos" \
+      --lane "$lane" --basetemp "$logs/tmp-$lane" --junitxml "$logs/$lane.xml" tests "$@" 2>&1 \
+      | tee "$logs/$lane.log" | sed -u "s/^/[$lane] /"
     echo "${PIPESTATUS[0]}" > "$logs/$lane.rc"
   }
+  # Every 30 s: the load and the busiest processes, for a run that was slow or timed out
+  # (both lanes share two cores with the brokers they start).
+  (
+    while sleep 30; do
+      {
+        echo "-- $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
+        top -b -n 2 -d 1 -o %CPU | awk '/^top -/ {frame++} frame == 2 && $1 ~ /^[0-9]+$/' \
+          | head -n 6 | while read -r pid _ _ _ _ _ _ _ cpu _; do
+            echo "   $cpu% $pid $(tr '\0' ' ' < "/proc/$pid/cmdline" | rev | cut -c1-110 | rev)"
+          done
+      } >> "$logs/load.log" 2>/dev/null
+    done
+  ) &
+  sampler=$!
   run_lane kafka "$@" &
   kafka_pid=$!
   run_lane other "$@"
   wait $kafka_pid
+  kill $sampler 2>/dev/null
+  echo "== the five busiest moments (1-minute load; every 30 s in $logs/load.log)"
+  grep '^-- ' "$logs/load.log" | sort -k4 -n -r | head -n 5
   rc=0
   for lane in kafka other; do
     lane_rc=$(cat "$logs/$lane.rc" 2>/dev/null || echo 1)

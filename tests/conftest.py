@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.support import session_clusters
+
 pytest_plugins = sorted(
     f"tests.fixtures.{path.stem}"
     for path in (Path(__file__).parent / "fixtures").glob("*.py")
@@ -93,6 +95,18 @@ def _kafka_lane(item: pytest.Item) -> bool:
     return any(name == "kafka_cluster" or "spark" in name for name in item.fixturenames)
 
 
+def _kafka_case(item: pytest.Item) -> bool:
+    """A test of another module run with a Kafka parameter (``[kafka]``,
+    ``[kafka-expired]``, ``[kafka:docs/...]``): it joins the Kafka lane on its own, so
+    that the other lane never starts a Kafka cluster for it (several such cases ask for
+    the session cluster through ``request.getfixturevalue``)."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return False
+    parts = callspec.id.replace(":", "-").split("-")
+    return "kafka" in parts
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     lane = config.getoption("--lane")
     if lane is None:
@@ -100,8 +114,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     kafka_modules = {item.nodeid.split("::", 1)[0] for item in items if _kafka_lane(item)}
     keep, drop = [], []
     for item in items:
-        in_kafka = item.nodeid.split("::", 1)[0] in kafka_modules
+        in_kafka = item.nodeid.split("::", 1)[0] in kafka_modules or _kafka_case(item)
         (keep if in_kafka == (lane == "kafka") else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+# --- session clusters: stopped after their last user (tests/support/session_clusters.py) ---
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    session_clusters.plan(session.items)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield
+    session_clusters.after_test(item)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The brokers the suite starts are Java programs that run for minutes under light
+    # load: C1 alone compiles them in half the CPU of C1+C2, and an idle 3-node Kafka
+    # then costs a third less. Benchmarks, which start brokers outside pytest, keep
+    # the JVM's default. JDK_JAVA_OPTIONS reaches every `java` launched, Spark's too.
+    os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")

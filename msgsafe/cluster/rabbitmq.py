@@ -295,8 +295,12 @@ class RabbitCluster(LocalCluster):
         if not cookie.exists():
             cookie.write_text(secrets.token_hex(16).upper())
             cookie.chmod(0o400)
+        # NOTE: +sbwt none (and for the dirty schedulers): Erlang's schedulers spin
+        # before they sleep, which on a small machine shared with other brokers is CPU
+        # taken from them (RabbitMQ's docs advise it for shared hosts).
         (self.dir / "rabbitmq-env.conf").write_text(
-            'export ERL_FLAGS="-kernel inet_dist_use_interface {127,0,0,1}"\n'
+            'export ERL_FLAGS="-kernel inet_dist_use_interface {127,0,0,1}'
+            ' +sbwt none +sbwtdcpu none +sbwtdio none"\n'
         )
         joined = self._nodes[0].base.exists()  # a stopped cluster started again
         for node in self._nodes:
@@ -395,7 +399,7 @@ class RabbitCluster(LocalCluster):
         """Start ``node`` again (after :meth:`kill`) and wait until it runs."""
         self.kill(node)
         self._launch(node)
-        self.wait_ready(node, timeout=60.0 if timeout is None else timeout)
+        self.wait_ready(node, timeout=180.0 if timeout is None else timeout)
         self._save()
 
     def status(self, node: int) -> dict[str, Any]:

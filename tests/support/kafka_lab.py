@@ -109,7 +109,7 @@ def kill_all(cluster: KafkaCluster) -> None:
             cluster.kill(index)
 
 
-def restart(cluster: KafkaCluster, nodes: Sequence[int], timeout: float = 120.0) -> None:
+def restart(cluster: KafkaCluster, nodes: Sequence[int], timeout: float = 240.0) -> None:
     """Start every node of ``nodes`` (killed before) and wait until each is registered.
 
     All are launched before any is waited for: when most nodes are down, none registers
@@ -133,7 +133,7 @@ def restart(cluster: KafkaCluster, nodes: Sequence[int], timeout: float = 120.0)
     cluster._wait_registered(list(nodes), started + timeout)
 
 
-def heal(cluster: KafkaCluster, timeout: float = 180.0) -> float:
+def heal(cluster: KafkaCluster, timeout: float = 300.0) -> float:
     """Every node running and resumed, every replica of every topic in sync; returns the
     seconds it took. Only what a test broke is touched: paused nodes get SIGCONT, killed
     nodes are restarted (all at once: a controller quorum needs two of them), running

@@ -409,7 +409,7 @@ def test_restarted_primary_takes_over_again_under_traffic(
         # moment later.
         wait_until(
             lambda: [n.role for n in pair.nodes()] == ["live", "backup"],
-            30,
+            90,
             "the primary live and the backup a backup again",
         )
         after = len(ledger.sent)
