@@ -134,6 +134,9 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     session_clusters.after_test(item)
 
 
+# --- the JVMs the suite starts ------------------------------------------------------------
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # The brokers the suite starts are Java programs that run for minutes under light
     # load: C1 alone compiles them in half the CPU of C1+C2, and an idle 3-node Kafka

@@ -44,17 +44,21 @@ def plan(items: Sequence[pytest.Item]) -> None:
     _last_user.clear()
     last_of_module: dict[str, str] = {}
     users: dict[str, str] = {}
-    sources: dict[str, str] = {}
+    #: Per module, the names its source asks for by string (read once a module).
+    named: dict[str, set[str]] = {}
     for item in items:
         module = item.nodeid.split("::", 1)[0]
         last_of_module[module] = item.nodeid
-        if module not in sources:
+        if module not in named:
             path = Path(str(item.path))
-            sources[module] = path.read_text(errors="replace") if path.is_file() else ""
+            source = path.read_text(errors="replace") if path.is_file() else ""
+            named[module] = {
+                name
+                for name, aliases in NAMES.items()
+                if any(f'"{alias}"' in source for alias in aliases)
+            }
         for name, aliases in NAMES.items():
-            static = any(alias in item.fixturenames for alias in aliases)
-            dynamic = any(f'"{alias}"' in sources[module] for alias in aliases)
-            if static or dynamic:
+            if name in named[module] or any(alias in item.fixturenames for alias in aliases):
                 users[name] = module
     for name, module in users.items():
         _last_user[name] = last_of_module[module]
