@@ -22,6 +22,24 @@ The deadline, for one publish of ``timeout`` seconds:
 After such a miss, publishes go straight to the outbox for :data:`MISS_PAUSE_S`
 (the broker just failed to answer in time: asking it again at once would only make
 every publish wait the whole deadline).
+
+The direct path. While the broker answers, a publish to a destination msgsafe's check
+admitted goes out on the caller's own aio-pika channel (publisher confirms, on the event
+loop, as aio-pika publishes), ``mandatory`` and persistent with the properties msgsafe's
+RabbitMQ adapter would give it (the ``message_id`` that is msgsafe's id, the send time
+as ``timestamp`` where none was set), and waits there for the broker's confirm until the
+deadline less the reserve. An ack means the broker has the message: the promise holds
+and nothing else is done. A return is the caller's, as in aio-pika (the channel's return
+callbacks, or ``PublishError``). Anything else (a nack, the channel or connection lost,
+a robust connection reconnecting) and the message takes msgsafe's path above with the
+time left, and the direct path rests until msgsafe confirms a message again with its
+outbox empty (:class:`~msgsafe.compat._common.DirectPath`): an outage costs no wait per
+publish on a dead channel, and no publish overtakes one the outbox holds. No confirm by
+the deadline: the message is stored, as above. A message whose confirm was lost may
+reach the broker twice, with one ``message_id``. :class:`Publisher` decides when a
+publish takes the direct path and what the broker's answer means
+(:meth:`Publisher.direct_deadline`, :meth:`Publisher.direct_answer`); the exchange
+awaits the publish itself, so that a publish's every resume crosses one frame less.
 """
 
 from __future__ import annotations
@@ -29,8 +47,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import datetime
+import itertools
 import logging
-import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -47,6 +66,8 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtra("compat", "aio-pika") from exc
 
+from msgsafe.adapters.rabbitmq.config import RabbitOptions
+from msgsafe.compat._common import DirectPath
 from msgsafe.compat._pika_config import destination_of
 from msgsafe.errors import (
     AuthenticationError,
@@ -70,7 +91,9 @@ from msgsafe.producer import Producer
 
 __all__ = [
     "DEFAULT_DEADLINE_S",
+    "DIRECT_FAILURES",
     "MISS_PAUSE_S",
+    "Outgoing",
     "PublishAck",
     "Publisher",
     "envelope_of",
@@ -90,6 +113,10 @@ _RESERVE_MIN_S = 0.005
 _RESERVE_MAX_S = 1.0
 #: How long a destination check that could not reach the broker is trusted.
 _CHECK_RETRY_S = 1.0
+#: What a publish on the caller's channel may raise besides a return: a nack
+#: (``DeliveryError``, an ``AMQPError``), a closed channel or connection, a robust one
+#: reconnecting, a lost socket, no confirm by the deadline. msgsafe's path takes over.
+DIRECT_FAILURES = (TimeoutError, aiormq.exceptions.AMQPError, ConnectionError, RuntimeError)
 #: AMQP reply code RabbitMQ returns a mandatory message with when no queue is bound.
 _NO_ROUTE = 312
 
@@ -126,20 +153,54 @@ def envelope_of(exchange: str, routing_key: str, message: AbstractMessage) -> En
     encoder (pamqp) and carried whole, its ``message_id`` (a new UUIDv7 when it has
     none) as msgsafe's id. Raises ``TypeError`` for a header value AMQP (or pika)
     cannot carry, as aio-pika raises for a value pamqp cannot encode."""
-    props = message.properties
-    for name, value in (props.headers or {}).items():
-        _no_floats(value, name)
-    message_id = props.message_id or new_message_id()
-    props.message_id = message_id
-    body = message.body
-    if not isinstance(body, bytes):
-        body = bytes(body)
-    return Envelope.build(
-        destination_of(exchange, routing_key),
-        body,
-        headers={AMQP_PROPERTIES_HEADER: base64.b64encode(props.marshal()).decode("ascii")},
-        message_id=message_id,
+    return Outgoing(exchange, routing_key, message).envelope()
+
+
+class Outgoing:
+    """One publish as both paths take it: the message's properties with msgsafe's id
+    (its ``message_id``, a new UUIDv7 when it has none), body, exchange, routing key and
+    msgsafe destination. The envelope (the properties encoded by pamqp and carried
+    whole) is made on first use: a publish the broker confirmed on the caller's channel
+    never needs it. Raises ``TypeError`` for a header value AMQP (or pika) cannot
+    carry, as aio-pika raises for a value pamqp cannot encode."""
+
+    __slots__ = (
+        "_envelope",
+        "body",
+        "destination",
+        "exchange",
+        "message_id",
+        "properties",
+        "routing_key",
     )
+
+    def __init__(self, exchange: str, routing_key: str, message: AbstractMessage) -> None:
+        props = message.properties
+        for name, value in (props.headers or {}).items():
+            _no_floats(value, name)
+        if not props.message_id:
+            props.message_id = new_message_id()
+        body = message.body
+        self.body = body if isinstance(body, bytes) else bytes(body)
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.properties: spec.Basic.Properties = props
+        self.message_id: str = props.message_id
+        self.destination = destination_of(exchange, routing_key)
+        self._envelope: Envelope | None = None
+
+    def envelope(self) -> Envelope:
+        """The envelope msgsafe's producer and outbox take (made once)."""
+        envelope = self._envelope
+        if envelope is None:
+            raw = self.properties.marshal()
+            envelope = self._envelope = Envelope.build(
+                self.destination,
+                self.body,
+                headers={AMQP_PROPERTIES_HEADER: base64.b64encode(raw).decode("ascii")},
+                message_id=self.message_id,
+            )
+        return envelope
 
 
 def returned_message(envelope: Envelope, exchange: str, routing_key: str) -> DeliveredMessage:
@@ -188,7 +249,8 @@ def publish_error(exc: BaseException, vhost: str = "/") -> Exception:
 
 
 class Publisher:
-    """One connection's way to msgsafe: the producer, the deadline, the window.
+    """One connection's way to msgsafe: the producer, the deadline, the window, and
+    the direct path on the caller's own channel (see the module docstring).
 
     Used from one event loop; the producer's futures resolve on its I/O thread and
     wake the loop. ``window`` bounds the publishes waiting in the producer at once
@@ -198,6 +260,11 @@ class Publisher:
 
     def __init__(self, producer: Producer, *, deadline: float, window: int) -> None:
         self.producer = producer
+        #: The direct path's state: resting after a failure, messages confirmed on it.
+        self.direct = DirectPath(producer)
+        # A larger message takes msgsafe's path, which refuses it (MessageTooLarge)
+        # whichever path it would have taken.
+        self._direct_limit = RabbitOptions().size_limit
         self.deadline = deadline
         self._window = window
         self._room: asyncio.Semaphore | None = None
@@ -205,30 +272,90 @@ class Publisher:
         #: Destination -> (its check in a worker thread, when it started).
         self._checks: dict[str, tuple[asyncio.Future[Guarantee], float]] = {}
         self._missed_until = 0.0
-        self._tag = 0
-        self._lock = threading.Lock()
+        self._tags = itertools.count(1)
+        self._stamp: tuple[int, datetime.datetime] = (0, datetime.datetime.now(datetime.UTC))
 
     def next_tag(self) -> int:
         """A delivery tag for the ack (per connection, counting from 1)."""
-        with self._lock:
-            self._tag += 1
-            return self._tag
+        return next(self._tags)
 
-    async def publish(self, envelope: Envelope, timeout: float | None) -> Receipt:
-        """Confirmed or stored within ``timeout`` (None: :attr:`deadline`) seconds.
+    def _deadlines(self, timeout: float | None, start: float) -> tuple[float, float, float]:
+        """(limit, end, confirm_by) of a publish of ``timeout`` seconds (None: the
+        connection's deadline) that started at ``start`` (loop time): it returns by
+        ``end``, and waits for a confirm until ``confirm_by`` (the outbox's reserve
+        kept)."""
+        limit = self.deadline if timeout is None else float(timeout)
+        end = start + limit
+        if self.producer.outbox is None:
+            return limit, end, end
+        reserve = min(_RESERVE_MAX_S, max(_RESERVE_MIN_S, limit * _RESERVE_SHARE))
+        return limit, end, end - reserve
+
+    def direct_deadline(
+        self, outgoing: Outgoing, timeout: float | None, channel: Any
+    ) -> tuple[float, float] | None:
+        """When ``outgoing`` may go out on the caller's ``channel`` (the direct path):
+        (start, confirm_by) in loop time, with its properties made as msgsafe's adapter
+        would publish them; None when it takes msgsafe's path (:meth:`publish`)."""
+        if (
+            self.direct.resting
+            or outgoing.destination not in self._admitted
+            or len(outgoing.body) > self._direct_limit
+            or not channel.can_publish()
+            or (self._missed_until and time.monotonic() < self._missed_until)
+        ):
+            return None
+        start = asyncio.get_running_loop().time()
+        props = outgoing.properties
+        props.delivery_mode = 2  # persistent, as msgsafe's adapter publishes
+        if props.timestamp is None:
+            now = int(time.time())
+            stamp = self._stamp
+            if stamp[0] != now:  # one datetime a second, not one a message
+                stamp = self._stamp = (now, datetime.datetime.fromtimestamp(now, tz=datetime.UTC))
+            props.timestamp = stamp[1]
+        return start, self._deadlines(timeout, start)[2]
+
+    def direct_answer(self, outgoing: Outgoing, answer: Any) -> Receipt | DeliveredMessage | None:
+        """What the broker's ``answer`` on the caller's channel means: a CONFIRMED
+        receipt for an ack, the returned message for a return; None otherwise (the path
+        rests; msgsafe's path takes the message)."""
+        if isinstance(answer, spec.Basic.Ack):
+            self.direct.accepted += 1  # NOTE: the loop's thread only: no lock
+            return new_receipt(outgoing.message_id, Status.CONFIRMED, outgoing.destination)
+        if isinstance(answer, DeliveredMessage):
+            return answer
+        self.direct.resting = True  # pragma: no cover - aiormq answers ack, nack or return
+        return None
+
+    def direct_failed(self, outgoing: Outgoing, exc: BaseException) -> None:
+        """The publish on the caller's channel failed (a nack, the channel or connection
+        lost, no confirm by the deadline): the direct path rests, msgsafe's path takes
+        the message (:meth:`publish` with the publish's ``start``)."""
+        self.direct.resting = True
+        log.debug("direct publish of %s not confirmed (%r)", outgoing.message_id, exc)
+
+    async def publish(
+        self, outgoing: Outgoing, timeout: float | None, start: float | None = None
+    ) -> Receipt:
+        """msgsafe's path: confirmed or stored within ``timeout`` (None: :attr:`deadline`)
+        seconds from ``start`` (loop time; None: now; given after a failed direct
+        publish, whose time counts).
 
         Raises the msgsafe error of a message that failed for good; ``TimeoutError``
         only when not even the outbox write finished in time (it may still finish).
         """
-        limit = self.deadline if timeout is None else float(timeout)
         loop = asyncio.get_running_loop()
-        end = loop.time() + limit
-        reserve = min(_RESERVE_MAX_S, max(_RESERVE_MIN_S, limit * _RESERVE_SHARE))
+        now = loop.time()
+        limit, end, confirm_by = self._deadlines(timeout, now if start is None else start)
         outbox = self.producer.outbox
-        if outbox is not None and time.monotonic() < self._missed_until:
-            return await self._store(envelope, end)
-        confirm_by = end - reserve if outbox is not None else end
-        destination = envelope.destination
+        if outbox is not None and (time.monotonic() < self._missed_until or now >= confirm_by):
+            if start is not None and now >= confirm_by:
+                # No confirm on the caller's channel by now: as a miss on msgsafe's path.
+                self._missed_until = time.monotonic() + MISS_PAUSE_S
+            return await self._store(outgoing.envelope(), end)
+        destination = outgoing.destination
+        envelope = outgoing.envelope()
         if destination not in self._admitted and not await self._check(destination, confirm_by):
             if outbox is None:
                 raise TimeoutError(f"destination {destination!r} not checked within {limit} s")
@@ -252,12 +379,16 @@ class Publisher:
         # Read here or never (after a missed deadline): not logged as never retrieved.
         waiting.add_done_callback(_observe)
         try:
-            return await asyncio.wait_for(
+            receipt = await asyncio.wait_for(
                 asyncio.shield(waiting), max(0.0, confirm_by - loop.time())
             )
         except TimeoutError:
             if outbox is None:
                 raise
+        else:
+            if self.direct.resting and receipt.status is Status.CONFIRMED:
+                self.direct.confirmed_elsewhere()
+            return receipt
         self._missed_until = time.monotonic() + MISS_PAUSE_S
         log.debug("no confirm for %s in time: storing it", envelope.message_id)
         return await self._store(envelope, end)

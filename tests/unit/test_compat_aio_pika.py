@@ -19,6 +19,7 @@ import aio_pika as real_aio_pika
 import aiormq
 import pika
 import pytest
+from pamqp import commands as pamqp_commands
 from yarl import URL
 
 from msgsafe.compat import aio_pika
@@ -394,3 +395,175 @@ def test_connect_refuses_a_non_positive_deadline() -> None:
             await aio_pika.connect("amqp://127.0.0.1:1/", publish_timeout=0)
 
     _run(main)
+
+
+# --- the direct path (the caller's own channel) -------------------------------------------
+#
+# A stand-in for aio-pika's channel: the real one needs a broker (the integration tests
+# run it on RabbitMQ); here each answer the channel can give is made on purpose.
+
+
+class _Underlay:
+    """aiormq's channel as the direct path uses it: ``basic_publish`` with an answer."""
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+        self.published: list[tuple[bytes, str, str, Any, bool]] = []
+
+    async def basic_publish(
+        self,
+        body: bytes,
+        *,
+        exchange: str,
+        routing_key: str,
+        properties: Any,
+        mandatory: bool,
+        timeout: float,
+    ) -> Any:
+        self.published.append((body, exchange, routing_key, properties, mandatory))
+        if self.answer == "hang":
+            await asyncio.sleep(timeout)
+            raise TimeoutError
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+
+_Publish = Callable[[bytes], Awaitable[Any]]
+
+
+def _direct_scenario(
+    broker: MemoryBroker,
+    tmp_path: Path,
+    answer: Any,
+    scenario: Callable[[Publisher, _Underlay, _Publish], Awaitable[None]],
+    *,
+    deadline: float = 5.0,
+) -> None:
+    """Run ``scenario`` on an exchange whose channel answers the direct path with
+    ``answer`` (its underlay; the scenario may change it); ``publish`` returns the
+    receipt, or what the exchange returned when it is not a ``PublishAck``."""
+
+    async def main() -> None:
+        exchange = await _exchange(broker, tmp_path, deadline=deadline)
+        underlay = _Underlay(answer)
+        channel = exchange.channel
+
+        async def get_underlay_channel() -> _Underlay:
+            return underlay
+
+        channel.can_publish = lambda: True
+        channel.get_underlay_channel = get_underlay_channel
+        publisher: Publisher = channel._connection.publisher
+
+        async def publish(body: bytes) -> Any:
+            result = await exchange.publish(aio_pika.Message(body), "q")
+            return result.receipt if isinstance(result, PublishAck) else result
+
+        try:
+            await scenario(publisher, underlay, publish)
+        finally:
+            broker.accept_writes()
+            await asyncio.to_thread(publisher.close, 5.0)
+
+    _run(main)
+
+
+def test_a_confirmed_publish_goes_out_on_the_callers_channel_once_admitted(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    async def scenario(publisher: Publisher, underlay: _Underlay, publish: _Publish) -> None:
+        first = await publish(b"one")  # the destination's check: msgsafe's path
+        second = await publish(b"two")
+        assert first.status is Status.CONFIRMED and second.status is Status.CONFIRMED
+        assert [p[0] for p in underlay.published] == [b"two"]
+        _body, exchange, routing_key, props, mandatory = underlay.published[0]
+        assert (exchange, routing_key, mandatory) == ("", "q", True)
+        assert props.delivery_mode == 2 and props.message_id == second.message_id
+        assert props.timestamp is not None
+        assert publisher.direct.accepted == 1
+
+    _direct_scenario(memory_broker, tmp_path, pamqp_commands.Basic.Ack(delivery_tag=1), scenario)
+    assert [m.body for m in memory_broker.messages("q")] == [b"one"]
+
+
+def test_a_nack_on_the_callers_channel_goes_through_msgsafe_with_the_same_id(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    async def scenario(publisher: Publisher, underlay: _Underlay, publish: _Publish) -> None:
+        await publish(b"one")
+        second = await publish(b"two")
+        assert second.status is Status.CONFIRMED
+        assert underlay.published[0][3].message_id == second.message_id
+        # msgsafe confirmed it with nothing in the outbox: the direct path is back.
+        assert not publisher.direct.resting
+        underlay.answer = pamqp_commands.Basic.Ack(delivery_tag=2)
+        await publish(b"three")
+        assert publisher.direct.accepted == 1
+
+    nack = aiormq.exceptions.DeliveryError(None, pamqp_commands.Basic.Nack())
+    _direct_scenario(memory_broker, tmp_path, nack, scenario)
+    assert [m.body for m in memory_broker.messages("q")] == [b"one", b"two"]
+
+
+def test_a_lost_channel_rests_the_direct_path_while_the_outbox_holds_messages(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    async def scenario(publisher: Publisher, underlay: _Underlay, publish: _Publish) -> None:
+        await publish(b"one")
+        memory_broker.refuse_writes()
+        stored = await publish(b"two")
+        assert stored.status is Status.STORED
+        assert publisher.direct.resting
+        underlay.answer = pamqp_commands.Basic.Ack(delivery_tag=2)
+        third = await publish(b"three")  # resting: msgsafe's path, stored behind two
+        assert third.status is Status.STORED
+        assert len(underlay.published) == 1
+
+    lost = aiormq.exceptions.ConnectionClosed(320, "CONNECTION_FORCED")
+    _direct_scenario(memory_broker, tmp_path, lost, scenario, deadline=1.0)
+    assert [m.body for m in memory_broker.messages("q")] == [b"one", b"two", b"three"]
+
+
+def test_no_confirm_on_the_callers_channel_by_the_deadline_stores_the_message(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    async def scenario(publisher: Publisher, underlay: _Underlay, publish: _Publish) -> None:
+        await publish(b"one")
+        started = time.monotonic()
+        stored = await publish(b"two")
+        assert time.monotonic() - started < 1.0
+        assert stored.status is Status.STORED
+        assert len(underlay.published) == 1
+
+    _direct_scenario(memory_broker, tmp_path, "hang", scenario, deadline=0.5)
+    assert [m.body for m in memory_broker.messages("q")] == [b"one", b"two"]
+
+
+def test_a_return_on_the_callers_channel_is_the_callers_as_in_aio_pika(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    returned = returned_message(envelope_of("", "q", aio_pika.Message(b"x")), "", "q")
+
+    async def scenario(publisher: Publisher, underlay: _Underlay, publish: _Publish) -> None:
+        await publish(b"one")
+        assert await publish(b"two") is returned
+        underlay.answer = aiormq.exceptions.PublishError(returned, returned.delivery)
+        with pytest.raises(aiormq.exceptions.PublishError):
+            await publish(b"three")
+        assert not publisher.direct.resting
+
+    _direct_scenario(memory_broker, tmp_path, returned, scenario)
+    assert [m.body for m in memory_broker.messages("q")] == [b"one"]
+
+
+def test_a_message_over_the_size_limit_is_refused_whichever_path_it_would_take(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    async def scenario(publisher: Publisher, underlay: _Underlay, publish: _Publish) -> None:
+        await publish(b"one")
+        with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed):  # MessageTooLarge
+            await publish(b"x" * (9 << 20))
+        assert underlay.published == []
+
+    _direct_scenario(memory_broker, tmp_path, pamqp_commands.Basic.Ack(delivery_tag=1), scenario)

@@ -79,6 +79,7 @@ def test_kill_the_connected_node_mid_run_loses_nothing_acknowledged(
     errors: collections.Counter[str] = collections.Counter()
     slowest = [0.0]
     killed = [False]
+    direct = [0]
 
     async def main() -> None:
         others = [f"127.0.0.1:{rabbit.port(i)}" for i in range(rabbit.size) if i != victim]
@@ -115,6 +116,7 @@ def test_kill_the_connected_node_mid_run_loses_nothing_acknowledged(
                     await asyncio.to_thread(rabbit.kill, victim)
 
         await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+        direct[0] = connection.publisher.direct.accepted
         # close() forwards what the outbox holds (up to its wait); the count then reads
         # the file for what is left.
         await asyncio.wait_for(connection.close(), 60)
@@ -140,11 +142,14 @@ def test_kill_the_connected_node_mid_run_loses_nothing_acknowledged(
         f"\naio-pika wrapper, node SIGKILL: told={len(told)} ({dict(statuses)}) "
         f"errors={dict(errors)} received={len(counts)} in_outbox={len(stored_ids)} "
         f"quarantined={len(quarantined)} lost={len(lost)} duplicates={duplicates} "
-        f"unknown={len(unknown)} slowest_publish_s={slowest[0]:.2f}"
+        f"unknown={len(unknown)} slowest_publish_s={slowest[0]:.2f} "
+        f"confirmed_on_the_callers_channel={direct[0]}"
     )
     assert not errors, errors
     assert len(told) == N
     assert lost == set(), sorted(lost)[:10]
     assert unknown == set()
     assert not quarantined
+    # The node died under publishes on the application's own channel, not only msgsafe's.
+    assert direct[0] > 0, "no publish was confirmed on the application's channel"
     assert slowest[0] <= DEADLINE_S + 0.5, "a publish took longer than its deadline"
