@@ -69,9 +69,10 @@ _KINDS = (
 )
 
 
-def _cpu_by_kind() -> dict[str, float]:
+def _cpu_by_kind(kinds: Sequence[tuple[str, str]] = _KINDS) -> dict[str, float]:
     """CPU seconds (user + system) used so far by this benchmark's descendant processes
-    of each kind, from /proc (other engineers' brokers and Spark runs are not counted).
+    of each of ``kinds`` (name, a part of the command line), from /proc (other engineers'
+    brokers and Spark runs are not counted).
     Python workers are forked by pyspark.daemon, keep its command line and are reused
     across tasks, so they live through a write."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -90,14 +91,14 @@ def _cpu_by_kind() -> dict[str, float]:
             continue  # ended meanwhile
         parents[int(entry)] = int(fields[1])
         used[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
-    totals = dict.fromkeys((kind for kind, _ in _KINDS), 0.0)
+    totals = dict.fromkeys((kind for kind, _ in kinds), 0.0)
     for pid, seconds in used.items():
         ancestor = parents.get(pid)
         while ancestor and ancestor != os.getpid():
             ancestor = parents.get(ancestor)
         if ancestor != os.getpid():
             continue
-        for kind, marker in _KINDS:
+        for kind, marker in kinds:
             if marker in commands.get(pid, ""):
                 totals[kind] += seconds
                 break
@@ -107,18 +108,26 @@ def _cpu_by_kind() -> dict[str, float]:
 class _CpuMeter:
     """CPU per row of each process kind, summed over the counted rounds of one writer."""
 
-    def __init__(self) -> None:
+    def __init__(self, kinds: Sequence[tuple[str, str]] = _KINDS) -> None:
         self.seconds: dict[str, float] = {}
         self.rows = 0
+        self._kinds = kinds
         self._start: dict[str, float] = {}
 
     def __enter__(self) -> _CpuMeter:
-        self._start = _cpu_by_kind()
+        self._start = _cpu_by_kind(self._kinds)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for kind, value in _cpu_by_kind().items():
+        for kind, value in _cpu_by_kind(self._kinds).items():
             self.seconds[kind] = self.seconds.get(kind, 0.0) + value - self._start[kind]
+
+    def end_round(self, rows: int, counted: bool) -> None:
+        """A round of ``rows`` ended: counted, or a warm-up whose CPU is dropped."""
+        if counted:
+            self.rows += rows
+        else:
+            self.seconds.clear()
 
     def per_row_us(self) -> dict[str, float]:
         return {k: v * 1e6 / self.rows for k, v in self.seconds.items()} if self.rows else {}
@@ -248,18 +257,22 @@ def _datasource(df: Any, url: str, topic: str, batch_id: int) -> None:
     )
 
 
-def _session(cores: int, master: str | None = None) -> Any:
+def _session(cores: int, master: str | None = None, *, kafka_sink: bool = True) -> Any:
+    """A session on ``master`` (or ``local[cores]``) with msgsafe's data source registered
+    and, with ``kafka_sink``, Spark's own Kafka sink on ``spark.jars``."""
     from pyspark.sql import SparkSession
 
     from msgsafe.spark import MsgsafeDataSource
-    from tests.support.spark_kafka import spark_kafka_jars
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    builder = SparkSession.builder.master(master or f"local[{cores}]")
+    if kafka_sink:
+        from tests.support.spark_kafka import spark_kafka_jars
+
+        builder = builder.config("spark.jars", ",".join(spark_kafka_jars()))
     session = (
-        SparkSession.builder.master(master or f"local[{cores}]")
-        .appName("msgsafe-bench-spark")
-        .config("spark.jars", ",".join(spark_kafka_jars()))
+        builder.appName("msgsafe-bench-spark")
         # Executors of a standalone cluster import this module's functions.
         .config("spark.executorEnv.PYTHONPATH", root)
         .config("spark.pyspark.python", sys.executable)
@@ -379,10 +392,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 _datasource(df, url, topic, 2000 + round_)
             ds_rates.append(args.rows / (time.perf_counter() - started))
             for meter in (spark_cpu, sink_cpu, via_cpu, ds_cpu):
-                if round_:
-                    meter.rows += args.rows
-                else:  # the warm-up round's CPU is not counted either
-                    meter.seconds.clear()
+                meter.end_round(args.rows, counted=round_ > 0)
             print(
                 f"  round {round_}{' (warm-up)' if not round_ else ''}: "
                 f"raw {raw[-1]:>9,.0f}   raw + ids {raw_ids[-1]:>9,.0f}   "
