@@ -144,5 +144,20 @@ def gated_rows(markers: str, partition: int, rows_per_partition: int) -> Iterato
         yield f"row-{partition}-{i}", f"k{i % 8}"
 
 
+def marked_rows(markers: str, partition: int, rows: int) -> Iterator[tuple[str, str, int]]:
+    """Rows ``(value, key, id)`` of one partition, run inside a Spark task: writes
+    ``started-P-A`` (partition, attempt) before its first row, then waits for ``go``,
+    so that a test acts while every task runs and before any row was produced."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    attempt = context.attemptNumber() if context is not None else 0
+    (Path(markers) / f"started-{partition}-{attempt}").touch()
+    if not wait_for_file(Path(markers) / "go", 120):
+        raise RuntimeError("the test never let the rows go")
+    for i in range(partition * rows, (partition + 1) * rows):
+        yield str(i), f"k{i % 7}", i
+
+
 def retries_seen(markers: Path) -> list[str]:
     return sorted(p.name for p in markers.iterdir() if p.name.startswith("retry-"))

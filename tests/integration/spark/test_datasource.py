@@ -9,6 +9,9 @@
   row arrives once, with the id of its micro-batch.
 - A task that cannot publish (the broker refuses the destination) fails the write with
   the msgsafe error in the driver's exception, and ``abort`` reports the batch.
+- A short outage (the one node a write knows, SIGKILLed before its tasks start and
+  restarted while they run) is absorbed inside each task: Spark retries nothing, every
+  row arrives (as Spark's Kafka sink absorbs one through its producer's retries).
 
 The executor-loss and driver-restart stories run on a standalone cluster
 (``test_datasource_cluster.py``).
@@ -17,21 +20,25 @@ The executor-loss and driver-restart stories run on a standalone cluster
 from __future__ import annotations
 
 import collections
+import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import pika
 import pytest
 
 from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.spark import ContentIds, MsgsafeDataSource, key_id, read_reports
-from tests.integration.spark._support import consume, tally
+from tests.integration.spark._support import consume, marked_rows, tally
 
 pytestmark = pytest.mark.integration
 
 ROWS = 3_000
 PARTITIONS = 3
+#: Tasks that run at once on the suite's local session (local[2]).
+TASKS = 2
 
 
 @pytest.fixture(scope="module")
@@ -194,6 +201,86 @@ def test_a_failed_write_names_the_msgsafe_error_and_is_aborted(
     assert "msgsafe.errors." in text, text[-2000:]
     [(outcome, report)] = read_reports(tmp_path)
     assert outcome == "aborted" and report.batch_id == 1 and report.rows == 0
+
+
+def test_a_node_restart_during_a_write_is_absorbed_inside_the_task(
+    ds_spark: Any, rabbit_cluster: RabbitCluster, tmp_path: Path
+) -> None:
+    """The only node the write knows is SIGKILLed while its tasks run, before they
+    produce a row, and restarted: each task waits for it (within ``receipt_timeout``)
+    and publishes, Spark retries nothing, and every row arrives."""
+    # NOTE: as many partitions as the session has cores: every task must run at once.
+    queue = f"ds-restart-{uuid.uuid4().hex[:8]}"
+    conn = pika.BlockingConnection(pika.URLParameters(rabbit_cluster.node_url(0)))
+    try:
+        conn.channel().queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+    finally:
+        conn.close()
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    reports = tmp_path / "reports"
+    rows = ds_spark.sparkContext.parallelize(range(TASKS), TASKS)
+    df = ds_spark.createDataFrame(
+        rows.mapPartitionsWithIndex(lambda index, _: marked_rows(str(markers), index, ROWS)),
+        "value string, key string, id long",
+    )
+    fault: list[BaseException | None] = []
+
+    def kill_then_restart() -> None:
+        # NOTE: the fault runs in this thread and the write in the test's own: a write
+        # from another Python thread runs on a JVM thread that does not see the
+        # session's registered data sources.
+        try:
+            started = [markers / f"started-{p}-0" for p in range(TASKS)]
+            deadline = time.monotonic() + 120
+            while not all(m.exists() for m in started):
+                if time.monotonic() >= deadline:
+                    raise AssertionError("a task never started")
+                time.sleep(0.02)
+            rabbit_cluster.kill(0)
+            # The rows go while node 0 is down; its restart takes seconds, their publish not.
+            (markers / "go").touch()
+            rabbit_cluster.restart(0)
+            fault.append(None)
+        except BaseException as exc:  # reported below
+            fault.append(exc)
+        finally:
+            (markers / "go").touch()
+
+    faulting = threading.Thread(target=kill_then_restart, name="ds-fault")
+    faulting.start()
+    try:
+        (
+            df.write.format("msgsafe")
+            .mode("append")
+            .option("url", rabbit_cluster.cluster_url([0]))
+            .option("destination", queue)
+            .option("id_cols", "id")
+            .option("batch_id", 5)
+            .option("receipt_timeout", 90)
+            .option("report_dir", str(reports))
+            .save()
+        )
+    finally:
+        faulting.join(240)
+        if not rabbit_cluster.is_running(0):
+            rabbit_cluster.restart(0)
+    assert fault == [None], f"the kill and restart failed: {fault}"
+    [(state, report)] = read_reports(reports)
+    assert state == "committed" and report.rows == report.confirmed == TASKS * ROWS
+    assert report.retried_partitions == 0, "Spark ran a task again: the outage was not absorbed"
+    assert sorted(m.name for m in markers.iterdir()) == [
+        "go",
+        *(f"started-{p}-0" for p in range(TASKS)),
+    ]
+
+    total = TASKS * ROWS
+    expected = collections.Counter(str(i).encode() for i in range(total))
+    known = {key_id(queue, 5, [i]) for i in range(total)}
+    got = consume(rabbit_cluster.cluster_url(), queue, set(expected), deadline_s=60, prefetch=1000)
+    counts = tally(expected, got, known)
+    print(f"[datasource, node restart -> rabbitmq] {counts}")
+    assert counts.lost == 0 and counts.unknown == 0 and counts.wrong_rows == 0
 
 
 def test_unknown_options_and_overwrite_are_refused(ds_spark: Any, tmp_path: Path) -> None:
