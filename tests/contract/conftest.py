@@ -121,13 +121,10 @@ def _amqp10_case(request: pytest.FixtureRequest) -> Iterator[BrokerCase]:
 
 
 def _declare_quorum(url: str, name: str) -> None:
-    import pika  # the AMQP 1.0 plugin of RabbitMQ 3.10 cannot declare queues
+    # the AMQP 1.0 plugin of RabbitMQ 3.10 cannot declare queues: pika does it
+    from tests.support.rabbit_queues import declare_quorum
 
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        conn.channel().queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
-    finally:
-        conn.close()
+    declare_quorum(url, name)
 
 
 #: adapter name -> factory taking the pytest request (to reach session fixtures).

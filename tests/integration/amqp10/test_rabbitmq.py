@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import uuid
 
-import pika
 import pytest
 
 from msgsafe.cluster.rabbitmq import RabbitCluster
@@ -17,19 +16,14 @@ from msgsafe.errors import AuthenticationError
 from msgsafe.message import Envelope
 from tests.integration.amqp10._open import receiver_for, transport_for
 from tests.support.ledger import Drain, Ledger
+from tests.support.rabbit_queues import declare_quorum
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
 
 def _quorum_queue(cluster: RabbitCluster) -> str:
-    name = f"amqp10-{uuid.uuid4().hex[:8]}"
-    conn = pika.BlockingConnection(pika.URLParameters(cluster.node_url(0)))
-    try:
-        conn.channel().queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
-    finally:
-        conn.close()
-    return name
+    return declare_quorum(cluster.node_url(0), f"amqp10-{uuid.uuid4().hex[:8]}")
 
 
 def _amqp10_cluster_url(cluster: RabbitCluster) -> str:

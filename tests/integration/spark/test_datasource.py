@@ -26,12 +26,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import pika
 import pytest
 
 from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.spark import ContentIds, MsgsafeDataSource, key_id, read_reports
 from tests.integration.spark._support import consume, marked_rows, tally
+from tests.support.rabbit_queues import declare_quorum
 
 pytestmark = pytest.mark.integration
 
@@ -210,12 +210,7 @@ def test_a_node_restart_during_a_write_is_absorbed_inside_the_task(
     produce a row, and restarted: each task waits for it (within ``receipt_timeout``)
     and publishes, Spark retries nothing, and every row arrives."""
     # NOTE: as many partitions as the session has cores: every task must run at once.
-    queue = f"ds-restart-{uuid.uuid4().hex[:8]}"
-    conn = pika.BlockingConnection(pika.URLParameters(rabbit_cluster.node_url(0)))
-    try:
-        conn.channel().queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
-    finally:
-        conn.close()
+    queue = declare_quorum(rabbit_cluster.node_url(0), f"ds-restart-{uuid.uuid4().hex[:8]}")
     markers = tmp_path / "markers"
     markers.mkdir()
     reports = tmp_path / "reports"
