@@ -321,7 +321,7 @@ class Publisher:
         receipt for an ack, the returned message for a return; None otherwise (the path
         rests; msgsafe's path takes the message)."""
         if isinstance(answer, spec.Basic.Ack):
-            self.direct.accepted += 1  # NOTE: the loop's thread only: no lock
+            self.direct.count_accepted()
             return new_receipt(outgoing.message_id, Status.CONFIRMED, outgoing.destination)
         if isinstance(answer, DeliveredMessage):
             return answer
@@ -349,10 +349,11 @@ class Publisher:
         now = loop.time()
         limit, end, confirm_by = self._deadlines(timeout, now if start is None else start)
         outbox = self.producer.outbox
-        if outbox is not None and (time.monotonic() < self._missed_until or now >= confirm_by):
-            if start is not None and now >= confirm_by:
-                # No confirm on the caller's channel by now: as a miss on msgsafe's path.
-                self._missed_until = time.monotonic() + MISS_PAUSE_S
+        if outbox is not None and start is not None and now >= confirm_by:
+            # No confirm on the caller's channel by now: as a miss on msgsafe's path.
+            self._missed_until = time.monotonic() + MISS_PAUSE_S
+            return await self._store(outgoing.envelope(), end)
+        if outbox is not None and time.monotonic() < self._missed_until:
             return await self._store(outgoing.envelope(), end)
         destination = outgoing.destination
         envelope = outgoing.envelope()

@@ -213,9 +213,9 @@ class Forwarder:
             raise ConfigurationError("batch and batch_bytes must be >= 1 and lease_s > 0")
         self._store = store
         self._transport = transport
-        # NOTE: capped at 1 s: while the broker refuses, a probe is one message (and at
-        # most one connection attempt) per period, no load worth sparing; a longer cap
-        # is how long an outage outlasts the broker's return for every waiting key.
+        # NOTE: capped at _PROBE_CAP_S: while the broker refuses, a probe is one message
+        # (and at most one connection attempt) per period, no load worth sparing; a
+        # longer cap is how long an outage outlasts the broker's return for every key.
         self._policy = policy or RetryPolicy(initial=0.2, maximum=_PROBE_CAP_S)
         self._batch = batch
         self._batch_bytes = batch_bytes
