@@ -176,18 +176,19 @@ def _name(address: str, kind: str, round_: int, fixed: bool) -> str:
     return address if fixed else f"{address}-{kind}-{round_}"
 
 
-def _start_jvm_broker(kind: str) -> tuple[Any, str]:
-    """Start the Artemis pair or the Broker-J group; return it and the serving node's URL."""
+def _start_jvm_broker(kind: str, heap_mb: int | None = None) -> tuple[Any, str]:
+    """Start the Artemis pair or the Broker-J group (each JVM with ``heap_mb`` of heap,
+    or the cluster's default); return it and the serving node's URL."""
     if kind == "artemis":
         from msgsafe.cluster.artemis import ArtemisCluster
 
-        pair = ArtemisCluster()
+        pair = ArtemisCluster() if heap_mb is None else ArtemisCluster(heap=f"{heap_mb}m")
         pair.fetch()
         pair.start()
         return pair, pair.node_url(0)
     from msgsafe.cluster.qpid import QpidCluster
 
-    group = QpidCluster()
+    group = QpidCluster() if heap_mb is None else QpidCluster(heap_mb=heap_mb)
     group.fetch()
     group.start()
     return group, group.node_url(group.wait_master())

@@ -53,6 +53,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_spark import _CpuMeter, _session
+from tests.support.rabbit_queues import declare_quorum
 
 #: Spark's process kinds whose CPU is measured around each write (name, a part of the
 #: command line); the brokers are counted by their pids (they run in their own sessions).
@@ -278,16 +279,6 @@ def _drain_amqp10(url: str, address: str, expect: int, timeout: float = 180.0) -
     return handler.received
 
 
-def _declare(url: str, queue: str) -> None:
-    import pika
-
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        conn.channel().queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
-    finally:
-        conn.close()
-
-
 def _delete(url: str, queue: str) -> int:
     """Delete ``queue``; return how many messages it held."""
     import pika
@@ -311,19 +302,9 @@ def _start_broker(kind: str) -> tuple[Any, str]:
     # broker, the Artemis primary went away (connection refused) in the first round of
     # 100,000 rows; with 1 GB it went in the third. Each write is now read back before
     # the next, and the JVM brokers get 1 GB.
-    if kind == "artemis":
-        from msgsafe.cluster.artemis import ArtemisCluster
+    from benchmarks.bench_amqp10 import _start_jvm_broker
 
-        pair = ArtemisCluster(heap="1g")
-        pair.fetch()
-        pair.start()
-        return pair, pair.node_url(0)
-    from msgsafe.cluster.qpid import QpidCluster
-
-    group = QpidCluster(heap_mb=1024)
-    group.fetch()
-    group.start()
-    return group, group.node_url(group.wait_master())
+    return _start_jvm_broker(kind, heap_mb=1024)
 
 
 def measure(spark: Any, args: argparse.Namespace, kind: str) -> dict[str, Any]:
@@ -348,7 +329,7 @@ def measure(spark: Any, args: argparse.Namespace, kind: str) -> dict[str, Any]:
         def timed(name: str, write: Callable[[str], None]) -> None:
             destination = f"bench-spark-{name.replace(' ', '-')}-{uuid.uuid4().hex[:8]}"
             if rabbit:
-                _declare(url, destination)
+                declare_quorum(url, destination)
             try:
                 began = time.perf_counter()
                 with meters[name]:
