@@ -93,6 +93,7 @@ __all__ = [
     "DEFAULT_DEADLINE_S",
     "DIRECT_FAILURES",
     "MISS_PAUSE_S",
+    "Deadlines",
     "Outgoing",
     "PublishAck",
     "Publisher",
@@ -129,6 +130,85 @@ class PublishAck(spec.Basic.Ack):
     def __init__(self, delivery_tag: int, receipt: Receipt) -> None:
         super().__init__(delivery_tag=delivery_tag)
         self.receipt = receipt
+
+
+class _Watched:
+    """One publish awaited on the caller's channel: its task and deadline (loop time)."""
+
+    __slots__ = ("cancelling", "deadline", "fired", "task")
+
+    def __init__(self, task: asyncio.Task[Any], deadline: float) -> None:
+        self.task = task
+        self.deadline = deadline
+        #: The task's pending cancellations when the publish began (an outer one stays
+        #: the caller's: see Deadlines.expired).
+        self.cancelling = task.cancelling()
+        self.fired = False
+
+
+class Deadlines:
+    """The deadlines of the publishes awaited on the caller's channel, kept by one timer.
+
+    aiormq's own ``timeout`` arms a timer per publish (``asyncio.timeout``: a timer
+    handle made, pushed on the loop's heap and cancelled; 2.6 µs a publish more than
+    ``timeout=None``, measured here, about 2% of a windowed publish). Publishes that
+    nearly all confirm long before their deadline need one timer, armed for the
+    earliest deadline: when it fires, the tasks whose deadline passed are cancelled,
+    and the timer is armed again for the earliest left. A task cancelled this way
+    sees ``CancelledError`` inside the publish's await; :meth:`expired` says so, as
+    ``asyncio.timeout`` turns its own cancellation into ``TimeoutError``.
+
+    Used from one event loop. The timer fires at the earliest deadline or later,
+    never earlier; each publish costs one small record.
+    """
+
+    def __init__(self) -> None:
+        self._watched: set[_Watched] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._armed_for = 0.0
+
+    def watch(self, deadline: float) -> _Watched:
+        """Watch the current task until :meth:`done`; it is cancelled at ``deadline``
+        (loop time) if it still awaits then."""
+        task = asyncio.current_task()
+        if task is None:  # pragma: no cover - publish is a coroutine run by a task
+            raise RuntimeError("a publish runs in a task")
+        watched = _Watched(task, deadline)
+        self._watched.add(watched)
+        if self._timer is None or deadline < self._armed_for:
+            self._arm(deadline)
+        return watched
+
+    def done(self, watched: _Watched) -> None:
+        """The publish returned or raised: stop watching it."""
+        self._watched.discard(watched)
+
+    @staticmethod
+    def expired(watched: _Watched) -> bool:
+        """Whether the ``CancelledError`` the task sees is this deadline's (then the
+        cancellation is taken back and the caller treats it as ``TimeoutError``) and
+        not also a cancellation from outside, which must propagate."""
+        return watched.fired and watched.task.uncancel() <= watched.cancelling
+
+    def _arm(self, deadline: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._armed_for = deadline
+        self._timer = asyncio.get_running_loop().call_at(deadline, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        now = asyncio.get_running_loop().time()
+        earliest: float | None = None
+        for watched in list(self._watched):
+            if watched.deadline <= now:
+                self._watched.discard(watched)
+                watched.fired = True
+                watched.task.cancel()
+            elif earliest is None or watched.deadline < earliest:
+                earliest = watched.deadline
+        if earliest is not None:
+            self._arm(earliest)
 
 
 def _no_floats(value: object, name: str) -> None:
@@ -262,6 +342,8 @@ class Publisher:
         self.producer = producer
         #: The direct path's state: resting after a failure, messages confirmed on it.
         self.direct = DirectPath(producer)
+        #: The deadlines of publishes awaited on the caller's channel.
+        self.deadlines = Deadlines()
         # A larger message takes msgsafe's path, which refuses it (MessageTooLarge)
         # whichever path it would have taken.
         self._direct_limit = RabbitOptions().size_limit

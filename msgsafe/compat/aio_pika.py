@@ -161,6 +161,10 @@ class _Publishing:
         start = None
         if direct is not None:
             start, confirm_by = direct
+            # The deadline: one timer for every publish in flight (Deadlines), not
+            # aiormq's timer per publish.
+            deadlines = publisher.deadlines
+            watched = deadlines.watch(confirm_by)
             try:
                 underlay = await channel.get_underlay_channel()  # type: ignore[attr-defined]
                 answer = await underlay.basic_publish(
@@ -169,18 +173,23 @@ class _Publishing:
                     routing_key=routing_key,
                     properties=outgoing.properties,
                     mandatory=True,
-                    timeout=max(0.0, confirm_by - asyncio.get_running_loop().time()),
                 )
             except aiormq.exceptions.PublishError:
                 raise  # returned, on a channel with on_return_raises: aio-pika's answer
             except DIRECT_FAILURES as exc:
                 publisher.direct_failed(outgoing, exc)
+            except asyncio.CancelledError:
+                if not deadlines.expired(watched):
+                    raise  # the caller's cancellation
+                publisher.direct_failed(outgoing, TimeoutError("no confirm by the deadline"))
             else:
                 outcome = publisher.direct_answer(outgoing, answer)
                 if isinstance(outcome, DeliveredMessage):
                     return outcome  # returned: the channel's return callbacks have run
                 if outcome is not None:
                     return PublishAck(publisher.next_tag(), outcome)
+            finally:
+                deadlines.done(watched)
         try:
             receipt = await publisher.publish(outgoing, seconds, start)
         except Unroutable as exc:

@@ -418,12 +418,11 @@ class _Underlay:
         routing_key: str,
         properties: Any,
         mandatory: bool,
-        timeout: float,
     ) -> Any:
         self.published.append((body, exchange, routing_key, properties, mandatory))
         if self.answer == "hang":
-            await asyncio.sleep(timeout)
-            raise TimeoutError
+            # No timeout is passed: the publish's own deadline must end this wait.
+            await asyncio.Event().wait()
         if isinstance(self.answer, BaseException):
             raise self.answer
         return self.answer
@@ -439,10 +438,12 @@ def _direct_scenario(
     scenario: Callable[[Publisher, _Underlay, _Publish], Awaitable[None]],
     *,
     deadline: float = 5.0,
+    expose: Callable[[Callable[[bytes, float], Awaitable[Any]]], None] | None = None,
 ) -> None:
     """Run ``scenario`` on an exchange whose channel answers the direct path with
     ``answer`` (its underlay; the scenario may change it); ``publish`` returns the
-    receipt, or what the exchange returned when it is not a ``PublishAck``."""
+    receipt, or what the exchange returned when it is not a ``PublishAck``.
+    ``expose`` receives ``publish(body, timeout)``, the exchange's own publish."""
 
     async def main() -> None:
         exchange = await _exchange(broker, tmp_path, deadline=deadline)
@@ -459,6 +460,11 @@ def _direct_scenario(
         async def publish(body: bytes) -> Any:
             result = await exchange.publish(aio_pika.Message(body), "q")
             return result.receipt if isinstance(result, PublishAck) else result
+
+        if expose is not None:
+            expose(
+                lambda body, timeout: exchange.publish(aio_pika.Message(body), "q", timeout=timeout)
+            )
 
         try:
             await scenario(publisher, underlay, publish)
@@ -538,6 +544,53 @@ def test_no_confirm_on_the_callers_channel_by_the_deadline_stores_the_message(
 
     _direct_scenario(memory_broker, tmp_path, "hang", scenario, deadline=0.5)
     assert [m.body for m in memory_broker.messages("q")] == [b"one", b"two"]
+
+
+def test_the_deadline_keeps_each_publish_and_leaves_the_callers_cancellation_alone(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    async def scenario(publisher: Publisher, underlay: _Underlay, publish: _Publish) -> None:
+        await publish(b"one")
+        underlay.answer = "hang"
+        # Publishes in flight with different deadlines (one timer serves them all):
+        # each is stored when its own deadline passes, not at the earliest's.
+        started = time.monotonic()
+        done_at: dict[bytes, float] = {}
+
+        async def timed(body: bytes, timeout: float) -> Any:
+            result = await exchange_publish(body, timeout)
+            done_at[body] = time.monotonic() - started
+            return result
+
+        exchange_publish = publisher_exchange[0]
+        results = await asyncio.gather(timed(b"late", 0.8), timed(b"soon", 0.3))
+        assert [r.receipt.status for r in results] == [Status.STORED, Status.STORED]
+        assert done_at[b"soon"] < 0.6 <= done_at[b"late"] < 1.5
+        assert not publisher.deadlines._watched  # nothing left watched
+        # The caller's own cancellation propagates (nothing of it is taken back).
+        publisher.direct.resting = False
+        publisher._missed_until = 0.0
+        sent = len(underlay.published)
+        task = asyncio.ensure_future(exchange_publish(b"cancelled", 5.0))
+        deadline = time.monotonic() + 5.0
+        while len(underlay.published) == sent and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+        assert len(underlay.published) == sent + 1  # awaiting on the caller's channel
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not publisher.deadlines._watched
+
+    publisher_exchange: list[Callable[[bytes, float], Awaitable[Any]]] = []
+    _direct_scenario(
+        memory_broker,
+        tmp_path,
+        pamqp_commands.Basic.Ack(delivery_tag=1),
+        scenario,
+        expose=publisher_exchange.append,
+    )
+    # Stored as each deadline passed; the cancelled publish is the caller's to repeat.
+    assert [m.body for m in memory_broker.messages("q")] == [b"one", b"soon", b"late"]
 
 
 def test_a_return_on_the_callers_channel_is_the_callers_as_in_aio_pika(
