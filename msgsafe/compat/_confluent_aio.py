@@ -114,9 +114,9 @@ class LoopReports:
 
     def report(self, future: asyncio.Future[Any]) -> Callable[[Any, Any], None]:
         """The delivery callback of the message ``future`` stands for."""
-        return functools.partial(self._arrived, future)
+        return functools.partial(self.arrived, future)
 
-    def _arrived(self, future: asyncio.Future[Any], err: KafkaError | None, msg: Any) -> None:
+    def arrived(self, future: asyncio.Future[Any], err: KafkaError | None, msg: Any) -> None:
         # On a thread serving reports (this one's, or one in flush()).
         self._ready.append((future, err, msg))
         if not self._wake_pending:
@@ -134,7 +134,11 @@ class LoopReports:
         settle = self._settle
         while ready:
             future, err, msg = ready.popleft()
-            if not future.done():  # a cancelled one is left alone
+            if future.done():  # a cancelled one is left alone
+                continue
+            if err is None and settle is _settle_message:
+                future.set_result(msg)  # _settle_message's common case, inlined
+            else:
                 settle(future, err, msg)
 
     def stop(self) -> None:
@@ -194,6 +198,7 @@ class AIOProducer:
         #: Topics produced to once (the first produce of a topic runs in the executor).
         self._topics: set[str] = set()
         self._reports = LoopReports(self._loop, self._producer, _settle_message)
+        self._arrived = self._reports.arrived
         weakref.finalize(self, self._reports.stop)
 
     async def __aenter__(self) -> Self:
@@ -225,7 +230,7 @@ class AIOProducer:
         local queue full) fails its future, as a failed batch entry does with
         confluent-kafka's; bad argument types raise ``TypeError`` here."""
         future: asyncio.Future[Any] = self._loop.create_future()
-        report = self._reports.report(future)
+        report = functools.partial(self._arrived, future)  # LoopReports.report, inlined
         try:
             if topic in self._topics:
                 self._producer.produce(topic, value, key, partition, report, timestamp, headers)
