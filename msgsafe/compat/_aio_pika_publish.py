@@ -165,7 +165,6 @@ class Deadlines:
     def __init__(self) -> None:
         self._watched: set[_Watched] = set()
         self._timer: asyncio.TimerHandle | None = None
-        self._armed_for = 0.0
 
     def watch(self, deadline: float) -> _Watched:
         """Watch the current task until :meth:`done`; it is cancelled at ``deadline``
@@ -175,7 +174,7 @@ class Deadlines:
             raise RuntimeError("a publish runs in a task")
         watched = _Watched(task, deadline)
         self._watched.add(watched)
-        if self._timer is None or deadline < self._armed_for:
+        if self._timer is None or deadline < self._timer.when():
             self._arm(deadline)
         return watched
 
@@ -193,7 +192,6 @@ class Deadlines:
     def _arm(self, deadline: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._armed_for = deadline
         self._timer = asyncio.get_running_loop().call_at(deadline, self._fire)
 
     def _fire(self) -> None:
