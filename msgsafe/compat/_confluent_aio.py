@@ -84,23 +84,27 @@ def _serve_reports(producer: Producer, stop: threading.Event) -> None:
             log.exception("serving delivery reports")
 
 
-#: How a report settles its future on the loop: ``settle(future, err, msg)``.
-Settle = Callable[["asyncio.Future[Any]", KafkaError | None, Any], None]
-
-
 class LoopReports:
     """Delivery reports of a sync :class:`~msgsafe.compat.confluent_kafka.Producer`,
     settled on an event loop: a thread serves the producer's ``poll()``; each report
     is queued and the loop woken once per batch of reports (``call_soon_threadsafe``
     writes to the loop's self-pipe: once per message would cost a syscall each).
 
-    ``report(future)`` is the delivery callback to produce with; ``settle(future, err,
-    msg)`` runs on the loop for each report whose future is not done (cancelled).
+    ``report(future)`` is the delivery callback to produce with. On the loop, for each
+    report whose future is not done (cancelled): a delivered message's future gets
+    ``result(msg)`` (None: the message itself), a failed one's ``error(err)``.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, producer: Producer, settle: Settle):
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        producer: Producer,
+        error: Callable[[KafkaError], BaseException],
+        result: Callable[[Any], Any] | None = None,
+    ):
         self._loop = loop
-        self._settle = settle
+        self._error = error
+        self._result = result
         self._ready: deque[tuple[asyncio.Future[Any], KafkaError | None, Any]] = deque()
         self._wake_pending = False
         self._stop = threading.Event()
@@ -114,9 +118,9 @@ class LoopReports:
 
     def report(self, future: asyncio.Future[Any]) -> Callable[[Any, Any], None]:
         """The delivery callback of the message ``future`` stands for."""
-        return functools.partial(self.arrived, future)
+        return functools.partial(self._arrived, future)
 
-    def arrived(self, future: asyncio.Future[Any], err: KafkaError | None, msg: Any) -> None:
+    def _arrived(self, future: asyncio.Future[Any], err: KafkaError | None, msg: Any) -> None:
         # On a thread serving reports (this one's, or one in flush()).
         self._ready.append((future, err, msg))
         if not self._wake_pending:
@@ -131,15 +135,15 @@ class LoopReports:
         # queued after the last read wakes the loop again.
         self._wake_pending = False
         ready = self._ready
-        settle = self._settle
+        result = self._result
         while ready:
             future, err, msg = ready.popleft()
             if future.done():  # a cancelled one is left alone
                 continue
-            if err is None and settle is _settle_message:
-                future.set_result(msg)  # _settle_message's common case, inlined
+            if err is not None:
+                future.set_exception(self._error(err))
             else:
-                settle(future, err, msg)
+                future.set_result(msg if result is None else result(msg))
 
     def stop(self) -> None:
         """Let the thread end (after its current poll slice); see :meth:`join`."""
@@ -149,13 +153,6 @@ class LoopReports:
         """Stop, and wait for the thread to end (blocking: run it off the loop)."""
         self._stop.set()
         self._thread.join()
-
-
-def _settle_message(future: asyncio.Future[Any], err: KafkaError | None, msg: Any) -> None:
-    if err is not None:
-        future.set_exception(KafkaException(err))
-    else:
-        future.set_result(msg)
 
 
 class AIOProducer:
@@ -197,8 +194,7 @@ class AIOProducer:
         self._is_closed = False
         #: Topics produced to once (the first produce of a topic runs in the executor).
         self._topics: set[str] = set()
-        self._reports = LoopReports(self._loop, self._producer, _settle_message)
-        self._arrived = self._reports.arrived
+        self._reports = LoopReports(self._loop, self._producer, KafkaException)
         weakref.finalize(self, self._reports.stop)
 
     async def __aenter__(self) -> Self:
@@ -230,7 +226,7 @@ class AIOProducer:
         local queue full) fails its future, as a failed batch entry does with
         confluent-kafka's; bad argument types raise ``TypeError`` here."""
         future: asyncio.Future[Any] = self._loop.create_future()
-        report = functools.partial(self._arrived, future)  # LoopReports.report, inlined
+        report = self._reports.report(future)
         try:
             if topic in self._topics:
                 self._producer.produce(topic, value, key, partition, report, timestamp, headers)

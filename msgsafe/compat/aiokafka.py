@@ -87,13 +87,6 @@ __all__ = [
 _QUEUE_FULL_WAIT_S = 0.005
 
 
-def _settle_record(future: asyncio.Future[Any], err: KafkaError | None, msg: Any) -> None:
-    if err is not None:
-        future.set_exception(aiokafka_error(err))
-    else:
-        future.set_result(delivered_record(msg))
-
-
 def _check_bytes(what: str, value: object) -> bytes | None:
     # aiokafka's record builder takes bytes-like values only (TypeError otherwise).
     if value is None or type(value) is bytes:
@@ -280,7 +273,7 @@ class AIOKafkaProducer:
         except KafkaException as exc:
             raise errors.KafkaConfigurationError(exc.args[0].str()) from exc
         self._producer = producer
-        self._reports = LoopReports(self._loop, producer, _settle_record)
+        self._reports = LoopReports(self._loop, producer, aiokafka_error, delivered_record)
         weakref.finalize(self, self._reports.stop)
 
     async def stop(self) -> None:
