@@ -52,7 +52,7 @@ from functools import partial
 from msgsafe._receipts import BatchPart, BatchSend, Send, StoreItem
 from msgsafe.errors import ClosedError, MsgsafeError, OutboxError, TransientError
 from msgsafe.message import Batch, Guarantee, Receipt, Status, new_receipt
-from msgsafe.ports import OutboxStore
+from msgsafe.ports import LANE_SAFE, Lane, OutboxStore
 from msgsafe.telemetry.stats import OutcomeCounts
 
 __all__ = ["Route", "Settlement"]
@@ -93,12 +93,16 @@ class Route(enum.Enum):
     TRANSACTION = "transaction"
     #: The producer is closed: the send is already settled; raise ``ClosedError``.
     CLOSED = "closed"
+    #: The transport's lane (msgsafe.ports.Lane) takes single sends again, or is
+    #: leaving: the send is not counted here; hand it to the lane (or park it there).
+    LANE = "lane"
 
 
 # Module globals: read faster than Route.HOLD on every send.
 _PUBLISH = Route.PUBLISH
 _PUBLISH_COUNTED = Route.PUBLISH_COUNTED
 _HOLD = Route.HOLD
+_LANE = Route.LANE
 
 
 class Settlement:
@@ -138,6 +142,10 @@ class Settlement:
         self._writer: threading.Thread | None = None
         #: How many messages the writer's last put carried (see _GATHER_S).
         self._last_round = 1
+        #: The transport's lane for single sends (msgsafe.ports.Lane), when it has one:
+        #: while its state is not LANE_SAFE, keyed sends and keyed batches belong there
+        #: (it keeps their order itself), and route()/route_batch() say so.
+        self.lane: Lane | None = None
 
     # --- the outbox writer -----------------------------------------------------------------
 
@@ -334,7 +342,7 @@ class Settlement:
 
     # --- the route of a send: the barrier in front of the outbox --------------------------
 
-    def route(self, send: Send, *, transactional: bool = False) -> Route:
+    def route(self, send: Send, *, transactional: bool = False, replayed: bool = False) -> Route:
         """Where ``send`` goes, decided as it starts; the producer carries it out.
 
         Takes the send's ticket (its place in send order and in what ``flush()`` waits
@@ -344,7 +352,10 @@ class Settlement:
         outbox (sending it now would overtake that one); otherwise to the transport,
         :data:`Route.PUBLISH_COUNTED` when its key is counted there (what a later
         message of the key bound for the outbox waits for, see :meth:`hold`) and
-        :data:`Route.PUBLISH` when there is nothing to count.
+        :data:`Route.PUBLISH` when there is nothing to count. A keyed send while the
+        lane is not LANE_SAFE: :data:`Route.LANE` (not counted). ``replayed``: a send
+        the lane parked and hands over now (accepted before any close; the lane waits
+        for it).
         """
         # NOTE: no Python-level call inside the lock: the interpreter may hand the GIL to
         # another thread at one, and every sender would then queue on this lock. The pause
@@ -353,7 +364,7 @@ class Settlement:
         # (published()); a key's order rests on the counts below, not on the pause.
         paused = not transactional and self._refused_until > 0.0 and self.paused()
         send.ticket = next(self._tickets)
-        if self._closed:
+        if self._closed and not replayed:
             # Counted, then settled: a close() that read the count does not wait for it.
             self.settled(1)
             return Route.CLOSED
@@ -376,7 +387,14 @@ class Settlement:
         # must be under the same lock: a message of this key leaves _detouring only once
         # it is in the store, and only the lock orders that hand-over with this look.
         detouring = self._detouring
+        lane = None if replayed else self.lane
         with self._lock:
+            if lane is not None and lane.state != LANE_SAFE:
+                # NOTE: read under the lock that orders it: the lane reopens only under
+                # it (reopen_lane), and a keyed send counted here while it is direct could
+                # fail into the outbox behind its key's later sends on the lane.
+                self._settled_now(1)
+                return _LANE
             held = paused or key in detouring
             if held:
                 detouring[key] = detouring.get(key, 0) + 1
@@ -395,8 +413,12 @@ class Settlement:
         return _PUBLISH_COUNTED
 
     def route_batch(
-        self, send: BatchSend, put_whole: Callable[[Batch], Future[None]] | None
-    ) -> list[int] | None:
+        self,
+        send: BatchSend,
+        put_whole: Callable[[Batch], Future[None]] | None,
+        *,
+        replayed: bool = False,
+    ) -> list[int] | Route | None:
         """Where each message of ``send.batch`` goes, decided as it starts; the producer
         carries it out. Takes the batch's ticket (as :meth:`route`).
 
@@ -407,15 +429,22 @@ class Settlement:
         indexes of the messages to :meth:`hold` (as :class:`~msgsafe._receipts.BatchPart`;
         their keys are counted on the way to the outbox): every one during the pause,
         else those whose key has a message in or on its way to the outbox; the rest go
-        to the transport.
+        to the transport. :data:`Route.LANE` (not counted) for a keyed batch while the
+        lane is not LANE_SAFE; ``replayed`` as for :meth:`route`.
         """
         batch = send.batch
         store = self.store
         paused = store is not None and self._refused_until > 0.0 and self.paused()
         send.ticket = next(self._tickets)
-        if self._closed:
+        if self._closed and not replayed:
             self.settled(1)
             raise ClosedError("producer is closed")
+        lane = None if replayed or batch.keys is None else self.lane
+        if lane is not None:
+            with self._lock:
+                if lane.state != LANE_SAFE:
+                    self._settled_now(1)
+                    return _LANE
         if paused and put_whole is not None and self.store_batch(send, put_whole):
             return None
         keys = batch.keys
@@ -445,6 +474,33 @@ class Settlement:
         if not barred:
             return []
         return [i for i, key in enumerate(keys) if key in barred]
+
+    @property
+    def pausing(self) -> bool:
+        """:meth:`paused`, with no clock read while no pause was ever set."""
+        return self._refused_until > 0.0 and self.paused()
+
+    def reopen_lane(self, lane: Lane) -> bool:
+        """Have ``lane`` take single sends again (:meth:`~msgsafe.ports.Lane.reopen`) if
+        nothing here could be overtaken by them: the store holds nothing, no send is
+        unsettled (a batch in the transport could still fail into the outbox), no key
+        is on its way to the outbox or counted in the transport, no refusal pause.
+        Under the lock keyed routes read the lane's state under. True if it reopened."""
+        store = self.store
+        # NOTE: asked outside the lock (a read of the store); a row that arrives after
+        # it comes from a send settled after it, which the count below sees unsettled,
+        # or from another process, which the lane's has_key catches per send.
+        if store is not None and store.stats().depth:
+            return False
+        with self._lock:
+            if self._closed or self._detouring or self._in_transport or self._parked:
+                return False
+            if self._refused_until > 0.0 and time.monotonic() < self._refused_until:
+                return False
+            issued = _next_value(self._tickets) - 1 - self._spent
+            if self._settled_total < issued:
+                return False
+            return lane.reopen()
 
     def paused(self) -> bool:
         """True while new sends go straight to the outbox (the refusal pause)."""
@@ -562,10 +618,14 @@ class Settlement:
         """``units`` sends (messages or batches) are finished: what flush() waits for."""
         if units:
             with self._lock:
-                self._settled_total += units
-                if self._settled_total >= self._wake_at:
-                    self._wake_at = math.inf
-                    self._all_done.notify_all()
+                self._settled_now(units)
+
+    def _settled_now(self, units: int) -> None:
+        # settled(), under the lock already held.
+        self._settled_total += units
+        if self._settled_total >= self._wake_at:
+            self._wake_at = math.inf
+            self._all_done.notify_all()
 
     def wait(self, timeout: float | None) -> bool:
         """Wait until every send started so far is settled; False if ``timeout`` passed."""
@@ -580,6 +640,11 @@ class Settlement:
                 self._wake_at = min(self._wake_at, target)
                 self._all_done.wait(left)
             return True
+
+
+def _next_value(counter: itertools.count[int]) -> int:
+    """The next value an ``itertools.count`` would return, without taking it."""
+    return int(counter.__reduce__()[1][0])
 
 
 def _send_order(item: StoreItem) -> tuple[int, int]:

@@ -21,6 +21,9 @@ and may offer, each behind a flag of its record that promises it:
   blocked on one message;
 - ``listen_errors``: :class:`ErrorListeningTransport`, the client library's connection
   events as they happen;
+- ``lane``: :class:`LaneTransport`, a :class:`Lane` that takes single sends straight
+  to the client library while nothing is wrong, and steps aside (to the producer's
+  per-key bookkeeping) at the first sign of trouble;
 
 and declare two properties of its wire: ``tombstones`` (an envelope with a null body is
 sent as one) and ``ordered_rounds`` (order per key holds across calls and
@@ -58,6 +61,12 @@ __all__ = [
     "ErrorListener",
     "ErrorListeningTransport",
     "HurryingTransport",
+    "LANE_DIRECT",
+    "LANE_LEAVING",
+    "LANE_SAFE",
+    "Lane",
+    "LaneHost",
+    "LaneTransport",
     "NotifyingStore",
     "OutboxStats",
     "OutboxStore",
@@ -124,6 +133,10 @@ class TransportCapabilities:
     #: An :class:`ErrorListeningTransport`: ``listen_errors(listener)`` reports the client
     #: library's connection events (``Producer.listen_errors`` forwards to it).
     listen_errors: bool = False
+    #: A :class:`LaneTransport`: ``open_lane(host)`` gives the producer a :class:`Lane`
+    #: for its single sends (see there). Only where the wire keeps each key's order
+    #: across a failure the lane can see (Kafka with idempotence).
+    lane: bool = False
 
     def publish_only(self) -> TransportCapabilities:
         """The record of a wrapper that forwards only ``publish`` to a transport declaring
@@ -308,6 +321,115 @@ class ErrorListeningTransport(Transport, Protocol):
 
     def listen_errors(self, listener: ErrorListener | None) -> None:
         """Tell ``listener`` each connection event from now on; ``None`` stops."""
+        ...
+
+
+#: Where a :class:`Lane` takes new single sends (its ``state``). Ordered: a lane whose
+#: state is below LANE_SAFE may still hold messages of its own.
+LANE_DIRECT = 0  #: straight to the client library (``Lane.send``)
+LANE_LEAVING = 1  #: parked (``Lane.park``) while the lane empties; replayed in order
+LANE_SAFE = 2  #: through the producer's per-key bookkeeping and ``publish_callback``
+
+
+class LaneHost(Protocol):
+    """What a :class:`Lane` needs from the producer that opened it."""
+
+    @property
+    def store(self) -> OutboxStore | None:
+        """The outbox (None: failures are the caller's errors, nothing is stored)."""
+        ...
+
+    @property
+    def guarantees(self) -> Mapping[str, Any]:
+        """Each checked destination's guarantee, for the receipts."""
+        ...
+
+    def count_confirmed(self) -> object:
+        """One send confirmed (cheap: called once per message, on the I/O thread)."""
+        ...
+
+    def count_outcomes(self, units: int, error: BaseException | None) -> None:
+        """``units`` sends ended without a confirm: stored (``error`` None), or failed."""
+        ...
+
+    def replay(self, item: object) -> None:
+        """Send ``item`` (what :meth:`Lane.park` took) the safe way, as if it were sent
+        now: called in park order, once every message the lane held is settled."""
+        ...
+
+    def pause(self) -> None:
+        """Start the refusal pause: the broker refused a moment ago."""
+        ...
+
+
+@runtime_checkable
+class Lane(Protocol):
+    """Single sends straight to the client library while nothing is wrong
+    (``capabilities.lane``); the producer's way while :attr:`state` is LANE_DIRECT.
+
+    The contract, for per-key order and the promise:
+
+    - :meth:`send` hands a message over and returns its receipt future, or None when
+      the lane is not DIRECT (any more): the caller then parks it or takes the safe way.
+    - Every failure the outbox takes (a transient error with a store), every sign that
+      the brokers are down, and :meth:`leave` make the lane leave: state LANE_LEAVING,
+      new sends are parked (:meth:`park`), what the client library holds is settled
+      (failures purge the rest: it may have been written, so it may come twice, with
+      its id), the failed messages go to the store in send order in one put, then the
+      parked items go to ``host.replay`` in park order, then state LANE_SAFE. No
+      message of a stored key was confirmed after it (the wire's order guarantee).
+    - :meth:`reopen` (LANE_SAFE to LANE_DIRECT) is the host's to call, only while
+      nothing of its own is unsettled and the store holds nothing.
+    """
+
+    state: int
+
+    def send(
+        self,
+        destination: str,
+        body: bytes | None,
+        key: bytes | None,
+        headers: Mapping[str, str] | None,
+        message_id: str,
+    ) -> Future[Any] | None:
+        """Hand one message over (``body`` None: a tombstone); its receipt future, or None
+        when the lane is not DIRECT. Raises ``ClosedError`` after :meth:`shut`."""
+        ...
+
+    def park(self, item: object) -> bool:
+        """Keep ``item`` for ``host.replay`` while LANE_LEAVING; False in another state."""
+        ...
+
+    def leave(self) -> None:
+        """Leave DIRECT without a failure (the host has a send the lane cannot take)."""
+        ...
+
+    def reopen(self) -> bool:
+        """LANE_SAFE to LANE_DIRECT, unless the lane itself sees trouble (call under
+        the host's own lock, with nothing of the host's unsettled)."""
+        ...
+
+    def wait(self, timeout: float | None) -> bool:
+        """Wait until every send handed over so far is settled and the lane is not
+        leaving; False if ``timeout`` passed first."""
+        ...
+
+    def shut(self) -> None:
+        """Refuse every send from now on."""
+        ...
+
+    def close(self, timeout: float | None) -> None:
+        """Give what the lane holds ``timeout`` to settle, then store the rest."""
+        ...
+
+
+@runtime_checkable
+class LaneTransport(Transport, Protocol):
+    """A transport that offers the producer a :class:`Lane` (``capabilities.lane``)."""
+
+    def open_lane(self, host: LaneHost) -> Lane:
+        """A new lane over this transport's connection (the same ordered channel its
+        ``publish_callback`` and ``publish_batch`` use)."""
         ...
 
 

@@ -8,6 +8,7 @@ message after it settled.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -139,11 +140,13 @@ class OutcomeCounts:
     (:class:`msgsafe._settlement.Settlement`): one ``next()`` of an ``itertools.count``
     per message (atomic, no lock, no callback); failures, rare, under a lock."""
 
-    __slots__ = ("_confirmed", "_stored", "failed", "lock")
+    __slots__ = ("_confirmed", "_stored", "count_confirmed", "failed", "lock")
 
     def __init__(self) -> None:
         self._confirmed = itertools.count()
         self._stored = itertools.count()
+        #: Count one send confirmed: a C call (no Python frame), for a transport's lane.
+        self.count_confirmed = functools.partial(next, self._confirmed)
         self.lock = threading.Lock()
         self.failed: Counter[str] = Counter()
 
@@ -195,6 +198,11 @@ class ProducerCounters(ConnectionCounters):
     def sent_one(self) -> None:
         """One single send accepted (atomic, no lock)."""
         next(self._sent)
+
+    @property
+    def count_sent(self) -> functools.partial[int]:
+        """:meth:`sent_one` as a C call (no Python frame), for the producer's lane."""
+        return functools.partial(next, self._sent)
 
     def add_batch(self, count: int) -> None:
         with self.lock:

@@ -20,10 +20,11 @@ SAME_FILES = {
     "_errors.py",
 }
 #: The modules an adapter has beyond the common ones: one each, and Kafka's lane, the
-#: librdkafka producer the drop-in and the Spark sink put on their own paths too.
+#: librdkafka producer the drop-in and the Spark sink put on their own paths too, and
+#: its direct lane, the producer's single sends straight into it (msgsafe.ports.Lane).
 OWN_MODULES = {
     "rabbitmq": {"_confirms.py"},
-    "kafka": {"positions.py", "lane.py"},
+    "kafka": {"positions.py", "lane.py", "direct.py"},
     "amqp10": {"_failover.py"},
     "memory": {"broker.py"},
 }

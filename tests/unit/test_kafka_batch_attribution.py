@@ -35,7 +35,7 @@ class _Msg:
 class _Transport:
     _target = "kafka://test"
 
-    def _delivery_error(self, err: KafkaError, message_id: str | None = None) -> MsgsafeError:
+    def delivery_error(self, err: KafkaError, message_id: str | None = None) -> MsgsafeError:
         return translate(err, endpoint=self._target, message_id=message_id)
 
 

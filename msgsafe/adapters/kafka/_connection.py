@@ -184,7 +184,7 @@ class BatchReports:
             same.setdefault((key, batch.bodies[index]), []).append(index)
         errors: dict[tuple[bytes | None, bytes], list[MsgsafeError]] = {}
         for err, key, value in failures:
-            errors.setdefault((key, value or b""), []).append(link._delivery_error(err))
+            errors.setdefault((key, value or b""), []).append(link.delivery_error(err))
         if any(content not in same for content in errors):
             # A report that matches no message of the chunk: nothing says which failed.
             unknown = ConfirmTimeout(
@@ -273,10 +273,18 @@ class ProducerLink:
         #: Producers recreated after a fatal error (for tests and metrics).
         self.recreated = 0
         self.listener: Callable[[KafkaError], object] | None = None  # see listen_errors
+        #: Watchdogs of the direct lanes over this link (DirectLane.expire), run with
+        #: the link's own on the poll thread.
+        self.lane_watchdogs: list[Callable[[float], None]] = []
         #: The producer, renewed after a fatal error.
         self.lane = KafkaLane(url, options, on_error=self.on_error)
         self._thread = threading.Thread(target=self._run, name="msgsafe-kafka-poll", daemon=True)
         self._thread.start()
+
+    @property
+    def target(self) -> str:
+        """The redacted URL: the ``endpoint`` of every error."""
+        return self._target
 
     def serve(self, timeout: float) -> None:
         """Serve delivery reports on this thread, blocking at most ``timeout`` seconds."""
@@ -289,7 +297,7 @@ class ProducerLink:
         # Runs where reports are served (poll thread, a publisher, close()), for a report
         # already taken out of _open; must never raise into librdkafka.
         call_logged(
-            log, PUBLISH_CALLBACK, report.callback, self._delivery_error(err, report.message_id)
+            log, PUBLISH_CALLBACK, report.callback, self.delivery_error(err, report.message_id)
         )
 
     @property
@@ -307,7 +315,7 @@ class ProducerLink:
             f"no broker reachable ({cause})", endpoint=self._target, message_id=message_id
         )
 
-    def _delivery_error(self, err: KafkaError, message_id: str | None = None) -> MsgsafeError:
+    def delivery_error(self, err: KafkaError, message_id: str | None = None) -> MsgsafeError:
         """The msgsafe error of a failed delivery report; recreates the producer when its
         own state is what failed."""
         if err.code() == KafkaError._PURGE_QUEUE and not self._closing and self.down:
@@ -478,6 +486,8 @@ class ProducerLink:
         self.recreated += 1
 
     def _expire(self, now: float) -> None:
+        for watchdog in self.lane_watchdogs:
+            watchdog(now)
         batches = self.batches
         while batches:
             reports = batches[0]

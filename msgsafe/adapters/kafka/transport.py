@@ -26,6 +26,7 @@ from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_fail
 from msgsafe.adapters.kafka._connection import BatchReports, ProducerLink, SendReport, log
 from msgsafe.adapters.kafka._wire import user_headers
 from msgsafe.adapters.kafka.config import KafkaOptions
+from msgsafe.adapters.kafka.direct import DirectLane
 from msgsafe.adapters.kafka.lane import (
     BY_KEY,
     ID_HEADER,
@@ -38,7 +39,13 @@ from msgsafe.adapters.kafka.lane import (
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import ClosedError, InvalidMessage, MsgsafeError, Refused
 from msgsafe.message import Batch, Envelope
-from msgsafe.ports import BatchReport, PublishCallback, PublishFuture, TransportCapabilities
+from msgsafe.ports import (
+    BatchReport,
+    LaneHost,
+    PublishCallback,
+    PublishFuture,
+    TransportCapabilities,
+)
 
 __all__ = ["KafkaTransport"]
 
@@ -93,7 +100,8 @@ class KafkaTransport:
         idempotence: what is handed over later goes out later on each key's partition,
         across batches (max.in.flight <= 5, ordered retries, what is queued behind a
         failure fails), so the outbox forwarder may publish its next round while the
-        last is answered (see msgsafe.outbox.forwarder). Not without idempotence
+        last is answered (see msgsafe.outbox.forwarder); and lane (a DirectLane for
+        the producer's single sends) for the same reason. Neither without idempotence
         (``allow_unsafe``): a retry may then overtake."""
         return TransportCapabilities(
             callback=True,
@@ -102,7 +110,16 @@ class KafkaTransport:
             tombstones=True,
             ordered_rounds=self._options.enable_idempotence,
             listen_errors=True,
+            lane=self._options.enable_idempotence,
         )
+
+    def open_lane(self, host: LaneHost) -> DirectLane:
+        """A :class:`~msgsafe.adapters.kafka.direct.DirectLane` over this transport's
+        librdkafka producer (see :class:`msgsafe.ports.LaneTransport`); its watchdog
+        runs on the poll thread."""
+        lane = DirectLane(self._link, host, timeout=self._timeout, size_limit=self._size_limit)
+        self._link.lane_watchdogs.append(lane.expire)
+        return lane
 
     @property
     def recreated(self) -> int:

@@ -1,0 +1,589 @@
+"""The producer's direct lane on Kafka: single sends straight into librdkafka while
+nothing is wrong (:class:`msgsafe.ports.Lane`).
+
+On the safe way a single send is a receipt future, a transport report with its
+watchdog entry, the settlement's per-key counts (a lock when it is handed over, another
+when its report comes) and the flush count. Here it is one :class:`DirectSend` — the
+receipt future and librdkafka's delivery callable at once — handed to the same
+librdkafka producer the transport's ``publish_callback`` and ``publish_batch`` use (so
+single sends and batches of one key keep their order), under one lock, with a
+confirmation that resolves it and counts it, nothing else.
+
+That is safe only while nothing can fail into the outbox behind a message of the same
+key: the per-key counts exist for that case. So the lane leaves at the first sign of it
+(:meth:`DirectLane._leave`), as the confluent-kafka drop-in's direct path does:
+
+1. state LANE_LEAVING under the lane's lock; every produce runs under that lock after
+   reading LANE_DIRECT, so no message enters librdkafka for the lane from here on, and
+   new sends are parked (:meth:`DirectLane.park`: the producer hands them over);
+2. after a failure (or a lost broker, or a report overdue at ``confirm_timeout``)
+   librdkafka's queue and what it has in flight are purged (an in-flight message may
+   have been written: storing it may duplicate it, with its id, never lose it);
+   without one (:meth:`DirectLane.leave`) what it holds is left to be answered;
+3. on the lane's own thread, reports are served until every message the lane handed
+   over has one (bounded: one that never comes is stored as possibly delivered);
+4. the failed messages go to the outbox in send order in one put. Within a partition
+   librdkafka's idempotent producer fails or purges a message together with every later
+   one of the partition, so no later message of a stored key was confirmed;
+5. the parked sends go to the producer's safe way in order (``host.replay``), where a
+   key with rows in the outbox queues behind them; then state LANE_SAFE.
+
+The producer reopens the lane (:meth:`DirectLane.reopen`) once its own bookkeeping has
+nothing unsettled and the outbox is empty.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import threading
+import time
+from _thread import RLock
+from collections import deque
+from collections.abc import Mapping
+from concurrent.futures import InvalidStateError
+from concurrent.futures._base import PENDING
+from typing import TYPE_CHECKING
+
+from confluent_kafka import KafkaError, KafkaException, Message
+
+from msgsafe._futures import LightFuture
+from msgsafe.adapters._config import size_error
+from msgsafe.adapters.kafka._wire import user_headers
+from msgsafe.adapters.kafka.lane import BY_KEY, ID_HEADER, NOW, Headers, message_headers
+from msgsafe.errors import (
+    ClosedError,
+    ConfirmTimeout,
+    InvalidMessage,
+    MsgsafeError,
+    OutboxError,
+    Refused,
+    TransientError,
+)
+from msgsafe.message import (
+    Envelope,
+    Guarantee,
+    Receipt,
+    Status,
+    new_envelope,
+    new_receipt,
+)
+from msgsafe.ports import LANE_DIRECT, LANE_LEAVING, LANE_SAFE, LaneHost
+
+if TYPE_CHECKING:
+    from msgsafe.adapters.kafka._connection import ProducerLink
+
+__all__ = ["DirectLane", "DirectSend"]
+
+log = logging.getLogger("msgsafe.kafka")
+
+_monotonic = time.monotonic
+_CONFIRMED = Status.CONFIRMED
+_STORED = Status.STORED
+_UNKNOWN = Guarantee.UNKNOWN
+_NO_HEADERS: Mapping[str, str] = {}
+
+#: The lane serves delivery reports on the sending thread every 256 sends (as the
+#: transport's publish_callback does): no GIL ping-pong with the poll thread.
+_INLINE_EVERY_MASK = 255
+#: Seconds a send waits, at most, for room in librdkafka's full queue, as a share of
+#: confirm_timeout (the transport's own bound).
+_ROOM_WAIT_SHARE = 0.25
+_ROOM_POLL_S = 0.01
+#: Seconds of each flush() while the lane waits for its reports.
+_FLUSH_SLICE_S = 0.01
+#: Seconds the leaving lane serves reports, at most, after a purge (librdkafka answers
+#: purged messages at once; a report that never comes is stored as possibly delivered).
+_PURGED_DRAIN_S = 5.0
+
+
+def _value(counter: itertools.count[int]) -> int:
+    """The next value an ``itertools.count`` would return, without taking it."""
+    return int(counter.__reduce__()[1][0])
+
+
+class DirectSend(LightFuture[Receipt]):
+    """One single send on the lane: its receipt future, and librdkafka's delivery
+    callable for it (one slotted object for both: the cyclic GC walks every container
+    object while messages are in flight)."""
+
+    __slots__ = ("born", "headers", "key", "lane", "message_id", "seq", "topic", "value")
+
+    def __init__(
+        self,
+        lane: DirectLane,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: Mapping[str, str] | None,
+        message_id: str,
+        born: float,
+    ) -> None:
+        # LightFuture.__init__, inlined: one frame fewer for every message.
+        self._mutex = RLock()
+        self._state = PENDING
+        self.lane = lane
+        self.topic = topic
+        self.value = value
+        self.key = key
+        self.headers = headers
+        self.message_id = message_id
+        #: time.monotonic() when it was handed over (the watchdog's clock).
+        self.born = born
+        #: Its place among the lane's sends (0: never handed to librdkafka).
+        self.seq = 0
+
+    def cancel(self) -> bool:
+        """Always False: the message is on its way (see ``Producer.send_async``)."""
+        return False
+
+    def __call__(self, err: KafkaError | None, _msg: Message) -> None:
+        # librdkafka's delivery report, where reports are served (the poll thread, a
+        # sender, the lane's own thread); must never raise into librdkafka.
+        lane = self.lane
+        if err is None:
+            topic = self.topic
+            try:
+                self._settle_with(
+                    True,
+                    new_receipt(
+                        self.message_id, _CONFIRMED, topic, lane.guarantees.get(topic, _UNKNOWN)
+                    ),
+                )
+            except InvalidStateError:
+                return  # stored by the lane after its drain's bound: a known duplicate
+            lane.count_confirmed()
+            lane.count_done()
+            link = lane.link
+            if link.down_until:
+                link.down_until = 0.0  # a delivery ends the outage
+            return
+        lane.failed(self, err)
+
+    def envelope(self) -> Envelope:
+        """The envelope the safe way would have stored: same id, value (None: a
+        tombstone), key and headers."""
+        age = _monotonic() - self.born
+        value = self.value
+        return new_envelope(
+            self.topic,
+            b"" if value is None else value,
+            self.message_id,
+            self.key,
+            time.time() - age,
+            self.headers or _NO_HEADERS,
+            value is None,
+        )
+
+
+def _seq(send: DirectSend) -> int:
+    return send.seq
+
+
+class DirectLane:
+    """The Kafka transport's :class:`msgsafe.ports.Lane` (see the module docstring).
+
+    ``lock`` orders every produce with the state: a send reads LANE_DIRECT and produces
+    under it. :attr:`failures` and :attr:`parked` are changed under it too; the counts
+    of settled sends are ``itertools.count`` (atomic, no lock).
+    """
+
+    def __init__(self, link: ProducerLink, host: LaneHost, *, timeout: float, size_limit: int):
+        self.link = link
+        self.host = host
+        self.store = host.store
+        self.guarantees = host.guarantees
+        self.count_confirmed = host.count_confirmed
+        self.timeout = timeout
+        self.size_limit = size_limit
+        self.target = link.target
+        self.lock = threading.Lock()
+        self.state = LANE_DIRECT
+        self.closed = False
+        #: Sends handed to librdkafka so far (each one's seq), under lock.
+        self.sent = 0
+        self._done = itertools.count()
+        #: Count one handed-over send settled (confirmed, stored or failed).
+        self.count_done = functools.partial(next, self._done)
+        #: Handed-over sends that failed into the outbox, kept for the leave (under lock).
+        self.failures: list[DirectSend] = []
+        #: What the producer parked while LANE_LEAVING, for host.replay (under lock).
+        self.parked: list[object] = []
+        #: Handed-over sends in send order, until the watchdog sees them settled.
+        self.watch: deque[DirectSend] = deque()
+        #: Whether the leave in progress (or the next) purges librdkafka first.
+        self._purge = False
+        #: Set while the lane is not leaving.
+        self._settled = threading.Event()
+        self._settled.set()
+        #: Times the lane left (for tests and logs).
+        self.leaves = 0
+
+    # --- the producer's side ------------------------------------------------------------------
+
+    def send(
+        self,
+        destination: str,
+        body: bytes | None,
+        key: bytes | None,
+        headers: Mapping[str, str] | None,
+        message_id: str,
+    ) -> DirectSend | None:
+        """Hand one message to librdkafka; its receipt future, or None when the lane is
+        not DIRECT (any more). A message librdkafka refuses for good (too large, bad
+        input) comes back as a future failed with that error."""
+        link = self.link
+        now = _monotonic()
+        size = 0 if body is None else len(body)
+        if key is not None:
+            size += len(key)
+        if headers or size > self.size_limit:
+            envelope = new_envelope(
+                destination, body or b"", message_id, key, 0.0, headers or _NO_HEADERS
+            )
+            too_large = size_error(envelope, self.size_limit, self.target)
+            if too_large is not None:
+                return self._refused(destination, body, key, headers, message_id, too_large)
+        if link.mismatch is not None or now < link.down_until:
+            # Every broker is down (or speaks another protocol): not at message.timeout.ms.
+            if self.store is None:
+                return self._refused(
+                    destination, body, key, headers, message_id, link.unreachable(message_id)
+                )
+            self._leave(purge=True)
+            return None
+        record: Headers = (
+            {ID_HEADER: message_id}
+            if not headers
+            else message_headers(message_id, user_headers(headers))
+        )
+        send = DirectSend(self, destination, body, key, headers, message_id, now)
+        refused: Exception | None = None
+        with self.lock:
+            if self.closed:
+                raise ClosedError("producer is closed", message_id=message_id)
+            if self.state != LANE_DIRECT:
+                return None
+            try:
+                link.lane.producer.produce(destination, body, key, BY_KEY, send, None, NOW, record)
+            except (BufferError, KafkaException, TypeError, ValueError) as exc:
+                refused = exc
+            else:
+                self.sent = seq = self.sent + 1
+                send.seq = seq
+                self.watch.append(send)
+        if refused is not None:
+            return self._produce_refused(send, record, refused)
+        if not seq & _INLINE_EVERY_MASK:
+            link.inline_at = now
+            link.serve(0)
+        return send
+
+    def _produce_refused(
+        self, send: DirectSend, record: Headers, refused: Exception
+    ) -> DirectSend | None:
+        """What becomes of a send librdkafka's produce() refused with ``refused``."""
+        link = self.link
+        if isinstance(refused, BufferError):
+            # The local queue is full: serve reports (that makes room), bounded.
+            deadline = _monotonic() + self.timeout * _ROOM_WAIT_SHARE
+            while _monotonic() < deadline:
+                link.serve(_ROOM_POLL_S)
+                with self.lock:
+                    if self.closed:
+                        raise ClosedError("producer is closed", message_id=send.message_id)
+                    if self.state != LANE_DIRECT:
+                        return None
+                    try:
+                        link.lane.producer.produce(
+                            send.topic, send.value, send.key, BY_KEY, send, None, NOW, record
+                        )
+                    except BufferError:
+                        continue
+                    except (KafkaException, TypeError, ValueError) as exc:
+                        refused = exc
+                        break
+                    self.sent = send.seq = self.sent + 1
+                    self.watch.append(send)
+                    return send
+            else:
+                refused = Refused(
+                    "local producer queue full (max_in_flight reached)",
+                    endpoint=self.target,
+                    message_id=send.message_id,
+                )
+        error: MsgsafeError
+        if isinstance(refused, MsgsafeError):
+            error = refused
+        elif isinstance(refused, KafkaException):
+            if refused.args[0].fatal():
+                link.fatal = refused.args[0]
+            error = link.lane.error(refused.args[0], send.message_id)
+        else:
+            error = InvalidMessage(
+                f"kafka refused the message: {refused}", message_id=send.message_id
+            )
+        if isinstance(error, TransientError) and self.store is not None:
+            # The safe way takes it to the outbox, behind what the lane holds.
+            self._leave(purge=not isinstance(error, Refused))
+            return None
+        return self._refused(send.topic, send.value, send.key, send.headers, send.message_id, error)
+
+    def _refused(
+        self,
+        destination: str,
+        body: bytes | None,
+        key: bytes | None,
+        headers: Mapping[str, str] | None,
+        message_id: str,
+        error: MsgsafeError,
+    ) -> DirectSend:
+        """A receipt future failed with ``error`` for a message never handed over."""
+        send = DirectSend(self, destination, body, key, headers, message_id, _monotonic())
+        send.set_exception(error)
+        self.host.count_outcomes(1, error)
+        return send
+
+    def park(self, item: object) -> bool:
+        """Keep ``item`` for host.replay while the lane leaves; False otherwise."""
+        with self.lock:
+            if self.state != LANE_LEAVING:
+                return False
+            self.parked.append(item)
+            return True
+
+    def leave(self) -> None:
+        """Leave DIRECT: what librdkafka holds is answered, not purged."""
+        self._leave(purge=False)
+
+    def reopen(self) -> bool:
+        """LANE_SAFE to LANE_DIRECT unless the brokers count as down (the host calls it
+        under its own lock, with nothing of its own unsettled)."""
+        link = self.link
+        with self.lock:
+            if self.state != LANE_SAFE or self.closed or self.parked or self.failures:
+                return False
+            if link.mismatch is not None or _monotonic() < link.down_until:
+                return False
+            self.state = LANE_DIRECT
+        log.debug("kafka lane to %s: direct again", self.target)
+        return True
+
+    def wait(self, timeout: float | None) -> bool:
+        """Wait until every send handed over so far is settled and the lane is not
+        leaving, serving reports (and sending what lingers); False after ``timeout``."""
+        deadline = None if timeout is None else _monotonic() + timeout
+        target = self.sent
+        while True:
+            leaving = self.state == LANE_LEAVING
+            if not leaving and _value(self._done) >= target:
+                return True
+            left = None if deadline is None else deadline - _monotonic()
+            if left is not None and left <= 0:
+                return False
+            step = _FLUSH_SLICE_S if left is None else min(_FLUSH_SLICE_S, left)
+            if leaving:
+                self._settled.wait(step)
+                continue
+            try:
+                self.link.lane.producer.flush(step)
+            except KafkaException as exc:
+                self.link.on_error(exc.args[0])
+
+    def shut(self) -> None:
+        """Refuse every send from now on (the producer is closing)."""
+        with self.lock:
+            self.closed = True
+
+    def close(self, timeout: float | None) -> None:
+        """After :meth:`shut`: give what the lane holds ``timeout`` to be answered, then
+        store (or fail, without an outbox) what is still unanswered."""
+        if self.wait(timeout):
+            return
+        with self.lock:
+            self._purge = True
+            unsettled = self.state != LANE_LEAVING
+            if unsettled:
+                self.state = LANE_LEAVING
+                self._settled.clear()
+                self.leaves += 1
+        if unsettled:
+            self._leave_now()
+        else:
+            self._settled.wait(_PURGED_DRAIN_S + self.timeout)
+
+    # --- reports --------------------------------------------------------------------------
+
+    def failed(self, send: DirectSend, err: KafkaError) -> None:
+        """A failed delivery report: kept for the outbox (and the lane leaves) when the
+        safe way would store it, otherwise its future fails with the error now."""
+        if send.done():
+            return  # already stored after the drain's bound
+        error = self.link.delivery_error(err, send.message_id)
+        if self.store is None or not isinstance(error, TransientError):
+            self._fail(send, error)
+            return
+        with self.lock:
+            self.failures.append(send)
+        self._leave(purge=True)
+
+    def _fail(self, send: DirectSend, error: MsgsafeError) -> None:
+        try:
+            send.set_exception(error)
+        except InvalidStateError:
+            return
+        self.count_done()
+        self.host.count_outcomes(1, error)
+
+    def expire(self, now: float) -> None:
+        """The watchdog, on the poll thread: a send without a report at
+        ``confirm_timeout`` makes the lane leave (it is then stored as possibly
+        delivered); without an outbox it fails with :class:`ConfirmTimeout`."""
+        watch = self.watch
+        timeout = self.timeout
+        while watch:
+            head = watch[0]
+            if head.done():
+                watch.popleft()
+                continue
+            if head.born + timeout > now:
+                return
+            if self.store is None:
+                watch.popleft()
+                self._fail(head, self._overdue(head))
+                continue
+            self._leave(purge=True)
+            return
+
+    def _overdue(self, send: DirectSend) -> ConfirmTimeout:
+        return ConfirmTimeout(
+            f"no delivery report within confirm_timeout={self.timeout}s",
+            endpoint=self.target,
+            message_id=send.message_id,
+        )
+
+    # --- leaving ------------------------------------------------------------------------------
+
+    def _leave(self, *, purge: bool) -> None:
+        """Start leaving DIRECT (see the module docstring) on the lane's own thread:
+        this may run inside librdkafka's poll, which must not wait for a drain."""
+        with self.lock:
+            if purge:
+                self._purge = True
+            if self.state != LANE_DIRECT:
+                return
+            self.state = LANE_LEAVING
+            self._settled.clear()
+            self.leaves += 1
+        log.info("kafka lane to %s: leaving for the safe way", self.target)
+        threading.Thread(target=self._leave_now, name="msgsafe-kafka-lane", daemon=True).start()
+
+    def _leave_now(self) -> None:
+        try:
+            self._store_failures(self._drain())
+        except Exception:  # the lane must still end its leave: parked sends wait for it
+            log.exception("kafka lane to %s: leaving failed", self.target)
+        finally:
+            self._replay_parked()
+
+    def _drain(self) -> bool:
+        """Serve reports until every handed-over send has one; returns whether
+        librdkafka was purged."""
+        link = self.link
+        purged = False
+        bound = self.timeout
+        deadline = _monotonic() + bound
+        while True:
+            with self.lock:
+                target = self.sent
+                reported = len(self.failures)
+                purge = self._purge and not purged
+            if purge:
+                purged = True
+                link.lane.purge()
+                deadline = min(deadline, _monotonic() + _PURGED_DRAIN_S)
+            if _value(self._done) + reported >= target or _monotonic() >= deadline:
+                return purged
+            try:
+                link.lane.producer.flush(_FLUSH_SLICE_S)
+            except KafkaException as exc:
+                link.on_error(exc.args[0])
+
+    def _store_failures(self, purged: bool) -> None:
+        """The failed sends, and any still unanswered, to the outbox in send order."""
+        with self.lock:
+            failures, self.failures = self.failures, []
+        kept = {id(send) for send in failures}
+        # list(deque) copies in C: the watchdog may pop from it meanwhile.
+        failures.extend(s for s in list(self.watch) if not s.done() and id(s) not in kept)
+        if not failures:
+            return
+        failures.sort(key=_seq)
+        store = self.store
+        error: BaseException | None = None
+        if store is None:
+            for send in failures:
+                self._fail(send, self._overdue(send))
+            return
+        try:
+            store.put([send.envelope() for send in failures])
+        except OutboxError as exc:
+            error = exc
+        except Exception as exc:  # a store's own error: the sends fail with it
+            error = OutboxError(f"outbox write failed: {type(exc).__name__}: {exc}")
+        guarantees = self.guarantees
+        settled = 0
+        for send in failures:
+            try:
+                if error is None:
+                    send.set_result(
+                        new_receipt(
+                            send.message_id,
+                            _STORED,
+                            send.topic,
+                            guarantees.get(send.topic, _UNKNOWN),
+                        )
+                    )
+                else:
+                    send.set_exception(_with_id(error, send.message_id))
+            except InvalidStateError:
+                continue  # confirmed meanwhile: the stored copy is a known duplicate
+            settled += 1
+            self.count_done()
+        self.host.count_outcomes(settled, error)
+        log.info(
+            "kafka lane to %s: %d unconfirmed sends %s",
+            self.target,
+            len(failures),
+            "stored" if error is None else f"not stored ({error})",
+        )
+        if purged:
+            # The broker refused a moment ago: the safe way stores for a while.
+            self.host.pause()
+
+    def _replay_parked(self) -> None:
+        """Hand the parked sends to the safe way, in order, then state LANE_SAFE."""
+        while True:
+            with self.lock:
+                parked, self.parked = self.parked, []
+                if not parked:
+                    self.state = LANE_SAFE
+                    self._purge = False
+                    self._settled.set()
+                    return
+            for item in parked:
+                try:
+                    self.host.replay(item)
+                except Exception:  # replay settles its own sends; this is a bug
+                    log.exception("kafka lane to %s: a parked send failed", self.target)
+
+    def __repr__(self) -> str:
+        state = {LANE_DIRECT: "direct", LANE_LEAVING: "leaving", LANE_SAFE: "safe"}[self.state]
+        return f"DirectLane({self.target!r}, {state}, {self.sent} sent)"
+
+
+def _with_id(error: BaseException, message_id: str) -> BaseException:
+    if isinstance(error, MsgsafeError):
+        return error.with_id(message_id)
+    return error
