@@ -35,6 +35,7 @@ from msgsafe.ports import (
     CountingStore,
     ErrorListeningTransport,
     HurryingTransport,
+    LaneTransport,
     NotifyingStore,
     OutboxStore,
     ReleasingStore,
@@ -150,6 +151,7 @@ _TRANSPORT_SEAMS: dict[str, type] = {
     "batch": BatchTransport,
     "hurry": HurryingTransport,
     "listen_errors": ErrorListeningTransport,
+    "lane": LaneTransport,
 }
 
 
@@ -303,6 +305,31 @@ def test_listen_errors_as_declared(case: BrokerCase, transport: Transport) -> No
     with Producer(case.url, outbox=False, **case.producer_options) as p:
         assert p.listen_errors(lambda error: None) is declared
         assert p.listen_errors(None) is declared
+
+
+def test_lane_as_declared(case: BrokerCase, transport: Transport, tmp_path: Path) -> None:
+    """``lane``: the producer's single sends go through the transport's lane (True) or the
+    safe way (False); either way every one is confirmed, and each key keeps its order
+    across single sends and a keyed batch between them (which the lane leaves for)."""
+    declared = transport.capabilities.lane
+    dest = case.new_destination()
+    with Producer(case.url, outbox=tmp_path / "o.db", **case.producer_options) as p:
+        assert (p._lane is not None) is declared
+        first = [p.send_async(dest, b"%d" % i, key=f"k{i % 3}") for i in range(60)]
+        batch = p.send_batch_async(
+            dest, [b"%d" % i for i in range(60, 120)], keys=[f"k{i % 3}" for i in range(60, 120)]
+        )
+        last = [p.send_async(dest, b"%d" % i, key=f"k{i % 3}") for i in range(120, 180)]
+        assert p.flush(case.patience * 2)
+        receipts = [f.result(0) for f in first + last]
+        assert all(r.status is Status.CONFIRMED for r in receipts)
+        assert batch.result(0).confirmed == 60
+    with _consumer(case, dest) as c:
+        got = _collect(c, 180, case.patience * 2, ack=True)
+    assert sorted(int(d.body) for d in got) == list(range(180))
+    for k in range(3):
+        seq = [int(d.body) for d in got if d.key == f"k{k}".encode()]
+        assert seq == sorted(seq), f"key k{k} out of order"
 
 
 def test_the_forwarder_drains_through_the_transport_in_key_order(

@@ -1,0 +1,250 @@
+"""The producer's direct lane on Kafka (msgsafe/adapters/kafka/direct.py): single sends
+straight into librdkafka while healthy, leaving for the safe way at the first failure
+with nothing lost and each key's order kept, back once the outbox is empty.
+
+Why the mock: each story needs a broker error on demand, for exactly as long as the test
+says, which no real broker can be told to give; the lane under real broker kills is in
+tests/integration/kafka/test_broker_kill.py and test_all_down.py.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError
+
+import msgsafe
+from msgsafe.adapters.kafka.direct import DirectLane
+from msgsafe.errors import TransientError
+from msgsafe.message import Envelope
+from msgsafe.outbox import SqliteOutbox
+from msgsafe.ports import LANE_DIRECT, LANE_SAFE
+from tests.support.kafka_ledger import consume_until
+from tests.support.kafka_mock import MockKafkaCluster
+from tests.support.ledger import Ledger
+from tests.support.waiting import wait_until
+
+TOPIC = "lane"
+KEYS = 8
+
+
+def _lane(producer: msgsafe.Producer) -> DirectLane:
+    lane = producer._lane
+    assert isinstance(lane, DirectLane), "the Kafka transport declares a lane"
+    return lane
+
+
+def _send(
+    producer: msgsafe.Producer, ledger: Ledger, count: int, *, start: int = 0
+) -> list[Future[msgsafe.Receipt]]:
+    """``count`` keyed sends with ids of the ledger's, positions in key order."""
+    futures = []
+    for i in range(start, start + count):
+        message_id = msgsafe.new_message_id()
+        key = f"k{i % KEYS}"
+        with ledger.lock:
+            ledger.sent.add(message_id)
+            ledger.positions[message_id] = (key, i // KEYS)
+        futures.append(producer.send_async(TOPIC, b"%d" % i, key=key, message_id=message_id))
+    return futures
+
+
+def _settle(ledger: Ledger, futures: list[Future[msgsafe.Receipt]]) -> None:
+    for future in futures:
+        receipt = future.result(60)
+        ledger.add_receipt(receipt.message_id, receipt.status)
+
+
+def _arrivals(url: str, ledger: Ledger) -> list[str]:
+    order: list[str] = []
+    received = consume_until(
+        url,
+        TOPIC,
+        ledger.receipted,
+        deadline_s=60,
+        on_delivery=lambda d: order.append(d.message_id or ""),
+    )
+    ledger.received.update(received)
+    return order
+
+
+def test_healthy_single_sends_take_the_lane_confirmed_in_key_order(
+    kafka_mock: MockKafkaCluster, tmp_path: Path
+) -> None:
+    kafka_mock.create_topic(TOPIC, partitions=3, replication=3)
+    ledger = Ledger()
+    with msgsafe.Producer(kafka_mock.url, outbox=tmp_path / "o.db", confirm_timeout=10) as p:
+        futures = _send(p, ledger, 2000)
+        # The common case, which takes the producer's inline path: no id, bytes key.
+        plain = [p.send_async(TOPIC, b"plain", key=b"k0") for _ in range(200)]
+        assert p.flush(30)
+        _settle(ledger, futures)
+        for j, future in enumerate(plain):
+            receipt = future.result(0)
+            ledger.add_sent(receipt.message_id)
+            ledger.positions[receipt.message_id] = ("k0", 2000 // KEYS + j)
+            ledger.add_receipt(receipt.message_id, receipt.status)
+        assert ledger.statuses["confirmed"] == 2200
+        lane = _lane(p)
+        assert lane.state == LANE_DIRECT and lane.leaves == 0
+        assert lane.sent == 2200, "every single send went through the lane"
+        stats = p.stats()
+        assert (stats.sent, stats.confirmed, stats.in_flight) == (2200, 2200, 0)
+    order = _arrivals(kafka_mock.url, ledger)
+    print(f"\n{ledger.report('lane healthy')}")
+    assert not ledger.lost and not ledger.unknown
+    assert ledger.order_violations(order) == []
+
+
+def test_a_failure_leaves_the_lane_stores_in_send_order_and_it_comes_back(
+    kafka_mock: MockKafkaCluster, tmp_path: Path
+) -> None:
+    """NOT_ENOUGH_REPLICAS on every produce: the lane leaves, what it held and what was
+    sent meanwhile is stored (the failed in send order, the parked behind them), then
+    delivered in each key's order once healed; single sends take the lane again once
+    the outbox is empty."""
+    kafka_mock.create_topic(TOPIC, partitions=3, replication=3)
+    ledger = Ledger()
+    with msgsafe.Producer(
+        kafka_mock.url, outbox=tmp_path / "o.db", send_timeout=30, confirm_timeout=3
+    ) as p:
+        _settle(ledger, _send(p, ledger, 200))
+        lane = _lane(p)
+        assert lane.state == LANE_DIRECT
+
+        kafka_mock.fail_produce(KafkaError.NOT_ENOUGH_REPLICAS)
+        during = _send(p, ledger, 800, start=200)
+        _settle(ledger, during)
+        assert lane.leaves >= 1 and lane.state == LANE_SAFE
+        assert ledger.statuses["stored"] > 0
+        assert p.pending() == ledger.statuses["stored"]
+
+        kafka_mock.heal_produce()
+        assert p.drain(60) == 0
+        # Back on the lane: the settlement reopens it at a send once nothing is unsettled
+        # and the outbox is empty (asked at most once a second).
+        after: list[Future[msgsafe.Receipt]] = []
+
+        def reopened() -> bool:
+            after.extend(_send(p, ledger, KEYS, start=1000 + len(after)))
+            return lane.state == LANE_DIRECT
+
+        wait_until(reopened, 15, "the lane to take sends again", interval=0.1)
+        after += _send(p, ledger, 400, start=1000 + len(after))
+        _settle(ledger, after)
+    order = _arrivals(kafka_mock.url, ledger)
+    print(f"\n{ledger.report('lane leaves and returns')} leaves={lane.leaves}")
+    assert not ledger.lost and not ledger.unknown
+    assert ledger.order_violations(order) == []
+
+
+def test_a_keyed_batch_makes_the_lane_leave_unpurged_in_order(
+    kafka_mock: MockKafkaCluster, tmp_path: Path
+) -> None:
+    """A keyed batch goes the safe way: the lane leaves without a purge (what it holds is
+    confirmed, nothing stored), the batch waits for that, and every key keeps its order
+    across single sends, the batch and the sends after it."""
+    kafka_mock.create_topic(TOPIC, partitions=3, replication=3)
+    ledger = Ledger()
+    with msgsafe.Producer(kafka_mock.url, outbox=tmp_path / "o.db", confirm_timeout=10) as p:
+        first = _send(p, ledger, 400)
+        ids = [msgsafe.new_message_id() for _ in range(400)]
+        keys = [f"k{i % KEYS}" for i in range(400, 800)]
+        with ledger.lock:
+            ledger.sent.update(ids)
+            for i, message_id in enumerate(ids, start=400):
+                ledger.positions[message_id] = (f"k{i % KEYS}", i // KEYS)
+        batch = p.send_batch_async(TOPIC, [b"b"] * 400, keys=keys, message_ids=ids)
+        last = _send(p, ledger, 400, start=800)
+        _settle(ledger, first)
+        receipt = batch.result(60)
+        assert (receipt.confirmed, receipt.stored) == (400, 0)
+        for message_id in receipt.message_ids:
+            ledger.add_receipt(message_id)
+        _settle(ledger, last)
+        lane = _lane(p)
+        assert lane.leaves == 1 and lane.state == LANE_SAFE
+        assert ledger.statuses["stored"] == 0, "a leave without a failure stores nothing"
+    order = _arrivals(kafka_mock.url, ledger)
+    assert not ledger.lost and not ledger.unknown
+    assert ledger.order_violations(order) == []
+
+
+def test_a_key_with_rows_in_the_outbox_queues_behind_them(
+    kafka_mock: MockKafkaCluster, tmp_path: Path
+) -> None:
+    """Rows another process stored for a key (an outbox shared, a crashed run): a send of
+    that key is stored behind them, not sent past them; other keys are confirmed."""
+    kafka_mock.create_topic(TOPIC, partitions=3, replication=3)
+    path = tmp_path / "o.db"
+    earlier = Envelope.build(TOPIC, b"earlier", key="k1")
+    store = SqliteOutbox(path)
+    store.put([earlier])
+    store.close()
+    with msgsafe.Producer(kafka_mock.url, outbox=path, forward=False, confirm_timeout=10) as p:
+        assert p.send(TOPIC, b"other", key="k2").status is msgsafe.Status.CONFIRMED
+        held = p.send(TOPIC, b"later", key="k1")
+        assert held.status is msgsafe.Status.STORED
+        assert _lane(p).leaves == 1
+        assert p.drain(30) == 0
+    received = consume_until(
+        kafka_mock.url, TOPIC, {earlier.message_id, held.message_id}, deadline_s=30
+    )
+    assert set(received) >= {earlier.message_id, held.message_id}
+
+
+def test_closing_with_sends_unanswered_stores_them(
+    kafka_mock: MockKafkaCluster, tmp_path: Path
+) -> None:
+    """Every broker down, sends in the lane, close with a short timeout: each send is
+    stored (none lost, none failed) and the next producer finds them in the outbox."""
+    kafka_mock.create_topic(TOPIC, partitions=3, replication=3)
+    ledger = Ledger()
+    path = tmp_path / "o.db"
+    p = msgsafe.Producer(kafka_mock.url, outbox=path, send_timeout=30, confirm_timeout=20)
+    _settle(ledger, _send(p, ledger, 50))
+    for broker in (1, 2, 3):
+        kafka_mock.broker_down(broker)
+    futures = _send(p, ledger, 300, start=50)
+    p.close(timeout=0.5)
+    _settle(ledger, futures)
+    assert ledger.statuses["stored"] + ledger.statuses["confirmed"] == 350
+    assert ledger.statuses["stored"] == 300, "sent with every broker down: all stored"
+    store = SqliteOutbox(path)
+    try:
+        assert store.stats().depth == ledger.statuses["stored"]
+    finally:
+        store.close()
+
+
+def test_without_an_outbox_a_failure_fails_the_send_and_the_lane_stays(
+    kafka_mock: MockKafkaCluster,
+) -> None:
+    kafka_mock.create_topic(TOPIC, partitions=1, replication=3)
+    with msgsafe.Producer(kafka_mock.url, outbox=False, confirm_timeout=2) as p:
+        assert p.send(TOPIC, b"warm", key="k").status is msgsafe.Status.CONFIRMED
+        kafka_mock.fail_produce(KafkaError.NOT_ENOUGH_REPLICAS)
+        future = p.send_async(TOPIC, b"refused", key="k")
+        error = future.exception(10)
+        assert isinstance(error, TransientError), error
+        assert error.message_id
+        kafka_mock.heal_produce()
+        assert p.send(TOPIC, b"again", key="k").status is msgsafe.Status.CONFIRMED
+        lane = _lane(p)
+        assert lane.leaves == 0 and lane.state == LANE_DIRECT
+
+
+def test_the_lane_refuses_what_the_safe_way_refuses(kafka_mock: MockKafkaCluster) -> None:
+    """Too large, closed: the same typed errors as the safe way, before anything is sent."""
+    kafka_mock.create_topic(TOPIC, partitions=1, replication=3)
+    p = msgsafe.Producer(kafka_mock.url, outbox=False, max_message_size=1000)
+    assert p.send(TOPIC, b"ok").status is msgsafe.Status.CONFIRMED
+    with pytest.raises(msgsafe.errors.MessageTooLarge):
+        p.send(TOPIC, b"x" * 2000)
+    with pytest.raises(msgsafe.errors.MessageTooLarge):
+        p.send_async(TOPIC, b"x" * 990, headers={"h": "y" * 20}).result(5)
+    p.close()
+    with pytest.raises(msgsafe.errors.ClosedError):
+        p.send_async(TOPIC, b"late")
