@@ -103,19 +103,23 @@ class LightFuture(Future[_T]):
             else:
                 self._exception = outcome
             self._state = FINISHED
-            # Tell only what exists: a waiter of concurrent.futures.wait(), a thread
-            # blocked in result().
-            waiters = self._made_waiters
-            if waiters:
-                for waiter in waiters:
-                    if ok:
-                        waiter.add_result(self)
-                    else:
-                        waiter.add_exception(self)
-            condition = self._made_condition
-            if condition is not None:
-                condition.notify_all()
+            self._wake_waiters()
         self._run_callbacks()
+
+    def _wake_waiters(self) -> None:
+        # Under _mutex, once FINISHED: tell only what exists, a waiter of
+        # concurrent.futures.wait() or a thread blocked in result().
+        waiters = self._made_waiters
+        if waiters:
+            ok = self._exception is None
+            for waiter in waiters:
+                if ok:
+                    waiter.add_result(self)
+                else:
+                    waiter.add_exception(self)
+        condition = self._made_condition
+        if condition is not None:
+            condition.notify_all()
 
     def _run_callbacks(self) -> None:
         # The stock _invoke_callbacks, without its property reads and frame.
