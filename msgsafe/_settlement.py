@@ -52,7 +52,7 @@ from functools import partial
 from msgsafe._receipts import BatchPart, BatchSend, Send, StoreItem
 from msgsafe.errors import ClosedError, MsgsafeError, OutboxError, TransientError
 from msgsafe.message import Batch, Guarantee, Receipt, Status, new_receipt
-from msgsafe.ports import LANE_SAFE, Lane, OutboxStore
+from msgsafe.ports import LANE_DIRECT, LANE_SAFE, Lane, OutboxStore
 from msgsafe.telemetry.stats import OutcomeCounts
 
 __all__ = ["Route", "Settlement"]
@@ -475,11 +475,6 @@ class Settlement:
             return []
         return [i for i, key in enumerate(keys) if key in barred]
 
-    @property
-    def pausing(self) -> bool:
-        """:meth:`paused`, with no clock read while no pause was ever set."""
-        return self._refused_until > 0.0 and self.paused()
-
     def reopen_lane(self, lane: Lane) -> bool:
         """Have ``lane`` take single sends again (:meth:`~msgsafe.ports.Lane.reopen`) if
         nothing here could be overtaken by them: the store holds nothing, no send is
@@ -515,8 +510,12 @@ class Settlement:
     def pause(self, seconds: float = _REFUSAL_PAUSE_S) -> None:
         """Send to the outbox for ``seconds`` from now (default: the short pause after a
         refusal, as when the broker could not be reached to check a destination); a
-        later failure renews the pause from its own time."""
+        later failure renews the pause from its own time. The lane, if direct, leaves:
+        its sends ask for no pause (the pause is kept here, on the safe way)."""
         self._refused_until = time.monotonic() + seconds
+        lane = self.lane
+        if lane is not None and lane.state == LANE_DIRECT:
+            lane.leave()
 
     def resume(self) -> None:
         """End the refusal pause now: the next send tries the broker again."""
@@ -530,7 +529,7 @@ class Settlement:
     def to_outbox(self, item: StoreItem) -> None:
         """After a transient failure: pause sending, hold the item's key behind the
         barrier, and queue the item for the outbox writer."""
-        self._refused_until = time.monotonic() + _REFUSAL_PAUSE_S
+        self.pause()
         key = item.envelope.key
         if key is not None:
             with self._lock:
@@ -582,7 +581,7 @@ class Settlement:
             if key is None:
                 self.to_outbox(send)
                 return
-            self._refused_until = time.monotonic() + _REFUSAL_PAUSE_S
+            self.pause()
             self.left_transport(key, detour=send)
             return
         if isinstance(error, MsgsafeError):

@@ -397,7 +397,8 @@ class Lane(Protocol):
         ...
 
     def park(self, item: object) -> bool:
-        """Keep ``item`` for ``host.replay`` while LANE_LEAVING; False in another state."""
+        """Keep ``item`` for ``host.replay`` while LANE_LEAVING; False in another state.
+        Raises ``ClosedError`` after :meth:`shut`."""
         ...
 
     def leave(self) -> None:

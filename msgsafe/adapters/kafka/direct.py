@@ -359,8 +359,11 @@ class DirectLane:
         return send
 
     def park(self, item: object) -> bool:
-        """Keep ``item`` for host.replay while the lane leaves; False otherwise."""
+        """Keep ``item`` for host.replay while the lane leaves; False otherwise.
+        Raises ``ClosedError`` after :meth:`shut` (nothing new is replayed then)."""
         with self.lock:
+            if self.closed:
+                raise ClosedError("producer is closed")
             if self.state != LANE_LEAVING:
                 return False
             self.parked.append(item)
@@ -375,6 +378,9 @@ class DirectLane:
         under its own lock, with nothing of its own unsettled)."""
         link = self.link
         with self.lock:
+            # A failure reported after its send was stored (past the drain's bound) is
+            # settled already: only one still unsettled keeps the lane off.
+            self.failures = [send for send in self.failures if not send.done()]
             if self.state != LANE_SAFE or self.closed or self.parked or self.failures:
                 return False
             if link.mismatch is not None or _monotonic() < link.down_until:
@@ -534,7 +540,9 @@ class DirectLane:
             failures, self.failures = self.failures, []
         kept = {id(send) for send in failures}
         # list(deque) copies in C: the watchdog may pop from it meanwhile.
-        failures.extend(s for s in list(self.watch) if not s.done() and id(s) not in kept)
+        failures.extend(s for s in list(self.watch) if id(s) not in kept)
+        # Settled ones stay out: confirmed meanwhile, or stored by an earlier leave.
+        failures = [send for send in failures if not send.done()]
         if not failures:
             return
         failures.sort(key=_seq)
