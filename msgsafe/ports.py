@@ -391,9 +391,11 @@ class Lane(Protocol):
         key: bytes | None,
         headers: Mapping[str, str] | None,
         message_id: str,
+        now: float,
     ) -> Future[Any] | None:
-        """Hand one message over (``body`` None: a tombstone); its receipt future, or None
-        when the lane is not DIRECT. Raises ``ClosedError`` after :meth:`shut`."""
+        """Hand one message over (``body`` None: a tombstone) at ``now`` (the caller's
+        ``time.monotonic()``, read once per send); its receipt future, or None when the
+        lane is not DIRECT. Raises ``ClosedError`` after :meth:`shut`."""
         ...
 
     def park(self, item: object) -> bool:

@@ -311,11 +311,12 @@ class Producer:
             # Settlement.pause). A frame here costs a tenth of what the raw client
             # spends on a message.
             due = self._admitted.get(destination)
-            if due is not None and due >= _monotonic():
+            now = _monotonic()
+            if due is not None and due >= now:
                 if type(key) is str and key.isascii():
                     key = key.encode()
                 if key is None or (type(key) is bytes and not self._has_key(key)):
-                    future = lane.send(destination, body, key, None, new_message_id())
+                    future = lane.send(destination, body, key, None, new_message_id(), now)
                     if future is not None:
                         self._count_sent()
                         return future
@@ -572,6 +573,7 @@ class Producer:
                     key,
                     envelope.headers or None,
                     envelope.message_id,
+                    _monotonic(),
                 )
                 if future is not None:
                     return future

@@ -34,8 +34,6 @@ nothing unsettled and the outbox is empty.
 
 from __future__ import annotations
 
-import functools
-import itertools
 import logging
 import threading
 import time
@@ -100,11 +98,6 @@ _FLUSH_SLICE_S = 0.01
 _PURGED_DRAIN_S = 5.0
 
 
-def _value(counter: itertools.count[int]) -> int:
-    """The next value an ``itertools.count`` would return, without taking it."""
-    return int(counter.__reduce__()[1][0])
-
-
 class DirectSend(LightFuture[Receipt]):
     """One single send on the lane: its receipt future, and librdkafka's delivery
     callable for it (one slotted object for both: the cyclic GC walks every container
@@ -161,10 +154,6 @@ class DirectSend(LightFuture[Receipt]):
             if self._made_callbacks:
                 self._run_callbacks()
             lane.count_confirmed()
-            lane.count_done()
-            link = lane.link
-            if link.down_until:
-                link.down_until = 0.0  # a delivery ends the outage
             return
         lane.failed(self, err)
 
@@ -192,8 +181,8 @@ class DirectLane:
     """The Kafka transport's :class:`msgsafe.ports.Lane` (see the module docstring).
 
     ``lock`` orders every produce with the state: a send reads LANE_DIRECT and produces
-    under it. :attr:`failures` and :attr:`parked` are changed under it too; the counts
-    of settled sends are ``itertools.count`` (atomic, no lock).
+    under it. :attr:`failures` and :attr:`parked` are changed under it too. What is
+    settled is read from the sends themselves (:attr:`watch`): a report counts nothing.
     """
 
     def __init__(self, link: ProducerLink, host: LaneHost, *, timeout: float, size_limit: int):
@@ -214,9 +203,6 @@ class DirectLane:
         self._kafka = link.lane
         #: Sends handed to librdkafka so far (each one's seq), under lock.
         self.sent = 0
-        self._done = itertools.count()
-        #: Count one handed-over send settled (confirmed, stored or failed).
-        self.count_done = functools.partial(next, self._done)
         #: Handed-over sends that failed into the outbox, kept for the leave (under lock).
         self.failures: list[DirectSend] = []
         #: What the producer parked while LANE_LEAVING, for host.replay (under lock).
@@ -240,12 +226,13 @@ class DirectLane:
         key: bytes | None,
         headers: Mapping[str, str] | None,
         message_id: str,
+        now: float,
     ) -> DirectSend | None:
         """Hand one message to librdkafka; its receipt future, or None when the lane is
         not DIRECT (any more). A message librdkafka refuses for good (too large, bad
-        input) comes back as a future failed with that error."""
+        input) comes back as a future failed with that error. ``now``: the caller's
+        ``time.monotonic()``."""
         link = self.link
-        now = _monotonic()
         size = 0 if body is None else len(body)
         if key is not None:
             size += len(key)
@@ -397,7 +384,7 @@ class DirectLane:
         target = self.sent
         while True:
             leaving = self.state == LANE_LEAVING
-            if not leaving and _value(self._done) >= target:
+            if not leaving and self._settled_upto(target):
                 return True
             left = None if deadline is None else deadline - _monotonic()
             if left is not None and left <= 0:
@@ -410,6 +397,19 @@ class DirectLane:
                 self.link.lane.producer.flush(step)
             except KafkaException as exc:
                 self.link.on_error(exc.args[0])
+
+    def _settled_upto(self, target: int, failed: set[int] | None = None) -> bool:
+        """Whether every send handed over up to seq ``target`` is settled (or, with
+        ``failed``, ids of sends reported failed, one of those)."""
+        # NOTE: no counter on the way of a report: the watch holds every unsettled send
+        # in seq order (the watchdog drops settled ones from its front). list() copies in
+        # C while the watchdog may pop.
+        for send in list(self.watch):
+            if send.seq > target:
+                return True
+            if send._state is not _FINISHED and (failed is None or id(send) not in failed):
+                return False
+        return True
 
     def shut(self) -> None:
         """Refuse every send from now on (the producer is closing)."""
@@ -455,7 +455,6 @@ class DirectLane:
             send.set_exception(error)
         except InvalidStateError:
             return
-        self.count_done()
         self.host.count_outcomes(1, error)
 
     def expire(self, now: float) -> None:
@@ -521,13 +520,13 @@ class DirectLane:
         while True:
             with self.lock:
                 target = self.sent
-                reported = len(self.failures)
+                failed = {id(send) for send in self.failures}
                 purge = self._purge and not purged
             if purge:
                 purged = True
                 link.lane.purge()
                 deadline = min(deadline, _monotonic() + _PURGED_DRAIN_S)
-            if _value(self._done) + reported >= target or _monotonic() >= deadline:
+            if self._settled_upto(target, failed) or _monotonic() >= deadline:
                 return purged
             try:
                 link.lane.producer.flush(_FLUSH_SLICE_S)
@@ -576,7 +575,6 @@ class DirectLane:
             except InvalidStateError:
                 continue  # confirmed meanwhile: the stored copy is a known duplicate
             settled += 1
-            self.count_done()
         self.host.count_outcomes(settled, error)
         log.info(
             "kafka lane to %s: %d unconfirmed sends %s",
