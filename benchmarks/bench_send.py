@@ -560,7 +560,7 @@ class Amqp10Floor(Variant):
         ready = threading.Event()
         pending: collections.deque[tuple[Any, Any]] = collections.deque()
 
-        class Handler(MessagingHandler):  # type: ignore[misc]
+        class Handler(MessagingHandler):
             def __init__(self) -> None:
                 super().__init__()
                 self.sender: Any = None
