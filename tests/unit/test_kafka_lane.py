@@ -10,6 +10,7 @@ brokers to start).
 
 from __future__ import annotations
 
+import ctypes
 import socket
 
 import pytest
@@ -19,7 +20,7 @@ from msgsafe.adapters.kafka.lane import ID_HEADER, KafkaLane, ReportRun, message
 from msgsafe.errors import ConfigurationError, Refused, TransientError
 from msgsafe.message import new_message_ids
 from tests.support.kafka_ledger import consume_until
-from tests.support.kafka_mock import MockKafkaCluster
+from tests.support.kafka_mock import MockKafkaCluster, _librdkafka
 
 TOPIC = "lane"
 
@@ -134,3 +135,31 @@ def test_a_run_arrives_with_its_ids_and_the_extra_headers(kafka_mock: MockKafkaC
     assert set(received) == set(ids) and max(received.values()) == 1
     assert all(headers[i] == {} for i in ids[:half])
     assert all(headers[i] == {"trace": "t"} for i in ids[half:])
+
+
+def test_a_fatal_error_raised_by_a_purge_reaches_the_error_callback(
+    kafka_mock: MockKafkaCluster,
+) -> None:
+    """confluent-kafka raises a fatal error out of poll(): a purge (which polls) hands it
+    to the error callback, the one place that has the producer renewed, instead of
+    dropping it (the producer would otherwise stay dead)."""
+    kafka_mock.create_topic(TOPIC, partitions=1, replication=3)
+    seen: list[KafkaError] = []
+    lane = KafkaLane.for_url(kafka_mock.url, {}, on_error=seen.append)
+    try:
+        lane.producer.produce(TOPIC, b"x")
+        assert lane.producer.flush(30) == 0
+        lib = _librdkafka()
+        lib.rd_kafka_test_fatal_error.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p]
+        handle = ctypes.c_void_p.from_address(id(lane.producer) + object.__basicsize__)
+        assert (
+            lib.rd_kafka_test_fatal_error(
+                handle.value, KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, b"injected by msgsafe test"
+            )
+            == 0
+        )
+        lane.purge()
+        assert lane.fatal is not None and lane.fatal.fatal()
+        assert any(err.fatal() for err in seen)
+    finally:
+        lane.producer.purge(True, True, False)

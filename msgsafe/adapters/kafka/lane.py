@@ -299,7 +299,12 @@ class KafkaLane:
         try:
             self.producer.purge(True, in_flight, blocking)
             self.producer.poll(0)
-        except (KafkaException, RuntimeError):
+        except KafkaException as exc:
+            # NOTE: confluent-kafka raises a fatal error out of poll() (instead of through
+            # error_cb): it must reach the error callback, which has the producer renewed,
+            # not end here (the lane would then produce into a dead producer for good).
+            self._error(exc.args[0])
+        except RuntimeError:
             log.debug("purging the producer to %s", self.target, exc_info=True)
 
     def drain(self, timeout: float | None) -> int:
