@@ -490,6 +490,24 @@ class BlockingMsgsafe(Variant):
 # --- AMQP 1.0 ---------------------------------------------------------------------------
 
 
+def _proton_target(url: str) -> tuple[str, dict[str, Any]]:
+    """The address and login keywords a proton connection to ``url``'s first host takes."""
+    from msgsafe.endpoints import parse_url
+
+    parsed = parse_url(url)
+    endpoint = parsed.endpoints[0]
+    login: dict[str, Any] = {"allowed_mechs": "ANONYMOUS"}
+    if parsed.username:
+        login = {
+            "user": parsed.username,
+            "password": parsed.password.reveal() if parsed.password else None,
+            "allowed_mechs": "PLAIN",
+            "allow_insecure_mechs": True,
+        }
+    scheme = "amqps" if parsed.tls else "amqp"
+    return f"{scheme}://{endpoint.host}:{endpoint.port}", login
+
+
 class Amqp10Raw(Variant):
     name = "raw"
 
@@ -497,21 +515,9 @@ class Amqp10Raw(Variant):
         from proton import Message
         from proton.utils import BlockingConnection
 
-        from msgsafe.endpoints import parse_url
-
-        parsed = parse_url(url)
-        endpoint = parsed.endpoints[0]
-        login: dict[str, Any] = {"allowed_mechs": "ANONYMOUS"}
-        if parsed.username:
-            login = {
-                "user": parsed.username,
-                "password": parsed.password.reveal() if parsed.password else None,
-                "allowed_mechs": "PLAIN",
-                "allow_insecure_mechs": True,
-            }
-        scheme = "amqps" if parsed.tls else "amqp"
+        target, login = _proton_target(url)
         self._message = Message
-        self._conn = BlockingConnection(f"{scheme}://{endpoint.host}:{endpoint.port}", **login)
+        self._conn = BlockingConnection(target, **login)
         self._sender = self._conn.create_sender(address)
 
     def run(self, count: int) -> None:
@@ -543,20 +549,8 @@ class Amqp10Floor(Variant):
         from proton.reactor import ApplicationEvent, Container, EventInjector
 
         from msgsafe._futures import LightFuture
-        from msgsafe.endpoints import parse_url
 
-        parsed = parse_url(url)
-        endpoint = parsed.endpoints[0]
-        login: dict[str, Any] = {"allowed_mechs": "ANONYMOUS"}
-        if parsed.username:
-            login = {
-                "user": parsed.username,
-                "password": parsed.password.reveal() if parsed.password else None,
-                "allowed_mechs": "PLAIN",
-                "allow_insecure_mechs": True,
-            }
-        scheme = "amqps" if parsed.tls else "amqp"
-        target = f"{scheme}://{endpoint.host}:{endpoint.port}"
+        target, login = _proton_target(url)
         ready = threading.Event()
         pending: collections.deque[tuple[Any, Any]] = collections.deque()
 
