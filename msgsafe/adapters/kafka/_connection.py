@@ -42,6 +42,7 @@ from msgsafe.errors import (
     ConfirmTimeout,
     ConnectError,
     ConnectionLost,
+    InvalidMessage,
     MsgsafeError,
     ProtocolMismatch,
 )
@@ -314,6 +315,18 @@ class ProducerLink:
         return ConnectError(
             f"no broker reachable ({cause})", endpoint=self._target, message_id=message_id
         )
+
+    def produce_error(self, refused: Exception, message_id: str | None = None) -> MsgsafeError:
+        """The msgsafe error of a message librdkafka's ``produce()`` refused with
+        ``refused`` (a ``KafkaException``: its error, a fatal one having the producer
+        renewed; ``TypeError``/``ValueError``: :class:`InvalidMessage`). Not for
+        ``BufferError``: a full queue is waited out by the caller."""
+        if isinstance(refused, KafkaException):
+            err = refused.args[0]
+            if err.fatal():
+                self.fatal = err
+            return self.lane.error(err, message_id)
+        return InvalidMessage(f"kafka refused the message: {refused}", message_id=message_id)
 
     def delivery_error(self, err: KafkaError, message_id: str | None = None) -> MsgsafeError:
         """The msgsafe error of a failed delivery report; recreates the producer when its

@@ -53,7 +53,6 @@ from msgsafe.adapters.kafka.lane import BY_KEY, ID_HEADER, NOW, Headers, message
 from msgsafe.errors import (
     ClosedError,
     ConfirmTimeout,
-    InvalidMessage,
     MsgsafeError,
     OutboxError,
     Refused,
@@ -243,6 +242,7 @@ class DirectLane:
             too_large = size_error(envelope, self.size_limit, self.target)
             if too_large is not None:
                 return self._refused(destination, body, key, headers, message_id, too_large)
+        # ProducerLink.down, read with the caller's clock (no second clock read).
         if link.mismatch is not None or now < link.down_until:
             # Every broker is down (or speaks another protocol): not at message.timeout.ms.
             if self.store is None:
@@ -313,17 +313,11 @@ class DirectLane:
                     endpoint=self.target,
                     message_id=send.message_id,
                 )
-        error: MsgsafeError
-        if isinstance(refused, MsgsafeError):
-            error = refused
-        elif isinstance(refused, KafkaException):
-            if refused.args[0].fatal():
-                link.fatal = refused.args[0]
-            error = link.lane.error(refused.args[0], send.message_id)
-        else:
-            error = InvalidMessage(
-                f"kafka refused the message: {refused}", message_id=send.message_id
-            )
+        error = (
+            refused
+            if isinstance(refused, MsgsafeError)
+            else link.produce_error(refused, send.message_id)
+        )
         if isinstance(error, TransientError) and self.store is not None:
             # The safe way takes it to the outbox, behind what the lane holds.
             self._leave(purge=not isinstance(error, Refused))
@@ -370,7 +364,7 @@ class DirectLane:
             self.failures = [send for send in self.failures if not send.done()]
             if self.state != LANE_SAFE or self.closed or self.parked or self.failures:
                 return False
-            if link.mismatch is not None or _monotonic() < link.down_until:
+            if link.down:
                 return False
             self.state = LANE_DIRECT
             self._takes = True

@@ -37,7 +37,7 @@ from msgsafe.adapters.kafka.lane import (
     message_headers,
 )
 from msgsafe.endpoints import BrokerUrl
-from msgsafe.errors import ClosedError, InvalidMessage, MsgsafeError, Refused
+from msgsafe.errors import ClosedError, MsgsafeError, Refused
 from msgsafe.message import Batch, Envelope
 from msgsafe.ports import (
     BatchReport,
@@ -194,12 +194,8 @@ class KafkaTransport:
         except BufferError:
             # librdkafka's local queue is full (max_in_flight): wait for room, bounded.
             error = self._produce_when_room(topic, body, key, headers, report, message_id)
-        except KafkaException as exc:
-            if exc.args[0].fatal():
-                link.fatal = exc.args[0]
-            error = link.lane.error(exc.args[0], message_id)
-        except (TypeError, ValueError) as exc:
-            error = InvalidMessage(f"kafka refused the message: {exc}", message_id=message_id)
+        except (KafkaException, TypeError, ValueError) as exc:
+            error = link.produce_error(exc, message_id)
         if error is not None:
             # librdkafka did not take it: no report will come.
             link.open.discard(report)
@@ -282,11 +278,7 @@ class KafkaTransport:
             return self._produce_when_room(
                 batch.destination, batch.bodies[index], key, headers, chunk
             )
-        if isinstance(refused, KafkaException):
-            if refused.args[0].fatal():
-                self._link.fatal = refused.args[0]
-            return self._link.lane.error(refused.args[0])
-        return InvalidMessage(f"kafka refused the message: {refused}")
+        return self._link.produce_error(refused)
 
     def hurry(self, done: Future[Any], timeout: float) -> None:
         """Send what librdkafka holds without ``linger.ms``, then wait until ``done``
