@@ -255,7 +255,7 @@ class Settlement:
         try:
             store.put([item.envelope for item in batch])
         except Exception as exc:  # the writer thread must never die
-            error = _outbox_error(exc)
+            error = OutboxError.of(exc)
         self._settle_stored(batch, error)
         if error is None and self._wake_forwarder is not None:
             self._wake_forwarder()
@@ -308,7 +308,7 @@ class Settlement:
             try:
                 future = put(batch)
             except Exception as exc:
-                error = _outbox_error(exc)
+                error = OutboxError.of(exc)
         else:
             with self._lock:
                 detouring, in_transport = self._detouring, self._in_transport
@@ -322,7 +322,7 @@ class Settlement:
                 try:
                     future = put(batch)
                 except Exception as exc:
-                    error = _outbox_error(exc)
+                    error = OutboxError.of(exc)
         if future is None:
             self._batch_stored(send, keys, error)
         else:
@@ -332,7 +332,7 @@ class Settlement:
 
     def _batch_put_done(self, send: BatchSend, keys: list[bytes], future: Future[None]) -> None:
         exc = future.exception()
-        self._batch_stored(send, keys, None if exc is None else _outbox_error(exc))
+        self._batch_stored(send, keys, None if exc is None else OutboxError.of(exc))
 
     def _batch_stored(self, send: BatchSend, keys: list[bytes], error: OutboxError | None) -> None:
         self._arrived(keys)
@@ -648,10 +648,3 @@ def _next_value(counter: itertools.count[int]) -> int:
 
 def _send_order(item: StoreItem) -> tuple[int, int]:
     return item.send_order()
-
-
-def _outbox_error(exc: BaseException) -> OutboxError:
-    """``exc`` from a store's put as the error its messages fail with."""
-    if isinstance(exc, OutboxError):
-        return exc
-    return OutboxError(f"outbox write failed: {type(exc).__name__}: {exc}")

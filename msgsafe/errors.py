@@ -247,6 +247,14 @@ class Rejected(PermanentError):
 class OutboxError(MsgsafeError):
     """The local outbox could not store or read a message."""
 
+    @classmethod
+    def of(cls, exc: BaseException) -> OutboxError:
+        """What a store's put raised, as the error its messages fail with: itself when
+        it is an OutboxError, otherwise one that names it."""
+        if isinstance(exc, OutboxError):
+            return exc
+        return OutboxError(f"outbox write failed: {type(exc).__name__}: {exc}")
+
 
 class OutboxFull(OutboxError):
     """The outbox reached a bound (rows, bytes, age, or the disk): the message was not stored."""

@@ -319,10 +319,8 @@ class DirectPath:
             if self.store is None:  # pragma: no cover - failures are kept only with a store
                 raise OutboxError("no outbox")
             self.store.put([envelope for _, envelope in stored])
-        except OutboxError as exc:
-            error = exc
-        except Exception as exc:  # a store's own error: the callback gets it as _FS
-            error = OutboxError(f"outbox write failed: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # a store's own error too: the callback gets it as _FS
+            error = OutboxError.of(exc)
         for report, envelope in stored:
             kerr = None if error is None else kafka_error(error)
             msg = DeliveredMessage(

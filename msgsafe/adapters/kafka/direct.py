@@ -540,17 +540,15 @@ class DirectLane:
             return
         failures.sort(key=_seq)
         store = self.store
-        error: BaseException | None = None
+        error: OutboxError | None = None
         if store is None:
             for send in failures:
                 self._fail(send, self._overdue(send))
             return
         try:
             store.put([send.envelope() for send in failures])
-        except OutboxError as exc:
-            error = exc
-        except Exception as exc:  # a store's own error: the sends fail with it
-            error = OutboxError(f"outbox write failed: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # a store's own error too: the sends fail with it
+            error = OutboxError.of(exc)
         guarantees = self.guarantees
         settled = 0
         for send in failures:
@@ -565,7 +563,7 @@ class DirectLane:
                         )
                     )
                 else:
-                    send.set_exception(_with_id(error, send.message_id))
+                    send.set_exception(error.with_id(send.message_id))
             except InvalidStateError:
                 continue  # confirmed meanwhile: the stored copy is a known duplicate
             settled += 1
@@ -599,9 +597,3 @@ class DirectLane:
     def __repr__(self) -> str:
         state = {LANE_DIRECT: "direct", LANE_LEAVING: "leaving", LANE_SAFE: "safe"}[self.state]
         return f"DirectLane({self.target!r}, {state}, {self.sent} sent)"
-
-
-def _with_id(error: BaseException, message_id: str) -> BaseException:
-    if isinstance(error, MsgsafeError):
-        return error.with_id(message_id)
-    return error
