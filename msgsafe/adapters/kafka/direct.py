@@ -416,15 +416,8 @@ class DirectLane:
         store (or fail, without an outbox) what is still unanswered."""
         if self.wait(timeout):
             return
-        with self.lock:
-            self._purge = True
-            unsettled = self.state != LANE_LEAVING
-            if unsettled:
-                self.state = LANE_LEAVING
-                self._takes = False
-                self._settled.clear()
-                self.leaves += 1
-        if unsettled:
+        # Unsettled sends outside a leave: the lane is direct (a leave settles every one).
+        if self._start_leave(purge=True):
             self._leave_now()
         else:
             self._settled.wait(_PURGED_DRAIN_S + self.timeout)
@@ -484,17 +477,23 @@ class DirectLane:
     def _leave(self, *, purge: bool) -> None:
         """Start leaving DIRECT (see the module docstring) on the lane's own thread:
         this may run inside librdkafka's poll, which must not wait for a drain."""
+        if self._start_leave(purge=purge):
+            threading.Thread(target=self._leave_now, name="msgsafe-kafka-lane", daemon=True).start()
+
+    def _start_leave(self, *, purge: bool) -> bool:
+        """LANE_DIRECT to LANE_LEAVING (True: the caller runs :meth:`_leave_now`), or,
+        in another state, only note ``purge`` for the leave under way or the next."""
         with self.lock:
             if purge:
                 self._purge = True
             if self.state != LANE_DIRECT:
-                return
+                return False
             self.state = LANE_LEAVING
             self._takes = False
             self._settled.clear()
             self.leaves += 1
         log.info("kafka lane to %s: leaving for the safe way", self.target)
-        threading.Thread(target=self._leave_now, name="msgsafe-kafka-lane", daemon=True).start()
+        return True
 
     def _leave_now(self) -> None:
         try:
