@@ -53,7 +53,7 @@ from msgsafe._receipts import BatchPart, BatchSend, Send, StoreItem
 from msgsafe.errors import ClosedError, MsgsafeError, OutboxError, TransientError
 from msgsafe.message import Batch, Guarantee, Receipt, Status, new_receipt
 from msgsafe.ports import LANE_DIRECT, LANE_SAFE, Lane, OutboxStore
-from msgsafe.telemetry.stats import OutcomeCounts
+from msgsafe.telemetry.stats import OutcomeCounts, count_value
 
 __all__ = ["Route", "Settlement"]
 
@@ -492,7 +492,7 @@ class Settlement:
                 return False
             if self._refused_until > 0.0 and time.monotonic() < self._refused_until:
                 return False
-            issued = _next_value(self._tickets) - 1 - self._spent
+            issued = count_value(self._tickets) - 1 - self._spent
             if self._settled_total < issued:
                 return False
             return lane.reopen()
@@ -639,11 +639,6 @@ class Settlement:
                 self._wake_at = min(self._wake_at, target)
                 self._all_done.wait(left)
             return True
-
-
-def _next_value(counter: itertools.count[int]) -> int:
-    """The next value an ``itertools.count`` would return, without taking it."""
-    return int(counter.__reduce__()[1][0])
 
 
 def _send_order(item: StoreItem) -> tuple[int, int]:

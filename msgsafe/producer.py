@@ -599,9 +599,8 @@ class Producer:
         try:
             self._carry_out(self._settle.route(send, replayed=True), send, None)
         except BaseException as exc:
-            error = exc if isinstance(exc, MsgsafeError) else _error_of_exception(exc)
             if not send.done():
-                self._settle.resolve(send, None, error)
+                self._settle.resolve(send, None, _as_msgsafe(exc))
 
     def _carry_out(self, route: Route, result: Send, transaction: Any) -> None:
         """Carry out the settlement's ``route`` for ``result``. The common routes first."""
@@ -790,12 +789,13 @@ def _no_key(_key: bytes) -> bool:
     return False
 
 
-def _error_of_exception(exc: BaseException) -> MsgsafeError:
+def _as_msgsafe(exc: BaseException) -> MsgsafeError:
+    """``exc`` itself, or a MsgsafeError that names it (a receipt fails with these)."""
+    if isinstance(exc, MsgsafeError):
+        return exc
     return MsgsafeError(f"{type(exc).__name__}: {exc}")
 
 
 def _error_of(future: Future[None]) -> MsgsafeError | None:
     exc = future.exception()
-    if exc is None or isinstance(exc, MsgsafeError):
-        return exc
-    return MsgsafeError(f"{type(exc).__name__}: {exc}")
+    return None if exc is None else _as_msgsafe(exc)

@@ -29,6 +29,7 @@ __all__ = [
     "ConsumerStats",
     "ProducerCounters",
     "ProducerStats",
+    "count_value",
 ]
 
 _EMPTY: Mapping[str, int] = MappingProxyType({})
@@ -130,7 +131,7 @@ class TracedConnectionCounters(ConnectionCounters):
             log.warning("telemetry: cannot record a %s", kind, exc_info=True)
 
 
-def _value(counter: itertools.count[int]) -> int:
+def count_value(counter: itertools.count[int]) -> int:
     """The next value an ``itertools.count`` would return, without taking it."""
     return int(counter.__reduce__()[1][0])
 
@@ -175,7 +176,7 @@ class OutcomeCounts:
         """Confirmed, stored and failed so far."""
         with self.lock:
             failed = Counter(self.failed)
-        return _value(self._confirmed), _value(self._stored), failed
+        return count_value(self._confirmed), count_value(self._stored), failed
 
 
 class ProducerCounters(ConnectionCounters):
@@ -237,7 +238,7 @@ class ProducerCounters(ConnectionCounters):
             confirmed += self._confirmed
             stored += self._stored
             failed.update(self._failed)
-            sent = _value(self._sent) + self._batched
+            sent = count_value(self._sent) + self._batched
             count = self._latency_count
             mean = self._latency_sum / count if count else None
             longest = self._latency_max if count else None
