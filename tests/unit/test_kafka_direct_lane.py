@@ -57,7 +57,8 @@ def _settle(ledger: Ledger, futures: list[Future[msgsafe.Receipt]]) -> None:
         ledger.add_receipt(receipt.message_id, receipt.status)
 
 
-def _arrivals(url: str, ledger: Ledger) -> list[str]:
+def _check_arrivals(url: str, ledger: Ledger, name: str) -> None:
+    """Read the topic: every receipted id arrived, no unknown one, each key in order."""
     order: list[str] = []
     received = consume_until(
         url,
@@ -67,7 +68,9 @@ def _arrivals(url: str, ledger: Ledger) -> list[str]:
         on_delivery=lambda d: order.append(d.message_id or ""),
     )
     ledger.received.update(received)
-    return order
+    print(f"\n{ledger.report(name)}")
+    assert not ledger.lost and not ledger.unknown
+    assert ledger.order_violations(order) == []
 
 
 def test_healthy_single_sends_take_the_lane_confirmed_in_key_order(
@@ -92,10 +95,7 @@ def test_healthy_single_sends_take_the_lane_confirmed_in_key_order(
         assert lane.sent == 2200, "every single send went through the lane"
         stats = p.stats()
         assert (stats.sent, stats.confirmed, stats.in_flight) == (2200, 2200, 0)
-    order = _arrivals(kafka_mock.url, ledger)
-    print(f"\n{ledger.report('lane healthy')}")
-    assert not ledger.lost and not ledger.unknown
-    assert ledger.order_violations(order) == []
+    _check_arrivals(kafka_mock.url, ledger, "lane healthy")
 
 
 def test_a_failure_leaves_the_lane_stores_in_send_order_and_it_comes_back(
@@ -134,10 +134,7 @@ def test_a_failure_leaves_the_lane_stores_in_send_order_and_it_comes_back(
         wait_until(reopened, 15, "the lane to take sends again", interval=0.1)
         after += _send(p, ledger, 400, start=1000 + len(after))
         _settle(ledger, after)
-    order = _arrivals(kafka_mock.url, ledger)
-    print(f"\n{ledger.report('lane leaves and returns')} leaves={lane.leaves}")
-    assert not ledger.lost and not ledger.unknown
-    assert ledger.order_violations(order) == []
+    _check_arrivals(kafka_mock.url, ledger, f"lane leaves and returns, leaves={lane.leaves}")
 
 
 def test_a_keyed_batch_makes_the_lane_leave_unpurged_in_order(
@@ -167,9 +164,7 @@ def test_a_keyed_batch_makes_the_lane_leave_unpurged_in_order(
         lane = _lane(p)
         assert lane.leaves == 1 and lane.state == LANE_SAFE
         assert ledger.statuses["stored"] == 0, "a leave without a failure stores nothing"
-    order = _arrivals(kafka_mock.url, ledger)
-    assert not ledger.lost and not ledger.unknown
-    assert ledger.order_violations(order) == []
+    _check_arrivals(kafka_mock.url, ledger, "lane leaves for a keyed batch")
 
 
 def test_a_key_with_rows_in_the_outbox_queues_behind_them(
