@@ -160,9 +160,9 @@ class StoreCapabilities:
     #: forwarder overlaps its rounds.
     claim_rows: bool = False
     #: A :class:`BatchPutStore`: ``put_batch_async(batch)`` stores every message of a
-    #: :class:`~msgsafe.message.Batch` as ``put`` stores its envelopes, all or none, and
-    #: returns a future resolved once durable. During the refusal pause the producer then
-    #: stores a batch whole.
+    #: :class:`~msgsafe.message.Batch` as ``put`` stores its envelopes (each key's in
+    #: batch order), all or none, and returns a future resolved once durable. During the
+    #: refusal pause the producer then stores a batch whole.
     put_batch_async: bool = False
     #: A :class:`TransactionalStore`: ``put_in(connection, envelopes)`` writes through the
     #: caller's connection inside its open transaction (``send(transaction=...)``).
@@ -565,9 +565,11 @@ class BatchPutStore(OutboxStore, Protocol):
     """A store that takes a whole :class:`~msgsafe.message.Batch` in one put
     (``capabilities.put_batch_async``).
 
-    ``put_batch_async(batch)`` stores ``batch.envelope(i)`` for every ``i``, in batch
-    order, all or none, with ``put``'s bounds, and returns at once; the future resolves
-    once every row is durable, or fails with the error ``put`` would have raised.
+    ``put_batch_async(batch)`` stores ``batch.envelope(i)`` for every ``i``, each key's
+    messages in batch order (the store may keep a key's messages together, ahead of a
+    later key's: only per-key order is promised), all or none, with ``put``'s bounds,
+    and returns at once; the future resolves once every message is durable, or fails
+    with the error ``put`` would have raised.
     """
 
     def put_batch_async(self, batch: Batch) -> Future[None]:

@@ -20,26 +20,33 @@ next rows, so that the next round goes out while the last is answered. The calle
 such a key with the number of its rows it holds; the claim follows the key only when
 that is every held row of the key (no other forwarder holds one). A key that failed is
 never followed: its failed rows are re-sent first, once nothing of the key is held.
+
+A block (:mod:`msgsafe.outbox._blocks`) is claimed whole: its members, each a claimed
+row with its own ``seq``, id and body, are held like rows, and :attr:`Claims.blocks`
+remembers which block each came from until it is settled, so that the store removes a
+block whose members were all confirmed in one statement (or splits it).
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
 from msgsafe.message import Envelope
+from msgsafe.outbox._blocks import members
 from msgsafe.outbox._rows import ClaimedRows
 
 __all__ = ["Claims", "count_keys", "subtract_counts"]
 
 #: Ready rows in queue order, without the keys whose earliest row waits for a retry time.
 _READY = """
-SELECT o.seq, o.id, o.destination, o.key, o.headers, o.body, o.created_at FROM outbox AS o
+SELECT o.seq, o.id, o.destination, o.key, o.headers, o.body, o.created_at, o.count, o.block
+FROM outbox AS o
 WHERE o.ready_at <= :now AND o.seq > :floor
   AND (o.key IS NULL OR NOT EXISTS (
       SELECT 1 FROM outbox AS p
@@ -50,11 +57,11 @@ ORDER BY o.seq
 #: Lower than every seq (adopted rows get negative ones: see msgsafe.outbox.discovery).
 _NO_SEQ = -(1 << 63)
 
-#: How many rows up to a seq are ready: every held row is one of them (a held row is in
-#: the file and was ready when claimed; whatever removes or releases a row ends its
-#: lease in the same step), so the count equals the held rows exactly when no unheld
-#: row up to that seq is ready.
-_READY_UPTO = "SELECT count(*) FROM outbox WHERE seq <= ? AND ready_at <= ?"
+#: How many messages up to a seq are ready: every held one is one of them (a held row is
+#: in the file and was ready when claimed; whatever removes or releases a row ends its
+#: lease in the same step), so the count equals the held messages exactly when no unheld
+#: message up to that seq is ready. (A block's members are all at or below its seq.)
+_READY_UPTO = "SELECT coalesce(sum(count), 0) FROM outbox WHERE seq <= ? AND ready_at <= ?"
 
 #: Rows passed over (held, or behind a held row of their key) before a claim returns what
 #: it found: several forwarders sharing a store must not each scan a hot key's backlog.
@@ -86,11 +93,17 @@ def subtract_counts(keys: dict[bytes, int], counts: Mapping[bytes, int]) -> None
 
 
 class Claims:
-    """The leases of one store's rows: ``id -> (key, until)``. Thread-safe."""
+    """The leases of one store's rows: ``id -> (key, until)``. Thread-safe.
+
+    ``blocks``: the block ``seq`` of every claimed member of a block, until the member
+    is settled (:meth:`drop`) or its block split (:meth:`unblock`); read and written by
+    the store's writer thread only.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: dict[str, tuple[bytes | None, float]] = {}
+        self.blocks: dict[str, int] = {}
         self._keys: dict[bytes, int] = {}
         #: No lease ends before this (a lower bound): most claims skip the expiry scan.
         self._soonest = float("inf")
@@ -122,18 +135,27 @@ class Claims:
             if not held or (floor > _NO_SEQ and len(go_on) == len(keys)):
                 # Nothing held (the last round was settled), or only rows at or below the
                 # floor, of keys all followed (a drain's round in flight): no filter.
-                taken.extend(rows.fetchmany(limit))
+                for row in rows:
+                    if row[8] is None:
+                        taken.append(row)
+                    else:
+                        self._take_block(row, taken)
+                    if len(taken) >= limit:
+                        break
             else:
                 # Every held row is at or below the floor: passed, when the scan starts
                 # above it.
                 passed = dict(go_on) if floor > _NO_SEQ else dict.fromkeys(go_on, 0)
                 for row in rows:
                     key = row[3]
-                    if row[1] in held:
+                    if row[1] in held:  # a block's first member: the block is held
                         if key in passed:
-                            passed[key] += 1
+                            passed[key] += row[7]
                     elif key is None or key not in keys or passed.get(key) == go_on.get(key, -1):
-                        taken.append(row)
+                        if row[8] is None:
+                            taken.append(row)
+                        else:
+                            self._take_block(row, taken)
                         if len(taken) >= limit:
                             break
                         continue
@@ -157,13 +179,27 @@ class Claims:
         (ready,) = conn.execute(_READY_UPTO, (top, now)).fetchone()
         return top if ready == len(held) else _NO_SEQ
 
+    def _take_block(self, row: Sequence[Any], taken: list[Any]) -> None:
+        """Add block ``row``'s members to ``taken`` and remember their block."""
+        claimed = members(row, row[8])
+        taken += claimed
+        self.blocks.update(zip(map(_ID, claimed), repeat(row[0])))
+
     def drop(self, ids: Iterable[str]) -> None:
         """The rows ``ids`` were settled (removed, released or quarantined)."""
+        ids = list(ids)
         with self._lock:
             self._unhold(ids)
+        if self.blocks:
+            self.unblock(ids)
+
+    def unblock(self, ids: Iterable[str]) -> None:
+        """Members ``ids`` are no longer in a block (it was split or removed)."""
+        deque(map(self.blocks.pop, ids, repeat(None)), maxlen=0)  # a C loop
 
     def clear(self) -> None:
         """Forget every lease (the file is being reopened or replaced)."""
+        self.blocks.clear()
         with self._lock:
             self._held.clear()
             self._keys.clear()

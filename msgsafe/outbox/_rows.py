@@ -16,6 +16,7 @@ import re
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from operator import attrgetter, itemgetter
 from types import MappingProxyType
 from typing import Any, overload
@@ -23,11 +24,13 @@ from typing import Any, overload
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError
 from msgsafe.message import Batch, Envelope, new_envelope
+from msgsafe.outbox._blocks import pack, plan
 
 __all__ = [
     "COLUMNS",
     "ClaimedRows",
     "INSERT",
+    "INSERT_AT",
     "OutboxEntry",
     "QuarantinedEntry",
     "Rows",
@@ -137,11 +140,11 @@ class ClaimedRows(Sequence[Envelope]):
     def __getitem__(self, index: slice) -> list[Envelope]: ...
     def __getitem__(self, index: int | slice) -> Envelope | list[Envelope]:
         if isinstance(index, slice):
-            return [make_envelope(*row[1:]) for row in self.rows[index]]
-        return make_envelope(*self.rows[index][1:])
+            return [make_envelope(*row[1:7]) for row in self.rows[index]]
+        return make_envelope(*self.rows[index][1:7])
 
     def __iter__(self) -> Iterator[Envelope]:
-        return (make_envelope(*row[1:]) for row in self.rows)
+        return (make_envelope(*row[1:7]) for row in self.rows)
 
     def headers_text(self) -> list[str | None]:
         """Every row's ``headers`` column as stored (see :func:`row_headers`)."""
@@ -226,15 +229,42 @@ INSERT = (
 _MULTI_ROWS = 1000  # rows per INSERT statement: 8000 parameters, well under SQLite's limit
 COLUMNS = 8  # parameters per row of INSERT
 
+#: The insert of a put that holds blocks (see msgsafe.outbox._blocks): every row with
+#: its ``seq`` given, so that a block reserves its members' places in the queue.
+INSERT_AT = (
+    "INSERT OR IGNORE INTO outbox (seq, id, target, destination, key, headers, body,"
+    " created_at, size, count, block) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+COLUMNS_AT = 11  # parameters per row of INSERT_AT
+
 
 @dataclass(slots=True)
 class Rows:
-    """One put's rows as the flat parameter list of a multi-row INSERT."""
+    """One put's rows as the flat parameter list of a multi-row INSERT.
+
+    ``spans`` is None for plain rows (:data:`INSERT`, one row a message); for a put that
+    holds blocks it is each row's member count, in row order (:data:`INSERT_AT`, whose
+    ``seq`` parameters the writer fills in: :meth:`place`).
+    """
 
     params: list[object]
     count: int
     size: int
-    keys: list[bytes]  #: the rows' keys (None left out), repeats included
+    keys: list[bytes]  #: the messages' keys (None left out), repeats included
+    spans: list[int] | None = None
+
+    @property
+    def inserts(self) -> int:
+        """How many rows the put inserts (fewer than ``count`` where blocks are)."""
+        return self.count if self.spans is None else len(self.spans)
+
+    def place(self, top: int) -> int:
+        """Give the rows of a put with blocks their ``seq`` after ``top`` (the highest in
+        the file), each block the last of the values it reserves; returns the new top."""
+        assert self.spans is not None
+        ends = list(accumulate(self.spans, initial=top))
+        self.params[0::COLUMNS_AT] = ends[1:]
+        return ends[-1]
 
 
 @functools.lru_cache(maxsize=8)
@@ -242,20 +272,27 @@ def _multi_insert(rows: int) -> str:
     return INSERT + ", (?, ?, ?, ?, ?, ?, ?, ?)" * (rows - 1)
 
 
-def insert_rows(conn: sqlite3.Connection, params: list[object]) -> None:
-    """Insert rows given as one flat parameter list with few statements.
+@functools.lru_cache(maxsize=8)
+def _multi_insert_at(rows: int) -> str:
+    return INSERT_AT + ", (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" * (rows - 1)
+
+
+def insert_rows(conn: sqlite3.Connection, params: list[object], *, at: bool = False) -> None:
+    """Insert rows given as one flat parameter list with few statements (``at``: the
+    parameters of :data:`INSERT_AT`).
 
     NOTE: ``executemany`` gives up the GIL around every row's step and must win it back
     each time; with busy sender threads that hand-off dominates (a 1000-row put took
     ~150 ms instead of ~7 ms). Multi-row ``VALUES`` steps once per chunk.
     """
-    step = _MULTI_ROWS * COLUMNS
+    columns, statement = (COLUMNS_AT, _multi_insert_at) if at else (COLUMNS, _multi_insert)
+    step = _MULTI_ROWS * columns
     if len(params) <= step:
-        conn.execute(_multi_insert(len(params) // COLUMNS), params)
+        conn.execute(statement(len(params) // columns), params)
         return
     for start in range(0, len(params), step):
         chunk = params[start : start + step]
-        conn.execute(_multi_insert(len(chunk) // COLUMNS), chunk)
+        conn.execute(statement(len(chunk) // columns), chunk)
 
 
 def envelope_rows(envelopes: Sequence[Envelope], target: str) -> Rows:
@@ -295,9 +332,13 @@ def envelope_rows(envelopes: Sequence[Envelope], target: str) -> Rows:
 
 
 def batch_rows(batch: Batch, target: str) -> Rows:
-    """Every message of ``batch`` as the rows of a put for ``target``: the same rows
-    :func:`envelope_rows` makes of ``batch.envelope(i)`` for each ``i``, built from the
+    """Every message of ``batch`` as the rows of a put for ``target``: the messages of one
+    key as blocks (:mod:`msgsafe.outbox._blocks`), or where no key has two, the same rows
+    :func:`envelope_rows` makes of ``batch.envelope(i)`` for each ``i``; built from the
     batch's columns without an envelope per message."""
+    units = plan(batch)
+    if units is not None:
+        return _block_rows(batch, target, units)
     count = len(batch)
     headers = encode_headers(batch.headers)
     extra = sum(len(k) + len(v) for k, v in batch.headers.items())
@@ -320,3 +361,33 @@ def batch_rows(batch: Batch, target: str) -> Rows:
         keys = [key for key in batch.keys if key is not None]
     params[7::COLUMNS] = sizes
     return Rows(params, count, sum(sizes), keys)
+
+
+def _block_rows(batch: Batch, target: str, units: list[tuple[bytes | None, list[int]]]) -> Rows:
+    """``batch`` as the rows of a put with blocks, one row per unit of :func:`plan`."""
+    headers = encode_headers(batch.headers)
+    extra = sum(len(k) + len(v) for k, v in batch.headers.items())
+    ids, bodies, created = batch.message_ids, batch.bodies, batch.created_at
+    destination = batch.destination
+    params: list[object] = []
+    spans: list[int] = []
+    total = 0
+    for key, indexes in units:
+        fixed = extra + (0 if key is None else len(key))
+        if len(indexes) == 1:
+            (index,) = indexes
+            body = bodies[index]
+            size = len(body) + fixed
+            params += (0, ids[index], target, destination, key, headers, body, created, size)
+            params += (1, None)
+        else:
+            member_ids = [ids[i] for i in indexes]
+            member_bodies = [bodies[i] for i in indexes]
+            size = sum(map(len, member_bodies)) + fixed * len(indexes)
+            block = pack(member_ids, member_bodies)
+            params += (0, member_ids[0], target, destination, key, headers, b"", created, size)
+            params += (len(indexes), block)
+        spans.append(len(indexes))
+        total += size
+    keys = [] if batch.keys is None else [key for key in batch.keys if key is not None]
+    return Rows(params, len(batch), total, keys, spans)

@@ -79,6 +79,13 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             quarantined_at REAL NOT NULL
         )""",
     ),
+    (
+        # Blocks (msgsafe.outbox._blocks): a row may hold the members of one stored
+        # batch of one key. Adding columns rewrites nothing: rows written before read
+        # as plain rows (count 1, no block).
+        "ALTER TABLE outbox ADD COLUMN count INTEGER NOT NULL DEFAULT 1",
+        "ALTER TABLE outbox ADD COLUMN block BLOB",
+    ),
 )
 
 SCHEMA_VERSION = len(_MIGRATIONS)

@@ -16,9 +16,11 @@ from __future__ import annotations
 import builtins
 import sqlite3
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import Any, Literal
 
 from msgsafe.errors import OutboxError
+from msgsafe.outbox._blocks import block_members, split, unpack
 from msgsafe.outbox._rows import OutboxEntry, QuarantinedEntry, make_envelope
 from msgsafe.outbox._tally import Tally
 from msgsafe.outbox._writer import Handler, HandlerResult
@@ -32,9 +34,10 @@ Run = Callable[[Handler, object], Any]
 #: Ids one replay or purge may name (SQLite's variable limit is 32766).
 _MAX_SELECTED = 30000
 
+#: Waiting rows in queue order; a block (msgsafe.outbox._blocks) stands for its members.
 _WAITING = (
     "SELECT id, destination, key, headers, body, created_at, target, attempts,"
-    " ready_at, last_error FROM outbox ORDER BY seq LIMIT ? OFFSET ?"
+    " ready_at, last_error, count, block FROM outbox ORDER BY seq"
 )
 _QUARANTINED = (
     "SELECT id, destination, key, headers, body, created_at, target, attempts,"
@@ -121,6 +124,9 @@ class OperatorQueries:
         never lost; an id already here is not added).
         """
         waiting = quarantined = 0
+        # Rows move one by one, with their own ids: the other file's blocks first become
+        # their members' rows.
+        other._call(_split_all, None)
         while rows := other._read(_take_rows, ("outbox", "seq DESC", _WAITING_COLUMNS)):
             rows.reverse()
             self._call(_prepend_waiting, rows)
@@ -150,6 +156,11 @@ class OperatorQueries:
                         f"SELECT id FROM {table} WHERE id IN ({marks})", chunk
                     ):
                         found[found_id] = place
+            wanted = set(ids) - found.keys()
+            if wanted:
+                for _, member_ids in block_members(conn):
+                    for member in wanted.intersection(member_ids):
+                        found[member] = "waiting"
             results.append(found)
         return HandlerResult(results)
 
@@ -161,13 +172,13 @@ class OperatorQueries:
     def _waiting_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
     ) -> HandlerResult[object]:
-        return _entries(conn, payloads, _WAITING, OutboxEntry)
+        return HandlerResult([_waiting(conn, limit, offset) for limit, offset in payloads])
 
     def _destinations_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
     ) -> HandlerResult[object]:
         query = (
-            "SELECT destination, COUNT(*) FROM outbox GROUP BY destination"
+            "SELECT destination, sum(count) FROM outbox GROUP BY destination"
             " ORDER BY 2 DESC, 1 LIMIT ?"
         )
         return HandlerResult(
@@ -222,12 +233,22 @@ class OperatorQueries:
             )
             dropped_q += n
             if waiting:
+                if selected:
+                    # A purged member leaves its block: the block becomes rows first.
+                    chosen = set(selected)
+                    split(conn, [seq for seq, ids in block_members(conn) if chosen & set(ids)])
                 gone = conn.execute(
-                    "DELETE FROM outbox" + where + " RETURNING id, key, size", params
+                    "DELETE FROM outbox" + where + " RETURNING id, key, size, count, block",
+                    params,
                 ).fetchall()
-                removed.extend((key, size) for _, key, size in gone)
-                purged.extend(message_id for message_id, _, _ in gone)
-                n += len(gone)
+                for message_id, key, size, count, block in gone:
+                    removed.append((key, size))
+                    if block is None:
+                        purged.append(message_id)
+                    else:
+                        removed.extend(repeat((key, 0), count - 1))
+                        purged.extend(unpack(block)[0])
+                    n += count
             results.append(n)
         # The leases of purged rows end with them: a lease left behind would hold back
         # its key (nothing else of that key is claimed) until it ran out.
@@ -240,7 +261,7 @@ def _entries(
     conn: sqlite3.Connection,
     payloads: builtins.list[Any],
     query: str,
-    entry: type[OutboxEntry] | type[QuarantinedEntry],
+    entry: type[QuarantinedEntry],
 ) -> HandlerResult[object]:
     """One page of entries per ``(limit, offset)`` payload."""
     results: builtins.list[object] = []
@@ -252,6 +273,37 @@ def _entries(
             ]
         )
     return HandlerResult(results)
+
+
+def _waiting(conn: sqlite3.Connection, limit: int, offset: int) -> builtins.list[OutboxEntry]:
+    """One page of waiting messages, a block's members each an entry of its own."""
+    page: builtins.list[OutboxEntry] = []
+    position = 0
+    for row in conn.execute(_WAITING):
+        if len(page) >= limit:
+            break
+        count, block = row[10], row[11]
+        if position + count <= offset:
+            position += count
+            continue
+        shared = (row[6], row[7], row[8], row[9])
+        if block is None:
+            page.append(OutboxEntry(make_envelope(*row[:6]), *shared))
+            position += 1
+            continue
+        destination, key, headers, created_at = row[1], row[2], row[3], row[5]
+        for member_id, body in zip(*unpack(block), strict=True):
+            if position >= offset and len(page) < limit:
+                envelope = make_envelope(member_id, destination, key, headers, body, created_at)
+                page.append(OutboxEntry(envelope, *shared))
+            position += 1
+    return page
+
+
+def _split_all(conn: sqlite3.Connection, payloads: builtins.list[Any]) -> HandlerResult[object]:
+    """Every block of the file as its members' rows."""
+    split(conn, [seq for seq, _ in block_members(conn)])
+    return HandlerResult([None] * len(payloads))
 
 
 def _selection(ids: builtins.list[str] | None) -> tuple[str, tuple[str, ...]]:
@@ -287,7 +339,8 @@ def _prepend_waiting(
     """Insert waiting rows (ascending) ahead of every row of the queue: ``seq`` values
     below the smallest one present (negative ones are fine for SQLite)."""
     for rows in payloads:
-        first = conn.execute("SELECT min(seq) FROM outbox").fetchone()[0]
+        # A block's members take the seq values up to its own (msgsafe.outbox._blocks).
+        first = conn.execute("SELECT min(seq - count + 1) FROM outbox").fetchone()[0]
         base = (1 if first is None else int(first)) - len(rows)
         conn.executemany(
             f"INSERT OR IGNORE INTO outbox (seq, {_WAITING_COLUMNS})"

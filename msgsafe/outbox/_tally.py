@@ -145,12 +145,15 @@ class Tally:
 
 
 def recount(conn: sqlite3.Connection) -> Recount:
-    """The waiting rows, their payload bytes and the waiting rows per key, from the file."""
-    rows, size = conn.execute("SELECT count(*), coalesce(sum(size), 0) FROM outbox").fetchone()
+    """The waiting messages, their payload bytes and the waiting messages per key, from
+    the file (a block counts its members: see msgsafe.outbox._blocks)."""
+    rows, size = conn.execute(
+        "SELECT coalesce(sum(count), 0), coalesce(sum(size), 0) FROM outbox"
+    ).fetchone()
     keys = {
         bytes(key): n
         for key, n in conn.execute(
-            "SELECT key, count(*) FROM outbox WHERE key IS NOT NULL GROUP BY key"
+            "SELECT key, sum(count) FROM outbox WHERE key IS NOT NULL GROUP BY key"
         )
     }
     return rows, size, keys

@@ -41,6 +41,9 @@ __all__ = ["OutboxFile", "adopt_strays", "default_dir", "find_outboxes", "peek"]
 
 log = logging.getLogger("msgsafe.outbox")
 
+#: The schema version from which a waiting row may be a block (msgsafe.outbox._schema).
+_BLOCKS_SINCE = 2
+
 #: ``ok``: read; ``in use``: held by a live process (or this one); ``damaged``: not
 #: readable as an outbox (see ``error``); ``foreign``: some other SQLite file.
 State = Literal["ok", "in use", "damaged", "foreign"]
@@ -122,7 +125,12 @@ def _read(path: Path, count: bool = True) -> OutboxFile:
         if conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
             return OutboxFile(path, "foreign", error="not an msgsafe outbox")
         how = "SELECT count(*) FROM {}" if count else "SELECT EXISTS (SELECT 1 FROM {})"
-        waiting = conn.execute(how.format("outbox")).fetchone()[0]
+        blocks = conn.execute("PRAGMA user_version").fetchone()[0] >= _BLOCKS_SINCE
+        if count and blocks:
+            # A block row stands for its members (msgsafe.outbox._blocks).
+            waiting = conn.execute("SELECT coalesce(sum(count), 0) FROM outbox").fetchone()[0]
+        else:
+            waiting = conn.execute(how.format("outbox")).fetchone()[0]
         quarantined = conn.execute(how.format("quarantine")).fetchone()[0]
         row = conn.execute("SELECT target FROM outbox ORDER BY seq DESC LIMIT 1").fetchone()
         if row is None:

@@ -9,7 +9,10 @@ only if it has the outbox's columns, consistent with each other (text where text
 belongs, the stored size equal to the size of body, key and headers, the headers
 valid JSON); everything else is counted and left out. Waiting messages keep their
 order, ids and attempts; quarantined ones stay quarantined. An id found twice (a stale
-copy of a page) is copied once.
+copy of a page) is copied once. A block (the members of one stored batch in one row:
+:mod:`msgsafe.outbox._blocks`) is copied as its members' rows, each at its own place
+in the queue, when it unpacks whole and its members are consistent; otherwise it is one
+damaged record.
 
 A write-ahead log next to the file (``PATH-wal``, left by a process that died) is
 applied to a scratch copy first, so messages committed only there are found too.
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from msgsafe.errors import ConfigurationError, OutboxLocked
+from msgsafe.outbox._blocks import BlockError, header_extra, member_sizes, unpack
 from msgsafe.outbox._pages import TABLE_LEAF, Cell, PageFile, Value
 from msgsafe.outbox._schema import take_lock
 from msgsafe.outbox._writer import HandlerResult
@@ -191,12 +195,12 @@ class _Batch:
     def add(self, cell: Cell, table: str | None) -> bool:
         """Queue ``cell`` as a row of ``table`` (None: whichever its columns fit);
         False when it is not a consistent message."""
-        row = _message(cell.rowid, cell.values, table)
-        if row is None:
+        rows = _messages(cell.rowid, cell.values, table)
+        if rows is None:
             return False
-        kind, values = row
-        self._rows[kind].append(values)
-        self._bytes += len(values[6])
+        for kind, values in rows:
+            self._rows[kind].append(values)
+            self._bytes += len(values[6])
         if sum(map(len, self._rows.values())) >= _CHUNK_ROWS or self._bytes >= _CHUNK_BYTES:
             self.flush()
         return True
@@ -213,6 +217,56 @@ def _insert(conn: sqlite3.Connection, payloads: list[Any]) -> HandlerResult[obje
         conn.executemany(_WAITING, rows["outbox"])
         conn.executemany(_QUARANTINED, rows["quarantine"])
     return HandlerResult([None] * len(payloads))
+
+
+def _messages(
+    rowid: int, values: tuple[Value, ...], table: str | None
+) -> list[tuple[str, tuple[Any, ...]]] | None:
+    """``(table, row)`` for each message of a record, ready to insert, or None when the
+    record is not one message or one whole block of messages. A waiting row written
+    since blocks exist has two more columns: its member count and its block."""
+    if len(values) == 14:
+        if table == "quarantine":
+            return None
+        count, block = values[12], values[13]
+        if block is None:
+            row = _message(rowid, values[:12], "outbox") if count == 1 else None
+            return None if row is None else [row]
+        if not isinstance(block, bytes) or not isinstance(count, int):
+            return None
+        return _block(rowid, values[:12], count, block)
+    row = _message(rowid, values, table)
+    return None if row is None else [row]
+
+
+def _block(
+    rowid: int, values: tuple[Value, ...], count: int, block: bytes
+) -> list[tuple[str, tuple[Any, ...]]] | None:
+    """A block's members as waiting rows (see :func:`_messages`), each checked as its
+    own row would be; None unless all of them are."""
+    key, headers, body, size = values[4], values[5], values[6], values[8]
+    if body != b"" or not isinstance(size, int):
+        return None
+    if headers is not None and not isinstance(headers, str):
+        return None
+    if key is not None and not isinstance(key, bytes):
+        return None
+    try:
+        ids, bodies = unpack(block)
+        sizes = member_sizes(bodies, key, header_extra(headers))
+    except (BlockError, ValueError, AttributeError, TypeError, IndexError):
+        return None
+    if len(ids) != count or sum(sizes) != size or ids[0] != values[1]:
+        return None
+    first = rowid - count + 1
+    rows: list[tuple[str, tuple[Any, ...]]] = []
+    for i, (mid, member, member_size) in enumerate(zip(ids, bodies, sizes, strict=True)):
+        member_values = (None, mid, *values[2:6], member, values[7], member_size, *values[9:])
+        row = _message(first + i, member_values, "outbox")
+        if row is None:
+            return None
+        rows.append(row)
+    return rows
 
 
 def _message(

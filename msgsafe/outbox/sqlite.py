@@ -26,9 +26,10 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from functools import partial
+from itertools import repeat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +43,7 @@ from msgsafe.errors import (
     OutboxLocked,
 )
 from msgsafe.message import Batch, Envelope
+from msgsafe.outbox._blocks import split
 from msgsafe.outbox._claims import Claims
 from msgsafe.outbox._rows import (
     INSERT,
@@ -450,16 +452,22 @@ class SqliteOutbox:
         too_old = tally.oldest_at is not None and now - tally.oldest_at > self.max_age_s
         results: builtins.list[object] = []
         accepted: builtins.list[Rows] = []
-        count = 0
+        count = inserts = 0
         before = conn.total_changes
         for batch in payloads:
             if too_old or rows + batch.count > self.max_rows or size + batch.size > self.max_bytes:
                 results.append(self._full(too_old, rows + batch.count > self.max_rows))
                 continue
-            if batch.count == 1:
+            if batch.spans is not None:
+                # Blocks reserve their members' seq values above every row in the file.
+                (top,) = conn.execute("SELECT coalesce(max(seq), 0) FROM outbox").fetchone()
+                batch.place(top)
+                insert_rows(conn, batch.params, at=True)
+            elif batch.count == 1:
                 conn.execute(INSERT, batch.params)
             else:
                 insert_rows(conn, batch.params)
+            inserts += batch.inserts
             rows += batch.count
             size += batch.size
             count += batch.count
@@ -469,7 +477,7 @@ class SqliteOutbox:
             return HandlerResult(results)
         # Fewer changes than rows: some ids were already stored (a put repeated after an
         # unknown outcome); the stored copies stay and the counters are rebuilt from the file.
-        if conn.total_changes - before != count:
+        if conn.total_changes - before != inserts:
             return HandlerResult(results, partial(tally.replaced, recount(conn)))
         return HandlerResult(results, partial(tally.added, accepted))
 
@@ -495,15 +503,91 @@ class SqliteOutbox:
     ) -> HandlerResult[object]:
         ids = [i for payload in payloads for i in payload]
         removed: builtins.list[tuple[bytes | None, int]] = []
-        for start in range(0, len(ids), _IN_CHUNK):
-            chunk = ids[start : start + _IN_CHUNK]
+        plain, split_ids, whole = self._settle_blocks(conn, ids, removed)
+        for start in range(0, len(plain), _IN_CHUNK):
+            chunk = plain[start : start + _IN_CHUNK]
             marks = ",".join("?" * len(chunk))
             removed.extend(
                 conn.execute(
                     f"DELETE FROM outbox WHERE id IN ({marks}) RETURNING key, size", chunk
                 ).fetchall()
             )
-        return HandlerResult([None] * len(payloads), self._tally.removed(removed, settled=ids))
+        after = self._tally.removed(removed, settled=ids)
+        return HandlerResult(
+            [None] * len(payloads), self._split_after(conn, split_ids, whole, after)
+        )
+
+    def _settle_blocks(
+        self,
+        conn: sqlite3.Connection,
+        ids: builtins.list[str],
+        removed: builtins.list[tuple[bytes | None, int]],
+    ) -> tuple[builtins.list[str], builtins.list[str], bool]:
+        """Remove the blocks whose every member is in ``ids`` (one statement each), split
+        those of which only some are; returns the ids to remove as rows, the ids of the
+        split blocks' members and whether every split wrote all its members."""
+        blocks = self._claims.blocks
+        if not blocks:
+            return ids, [], True
+        plain: builtins.list[str] = []
+        members: dict[int, builtins.list[str]] = {}
+        for message_id in ids:
+            seq = blocks.get(message_id)
+            if seq is None:
+                plain.append(message_id)
+            else:
+                members.setdefault(seq, []).append(message_id)
+        partial_seqs: builtins.list[int] = []
+        for seq, settled in members.items():
+            gone = conn.execute(
+                "DELETE FROM outbox WHERE seq = ? AND block IS NOT NULL AND count = ?"
+                " RETURNING key, size, count",
+                (seq, len(set(settled))),
+            ).fetchone()
+            if gone is None:
+                # Some members only (or the block is split already): as rows.
+                partial_seqs.append(seq)
+                plain += settled
+            else:
+                key, size, count = gone
+                removed.append((key, size))
+                removed.extend(repeat((key, 0), count - 1))
+        split_ids, whole = split(conn, partial_seqs)
+        return plain, split_ids, whole
+
+    def _split_after(
+        self,
+        conn: sqlite3.Connection,
+        split_ids: builtins.list[str],
+        whole: bool,
+        after: Callable[[], None] | None,
+    ) -> Callable[[], None] | None:
+        """``after``, preceded by forgetting the blocks of ``split_ids`` and, when a split
+        found an id stored twice, followed by a recount of the file."""
+        if not split_ids:
+            return after
+        recount_after = None if whole else self._tally.recounted(conn)
+        claims = self._claims
+
+        def apply() -> None:
+            claims.unblock(split_ids)
+            if after is not None:
+                after()
+            if recount_after is not None:
+                recount_after()
+
+        return apply
+
+    def _split_members(
+        self, conn: sqlite3.Connection, ids: Iterable[str]
+    ) -> tuple[builtins.list[str], bool]:
+        """Split the blocks that ``ids`` are members of: one message needs handling on its
+        own (a retry, the quarantine)."""
+        blocks = self._claims.blocks
+        if not blocks:
+            return [], True
+        seqs = {blocks[i] for i in ids if i in blocks}
+        return split(conn, sorted(seqs))
 
     def _failed_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
@@ -511,6 +595,7 @@ class SqliteOutbox:
         removed: builtins.list[tuple[bytes | None, int]] = []
         quarantined = 0
         now = self._clock()
+        split_ids, whole = self._split_members(conn, [payload[0] for payload in payloads])
         for payload in payloads:
             message_id, error, retry_at = payload
             if retry_at is not None:
@@ -534,9 +619,9 @@ class SqliteOutbox:
                     ).fetchall()
                 )
         settled = [payload[0] for payload in payloads]
+        after = self._tally.removed(removed, quarantined=quarantined, settled=settled)
         return HandlerResult(
-            [None] * len(payloads),
-            self._tally.removed(removed, quarantined=quarantined, settled=settled),
+            [None] * len(payloads), self._split_after(conn, split_ids, whole, after)
         )
 
     def _recount_batch(
@@ -550,10 +635,11 @@ class SqliteOutbox:
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
     ) -> HandlerResult[object]:
         items = [item for payload in payloads for item in payload]
+        ids = [i[2] for i in items]
+        split_ids, whole = self._split_members(conn, ids)
         conn.executemany(RETRY_LATER, items)
-        return HandlerResult(
-            [None] * len(payloads), partial(self._claims.drop, [i[2] for i in items])
-        )
+        after = self._split_after(conn, split_ids, whole, partial(self._claims.drop, ids))
+        return HandlerResult([None] * len(payloads), after)
 
     def _oldest_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]

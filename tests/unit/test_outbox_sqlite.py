@@ -16,6 +16,7 @@ from msgsafe.errors import ClosedError, ConfigurationError, OutboxFull
 from msgsafe.message import Batch, Envelope
 from msgsafe.outbox import SqliteOutbox, default_path, open_store
 from msgsafe.outbox._rows import batch_rows, envelope_rows
+from msgsafe.outbox._schema import SCHEMA_VERSION
 from msgsafe.ports import OutboxStore
 from tests.support.clock import Clock
 
@@ -272,7 +273,7 @@ def test_file_is_wal_with_schema_version(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
     finally:
         conn.close()
 
@@ -424,15 +425,20 @@ def test_purging_a_leased_row_ends_its_lease_and_frees_its_key(
 
 
 @pytest.mark.parametrize("keyed", [False, True])
-def test_a_batch_put_stores_the_rows_of_its_envelopes(store: SqliteOutbox, keyed: bool) -> None:
-    """put_batch_async makes from a batch's columns the very rows put() makes of its
-    messages' envelopes (ids, keys, headers, ages, sizes), and counts them alike."""
+def test_a_batch_put_stores_the_messages_of_its_envelopes(store: SqliteOutbox, keyed: bool) -> None:
+    """put_batch_async stores from a batch's columns the very messages put() stores of
+    its envelopes (ids, keys, headers, ages, sizes), each key's in batch order (as
+    blocks: tests/unit/test_outbox_blocks.py), and counts them alike."""
     keys = [None if i % 2 else f"k{i % 5}" for i in range(40)] if keyed else None
     batch = Batch.build("q", [b"x" * i for i in range(40)], keys=keys, headers={"h": "v"})
     envelopes = [batch.envelope(i) for i in range(len(batch))]
-    assert batch_rows(batch, "t") == envelope_rows(envelopes, "t")
+    rows, plain = batch_rows(batch, "t"), envelope_rows(envelopes, "t")
+    assert (rows.count, rows.size, rows.keys) == (plain.count, plain.size, plain.keys)
     store.put_batch_async(batch).result(10)
-    assert [e.envelope for e in store.list(limit=100)] == envelopes
+    listed = [e.envelope for e in store.list(limit=100)]
+    assert sorted(listed, key=envelopes.index) == envelopes
+    for key in {e.key for e in envelopes}:
+        assert [e for e in listed if e.key == key] == [e for e in envelopes if e.key == key]
     stats = store.stats()
     assert (stats.depth, stats.bytes) == (40, sum(e.size for e in envelopes))
     assert store.has_key(b"k0") is keyed

@@ -5,23 +5,31 @@ claim is compared with the claim the model predicts (oldest first, per key a pre
 its queue, nothing behind a leased or retrying head); forwarder rounds are checked
 against what the transport accepted; a restart reopens the file. After every step
 nothing is lost: every id ever put is waiting, delivered or quarantined.
+
+Batches put whole are stored as blocks (msgsafe/outbox/_blocks.py): the model reads
+which waiting messages still share a block from the file, and predicts that a claim
+takes a block whole.
 """
 
 from __future__ import annotations
 
 import shutil
+import sqlite3
 import tempfile
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from msgsafe.errors import Refused, Rejected
-from msgsafe.message import Envelope
+from msgsafe.message import Batch, Envelope
 from msgsafe.outbox import Forwarder, SqliteOutbox
+from msgsafe.outbox._blocks import unpack
+from msgsafe.outbox._writer import HandlerResult
 from msgsafe.ports import TransportCapabilities
 from msgsafe.retry import RetryPolicy
 from tests.support.clock import Clock
@@ -96,9 +104,12 @@ class OutboxMachine(RuleBasedStateMachine):
             for r in self.rows
             if r.key is not None and r.message_id in self.leased and r.ready_at > now
         }
+        blocks = self.blocks()
         out: list[str] = []
         for row in self.rows:
-            if len(out) >= limit:
+            # A claim stops at its limit, but not inside a block: it takes blocks whole.
+            block = blocks.get(row.message_id)
+            if len(out) >= limit and (block is None or block != blocks.get(out[-1])):
                 break
             ready = row.ready_at <= now
             if row.key is not None and (row.key in blocked or row.key in held or not ready):
@@ -108,6 +119,22 @@ class OutboxMachine(RuleBasedStateMachine):
             if ready:
                 out.append(row.message_id)
         return out
+
+    def blocks(self) -> dict[str, int]:
+        """The block of each waiting message still in one, as the file holds them."""
+
+        def read(conn: sqlite3.Connection, payloads: list[Any]) -> HandlerResult[object]:
+            found = {
+                member: seq
+                for seq, block in conn.execute(
+                    "SELECT seq, block FROM outbox WHERE block IS NOT NULL"
+                )
+                for member in unpack(block)[0]
+            }
+            return HandlerResult([found] * len(payloads))
+
+        found: dict[str, int] = self.store._read(read, None)
+        return found
 
     def row(self, message_id: str) -> Row:
         return next(r for r in self.rows if r.message_id == message_id)
@@ -129,6 +156,20 @@ class OutboxMachine(RuleBasedStateMachine):
         for e in batch:
             self.order[e.message_id] = len(self.order)
             self.rows.append(Row(e.message_id, e.key, 0.0))
+
+    @rule(keys=st.lists(KEYS, min_size=2, max_size=8))
+    def put_batch(self, keys: list[str | None]) -> None:
+        batch = Batch.build("q", [b"body"] * len(keys), keys=keys)
+        self.store.put_batch_async(batch).result(10)
+        # The store keeps each key's messages together, keys in order of first sight.
+        order: dict[bytes | None, list[int]] = {}
+        for index, key in enumerate(batch.keys or []):
+            order.setdefault(key, []).append(index)
+        for indexes in order.values():
+            for index in indexes:
+                message_id = batch.message_ids[index]
+                self.order[message_id] = len(self.order)
+                self.rows.append(Row(message_id, batch.key(index), 0.0))
 
     @rule(limit=st.integers(1, 10), lease=st.sampled_from([1.0, 5.0, 30.0]))
     def claim(self, limit: int, lease: float) -> None:
