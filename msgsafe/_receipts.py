@@ -87,7 +87,7 @@ class Send(LightFuture[Receipt]):
     object while messages are in flight, so each one costs on every send).
     """
 
-    __slots__ = ("envelope", "owner", "ticket")
+    __slots__ = ("envelope", "held", "owner", "ticket")
 
     def __init__(self, owner: ReceiptOwner, envelope: Envelope) -> None:
         # LightFuture.__init__, inlined: one frame fewer for every message.
@@ -97,6 +97,8 @@ class Send(LightFuture[Receipt]):
         self.envelope = envelope
         #: The send's place among the producer's sends (set by the producer).
         self.ticket = 0
+        #: Queued for the outbox without a transport attempt (set by the producer).
+        self.held = False
 
     def send_order(self) -> tuple[int, int]:
         """(ticket, 0): see :class:`StoreItem`."""

@@ -261,8 +261,11 @@ class Producer:
         )
         future, ended = self._tracked(envelope, transaction, waited=True)
         try:
-            if self._hurry is not None and transaction is None:
-                # The caller waits for this one message: a linger would only add latency.
+            # The caller waits for this one message: a linger would only add latency.
+            # Not for one that went straight to the outbox (an outage): the transport
+            # holds nothing of it, and hurrying would wait out a flush of its own.
+            held = type(future) is Send and future.held
+            if self._hurry is not None and transaction is None and not held:
                 self._hurry(future, self._send_timeout)
             return future.result(self._send_timeout)
         except FutureTimeout:
@@ -619,6 +622,7 @@ class Producer:
             # NOTE: an earlier message of this key waits in the outbox (sending this one
             # now would overtake it: per-key order), or the broker refused a moment ago
             # (sending would only hammer it): it queues behind, in the outbox.
+            result.held = True
             settle.hold(result)
         elif route is _TRANSACTION:
             self._put_in_transaction(transaction, result)
