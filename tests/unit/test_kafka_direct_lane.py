@@ -9,6 +9,10 @@ tests/integration/kafka/test_broker_kill.py and test_all_down.py.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import gc
+import threading
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -16,7 +20,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 import msgsafe
-from msgsafe.adapters.kafka.direct import DirectLane
+from msgsafe.adapters.kafka.direct import DirectLane, DirectSend
 from msgsafe.errors import TransientError
 from msgsafe.message import Envelope
 from msgsafe.outbox import SqliteOutbox
@@ -96,6 +100,47 @@ def test_healthy_single_sends_take_the_lane_confirmed_in_key_order(
         stats = p.stats()
         assert (stats.sent, stats.confirmed, stats.in_flight) == (2200, 2200, 0)
     _check_arrivals(kafka_mock.url, ledger, "lane healthy")
+
+
+def test_the_lanes_sends_are_futures_sharing_one_lock_making_receipts_when_asked(
+    kafka_mock: MockKafkaCluster,
+) -> None:
+    """A DirectSend holds no lock or receipt of its own (one object per message in
+    flight for the cyclic GC): the lane's one re-entrant lock serves concurrent.futures'
+    wait and as_completed over many of them, a thread blocked in result(), a callback
+    and asyncio; each result() makes an equal receipt."""
+    kafka_mock.create_topic(TOPIC, partitions=3, replication=3)
+    with msgsafe.Producer(kafka_mock.url, outbox=False, linger_ms=1000) as p:
+        assert p.send(TOPIC, b"warm").status is msgsafe.Status.CONFIRMED
+        futures: list[DirectSend] = []
+        for i in range(50):
+            future = p.send_async(TOPIC, b"%d" % i, key=b"k%d" % (i % 3))
+            assert isinstance(future, DirectSend), "the lane took it"
+            futures.append(future)
+        assert len({id(f._mutex) for f in futures}) == 1
+        assert not any(f.done() for f in futures), "lingering in librdkafka"
+        woken: list[msgsafe.Receipt] = []
+        blocked = threading.Thread(target=lambda: woken.append(futures[-1].result(30)))
+        blocked.start()
+        called: list[msgsafe.Receipt] = []
+        futures[0].add_done_callback(lambda f: called.append(f.result()))
+
+        async def awaited() -> msgsafe.Receipt:
+            return await asyncio.wrap_future(futures[1])
+
+        done, not_done = concurrent.futures.wait(futures, timeout=30)
+        assert len(done) == 50 and not not_done
+        assert set(concurrent.futures.as_completed(futures, timeout=5)) == set(futures)
+        blocked.join(30)
+        assert woken == [futures[-1].result()]
+        assert called == [futures[0].result()]
+        assert asyncio.run(awaited()) == futures[1].result()
+        for future in futures:
+            receipt = future.result(0)
+            assert receipt.status is msgsafe.Status.CONFIRMED and receipt.destination == TOPIC
+            assert receipt == future.result(0) and receipt.message_id == future.message_id
+            assert future.exception(0) is None and "returned Receipt" in repr(future)
+            assert not any(isinstance(o, msgsafe.Receipt) for o in gc.get_referents(future))
 
 
 def test_a_failure_leaves_the_lane_stores_in_send_order_and_it_comes_back(

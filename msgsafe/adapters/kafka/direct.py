@@ -100,9 +100,26 @@ _PURGED_DRAIN_S = 5.0
 class DirectSend(LightFuture[Receipt]):
     """One single send on the lane: its receipt future, and librdkafka's delivery
     callable for it (one slotted object for both: the cyclic GC walks every container
-    object while messages are in flight)."""
+    object while messages are in flight).
 
-    __slots__ = ("born", "headers", "key", "lane", "message_id", "seq", "topic", "value")
+    For the same reason it holds no lock and no receipt of its own: its state is
+    guarded by the lane's :attr:`DirectLane.send_mutex` (one ``RLock`` for all its
+    sends), and its :class:`~msgsafe.message.Receipt` is made from its fields when asked
+    for (``result()``, a callback's, ``asyncio.wrap_future``'s): each call returns an
+    equal receipt, not the same object."""
+
+    __slots__ = (
+        "born",
+        "guarantee",
+        "headers",
+        "key",
+        "lane",
+        "message_id",
+        "seq",
+        "status",
+        "topic",
+        "value",
+    )
 
     def __init__(
         self,
@@ -115,7 +132,7 @@ class DirectSend(LightFuture[Receipt]):
         born: float,
     ) -> None:
         # LightFuture.__init__, inlined: one frame fewer for every message.
-        self._mutex = RLock()
+        self._mutex = lane.send_mutex
         self._state = PENDING
         self.lane = lane
         self.topic = topic
@@ -128,6 +145,27 @@ class DirectSend(LightFuture[Receipt]):
         #: Its place among the lane's sends (0: never handed to librdkafka).
         self.seq = 0
 
+    @property
+    def _result(self) -> Receipt | None:
+        # What the stock Future's result() and repr() read once FINISHED.
+        if self._state is not _FINISHED or self._exception is not None:
+            return None
+        return new_receipt(self.message_id, self.status, self.topic, self.guarantee)
+
+    @_result.setter
+    def _result(self, receipt: Receipt | None) -> None:
+        # LightFuture.set_result, with the lane's own receipt of this send (STORED):
+        # kept as its parts, the id and destination being this send's.
+        if receipt is None or receipt.message_id != self.message_id:
+            raise ValueError(f"not a receipt of message {self.message_id}: {receipt!r}")
+        self.status = receipt.status
+        self.guarantee = receipt.guarantee
+
+    def result(self, timeout: float | None = None) -> Receipt:
+        if self._state is _FINISHED and self._exception is None:
+            return new_receipt(self.message_id, self.status, self.topic, self.guarantee)
+        return super().result(timeout)
+
     def cancel(self) -> bool:
         """Always False: the message is on its way (see ``Producer.send_async``)."""
         return False
@@ -137,16 +175,14 @@ class DirectSend(LightFuture[Receipt]):
         # sender, the lane's own thread); must never raise into librdkafka.
         lane = self.lane
         if err is None:
-            topic = self.topic
-            receipt = new_receipt(
-                self.message_id, _CONFIRMED, topic, lane.guarantees.get(topic, _UNKNOWN)
-            )
+            guarantee = lane.guarantees.get(self.topic, _UNKNOWN)
             # LightFuture.set_result, inlined (one message, two frames fewer): the state
             # under the future's lock, then whoever waits and the callbacks.
             with self._mutex:
                 if self._state is not _PENDING:
                     return  # stored by the lane after its drain's bound: a known duplicate
-                self._result = receipt
+                self.status = _CONFIRMED
+                self.guarantee = guarantee
                 self._state = _FINISHED
                 if self._made_waiters or self._made_condition is not None:
                     self._wake_waiters()
@@ -194,6 +230,10 @@ class DirectLane:
         self.size_limit = size_limit
         self.target = link.target
         self.lock = threading.Lock()
+        #: The lock of every DirectSend's state (each one's LightFuture._mutex): one, not
+        #: one per message, which the cyclic GC would walk while it is in flight. Re-entrant:
+        #: concurrent.futures.wait() holds the locks of all the futures it waits for.
+        self.send_mutex = RLock()
         self.state = LANE_DIRECT
         self.closed = False
         #: state is LANE_DIRECT and not closed: what send() reads (one load, not two).
