@@ -52,8 +52,11 @@ class Round:
         self._open = len(envelopes)
         self._lock = threading.Lock()
         self._all = threading.Event()
+        #: Resolved with the last answer: what a transport's ``hurry`` waits for.
+        self.answered: Future[None] = Future()
         if not envelopes:
             self._all.set()
+            self.answered.set_result(None)
 
     # --- answers ----------------------------------------------------------------------------
 
@@ -66,6 +69,7 @@ class Round:
             self._open -= 1
             if self._open == 0:
                 self._all.set()
+                self.answered.set_result(None)
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for every answer; False if some are missing."""
@@ -90,8 +94,9 @@ class Round:
                     answers[index] = None
                     confirmed += 1
             self._open -= confirmed
-            if self._open == 0:
+            if self._open == 0 and confirmed:
                 self._all.set()
+                self.answered.set_result(None)
 
     # --- publishing --------------------------------------------------------------------------
 

@@ -457,3 +457,51 @@ def test_a_batch_unanswered_at_the_lease_deadline_is_sent_again_whole(
     assert store.pending() == 10 and fwd.stats().retried == 10
     transport.batches.clear()
     assert "lease deadline" in (fwd.last_error or "")
+
+
+class LingeringTransport:
+    """Holds every message until hurried, as librdkafka holds a batch for ``linger.ms``
+    (here the linger never ends): only ``hurry`` sends what it holds."""
+
+    capabilities = TransportCapabilities(hurry=True, ordered_rounds=True)
+
+    def __init__(self) -> None:
+        self.held: list[tuple[Envelope, Future[None]]] = []
+        self.delivered: list[str] = []
+        self.hurried = 0
+
+    @property
+    def target(self) -> str:
+        return "lingering://"
+
+    def publish(self, envelope: Envelope) -> Future[None]:
+        future: Future[None] = Future()
+        self.held.append((envelope, future))
+        return future
+
+    def hurry(self, done: Future[object], timeout: float) -> None:
+        self.hurried += 1
+        held, self.held = self.held, []
+        for envelope, future in held:
+            self.delivered.append(envelope.message_id)
+            future.set_result(None)
+
+    def close(self, timeout: float | None = None) -> None:
+        pass
+
+
+def test_a_round_is_hurried_rather_than_left_to_linger(tmp_path: Path) -> None:
+    """Nothing joins a round once it is published: the forwarder hurries its tail out
+    instead of waiting out the transport's linger (here endless: without the hurry the
+    drain would end at its deadline with everything still stored)."""
+    store = SqliteOutbox(tmp_path / "o.db")
+    transport = LingeringTransport()
+    sent = [Envelope.build("q", b"m%d" % i, key=f"k{i % 3}") for i in range(1200)]
+    store.put(sent)
+    try:
+        forwarder = Forwarder(store, transport, batch=500, lease_s=30)
+        assert forwarder.drain(20) == 0
+        assert transport.delivered == [e.message_id for e in sent]
+        assert transport.hurried >= 3  # one round at least per 500 messages
+    finally:
+        store.close()
