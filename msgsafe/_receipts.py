@@ -205,6 +205,17 @@ class BatchSend(LightFuture[BatchReceipt]):
         if done:
             self._finish()
 
+    def fail_unrouted(self, error: MsgsafeError) -> bool:
+        """Nothing of the batch was routed (the producer could not carry out its route):
+        every message fails with ``error``, the outbox taking what it can (as
+        :meth:`failed`). False, and nothing done, once any message was reported."""
+        with self._count_lock:
+            if self._remaining != len(self.batch):
+                return False
+        for index in range(len(self.batch)):
+            self.failed(index, error)
+        return True
+
     def _fail(self, index: int, error: MsgsafeError) -> None:
         message_id = self.batch.message_ids[index]
         # One error object per message: transports share one for many messages.

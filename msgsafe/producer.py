@@ -14,6 +14,7 @@ methods is read once, from their declared capabilities (:mod:`msgsafe.ports`).
 
 from __future__ import annotations
 
+import logging
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -72,6 +73,8 @@ from msgsafe.retry import RetryPolicy
 from msgsafe.telemetry._observer import Observers, observing
 from msgsafe.telemetry.producer import ProducerTelemetry
 from msgsafe.telemetry.stats import ProducerStats
+
+log = logging.getLogger("msgsafe.producer")
 
 __all__ = ["OutboxSpec", "Producer"]
 
@@ -596,7 +599,12 @@ class Producer:
         """Send what the lane parked while it left (a single send or a keyed batch) the
         safe way, now that it holds nothing; its receipt reports every outcome."""
         if isinstance(item, BatchSend):
-            self._route_batch(item, replayed=True)
+            try:
+                self._route_batch(item, replayed=True)
+            except BaseException as exc:
+                # No caller to raise to: the batch's future must still resolve.
+                if not item.done() and not item.fail_unrouted(_as_msgsafe(exc)):
+                    log.exception("a replayed batch failed part way through its route")
             return
         send = cast(Send, item)
         try:

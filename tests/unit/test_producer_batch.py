@@ -285,3 +285,26 @@ def test_batch_receipt_repr_is_short_however_big_the_batch() -> None:
     ]
     assert BatchReceipt.__dataclass_params__.frozen  # type: ignore[attr-defined]
     assert not hasattr(receipt, "__dict__")
+
+
+def test_a_replayed_batch_whose_route_fails_still_resolves(
+    memory_broker: MemoryBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch a lane parked is replayed on the lane's thread, where no caller can be
+    raised to: when its route fails before anything of it was routed, every message is
+    failed (the outbox taking what it can), and its future resolves."""
+    from msgsafe._receipts import BatchSend
+
+    with producer(memory_broker, tmp_path / "o.db") as p:
+        batch = Batch.build("q", [b"a", b"b"], keys=["k", "k"])
+        send = BatchSend(p._settle, batch)
+
+        def broken(item: BatchSend, *, replayed: bool = False) -> bool:
+            raise RuntimeError("route failed")
+
+        monkeypatch.setattr(p, "_route_batch", broken)
+        p._replay(send)
+        with pytest.raises(BatchFailed) as caught:
+            send.result(5)
+    assert set(caught.value.errors) == set(batch.message_ids)
+    assert memory_broker.count("q") == 0
