@@ -1,5 +1,6 @@
 """Recovery after an outage, per protocol, on the real brokers: 4 hot keys and 100 cold
-keys are STORED while the broker is unreachable (fault proxies refuse every connection),
+keys are STORED while the broker is unreachable (fault proxies refuse every connection;
+single sends, then batches stored whole as blocks, then single sends again),
 the proxies heal, more messages of the hot keys and of new keys are sent while the
 pipelined drain runs, and a consumer checks every key's order and counts: lost 0,
 duplicates only of sent ids.
@@ -24,7 +25,7 @@ import msgsafe
 from msgsafe.adapters import open_receiver
 from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.endpoints import parse_url
-from msgsafe.message import Delivery
+from msgsafe.message import Delivery, new_message_ids
 from msgsafe.ports import Receiver
 from msgsafe.retry import RetryPolicy
 from msgsafe.testing.faultproxy import FaultProxies
@@ -66,6 +67,19 @@ class Run:
             self.statuses[receipt.status.name] += 1
             by_key[key][receipt.status.name] += 1
         return by_key
+
+    def send_batch(self, producer: msgsafe.Producer, destination: str, keys: list[str]) -> None:
+        """Send one message per key in ``keys`` with one ``send_batch`` (what it stores in
+        an outage is kept as blocks: msgsafe/outbox/_blocks.py)."""
+        ids = new_message_ids(len(keys))
+        for key, message_id in zip(keys, ids, strict=True):
+            self.order[key].append(message_id)
+            self.sent.add(message_id)
+        receipt = producer.send_batch(
+            destination, [b"x" * 100] * len(keys), keys=keys, message_ids=ids
+        )
+        self.statuses["STORED"] += receipt.stored
+        self.statuses["CONFIRMED"] += receipt.confirmed
 
     def check(self, name: str) -> None:
         received = collections.Counter(mid for _, mid in self.arrivals)
@@ -132,7 +146,12 @@ def outage_and_recovery(
         retry=RetryPolicy(initial=0.1, maximum=1.0),
         **options,
     ) as producer:
-        run.send(producer, destination, down)
+        # Singles, then batches (stored whole, as blocks), then singles again, on the
+        # same keys: the drain must keep each key's order across rows and blocks.
+        run.send(producer, destination, down[: DOWN // 2])
+        for start in range(DOWN // 2, DOWN * 3 // 4, 250):
+            run.send_batch(producer, destination, down[start : start + 250])
+        run.send(producer, destination, down[DOWN * 3 // 4 :])
         stored = producer.pending()
         assert stored >= DOWN - 50  # a probe may already have gone through
         heal()
