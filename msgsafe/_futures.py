@@ -11,13 +11,18 @@ building them cost more CPU per message than building and publishing the message
 waiter list and the callback list are made only when something needs them (a thread
 blocking in ``result()``, ``wait()``, a callback). A future resolved before anyone asks
 for its result, the common case of a message's receipt, never makes them.
+
+A thread blocked in ``result()`` sleeps on one lock of its own (:class:`_Sleeper`, kept
+in the waiter list ``concurrent.futures.wait`` uses), not on the ``Condition``: a
+blocking send waits for every message, and the condition's Python-level ``wait`` and
+``notify_all`` cost both the caller and the thread that resolves the future.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from _thread import RLock
+from _thread import RLock, allocate_lock
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures._base import (
@@ -37,6 +42,25 @@ _LOGGER = logging.getLogger("concurrent.futures")
 
 #: States in which a future can no longer be resolved.
 _SETTLED = frozenset({CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED})
+
+
+class _Sleeper:
+    """A thread blocked in :meth:`LightFuture.result`: a lock it holds and waits to get
+    again, released by whoever settles the future (a waiter of the kind
+    ``concurrent.futures.wait`` keeps in ``_waiters``, called under the future's lock)."""
+
+    __slots__ = ("lock",)
+
+    def __init__(self) -> None:
+        self.lock = allocate_lock()
+        self.lock.acquire()
+
+    def wake(self, _future: object = None) -> None:
+        # Under the future's lock; a cancel and its notification may both call it.
+        if self.lock.locked():
+            self.lock.release()
+
+    add_result = add_exception = add_cancelled = wake
 
 
 class LightFuture(Future[_T]):
@@ -137,20 +161,50 @@ class LightFuture(Future[_T]):
         return self._state in _SETTLED
 
     def result(self, timeout: float | None = None) -> _T:
-        if self._state == FINISHED:
-            if self._exception is not None:
-                try:
-                    raise self._exception
-                finally:
-                    # The stock Future breaks the same cycle (frame -> exception -> frame).
-                    self = None  # type: ignore[assignment]
-            return self._result  # type: ignore[no-any-return]
-        return super().result(timeout)
+        if self._state != FINISHED:
+            self._sleep(timeout)
+            if self._state != FINISHED:
+                # Cancelled (CancelledError) or still pending (TimeoutError): the stock errors.
+                return super().result(0)
+        if self._exception is not None:
+            try:
+                raise self._exception
+            finally:
+                # The stock Future breaks the same cycle (frame -> exception -> frame).
+                self = None  # type: ignore[assignment]
+        return self._result  # type: ignore[no-any-return]
+
+    def _sleep(self, timeout: float | None) -> None:
+        """Block until the future is settled (or cancelled), or ``timeout`` passed."""
+        sleeper = _Sleeper()
+        with self._mutex:
+            if self._state in _SETTLED:
+                return
+            waiters = self._made_waiters
+            if waiters is None:
+                waiters = self.__dict__.setdefault("_made_waiters", [])
+            waiters.append(sleeper)
+        try:
+            sleeper.lock.acquire(True, -1 if timeout is None else max(0.0, timeout))
+        finally:
+            with self._mutex:
+                waiters.remove(sleeper)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if self._state == FINISHED:
             return self._exception
         return super().exception(timeout)
+
+    def cancel(self) -> bool:
+        cancelled = super().cancel()
+        if cancelled:
+            # The stock cancel() notifies the condition only: a thread in result() sleeps
+            # on its own lock.
+            with self._mutex:
+                for waiter in self._made_waiters or ():
+                    if type(waiter) is _Sleeper:
+                        waiter.wake()
+        return cancelled
 
     def add_done_callback(self, fn: Callable[[Future[_T]], object]) -> None:
         with self._mutex:

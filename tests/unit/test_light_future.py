@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import time
 from concurrent.futures import Future, InvalidStateError
 
 import pytest
@@ -71,6 +72,48 @@ def test_result_times_out_while_pending() -> None:
         future.exception(timeout=0.01)
     future.set_result(3)
     assert future.result(timeout=0) == 3
+
+
+def test_a_thread_blocked_in_result_sleeps_on_a_lock_of_its_own() -> None:
+    # No Condition is made for it, and its lock leaves the waiter list once it is awake
+    # (timed out, or resolved).
+    late: LightFuture[int] = LightFuture()
+    with pytest.raises(concurrent.futures.TimeoutError):
+        late.result(timeout=0.01)
+    assert late._made_waiters == []
+    future: LightFuture[int] = LightFuture()
+    started = threading.Event()
+
+    def resolve_soon() -> None:
+        started.wait(10)
+        future.set_result(4)
+
+    thread = threading.Thread(target=resolve_soon)
+    thread.start()
+    started.set()
+    assert future.result(timeout=10) == 4
+    thread.join(10)
+    assert future._made_waiters == [] and "_made_condition" not in vars(future)
+
+
+def test_a_cancel_wakes_a_thread_blocked_in_result() -> None:
+    future: LightFuture[int] = LightFuture()
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            future.result(timeout=10)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    while not future._made_waiters:  # the waiter is asleep (or about to be)
+        time.sleep(0.001)
+    assert future.cancel()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], concurrent.futures.CancelledError)
 
 
 def test_wait_and_as_completed_see_resolution_from_another_thread() -> None:
