@@ -16,7 +16,7 @@ from pika.adapters.select_connection import SelectConnection
 from pika.adapters.utils.io_services_utils import _AsyncPlaintextTransport
 from pika.channel import Channel
 
-from msgsafe.adapters.rabbitmq._wire import fast_confirms, write_frames
+from msgsafe.adapters.rabbitmq._wire import fast_confirms, read_once, write_frames
 
 
 class _Loop:
@@ -91,6 +91,42 @@ def test_what_a_full_socket_does_not_take_waits_in_pikas_buffer(
             transport._produce()  # pika's writable handler: the rest, in order
         received += peer.recv(1 << 20)
     assert received == data and not transport._tx_buffers
+
+
+class _Protocol:
+    """What pika's transport hands what it reads to."""
+
+    def __init__(self) -> None:
+        self.reads: list[bytes] = []
+
+    def data_received(self, data: bytes) -> None:
+        self.reads.append(data)
+
+
+def test_one_read_per_readable_event_and_the_rest_at_the_next(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    ours, peer = pair
+    protocol = _Protocol()
+    transport = _AsyncPlaintextTransport(ours, protocol, _Loop())  # type: ignore[arg-type]
+    assert read_once(_Conn(transport))
+    peer.sendall(b"confirm")
+    # One recv: no second one that would only raise EAGAIN.
+    transport._on_socket_readable()
+    assert protocol.reads == [b"confirm"]
+    data = bytes(range(256)) * 400  # 100 KiB: more than one read takes
+    peer.sendall(data)
+    while sum(map(len, protocol.reads)) < len(data) + 7:
+        before = len(protocol.reads)
+        transport._on_socket_readable()
+        assert len(protocol.reads) == before + 1
+    assert b"".join(protocol.reads) == b"confirm" + data
+    assert max(map(len, protocol.reads)) <= 65536
+
+
+def test_read_once_leaves_other_transports_alone() -> None:
+    assert not read_once(object())
+    assert _AsyncPlaintextTransport._MAX_CONSUME_BYTES > 1  # the class is untouched
 
 
 @pytest.fixture

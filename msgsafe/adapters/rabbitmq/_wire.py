@@ -17,7 +17,8 @@ Writing: :func:`pika_emit` finds the connection's raw write, :func:`write_frames
 encoded frames with one call (keeping pika's counters; on a plain TCP connection whose
 send buffer is empty, straight to the socket), :func:`coalesce_frames` joins what pika
 buffered. Reading: :func:`fast_confirms` hands a channel's ``basic.ack`` and
-``basic.nack`` frames to the transport without pika's callback registry. These are the
+``basic.nack`` frames to the transport without pika's callback registry, and
+:func:`read_once` has pika read a plain TCP socket once per readable event. These are the
 one place that knows pika's internals (1.3/1.4); when they are not what is expected,
 ``pika_emit`` says so and messages go through ``basic_publish`` (and ``fast_confirms``
 leaves confirms to pika's callbacks). Which messages are written when, and with which
@@ -62,6 +63,7 @@ __all__ = [
     "header_entries",
     "pika_emit",
     "publish_properties",
+    "read_once",
     "write_frames",
 ]
 
@@ -427,6 +429,36 @@ def _send_now(conn: Any, data: bytes) -> bytes:
     except OSError:  # EAGAIN included: pika's buffer and writability watcher take it all
         return data
     return data[sent:] if sent < len(data) else b""
+
+
+#: What read_once has pika's plain transport read per readable event at most (pika's
+#: own recv size is 4 KiB).
+_READ_BYTES = 65536
+
+
+def read_once(conn: Any) -> bool:
+    """Have ``conn``'s plain TCP transport read its socket once per readable event (up
+    to 64 KiB); False (nothing changed) for another transport or pika layout.
+
+    NOTE: pika reads until ``recv`` raises ``EAGAIN`` (up to 100 KiB a turn, 4 KiB a
+    call): for the one confirm a blocking send waits for, a second system call and an
+    exception raised, caught and logged at DEBUG on the I/O thread. The loop's poll is
+    level-triggered: what one read leaves in the socket makes it readable again at once,
+    and the next turn reads it.
+    """
+    transport: Any = getattr(conn, "_transport", None)
+    if (
+        _PlainTransport is None
+        or type(transport) is not _PlainTransport
+        or not isinstance(getattr(transport, "_MAX_CONSUME_BYTES", None), int)
+        or not isinstance(getattr(transport, "_MAX_RECV_BYTES", None), int)
+    ):
+        return False
+    # Instance attributes over pika's class constants: _consume stops after the first
+    # read (it returns once bytes_consumed reaches _MAX_CONSUME_BYTES).
+    transport._MAX_RECV_BYTES = _READ_BYTES
+    transport._MAX_CONSUME_BYTES = 1
+    return True
 
 
 #: A whole ``basic.ack`` / ``basic.nack`` frame: type, channel, size (13), method id,

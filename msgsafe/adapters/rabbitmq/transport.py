@@ -56,7 +56,7 @@ from msgsafe.adapters.rabbitmq._errors import (
     header_bytes,
     lost_error,
 )
-from msgsafe.adapters.rabbitmq._wire import fast_confirms
+from msgsafe.adapters.rabbitmq._wire import fast_confirms, read_once
 from msgsafe.adapters.rabbitmq.config import Destination, RabbitOptions, parse_destination
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import (
@@ -131,7 +131,10 @@ class RabbitTransport:
         self._size_limit = options.size_limit
         self._destinations: dict[str, Destination] = {}
         # Caller side: the window and the hand-over queue.
-        self._cond = threading.Condition()
+        # Entered as the lock itself on the hot paths (a C call; the condition's own
+        # __enter__ is a Python frame more per send and per confirm).
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         self._outstanding = 0
         self._waiters = 0
         self._low_water = options.max_in_flight // 2
@@ -206,7 +209,7 @@ class RabbitTransport:
             return
         now = time.monotonic()
         timeout = self._options.confirm_timeout
-        with self._cond:
+        with self._lock:
             if self._closed:
                 error = ClosedError("transport is closed", endpoint=self._target)
             elif self._outstanding >= self._options.max_in_flight and not self._wait_for_room(
@@ -258,7 +261,7 @@ class RabbitTransport:
         sent = 0
         while sent < total:
             now = time.monotonic()
-            with self._cond:
+            with self._lock:
                 want = min(total - sent, self._low_water or 1)
                 if not self._closed and window - self._outstanding < want:
                     self._waiters += 1
@@ -293,7 +296,7 @@ class RabbitTransport:
             self._wake()
 
     def _has_room(self, want: int) -> bool:
-        # Called with self._cond held.
+        # Called with self._lock held.
         return self._options.max_in_flight - self._outstanding >= want or self._closed
 
     def _batch_sendable(self, batch: Batch, report: BatchReport) -> Sequence[int]:
@@ -319,7 +322,7 @@ class RabbitTransport:
         return [index for index in range(count) if index not in failed]
 
     def _wait_for_room(self, timeout: float) -> bool:
-        # Called with self._cond held.
+        # Called with self._lock held.
         self._waiters += 1
         try:
             return self._cond.wait_for(
@@ -331,7 +334,7 @@ class RabbitTransport:
     def close(self, timeout: float | None = None) -> None:
         """Wait up to ``timeout`` for outstanding confirms, fail the rest with
         ``ConnectionLost``, disconnect and stop the I/O thread. Idempotent."""
-        with self._cond:
+        with self._lock:
             already = self._closed
             self._closed = True
             self._cond.notify_all()
@@ -410,7 +413,7 @@ class RabbitTransport:
         """
         if count <= 0:
             return
-        with self._cond:
+        with self._lock:
             self._outstanding -= count
             # NOTE: close() waits for 0 once _closed is set; nobody else waits for 0.
             if (self._waiters and self._outstanding <= self._low_water) or (
@@ -481,8 +484,10 @@ class RabbitTransport:
         for state in self._declares.values():
             state.running = False
         channel.add_on_return_callback(self._on_return)
-        # Confirms straight from the frame reader (pika's callbacks when that cannot be).
+        # Confirms straight from the frame reader (pika's callbacks when that cannot be),
+        # one read of the socket per readable event.
         fast_confirms(channel, self._confirmed)
+        read_once(channel.connection)
         channel.confirm_delivery(ack_nack_callback=self._on_confirm, callback=self._confirming)
 
     def _confirming(self, _frame: Any) -> None:
