@@ -54,6 +54,7 @@ import logging
 import os
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -329,16 +330,29 @@ class QpidCluster(JvmCluster):
 
     # --- the REST API ---------------------------------------------------------------------
 
-    def _rest(self, node: int, path: str, timeout: float = 1.0) -> Any:
-        """GET ``/api/latest/<path>`` on ``node``; None when it does not answer."""
-        url = f"http://{_HOST}:{self.http_ports[node]}/api/latest/{path}"
+    def _query(self, node: int, category: str, name: str, attribute: str) -> str | None:
+        """``attribute`` of the ``category`` object called ``name`` on ``node``, through
+        the query API (``/api/latest/querybroker``); None when it does not answer.
+
+        Why not ``GET virtualhostnode/<name>``: that evaluates every derived attribute,
+        and ``lastKnownReplicationTransactionId`` throws while the node's BDB
+        environment restarts (a resumed old master rejoining); the exception escapes a
+        Jetty thread and Broker-J's default handler halts the JVM. The query API
+        evaluates only the attributes it selects."""
+        query = urllib.parse.urlencode({"select": f"name,{attribute}"})
+        url = f"http://{_HOST}:{self.http_ports[node]}/api/latest/querybroker/{category}?{query}"
         token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
         request = urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return json.load(response)
+            with urllib.request.urlopen(request, timeout=1.0) as response:
+                found = json.load(response)
         except (OSError, ValueError, urllib.error.URLError):
             return None
+        rows = found.get("results") if isinstance(found, dict) else None
+        for row in rows if isinstance(rows, list) else ():
+            if isinstance(row, list) and len(row) == 2 and row[0] == name:
+                return row[1] if isinstance(row[1], str) else None
+        return None
 
     def role(self, node: int) -> str | None:
         """``node``'s own view of its role, lower case: master, replica, waiting,
@@ -348,22 +362,15 @@ class QpidCluster(JvmCluster):
         self._check_index(node)
         if not self._running(node) or self._paused(node):
             return None
-        found = self._rest(node, f"virtualhostnode/{quote(self.name(node))}")
-        if isinstance(found, list):
-            found = found[0] if found else None
-        if not isinstance(found, dict) or not isinstance(found.get("role"), str):
-            return None
-        return str(found["role"]).lower()
+        role = self._query(node, "virtualhostnode", self.name(node), "role")
+        return None if role is None else role.lower()
 
     def roles(self) -> list[str | None]:
         """:meth:`role` of every node."""
         return [self.role(node) for node in range(self.count)]
 
     def _virtualhost_active(self, node: int) -> bool:
-        found = self._rest(node, f"virtualhost/{quote(self.name(node))}/{quote(self.group)}")
-        if isinstance(found, list):
-            found = found[0] if found else None
-        return isinstance(found, dict) and found.get("state") == "ACTIVE"
+        return self._query(node, "virtualhost", self.group, "state") == "ACTIVE"
 
     def master(self) -> int | None:
         """The one running node that is master with an active virtual host; None while
