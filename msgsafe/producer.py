@@ -14,6 +14,7 @@ methods is read once, from their declared capabilities (:mod:`msgsafe.ports`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import weakref
@@ -156,8 +157,11 @@ class Producer:
         self._store: OutboxStore | None = None
         self._forwarder: Forwarder | None = None
         self._telemetry = ProducerTelemetry(self._url, otel=telemetry)
-        # A fail-over or redirect is counted, and every destination checked again.
-        with observing(Observers(self._telemetry, self._gate)):
+        # A fail-over or redirect is counted, and every destination checked again; a
+        # broker reachable again after an outage ends the checks' and the forwarder's
+        # waits (the forwarder joins these observers once it exists).
+        self._observers = Observers(self._telemetry, self._gate)
+        with observing(self._observers):
             self._transport: Transport = open_transport(self._url, options)
         # What the transport declares (msgsafe.ports.TransportCapabilities), read once:
         # each seam below is bound when its flag promises it, None otherwise.
@@ -212,9 +216,16 @@ class Producer:
                 self._lane = cast(LaneTransport, transport).open_lane(_LaneHost(self, self._settle))
                 self._settle.lane = self._lane
             if self._store is not None:
+                # NOTE: fresh: a probe checks when it probes (its backoff paces it), not
+                # a second after the last failed check.
                 self._forwarder = Forwarder(
-                    self._store, self._transport, policy=retry, admit=self._gate.admit
+                    self._store,
+                    self._transport,
+                    policy=retry,
+                    admit=functools.partial(self._gate.admit, fresh=True),
+                    on_answered=self._settle.resume,
                 )
+                self._observers.add(self._forwarder)
                 if forward:
                     self._forwarder.start()
                 self._settle.start(self._forwarder.wake)

@@ -82,12 +82,14 @@ class DestinationGate:
         self._refreshing: set[str] = set()
         self._warned: set[tuple[str, Guarantee]] = set()
 
-    def admit(self, destination: str) -> Guarantee:
+    def admit(self, destination: str, *, fresh: bool = False) -> Guarantee:
         """The guarantee of ``destination``, checked now if it never was (blocking, once).
 
         Raises :class:`UnsafeDestination` when it is below the requirement (nothing may be
         sent there), or the :class:`TransientError` of a check that could not reach the
-        broker (send nothing now: store, or retry later).
+        broker (send nothing now: store, or retry later). That failure is remembered for
+        a second and raised again without asking, unless ``fresh``: the outbox's probe,
+        paced by its own backoff, checks whenever it probes.
         """
         due = self.admitted.get(destination)
         if due is not None:
@@ -99,7 +101,7 @@ class DestinationGate:
         with lock:
             if destination in self.admitted:
                 return self.guarantees[destination]
-            failed = self._unreachable.get(destination)
+            failed = None if fresh else self._unreachable.get(destination)
             if failed is not None and failed[0] > self._clock():
                 raise failed[1].with_id(None)
             report = self._check(destination)
@@ -114,6 +116,11 @@ class DestinationGate:
     def redirect(self, previous: str, endpoint: str, reason: str) -> None:
         """Like :meth:`failover`."""
         self._all_due()
+
+    def reachable(self, endpoint: str) -> None:
+        """A broker answers again: a destination whose check could not reach one is
+        checked at its next message, not when the remembered failure expires."""
+        self._unreachable.clear()
 
     def _all_due(self) -> None:
         with self._lock:

@@ -197,6 +197,11 @@ class Forwarder:
     :mod:`msgsafe.checks.gate`) runs before a destination's messages are published: its
     :class:`~msgsafe.errors.UnsafeDestination` quarantines them, a transient error (the
     broker cannot be reached to check) releases the round as a refusal does.
+
+    ``on_answered()`` is called (from the forwarder's thread) each time the broker
+    answers a whole round: the producer ends its refusal pause, so that new sends try
+    the broker again at once rather than at the pause's end (a round can be answered
+    within the half second that the outage's last send paused sending for).
     """
 
     def __init__(
@@ -210,6 +215,7 @@ class Forwarder:
         lease_s: float = 30.0,
         on_quarantine: Callable[[Envelope, str], None] | None = None,
         admit: Callable[[str], object] | None = None,
+        on_answered: Callable[[], object] | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] | None = None,
         rng: Callable[[], float] = random.random,
@@ -229,9 +235,12 @@ class Forwarder:
         self._lease_s = lease_s
         self._on_quarantine = on_quarantine
         self._admit = admit
+        self._on_answered = on_answered
         self._clock = clock
         self._backoff = Backoff(self._policy, clock=clock, rng=rng)
         self._wake = threading.Event()
+        #: Set by reachable() on another thread: the next step probes at once.
+        self._reachable = False
         self._sleep = sleep or self._interruptible_sleep
         self._step_lock = threading.Lock()
         self._progress = threading.Condition()
@@ -297,6 +306,22 @@ class Forwarder:
         """New rows exist: look now instead of at the next poll."""
         self._wake.set()
 
+    # --- the transport's connection events (msgsafe.telemetry._observer) ----------------
+
+    def reachable(self, endpoint: str) -> None:
+        """A broker answers again: probe now, not at the end of the current backoff.
+        Called on the transport's I/O thread; the forwarder's thread cuts its own
+        backoff (see _step)."""
+        self._reachable = True
+        self._wake.set()
+
+    def failover(self, previous: str, endpoint: str, reason: str) -> None:
+        """Nothing to do: a round in flight on the old connection is answered (or
+        fails) by the transport."""
+
+    def redirect(self, previous: str, endpoint: str, reason: str) -> None:
+        """As :meth:`failover`."""
+
     def stop(self, timeout: float | None = None) -> None:
         """Stop the thread after its current round. Idempotent."""
         self._stopping = True
@@ -358,6 +383,9 @@ class Forwarder:
 
     def _step(self) -> int:
         self._removed()
+        if self._reachable:
+            self._reachable = False
+            self._backoff.not_before = 0.0
         if not self._backoff.ready():
             self._land()
             return 0
@@ -521,6 +549,8 @@ class Forwarder:
         if out.stopped:
             self._backoff.failure()
         elif out.answered:
+            if self._on_answered is not None:
+                call_logged(log, "on_answered", self._on_answered)
             self._backoff.success()
             self._refusal_logged = False
         self._limit = self._next_limit(envelopes, time.monotonic() - flight.started)

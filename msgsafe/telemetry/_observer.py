@@ -1,4 +1,5 @@
-"""Connection events (fail-over, redirect) from an adapter's I/O thread to its owner.
+"""Connection events (fail-over, redirect, a broker reachable again) from an adapter's
+I/O thread to its owner.
 
 An adapter's connection code does not know which producer or consumer it serves, and
 the seams carry no telemetry argument. Instead the owner opens its transport inside
@@ -29,12 +30,24 @@ class ConnectionObserver(Protocol):
         """The broker at ``previous`` sent the client to ``endpoint`` (``reason``: why)."""
         ...
 
+    def reachable(self, endpoint: str) -> None:
+        """A broker of ``endpoint`` answers again after every one had been unreachable:
+        what waits out the outage (a destination check, the outbox's next probe) may
+        go now rather than at its next period."""
+        ...
+
 
 class Observers:
-    """Several observers heard as one, in order (telemetry, then the destination checks)."""
+    """Several observers heard as one, in order (telemetry, then the destination checks,
+    then what joins later: the outbox's forwarder)."""
 
     def __init__(self, *observers: ConnectionObserver) -> None:
-        self._observers = observers
+        self._observers = list(observers)
+
+    def add(self, observer: ConnectionObserver) -> None:
+        """Hear ``observer`` too, from the next event on (an owner whose parts are made
+        after its connection: the producer's forwarder)."""
+        self._observers.append(observer)
 
     def failover(self, previous: str, endpoint: str, reason: str) -> None:
         for observer in self._observers:
@@ -43,6 +56,10 @@ class Observers:
     def redirect(self, previous: str, endpoint: str, reason: str) -> None:
         for observer in self._observers:
             observer.redirect(previous, endpoint, reason)
+
+    def reachable(self, endpoint: str) -> None:
+        for observer in self._observers:
+            observer.reachable(endpoint)
 
 
 _CURRENT: contextvars.ContextVar[ConnectionObserver | None] = contextvars.ContextVar(

@@ -95,6 +95,9 @@ class ConnectionCounters:
         with self.lock:
             self.redirects[reason] += 1
 
+    def reachable(self, endpoint: str) -> None:
+        """Not counted: the stored messages' delivery shows the outage's end."""
+
     def connection_figures(self) -> tuple[Mapping[str, int], Mapping[str, int]]:
         """Copies of the fail-over and redirect counts."""
         with self.lock:

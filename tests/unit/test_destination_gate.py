@@ -193,3 +193,42 @@ def test_a_failover_checks_every_destination_again_in_the_background() -> None:
     assert gate.admit("a") is Guarantee.REPLICATED  # the last answer serves meanwhile
     wait_until(lambda: calls == ["a", "a"], 5.0, "the check after the fail-over")
     wait_until(lambda: gate.admitted["a"] > 0.0, 5.0, "the refreshed answer")
+
+
+def test_a_broker_reachable_again_ends_the_remembered_failure() -> None:
+    """A check that could not reach the broker is remembered for a while (sends go to the
+    outbox without asking again); a broker reachable again ends that at once."""
+    calls: list[str] = []
+    down = True
+
+    def inspect(destination: str) -> DestinationReport:
+        calls.append(destination)
+        if down:
+            raise ConnectError("connection refused")
+        return DestinationReport(destination, Guarantee.REPLICATED)
+
+    gate = DestinationGate(inspect)
+    for _ in range(2):
+        with pytest.raises(ConnectError):
+            gate.admit("a")
+    assert calls == ["a"]  # the second send did not ask again
+    down = False
+    gate.reachable("kafka://h1:9092")
+    assert gate.admit("a") is Guarantee.REPLICATED
+    assert calls == ["a", "a"]
+
+
+def test_a_fresh_admit_checks_again_at_once() -> None:
+    """The outbox's probe (paced by its own backoff) checks whenever it probes; a send
+    within the second after a failed check is refused without asking."""
+    calls: list[str] = []
+
+    def inspect(destination: str) -> DestinationReport:
+        calls.append(destination)
+        raise ConnectError("connection refused")
+
+    gate = DestinationGate(inspect)
+    for fresh in (False, False, True, True):
+        with pytest.raises(ConnectError):
+            gate.admit("a", fresh=fresh)
+    assert calls == ["a", "a", "a"]

@@ -1,6 +1,6 @@
 """The Kafka adapter's error paths on librdkafka's mock cluster: NOT_ENOUGH_REPLICAS to
 the outbox and to a transient error in time, a fatal idempotence error, leaders moving
-under traffic, a full local queue.
+under traffic, a full local queue, every broker down and back (heard at once).
 
 Why the mock: each needs a broker error on demand and for exactly as long as the test
 says (every produce refused until healed, a leader moved at message 500), which no real
@@ -19,11 +19,14 @@ from confluent_kafka import KafkaError
 import msgsafe
 from msgsafe.adapters.kafka import KafkaTransport, open_transport
 from msgsafe.endpoints import parse_url
-from msgsafe.errors import TransientError
+from msgsafe.errors import ConnectError, TransientError
 from msgsafe.message import Envelope
+from msgsafe.retry import RetryPolicy
+from msgsafe.telemetry._observer import observing
 from tests.support.kafka_ledger import consume_until, warm_up
 from tests.support.kafka_mock import MockKafkaCluster, _librdkafka
 from tests.support.ledger import Ledger
+from tests.support.waiting import wait_until
 
 TOPIC = "orders"
 
@@ -195,3 +198,94 @@ def test_full_local_queue_waits_for_room_then_refuses_in_time(
         kafka_mock.heal_produce()
     finally:
         transport.close()
+
+
+class _Heard:
+    """A connection observer that records the ends of outages it hears."""
+
+    def __init__(self) -> None:
+        self.ends: list[str] = []
+
+    def failover(self, previous: str, endpoint: str, reason: str) -> None:
+        pass
+
+    def redirect(self, previous: str, endpoint: str, reason: str) -> None:
+        pass
+
+    def reachable(self, endpoint: str) -> None:
+        self.ends.append(endpoint)
+
+
+def test_a_broker_answering_again_is_heard_at_once(kafka_mock: MockKafkaCluster) -> None:
+    """Every broker down: publishes fail at once (to the outbox) and the transport looks
+    for a broker itself; the first to answer is told to the producer's observers
+    (``reachable``), not left to librdkafka's one-second topic scan."""
+    kafka_mock.create_topic(TOPIC, partitions=1, replication=3)
+    heard = _Heard()
+    with observing(heard):
+        transport = open_transport(parse_url(kafka_mock.url), {"confirm_timeout": 2})
+    assert isinstance(transport, KafkaTransport)
+    try:
+        warm_up(transport, TOPIC)
+        # The first broker to answer at the start is heard too.
+        wait_until(lambda: heard.ends == [transport.target], 10, "the first answer")
+        for broker in (1, 2, 3):
+            kafka_mock.broker_down(broker)
+
+        def refused_at_once() -> bool:
+            error = transport.publish(Envelope.build(TOPIC, b"x")).exception(10)
+            return isinstance(error, ConnectError) and transport._link.lost
+
+        wait_until(refused_at_once, 30, "a publish refused with every broker down")
+        assert heard.ends == [transport.target]
+        for broker in (1, 2, 3):
+            kafka_mock.broker_up(broker)
+        wait_until(lambda: len(heard.ends) == 2, 10, "the transport to hear a broker again")
+        assert heard.ends == [transport.target] * 2
+        assert not transport._link.down
+        assert transport.publish(Envelope.build(TOPIC, b"after")).exception(10) is None
+    finally:
+        for broker in (1, 2, 3):
+            kafka_mock.broker_up(broker)
+        transport.close()
+
+
+def test_stored_messages_leave_when_a_broker_answers_not_at_the_next_probe(
+    kafka_mock: MockKafkaCluster, tmp_path: Path
+) -> None:
+    """A producer started while every broker is down, with a 60 s probe period: its
+    stored messages leave as soon as a broker answers again (the transport tells the
+    destination checks and the forwarder), long before the next probe would."""
+    kafka_mock.create_topic(TOPIC, partitions=2, replication=3)
+    ledger = Ledger()
+    for broker in (1, 2, 3):
+        kafka_mock.broker_down(broker)
+    try:
+        with msgsafe.Producer(
+            kafka_mock.url,
+            outbox=tmp_path / "outbox.db",
+            confirm_timeout=2,
+            connect_timeout=1,
+            retry=RetryPolicy(initial=60.0, maximum=60.0),
+        ) as producer:
+            stored = _send(producer, ledger, 50)
+            assert all(r.status is msgsafe.Status.STORED for r in stored)
+            # The first probe failed: the next one is at least 20 s away (jittered).
+            wait_until(
+                lambda: (
+                    producer.stats().outbox_depth == 50
+                    and producer._forwarder is not None
+                    and producer._forwarder.next_attempt_in() > 10
+                ),
+                30,
+                "the forwarder backing off",
+            )
+            for broker in (1, 2, 3):
+                kafka_mock.broker_up(broker)
+            wait_until(lambda: producer.pending() == 0, 10, "the outbox drained")
+    finally:
+        for broker in (1, 2, 3):
+            kafka_mock.broker_up(broker)
+    ledger.received.update(consume_until(kafka_mock.url, TOPIC, ledger.receipted, deadline_s=60))
+    assert not ledger.lost
+    assert not ledger.unknown

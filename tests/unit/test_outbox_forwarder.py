@@ -505,3 +505,70 @@ def test_a_round_is_hurried_rather_than_left_to_linger(tmp_path: Path) -> None:
         assert transport.hurried >= 3  # one round at least per 500 messages
     finally:
         store.close()
+
+
+def test_a_broker_reachable_again_ends_the_backoff_at_once(
+    store: SqliteOutbox, clock: Clock
+) -> None:
+    """The transport's connection event (``reachable``) cuts a long backoff short: the
+    next step probes at once, with no time passing on the forwarder's clock."""
+    store.put(envs(10, keys=2))
+    refusing = True
+    transport = ScriptedTransport(lambda e: Refused("nope") if refusing else None)
+    policy = RetryPolicy(initial=60.0, maximum=60.0)
+    fwd = Forwarder(store, transport, clock=clock, rng=lambda: 1.0, policy=policy)
+    fwd.step()
+    assert fwd.stats().refusing
+    assert fwd.next_attempt_in() > 30.0
+    assert fwd.step() == 0  # the backoff holds
+    refusing = False
+    fwd.reachable(transport.target)
+    assert fwd.step() == 1  # the probe, at once
+    assert not fwd.stats().refusing
+    clock.now += 100  # released rows' retry times have passed
+    while fwd.step():
+        pass
+    assert store.stats().depth == 0
+
+
+def test_every_answered_round_is_told(store: SqliteOutbox, clock: Clock) -> None:
+    """``on_answered`` hears each round the broker answered whole (the producer ends
+    its refusal pause there), not a refused one."""
+    store.put(envs(10))
+    refusing = True
+    transport = ScriptedTransport(lambda e: Refused("nope") if refusing else None)
+    answered: list[int] = []
+    fwd = Forwarder(
+        store,
+        transport,
+        clock=clock,
+        rng=lambda: 1.0,
+        policy=RetryPolicy(initial=1.0, maximum=1.0),
+        on_answered=lambda: answered.append(1),
+    )
+    fwd.step()
+    assert answered == []
+    refusing = False
+    clock.now += 2.0
+    assert fwd.step() == 1  # the probe
+    assert answered == [1]
+
+
+def test_a_send_after_the_drain_goes_to_the_broker_at_once(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    """The refusal pause (sends straight to the outbox for half a second after a
+    failure) ends when the forwarder's round is answered: a drain quicker than the
+    pause does not send the next message the long way."""
+    from msgsafe import Producer, Status
+
+    with Producer(
+        f"memory://{memory_broker.name}", outbox=tmp_path / "o.db", connect_timeout=0.2
+    ) as producer:
+        memory_broker.down()
+        stored = [producer.send("q", b"m%d" % i) for i in range(20)]
+        assert {r.status for r in stored} == {Status.STORED}
+        memory_broker.up()
+        assert producer.drain(10) == 0
+        assert producer.send("q", b"after").status is Status.CONFIRMED
+    assert len(memory_broker.ids("q")) == 21

@@ -183,6 +183,9 @@ class _Heard:
     def redirect(self, previous: str, endpoint: str, reason: str) -> None:
         self.events.append(("redirect", previous, endpoint, reason))
 
+    def reachable(self, endpoint: str) -> None:
+        self.events.append(("reachable", "", endpoint, ""))
+
 
 def test_endpoint_list_reports_a_failover_only_after_a_new_connection() -> None:
     heard = _Heard()

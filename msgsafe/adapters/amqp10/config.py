@@ -48,8 +48,10 @@ class Amqp10Options(TransportOptions):
     #: AMQP open ``hostname`` (RabbitMQ reads ``vhost:NAME``); None: the host connected to.
     virtual_host: str | None = None
     #: Initial and maximum backoff (seconds) between reconnect attempts to one endpoint.
+    #: Half a second at most, as the outbox's probes: a broker back after an outage is
+    #: found within it (two seconds had the first confirm wait up to that long).
     reconnect_initial: float = 0.05
-    reconnect_maximum: float = 2.0
+    reconnect_maximum: float = 0.5
     #: RabbitMQ only: the destination check declares a missing ``/amq/queue/NAME``
     #: queue durable, of this type (``quorum``, ``classic`` or ``stream``), over AMQP
     #: 0-9-1 on the same port before the first message (AMQP 1.0 cannot: RabbitMQ's

@@ -48,6 +48,7 @@ from msgsafe.errors import (
 )
 from msgsafe.message import Batch
 from msgsafe.ports import BatchReport, PublishCallback
+from msgsafe.telemetry._observer import current as observer_now
 
 __all__ = ["BatchReports", "ProducerLink", "SendReport", "log"]
 
@@ -63,6 +64,9 @@ _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 #: Seconds new messages fail at once after librdkafka said "all brokers down"; then one goes
 #: through as a probe (the error repeats while they stay down; a delivery ends the outage).
 _DOWN_HOLD_S = 1.0
+#: Seconds between the poll thread's metadata requests while every broker is down
+#: (see ProducerLink._look_for_brokers); each waits at most this long.
+_LOOK_EVERY_S = 0.1
 #: librdkafka's "Invalid response size N": the peer's first four bytes as a Kafka frame
 #: length. b"AMQP" (an AMQP protocol header) is 1095586128; TLS starts 0x15 or 0x16.
 _RESPONSE_SIZE = re.compile(r"Invalid response size (\d+)")
@@ -254,6 +258,19 @@ class ProducerLink:
         #: Until when (time.monotonic()) every broker counts as down: publishes fail at
         #: once with ConnectError instead of waiting for message.timeout.ms.
         self.down_until = 0.0
+        #: True until a broker answers, and again from librdkafka's "all brokers down"
+        #: until one does: the poll thread looks for one (see _look_for_brokers). From
+        #: the start too: a producer made while every broker is down may hear nothing
+        #: from librdkafka (nothing produced, no connection tried) and its first
+        #: messages wait in the outbox for the answer.
+        self.lost = True
+        #: A topic a publish was refused for while every broker was down: the poll
+        #: thread asks for its metadata.
+        self.wanted_topic: str | None = None
+        self._look_at = 0.0
+        #: Who hears that a broker answers again (the producer's checks, its
+        #: forwarder); taken while the transport is built, like EndpointList's.
+        self._observer = observer_now()
         #: Set by error_cb: the poll thread purges librdkafka's queue (never-sent
         #: messages then fail with ConnectError, nothing was sent).
         self._purge_queue = False
@@ -306,9 +323,12 @@ class ProducerLink:
         """True while every broker counts as down (see :attr:`down_until`)."""
         return self.mismatch is not None or time.monotonic() < self.down_until
 
-    def unreachable(self, message_id: str | None = None) -> MsgsafeError:
+    def unreachable(self, message_id: str | None = None, topic: str | None = None) -> MsgsafeError:
         """The error of a message never sent because every broker is down (or speaks
-        another protocol: :class:`ProtocolMismatch`)."""
+        another protocol: :class:`ProtocolMismatch`); ``topic``, the message's, is the
+        one the poll thread asks metadata for while they are down."""
+        if topic is not None:
+            self.wanted_topic = topic
         if self.mismatch is not None:
             return self.mismatch.with_id(message_id) if message_id else self.mismatch
         cause = self.last_failure or "all brokers down"
@@ -365,6 +385,7 @@ class ProducerLink:
             # librdkafka repeats this on every reconnect round: warn once a while.
             now = time.monotonic()
             self.down_until = now + _DOWN_HOLD_S
+            self.lost = True
             self._purge_queue = True
             if now - self._down_warned_at >= _DOWN_WARN_EVERY_S:
                 self._down_warned_at = now
@@ -459,6 +480,8 @@ class ProducerLink:
                 if self._purge_queue:
                     self._purge_unsent()
                 self._expire(time.monotonic())
+                if self.lost:
+                    self._look_for_brokers()
                 continue
             self.polling = True
             try:
@@ -476,6 +499,36 @@ class ProducerLink:
             if self._purge_queue:
                 self._purge_unsent()
             self._expire(time.monotonic())
+            if self.lost:
+                self._look_for_brokers()
+
+    def _look_for_brokers(self) -> None:
+        """While every broker is down, ask for a topic's metadata ten times a second
+        (each request waits at most a tenth): the first broker to answer ends the hold
+        on publishes at once, and the answer is the leaders librdkafka needs.
+
+        Why: left to itself, librdkafka looks for a topic whose leader is gone on its
+        one-second topic scan, connecting on one tick and asking on the next; a
+        producer's first confirm after an outage waited up to two seconds for those
+        ticks (``benchmarks/bench_recovery.py --first-confirms``). The request costs a
+        connection attempt, which librdkafka already makes every 50 ms while a message
+        waits for a broker."""
+        now = time.monotonic()
+        if now < self._look_at or self.mismatch is not None or self._closing:
+            return
+        self._look_at = now + _LOOK_EVERY_S
+        try:
+            self.lane.producer.list_topics(self.wanted_topic, timeout=_LOOK_EVERY_S)
+        except KafkaException:
+            return  # still down (or the topic's metadata refused): look again later
+        except Exception:  # a lookout must not stop the poll thread
+            log.debug("kafka: metadata request failed", exc_info=True)
+            return
+        self.lost = False
+        self.down_until = 0.0
+        log.info("kafka: a broker answers again (%s)", self._target)
+        if self._observer is not None:
+            call_logged(log, "connection observer", self._observer.reachable, self._target)
 
     def _purge_unsent(self) -> None:
         # Messages still in librdkafka's queue were never sent: with every broker down

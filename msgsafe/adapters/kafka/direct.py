@@ -287,7 +287,12 @@ class DirectLane:
             # Every broker is down (or speaks another protocol): not at message.timeout.ms.
             if self.store is None:
                 return self._refused(
-                    destination, body, key, headers, message_id, link.unreachable(message_id)
+                    destination,
+                    body,
+                    key,
+                    headers,
+                    message_id,
+                    link.unreachable(message_id, destination),
                 )
             self._leave(purge=True)
             return None

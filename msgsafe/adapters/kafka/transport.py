@@ -174,7 +174,8 @@ class KafkaTransport:
         # ProducerLink.down, read without its own clock read (this one is reused below).
         if link.mismatch is not None or now < link.down_until:
             # Every broker is down: fail now (to the outbox), not at message.timeout.ms.
-            call_logged(log, PUBLISH_CALLBACK, callback, link.unreachable(message_id))
+            down = link.unreachable(message_id, envelope.destination)
+            call_logged(log, PUBLISH_CALLBACK, callback, down)
             return
         # The lane's record headers (see message_headers), the common form built inline.
         headers: Headers = (
@@ -226,7 +227,8 @@ class KafkaTransport:
         link = self._link
         if link.down:
             for index in range(count):
-                report_failed(report, index, link.unreachable(batch.message_ids[index]))
+                down = link.unreachable(batch.message_ids[index], batch.destination)
+                report_failed(report, index, down)
             return
         reports = BatchReports(link, batch, report)
         topic = batch.destination
