@@ -96,6 +96,13 @@ class DestinationGate:
             if due < self._clock():
                 self._refresh_later(destination)
             return self.guarantees[destination]
+        if not fresh:
+            # Before the destination's lock: a fresh check running there (the outbox's
+            # probe, every half second in an outage) must not hold up the sends that
+            # its last failure already answers.
+            failed = self._unreachable.get(destination)
+            if failed is not None and failed[0] > self._clock():
+                raise failed[1].with_id(None)
         with self._lock:
             lock = self._checking.setdefault(destination, threading.Lock())
         with lock:

@@ -232,3 +232,50 @@ def test_a_fresh_admit_checks_again_at_once() -> None:
         with pytest.raises(ConnectError):
             gate.admit("a", fresh=fresh)
     assert calls == ["a", "a", "a"]
+
+
+def test_a_fresh_check_under_way_holds_up_no_send_the_last_failure_answers() -> None:
+    """The outbox's probe checks while the broker is down; the sends meanwhile are
+    answered by the last failure at once, not after that check."""
+    import threading
+
+    entered = threading.Event()
+    release = threading.Event()
+    calls: list[str] = []
+
+    def inspect(destination: str) -> DestinationReport:
+        calls.append(destination)
+        if len(calls) > 1:  # the probe's check: under way until released
+            entered.set()
+            release.wait(30)
+        raise ConnectError("connection refused")
+
+    gate = DestinationGate(inspect)
+    with pytest.raises(ConnectError):
+        gate.admit("a")
+
+    def probe() -> None:
+        with pytest.raises(ConnectError):
+            gate.admit("a", fresh=True)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        assert entered.wait(10), "the probe's check did not start"
+        answered: list[BaseException] = []
+
+        def send() -> None:
+            try:
+                gate.admit("a")
+            except ConnectError as exc:
+                answered.append(exc)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        sender.join(10)
+        assert not sender.is_alive(), "a send waited for the probe's check"
+        assert len(answered) == 1
+    finally:
+        release.set()
+        prober.join(10)
+    assert calls == ["a", "a"]
