@@ -264,6 +264,9 @@ class ProducerLink:
         #: from librdkafka (nothing produced, no connection tried) and its first
         #: messages wait in the outbox for the answer.
         self.lost = True
+        #: True from librdkafka's "all brokers down" until a broker answers (the end of
+        #: an outage is logged; the first answer after the start is not).
+        self._was_down = False
         #: A topic a publish was refused for while every broker was down: the poll
         #: thread asks for its metadata.
         self.wanted_topic: str | None = None
@@ -386,6 +389,7 @@ class ProducerLink:
             now = time.monotonic()
             self.down_until = now + _DOWN_HOLD_S
             self.lost = True
+            self._was_down = True
             self._purge_queue = True
             if now - self._down_warned_at >= _DOWN_WARN_EVERY_S:
                 self._down_warned_at = now
@@ -526,7 +530,9 @@ class ProducerLink:
             return
         self.lost = False
         self.down_until = 0.0
-        log.info("kafka: a broker answers again (%s)", self._target)
+        if self._was_down:
+            self._was_down = False
+            log.info("kafka: a broker answers again (%s)", self._target)
         if self._observer is not None:
             call_logged(log, "connection observer", self._observer.reachable, self._target)
 
