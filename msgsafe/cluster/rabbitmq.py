@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -61,6 +62,8 @@ from msgsafe.cluster.base import ClusterError, LocalCluster, NodeInfo, TlsFiles
 _R = TypeVar("_R")
 
 __all__ = ["INSTALL_HINT", "RabbitCluster", "RabbitNode"]
+
+log = logging.getLogger("msgsafe.cluster")
 
 #: What to run when the broker is missing (the test command does it on fresh machines).
 INSTALL_HINT = "apt-get install -y rabbitmq-server"
@@ -409,10 +412,24 @@ class RabbitCluster(LocalCluster):
         signal_pid(self._require_pid(node), signal.SIGCONT)
 
     def restart(self, node: int, timeout: float | None = None) -> None:
-        """Start ``node`` again (after :meth:`kill`) and wait until it runs."""
+        """Start ``node`` again (after :meth:`kill`) and wait until it runs.
+
+        NOTE: ``rabbitmq-server -detached`` returns before the VM boots; a VM that exits
+        before it writes its pid file says nothing anywhere (a CI run once waited the
+        whole 180 s on a node whose log never moved). A node neither running nor
+        serving a minute after its launch is launched once more."""
+        total = 180.0 if timeout is None else timeout
+        deadline = time.monotonic() + total
         self.kill(node)
         self._launch(node)
-        self.wait_ready(node, timeout=180.0 if timeout is None else timeout)
+        try:
+            self.wait_ready(node, timeout=min(60.0, total))
+        except ClusterError:
+            if self.is_running(node) or time.monotonic() >= deadline:
+                raise
+            log.warning("rabbitmq node %s did not start: launching it again", node)
+            self._launch(node)
+            self.wait_ready(node, timeout=max(1.0, deadline - time.monotonic()))
         self._save()
 
     def status(self, node: int) -> dict[str, Any]:
