@@ -35,8 +35,9 @@ What a client sees (measured with python-qpid-proton 0.40 against this group):
 Auth: SASL PLAIN with ``user``/``password`` (default msgsafe/msgsafe) in a Plain
 provider whose ``secureOnlyMechanisms`` is empty, so PLAIN works without TLS on loopback;
 the same credentials open the REST API (HTTP Basic, enabled on plain HTTP) that
-:meth:`QpidCluster.nodes` reads roles from: ``GET /api/latest/virtualhostnode/<name>``,
-attribute ``role``.
+:meth:`QpidCluster.nodes` reads roles from: the query API,
+``GET /api/latest/querybroker/virtualhostnode?select=name,role`` (a plain GET of the node
+evaluates derived attributes that halt a replica's JVM, see :meth:`QpidCluster._query`).
 
 Layout of ``dir``: ``qpid-I/initial-config.json``, ``qpid-I/config.json`` (the broker's
 own configuration store, made from the initial configuration on the first start),
