@@ -57,7 +57,8 @@ __version__ = "0.1.0"
 # underneath (pika, proton) log every failed reconnect with their own nested exception
 # text; msgsafe reports the same events once, in its own words, so their records stay
 # out of the application's handlers unless it asks for them:
-# ``logging.getLogger("pika").propagate = True`` (librdkafka's are off: log_level 0).
+# ``logging.getLogger("pika").propagate = True``. librdkafka's are off (log_level 0);
+# with a ``debug`` setting they reach the "msgsafe.librdkafka" logger, never stderr.
 logging.getLogger("msgsafe").addHandler(logging.NullHandler())
 for _name in ("pika", "proton"):
     logging.getLogger(_name).addHandler(logging.NullHandler())

@@ -5,6 +5,7 @@ Kept apart from the producer so it is pure (no I/O, no client) and testable on i
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -262,7 +263,15 @@ def check_with_librdkafka(settings: Mapping[str, str] | None) -> None:
     if settings:
         from confluent_kafka import Producer as _Probe
 
-        _Probe({**settings, "log_level": 0})
+        # NOTE: a caller's ``debug`` raises librdkafka's log level above ``log_level``;
+        # the probe's lines go to a logger that keeps them, never to stderr.
+        _Probe({**settings, "log_level": 0, "logger": _PROBE_LOG})
+
+
+#: Where the settings probe's librdkafka lines go: nowhere (a probe has nothing to say).
+_PROBE_LOG = logging.getLogger("msgsafe.compat.confluent_kafka.settings_probe")
+_PROBE_LOG.addHandler(logging.NullHandler())
+_PROBE_LOG.propagate = False
 
 
 def merged_config(

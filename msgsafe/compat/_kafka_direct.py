@@ -181,9 +181,11 @@ class DirectPath:
         store: OutboxStore | None,
         lock: threading.Lock,
         on_error: Callable[[KafkaError], None] | None,
+        logger: object | None = None,
     ) -> None:
         #: The lane, never renewed here: after a fatal error the wrapper stays off it.
-        self.lane = KafkaLane.for_url(url, options, on_error=self._on_error)
+        #: ``logger`` (confluent-kafka's setting) gets librdkafka's lines of the lane.
+        self.lane = KafkaLane.for_url(url, options, on_error=self._on_error, logger=logger)
         #: rk's ``produce``, called positionally (see msgsafe.adapters.kafka.lane.BY_KEY).
         self.produce = self.lane.producer.produce
         self.target = self.lane.target

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import threading
 import time
 import weakref
 from collections.abc import Iterable, Mapping
@@ -212,9 +211,9 @@ class Producer(ClosesOnExit, SafeReports):
             self._idle = _Librdkafka(idle)
         if producer is not None and _url is None:
             try:
-                self._direct = DirectPath(target, options, producer.outbox, self._lock, listener)
-                if logger is not None:
-                    _log_to(self._direct, logger)
+                self._direct = DirectPath(
+                    target, options, producer.outbox, self._lock, listener, logger
+                )
             except BaseException:
                 producer.close(0)
                 raise
@@ -735,25 +734,6 @@ def _guarantee(producer: _SafeProducer, topic: str) -> MsgsafeError | None:
     except (UnsafeDestination, TransientError) as exc:
         return exc
     return None
-
-
-def _log_to(direct: DirectPath, logger: object) -> None:
-    """librdkafka's log lines of the direct lane go to ``logger`` (confluent-kafka's
-    ``logger`` setting), served by poll()/flush() as the real client serves them: the
-    lane's producer, made a moment ago and not used yet, is made again with the same
-    settings (callbacks included) plus the logger."""
-    lane = direct.lane
-    unused = lane.producer
-    lane.producer = _Librdkafka({**lane.settings, "logger": logger})
-    direct.produce = lane.producer.produce
-    # NOTE: destroying a librdkafka client waits for its broker threads, which may sit
-    # in a name lookup for seconds: the unused one is let go on a thread of its own.
-    threading.Thread(target=_let_go, args=([unused],), daemon=True).start()
-    del unused
-
-
-def _let_go(held: list[Any]) -> None:
-    held.clear()  # the last reference: librdkafka's destroy runs here
 
 
 #: Longest single wait in rk (poll, flush) between looks at the switch and the queue.

@@ -49,19 +49,27 @@ def test_logger_gets_librdkafka_lines_without_brokers() -> None:
     producer.close()
 
 
-def test_logger_gets_the_direct_lanes_lines_from_flush(tmp_path: Path) -> None:
+def test_logger_gets_the_direct_lanes_lines_from_flush(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     buffer, logger = _string_logger("msgsafe-test-lane")
     producer = Producer(
         {
             "bootstrap.servers": "127.0.0.1:1",
             "logger": logger,
-            "debug": "msg",
+            "debug": "msg,broker",
             "msgsafe.outbox": str(tmp_path / "o.db"),
         }
     )
+    # The refused connection's FAIL line (level 3, above the debug lines) comes from
+    # the lane's broker thread at once; it is the logger's, like every other line.
+    assert _until(lambda: "FAIL" in buffer.getvalue(), lambda: producer.poll(0.1), 10)
     assert producer.flush() == 0
     assert "msgsafe-test-lane Logger | INIT" in buffer.getvalue()
     producer.close(0)
+    # No librdkafka client of the wrapper wrote to stderr: with a logger, none exists
+    # without it (librdkafka's own format is "%LEVEL|time|FAC|name| ...").
+    assert "|FAIL|" not in capfd.readouterr().err
 
 
 def test_statistics_without_brokers_reach_stats_cb() -> None:

@@ -78,3 +78,44 @@ def test_one_concise_line_per_outage_at_warning(scheme: str) -> None:
     assert all(line.startswith("WARNING msgsafe") for line in lines), stderr
     for noise in ("Traceback", "AMQPConnectionWorkflowFailed", "pika", "proton.", "Error("):
         assert noise not in stderr, stderr
+
+
+DEBUG_CHILD = textwrap.dedent(
+    """
+    import logging, sys, time
+    if sys.argv[2] == "debug":
+        logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
+    import msgsafe
+    from msgsafe.errors import ConnectError
+    producer = msgsafe.Producer(sys.argv[1], outbox=False, librdkafka={"debug": "broker"})
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:  # the producer's client retries meanwhile
+        try:
+            producer.send("orders", b"x")
+        except ConnectError:
+            pass
+        time.sleep(0.05)  # pacing the loop, not synchronisation
+    producer.close(0)
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["none", "debug"])
+def test_librdkafka_debug_lines_go_to_logging_not_stderr(mode: str) -> None:
+    """A ``debug`` setting raises librdkafka's log level; its lines still go through
+    ``logging`` (the ``msgsafe.librdkafka`` logger), never straight to stderr."""
+    url = f"kafka://127.0.0.1:{_refusing_port()}/"
+    done = subprocess.run(
+        [sys.executable, "-c", DEBUG_CHILD, url, mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    raw_lines = [line for line in done.stderr.splitlines() if line.startswith("%")]
+    assert raw_lines == [], done.stderr[-2000:]
+    if mode == "none":
+        assert done.stderr == ""
+    else:
+        assert "DEBUG msgsafe.librdkafka: " in done.stderr, done.stderr[-2000:]
+        assert "Connect to ipv4#127.0.0.1" in done.stderr, done.stderr[-2000:]

@@ -26,6 +26,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("msgsafe.kafka")
+#: Where librdkafka's own lines go (served by the client's poll()): a caller's
+#: ``debug`` setting raises librdkafka's level above ``log_level`` 0, and the lines
+#: still reach only this logger, never stderr.
+librdkafka_log = logging.getLogger("msgsafe.librdkafka")
 
 #: Settings msgsafe owns: a pass-through may not replace them.
 _RESERVED = frozenset(
@@ -160,9 +164,11 @@ def client_settings(url: BrokerUrl, options: KafkaOptions) -> dict[str, object]:
         "reconnect.backoff.ms": min(100, options.reconnect_backoff_max_ms),
         "reconnect.backoff.max.ms": options.reconnect_backoff_max_ms,
         "socket.connection.setup.timeout.ms": max(1000, int(options.connect_timeout * 1000)),
-        # NOTE: librdkafka logs every refused connection at level 3 to stderr; the
-        # adapter reports them through error_cb and the Python logger instead.
+        # NOTE: librdkafka logs every refused connection at level 3; the adapter
+        # reports them through error_cb and the Python logger instead. Whatever it
+        # does log (a ``debug`` setting) goes to ``logging``, not to stderr.
         "log_level": 0,
+        "logger": librdkafka_log,
     }
     if url.username is not None:
         settings["security.protocol"] = "SASL_SSL" if url.tls else "SASL_PLAINTEXT"

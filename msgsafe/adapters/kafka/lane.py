@@ -175,6 +175,7 @@ class KafkaLane:
         *,
         on_error: Callable[[KafkaError], object] | None = None,
         failures_only: bool = False,
+        logger: object | None = None,
     ) -> None:
         #: The redacted URL: the ``endpoint`` of every error.
         self.target = url.redacted()
@@ -193,6 +194,10 @@ class KafkaLane:
         if failures_only:
             settings["delivery.report.only.error"] = True
             settings["on_delivery"] = self._failed
+        if logger is not None:
+            # confluent-kafka's ``logger``: librdkafka's lines (a caller's ``debug``
+            # raises their level) go to it, served by poll()/flush(), never to stderr.
+            settings["logger"] = logger
         #: The producer's settings, callbacks included (read-only).
         self.settings: Mapping[str, Any] = MappingProxyType(settings)
         self.producer = self._new_producer()
@@ -205,13 +210,14 @@ class KafkaLane:
         *,
         on_error: Callable[[KafkaError], object] | None = None,
         failures_only: bool = False,
+        logger: object | None = None,
     ) -> KafkaLane:
         """A lane for ``url`` (``kafka://`` or ``kafka+ssl://``) with ``options`` as
         :class:`~msgsafe.adapters.kafka.config.KafkaOptions` takes them (URL query and
         keywords); :class:`~msgsafe.errors.ConfigurationError` for a bad one."""
         parsed = parse_url(url)
         config = build_config(KafkaOptions, parsed, options)
-        return cls(parsed, config, on_error=on_error, failures_only=failures_only)
+        return cls(parsed, config, on_error=on_error, failures_only=failures_only, logger=logger)
 
     def _new_producer(self) -> Producer:
         try:
