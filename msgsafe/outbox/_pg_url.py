@@ -1,10 +1,11 @@
 """The PostgreSQL outbox named by a URL: ``postgresql://user:pw@h1:5432,h2:5432/db?table=T``.
 
-:func:`parse_store_url` splits what msgsafe reads (``table``, ``lease``) from what libpq
-reads (everything else, hosts as libpq's multi-host URL) and adds the defaults a fleet
-needs: ``target_session_attrs=read-write`` (libpq tries the hosts in order and keeps the
-one that takes writes: the primary, whichever host it is after a fail-over),
-``connect_timeout=5`` (a dead host is passed over within seconds) and TCP keepalives
+:func:`parse_store_url` splits what msgsafe reads (``table``, ``lease``,
+``write_timeout``) from what libpq reads (everything else, hosts as libpq's multi-host
+URL) and adds the defaults a fleet needs: ``target_session_attrs=read-write`` (libpq
+tries the hosts in order and keeps the one that takes writes: the primary, whichever
+host it is after a fail-over), ``connect_timeout=5`` (a dead host is passed over within
+seconds) and TCP keepalives
 (a primary that vanishes without a reset is noticed). The password is never shown:
 :attr:`StoreUrl.redacted` is what repr, logs, errors and the CLI print.
 """
@@ -54,6 +55,9 @@ class StoreUrl:
     hosts: tuple[str, ...]
     database: str
     user: str | None
+    #: ``write_timeout=S``: how long a put keeps trying through a fail-over (None: the
+    #: store's default).
+    write_timeout_s: float | None = None
 
     @property
     def redacted(self) -> str:
@@ -85,14 +89,24 @@ def parse_store_url(url: str, *, table: str = "msgsafe_outbox") -> StoreUrl:
     database = unquote(path) or (user or "postgres")
     params = dict(parse_qsl(query, keep_blank_values=True))
     chosen = params.pop("table", table)
-    lease_text = params.pop("lease", None)
-    try:
-        lease = None if lease_text is None else float(lease_text)
-    except ValueError:
-        raise ConfigurationError(f"lease must be seconds, not {lease_text!r}") from None
-    if lease is not None and lease <= 0:
-        raise ConfigurationError("lease must be > 0 seconds")
+    lease = _seconds(params, "lease")
+    write_timeout = _seconds(params, "write_timeout")
     for name, value in _DEFAULTS.items():
         params.setdefault(name, value)
     conninfo = f"postgresql://{authority}/{path}" + (f"?{urlencode(params)}" if params else "")
-    return StoreUrl(conninfo, chosen, lease, hosts, database, user)
+    return StoreUrl(conninfo, chosen, lease, hosts, database, user, write_timeout)
+
+
+def _seconds(params: dict[str, str], name: str) -> float | None:
+    """The seconds ``name`` gives (taken out of ``params``), None when absent;
+    :class:`ConfigurationError` unless a number > 0."""
+    text = params.pop(name, None)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigurationError(f"{name} must be seconds, not {text!r}") from None
+    if not value > 0:  # NaN too
+        raise ConfigurationError(f"{name} must be > 0 seconds")
+    return value

@@ -234,13 +234,16 @@ class PostgresOutbox:
 
     @classmethod
     def from_url(cls, url: str, *, target: str | None = None, **options: Any) -> PostgresOutbox:
-        """The store a ``postgresql://user:pw@h1:5432,h2:5432/db?table=T&lease=S`` URL
-        names (default table ``msgsafe_outbox``), with libpq's multi-host fail-over
+        """The store a ``postgresql://user:pw@h1:5432,h2:5432/db?table=T&lease=S``
+        URL names (default table ``msgsafe_outbox``; ``&write_timeout=S`` sets
+        ``write_timeout``), with libpq's multi-host fail-over
         (``target_session_attrs=read-write`` unless the URL says otherwise); see
         :mod:`msgsafe.outbox._pg_url`. ``options`` as for the constructor."""
         parsed = parse_store_url(url)
         if parsed.lease_s is not None:
             options.setdefault("lease_s", parsed.lease_s)
+        if parsed.write_timeout_s is not None:
+            options.setdefault("write_timeout", parsed.write_timeout_s)
         store = cls(parsed.conninfo, table=parsed.table, target=target, **options)
         store.redacted = parsed.redacted
         return store

@@ -27,7 +27,23 @@ def test_the_url_keeps_its_own_session_attrs_and_the_default_table() -> None:
     assert "read-write" not in parsed.conninfo
 
 
-@pytest.mark.parametrize("bad", ["mysql://u:pw@h/db", "postgresql://u:pw@h/db?lease=0"])
+def test_write_timeout_is_msgsafe_s_not_libpq_s() -> None:
+    parsed = parse_store_url("postgresql://h/db?table=ob&write_timeout=90")
+    assert parsed.write_timeout_s == 90.0 and parsed.lease_s is None
+    assert "write_timeout" not in parsed.conninfo
+    assert parse_store_url("postgresql://h/db").write_timeout_s is None
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "mysql://u:pw@h/db",
+        "postgresql://u:pw@h/db?lease=0",
+        "postgresql://u:pw@h/db?write_timeout=-1",
+        "postgresql://u:pw@h/db?write_timeout=soon",
+        "postgresql://u:pw@h/db?write_timeout=nan",
+    ],
+)
 def test_errors_never_quote_the_password(bad: str) -> None:
     with pytest.raises(ConfigurationError) as info:
         parse_store_url(bad)

@@ -105,7 +105,9 @@ def _store_under_fault(
     the outbox drained: the ledger counted."""
     memory_broker.refuse_writes("down for the test")
     table = f"fo_{uuid.uuid4().hex[:10]}"
-    url = f"{pair.url}&table={table}"
+    # A put keeps trying through the fault for as long as a send may wait: a restart
+    # on a loaded machine can take longer than the store's default (30 s).
+    url = f"{pair.url}&table={table}&write_timeout=110"
     queue = "orders"
     ledger = Ledger()
     producer = Producer(
