@@ -22,11 +22,12 @@ OUTAGE_S = 3.0
 CHILD = textwrap.dedent(
     """
     import logging, sys, time
-    if sys.argv[2] == "warning":
-        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if sys.argv[2] != "none":
+        logging.basicConfig(level=sys.argv[2].upper(), format="%(levelname)s %(name)s: %(message)s")
     import msgsafe
     from msgsafe.errors import ConnectError
-    producer = msgsafe.Producer(sys.argv[1], outbox=False)
+    options = {"librdkafka": {"debug": sys.argv[4]}} if len(sys.argv) > 4 else {}
+    producer = msgsafe.Producer(sys.argv[1], outbox=False, **options)
     deadline = time.monotonic() + float(sys.argv[3])
     sent = failed = 0
     while time.monotonic() < deadline:
@@ -50,10 +51,12 @@ def _refusing_port() -> int:
     return port
 
 
-def _run(scheme: str, mode: str) -> tuple[str, str]:
+def _run(scheme: str, mode: str, *extra: str) -> tuple[str, str]:
+    """Run CHILD against a refusing port: ``mode`` is ``none`` (no logging configured)
+    or the level logging is configured at; ``extra``: librdkafka's ``debug`` setting."""
     url = f"{scheme}://127.0.0.1:{_refusing_port()}/"
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, url, mode, str(OUTAGE_S)],
+        [sys.executable, "-c", CHILD, url, mode, str(OUTAGE_S), *extra],
         capture_output=True,
         text=True,
         timeout=60,
@@ -80,42 +83,15 @@ def test_one_concise_line_per_outage_at_warning(scheme: str) -> None:
         assert noise not in stderr, stderr
 
 
-DEBUG_CHILD = textwrap.dedent(
-    """
-    import logging, sys, time
-    if sys.argv[2] == "debug":
-        logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
-    import msgsafe
-    from msgsafe.errors import ConnectError
-    producer = msgsafe.Producer(sys.argv[1], outbox=False, librdkafka={"debug": "broker"})
-    deadline = time.monotonic() + 1.5
-    while time.monotonic() < deadline:  # the producer's client retries meanwhile
-        try:
-            producer.send("orders", b"x")
-        except ConnectError:
-            pass
-        time.sleep(0.05)  # pacing the loop, not synchronisation
-    producer.close(0)
-    """
-)
-
-
 @pytest.mark.parametrize("mode", ["none", "debug"])
 def test_librdkafka_debug_lines_go_to_logging_not_stderr(mode: str) -> None:
     """A ``debug`` setting raises librdkafka's log level; its lines still go through
     ``logging`` (the ``msgsafe.librdkafka`` logger), never straight to stderr."""
-    url = f"kafka://127.0.0.1:{_refusing_port()}/"
-    done = subprocess.run(
-        [sys.executable, "-c", DEBUG_CHILD, url, mode],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    raw_lines = [line for line in done.stderr.splitlines() if line.startswith("%")]
-    assert raw_lines == [], done.stderr[-2000:]
+    _, stderr = _run("kafka", mode, "broker")
+    raw_lines = [line for line in stderr.splitlines() if line.startswith("%")]
+    assert raw_lines == [], stderr[-2000:]
     if mode == "none":
-        assert done.stderr == ""
+        assert stderr == ""
     else:
-        assert "DEBUG msgsafe.librdkafka: " in done.stderr, done.stderr[-2000:]
-        assert "Connect to ipv4#127.0.0.1" in done.stderr, done.stderr[-2000:]
+        assert "DEBUG msgsafe.librdkafka: " in stderr, stderr[-2000:]
+        assert "Connect to ipv4#127.0.0.1" in stderr, stderr[-2000:]
