@@ -1,21 +1,21 @@
-"""A blocking ``Producer.send`` on Kafka after a pause costs what a raw ``produce()`` +
-``flush()`` costs, though the adapter's poll thread is back in librdkafka's ``poll()``.
+"""A blocking ``Producer.send`` on Kafka sends at once, not after ``linger.ms``, also
+after a pause (when the adapter's poll thread is back in librdkafka's ``poll()``) and on
+a busy machine.
 
-librdkafka hands a delivery report to one of the threads waiting in ``poll()``. After
-a pause the poll thread waits there; a sender that then flushed in its own slice
-(5 ms) got nothing while the poll thread took its report, and sat the slice out (a
-median 5.3 ms against 1.9 ms for the raw send on the real cluster). Why the mock: its
-in-process brokers answer in well under a millisecond, so a slice sat out shows;
-every id is counted through the consumer as in the other Kafka tests.
+librdkafka skips ``linger.ms`` only for a broker thread that looks while a ``flush()``
+runs. A send that flushed once for a millisecond waited out the whole linger whenever
+its broker thread woke later than that: with ``linger_ms=1000`` and six busy processes
+on two cores, 3 sends of 15 took 1,002 ms. The long linger makes a missed flush show
+whatever the machine's load; how quick a send after a pause is next to a raw
+``produce()`` + ``flush()`` is a benchmark's figure (``benchmarks/bench_kafka.py``,
+``send after pauses``). Why the mock: its in-process brokers answer in well under a
+millisecond; every id is counted through the consumer as in the other Kafka tests.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from pathlib import Path
-
-from confluent_kafka import Producer as RawProducer
 
 import msgsafe
 from tests.support.kafka_ledger import consume_until
@@ -23,43 +23,25 @@ from tests.support.kafka_mock import MockKafkaCluster
 from tests.support.ledger import Ledger
 
 TOPIC = "orders"
-#: The raw producer's topic: its messages carry no id for the ledger.
-RAW_TOPIC = "raw"
 SENDS = 15
 #: Longer than the poll thread's grace (20 ms): it is back in poll() when a send starts.
 PAUSE_S = 0.06
-#: What a send may take over the raw send, median to median: a sat-out slice is 5 ms.
-SLACK_S = 0.0025
+#: A linger no send may be seen to wait out.
+LINGER_MS = 4000
 
 
-def _raw_latencies(bootstrap: str) -> list[float]:
-    raw = RawProducer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
-    raw.produce(RAW_TOPIC, b"warm-up")
-    raw.flush(10)
-    took = []
-    for _ in range(SENDS):
-        time.sleep(PAUSE_S)  # the pause is the scenario, not a synchronisation
-        started = time.perf_counter()
-        raw.produce(RAW_TOPIC, b"x" * 100)
-        assert raw.flush(10) == 0
-        took.append(time.perf_counter() - started)
-    return took
-
-
-def test_a_blocking_send_after_a_pause_is_as_quick_as_a_raw_send(
+def test_a_blocking_send_does_not_wait_out_the_linger(
     kafka_mock: MockKafkaCluster, tmp_path: Path
 ) -> None:
     kafka_mock.create_topic(TOPIC, partitions=3, replication=3)
-    kafka_mock.create_topic(RAW_TOPIC, partitions=3, replication=3)
-    raw = _raw_latencies(kafka_mock.bootstrap)
     ledger = Ledger()
     took = []
-    with msgsafe.Producer(kafka_mock.url, outbox=tmp_path / "outbox.db") as producer:
-        warm_up = msgsafe.new_message_id()
-        ledger.sent.add(warm_up)
-        producer.send(TOPIC, b"warm-up", message_id=warm_up)
-        for _ in range(SENDS):
-            time.sleep(PAUSE_S)  # the pause is the scenario, not a synchronisation
+    with msgsafe.Producer(
+        f"{kafka_mock.url}?linger_ms={LINGER_MS}", outbox=tmp_path / "outbox.db"
+    ) as producer:
+        for i in range(SENDS * 2):
+            if i % 2:
+                time.sleep(PAUSE_S)  # the pause is the scenario, not a synchronisation
             message_id = msgsafe.new_message_id()
             ledger.sent.add(message_id)
             started = time.perf_counter()
@@ -68,13 +50,11 @@ def test_a_blocking_send_after_a_pause_is_as_quick_as_a_raw_send(
             assert receipt.status is msgsafe.Status.CONFIRMED
             ledger.receipted.add(receipt.message_id)
     ledger.received.update(consume_until(kafka_mock.url, TOPIC, ledger.receipted, deadline_s=60))
-    print(
-        f"{ledger.report('blocking send after pauses')}; median send "
-        f"{statistics.median(took) * 1000:.2f} ms, raw {statistics.median(raw) * 1000:.2f} ms"
-    )
+    slowest = sorted(round(t * 1000, 1) for t in took)[-3:]
+    print(f"{ledger.report('blocking sends, linger 4 s')}; slowest sends (ms): {slowest}")
     assert not ledger.lost
     assert not ledger.unknown
-    assert statistics.median(took) <= statistics.median(raw) + SLACK_S
+    assert max(took) < LINGER_MS / 1000 / 2, f"a send waited out the linger: {slowest} ms"
 
 
 def test_a_blocking_send_stored_in_an_outage_does_not_hurry_the_transport(

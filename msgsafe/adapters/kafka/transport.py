@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -61,10 +61,9 @@ _CHUNK = 256
 #: poll after it: a poll returns as soon as it served a report.
 _HURRY_FLUSH_S = 0.005
 _HURRY_POLL_S = 0.005
-#: Seconds of that flush when the poll thread serves the reports (it only has librdkafka
-#: send now), and of each wait for the poll thread to resolve the receipt.
+#: Seconds of each flush while the poll thread serves the reports (it only has
+#: librdkafka send now, and returns once the poll thread served them).
 _HURRY_TRIGGER_S = 0.001
-_HURRY_WAIT_S = 0.005
 #: Share of confirm_timeout that publish may wait for room in a full local queue.
 _ROOM_WAIT_SHARE = 0.25
 
@@ -289,10 +288,13 @@ class KafkaTransport:
         :class:`msgsafe.ports.HurryingTransport`)."""
         deadline = time.monotonic() + timeout
         link = self._link
-        # NOTE: librdkafka skips linger.ms only while a flush() call runs; one short
-        # flush is enough (a broker thread that has not woken within it sends at the
-        # linger anyway). Further flush() calls would wake every broker thread again,
-        # which measured about twice the CPU per send of a raw produce()+flush().
+        # NOTE: librdkafka skips linger.ms only while a flush() call runs, and only for a
+        # broker thread that looks while it runs: on a busy machine one that wakes after
+        # the flush returned waited out the whole linger (a send after a pause took
+        # linger_ms = 1000 ms with six busy processes on two cores). So a slice that ends
+        # without the report flushes again; most sends need one flush only (a flush()
+        # per slice wakes every broker thread: about twice the CPU per send of a raw
+        # produce()+flush() when every slice did it).
         flush = True
         while not done.done() and not self._closed:
             left = deadline - time.monotonic()
@@ -306,21 +308,19 @@ class KafkaTransport:
                 if link.polling:
                     # NOTE: the poll thread already waits in librdkafka's poll(), and
                     # librdkafka hands a report to one waiting thread: most likely that
-                    # one, while a flush() here would sit out its whole slice (a send
-                    # after a pause measured 2 ms slower than a raw produce()+flush()).
-                    # A shortest flush makes librdkafka send now; the report then
-                    # resolves ``done`` on the poll thread, which wakes this one.
-                    if flush:
-                        flush = False
-                        link.lane.producer.flush(min(_HURRY_TRIGGER_S, left))
-                    else:
-                        wait((done,), min(_HURRY_WAIT_S, left))
+                    # one, while a long flush() here would sit out its whole slice (a
+                    # send after a pause measured 2 ms slower than a raw
+                    # produce()+flush()). Shortest flushes, one after another, keep
+                    # librdkafka sending now; the report resolves ``done`` on whichever
+                    # thread serves it, and a flush returns once nothing is queued.
+                    link.lane.producer.flush(min(_HURRY_TRIGGER_S, left))
                     continue
-                if not flush:
+                if flush:
+                    flush = False
+                    link.lane.producer.flush(min(_HURRY_FLUSH_S, left))
+                else:
+                    flush = True
                     link.serve(min(_HURRY_POLL_S, left))
-                    continue
-                flush = False
-                link.lane.producer.flush(min(_HURRY_FLUSH_S, left))
             except KafkaException as exc:
                 link.on_error(exc.args[0])
             except SystemError:
