@@ -29,7 +29,8 @@ and declare two properties of its wire: ``tombstones`` (an envelope with a null 
 sent as one) and ``ordered_rounds`` (order per key holds across calls and
 reconnects). An outbox store implements :class:`OutboxStore` and declares a
 :class:`StoreCapabilities` record the same way (``claim_rows``, ``put_batch_async``,
-``transactional``, ``release``, ``pending``, ``notify``).
+``transactional``, ``release``, ``pending``, ``notify``), and the longest lease it grants
+(``lease_s``) where it caps leases.
 
 Capabilities are declared, not probed: the producer, the forwarder and the CLI read the
 record once, when they are built, and call what it promises without looking for it
@@ -178,6 +179,11 @@ class StoreCapabilities:
     #: forwarder then listens, so that another process's put is forwarded at once rather
     #: than at its next poll.
     notify: bool = False
+    #: The longest lease, in seconds, that the store grants a claim (None: the lease the
+    #: claimer asks for). A store shared by many processes caps it, so that a dead
+    #: forwarder's rows come back soon; a forwarder of such a store times its rounds by
+    #: the shorter of its own lease and this one.
+    lease_s: float | None = None
 
 
 _NO_TRANSPORT_CAPABILITIES = TransportCapabilities()

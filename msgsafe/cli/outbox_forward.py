@@ -99,8 +99,8 @@ def forward(
             try:
                 broker = parse_url(_broker(opened, url))
                 transport = open_transport(broker, options)
-                lease = getattr(opened, "lease_s", 30.0)
-                forwarder = Forwarder(opened, transport, lease_s=float(lease))
+                # The store's own lease where it declares one (Forwarder reads it).
+                forwarder = Forwarder(opened, transport)
                 try:
                     # Woken by the store's NOTIFY where it declares one (Forwarder.start).
                     forwarder.start()

@@ -112,6 +112,8 @@ _PROBE_CAP_S = 0.5
 
 #: How often an idle forwarder looks for rows whose retry time has come.
 _IDLE_POLL_S = 1.0
+#: Seconds of a claim's lease unless the caller or the store says otherwise.
+_LEASE_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +204,10 @@ class Forwarder:
     answers a whole round: the producer ends its refusal pause, so that new sends try
     the broker again at once rather than at the pause's end (a round can be answered
     within the half second that the outage's last send paused sending for).
+
+    ``lease_s`` is how long a claim keeps its rows from other claimers (default 30 s,
+    or the store's :attr:`~msgsafe.ports.StoreCapabilities.lease_s`); a store that caps
+    leases shorter times the rounds by its cap.
     """
 
     def __init__(
@@ -212,7 +218,7 @@ class Forwarder:
         policy: RetryPolicy | None = None,
         batch: int = 10_000,
         batch_bytes: int = 8 << 20,
-        lease_s: float = 30.0,
+        lease_s: float | None = None,
         on_quarantine: Callable[[Envelope, str], None] | None = None,
         admit: Callable[[str], object] | None = None,
         on_answered: Callable[[], object] | None = None,
@@ -220,7 +226,7 @@ class Forwarder:
         sleep: Callable[[float], None] | None = None,
         rng: Callable[[], float] = random.random,
     ) -> None:
-        if batch < 1 or batch_bytes < 1 or lease_s <= 0:
+        if batch < 1 or batch_bytes < 1 or (lease_s is not None and lease_s <= 0):
             raise ConfigurationError("batch and batch_bytes must be >= 1 and lease_s > 0")
         self._store = store
         self._transport = transport
@@ -232,7 +238,12 @@ class Forwarder:
         self._batch_bytes = batch_bytes
         #: The next claim's size: ``batch``, or fewer when messages are large.
         self._limit = min(batch, _FIRST_LIMIT)
-        self._lease_s = lease_s
+        caps = store_capabilities(store)
+        # NOTE: rows come back to other claimers when the store's lease ends, whatever
+        # this forwarder asked for: its rounds are timed by the lease it gets.
+        if lease_s is None:
+            lease_s = _LEASE_S if caps.lease_s is None else caps.lease_s
+        self._lease_s = lease_s if caps.lease_s is None else min(lease_s, caps.lease_s)
         self._on_quarantine = on_quarantine
         self._admit = admit
         self._on_answered = on_answered
@@ -254,7 +265,6 @@ class Forwarder:
         self._unsettled: list[Callable[[], None]] = []
         # What the store and the transport declare (msgsafe.ports), read once: each seam
         # is bound when its flag promises it, None otherwise.
-        caps = store_capabilities(store)
         transport_caps = transport_capabilities(transport)
         #: The store, where its claim needs no envelope per row and can follow keys.
         self._row_claims: RowClaimingStore | None = (

@@ -24,6 +24,7 @@ is retried on a new one (libpq's host list finds the primary after a fail-over) 
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import logging
 import re
 import threading
@@ -110,6 +111,8 @@ class PostgresOutbox:
         self._closed = False
         self._conn: psycopg.Connection[Any] | None = None
         self.lease_s = lease_s
+        #: As the class declares, with the lease this store caps every claim at.
+        self.capabilities = dataclasses.replace(PostgresOutbox.capabilities, lease_s=lease_s)
         self.max_keys = max_keys
         self.write_timeout = write_timeout
         #: The conninfo without its password, for repr and the CLI.

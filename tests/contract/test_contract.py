@@ -418,8 +418,20 @@ def test_a_store_declares_exactly_the_seams_it_offers(store: OutboxStore) -> Non
     caps = store.capabilities
     assert isinstance(caps, StoreCapabilities)
     assert store.capabilities == caps
-    assert set(asdict(caps)) == set(_STORE_SEAMS)
-    assert asdict(caps) == {name: isinstance(store, seam) for name, seam in _STORE_SEAMS.items()}
+    seams = {name: value for name, value in asdict(caps).items() if name != "lease_s"}
+    assert set(seams) == set(_STORE_SEAMS)
+    assert seams == {name: isinstance(store, seam) for name, seam in _STORE_SEAMS.items()}
+    # Not a seam: the longest lease the store grants, where it caps leases.
+    assert caps.lease_s is None or caps.lease_s > 0
+
+
+def test_a_store_that_caps_leases_declares_its_cap(
+    store_case: StoreCase, store: OutboxStore
+) -> None:
+    """PostgreSQL's store caps every lease (rows come back to other processes when a
+    forwarder dies): it declares the cap, which a Forwarder then times its rounds by."""
+    expected = {"postgres": 10.0}.get(store_case.name)
+    assert store.capabilities.lease_s == expected
 
 
 def test_claim_rows_as_declared_follows_keys_in_flight(store: OutboxStore) -> None:

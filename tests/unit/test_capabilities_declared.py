@@ -429,3 +429,38 @@ def test_a_producer_that_does_not_forward_does_not_listen(
     with _producer(monkeypatch, transport, outbox=store) as producer:
         assert store.calls == ["listen"]
         assert producer.send("q", b"x").status is Status.CONFIRMED
+
+
+class LeaseCappingStore(UndeclaringStore):
+    """An UndeclaringStore that records the lease of each claim and declares a cap."""
+
+    def __init__(self, inner: SqliteOutbox, lease_s: float | None) -> None:
+        super().__init__(inner)
+        self.capabilities = StoreCapabilities(lease_s=lease_s)
+        self.leases: list[float] = []
+
+    def claim(self, *, limit: int, lease_s: float) -> list[Envelope]:
+        self.leases.append(lease_s)
+        return super().claim(limit=limit, lease_s=lease_s)
+
+
+@pytest.mark.parametrize(
+    ("cap", "asked", "claimed"),
+    [(None, None, 30.0), (None, 45.0, 45.0), (5.0, None, 5.0), (5.0, 30.0, 5.0), (5.0, 2.0, 2.0)],
+)
+def test_a_forwarder_claims_with_the_lease_the_store_grants(
+    tmp_path: Path, cap: float | None, asked: float | None, claimed: float
+) -> None:
+    """A store that caps leases (``StoreCapabilities.lease_s``, as PostgreSQL's does)
+    gives rows back to other claimers when its cap ends: the forwarder claims, and times
+    its rounds, with the shorter of the cap and its own lease (30 s unless asked)."""
+    store = LeaseCappingStore(SqliteOutbox(tmp_path / "o.db"), cap)
+    transport = TemptingTransport(TransportCapabilities())
+    forwarder = Forwarder(store, transport, lease_s=asked)  # type: ignore[arg-type]
+    try:
+        store.put([Envelope.build("q", b"x")])
+        forwarder.drain(10)
+    finally:
+        store.close()
+    assert store.leases and set(store.leases) == {claimed}
+    assert len(transport.published) == 1
