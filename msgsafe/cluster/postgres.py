@@ -238,7 +238,8 @@ class PostgresCluster(LocalCluster):
     def _data(self, node: int) -> Path:
         return self.data_root / self.names[node] / "data"
 
-    def _log_path(self, node: int) -> Path:
+    def log_path(self, node: int) -> Path:
+        """Where node ``node`` writes its server log (in the cluster's directory)."""
         return self.dir / f"{self.names[node]}.log"
 
     def _own(self, path: Path) -> None:
@@ -377,7 +378,7 @@ class PostgresCluster(LocalCluster):
         )
 
     def _spawn(self, node: int) -> None:
-        log = self._log_path(node)
+        log = self.log_path(node)
         self.dir.mkdir(parents=True, exist_ok=True)
         argv = [str(postgres_bin()), "-D", str(self._data(node)), "-p", str(self.ports[node])]
         self.pids[node] = spawn(
@@ -389,7 +390,7 @@ class PostgresCluster(LocalCluster):
         def ready() -> bool:
             if not pid_alive(self.pids[node]):
                 raise ClusterError(
-                    f"PostgreSQL {self.names[node]} exited\n" + tail(self._log_path(node))
+                    f"PostgreSQL {self.names[node]} exited\n" + tail(self.log_path(node))
                 )
             return self._role(node) == role
 
@@ -397,7 +398,7 @@ class PostgresCluster(LocalCluster):
             ready,
             max(0.0, deadline - time.monotonic()),
             f"PostgreSQL {self.names[node]} to serve as {role}",
-            on_timeout=lambda: tail(self._log_path(node)),
+            on_timeout=lambda: tail(self.log_path(node)),
         )
 
     def _wait_streaming(self, node: int, deadline: float, *, sync: bool = True) -> None:
@@ -405,7 +406,7 @@ class PostgresCluster(LocalCluster):
             lambda: self._streaming(self.primary, node, sync=sync),
             max(0.0, deadline - time.monotonic()),
             f"PostgreSQL {self.names[node]} to stream from {self.names[self.primary]}",
-            on_timeout=lambda: tail(self._log_path(node)),
+            on_timeout=lambda: tail(self.log_path(node)),
         )
 
     def _make_standby(self, node: int) -> None:
@@ -564,8 +565,10 @@ class PostgresCluster(LocalCluster):
 
     def restart(self, node: int, timeout: float | None = None) -> None:
         """Start node ``node`` again on its port and wait until it serves: the primary
-        until it takes writes, a standby until it streams (when the primary runs). A
-        former primary left behind by a promotion is rebuilt as a standby first."""
+        until it takes writes and every running standby streams from it again (its
+        commits wait for a synchronous standby), a standby until it streams (when the
+        primary runs). A former primary left behind by a promotion is rebuilt as a
+        standby first."""
         self._check(node)
         if pid_alive(self.pids[node]):
             raise ClusterError(f"PostgreSQL {self.names[node]} is running; kill it first")
@@ -573,6 +576,9 @@ class PostgresCluster(LocalCluster):
         if node == self.primary:
             self._spawn(node)
             self._wait_serving(node, "primary", deadline)
+            for standby in range(len(self.names)):
+                if standby != node and self._role(standby) == "standby":
+                    self._wait_streaming(standby, deadline, sync=not self.relaxed)
         else:
             primary_up = self._role(self.primary) == "primary"
             if self._left_behind(node):

@@ -17,7 +17,9 @@ A put knows whether it committed: a connection lost during COMMIT is resolved by
 the server about the transaction, or by putting the same rows again, which the unique
 ids make idempotent (:mod:`msgsafe.outbox._pg_commit`); a connection lost before COMMIT
 is retried on a new one (libpq's host list finds the primary after a fail-over) until
-``write_timeout``. :meth:`PostgresOutbox.from_url` opens a store from a
+``write_timeout``. So are the questions a send asks on its way (``has_key``, the row
+count of ``max_rows``, ``pending``, ``stats``): a fail-over makes a send wait, not
+fail. :meth:`PostgresOutbox.from_url` opens a store from a
 ``postgresql://`` URL (:mod:`msgsafe.outbox._pg_url`).
 """
 
@@ -31,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from msgsafe.errors import (
     ClosedError,
@@ -66,6 +68,8 @@ log = logging.getLogger("msgsafe.outbox")
 #: How long a count of the waiting rows (for max_rows) is reused: counting a large
 #: table on every put would cost more than the put.
 _COUNT_TTL_S = 5.0
+#: The answer type of PostgresOutbox._ask.
+_T = TypeVar("_T")
 
 _TABLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 _COLUMNS = "id, target, destination, key, headers, body, created_at, size"
@@ -82,8 +86,8 @@ class PostgresOutbox:
     caller's transaction and is not refused on the row bound). ``lease_s`` caps every
     claim's lease: a key a dead forwarder held is taken over after at most that long.
     ``max_keys``: keys one claim takes at most (forwarders share the rest).
-    ``write_timeout``: how long a put keeps trying a new connection (a fail-over) before
-    it raises. Thread-safe.
+    ``write_timeout``: how long a put, or a question a send asks (``has_key``), keeps
+    trying a new connection (a fail-over) before it raises. Thread-safe.
     """
 
     def __init__(
@@ -210,6 +214,34 @@ class PostgresOutbox:
         conn = psycopg.connect(self._conninfo, autocommit=True)
         self._server = server_identity(conn)
         return conn
+
+    def _ask(self, question: Callable[[psycopg.Connection[Any]], _T]) -> _T:
+        """``question`` answered on the store's connection; one that fails with the
+        connection (a fail-over: the server away, or a standby where the primary was) is
+        asked again on a new one for up to ``write_timeout`` seconds, as a put is; then
+        :class:`~msgsafe.errors.OutboxError`. Only for questions that change nothing."""
+        deadline = time.monotonic() + self.write_timeout
+        pause = 0.05
+        while True:
+            try:
+                with self._lock:
+                    if self._closed:
+                        raise ClosedError("the outbox is closed")
+                    if self._conn is None or self._conn.closed or self._conn.broken:
+                        self._conn = self._connect()
+                    return question(self._conn)
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                if time.monotonic() >= deadline:
+                    raise OutboxError(
+                        f"PostgreSQL outbox {self._table}: {type(exc).__name__}: {exc}"
+                    ) from exc
+                log.info("outbox read on %s retried: %s", self.redacted, exc)
+            except psycopg.Error as exc:
+                raise OutboxError(
+                    f"PostgreSQL outbox {self._table}: {type(exc).__name__}: {exc}"
+                ) from exc
+            time.sleep(pause)  # the server is away (a fail-over): ask again shortly
+            pause = min(pause * 2, 1.0)
 
     def _row(self, env: Envelope) -> _ROW:
         return (
@@ -341,9 +373,7 @@ class PostgresOutbox:
         now = time.monotonic()
         counted = self._counted
         if counted is None or now - counted[1] > _COUNT_TTL_S:
-            with self._session() as conn:
-                row = conn.execute(self._sql["count"]).fetchone()
-            counted = self._counted = (int(row[0]) if row else 0, now)
+            counted = self._counted = (self.pending(), now)
         if counted[0] + adding > self.max_rows:
             self._counted = None  # counted again next time: rows may have been forwarded
             raise OutboxFull(f"the outbox holds max_rows={self.max_rows}")
@@ -418,15 +448,18 @@ class PostgresOutbox:
     def has_key(self, key: bytes) -> bool:
         """True while any envelope of ``key`` waits (asks the database: other processes
         may write the table)."""
-        with self._session() as conn:
-            row = conn.execute(self._sql["has_key"], (key,)).fetchone()
+        row = self._ask(lambda conn: conn.execute(self._sql["has_key"], (key,)).fetchone())
         return bool(row and row[0])
 
     def stats(self) -> OutboxStats:
         """Depth, bytes, oldest age and quarantined count."""
-        with self._session() as conn:
+
+        def ask(conn: psycopg.Connection[Any]) -> tuple[Any, Any, Any, Any]:
             depth, size, oldest = conn.execute(self._sql["stats"]).fetchone() or (0, 0, None)
             quarantined = (conn.execute(self._sql["count_q"]).fetchone() or (0,))[0]
+            return depth, size, oldest, quarantined
+
+        depth, size, oldest, quarantined = self._ask(ask)
         return OutboxStats(
             depth=int(depth),
             bytes=int(size),
@@ -436,8 +469,7 @@ class PostgresOutbox:
 
     def pending(self) -> int:
         """How many messages wait (quarantined ones not counted)."""
-        with self._session() as conn:
-            row = conn.execute(self._sql["count"]).fetchone()
+        row = self._ask(lambda conn: conn.execute(self._sql["count"]).fetchone())
         return int(row[0]) if row else 0
 
     def close(self) -> None:

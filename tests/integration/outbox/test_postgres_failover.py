@@ -25,6 +25,7 @@ import psycopg
 import pytest
 
 from msgsafe import Producer, Status
+from msgsafe.cluster._process import tail
 from msgsafe.cluster.postgres import PostgresCluster
 from msgsafe.message import Envelope
 from msgsafe.message_ids import new_message_id
@@ -98,6 +99,13 @@ class Senders:
             assert not thread.is_alive(), "a sender is stuck"
 
 
+def _print_logs(pair: PostgresCluster) -> None:
+    """Each node's last log lines, for a failed test's report (the pair's directory goes
+    with the session)."""
+    for node, name in enumerate(pair.names):
+        print(f"--- {name}'s log, last lines\n{tail(pair.log_path(node), 60)}")
+
+
 def _store_under_fault(
     pair: PostgresCluster, memory_broker: MemoryBroker, fault: Callable[[], None], name: str
 ) -> None:
@@ -129,6 +137,8 @@ def _store_under_fault(
             )
         finally:
             senders.stop()
+        if senders.errors:
+            _print_logs(pair)
         assert senders.errors == [], senders.errors[:3]
         print(f"[{name}] stored {before} before, {after} by the end of the fault ({fault_s:.1f} s)")
         # STORED only for a known commit: every one is on the server now primary.
@@ -166,6 +176,35 @@ def test_the_primary_restarted_under_sends(
         pg_pair.restart(0)
 
     _store_under_fault(pg_pair, memory_broker, crash_and_restart, "pg restart")
+
+
+def test_what_a_send_asks_the_store_waits_through_a_restart(pg_pair: PostgresCluster) -> None:
+    """The per-key barrier's ``has_key``, the ``max_rows`` count and ``stats`` asked
+    while the primary is down: answered once it is back, not an error (they raised
+    ``OutboxError`` at once, and a keyed send with them, while puts rode it out)."""
+    table = f"ask_{uuid.uuid4().hex[:10]}"
+    store = PostgresOutbox.from_url(f"{pg_pair.url}&table={table}&write_timeout=110")
+    answers: dict[str, object] = {}
+    try:
+        store.put([Envelope.build("q", b"x", key="k")])
+        pg_pair.kill(0)
+
+        def ask() -> None:
+            try:
+                answers["has_key"] = store.has_key(b"k")
+                answers["pending"] = store.pending()
+                answers["depth"] = store.stats().depth
+            except Exception as exc:  # counted: the test fails with it
+                answers["error"] = exc
+
+        asking = threading.Thread(target=ask)
+        asking.start()
+        pg_pair.restart(0)
+        asking.join(120)
+        assert not asking.is_alive()
+    finally:
+        store.close()
+    assert answers == {"has_key": True, "pending": 1, "depth": 1}
 
 
 # --- a forwarder killed while it holds key leases -----------------------------------------
