@@ -216,10 +216,22 @@ class PostgresOutbox:
         return conn
 
     def _ask(self, question: Callable[[psycopg.Connection[Any]], _T]) -> _T:
-        """``question`` answered on the store's connection; one that fails with the
-        connection (a fail-over: the server away, or a standby where the primary was) is
-        asked again on a new one for up to ``write_timeout`` seconds, as a put is; then
-        :class:`~msgsafe.errors.OutboxError`. Only for questions that change nothing."""
+        """``question`` answered on the store's connection, asked again on a new one
+        through a fail-over as :meth:`_through_failover` says. Only for questions that
+        change nothing."""
+
+        def attempt(deadline: float, conn: psycopg.Connection[Any]) -> tuple[_T]:
+            return (question(conn),)
+
+        return self._through_failover("read", attempt)[0]
+
+    def _through_failover(
+        self, what: str, attempt: Callable[[float, psycopg.Connection[Any]], _T | None]
+    ) -> _T:
+        """``attempt(deadline, connection)``'s answer, under the store's lock; an attempt
+        that fails with the connection (a fail-over: the server away, or a standby where
+        the primary was) or answers None is made again on a new connection until
+        ``write_timeout`` has passed; then :class:`~msgsafe.errors.OutboxError`."""
         deadline = time.monotonic() + self.write_timeout
         pause = 0.05
         while True:
@@ -229,18 +241,24 @@ class PostgresOutbox:
                         raise ClosedError("the outbox is closed")
                     if self._conn is None or self._conn.closed or self._conn.broken:
                         self._conn = self._connect()
-                    return question(self._conn)
+                    answer = attempt(deadline, self._conn)
+            except pg_errors.DiskFull as exc:
+                raise OutboxFull(f"the PostgreSQL outbox is out of disk: {exc}") from exc
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                # Lost before a COMMIT was sent: nothing committed, try a new connection.
                 if time.monotonic() >= deadline:
                     raise OutboxError(
                         f"PostgreSQL outbox {self._table}: {type(exc).__name__}: {exc}"
                     ) from exc
-                log.info("outbox read on %s retried: %s", self.redacted, exc)
+                log.info("outbox %s on %s retried: %s", what, self.redacted, exc)
+                answer = None
             except psycopg.Error as exc:
                 raise OutboxError(
                     f"PostgreSQL outbox {self._table}: {type(exc).__name__}: {exc}"
                 ) from exc
-            time.sleep(pause)  # the server is away (a fail-over): ask again shortly
+            if answer is not None:
+                return answer
+            time.sleep(pause)  # the server is away (a fail-over): try again shortly
             pause = min(pause * 2, 1.0)
 
     def _row(self, env: Envelope) -> _ROW:
@@ -302,40 +320,15 @@ class PostgresOutbox:
             return
         rows = [self._row(env) for env in envelopes]
         self._check_room(len(rows))
-        deadline = time.monotonic() + self.write_timeout
-        pause = 0.05
-        while True:
-            try:
-                with self._lock:
-                    if self._closed:
-                        raise ClosedError("the outbox is closed")
-                    done = self._put_once(rows, deadline)
-            except pg_errors.DiskFull as exc:
-                raise OutboxFull(f"the PostgreSQL outbox is out of disk: {exc}") from exc
-            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                # Lost before COMMIT was sent: nothing committed, try a new connection.
-                if time.monotonic() >= deadline:
-                    raise OutboxError(
-                        f"PostgreSQL outbox {self._table}: {type(exc).__name__}: {exc}"
-                    ) from exc
-                log.info("outbox put on %s retried: %s", self.redacted, exc)
-                done = False
-            except psycopg.Error as exc:
-                raise OutboxError(
-                    f"PostgreSQL outbox {self._table}: {type(exc).__name__}: {exc}"
-                ) from exc
-            if done:
-                if self._counted is not None:
-                    self._counted = (self._counted[0] + len(rows), self._counted[1])
-                return
-            time.sleep(pause)  # the server is away (a fail-over): try again shortly
-            pause = min(pause * 2, 1.0)
+        self._through_failover("put", lambda deadline, conn: self._put_once(conn, rows, deadline))
+        if self._counted is not None:
+            self._counted = (self._counted[0] + len(rows), self._counted[1])
 
-    def _put_once(self, rows: list[_ROW], deadline: float) -> bool:
-        """One attempt under the lock: True once committed (known), False to try again."""
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = self._connect()
-        conn = self._conn
+    def _put_once(
+        self, conn: psycopg.Connection[Any], rows: list[_ROW], deadline: float
+    ) -> Literal[True] | None:
+        """One attempt on ``conn`` under the lock: True once committed (known), None to
+        try again."""
         server = self._server
         # One round trip for BEGIN, the rows, the wake-up and the transaction's id, then
         # COMMIT: what bare psycopg spends on the same rows and commit, less the BEGIN.
@@ -362,7 +355,7 @@ class PostgresOutbox:
                 known,
                 "" if known == "committed" else ": the rows are put again (idempotent)",
             )
-            return known == "committed"
+            return True if known == "committed" else None
         return True
 
     def _commit(self, conn: psycopg.Connection[Any]) -> None:
