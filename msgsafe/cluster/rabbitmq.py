@@ -316,7 +316,7 @@ class RabbitCluster(LocalCluster):
             for i in range(self.size):
                 self._launch(i)
             deadline = time.monotonic() + limit
-            self._each(functools.partial(self._wait_ready_for, limit))
+            self._each(functools.partial(self._ready_or_relaunched, limit))
             first = self._nodes[0].name
             for i in range(1, self.size):
                 if joined and first in self._running_nodes(i):
@@ -419,18 +419,26 @@ class RabbitCluster(LocalCluster):
         whole 180 s on a node whose log never moved). A node neither running nor
         serving a minute after its launch is launched once more."""
         total = 180.0 if timeout is None else timeout
-        deadline = time.monotonic() + total
         self.kill(node)
         self._launch(node)
-        try:
-            self.wait_ready(node, timeout=min(60.0, total))
-        except ClusterError:
-            if self.is_running(node) or time.monotonic() >= deadline:
-                raise
-            log.warning("rabbitmq node %s did not start: launching it again", node)
-            self._launch(node)
-            self.wait_ready(node, timeout=max(1.0, deadline - time.monotonic()))
+        self._ready_or_relaunched(total, node)
         self._save()
+
+    def _ready_or_relaunched(self, total: float, node: int) -> None:
+        """Wait up to ``total`` seconds until a just launched ``node`` serves; one that
+        neither runs nor serves after a minute (or half of ``total``) is launched once
+        more (see :meth:`restart`: a VM can exit before its pid file, saying nothing),
+        one still booting is waited for."""
+        deadline = time.monotonic() + total
+        try:
+            self.wait_ready(node, timeout=min(60.0, total / 2))
+        except ClusterError:
+            if time.monotonic() >= deadline:
+                raise
+            if not self.is_running(node):
+                log.warning("rabbitmq node %s did not start: launching it again", node)
+                self._launch(node)
+            self.wait_ready(node, timeout=max(1.0, deadline - time.monotonic()))
 
     def status(self, node: int) -> dict[str, Any]:
         """``rabbitmqctl cluster_status`` of ``node`` as a dict (``running_nodes``,
