@@ -200,15 +200,21 @@ class PostgresOutbox:
             if self._closed:
                 raise ClosedError("the outbox is closed")
             try:
-                if self._conn is None or self._conn.closed or self._conn.broken:
-                    self._conn = self._connect()
-                yield self._conn
+                yield self._live()
             except pg_errors.DiskFull as exc:
                 raise OutboxFull(f"the PostgreSQL outbox is out of disk: {exc}") from exc
             except psycopg.Error as exc:
-                raise OutboxError(
-                    f"PostgreSQL outbox {self._table}: {type(exc).__name__}: {exc}"
-                ) from exc
+                raise self._failed(exc) from exc
+
+    def _live(self) -> psycopg.Connection[Any]:
+        """The store's connection, made anew when there is none or it was lost (call
+        under the store's lock)."""
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = self._connect()
+        return self._conn
+
+    def _failed(self, exc: psycopg.Error) -> OutboxError:
+        return OutboxError(f"PostgreSQL outbox {self._table}: {type(exc).__name__}: {exc}")
 
     def _connect(self) -> psycopg.Connection[Any]:
         conn = psycopg.connect(self._conninfo, autocommit=True)
@@ -239,23 +245,17 @@ class PostgresOutbox:
                 with self._lock:
                     if self._closed:
                         raise ClosedError("the outbox is closed")
-                    if self._conn is None or self._conn.closed or self._conn.broken:
-                        self._conn = self._connect()
-                    answer = attempt(deadline, self._conn)
+                    answer = attempt(deadline, self._live())
             except pg_errors.DiskFull as exc:
                 raise OutboxFull(f"the PostgreSQL outbox is out of disk: {exc}") from exc
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 # Lost before a COMMIT was sent: nothing committed, try a new connection.
                 if time.monotonic() >= deadline:
-                    raise OutboxError(
-                        f"PostgreSQL outbox {self._table}: {type(exc).__name__}: {exc}"
-                    ) from exc
+                    raise self._failed(exc) from exc
                 log.info("outbox %s on %s retried: %s", what, self.redacted, exc)
                 answer = None
             except psycopg.Error as exc:
-                raise OutboxError(
-                    f"PostgreSQL outbox {self._table}: {type(exc).__name__}: {exc}"
-                ) from exc
+                raise self._failed(exc) from exc
             if answer is not None:
                 return answer
             time.sleep(pause)  # the server is away (a fail-over): try again shortly
@@ -388,9 +388,7 @@ class PostgresOutbox:
         except pg_errors.DiskFull as exc:
             raise OutboxFull(f"the PostgreSQL outbox is out of disk: {exc}") from exc
         except psycopg.Error as exc:
-            raise OutboxError(
-                f"PostgreSQL outbox {self._table}: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise self._failed(exc) from exc
 
     def claim(self, *, limit: int, lease_s: float) -> list[Envelope]:
         """Lease up to ``limit`` ready envelopes of at most ``max_keys`` keys (and keyless
