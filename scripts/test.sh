@@ -90,10 +90,19 @@ if [ $fast -eq 0 ] && [ $paths -eq 0 ]; then
   echo "== the five busiest moments (1-minute load; every 30 s in $logs/load.log)"
   grep '^-- ' "$logs/load.log" | sort -k4 -n -r | head -n 5
   rc=0
-  for lane in kafka other; do
+  # A failing lane is reported last: its lines end the output, where a reader of only
+  # its tail looks.
+  for lane in $(for l in kafka other; do echo "$(cat "$logs/$l.rc" 2>/dev/null || echo 1) $l"; done \
+      | sort -n | cut -d' ' -f2); do
     lane_rc=$(cat "$logs/$lane.rc" 2>/dev/null || echo 1)
     echo "== lane $lane: exit $lane_rc (full output: $logs/$lane.log)"
     sed -n '/short test summary info/,$p' "$logs/$lane.log"
+    if grep -q 'Fatal Python error: ' "$logs/$lane.log"; then
+      # The process died (a C library aborted, ...): the test it was in and where.
+      grep -m 1 'Fatal Python error: ' "$logs/$lane.log" | cut -c1-200
+      sed -n '/^Current thread/,/^$/p' "$logs/$lane.log" | grep -v '/site-packages/_pytest/\|/site-packages/pluggy/' \
+        | head -n 12 | cut -c1-200
+    fi
     tail -n 1 "$logs/$lane.log"
     [ "$lane_rc" -eq 5 ] && { echo "no tests were collected in lane $lane"; lane_rc=1; }
     [ "$lane_rc" -ne 0 ] && rc=$lane_rc

@@ -9,11 +9,19 @@ Deliveries received on a connection that has since died cannot be settled on the
 one (AMQP delivery state belongs to the link): settling them is a no-op, logged at
 debug level, and the broker redelivers them because they were never settled. A
 delivery is therefore never acknowledged twice; it may be *received* twice.
+
+Proton's objects belong to the container thread: its C reference counts are not
+thread-safe, so a proton object released on another thread while the container runs can
+corrupt them (the process aborts). A :class:`~msgsafe.message.Delivery` handed out
+therefore holds only a number; the proton delivery it stands for stays in
+:class:`Subscriptions` and is released on the container thread, when it is settled or
+its connection ends.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -118,6 +126,10 @@ class Subscriptions:
         self._inbox_lock = threading.Condition()
         # container thread only
         self._subs: dict[str, _Subscription] = {}
+        #: Proton deliveries handed out and not settled yet, by the number their
+        #: Delivery holds (see the module docstring: released on this thread only).
+        self._unsettled: dict[int, Any] = {}
+        self._numbers = itertools.count(1)
 
     # --- any thread ----------------------------------------------------------------------
 
@@ -163,6 +175,8 @@ class Subscriptions:
     def lost(self) -> int:
         for sub in self._subs.values():
             sub.link = None
+        # Their link is gone: settling them is a no-op from now on.
+        self._unsettled.clear()
         # Not yet handed out and unsettleable now: the broker redelivers them anyway.
         generation = self.engine.generation
         with self._inbox_lock:
@@ -209,6 +223,7 @@ class Subscriptions:
                 delivery.nack(requeue=True)
 
     def stopped(self) -> None:
+        self._unsettled.clear()
         with self._inbox_lock:
             self._inbox_lock.notify_all()
 
@@ -245,9 +260,13 @@ class Subscriptions:
         engine = self.engine
         generation = engine.generation
         message_id, key, headers, body = read_message(message)
+        number = next(self._numbers)
+        self._unsettled[number] = dlv
 
         def settle(outcome: Outcome) -> None:
-            engine.call(lambda: self._settle(generation, dlv, outcome))
+            # Holds the number, not ``dlv``: the application drops this Delivery on its
+            # own thread, where releasing a proton object would race the container.
+            engine.call(lambda: self._settle(generation, number, outcome))
 
         delivery = Delivery(
             body=body,
@@ -266,9 +285,10 @@ class Subscriptions:
             self._inbox.append((generation, delivery))
             self._inbox_lock.notify()
 
-    def _settle(self, generation: int, dlv: Any, outcome: Outcome) -> None:
+    def _settle(self, generation: int, number: int, outcome: Outcome) -> None:
         engine = self.engine
-        if generation != engine.generation or not engine.opened:
+        dlv = self._unsettled.pop(number, None)
+        if dlv is None or generation != engine.generation or not engine.opened:
             # NOTE: the link this came on is gone; the broker redelivers what was never
             # settled, so the ack becomes a no-op instead of a second acknowledgement.
             log.debug("settle after fail-over ignored; the broker redelivers it")

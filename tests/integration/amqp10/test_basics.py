@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import os
 import socket
+import threading
 import time
 import uuid
 
@@ -193,3 +194,59 @@ def test_redelivered_means_redelivered_on_artemis(artemis_pair: ArtemisCluster) 
         assert again.message_id == first.message_id
         assert again.redelivered is True
         again.ack()
+
+
+def test_deliveries_dropped_by_the_application_release_no_proton_object_there(
+    artemis_pair: ArtemisCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proton's reference counts are not thread-safe: a proton delivery released on the
+    application's thread while the container thread runs can corrupt them and abort the
+    process (a chaos run did). Ten deliveries are received, five acknowledged, and all
+    dropped on this thread: no proton ``Delivery`` may be released here, the acknowledged
+    ones are settled (not received again) and the others come back."""
+    import proton._wrapper
+
+    url = artemis_pair.node_url(0)
+    address = _address("drop")
+    with transport_for(url) as t:
+        for i in range(10):
+            t.publish(Envelope.build(address, b"%d" % i)).result(10)
+    released_here: list[str] = []
+    original = proton._wrapper.Wrapper.__del__
+
+    def recording_del(self: proton._wrapper.Wrapper) -> None:
+        if threading.get_ident() == main and type(self).__name__ == "Delivery":
+            released_here.append(repr(self))
+        original(self)
+
+    main = threading.get_ident()
+    gc.collect()  # what earlier tests left is not this test's
+    monkeypatch.setattr(proton._wrapper.Wrapper, "__del__", recording_del)
+    with receiver_for(url, credit=10) as r:
+        r.subscribe(address)
+        got: list[Delivery] = []
+        wait_until(
+            lambda: got.extend(r.receive(max_messages=10, timeout=0.5)) or len(got) == 10,
+            30,
+            "ten deliveries",
+        )
+        acked = {d.message_id for d in got[:5]}
+        for d in got[:5]:
+            d.ack()
+        got.clear()
+        del d
+        gc.collect()
+        assert released_here == [], "proton deliveries released on the application's thread"
+    left: set[str | None] = set()
+    with receiver_for(url) as r:
+        r.subscribe(address)
+
+        def five_back() -> bool:
+            for d in r.receive(max_messages=10, timeout=0.5):
+                left.add(d.message_id)
+                d.ack()
+            return len(left) >= 5
+
+        wait_until(five_back, 30, "the five deliveries not acknowledged")
+        assert not r.receive(max_messages=10, timeout=1.0), "an acknowledged one came back"
+    assert not left & acked
