@@ -202,7 +202,7 @@ class PostgresOutbox:
             try:
                 yield self._live()
             except pg_errors.DiskFull as exc:
-                raise OutboxFull(f"the PostgreSQL outbox is out of disk: {exc}") from exc
+                raise self._full(exc) from exc
             except psycopg.Error as exc:
                 raise self._failed(exc) from exc
 
@@ -215,6 +215,10 @@ class PostgresOutbox:
 
     def _failed(self, exc: psycopg.Error) -> OutboxError:
         return OutboxError(f"PostgreSQL outbox {self._table}: {type(exc).__name__}: {exc}")
+
+    @staticmethod
+    def _full(exc: pg_errors.DiskFull) -> OutboxFull:
+        return OutboxFull(f"the PostgreSQL outbox is out of disk: {exc}")
 
     def _connect(self) -> psycopg.Connection[Any]:
         conn = psycopg.connect(self._conninfo, autocommit=True)
@@ -247,7 +251,7 @@ class PostgresOutbox:
                         raise ClosedError("the outbox is closed")
                     answer = attempt(deadline, self._live())
             except pg_errors.DiskFull as exc:
-                raise OutboxFull(f"the PostgreSQL outbox is out of disk: {exc}") from exc
+                raise self._full(exc) from exc
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 # Lost before a COMMIT was sent: nothing committed, try a new connection.
                 if time.monotonic() >= deadline:
@@ -386,7 +390,7 @@ class PostgresOutbox:
                 # Delivered to the forwarders' listeners when the caller commits.
                 cur.execute(self._sql["notify"])
         except pg_errors.DiskFull as exc:
-            raise OutboxFull(f"the PostgreSQL outbox is out of disk: {exc}") from exc
+            raise self._full(exc) from exc
         except psycopg.Error as exc:
             raise self._failed(exc) from exc
 
