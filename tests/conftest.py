@@ -125,7 +125,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    session_clusters.plan(session.items)
+    session_clusters.plan(session.items, session.config.rootpath)
 
 
 @pytest.hookimpl(hookwrapper=True)

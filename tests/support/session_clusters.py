@@ -9,8 +9,11 @@ teardown, which stops what that test was the last user of.
 
 A module uses a fixture when one of its tests has it (or one of its dependents) in its
 fixture closure, or when the module's source names one of them in quotes: tests that call
-``request.getfixturevalue("kafka_cluster")`` are invisible to collection. Whole modules,
-because a module-scoped fixture may use the cluster in its own teardown.
+``request.getfixturevalue("kafka_cluster")`` are invisible to collection. So are fixtures
+of a ``conftest.py`` that ask that way (the contract suite's broker cases): a module uses
+what a conftest of its folder or a folder above (up to the root) asks for with
+``getfixturevalue``. Whole modules, because a module-scoped fixture may use the cluster in
+its own teardown.
 """
 
 from __future__ import annotations
@@ -38,14 +41,37 @@ _last_user: dict[str, str] = {}
 _stops: dict[str, Callable[[], None]] = {}
 
 
-def plan(items: Sequence[pytest.Item]) -> None:
+def _asked_by_conftests(module: Path, root: Path, cache: dict[Path, set[str]]) -> set[str]:
+    """The names of :data:`NAMES` that a ``conftest.py`` of ``module``'s folder, or of a
+    folder above it up to ``root``, asks for with ``getfixturevalue`` (read once a
+    folder). Only that call counts: a conftest's other strings (a lane named "kafka")
+    say nothing of the clusters its modules use."""
+    asked: set[str] = set()
+    for folder in module.parents:
+        if folder not in cache:
+            conftest = folder / "conftest.py"
+            source = conftest.read_text(errors="replace") if conftest.is_file() else ""
+            cache[folder] = {
+                name
+                for name, aliases in NAMES.items()
+                if any(f'getfixturevalue("{alias}")' in source for alias in aliases)
+            }
+        asked |= cache[folder]
+        if folder == root:
+            break
+    return asked
+
+
+def plan(items: Sequence[pytest.Item], root: Path) -> None:
     """Remember, for each of :data:`NAMES`, the node id of the last test of the last
-    module (in run order) that uses it."""
+    module (in run order) that uses it. ``root``: the folder above which no conftest
+    applies (pytest's rootdir)."""
     _last_user.clear()
     last_of_module: dict[str, str] = {}
     users: dict[str, str] = {}
-    #: Per module, the names its source asks for by string (read once a module).
+    #: Per module, the names its source (or a conftest above it) asks for by string.
     named: dict[str, set[str]] = {}
+    conftests: dict[Path, set[str]] = {}
     for item in items:
         module = item.nodeid.split("::", 1)[0]
         last_of_module[module] = item.nodeid
@@ -56,7 +82,7 @@ def plan(items: Sequence[pytest.Item]) -> None:
                 name
                 for name, aliases in NAMES.items()
                 if any(f'"{alias}"' in source for alias in aliases)
-            }
+            } | _asked_by_conftests(path, root, conftests)
         for name, aliases in NAMES.items():
             if name in named[module] or any(alias in item.fixturenames for alias in aliases):
                 users[name] = module
