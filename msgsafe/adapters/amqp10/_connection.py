@@ -254,6 +254,16 @@ class Engine(MessagingHandler):
         for fn in batch:
             fn()
 
+    def link_name(self, address: str) -> str:
+        """The name of a link to ``address`` on the current connection (container thread).
+
+        NOTE: proton's default (container id and address) is the same on every
+        connection: Broker-J hands a link whose name is still attached on the previous
+        connection over from it ("link stealing"), and once, with that connection dying,
+        the new attach was never answered. A name of each connection's own never asks
+        for a link another connection holds."""
+        return f"{self.container.container_id}-{address}-{self.generation}"
+
     def schedule(self, delay: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the container thread in ``delay`` seconds."""
         self.container.schedule(delay, _Call(fn))

@@ -232,7 +232,10 @@ class Subscriptions:
     def _attach(self, sub: _Subscription) -> None:
         engine = self.engine
         link = engine.container.create_receiver(
-            engine.conn, sub.address, options=engine.link_options
+            engine.conn,
+            sub.address,
+            name=engine.link_name(sub.address),
+            options=engine.link_options,
         )
         link.flow(engine.options.credit)
         sub.link = link

@@ -400,15 +400,10 @@ class Sends:
                 continue
             link = self._links.get(address)
             if link is None:
-                # NOTE: a name of this connection's own (proton's default, container id
-                # and address, is the same on every connection): Broker-J hands a link
-                # whose name is still attached on the previous connection over from it
-                # ("link stealing"), and once, with that connection dying, the new
-                # attach was never answered and the sender waited for credit for good.
                 self._links[address] = engine.container.create_sender(
                     engine.conn,
                     address,
-                    name=f"{engine.container.container_id}-{address}-{engine.generation}",
+                    name=engine.link_name(address),
                     options=engine.link_options,
                 )
                 continue
