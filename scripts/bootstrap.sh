@@ -3,6 +3,11 @@
 # the package with its extras, Debian's rabbitmq-server, Java for Spark, and a running
 # PostgreSQL for the transactional-outbox tests. Brokers themselves are started (on
 # loopback, on free ports) by the demo and by the test fixtures, and stopped by them.
+#
+# Python packages go into this checkout's own virtual environment, `.venv` (made here when
+# missing), never into the machine's interpreter: an editable install there would repoint
+# every other checkout's `import msgsafe` at this one. The other scripts run inside it
+# (`scripts/venv.sh`); so can you: `. .venv/bin/activate`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,8 +28,13 @@ case "$mode" in
   *) extras="all,dev,docs" ;;  # fast and all: the docs build is part of the fast tier
 esac
 
-log "pip install -e .[$extras]"
-python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e ".[$extras]"
+if [ ! -x .venv/bin/python ]; then
+  log "python3 -m venv .venv"
+  python3 -m venv .venv
+fi
+py=.venv/bin/python
+log "pip install -e .[$extras] (into .venv)"
+"$py" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e ".[$extras]"
 
 if [ "$mode" = all ]; then
   command -v rabbitmq-server >/dev/null 2>&1 || [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || want_apt+=(rabbitmq-server)
@@ -42,11 +52,11 @@ if [ "$mode" = all ]; then
   # Apache Kafka, ActiveMQ Artemis and Qpid Broker-J jars from Maven Central, once, into
   # the cache (~/.cache/msgsafe/brokers or $MSGSAFE_CACHE); later runs reuse them.
   log "broker jars (msgsafe cluster fetch)"
-  for kind in kafka artemis qpid; do python3 -m msgsafe cluster fetch "$kind"; done
+  for kind in kafka artemis qpid; do "$py" -m msgsafe cluster fetch "$kind"; done
   # Spark's own Kafka sink (spark-sql-kafka-0-10 and its runtime jars) for spark.jars:
   # the Spark tests and benchmark compare msgsafe's sink with it.
   log "Spark Kafka sink jars"
-  python3 -m tests.support.spark_kafka >/dev/null
+  "$py" -m tests.support.spark_kafka >/dev/null
   pgver="$(ls /etc/postgresql | head -n1)"
   # The transactional-outbox tests connect to 127.0.0.1 without a password; a fresh
   # Debian cluster asks for one (scram), so trust loopback for this test machine.

@@ -5,4 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh demo
+. scripts/venv.sh
 exec python3 -m msgsafe demo "$@"

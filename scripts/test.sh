@@ -31,6 +31,7 @@ done
 
 if [ $fast -eq 1 ]; then
   bash scripts/bootstrap.sh fast || exit 1
+  . scripts/venv.sh
   export MSGSAFE_TEST_TIER=fast
   # The fast tier mostly waits (timeouts, backoffs, fsync): four workers on two cores
   # bring it from about 190 s to about 80 s.
@@ -38,6 +39,7 @@ if [ $fast -eq 1 ]; then
   set -- -m "not integration and not chaos" "$@"
 else
   bash scripts/bootstrap.sh all || exit 1
+  . scripts/venv.sh
 fi
 
 if [ $paths -eq 0 ]; then
