@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import quote
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +23,10 @@ from msgsafe.errors import ConfigurationError, InvalidMessage
 from msgsafe.message import Envelope
 from msgsafe.outbox import SqliteOutbox
 from msgsafe.outbox._rows import decode_headers, encode_headers
+
+# Three minutes of CPU on two cores: the full run's first phase has them, the fast tier
+# (make test-fast, under three minutes) leaves them out.
+pytestmark = pytest.mark.slow
 
 #: Examples per target, in one run.
 EXAMPLES = 10_000
