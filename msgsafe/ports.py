@@ -492,6 +492,9 @@ class OutboxStats:
     bytes: int  #: their payload bytes
     oldest_age_s: float | None  #: age of the oldest waiting message, None when empty
     quarantined: int  #: messages moved aside after a permanent error
+    #: True once the store's file is no longer at its path (removed, replaced): the
+    #: messages counted are lost if the process ends before they are forwarded.
+    gone: bool = False
 
 
 @runtime_checkable

@@ -55,6 +55,7 @@ def test_error_names() -> None:
         "OutboxFull",
         "OutboxCorrupt",
         "OutboxLocked",
+        "OutboxGone",
     }
 
 
