@@ -45,6 +45,7 @@ __all__ = [
     "TransientError",
     "Unroutable",
     "UnsafeDestination",
+    "UnsafeOutbox",
 ]
 
 
@@ -128,6 +129,28 @@ class MissingExtra(ConfigurationError, ImportError):
 
     def _extra(self) -> dict[str, object]:
         return {"extra": self.extra, "module": self.module}
+
+
+class UnsafeOutbox(ConfigurationError):
+    """The outbox keeps STORED messages less safely than the producer's ``require=`` asks
+    (a file on memory or a container's writable layer): no producer was made. ``store``
+    names it, ``fix`` what to change; ``require="any"`` opts out."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        store: str | None = None,
+        fix: str | None = None,
+        endpoint: str | None = None,
+        message_id: str | None = None,
+    ) -> None:
+        super().__init__(message, endpoint=endpoint, message_id=message_id)
+        self.store = store
+        self.fix = fix
+
+    def _extra(self) -> dict[str, object]:
+        return {"store": self.store, "fix": self.fix}
 
 
 # --- transient: retry or store ---------------------------------------------------------

@@ -350,6 +350,11 @@ class LaneHost(Protocol):
         """Each checked destination's guarantee, for the receipts."""
         ...
 
+    @property
+    def store_guarantee(self) -> Any:
+        """The outbox's guarantee, for STORED receipts (None without an outbox)."""
+        ...
+
     def count_confirmed(self) -> object:
         """One send confirmed (cheap: called once per message, on the I/O thread)."""
         ...

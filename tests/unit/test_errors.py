@@ -65,3 +65,4 @@ def test_classification() -> None:
         assert issubclass(cls, errors.PermanentError)
     for cls in (errors.OutboxFull, errors.OutboxCorrupt, errors.OutboxLocked, errors.OutboxGone):
         assert issubclass(cls, errors.OutboxError)
+    assert issubclass(errors.UnsafeOutbox, errors.ConfigurationError)

@@ -56,6 +56,7 @@ def test_error_names() -> None:
         "OutboxCorrupt",
         "OutboxLocked",
         "OutboxGone",
+        "UnsafeOutbox",
     }
 
 
