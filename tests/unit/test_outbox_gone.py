@@ -68,6 +68,8 @@ def test_every_send_after_the_directory_is_removed_raises_outbox_gone(
         outbox = producer.outbox
         assert isinstance(outbox, SqliteOutbox) and outbox.stats().gone
         assert outbox.stats().depth == BEFORE  # every STORED one, none of the refused
+        stats = producer.stats()
+        assert stats.outbox_gone and stats.outbox_depth == BEFORE
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     found = [m for m in errors if "no longer at its path" in m and "directory was removed" in m]
     assert len(found) == 1, errors
