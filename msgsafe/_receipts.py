@@ -49,6 +49,8 @@ class ReceiptOwner(Protocol):
 
     #: Each checked destination's guarantee, for the receipts.
     guarantees: dict[str, Guarantee]
+    #: The outbox's guarantee, for STORED receipts (None without an outbox).
+    store_guarantee: Guarantee | None
 
     def published(self, send: Send, error: BaseException | None) -> None:
         """The transport's outcome for one message: ``None`` when the broker confirmed."""
@@ -121,8 +123,17 @@ class Send(LightFuture[Receipt]):
         """The outbox writer's outcome for this message (see :class:`StoreItem`)."""
         env = self.envelope
         if error is None:
-            guarantee = self.owner.guarantees.get(env.destination, Guarantee.UNKNOWN)
-            self.set_result(new_receipt(env.message_id, Status.STORED, env.destination, guarantee))
+            owner = self.owner
+            guarantee = owner.guarantees.get(env.destination, Guarantee.UNKNOWN)
+            self.set_result(
+                new_receipt(
+                    env.message_id,
+                    Status.STORED,
+                    env.destination,
+                    guarantee,
+                    owner.store_guarantee,
+                )
+            )
         else:
             self.set_exception(error.with_id(env.message_id))
         return 1
@@ -153,6 +164,9 @@ class BatchSend(LightFuture[BatchReceipt]):
 
     def _guarantee(self) -> Guarantee:
         return self._owner.guarantees.get(self.batch.destination, Guarantee.UNKNOWN)
+
+    def _store_guarantee(self) -> Guarantee | None:
+        return self._owner.store_guarantee if self._stored else None
 
     def cancel(self) -> bool:
         """Always False: the messages are on their way (see ``Producer.send_async``)."""
@@ -237,13 +251,18 @@ class BatchSend(LightFuture[BatchReceipt]):
                         batch.message_ids,
                         frozenset(self._stored),
                         self._guarantee(),
+                        self._store_guarantee(),
                     )
                 )
             else:
                 errors = self._errors
                 safe = [mid for mid in batch.message_ids if mid not in errors]
                 receipt = BatchReceipt(
-                    batch.destination, safe, frozenset(self._stored), self._guarantee()
+                    batch.destination,
+                    safe,
+                    frozenset(self._stored),
+                    self._guarantee(),
+                    self._store_guarantee(),
                 )
                 kinds = sorted({type(e).__name__ for e in errors.values()})
                 self.set_exception(

@@ -137,6 +137,9 @@ class Settlement:
         #: Each checked destination's guarantee, for its receipts (the producer's
         #: DestinationGate fills it; see msgsafe.checks.gate).
         self.guarantees: dict[str, Guarantee] = {}
+        #: What the outbox does with a STORED message, for its receipts (the producer
+        #: sets it; see msgsafe.checks.store.store_guarantee).
+        self.store_guarantee: Guarantee | None = None
         self._queue: queue.SimpleQueue[StoreItem | None] = queue.SimpleQueue()
         self._wake_forwarder: Callable[[], None] | None = None
         self._writer: threading.Thread | None = None

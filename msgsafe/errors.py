@@ -35,6 +35,7 @@ __all__ = [
     "OutboxCorrupt",
     "OutboxError",
     "OutboxFull",
+    "OutboxGone",
     "OutboxLocked",
     "PermanentError",
     "ProtocolMismatch",
@@ -44,6 +45,7 @@ __all__ = [
     "TransientError",
     "Unroutable",
     "UnsafeDestination",
+    "UnsafeOutbox",
 ]
 
 
@@ -127,6 +129,28 @@ class MissingExtra(ConfigurationError, ImportError):
 
     def _extra(self) -> dict[str, object]:
         return {"extra": self.extra, "module": self.module}
+
+
+class UnsafeOutbox(ConfigurationError):
+    """The outbox keeps STORED messages less safely than the producer's ``require=`` asks
+    (a file on memory or a container's writable layer): no producer was made. ``store``
+    names it, ``fix`` what to change; ``require="any"`` opts out."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        store: str | None = None,
+        fix: str | None = None,
+        endpoint: str | None = None,
+        message_id: str | None = None,
+    ) -> None:
+        super().__init__(message, endpoint=endpoint, message_id=message_id)
+        self.store = store
+        self.fix = fix
+
+    def _extra(self) -> dict[str, object]:
+        return {"store": self.store, "fix": self.fix}
 
 
 # --- transient: retry or store ---------------------------------------------------------
@@ -266,6 +290,27 @@ class OutboxCorrupt(OutboxError):
 
 class OutboxLocked(OutboxError):
     """Another process holds the outbox file."""
+
+
+class OutboxGone(OutboxError):
+    """The outbox file is no longer at its path (removed, or replaced): nothing is stored
+    in it any more; ``at_risk`` messages it holds are lost if this process ends first."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        path: str | None = None,
+        at_risk: int | None = None,
+        endpoint: str | None = None,
+        message_id: str | None = None,
+    ) -> None:
+        super().__init__(message, endpoint=endpoint, message_id=message_id)
+        self.path = path
+        self.at_risk = at_risk
+
+    def _extra(self) -> dict[str, object]:
+        return {"path": self.path, "at_risk": self.at_risk}
 
 
 # --- lifecycle ---------------------------------------------------------------------------

@@ -60,7 +60,12 @@ class Status(enum.Enum):
 class Guarantee(enum.Enum):
     """What the destination does with a confirmed message: the strongest of these that
     the producer could verify for it (see :mod:`msgsafe.checks`). Ordered by
-    :meth:`rank`: ``NONE`` < ``UNKNOWN`` < ``DURABLE`` < ``REPLICATED``."""
+    :meth:`rank`: ``NONE`` < ``UNKNOWN`` < ``DURABLE`` < ``REPLICATED``.
+
+    The same scale rates the outbox store for a stored message
+    (:attr:`Receipt.store_guarantee`): ``NONE`` for a file on memory (``tmpfs``,
+    ``ramfs``) or in a container's writable layer, ``DURABLE`` on a disk, ``UNKNOWN``
+    where the producer cannot tell (see :func:`msgsafe.checks.store.store_guarantee`)."""
 
     #: Lost by a clean restart of the broker, or never kept at all: a non-durable,
     #: exclusive or auto-delete queue, a transient queue a broker creates on first use,
@@ -106,12 +111,16 @@ class Receipt:
 
     ``guarantee`` is what the destination does with it once the broker has it, as the
     producer last checked (:class:`Guarantee`; ``UNKNOWN`` before any check, e.g. a
-    message stored while the broker could not be reached)."""
+    message stored while the broker could not be reached). ``store_guarantee`` is what
+    the outbox does with a STORED message until it is forwarded (``NONE``: a store on
+    memory or a container's writable layer, which only ``require="any"`` accepts;
+    ``DURABLE``: a file on a disk); None on a CONFIRMED receipt."""
 
     message_id: str
     status: Status
     destination: str
     guarantee: Guarantee = Guarantee.UNKNOWN
+    store_guarantee: Guarantee | None = None
 
 
 def _slot_setters(cls: type, *names: str) -> tuple[Callable[[object, object], None], ...]:
@@ -120,9 +129,13 @@ def _slot_setters(cls: type, *names: str) -> tuple[Callable[[object, object], No
 
 
 _new_object = object.__new__
-_set_receipt_id, _set_receipt_status, _set_receipt_destination, _set_receipt_guarantee = (
-    _slot_setters(Receipt, "message_id", "status", "destination", "guarantee")
-)
+(
+    _set_receipt_id,
+    _set_receipt_status,
+    _set_receipt_destination,
+    _set_receipt_guarantee,
+    _set_receipt_store_guarantee,
+) = _slot_setters(Receipt, "message_id", "status", "destination", "guarantee", "store_guarantee")
 
 
 def new_receipt(
@@ -130,8 +143,10 @@ def new_receipt(
     status: Status,
     destination: str,
     guarantee: Guarantee = Guarantee.UNKNOWN,
+    store_guarantee: Guarantee | None = None,
 ) -> Receipt:
-    """``Receipt(message_id, status, destination, guarantee)`` for the per-message paths.
+    """``Receipt(message_id, status, destination, guarantee, store_guarantee)`` for the
+    per-message paths.
 
     NOTE: a frozen dataclass's ``__init__`` sets each field through
     ``object.__setattr__``; setting the slots through their descriptors builds the same
@@ -142,6 +157,7 @@ def new_receipt(
     _set_receipt_status(receipt, status)
     _set_receipt_destination(receipt, destination)
     _set_receipt_guarantee(receipt, guarantee)
+    _set_receipt_store_guarantee(receipt, store_guarantee)
     return receipt
 
 
@@ -150,12 +166,14 @@ class BatchReceipt:
     """Proof that the messages of a batch are safe: ``message_ids`` lists them in batch
     order; those in ``stored_ids`` are in the outbox (:attr:`Status.STORED`), every
     other one was confirmed by the broker (:attr:`Status.CONFIRMED`). ``guarantee`` is
-    the destination's, as on :class:`Receipt`."""
+    the destination's, ``store_guarantee`` the outbox's for the stored ones (None when
+    none was stored), as on :class:`Receipt`."""
 
     destination: str
     message_ids: Sequence[str]
     stored_ids: frozenset[str] = frozenset()
     guarantee: Guarantee = Guarantee.UNKNOWN
+    store_guarantee: Guarantee | None = None
 
     def __len__(self) -> int:
         return len(self.message_ids)
@@ -177,8 +195,11 @@ class BatchReceipt:
     def receipts(self) -> list[Receipt]:
         """One :class:`Receipt` per message, in batch order."""
         stored, dest, guarantee = self.stored_ids, self.destination, self.guarantee
+        kept = self.store_guarantee
         return [
-            Receipt(mid, Status.STORED if mid in stored else Status.CONFIRMED, dest, guarantee)
+            Receipt(mid, Status.STORED, dest, guarantee, kept)
+            if mid in stored
+            else Receipt(mid, Status.CONFIRMED, dest, guarantee)
             for mid in self.message_ids
         ]
 

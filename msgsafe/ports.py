@@ -350,6 +350,11 @@ class LaneHost(Protocol):
         """Each checked destination's guarantee, for the receipts."""
         ...
 
+    @property
+    def store_guarantee(self) -> Any:
+        """The outbox's guarantee, for STORED receipts (None without an outbox)."""
+        ...
+
     def count_confirmed(self) -> object:
         """One send confirmed (cheap: called once per message, on the I/O thread)."""
         ...
@@ -492,6 +497,9 @@ class OutboxStats:
     bytes: int  #: their payload bytes
     oldest_age_s: float | None  #: age of the oldest waiting message, None when empty
     quarantined: int  #: messages moved aside after a permanent error
+    #: True once the store's file is no longer at its path (removed, replaced): the
+    #: messages counted are lost if the process ends before they are forwarded.
+    gone: bool = False
 
 
 @runtime_checkable

@@ -29,6 +29,7 @@ from msgsafe._settlement import Route, Settlement
 from msgsafe.adapters import open_transport
 from msgsafe.checks import inspector_for
 from msgsafe.checks.gate import DestinationGate
+from msgsafe.checks.store import admit_store
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import (
     ClosedError,
@@ -122,6 +123,11 @@ class Producer:
     the forwarder checks before it forwards (a destination below ``require`` then
     quarantines its messages).
 
+    ``require`` governs the outbox too (:mod:`msgsafe.checks.store`): ``"durable"`` and
+    ``"replicated"`` refuse here, with :class:`~msgsafe.errors.UnsafeOutbox`, a SQLite
+    file on memory (``tmpfs``, ``ramfs``) or in a container's writable layer; ``"any"``
+    accepts it. STORED receipts say what the store gives (``receipt.store_guarantee``).
+
     ``forward=False``: the outbox is not forwarded in the background (another process
     does it: ``msgsafe outbox forward`` on a shared PostgreSQL outbox); :meth:`drain`
     still forwards on the caller's thread.
@@ -197,6 +203,9 @@ class Producer:
             self._store = open_store(outbox, self._url, options)
             self._settle = Settlement(self._store, self._telemetry.outcomes)
             self._settle.guarantees = self._gate.guarantees
+            if self._store is not None:
+                # The store meets require= too (UnsafeOutbox), and its receipts say how.
+                self._settle.store_guarantee = admit_store(self._store, require)
             # What the store declares (msgsafe.ports.StoreCapabilities), read once.
             store_caps = store_capabilities(self._store)
             #: The store's put of a whole batch's columns (BatchPutStore: SqliteOutbox).
@@ -675,6 +684,7 @@ class Producer:
                     Status.STORED,
                     envelope.destination,
                     self._gate.guarantees.get(envelope.destination, Guarantee.UNKNOWN),
+                    self._settle.store_guarantee,
                 ),
             )
             # Rows appear when the caller commits: the store's NOTIFY wakes the forwarder
@@ -789,13 +799,22 @@ class _LaneHost:
     keep a producer nobody closed alive.
     """
 
-    __slots__ = ("_outcomes", "_producer", "count_confirmed", "guarantees", "pause", "store")
+    __slots__ = (
+        "_outcomes",
+        "_producer",
+        "count_confirmed",
+        "guarantees",
+        "pause",
+        "store",
+        "store_guarantee",
+    )
 
     def __init__(self, producer: Producer, settle: Settlement) -> None:
         self._producer = weakref.ref(producer)
         self._outcomes = settle.outcomes
         self.store = producer.outbox
         self.guarantees = settle.guarantees
+        self.store_guarantee = settle.store_guarantee
         self.count_confirmed = settle.outcomes.count_confirmed
         self.pause = settle.pause
 

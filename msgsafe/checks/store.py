@@ -16,19 +16,65 @@ store's own durability, which the broker checks cannot see:
 
 :func:`postgres_findings` and :func:`sqlite_findings` judge what was read (pure, for
 tests); :func:`check_store` reads it.
+
+The producer rates its store on the destinations' scale
+(:class:`~msgsafe.message.Guarantee`, :func:`store_guarantee`), puts the rating on every
+STORED receipt (``receipt.store_guarantee``) and refuses, at construction, a store below
+``require=`` (:func:`admit_store`): a SQLite file rated by the same
+:func:`~msgsafe.outbox._mounts.file_guarantee` the doctor's finding comes from, so the
+two never disagree. ``"durable"`` and ``"replicated"`` refuse a store rated ``NONE``;
+``"any"`` accepts it with one WARNING. A store on one machine's disk (``DURABLE``) is
+not refused by ``"replicated"``: a message waits there only while the broker cannot
+take it, and the receipt says where it waits (a fleet that needs more shares a
+PostgreSQL outbox with a synchronous standby, which ``msgsafe doctor --outbox``
+checks).
 """
 
 from __future__ import annotations
 
-import os
+import logging
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from msgsafe.checks.findings import Finding, Severity
-from msgsafe.outbox._mounts import EPHEMERAL, mount_of, parse_mountinfo, read_mountinfo
+from msgsafe.errors import UnsafeOutbox
+from msgsafe.message import Guarantee
+from msgsafe.outbox._mounts import EPHEMERAL, Mount, file_guarantee
 from msgsafe.outbox._pg_url import is_store_url, parse_store_url, redact_conninfo
+from msgsafe.outbox.sqlite import SqliteOutbox
+from msgsafe.ports import OutboxStore
 
-__all__ = ["SETTINGS", "check_store", "postgres_findings", "sqlite_findings"]
+__all__ = [
+    "SETTINGS",
+    "STORE_REQUIREMENTS",
+    "admit_store",
+    "check_store",
+    "postgres_findings",
+    "sqlite_findings",
+    "store_guarantee",
+]
+
+log = logging.getLogger("msgsafe.outbox")
+
+#: ``require=`` values and the weakest store rating each lets through (see the module
+#: docstring for why ``"replicated"`` asks no more of the store than ``"durable"``).
+STORE_REQUIREMENTS: dict[str, Guarantee] = {
+    "any": Guarantee.NONE,
+    "durable": Guarantee.UNKNOWN,
+    "replicated": Guarantee.UNKNOWN,
+}
+
+#: What to do about a store that loses what it stores.
+_STORE_FIX = (
+    "put the outbox on a persistent volume (outbox='/volume/outbox.db'), share a "
+    "PostgreSQL outbox (outbox='postgresql://...', docs/fleet.md), or accept the loss "
+    "with require='any'"
+)
+
+#: Outbox files accepted on memory with require="any", warned about once per process.
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
 
 #: The server settings a PostgreSQL outbox's durability rests on.
 SETTINGS = ("fsync", "full_page_writes", "synchronous_commit", "synchronous_standby_names")
@@ -225,30 +271,74 @@ def _commit_findings(
 def sqlite_findings(path: Path, mountinfo: str | None = None) -> list[Finding]:
     """The finding for a SQLite outbox at ``path`` (the file, or where it will be): the
     filesystem of its mount, from ``mountinfo`` (``/proc/self/mountinfo`` read when None;
-    UNKNOWN when it cannot be)."""
+    UNKNOWN when it cannot be). CRITICAL exactly when a producer's default ``require``
+    refuses the file (:func:`~msgsafe.outbox._mounts.file_guarantee` decides both)."""
     subject = f"outbox {path}"
-    if mountinfo is None:
-        mountinfo = read_mountinfo()
-        if mountinfo is None:
-            return [
-                Finding(Severity.UNKNOWN, subject, "filesystem", "unknown", "no mountinfo here")
-            ]
-    where = Path(os.path.realpath(path))
-    mount = mount_of(where, parse_mountinfo(mountinfo))
+    guarantee, mount = file_guarantee(path, mountinfo)
     if mount is None:
-        return [Finding(Severity.UNKNOWN, subject, "filesystem", "unknown", "no mount found")]
+        return [Finding(Severity.UNKNOWN, subject, "filesystem", "unknown", "no mount known")]
     value = f"{mount.fstype} at {mount.point}"
-    if mount.fstype in EPHEMERAL:
+    if guarantee is Guarantee.NONE:
         return [
             Finding(
-                Severity.WARNING,
+                Severity.CRITICAL,
                 subject,
                 "filesystem",
                 value,
                 f"the file is on {EPHEMERAL[mount.fstype]}: messages it holds (STORED) are "
-                "lost with it",
-                "put the outbox on a persistent volume (outbox=PATH), or share a "
-                "PostgreSQL outbox (outbox='postgresql://...', docs/fleet.md)",
+                "lost with it, and a producer refuses it unless require='any'",
+                _STORE_FIX,
             )
         ]
     return [Finding(Severity.OK, subject, "filesystem", value)]
+
+
+def store_guarantee(store: OutboxStore) -> tuple[Guarantee, Mount | None]:
+    """What ``store`` does with a STORED message, and the mount that decides it for a
+    SQLite file (:func:`~msgsafe.outbox._mounts.file_guarantee`); ``UNKNOWN`` for any
+    other store (a PostgreSQL outbox's durability rests on server settings that
+    ``msgsafe doctor --outbox URL`` asks the server, the producer does not)."""
+    if isinstance(store, SqliteOutbox):
+        return file_guarantee(store.path)
+    return Guarantee.UNKNOWN, None
+
+
+def admit_store(store: OutboxStore, require: str) -> Guarantee:
+    """The rating of ``store`` (:func:`store_guarantee`), once it meets ``require``
+    (:data:`STORE_REQUIREMENTS`); raises :class:`~msgsafe.errors.UnsafeOutbox` below it.
+    A store on memory or a container's layer that ``"any"`` accepts is named in one
+    WARNING per file and process."""
+    guarantee, mount = store_guarantee(store)
+    name = str(store.path) if isinstance(store, SqliteOutbox) else repr(store)
+    where = _where(mount)
+    if guarantee.rank >= STORE_REQUIREMENTS[require].rank:
+        if guarantee is Guarantee.NONE:
+            _warn_accepted(name, where)
+        return guarantee
+    raise UnsafeOutbox(
+        f"the outbox {name} is on {where}: a message it stores (STORED) is lost with it, "
+        f"and require={require!r} asks for more; {_STORE_FIX}",
+        store=name,
+        fix=_STORE_FIX,
+    )
+
+
+def _where(mount: Mount | None) -> str:
+    if mount is None:
+        return "a filesystem that could not be named"
+    kind = EPHEMERAL.get(mount.fstype, "a disk")
+    return f"{kind} ({mount.fstype} mounted at {mount.point})"
+
+
+def _warn_accepted(name: str, where: str) -> None:
+    with _warned_lock:
+        first = name not in _warned
+        _warned.add(name)
+    if first:
+        log.warning(
+            "the outbox %s is on %s: what it stores does not outlive the machine or "
+            "container; accepted because require='any', and STORED receipts say so "
+            "(store_guarantee=Guarantee.NONE)",
+            name,
+            where,
+        )

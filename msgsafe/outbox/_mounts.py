@@ -3,9 +3,13 @@
 A SQLite outbox promises that what it stored survives a crash of the process, and of the
 machine: true on a disk, not on memory (``tmpfs``, ``ramfs``: gone at reboot) nor in a
 container's writable layer (``overlay`` and the like: gone when the container is
-removed or rescheduled, which orchestrators do on their own). :func:`ephemeral_mount`
+removed or rescheduled, which orchestrators do on their own — Kubernetes replaces a
+crashed container by a new one, with a fresh writable layer). :func:`ephemeral_mount`
 names the filesystem of a path's mount from ``/proc/self/mountinfo`` (Linux; elsewhere,
-or when it cannot be read, nothing is known and nothing is said).
+or when it cannot be read, nothing is known and nothing is said);
+:func:`file_guarantee` rates a file there on the :class:`~msgsafe.message.Guarantee`
+scale — the one answer that ``msgsafe doctor --outbox`` and the producer's
+``require=`` both use.
 """
 
 from __future__ import annotations
@@ -14,10 +18,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from msgsafe.message import Guarantee
+
 __all__ = [
     "EPHEMERAL",
     "Mount",
     "ephemeral_mount",
+    "file_guarantee",
     "mount_of",
     "parse_mountinfo",
     "read_mountinfo",
@@ -105,3 +112,25 @@ def ephemeral_mount(path: str | os.PathLike[str], mountinfo: str | None = None) 
     where = Path(os.path.realpath(os.fspath(path)))
     found = mount_of(where, parse_mountinfo(mountinfo))
     return found if found is not None and found.fstype in EPHEMERAL else None
+
+
+def file_guarantee(
+    path: str | os.PathLike[str], mountinfo: str | None = None
+) -> tuple[Guarantee, Mount | None]:
+    """What a message stored in a file at ``path`` survives, and the mount that says so:
+    ``NONE`` on one of :data:`EPHEMERAL` (memory, a container's writable layer: a
+    reboot or a replaced container loses it), ``DURABLE`` on any other filesystem (a
+    crash or reboot of this machine keeps it, the loss of its disk does not),
+    ``UNKNOWN`` when the mounts cannot be read (not Linux) or none holds ``path``.
+    ``mountinfo`` as :func:`ephemeral_mount`."""
+    if mountinfo is None:
+        mountinfo = read_mountinfo()
+        if mountinfo is None:
+            return Guarantee.UNKNOWN, None
+    where = Path(os.path.realpath(os.fspath(path)))
+    found = mount_of(where, parse_mountinfo(mountinfo))
+    if found is None:
+        return Guarantee.UNKNOWN, None
+    if found.fstype in EPHEMERAL:
+        return Guarantee.NONE, found
+    return Guarantee.DURABLE, found

@@ -43,11 +43,17 @@ P = TypeVar("P")
 
 @dataclass(slots=True)
 class HandlerResult(Generic[P]):
-    """What a handler returns: one result (or error) per payload, and what to do in memory
-    once the transaction is durable."""
+    """What a handler returns: one result (or error) per payload, what to do in memory
+    once the transaction is durable, and what to check then before any caller is told.
+
+    ``verify`` runs after the commit (and after ``after_commit``: what was committed is
+    in the file either way); an error it returns fails every payload of the handler in
+    place of its results (a put whose file is no longer at its path: see
+    :meth:`msgsafe.outbox.sqlite.SqliteOutbox.put`)."""
 
     results: list[object]
     after_commit: Callable[[], None] | None = None
+    verify: Callable[[], MsgsafeError | None] | None = None
 
 
 #: A handler gets the connection (inside the group's transaction) and the payloads of all
@@ -165,6 +171,10 @@ class GroupCommitWriter:
                 self._compact()
         if done.after_commit is not None:
             done.after_commit()
+        if done.verify is not None:
+            failed = done.verify()
+            if failed is not None:
+                raise failed
         result = done.results[0]
         if isinstance(result, BaseException):
             raise result
@@ -246,6 +256,7 @@ class GroupCommitWriter:
             groups.setdefault(job.handler, []).append(job)
         outcomes: list[tuple[list[_Job], list[object]]] = []
         after: list[Callable[[], None]] = []
+        checks: list[tuple[int, Callable[[], MsgsafeError | None]]] = []
         conn = self._conn
         try:
             conn.execute(begin)
@@ -278,6 +289,8 @@ class GroupCommitWriter:
                 outcomes.append((members, batch.results))
                 if batch.after_commit is not None:
                     after.append(batch.after_commit)
+                if batch.verify is not None:
+                    checks.append((len(outcomes) - 1, batch.verify))
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             rollback(conn)
@@ -293,6 +306,11 @@ class GroupCommitWriter:
             raise
         for apply in after:
             apply()
+        for index, verify in checks:
+            failed = verify()
+            if failed is not None:
+                members = outcomes[index][0]
+                outcomes[index] = (members, [failed] * len(members))
         for members, results in outcomes:
             for job, result in zip(members, results, strict=True):
                 if isinstance(result, BaseException):

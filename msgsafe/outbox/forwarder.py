@@ -128,6 +128,9 @@ class ForwarderStats:
     retried: int  #: transient failures (released for a later retry)
     refusing: bool  #: the broker refuses at the moment (probing only)
     last_error: str | None  #: the last error seen, for operators
+    #: The store's file is no longer at its path: ``depth`` messages are at risk
+    #: (:attr:`msgsafe.ports.OutboxStats.gone`).
+    gone: bool = False
 
 
 @dataclass(slots=True)
@@ -486,6 +489,7 @@ class Forwarder:
             retried=self._retried,
             refusing=self._backoff.failures > 0,
             last_error=self._last_error,
+            gone=snap.gone,
         )
 
     # --- internals ------------------------------------------------------------------------------

@@ -36,7 +36,6 @@ from pathlib import Path
 
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import ConfigurationError, OutboxError, OutboxLocked
-from msgsafe.outbox._mounts import EPHEMERAL, ephemeral_mount
 from msgsafe.outbox._pg_url import is_store_url
 from msgsafe.outbox.destination import Destination, destination_of
 from msgsafe.outbox.discovery import adopt_strays, default_dir
@@ -58,8 +57,6 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 #: Opening and adopting run once per file and process; _adopted remembers the stores.
 _open_lock = threading.Lock()
 _adopted: weakref.WeakSet[SqliteOutbox] = weakref.WeakSet()
-#: Outbox files whose ephemeral filesystem was warned about (once per file and process).
-_warned: set[Path] = set()
 
 
 def slot_path(destination: Destination, slot: int = 0, directory: Path | None = None) -> Path:
@@ -95,20 +92,19 @@ def open_store(
     :class:`SqliteOutbox` there; an object implementing
     :class:`~msgsafe.ports.OutboxStore`: returned as it is. SQLite stores are shared
     within the process (:meth:`SqliteOutbox.shared`): two producers for one destination
-    use one store; each closes it once.
+    use one store; each closes it once. Whether the store is safe enough for the
+    producer is :func:`msgsafe.checks.store.admit_store`'s to say, not this function's.
     """
     if spec is None or spec is False:
         return None
     if spec is True:
-        return _warn_if_ephemeral(_open_default(destination_of(target, options), target.redacted()))
+        return _open_default(destination_of(target, options), target.redacted())
     if is_store_url(spec):
         from msgsafe.outbox.postgres import PostgresOutbox  # the optional extra
 
         return PostgresOutbox.from_url(str(spec), target=target.redacted())
     if isinstance(spec, (str, os.PathLike)):
-        return _warn_if_ephemeral(
-            SqliteOutbox.shared(Path(os.fspath(spec)).expanduser(), target=target.redacted())
-        )
+        return SqliteOutbox.shared(Path(os.fspath(spec)).expanduser(), target=target.redacted())
     if is_outbox_store(spec):
         # Its capabilities may be missing (a store written before they existed): it
         # then declares nothing optional (msgsafe.ports.store_capabilities).
@@ -116,29 +112,6 @@ def open_store(
     raise ConfigurationError(
         f"outbox must be True, False, a path or an OutboxStore, not {type(spec).__name__}"
     )
-
-
-def _warn_if_ephemeral(store: SqliteOutbox) -> SqliteOutbox:
-    """``store``, after one WARNING when its file is on memory or a container's writable
-    layer (:mod:`msgsafe.outbox._mounts`): STORED would not survive a reboot or a
-    rescheduled container. Once per file and process: many producers share one."""
-    mount = ephemeral_mount(store.path)
-    if mount is not None:
-        with _open_lock:
-            first = store.path not in _warned
-            _warned.add(store.path)
-        if first:
-            log.warning(
-                "the outbox %s is on %s (%s mounted at %s): what it stores does not "
-                "outlive the machine or container, so STORED is weaker than it says; put "
-                "it on a persistent volume (outbox=PATH) or use a shared PostgreSQL "
-                "outbox (outbox='postgresql://...', see docs/fleet.md)",
-                store.path,
-                EPHEMERAL[mount.fstype],
-                mount.fstype,
-                mount.point,
-            )
-    return store
 
 
 def _open_default(destination: Destination, target: str) -> SqliteOutbox:

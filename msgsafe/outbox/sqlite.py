@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import logging
 import os
 import sqlite3
 import threading
@@ -40,6 +41,7 @@ from msgsafe.errors import (
     OutboxCorrupt,
     OutboxError,
     OutboxFull,
+    OutboxGone,
     OutboxLocked,
 )
 from msgsafe.message import Batch, Envelope
@@ -71,6 +73,8 @@ from msgsafe.outbox._writer import GroupCommitWriter, Handler, HandlerResult
 from msgsafe.ports import OutboxStats, StoreCapabilities
 
 __all__ = ["SqliteOutbox", "held_here"]
+
+log = logging.getLogger("msgsafe.outbox")
 
 _AGE_CHECK_S = 1.0
 _IN_CHUNK = 500  # ids per "IN (...)" list, far below SQLite's variable limit
@@ -135,6 +139,10 @@ class SqliteOutbox:
         self._users = 1
         self._shared_key = ""
         self._lock_fd = -1
+        #: (device, inode) of the file opened: still the one at ``path``? (see put)
+        self._identity: tuple[int, int] = (-1, -1)
+        #: Set once the file is found no longer at its path, for good (see put).
+        self._gone: OutboxGone | None = None
         self._holds = False  # this store's path is in _held
         self._conn: sqlite3.Connection | None = None
         try:
@@ -163,6 +171,8 @@ class SqliteOutbox:
         except OSError as exc:
             raise OutboxError(f"cannot open the outbox file {path}: {exc}") from exc
         take_lock(self._lock_fd, path)
+        held = os.fstat(self._lock_fd)
+        self._identity = (held.st_dev, held.st_ino)
         with _held_lock:
             _held.add(os.path.realpath(path))
         self._holds = True
@@ -175,6 +185,10 @@ class SqliteOutbox:
             # NOTE: nothing below may write until the file is known to be ours.
             conn.execute("PRAGMA locking_mode = EXCLUSIVE")
             app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            if not self._at_path():
+                # SQLite opened the path after the lock's descriptor: the same file, or
+                # the lock would guard another one than the database.
+                raise OutboxError(f"the outbox file {path} was replaced while it was opened")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master")]
             if app_id != APPLICATION_ID and (app_id != 0 or version != 0 or tables):
@@ -251,7 +265,15 @@ class SqliteOutbox:
         """Store ``envelopes`` durably (fsync'd when this returns), all or none.
 
         Raises :class:`OutboxFull` at a bound or on a full disk, :class:`ClosedError`
-        after :meth:`close`.
+        after :meth:`close`, :class:`OutboxGone` once the file is no longer the one at
+        :attr:`path` (its directory removed, the file deleted or replaced): a row in a
+        file nobody can open again is lost with this process, so a put is durable only
+        if the file is still at its path after its commit. That is checked once per
+        commit group, before and after it (two ``stat`` calls of a few microseconds, to
+        a commit's fsync of hundreds); once it fails the store takes no more puts, logs
+        at ERROR how many messages the lost file holds (and which), and
+        :meth:`pending` raises the same error. The forwarder still forwards what the
+        lost file holds while the process lives: nothing else can.
         """
         if not envelopes:
             return
@@ -315,7 +337,8 @@ class SqliteOutbox:
         return key in self._tally.keys
 
     def stats(self) -> OutboxStats:
-        """Depth, payload bytes, age of the oldest waiting message, quarantined count."""
+        """Depth, payload bytes, age of the oldest waiting message, quarantined count,
+        and whether the file is gone from its path (see :meth:`put`)."""
         oldest: float | None = self._read(self._oldest_batch, None)
         tally = self._tally
         with tally.lock:
@@ -325,10 +348,15 @@ class SqliteOutbox:
                 bytes=counts.bytes,
                 oldest_age_s=None if oldest is None else max(0.0, self._clock() - oldest),
                 quarantined=counts.quarantined,
+                gone=self._gone is not None,
             )
 
     def pending(self) -> int:
-        """How many messages wait (quarantined ones not counted)."""
+        """How many messages wait (quarantined ones not counted). Raises
+        :class:`OutboxGone` once the file is no longer at its path (see :meth:`put`):
+        they wait in a file no process will open again."""
+        if self._gone is not None:
+            raise self._gone.with_id(None)
         tally = self._tally
         with tally.lock:
             return tally.counts.rows
@@ -350,6 +378,16 @@ class SqliteOutbox:
                 return
             self._closed = True
         self._writer.close()
+        if self._gone is not None:
+            counts = self._tally.counts
+            if counts.rows or counts.quarantined:
+                log.error(
+                    "closing the outbox %s, which is no longer at its path: %d waiting "
+                    "and %d quarantined messages in it are lost",
+                    self.path,
+                    counts.rows,
+                    counts.quarantined,
+                )
         self._release()
 
     @classmethod
@@ -441,6 +479,9 @@ class SqliteOutbox:
     def _put_batch(
         self, conn: sqlite3.Connection, payloads: builtins.list[Any]
     ) -> HandlerResult[object]:
+        gone = self._verify()
+        if gone is not None:
+            return HandlerResult([gone] * len(payloads))
         tally = self._tally
         counts = tally.counts
         rows, size = counts.rows, counts.bytes
@@ -478,8 +519,62 @@ class SqliteOutbox:
         # Fewer changes than rows: some ids were already stored (a put repeated after an
         # unknown outcome); the stored copies stay and the counters are rebuilt from the file.
         if conn.total_changes - before != inserts:
-            return HandlerResult(results, partial(tally.replaced, recount(conn)))
-        return HandlerResult(results, partial(tally.added, accepted))
+            return HandlerResult(results, partial(tally.replaced, recount(conn)), self._verify)
+        return HandlerResult(results, partial(tally.added, accepted), self._verify)
+
+    def _at_path(self) -> bool:
+        """True while the file at :attr:`path` is the one this store opened."""
+        try:
+            found = os.stat(self.path)
+        except OSError:
+            return False
+        return (found.st_dev, found.st_ino) == self._identity
+
+    def _verify(self) -> OutboxGone | None:
+        """None while the file is at its path; the error of a put otherwise (found out
+        once, for good: a file of the same name later is not this one). Writer thread."""
+        if self._gone is None:
+            if self._at_path():
+                return None
+            self._gone = self._lost()
+        return self._gone.with_id(None)
+
+    def _lost(self) -> OutboxGone:
+        """The error for a file found no longer at its path, logged at ERROR with what
+        it holds (in the writer thread, between transactions or inside a put's)."""
+        path = self.path
+        if not path.parent.exists():
+            why = "its directory was removed"
+        elif not path.exists():
+            why = "the file was removed"
+        else:
+            why = "another file took its place"
+        conn = self._conn
+        first = last = None
+        counts = self._tally.counts
+        if conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                first = conn.execute("SELECT id FROM outbox ORDER BY seq LIMIT 1").fetchone()
+                last = conn.execute("SELECT id FROM outbox ORDER BY seq DESC LIMIT 1").fetchone()
+        held = f"{counts.rows} waiting messages"
+        if first is not None and last is not None:
+            held += f" (ids {first[0]} .. {last[0]} in queue order)"
+        log.error(
+            "the outbox file %s is no longer at its path (%s): %s and %d quarantined "
+            "ones are in a file no process can open again, lost if this process ends "
+            "before they are forwarded; sends are no longer stored (they raise "
+            "OutboxGone): give the producer an outbox on a persistent volume",
+            path,
+            why,
+            held,
+            counts.quarantined,
+        )
+        return OutboxGone(
+            f"the outbox file {path} is no longer at its path ({why}): the message was not "
+            f"stored; {held} in it are lost if this process ends before they are forwarded",
+            path=str(path),
+            at_risk=counts.rows + counts.quarantined,
+        )
 
     def _full(self, too_old: bool, too_many: bool) -> OutboxFull:
         """The error of a put refused at a bound (see :meth:`_put_batch`)."""

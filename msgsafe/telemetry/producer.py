@@ -181,15 +181,19 @@ class ProducerTelemetry(TracedConnectionCounters, ProducerCounters):
 
     def stats(self) -> ProducerStats:
         """The snapshot ``Producer.stats()`` returns."""
-        depth, age, drained = 0, None, 0
+        depth, age, drained, gone = 0, None, 0, False
         if self._forwarder is not None:
             snap = self._forwarder.stats()
-            depth, age, drained = snap.depth, snap.oldest_age_s, snap.delivered
+            depth, age, drained, gone = snap.depth, snap.oldest_age_s, snap.delivered, snap.gone
         elif self._store is not None:
             store_snap = self._store.stats()
-            depth, age = store_snap.depth, store_snap.oldest_age_s
+            depth, age, gone = store_snap.depth, store_snap.oldest_age_s, store_snap.gone
         return self.snapshot(
-            self.target, drained=drained, outbox_depth=depth, outbox_oldest_age_s=age
+            self.target,
+            drained=drained,
+            outbox_depth=depth,
+            outbox_oldest_age_s=age,
+            outbox_gone=gone,
         )
 
     def _figures(self) -> Figures:

@@ -53,6 +53,10 @@ class ProducerStats:
     #: send() to broker confirm, mean and longest (measured with ``telemetry=True`` only)
     confirm_latency_mean_s: float | None = None
     confirm_latency_max_s: float | None = None
+    #: True once the outbox file is no longer at its path (removed, replaced): the
+    #: ``outbox_depth`` messages in it are lost if the process ends before they are
+    #: forwarded, and new sends raise OutboxGone instead of being stored.
+    outbox_gone: bool = False
 
     @property
     def failed_total(self) -> int:
@@ -232,6 +236,7 @@ class ProducerCounters(ConnectionCounters):
         drained: int,
         outbox_depth: int,
         outbox_oldest_age_s: float | None,
+        outbox_gone: bool = False,
     ) -> ProducerStats:
         failovers, redirects = self.connection_figures()
         # Outcomes before sends: a message is counted sent before it can settle, so the
@@ -255,6 +260,7 @@ class ProducerCounters(ConnectionCounters):
             drained=drained,
             outbox_depth=outbox_depth,
             outbox_oldest_age_s=outbox_oldest_age_s,
+            outbox_gone=outbox_gone,
             failovers=failovers,
             redirects=redirects,
             confirm_latency_mean_s=mean,

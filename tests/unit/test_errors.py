@@ -63,5 +63,6 @@ def test_classification() -> None:
         errors.Rejected,
     ):
         assert issubclass(cls, errors.PermanentError)
-    for cls in (errors.OutboxFull, errors.OutboxCorrupt, errors.OutboxLocked):
+    for cls in (errors.OutboxFull, errors.OutboxCorrupt, errors.OutboxLocked, errors.OutboxGone):
         assert issubclass(cls, errors.OutboxError)
+    assert issubclass(errors.UnsafeOutbox, errors.ConfigurationError)

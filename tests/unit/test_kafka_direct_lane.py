@@ -252,6 +252,11 @@ def test_closing_with_sends_unanswered_stores_them(
     _settle(ledger, futures)
     assert ledger.statuses["stored"] + ledger.statuses["confirmed"] == 350
     assert ledger.statuses["stored"] == 300, "sent with every broker down: all stored"
+    # The lane's own STORED receipts rate the outbox too (a file on this disk).
+    answered = [f.result(0) for f in futures]
+    assert {(r.status, r.store_guarantee) for r in answered} == {
+        (msgsafe.Status.STORED, msgsafe.Guarantee.DURABLE)
+    }
     store = SqliteOutbox(path)
     try:
         assert store.stats().depth == ledger.statuses["stored"]

@@ -284,6 +284,7 @@ def test_batch_receipt_repr_is_short_however_big_the_batch() -> None:
         "message_ids",
         "stored_ids",
         "guarantee",
+        "store_guarantee",
     ]
     assert BatchReceipt.__dataclass_params__.frozen  # type: ignore[attr-defined]
     assert not hasattr(receipt, "__dict__")

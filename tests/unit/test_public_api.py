@@ -55,6 +55,8 @@ def test_error_names() -> None:
         "OutboxFull",
         "OutboxCorrupt",
         "OutboxLocked",
+        "OutboxGone",
+        "UnsafeOutbox",
     }
 
 

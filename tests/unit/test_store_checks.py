@@ -1,21 +1,26 @@
 """The outbox store's own durability (msgsafe/checks/store.py, msgsafe/outbox/_mounts.py):
-a SQLite file on memory or a container's writable layer (fake mountinfo), and the
-PostgreSQL settings and replication that let a STORED row be lost."""
+a SQLite file on memory or a container's writable layer (fake mountinfo, and the real
+tmpfs /dev/shm), refused by the producer's default require= and reported by doctor alike,
+and the PostgreSQL settings and replication that let a STORED row be lost."""
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 import msgsafe.outbox._mounts as mounts
-from msgsafe import Producer, Status
+from msgsafe import Guarantee, Producer, Status
 from msgsafe.checks.findings import Severity
 from msgsafe.checks.store import postgres_findings, sqlite_findings
 from msgsafe.cli import app
-from msgsafe.outbox._mounts import ephemeral_mount, mount_of, parse_mountinfo
+from msgsafe.errors import ConfigurationError, UnsafeOutbox
+from msgsafe.outbox._mounts import ephemeral_mount, file_guarantee, mount_of, parse_mountinfo
 from msgsafe.testing import MemoryBroker
 
 #: A container: overlay root, a tmpfs, a persistent volume (ext4) and a path with a space.
@@ -59,14 +64,16 @@ def test_mountinfo_is_parsed_and_the_deepest_mount_wins() -> None:
 def test_ephemeral_filesystems(path: str, fstype: str | None) -> None:
     found = ephemeral_mount(path, MOUNTINFO)
     assert (found.fstype if found else None) == fstype
+    assert file_guarantee(path, MOUNTINFO)[0] is (Guarantee.NONE if fstype else Guarantee.DURABLE)
     findings = sqlite_findings(Path(path), MOUNTINFO)
-    assert [f.severity for f in findings] == [Severity.WARNING if fstype else Severity.OK]
+    assert [f.severity for f in findings] == [Severity.CRITICAL if fstype else Severity.OK]
     assert findings[0].setting == "filesystem"
 
 
 def test_unreadable_mountinfo_says_nothing_is_known(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(mounts, "_MOUNTINFO", Path("/nonexistent/mountinfo"))
     assert ephemeral_mount("/app/o.db") is None
+    assert file_guarantee("/app/o.db") == (Guarantee.UNKNOWN, None)
     assert [f.severity for f in sqlite_findings(Path("/app/o.db"))] == [Severity.UNKNOWN]
 
 
@@ -80,7 +87,27 @@ def _fake_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fstype: str) -> 
     monkeypatch.setattr(mounts, "_MOUNTINFO", info)
 
 
-def test_a_producer_warns_once_for_an_outbox_on_tmpfs(
+@pytest.mark.parametrize("fstype", ["tmpfs", "ramfs", "overlay"])
+def test_the_default_refuses_an_outbox_that_does_not_outlive_the_machine(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, memory_broker: MemoryBroker, fstype: str
+) -> None:
+    _fake_root(monkeypatch, tmp_path, fstype)
+    path = tmp_path / "o.db"
+    for require in ("durable", "replicated"):
+        with pytest.raises(UnsafeOutbox) as info:
+            Producer(f"memory://{memory_broker.name}", outbox=path, require=require)
+        err = info.value
+        assert isinstance(err, ConfigurationError)
+        assert err.store == str(path) and err.fix is not None and err.fix in str(err)
+        assert f"require={require!r}" in str(err) and fstype in str(err)
+        for fix in ("persistent volume", "postgresql://", "require='any'"):
+            assert fix in err.fix
+    # Refused before anything was kept open: the file is free for the next producer.
+    with Producer(f"memory://{memory_broker.name}", outbox=path, require="any"):
+        pass
+
+
+def test_require_any_accepts_a_memory_outbox_and_its_receipts_say_so(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
     memory_broker: MemoryBroker,
@@ -88,19 +115,39 @@ def test_a_producer_warns_once_for_an_outbox_on_tmpfs(
 ) -> None:
     _fake_root(monkeypatch, tmp_path, "tmpfs")
     path = tmp_path / "o.db"
+    url = f"memory://{memory_broker.name}"
     with (
         caplog.at_level(logging.WARNING, logger="msgsafe.outbox"),
-        Producer(f"memory://{memory_broker.name}", outbox=path) as first,
+        Producer(url, outbox=path, require="any") as first,
     ):
-        assert first.send("q", b"x").status is Status.CONFIRMED
-        with Producer(f"memory://{memory_broker.name}", outbox=path):
+        confirmed = first.send("q", b"x")
+        assert (confirmed.status, confirmed.store_guarantee) == (Status.CONFIRMED, None)
+        memory_broker.down()
+        stored = first.send("q", b"y")
+        assert (stored.status, stored.store_guarantee) == (Status.STORED, Guarantee.NONE)
+        batch = first.send_batch("q", [b"a", b"b"])
+        assert batch.stored == 2 and batch.store_guarantee is Guarantee.NONE
+        assert {r.store_guarantee for r in batch.receipts()} == {Guarantee.NONE}
+        with Producer(url, outbox=path, require="any"):
             pass  # the same file again in this process: no second warning
+        memory_broker.up()
     warned = [r for r in caplog.records if "outbox" in r.getMessage() and "tmpfs" in r.getMessage()]
     assert len(warned) == 1 and warned[0].levelno == logging.WARNING
     assert str(path) in warned[0].getMessage() and "memory" in warned[0].getMessage()
 
 
-def test_a_producer_on_a_disk_does_not_warn(
+def test_an_outbox_on_dev_shm_is_refused(memory_broker: MemoryBroker) -> None:
+    # /dev/shm is a real tmpfs on the machines the suite runs on: no fake mount table.
+    directory = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        assert file_guarantee(directory)[0] is Guarantee.NONE
+        with pytest.raises(UnsafeOutbox, match="tmpfs mounted at /dev/shm"):
+            Producer(f"memory://{memory_broker.name}", outbox=directory / "o.db")
+    finally:
+        shutil.rmtree(directory)
+
+
+def test_an_outbox_on_a_disk_is_rated_durable_without_a_warning(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
     memory_broker: MemoryBroker,
@@ -109,26 +156,32 @@ def test_a_producer_on_a_disk_does_not_warn(
     _fake_root(monkeypatch, tmp_path, "xfs")
     with (
         caplog.at_level(logging.WARNING, logger="msgsafe.outbox"),
-        Producer(f"memory://{memory_broker.name}", outbox=tmp_path / "o.db"),
+        Producer(f"memory://{memory_broker.name}", outbox=tmp_path / "o.db") as producer,
     ):
-        pass
+        memory_broker.down()
+        receipt = producer.send("q", b"x")
+        assert (receipt.status, receipt.store_guarantee) == (Status.STORED, Guarantee.DURABLE)
+        memory_broker.up()
     assert not [r for r in caplog.records if "outlive" in r.getMessage()]
 
 
-def test_doctor_reports_an_outbox_file_on_a_container_layer(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, memory_broker: MemoryBroker
+@pytest.mark.parametrize("fstype", ["tmpfs", "ramfs", "overlay", "aufs", "ext4", "xfs", "nfs4"])
+def test_doctor_and_the_producer_agree(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, memory_broker: MemoryBroker, fstype: str
 ) -> None:
-    _fake_root(monkeypatch, tmp_path, "overlay")
+    _fake_root(monkeypatch, tmp_path, fstype)
+    path = tmp_path / "o.db"
     result = CliRunner().invoke(
-        app,
-        ["doctor", f"memory://{memory_broker.name}", "--outbox", str(tmp_path / "o.db"), "--json"],
+        app, ["doctor", f"memory://{memory_broker.name}", "--outbox", str(path), "--json"]
     )
-    assert result.exit_code == 5, result.output  # a warning
-    import json
-
-    report = json.loads(result.output)
-    [finding] = [f for f in report["findings"] if f["setting"] == "filesystem"]
-    assert finding["severity"] == "warning" and "overlay" in finding["value"]
+    [finding] = [f for f in json.loads(result.output)["findings"] if f["setting"] == "filesystem"]
+    try:
+        Producer(f"memory://{memory_broker.name}", outbox=path).close()
+        refused = False
+    except UnsafeOutbox:
+        refused = True
+    assert refused == (finding["severity"] == "critical") == (fstype in mounts.EPHEMERAL)
+    assert result.exit_code == (6 if refused else 0), result.output
 
 
 # --- PostgreSQL -------------------------------------------------------------------------

@@ -150,7 +150,7 @@ class DirectSend(LightFuture[Receipt]):
         # What the stock Future's result() and repr() read once FINISHED.
         if self._state is not _FINISHED or self._exception is not None:
             return None
-        return new_receipt(self.message_id, self.status, self.topic, self.guarantee)
+        return self._receipt()
 
     @_result.setter
     def _result(self, receipt: Receipt | None) -> None:
@@ -163,8 +163,14 @@ class DirectSend(LightFuture[Receipt]):
 
     def result(self, timeout: float | None = None) -> Receipt:
         if self._state is _FINISHED and self._exception is None:
-            return new_receipt(self.message_id, self.status, self.topic, self.guarantee)
+            return self._receipt()
         return super().result(timeout)
+
+    def _receipt(self) -> Receipt:
+        # The outbox's guarantee on a STORED receipt only (see Receipt.store_guarantee).
+        status = self.status
+        kept = self.lane.store_guarantee if status is _STORED else None
+        return new_receipt(self.message_id, status, self.topic, self.guarantee, kept)
 
     def cancel(self) -> bool:
         """Always False: the message is on its way (see ``Producer.send_async``)."""
@@ -225,6 +231,7 @@ class DirectLane:
         self.host = host
         self.store = host.store
         self.guarantees = host.guarantees
+        self.store_guarantee = host.store_guarantee
         self.count_confirmed = host.count_confirmed
         self.timeout = timeout
         self.size_limit = size_limit
@@ -604,6 +611,7 @@ class DirectLane:
                             _STORED,
                             send.topic,
                             guarantees.get(send.topic, _UNKNOWN),
+                            self.store_guarantee,
                         )
                     )
                 else:

@@ -39,7 +39,8 @@ def test_full_disk_raises_typed_error_and_loses_nothing(small_disk: Path) -> Non
     receipted: list[str] = []
     failures = 0
     try:
-        producer = Producer(f"memory://{name}", outbox=path, send_timeout=30)
+        # require="any": the outbox is on a tmpfs (memory) on purpose, for a real ENOSPC.
+        producer = Producer(f"memory://{name}", outbox=path, send_timeout=30, require="any")
         try:
             consecutive = 0
             while consecutive < 20:
@@ -91,7 +92,10 @@ def test_batches_on_a_full_disk_are_stored_whole_or_not_at_all(small_disk: Path)
     receipted: list[str] = []
     failed_ids: list[str] = []
     try:
-        with Producer(f"memory://{name}", outbox=small_disk / "o.sqlite3") as producer:
+        # require="any": the outbox is on a tmpfs (memory) on purpose, for a real ENOSPC.
+        with Producer(
+            f"memory://{name}", outbox=small_disk / "o.sqlite3", require="any"
+        ) as producer:
             consecutive = 0
             while consecutive < 5:
                 keys = [f"k{i % 3}" for i in range(50)]
