@@ -13,7 +13,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from msgsafe.checks.findings import STORIES, Finding, Severity
-from msgsafe.cli._output import ExitCode, exit_with, out, print_json, translate_errors
+from msgsafe.cli._output import (
+    URL_FORMS,
+    ExitCode,
+    exit_with,
+    out,
+    print_json,
+    translate_errors,
+    url_param,
+)
 from msgsafe.endpoints import parse_url
 
 __all__ = ["doctor", "exit_code"]
@@ -28,20 +36,28 @@ _STYLE = {
 
 
 def doctor(
-    url: Annotated[str, typer.Argument(help="Broker URL (amqp://, kafka://, amqp10://).")],
+    url: Annotated[
+        str,
+        typer.Argument(
+            help=f"Broker URL (amqp://, kafka://, amqp10://). {URL_FORMS}", callback=url_param
+        ),
+    ],
     destinations: Annotated[
         list[str] | None,
         typer.Argument(help="Queues/topics to check (default: every one the broker lists)."),
     ] = None,
     management: Annotated[
         str | None,
-        typer.Option(help="RabbitMQ management API base URL (default: http://HOST:15672)."),
+        typer.Option(
+            help="RabbitMQ management API base URL (default: http://HOST:15672). " + URL_FORMS,
+            callback=url_param,
+        ),
     ] = None,
     outbox: Annotated[
         str | None,
         typer.Option(
             help="The producers' outbox too: a postgresql:// URL (server settings, "
-            "replication) or a SQLite file (its filesystem)."
+            f"replication) or a SQLite file (its filesystem). {URL_FORMS}"
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print findings as JSON.")] = False,
