@@ -9,10 +9,12 @@ from __future__ import annotations
 import enum
 import inspect
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlencode
 
@@ -23,6 +25,7 @@ from rich.markup import escape
 from msgsafe.errors import ConfigurationError, MsgsafeError, PermanentError, TransientError
 
 __all__ = [
+    "URL_FORMS",
     "ExitCode",
     "err",
     "exit_with",
@@ -32,7 +35,9 @@ __all__ = [
     "print_json",
     "reflow",
     "reflow_help",
+    "secret_url",
     "translate_errors",
+    "url_param",
     "with_options",
 ]
 
@@ -63,9 +68,51 @@ class ExitCode(enum.IntEnum):
 
 
 def print_json(data: object) -> None:
-    """One JSON document on stdout (sorted keys, so output is stable to diff)."""
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    """One JSON document on one line of stdout (sorted keys, so output is stable to
+    diff): a command's single document is valid JSON, and the events of a command that
+    prints several (``outbox forward``) are JSON lines, one object per line."""
+    sys.stdout.write(json.dumps(data, sort_keys=True, default=str) + "\n")
     sys.stdout.flush()
+
+
+#: How a URL argument or option names where its text is, instead of holding it (a
+#: password on the command line is in every local user's ``ps``).
+ENV_PREFIX = "env:"
+FILE_PREFIX = "@"
+
+
+def secret_url(given: str, what: str = "URL") -> str:
+    """The URL ``given`` names: ``env:NAME`` the value of environment variable NAME,
+    ``@PATH`` the first line of file PATH (whitespace around it stripped), anything
+    else itself. A variable that is not set, or a file that cannot be read or is empty,
+    is a usage error (exit 2) naming the variable or file, never a value."""
+    if given.startswith(ENV_PREFIX):
+        name = given[len(ENV_PREFIX) :]
+        value = os.environ.get(name, "").strip()
+        if not name or not value:
+            raise typer.BadParameter(f"{what}: environment variable {name!r} is not set")
+        return value
+    if given.startswith(FILE_PREFIX):
+        path = Path(given[len(FILE_PREFIX) :]).expanduser()
+        try:
+            lines = path.read_text(encoding="utf-8").strip().splitlines()
+        except OSError as exc:
+            raise typer.BadParameter(f"{what}: cannot read {path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise typer.BadParameter(f"{what}: {path} is not UTF-8 text") from None
+        if not lines or not lines[0].strip():
+            raise typer.BadParameter(f"{what}: {path} is empty")
+        return lines[0].strip()
+    return given
+
+
+def url_param(value: str | None) -> str | None:
+    """A typer callback for a URL argument or option: :func:`secret_url` of it."""
+    return None if value is None else secret_url(value)
+
+
+#: The help every URL argument and option ends with.
+URL_FORMS = "env:NAME or @FILE read it from a variable or a file (kept out of ps)."
 
 
 def exit_with(code: ExitCode) -> NoReturn:

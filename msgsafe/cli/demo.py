@@ -23,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from msgsafe.cli._output import (
+    URL_FORMS,
     ExitCode,
     err,
     exit_with,
@@ -30,6 +31,7 @@ from msgsafe.cli._output import (
     parse_pairs,
     print_json,
     translate_errors,
+    url_param,
 )
 from msgsafe.cli.story import (
     DEMO_CLUSTERS,
@@ -53,7 +55,10 @@ _STARTING = {
 def demo(
     url: Annotated[
         str | None,
-        typer.Option(help="Run against this broker instead of a local cluster (--cluster)."),
+        typer.Option(
+            help=f"Run against this broker instead of a local cluster (--cluster). {URL_FORMS}",
+            callback=url_param,
+        ),
     ] = None,
     cluster: Annotated[
         str | None,

@@ -1,11 +1,14 @@
 """``msgsafe doctor URL [DESTINATION...]``: names each broker setting that the failure
 stories show can lose acknowledged messages, with the fix. The exit code is the worst
 finding's: 0 fine, 4 something could not be checked, 5 warning, 6 a setting that loses
-messages (3: the broker could not be reached). ``--outbox STORE`` (a ``postgresql://``
+messages (3: the broker could not be reached). A RabbitMQ URL of a ``msgsafe cluster
+up`` cluster needs no ``--management``: doctor reads the cluster's own (``--cluster DIR``,
+or the clusters ``up`` recorded). ``--outbox STORE`` (a ``postgresql://``
 URL or a SQLite file) adds the outbox store's own findings (:mod:`msgsafe.checks.store`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -13,8 +16,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from msgsafe.checks.findings import STORIES, Finding, Severity
-from msgsafe.cli._output import ExitCode, exit_with, out, print_json, translate_errors
-from msgsafe.endpoints import parse_url
+from msgsafe.cli._output import (
+    URL_FORMS,
+    ExitCode,
+    err,
+    exit_with,
+    out,
+    print_json,
+    translate_errors,
+    url_param,
+)
+from msgsafe.endpoints import BrokerUrl, parse_url
 
 __all__ = ["doctor", "exit_code"]
 
@@ -28,20 +40,37 @@ _STYLE = {
 
 
 def doctor(
-    url: Annotated[str, typer.Argument(help="Broker URL (amqp://, kafka://, amqp10://).")],
+    url: Annotated[
+        str,
+        typer.Argument(
+            help=f"Broker URL (amqp://, kafka://, amqp10://). {URL_FORMS}", callback=url_param
+        ),
+    ],
     destinations: Annotated[
         list[str] | None,
         typer.Argument(help="Queues/topics to check (default: every one the broker lists)."),
     ] = None,
     management: Annotated[
         str | None,
-        typer.Option(help="RabbitMQ management API base URL (default: http://HOST:15672)."),
+        typer.Option(
+            help="RabbitMQ management API base URL (default: the one of the `msgsafe "
+            "cluster up` cluster the URL names, else http://HOST:15672). " + URL_FORMS,
+            callback=url_param,
+        ),
+    ] = None,
+    cluster: Annotated[
+        Path | None,
+        typer.Option(
+            "--cluster",
+            help="The directory of a `msgsafe cluster up` RabbitMQ cluster: use its "
+            "management API (found without it when `cluster up` recorded the cluster).",
+        ),
     ] = None,
     outbox: Annotated[
         str | None,
         typer.Option(
             help="The producers' outbox too: a postgresql:// URL (server settings, "
-            "replication) or a SQLite file (its filesystem)."
+            f"replication) or a SQLite file (its filesystem). {URL_FORMS}"
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print findings as JSON.")] = False,
@@ -55,6 +84,8 @@ def doctor(
     names = list(destinations or [])
     with translate_errors(as_json=as_json):
         broker = parse_url(url)
+        if broker.protocol == "rabbitmq" and management is None:
+            management = _cluster_management(broker, cluster, as_json)
         findings = _check(broker.protocol, broker, names, management)
         if outbox is not None:
             from msgsafe.checks.store import check_store
@@ -74,6 +105,28 @@ def doctor(
     else:
         _print(broker.redacted(), findings)
     exit_with(code)
+
+
+def _cluster_management(broker: BrokerUrl, cluster: Path | None, as_json: bool) -> str | None:
+    """The management API of the ``msgsafe cluster up`` cluster whose node the URL's
+    first host is: the one in ``cluster`` (a usage error when it has none), else one of
+    the clusters ``up`` recorded; None when no such cluster runs."""
+    from msgsafe.cluster.cli import known_dirs
+    from msgsafe.cluster.rabbitmq import management_url_for
+
+    first = broker.endpoints[0]
+    found = management_url_for(first.host, first.port, [cluster] if cluster else known_dirs())
+    if found is None:
+        if cluster is not None:
+            raise typer.BadParameter(
+                f"no running node with the management API on {first} in {cluster}",
+                param_hint="--cluster",
+            )
+        return None
+    folder, api = found
+    if not as_json:
+        err.print(f"management API: {api} (the cluster in {folder})", markup=False)
+    return api
 
 
 def exit_code(findings: list[Finding]) -> ExitCode:

@@ -1,10 +1,11 @@
 """``msgsafe outbox status|list|quarantine|drain|replay|purge|salvage``: inspect and
-operate outbox files (``watch``, the live view, is :mod:`msgsafe.cli.outbox_watch`).
+operate outboxes (``watch``, the live view, is :mod:`msgsafe.cli.outbox_watch`).
 
 Every command but ``salvage`` also takes a ``postgresql://`` URL in place of the file
 (the table a fleet shares, ``?table=`` as for the producer): the same figures and
 operations on that table while producers and forwarders use it; the URL is shown
-without its password.
+without its password. The URL, and ``--url``, may be ``env:NAME`` or ``@PATH``
+(read from an environment variable or a file: no password in ``ps``).
 
 ``status`` with no path lists every default outbox (the user's data directory) with its
 destination and waiting count. A file belongs to one process at a time: while a producer
@@ -32,6 +33,7 @@ from rich.table import Table
 
 from msgsafe.adapters import open_transport
 from msgsafe.cli._output import (
+    URL_FORMS,
     ExitCode,
     err,
     exit_with,
@@ -39,6 +41,7 @@ from msgsafe.cli._output import (
     out,
     parse_pairs,
     print_json,
+    secret_url,
     translate_errors,
 )
 from msgsafe.endpoints import BrokerUrl, parse_url
@@ -57,17 +60,20 @@ if TYPE_CHECKING:
     #: What these commands operate: an outbox file, or a PostgreSQL outbox table.
     OperatedStore: TypeAlias = SqliteOutbox | PostgresOutbox
 
-__all__ = ["app", "broker_for", "label", "opened"]
+__all__ = ["PathArg", "app", "broker_for", "label", "opened"]
 
 app = typer.Typer(
     help=(
-        "Inspect and operate outbox files (messages waiting for their broker). "
-        "`msgsafe outbox status` with no path lists every default outbox."
+        "Inspect and operate outboxes (messages waiting for their broker): a SQLite "
+        "file, or a PostgreSQL table given by its postgresql:// URL. "
+        "`msgsafe outbox status` with no argument lists every default outbox file."
     ),
     no_args_is_help=True,
 )
 
-PathArg = Annotated[Path, typer.Argument(help="The outbox file (SQLite), or a postgresql:// URL.")]
+#: What every command's store argument says it takes.
+STORE_HELP = f"The outbox: a SQLite file, or a postgresql:// URL (its table). {URL_FORMS}"
+PathArg = Annotated[Path, typer.Argument(help=STORE_HELP)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="JSON instead of tables.")]
 LimitOpt = Annotated[int, typer.Option(help="Rows to show at most.")]
 IdsArg = Annotated[list[str] | None, typer.Argument(help="Message ids (or --all).")]
@@ -139,12 +145,13 @@ def _when(epoch: float) -> str:
 def status(
     path: Annotated[
         Path | None,
-        typer.Argument(help="The outbox file; none: every default outbox, one line each."),
+        typer.Argument(help=f"{STORE_HELP} None: every default outbox file, one line each."),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Depth, bytes, oldest age and quarantined count of one file; with no PATH, every
-    default outbox with its destination and waiting count."""
+    """Depth, bytes, oldest age and quarantined count of one outbox (a SQLite file or a
+    postgresql:// table); with no PATH, every default outbox file with its destination
+    and waiting count."""
     if path is None:
         _status_all(as_json)
         return
@@ -330,7 +337,7 @@ def purge(
     """Delete messages for good: the given ids, or --waiting, --quarantined or --all.
 
     Asks first; with stdin not a terminal it refuses (exit 2) unless --yes is given.
-    An id the file does not hold is an error (exit 2) and nothing is deleted.
+    An id the outbox does not hold is an error (exit 2) and nothing is deleted.
     """
     scoped = waiting or quarantined or all_
     if scoped and ids:
@@ -448,7 +455,7 @@ def broker_for(store: OperatedStore, path: Path, url: str | None, as_json: bool)
     stored_for = newest[0].target if newest else None
     if url is None and not stored_for:
         fail(f"the messages in {label(path)} name no broker; give --url", as_json=as_json)
-    broker = parse_url(url or stored_for or "")
+    broker = parse_url(secret_url(url, "--url") if url else stored_for or "")
     if stored_for and destination_of_target(stored_for) != destination_of(broker):
         err.print(
             f"note: the messages were stored for {stored_for}; "

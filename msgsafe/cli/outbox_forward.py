@@ -11,13 +11,20 @@ object per line on stdout, ``"event": "status"``), and a summary at the end (``"
 a second besides (for leases that ran out).
 
 ``--url`` gives the broker with its credentials (the store never keeps them); without
-it, the broker the newest waiting row names. A broker that refuses the login keeps every
+it, the broker the newest waiting row names. STORE and ``--url`` may name where the URL
+is instead of holding it, so that no password shows in ``ps``: ``env:NAME`` (an
+environment variable) or ``@PATH`` (the first line of a file).
+
+``last_error`` in the events is the error this run saw since its last delivery (None
+once a message went through after it, unless the broker still refuses), with
+``last_error_at``: the UTC time it was first seen. A broker that refuses the login keeps every
 message waiting (the forwarder retries at its capped backoff; the status line shows the
 error) instead of quarantining anything.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import signal
 import threading
 import time
@@ -28,9 +35,18 @@ from typing import Annotated, Any
 import typer
 
 from msgsafe.adapters import open_transport
-from msgsafe.cli._output import err, fail, parse_pairs, print_json, translate_errors
+from msgsafe.cli._output import (
+    URL_FORMS,
+    err,
+    fail,
+    parse_pairs,
+    print_json,
+    secret_url,
+    translate_errors,
+    url_param,
+)
 from msgsafe.endpoints import parse_url
-from msgsafe.outbox import Forwarder, SqliteOutbox
+from msgsafe.outbox import Forwarder, ForwarderStats, SqliteOutbox
 from msgsafe.outbox._pg_url import is_store_url
 from msgsafe.ports import OutboxStore
 
@@ -38,8 +54,10 @@ __all__ = ["forward", "store_spec"]
 
 
 def store_spec(given: str) -> str:
-    """``given`` as the user meant it: a PostgreSQL URL whose ``//`` a Path turned into
-    ``/`` is made a URL again."""
+    """``given`` as the user meant it: ``env:NAME`` or ``@PATH`` read (see
+    :func:`~msgsafe.cli._output.secret_url`), and a PostgreSQL URL whose ``//`` a Path
+    turned into ``/`` made a URL again."""
+    given = secret_url(given, "the outbox")
     for scheme in ("postgresql:", "postgres:"):
         if given.startswith(scheme + "/") and not given.startswith(scheme + "//"):
             return scheme + "//" + given[len(scheme) + 1 :]
@@ -69,10 +87,16 @@ def _broker(store: Any, url: str | None) -> str:
 
 
 def forward(
-    store: Annotated[str, typer.Argument(help="The outbox: a SQLite file or a postgresql:// URL.")],
+    store: Annotated[
+        str,
+        typer.Argument(help=f"The outbox: a SQLite file or a postgresql:// URL; {URL_FORMS}"),
+    ],
     url: Annotated[
         str | None,
-        typer.Option(help="Broker URL with credentials; default: the one the rows name."),
+        typer.Option(
+            help=f"Broker URL with credentials; default: the one the rows name. {URL_FORMS}",
+            callback=url_param,
+        ),
     ] = None,
     until_empty: Annotated[
         bool, typer.Option("--until-empty", help="Exit once no message waits.")
@@ -104,9 +128,11 @@ def forward(
                 try:
                     # Woken by the store's NOTIFY where it declares one (Forwarder.start).
                     forwarder.start()
-                    reason = _loop(forwarder, stop, until_empty, interval, shown, as_json)
+                    errors = _RecentError()
+                    reason = _loop(forwarder, stop, until_empty, interval, shown, as_json, errors)
                     forwarder.stop(60.0)
                     stats = forwarder.stats()
+                    last_error, last_error_at = errors.sample(stats)
                 finally:
                     forwarder.stop(60.0)
                     transport.close(10.0)
@@ -122,7 +148,8 @@ def forward(
         "delivered": stats.delivered,
         "waiting": stats.depth,
         "quarantined": stats.quarantined,
-        "last_error": stats.last_error,
+        "last_error": last_error,
+        "last_error_at": last_error_at,
         "seconds": round(time.monotonic() - started, 3),
         "stopped_by": reason,
     }
@@ -136,6 +163,28 @@ def forward(
         )
 
 
+class _RecentError:
+    """The forwarder's last error as far as it still matters: the one seen since the
+    last delivery, with the UTC time this run first saw it. An error followed by a
+    delivery is past (None), unless the broker still refuses. Sampled by the status
+    loop and once at the end."""
+
+    def __init__(self) -> None:
+        self._error: str | None = None
+        self._at: str | None = None
+        self._delivered_then = 0
+
+    def sample(self, stats: ForwarderStats) -> tuple[str | None, str | None]:
+        """``(last_error, last_error_at)`` for an event built from ``stats``."""
+        if stats.last_error != self._error:
+            self._error = stats.last_error
+            self._at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+            self._delivered_then = stats.delivered
+        if self._error is None or (stats.delivered > self._delivered_then and not stats.refusing):
+            return None, None
+        return self._error, self._at
+
+
 def _loop(
     forwarder: Forwarder,
     stop: threading.Event,
@@ -143,6 +192,7 @@ def _loop(
     interval: float,
     shown: str,
     as_json: bool,
+    errors: _RecentError,
 ) -> str:
     """Status lines until a signal (``"signal"``) or, with ``until_empty``, until nothing
     waits (``"empty"``)."""
@@ -158,6 +208,7 @@ def _loop(
         if now - last_at < interval:
             continue
         stats = forwarder.stats()
+        last_error, last_error_at = errors.sample(stats)
         rate = (stats.delivered - last_count) / (now - last_at)
         last_at, last_count = now, stats.delivered
         line = {
@@ -168,12 +219,13 @@ def _loop(
             "waiting": stats.depth,
             "quarantined": stats.quarantined,
             "refusing": stats.refusing,
-            "last_error": stats.last_error,
+            "last_error": last_error,
+            "last_error_at": last_error_at,
         }
         if as_json:
             print_json(line)
         else:
-            state = f"refusing: {stats.last_error}" if stats.refusing else "forwarding"
+            state = f"refusing: {last_error}" if stats.refusing else "forwarding"
             err.print(
                 f"{stats.delivered} delivered ({rate:.0f}/s), {stats.depth} waiting, "
                 f"{stats.quarantined} quarantined, {state}",

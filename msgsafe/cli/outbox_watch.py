@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Protocol
 
 import typer
@@ -27,8 +26,8 @@ from rich.table import Table
 from rich.text import Text
 
 from msgsafe.adapters import open_transport
-from msgsafe.cli._output import out, parse_pairs, translate_errors
-from msgsafe.cli.outbox import broker_for, label, opened
+from msgsafe.cli._output import URL_FORMS, out, parse_pairs, translate_errors
+from msgsafe.cli.outbox import PathArg, broker_for, label, opened
 from msgsafe.outbox import Forwarder
 from msgsafe.ports import OutboxStats, Transport
 
@@ -158,14 +157,13 @@ def render(sample: Sample) -> RenderableType:
     return Group(table, per)
 
 
-PathArg = Annotated[Path, typer.Argument(help="The outbox file (SQLite), or a postgresql:// URL.")]
-
-
 def watch(
     path: PathArg,
     url: Annotated[
         str | None,
-        typer.Option(help="Broker URL; default: the one the messages were stored for."),
+        typer.Option(
+            help=f"Broker URL; default: the one the messages were stored for. {URL_FORMS}"
+        ),
     ] = None,
     interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 1.0,
     forward: Annotated[

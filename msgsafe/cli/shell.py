@@ -20,12 +20,14 @@ from typing import Annotated
 import typer
 
 from msgsafe.cli._output import (
+    URL_FORMS,
     ExitCode,
     err,
     exit_with,
     out,
     parse_pairs,
     translate_errors,
+    url_param,
     with_options,
 )
 from msgsafe.consumer import Consumer
@@ -39,7 +41,13 @@ __all__ = ["consume", "send"]
 #: Receipts awaited at once; bounds memory however long the input is.
 _WINDOW = 10_000
 
-UrlArg = Annotated[str, typer.Argument(help="Broker URL, e.g. amqp://guest:guest@host:5672/%2F")]
+UrlArg = Annotated[
+    str,
+    typer.Argument(
+        help=f"Broker URL, e.g. amqp://guest:guest@host:5672/%2F. {URL_FORMS}",
+        callback=url_param,
+    ),
+]
 DestArg = Annotated[str, typer.Argument(help="Queue, topic or address.")]
 OptionOpt = Annotated[
     list[str] | None,

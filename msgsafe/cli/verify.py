@@ -35,6 +35,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from msgsafe.cli._output import (
+    URL_FORMS,
     ExitCode,
     err,
     exit_with,
@@ -42,6 +43,7 @@ from msgsafe.cli._output import (
     parse_pairs,
     print_json,
     translate_errors,
+    url_param,
     with_options,
 )
 from msgsafe.cli._readback import start_at_beginning
@@ -102,7 +104,7 @@ def _said(errors: list[dict[str, object]]) -> str:
 
 
 def verify(
-    url: Annotated[str, typer.Argument(help="Broker URL.")],
+    url: Annotated[str, typer.Argument(help=f"Broker URL. {URL_FORMS}", callback=url_param)],
     destination: Annotated[str, typer.Argument(help="Queue, topic or address to check.")],
     count: Annotated[int, typer.Option(help="Messages to produce (over all keys).")] = 1000,
     keys: Annotated[int, typer.Option(help="Streams (message keys), each numbered 0, 1, ...")] = 4,

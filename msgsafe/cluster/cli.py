@@ -11,6 +11,10 @@ Output: results on stdout (``--json``: one JSON object), progress on stderr. Exi
 :class:`~msgsafe.cluster.base.ClusterError` (one red line, the detail such as a node's
 log tail below it, never a traceback).
 
+``up`` records the cluster's directory in ``$XDG_STATE_HOME/msgsafe/clusters``
+(:func:`known_dirs`): ``msgsafe doctor`` finds a RabbitMQ cluster's management API
+there from the URL alone.
+
 ``fetch`` also installs what no launcher needs but users ask for (:data:`EXTRAS`):
 ``kafka-tools``, Kafka's own command-line tools. When a cluster's ``describe()`` has a
 ``tools`` object (``what``, ``fetch``, ``commands``: how to run such tools against it),
@@ -25,6 +29,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -39,9 +44,9 @@ from rich.table import Table
 
 from msgsafe.cluster import KINDS, create, launcher, load
 from msgsafe.cluster._process import pid_alive
-from msgsafe.cluster.base import STATE_FILE, ClusterError, LocalCluster
+from msgsafe.cluster.base import STATE_FILE, ClusterError, LocalCluster, NodeInfo
 
-__all__ = ["app", "main"]
+__all__ = ["app", "known_dirs", "main"]
 
 #: Exit code of a command that could not do its work (a ClusterError).
 EXIT_ERROR = 3
@@ -167,6 +172,36 @@ def _logged_to(logger: logging.Logger, handler: logging.Handler) -> Iterator[Non
         logger.propagate = propagate
 
 
+def _index_file() -> Path:
+    """Where ``up`` records the directories of the clusters it started (one per line):
+    ``$XDG_STATE_HOME/msgsafe/clusters`` (default ``~/.local/state``)."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "msgsafe" / "clusters"
+
+
+def known_dirs() -> list[Path]:
+    """The directories of the clusters ``up`` started that still hold a cluster.json,
+    newest first (what ``msgsafe doctor`` searches for a URL's cluster)."""
+    try:
+        lines = _index_file().read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    dirs = [Path(line) for line in reversed(lines) if line.strip()]
+    return [d for d in dict.fromkeys(dirs) if (d / STATE_FILE).is_file()]
+
+
+def _remember(dir: Path) -> None:
+    """Add ``dir`` to the index of started clusters (dropping those that are gone); an
+    index that cannot be written only loses this convenience."""
+    kept = [d for d in reversed(known_dirs()) if d != dir.resolve()]
+    index = _index_file()
+    try:
+        index.parent.mkdir(parents=True, exist_ok=True)
+        index.write_text("".join(f"{d}\n" for d in [*kept, dir.resolve()]), encoding="utf-8")
+    except OSError as exc:
+        logging.getLogger("msgsafe.cluster").warning("cannot record %s in %s: %s", dir, index, exc)
+
+
 def _show(cluster: LocalCluster, as_json: bool) -> dict[str, Any]:
     """Print what ``cluster.describe()`` says (a table, or its JSON); returns it."""
     described = cluster.describe()
@@ -278,6 +313,7 @@ def up(
         with _progress(f"starting {kind}", quiet=as_json):
             cluster.start()
         cluster.save_state()
+        _remember(dir)
         if not as_json:
             err.print(f"{kind} up in {time.monotonic() - started:.1f} s")
         described = _show(cluster, as_json)
@@ -286,8 +322,10 @@ def up(
             _print_tools(tools)
         management = described.get("management")
         if management and not as_json:
+            # doctor finds the management API from the URL (this cluster is recorded).
             err.print(
-                f"doctor: msgsafe doctor {described['url']} --management {management[0]}",
+                f"doctor: msgsafe doctor {described['url']} (it finds the management API "
+                f"{management[0]} in {dir})",
                 markup=False,
                 highlight=False,
             )
@@ -315,32 +353,38 @@ def down(dir: DirOption) -> None:
         out.print(f"{cluster.kind} in {dir}: {len(before)} node(s) stopped, none left running")
 
 
+def _drive(verb: str, action: Callable[[LocalCluster, int], None], node: str, dir: Path) -> None:
+    """Run ``action`` on ``node`` of the cluster in ``dir``, with progress on stderr, and
+    print the node's state, then that of any other node the verb changed."""
+    cluster = load(dir)
+    index = _node_index(cluster, node)
+    before = [(n.running, n.role) for n in cluster.nodes()]
+    with _progress(f"{verb} {cluster.nodes()[index].name}"):
+        action(cluster, index)
+    cluster.save_state()
+    after = cluster.nodes()
+    # The named node, then any other the verb had to change (a Kafka restart brings
+    # back enough of the KRaft quorum with it, a RabbitMQ restart its stopped peers
+    # when all of them are down).
+    others = [i for i, n in enumerate(after) if (n.running, n.role) != before[i]]
+    for i in [index, *(i for i in others if i != index)]:
+        info = after[i]
+        also = "" if i == index else "also "
+        out.print(
+            f"{also}{info.name}: {'running' if info.running else 'not running'}"
+            f" (pid {info.pid or '-'}, role {info.role or '-'})"
+        )
+
+
 def _node_command(
     verb: str, action: Callable[[LocalCluster, int], None]
 ) -> Callable[[str, Path], None]:
     def command(node: NodeArg, dir: DirOption) -> None:
         with _errors():
-            cluster = load(dir)
-            index = _node_index(cluster, node)
-            before = [(n.running, n.role) for n in cluster.nodes()]
-            with _progress(f"{verb} {cluster.nodes()[index].name}"):
-                action(cluster, index)
-            cluster.save_state()
-            after = cluster.nodes()
-            # The named node, then any other the verb had to change (a Kafka restart
-            # brings back enough of the KRaft quorum with it).
-            others = [i for i, n in enumerate(after) if (n.running, n.role) != before[i]]
-            for i in [index, *(i for i in others if i != index)]:
-                info = after[i]
-                also = "" if i == index else "also "
-                out.print(
-                    f"{also}{info.name}: {'running' if info.running else 'not running'}"
-                    f" (pid {info.pid or '-'}, role {info.role or '-'})"
-                )
+            _drive(verb, action, node, dir)
 
     command.__doc__ = {
         "kill": "SIGKILL one node (its data stays, as after a crash).",
-        "restart": "Start a node again on its ports with its data; wait until it serves.",
         "pause": "SIGSTOP one node: its sockets stay open, it answers nothing.",
         "resume": "SIGCONT a paused node.",
         "promote": "Make a standby the primary (postgres; the primary must be down).",
@@ -349,7 +393,49 @@ def _node_command(
 
 
 app.command(name="kill")(_node_command("kill", lambda c, n: c.kill(n)))
-app.command(name="restart")(_node_command("restart", lambda c, n: c.restart(n)))
+
+
+@app.command(name="restart")
+def restart(
+    node: NodeArg,
+    dir: DirOption,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Restart a running node: kill it first (an outage of that node)."
+        ),
+    ] = False,
+) -> None:
+    """Start a stopped node again on its ports with its data; wait until it serves.
+
+    A running node is refused (exit 3) unless --force: it would be killed first, an
+    outage (a paused one is restarted). Other nodes the restart needs come back with it
+    (RabbitMQ: when every other node is down too, they start together, since a node
+    waits at boot for its peers)."""
+    with _errors():
+        if not force:
+            cluster = load(dir)
+            info = cluster.nodes()[_node_index(cluster, node)]
+            if _serving(info):
+                raise ClusterError(
+                    f"{info.name} is running (pid {info.pid or '-'}): restarting it kills it "
+                    f"first, an outage of that node; `msgsafe cluster restart {node} --dir "
+                    f"{dir} --force` to do it anyway"
+                )
+        _drive("restart", _restart, node, dir)
+
+
+def _serving(info: NodeInfo) -> bool:
+    """A node that runs and is not paused: restarting it is an outage."""
+    return info.running and info.role != "paused"
+
+
+def _restart(cluster: LocalCluster, node: int) -> None:
+    if _serving(cluster.nodes()[node]):  # --force
+        cluster.kill(node)
+    cluster.restart(node)
+
+
 app.command(name="pause")(_node_command("pause", lambda c, n: c.pause(n)))
 app.command(name="resume")(_node_command("resume", lambda c, n: c.resume(n)))
 

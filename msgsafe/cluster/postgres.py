@@ -5,7 +5,8 @@ Node 0 starts as the *primary*; every other node is a *standby* made with
 ``pg_basebackup`` from it, streaming through a physical replication slot of its own and
 named in the primary's ``synchronous_standby_names = 'ANY 1 (...)'``: a commit the
 primary reports has reached one standby's disk (``synchronous_commit = on``), so a
-promoted standby holds every commit a client was told of.
+promoted standby holds every commit a client was told of. A single node (``nodes=1``)
+has no standby: it commits on its own disk alone (``synchronous_standby_names`` empty).
 
 ``initdb`` and ``postgres`` refuse to run as root: started by root, every server
 process runs as ``run_as`` (default ``postgres``, the Debian package's user). Its data
@@ -336,6 +337,11 @@ class PostgresCluster(LocalCluster):
     # --- lifecycle -------------------------------------------------------------------------
 
     def _sync_names(self) -> str:
+        """The primary's ``synchronous_standby_names``: any one of the nodes; empty for
+        a single node, which has no standby to wait for (naming itself would make every
+        COMMIT wait for ever)."""
+        if len(self.names) == 1:
+            return "''"
         return "'ANY 1 (" + ", ".join(f'"{n}"' for n in self.names) + ")'"
 
     def _initdb(self) -> None:

@@ -61,7 +61,7 @@ from msgsafe.cluster.base import ClusterError, LocalCluster, NodeInfo, TlsFiles
 
 _R = TypeVar("_R")
 
-__all__ = ["INSTALL_HINT", "RabbitCluster", "RabbitNode"]
+__all__ = ["INSTALL_HINT", "RabbitCluster", "RabbitNode", "management_url_for"]
 
 log = logging.getLogger("msgsafe.cluster")
 
@@ -412,7 +412,10 @@ class RabbitCluster(LocalCluster):
         signal_pid(self._require_pid(node), signal.SIGCONT)
 
     def restart(self, node: int, timeout: float | None = None) -> None:
-        """Start ``node`` again (after :meth:`kill`) and wait until it runs.
+        """Start ``node`` again (after :meth:`kill`; a running one is killed first) and
+        wait until it runs. When every other node is down too, they are started with
+        it: a node that was not the last of its cluster to stop waits at boot for its
+        peers' metadata (for minutes, saying nothing) until one of them runs.
 
         NOTE: ``rabbitmq-server -detached`` returns before the VM boots; a VM that exits
         before it writes its pid file says nothing anywhere (a CI run once waited the
@@ -420,8 +423,19 @@ class RabbitCluster(LocalCluster):
         serving a minute after its launch is launched once more."""
         total = 180.0 if timeout is None else timeout
         self.kill(node)
-        self._launch(node)
-        self._ready_or_relaunched(total, node)
+        peers = [i for i in range(self.size) if i != node]
+        together = [node]
+        if peers and not any(self.is_running(i) for i in peers):
+            together += peers
+            log.info(
+                "the other nodes are down too: starting %s together (a node waits for "
+                "its peers' tables before it boots)",
+                ", ".join(self._nodes[i].name for i in together),
+            )
+        for i in together:
+            self._launch(i)
+        log.info("waiting for %s to boot", ", ".join(self._nodes[i].name for i in together))
+        self._each(functools.partial(self._ready_or_relaunched, total), together)
         self._save()
 
     def _ready_or_relaunched(self, total: float, node: int) -> None:
@@ -504,11 +518,12 @@ class RabbitCluster(LocalCluster):
         status = self._status_or_none(node)
         return set((status or {}).get("running_nodes", []))
 
-    def _each(self, call: Callable[[int], _R]) -> list[_R]:
-        """``call(i)`` for every node at once, results in node order; the first error
-        (in node order) is raised after all have finished."""
-        with concurrent.futures.ThreadPoolExecutor(self.size) as pool:
-            futures = [pool.submit(call, i) for i in range(self.size)]
+    def _each(self, call: Callable[[int], _R], nodes: Sequence[int] | None = None) -> list[_R]:
+        """``call(i)`` for every node (or each of ``nodes``) at once, results in that
+        order; the first error (in that order) is raised after all have finished."""
+        chosen = list(range(self.size)) if nodes is None else list(nodes)
+        with concurrent.futures.ThreadPoolExecutor(len(chosen)) as pool:
+            futures = [pool.submit(call, i) for i in chosen]
         return [future.result() for future in futures]
 
     def is_running(self, node: int) -> bool:
@@ -631,6 +646,27 @@ class RabbitCluster(LocalCluster):
         if pid is None:
             raise ClusterError(f"node {self._nodes[node].name} is not running")
         return pid
+
+
+def management_url_for(host: str, port: int, dirs: Sequence[Path]) -> tuple[Path, str] | None:
+    """The cluster directory and management API of the running node that listens on
+    ``host:port`` (a loopback address), among the detached clusters in ``dirs``; None
+    when none of them has such a node with the management plugin."""
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        return None
+    for folder in dirs:
+        try:
+            state = json.loads((folder / "cluster.json").read_text(encoding="utf-8"))
+            if not isinstance(state, dict) or state.get("kind") != RabbitCluster.kind:
+                continue
+            cluster = RabbitCluster.from_state(folder, state)
+        except (OSError, ValueError, ClusterError):
+            continue
+        for node in cluster.members:
+            managed = node.management_port is not None
+            if node.port == port and managed and cluster.is_running(node.index):
+                return folder, cluster.management_url(node.index)
+    return None
 
 
 @atexit.register

@@ -173,10 +173,16 @@ def _serializer(name: str, value: object) -> Serialize | None:
     if not callable(value):
         raise kafka_errors.KafkaConfigurationError(f"{name} must be callable")
     if KAFKA_PYTHON_3:
+        # Where kafka-python 3 puts it (stacklevel=3 from its __init__): the frame above
+        # the one that called KafkaProducer(...), not that line. Frames here: this
+        # function, translate, KafkaProducer.__init__, the caller, the caller's caller.
+        # NOTE: a DeprecationWarning is shown by default only when attributed to
+        # __main__; one level lower it would show for a script's module-level producer
+        # where kafka-python shows nothing.
         warnings.warn(
             f"{name} does not implement kafka.serializer.Serializer",
             category=DeprecationWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
     fn = value
     return lambda _topic, _headers, data: fn(data)

@@ -7,7 +7,11 @@ publishes through msgsafe. ``msgsafe.compat.pika.exceptions`` re-exports pika's 
 classes, so ``from msgsafe.compat.pika import exceptions`` works as well.
 
 ``BlockingConnection(parameters)`` takes the same ``ConnectionParameters`` /
-``URLParameters`` (or a list of them: the hosts to fail over across);
+``URLParameters`` (or a list of them: the hosts to fail over across). ``URLParameters``
+here is pika's, which also reads msgsafe's multi-host URL (``amqp://u:p@h1:5672,h2:5673/
+%2F``, what ``msgsafe cluster up rabbitmq`` prints; pika's own says "Port could not be
+cast to integer"): it is the first host's parameters, the others its ``fail_over``,
+tried in order as a list's;
 ``channel()`` returns a ``BlockingChannel`` (a subclass of pika's) whose
 ``basic_publish`` goes through msgsafe: persistent, ``mandatory``, publisher confirms,
 fail-over to the next host, and the durable outbox when no broker can take the message.
@@ -39,7 +43,6 @@ try:
         DeliveryMode,
         PlainCredentials,
         SSLOptions,
-        URLParameters,
         adapters,
         channel,
         connection,
@@ -53,6 +56,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from msgsafe.compat.pika import exceptions
 from msgsafe.compat.pika._channel import BlockingChannel
 from msgsafe.compat.pika._connection import BlockingConnection
+from msgsafe.compat.pika._url import URLParameters
 
 __all__ = [
     "BasicProperties",
@@ -75,3 +79,4 @@ __all__ = [
 # The public home of the two classes (reprs, docs, pickling by name).
 BlockingConnection.__module__ = __name__
 BlockingChannel.__module__ = __name__
+URLParameters.__module__ = __name__

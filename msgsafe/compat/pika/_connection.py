@@ -22,6 +22,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from msgsafe.compat._common import ClosesOnExit
 from msgsafe.compat._pika_config import connection_url
 from msgsafe.compat.pika._channel import CLOSE_WAIT_S, BlockingChannel
+from msgsafe.compat.pika._url import expand
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import MsgsafeError
 from msgsafe.outbox.location import OutboxSpec
@@ -37,12 +38,13 @@ class BlockingConnection(ClosesOnExit):
     """A ``pika.BlockingConnection`` whose channels publish through msgsafe.
 
     ``parameters``: a ``ConnectionParameters`` / ``URLParameters`` or a list of them
-    (every host is a fail-over candidate, tried in order). ``outbox``: where messages go
-    while no broker can take them (msgsafe's ``outbox=``; default a file in the user's
-    data directory). ``pipelined``: ``basic_publish`` returns at once and reports
-    failures from a later call (faster; a message whose publish returned may still be in
-    flight when the process dies). ``_url`` replaces the broker URL (tests point it at
-    ``memory://``).
+    (every host is a fail-over candidate, tried in order); this package's
+    ``URLParameters`` of a URL with several hosts counts as the list of its hosts.
+    ``outbox``: where messages go while no broker can take them (msgsafe's ``outbox=``;
+    default a file in the user's data directory). ``pipelined``: ``basic_publish``
+    returns at once and reports failures from a later call (faster; a message whose
+    publish returned may still be in flight when the process dies). ``_url`` replaces
+    the broker URL (tests point it at ``memory://``).
 
     As pika, the constructor connects (the real pika connection that declares and
     consuming use) and raises pika's ``AMQPConnectionError`` when no host answers.
@@ -69,6 +71,8 @@ class BlockingConnection(ClosesOnExit):
             params = [parameters]
         else:
             params = list(parameters)
+        # A multi-host URLParameters (msgsafe's URL form) is its hosts, as a list would be.
+        params = expand(params)
         url, options = connection_url(params)
         target = _url or url
         if parse_url(target).protocol != "rabbitmq":

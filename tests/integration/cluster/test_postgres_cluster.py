@@ -8,6 +8,7 @@ A missing PostgreSQL fails with the command that installs it.
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from msgsafe.cluster import load
 from msgsafe.cluster._process import pid_alive
 from msgsafe.cluster.postgres import INSTALL_HINT, PostgresCluster
 from tests.support.commands import msgsafe
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -127,3 +129,32 @@ def test_pause_and_a_killed_standby_blocks_nothing_it_should_not(
     assert pg_pair.nodes()[1].running is False
     pg_pair.restart(1)
     assert [n.role for n in pg_pair.nodes()] == ["primary", "standby"]
+
+
+def test_a_single_node_commits_without_a_standby() -> None:
+    """One node has no standby to wait for: its COMMIT returns (it once named itself its
+    own synchronous standby, and every commit waited for ever)."""
+    single = PostgresCluster(nodes=1)
+    single.start()
+    try:
+        assert [n.role for n in single.nodes()] == ["primary"]
+        conn = psycopg.connect(single.url, connect_timeout=5, autocommit=True)
+        committed = threading.Event()
+
+        def commit() -> None:
+            conn.execute("CREATE TABLE counted (n int PRIMARY KEY)")
+            conn.execute("INSERT INTO counted VALUES (1)")
+            committed.set()
+
+        worker = threading.Thread(target=commit, daemon=True)
+        worker.start()
+        try:
+            wait_until(committed.is_set, 20.0, "an autocommit INSERT on the single node returns")
+        finally:
+            if not committed.is_set():
+                conn.cancel()  # the waiting COMMIT, so the connection can close
+            worker.join(10.0)
+            conn.close()
+        assert _count(single.url) == 1
+    finally:
+        single.stop()
