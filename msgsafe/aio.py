@@ -16,6 +16,7 @@ from typing import Self
 from msgsafe.consumer import Consumer
 from msgsafe.errors import ClosedError, ConfigurationError, SendTimeout, TransientError
 from msgsafe.message import BatchReceipt, Delivery, Envelope, Outcome, Receipt
+from msgsafe.ports import AttemptCounter
 from msgsafe.producer import OutboxSpec, Producer
 from msgsafe.retry import RetryPolicy
 from msgsafe.telemetry.stats import ConsumerStats, ProducerStats
@@ -230,6 +231,7 @@ class AsyncConsumer:
         dedup: bool | int = False,
         telemetry: bool = False,
         connect_window: float = 10.0,
+        attempts: AttemptCounter | None = None,
         **options: object,
     ) -> None:
         self._consumer = Consumer(
@@ -238,6 +240,7 @@ class AsyncConsumer:
             dedup=dedup,
             telemetry=telemetry,
             connect_window=connect_window,
+            attempts=attempts,
             **options,
         )
         self._ready: deque[AsyncDelivery] = deque()
