@@ -77,6 +77,8 @@ class LanePool:
         self._order = itertools.count()
         self._running: set[Lane] = set()
         self._closing = False
+        # Set without the lock (from a signal handler too): checked before each take.
+        self._halted = False
         self.held = 0
         self._threads = [
             threading.Thread(target=self._serve, name=f"msgsafe-run-{n}", daemon=True)
@@ -86,6 +88,11 @@ class LanePool:
     def start(self) -> None:
         for thread in self._threads:
             thread.start()
+
+    def halt(self) -> None:
+        """Start no more handlers from now on (what waits stays until :meth:`close`).
+        Takes no lock: safe in a signal handler."""
+        self._halted = True
 
     def room(self, limit: int, timeout: float) -> int:
         """How many more deliveries may be submitted before ``limit`` are held, waiting up
@@ -113,8 +120,8 @@ class LanePool:
         self._give_back(delivery)
 
     def _take(self) -> Lane | None:
-        """The next lane to work on (None once closing); called with the lock held."""
-        while not self._closing:
+        """The next lane to work on (None once halted); called with the lock held."""
+        while not (self._closing or self._halted):
             now = self._clock.now()
             while self._timed and self._timed[0][0] <= now:
                 self._ready.append(heapq.heappop(self._timed)[2])

@@ -103,8 +103,10 @@ class Runner:
         )
 
     def stop(self) -> None:
-        """Ask the run to stop (any thread, or a signal handler); returns at once."""
+        """Ask the run to stop (any thread, or a signal handler); returns at once. No
+        handler starts after this call."""
         self._stopping = True
+        self._pool.halt()
 
     def run(self, *, signals: bool) -> None:
         """Fetch and dispatch until stopped; then shut down (see the module docstring).

@@ -58,7 +58,7 @@ def _headers(raw: Mapping[str, object] | None) -> tuple[dict[str, str], bytes | 
     return headers, key
 
 
-def _attempt(raw: Mapping[str, object] | None) -> int | None:
+def quorum_attempt(raw: Mapping[str, object] | None) -> int | None:
     """The attempt a quorum queue counts: its ``x-delivery-count`` header is the number
     of earlier deliveries (absent on the first, and on classic queues: None there, the
     consumer counts)."""
@@ -248,7 +248,7 @@ class RabbitReceiver:
             headers=headers,
             redelivered=bool(method.redelivered),
             settle=functools.partial(self._settle, generation, tag),
-            attempt=_attempt(properties.headers),
+            attempt=quorum_attempt(properties.headers),
         )
         self._deliveries.put((generation, delivery))
 
