@@ -303,6 +303,11 @@ class Consumer:
         return self._telemetry.stats(self.duplicates_dropped)
 
     @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called (``run()`` closes when it returns)."""
+        return self._closed
+
+    @property
     def target(self) -> str:
         """The broker URL without credentials."""
         return self._url.redacted()
