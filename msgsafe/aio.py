@@ -8,14 +8,18 @@ what could block (a poll, a settle) runs in a worker thread, so the loop never w
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
+import threading
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from msgsafe.consumer import Consumer
 from msgsafe.errors import ClosedError, ConfigurationError, SendTimeout, TransientError
 from msgsafe.message import BatchReceipt, Delivery, Envelope, Outcome, Receipt
+from msgsafe.ports import AttemptCounter
 from msgsafe.producer import OutboxSpec, Producer
 from msgsafe.retry import RetryPolicy
 from msgsafe.telemetry.stats import ConsumerStats, ProducerStats
@@ -189,6 +193,12 @@ class AsyncDelivery:
         return self._delivery.redelivered
 
     @property
+    def attempt(self) -> int:
+        """Which delivery of the message this is, 1 on the first (see
+        :class:`~msgsafe.message.Delivery`)."""
+        return self._delivery.attempt
+
+    @property
     def settled(self) -> Outcome | None:
         """The outcome given, or None while unsettled."""
         return self._delivery.settled
@@ -230,6 +240,7 @@ class AsyncConsumer:
         dedup: bool | int = False,
         telemetry: bool = False,
         connect_window: float = 10.0,
+        attempts: AttemptCounter | None = None,
         **options: object,
     ) -> None:
         self._consumer = Consumer(
@@ -238,6 +249,7 @@ class AsyncConsumer:
             dedup=dedup,
             telemetry=telemetry,
             connect_window=connect_window,
+            attempts=attempts,
             **options,
         )
         self._ready: deque[AsyncDelivery] = deque()
@@ -302,6 +314,50 @@ class AsyncConsumer:
         except ClosedError:
             raise StopAsyncIteration from None
 
+    async def run(
+        self,
+        handler: Callable[[AsyncDelivery], Awaitable[object]],
+        *,
+        handle_signals: bool = True,
+        **options: Any,
+    ) -> None:
+        """:meth:`Consumer.run` with a coroutine function as the handler, awaited on this
+        event loop; the same options and promises (``concurrency`` handlers at once, one
+        key at a time, retries, the dead letter, a lossless stop). The fetching and the
+        per-key lanes run on threads of their own; each handler call runs here.
+
+        :meth:`stop`, SIGTERM or SIGINT (through the loop's signal handlers, when this
+        loop runs on the main thread and ``handle_signals`` is true; the previous
+        handlers are restored after), or cancelling the awaiting task, stop the run;
+        cancelling waits for the clean stop, then raises ``CancelledError``. The
+        consumer is closed when it returns.
+        """
+        loop = asyncio.get_running_loop()
+
+        def call(delivery: Delivery) -> None:
+            async def handle() -> object:
+                return await handler(AsyncDelivery(delivery))
+
+            asyncio.run_coroutine_threadsafe(handle(), loop).result()
+
+        consumer = self._consumer
+        running = asyncio.ensure_future(
+            asyncio.to_thread(consumer.run, call, handle_signals=False, **options)
+        )
+        with _loop_signals(loop, consumer.stop, enabled=handle_signals):
+            try:
+                await asyncio.shield(running)
+            except asyncio.CancelledError:
+                consumer.stop()
+                await asyncio.gather(running, return_exceptions=True)
+                raise
+            finally:
+                self._closed = consumer.closed
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to stop; it returns once it has shut down."""
+        self._consumer.stop()
+
     def stats(self) -> ConsumerStats:
         """The consumer's figures (see :meth:`Consumer.stats`)."""
         return self._consumer.stats()
@@ -327,3 +383,25 @@ class AsyncConsumer:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+@contextlib.contextmanager
+def _loop_signals(
+    loop: asyncio.AbstractEventLoop, stop: Callable[[], None], *, enabled: bool
+) -> Iterator[None]:
+    """SIGTERM and SIGINT call ``stop`` on ``loop`` while inside (main thread only); the
+    handlers of before are put back after."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signals = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+    for sig in signals:
+        loop.add_signal_handler(sig, stop)
+    try:
+        yield
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+            handler = previous[sig]
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)

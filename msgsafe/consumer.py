@@ -1,4 +1,5 @@
-"""The consumer: at-least-once delivery, optional dedup by message id."""
+"""The consumer: at-least-once delivery, optional dedup by message id, and ``run()``:
+handlers on worker threads with per-key order, retries and a dead-letter destination."""
 
 from __future__ import annotations
 
@@ -10,11 +11,15 @@ from typing import Self
 
 from msgsafe.adapters import open_receiver
 from msgsafe.checks import Inspector, inspector_for
-from msgsafe.dedup import DedupWindow
+from msgsafe.consuming.clock import MonotonicClock, RunClock
+from msgsafe.consuming.runner import Handler, OnExhausted, Runner
+from msgsafe.dedup import AttemptMemory, DedupWindow
 from msgsafe.endpoints import BrokerUrl, parse_url
 from msgsafe.errors import ClosedError, ConfigurationError, ConnectError, TransientError
 from msgsafe.message import Delivery, Outcome
-from msgsafe.ports import Receiver
+from msgsafe.ports import AttemptCounter, Receiver
+from msgsafe.producer import Producer
+from msgsafe.retry import RetryPolicy
 from msgsafe.telemetry._observer import observing
 from msgsafe.telemetry.consumer import ConsumerTelemetry
 from msgsafe.telemetry.stats import ConsumerStats
@@ -39,6 +44,10 @@ class Consumer:
     once, and a consumer that reached no broker within ``connect_window`` seconds raises
     :class:`~msgsafe.errors.ConnectError`. Once it has, an outage is retried by the
     adapter (one WARNING), and ``poll`` returns what arrives.
+
+    ``Delivery.attempt`` is the broker's count where it keeps one (RabbitMQ quorum
+    queues, AMQP 1.0), otherwise ``attempts``' (:class:`~msgsafe.ports.AttemptCounter`;
+    default: :class:`~msgsafe.dedup.AttemptMemory`, within this process).
     """
 
     def __init__(
@@ -49,6 +58,7 @@ class Consumer:
         dedup: bool | int = False,
         telemetry: bool = False,
         connect_window: float = 10.0,
+        attempts: AttemptCounter | None = None,
         **options: object,
     ) -> None:
         if connect_window <= 0:
@@ -60,6 +70,10 @@ class Consumer:
         else:
             raise ConfigurationError("dedup must be True, False or a positive window size")
         self._url = parse_url(url)
+        #: The URL as given (credentials included), for a dead-letter producer only.
+        self._raw_url = url
+        self._attempts: AttemptCounter = attempts if attempts is not None else AttemptMemory()
+        self._runner: Runner | None = None
         self._telemetry = ConsumerTelemetry(self._url, otel=telemetry)
         with observing(self._telemetry):
             self._receiver: Receiver = open_receiver(self._url, options, group=group)
@@ -91,7 +105,16 @@ class Consumer:
             raise ConfigurationError("max_messages must be >= 1")
         if not self._reach.reached:
             self._reach.check()
-        return self._telemetry.deliver(self._poll(max_messages, timeout))
+        return self._count_attempts(self._telemetry.deliver(self._poll(max_messages, timeout)))
+
+    def _count_attempts(self, deliveries: list[Delivery]) -> list[Delivery]:
+        counter = self._attempts
+        for delivery in deliveries:
+            if delivery.message_id is not None and not delivery.attempt_from_broker:
+                delivery.attempt = counter.delivered(
+                    delivery.message_id, redelivered=delivery.redelivered
+                )
+        return deliveries
 
     def _poll(self, max_messages: int, timeout: float | None) -> list[Delivery]:
         if self._dedup is None:
@@ -153,6 +176,7 @@ class Consumer:
             headers=first.headers,
             redelivered=first.redelivered,
             settle=settle,
+            attempt=first.attempt if first.attempt_from_broker else None,
         )
 
     def __iter__(self) -> Iterator[Delivery]:
@@ -164,10 +188,124 @@ class Consumer:
                 return
             yield from batch
 
+    def run(
+        self,
+        handler: Handler,
+        *,
+        concurrency: int = 1,
+        prefetch: int | None = None,
+        retry: RetryPolicy | None = None,
+        permanent: tuple[type[BaseException], ...] = (),
+        dead_letter: str | None = None,
+        dead_letter_url: str | None = None,
+        dead_letter_producer: Producer | None = None,
+        on_exhausted: OnExhausted | None = None,
+        stop_timeout: float = 30.0,
+        handle_signals: bool = True,
+        clock: RunClock | None = None,
+    ) -> None:
+        """Call ``handler`` for every delivery until :meth:`stop`, SIGTERM or SIGINT, then
+        close the consumer and return.
+
+        ``concurrency`` worker threads call it; deliveries of one key are handled one at
+        a time in arrival order, unkeyed ones freely. At most ``prefetch`` deliveries
+        (default ``2 * concurrency``) are held at once. The handler returning
+        acknowledges the delivery; raising is a failure:
+
+        - with ``retry`` (a :class:`~msgsafe.retry.RetryPolicy` with ``max_attempts``)
+          the handler is called again after the policy's backoff, ``delivery.attempt``
+          one higher, the key's later deliveries waiting (other keys go on), until the
+          attempts are exhausted; an error of a ``permanent`` type exhausts them at once;
+        - exhausted, the message goes to ``dead_letter`` (a destination), sent through a
+          :class:`~msgsafe.producer.Producer` (``dead_letter_producer``, or one of
+          ``dead_letter_url``, default this consumer's URL, with its default outbox),
+          with ``x-msgsafe-dlq-*`` headers (:mod:`msgsafe.consuming.dead_letter`); the
+          original is acknowledged only after the dead letter's receipt, and given back
+          if the send fails. Without ``dead_letter``, ``on_exhausted`` says what happens
+          and is required: ``"reject"`` (``nack(requeue=False)``) or ``"stop"`` (given
+          back; the run stops and raises the handler's error). Without ``retry`` either
+          of them applies after the first failure;
+        - with none of ``retry``, ``dead_letter`` or ``on_exhausted``, a failed delivery
+          is given back (``nack()``) for the broker to deliver again.
+
+        Stopping gives back the deliveries not started, lets running handlers end within
+        ``stop_timeout`` seconds (then gives theirs back), and closes the consumer. No
+        delivery is acknowledged without its handler having returned. SIGTERM and
+        SIGINT stop the run when it runs on the main thread and ``handle_signals`` is
+        true; the previous handlers are restored after. ``clock`` (for tests) times the
+        retries. Raises what :meth:`poll` raises (after stopping), ``ConfigurationError``
+        for bad arguments.
+        """
+        self._check_open()
+        if concurrency < 1:
+            raise ConfigurationError("concurrency must be >= 1")
+        if prefetch is None:
+            prefetch = 2 * concurrency
+        if prefetch < 1:
+            raise ConfigurationError("prefetch must be >= 1")
+        if stop_timeout < 0:
+            raise ConfigurationError("stop_timeout must be >= 0 seconds")
+        if retry is not None and retry.max_attempts is None:
+            raise ConfigurationError("run(retry=...) needs a policy with max_attempts")
+        if on_exhausted not in (None, "reject", "stop"):
+            raise ConfigurationError('on_exhausted must be "reject" or "stop"')
+        if dead_letter is not None and on_exhausted is not None:
+            raise ConfigurationError("give dead_letter or on_exhausted, not both")
+        if (retry is not None or permanent) and dead_letter is None and on_exhausted is None:
+            raise ConfigurationError(
+                "retry and permanent need a final choice: dead_letter=DESTINATION or"
+                ' on_exhausted="reject" or "stop" (a message is never dropped silently)'
+            )
+        if dead_letter is None and (dead_letter_url is not None or dead_letter_producer):
+            raise ConfigurationError("dead_letter_url and dead_letter_producer need dead_letter")
+        if dead_letter_url is not None and dead_letter_producer is not None:
+            raise ConfigurationError("give dead_letter_url or dead_letter_producer, not both")
+        if self._runner is not None:
+            raise ConfigurationError("run() is already running on this consumer")
+        owned: Producer | None = None
+        if dead_letter is not None and dead_letter_producer is None:
+            owned = dead_letter_producer = Producer(dead_letter_url or self._raw_url)
+        runner = Runner(
+            handler,
+            fetch=lambda room, wait: self.poll(wait, max_messages=room),
+            close=self.close,
+            count=self._telemetry.add_run,
+            attempts=self._attempts,
+            concurrency=concurrency,
+            prefetch=prefetch,
+            retry=retry,
+            permanent=permanent,
+            dead_letter=dead_letter,
+            dead_letter_producer=dead_letter_producer,
+            on_exhausted=on_exhausted,
+            stop_timeout=stop_timeout,
+            clock=clock if clock is not None else MonotonicClock(),
+        )
+        self._runner = runner
+        try:
+            runner.run(signals=handle_signals)
+        finally:
+            self._runner = None
+            if owned is not None:
+                owned.close()
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to stop (from any thread or a handler); it returns once it
+        has shut down. Nothing happens when it is not running."""
+        runner = self._runner
+        if runner is not None:
+            runner.stop()
+
     def stats(self) -> ConsumerStats:
         """What this consumer did since it was created: received, acked, requeued,
-        rejected, duplicates dropped, fail-overs and redirects (no OpenTelemetry needed)."""
+        rejected, duplicates dropped, fail-overs and redirects, and :meth:`run`'s
+        handled, retried, dead-lettered and in flight (no OpenTelemetry needed)."""
         return self._telemetry.stats(self.duplicates_dropped)
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called (``run()`` closes when it returns)."""
+        return self._closed
 
     @property
     def target(self) -> str:

@@ -1,11 +1,24 @@
-"""A bounded memory of message ids, for dropping redeliveries and retried duplicates."""
+"""Bounded memories of message ids: for dropping redeliveries and retried duplicates
+(:class:`DedupWindow`), and for counting each message's deliveries
+(:class:`AttemptMemory`)."""
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import TypeVar
 
-__all__ = ["DedupWindow"]
+__all__ = ["AttemptMemory", "DedupWindow"]
+
+V = TypeVar("V")
+
+
+def _put_newest(ids: OrderedDict[str, V], message_id: str, value: V, capacity: int) -> None:
+    """``ids[message_id] = value`` as the newest entry; the oldest beyond ``capacity`` go."""
+    ids[message_id] = value
+    ids.move_to_end(message_id)
+    while len(ids) > capacity:
+        ids.popitem(last=False)
 
 
 class DedupWindow:
@@ -34,10 +47,44 @@ class DedupWindow:
     def record(self, message_id: str) -> None:
         """Remember ``message_id``; forget the oldest beyond the capacity."""
         with self._lock:
-            self._ids[message_id] = None
-            self._ids.move_to_end(message_id)
-            while len(self._ids) > self.capacity:
-                self._ids.popitem(last=False)
+            _put_newest(self._ids, message_id, None, self.capacity)
 
     def __len__(self) -> int:
         return len(self._ids)
+
+
+class AttemptMemory:
+    """Deliveries per message id within this process: an
+    :class:`~msgsafe.ports.AttemptCounter` over the last ``capacity`` unsettled ids,
+    oldest forgotten first. Thread-safe.
+
+    Bounded as :class:`DedupWindow` is: a message forgotten here (or delivered before a
+    restart) counts from 1 again, from 2 when the broker marks it redelivered.
+    """
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self.capacity = capacity
+        self._counts: OrderedDict[str, int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def delivered(self, message_id: str, *, redelivered: bool) -> int:
+        with self._lock:
+            attempt = self._counts.get(message_id, 0) + 1
+            if redelivered:
+                attempt = max(attempt, 2)
+            _put_newest(self._counts, message_id, attempt, self.capacity)
+            return attempt
+
+    def retried(self, message_id: str, attempt: int) -> None:
+        with self._lock:
+            attempt = max(attempt, self._counts.get(message_id, 0))
+            _put_newest(self._counts, message_id, attempt, self.capacity)
+
+    def forget(self, message_id: str) -> None:
+        with self._lock:
+            self._counts.pop(message_id, None)
+
+    def __len__(self) -> int:
+        return len(self._counts)

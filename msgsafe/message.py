@@ -491,12 +491,21 @@ class Delivery:
 
     Settling is thread-safe; a second settle raises :class:`ClosedError` so a delivery
     is never acknowledged twice.
+
+    ``attempt`` is which delivery of the message this is, 1 on the first. Where the
+    broker counts deliveries (a RabbitMQ quorum queue's ``x-delivery-count``, AMQP 1.0's
+    ``delivery-count``) the receiver passes its count and ``attempt_from_broker`` is
+    True: it holds across restarts. Elsewhere the consumer counts (see
+    :class:`~msgsafe.ports.AttemptCounter`); until it does, a redelivery is attempt 2 at
+    least. ``Consumer.run`` raises it once per retry of its own.
     """
 
     __slots__ = (
         "_lock",
         "_settle",
         "_settled",
+        "attempt",
+        "attempt_from_broker",
         "body",
         "destination",
         "headers",
@@ -515,6 +524,7 @@ class Delivery:
         key: bytes | None = None,
         headers: Mapping[str, str] | None = None,
         redelivered: bool = False,
+        attempt: int | None = None,
     ) -> None:
         self.body = body
         self.destination = destination
@@ -522,6 +532,10 @@ class Delivery:
         self.key = key
         self.headers: Mapping[str, str] = MappingProxyType(dict(headers or {}))
         self.redelivered = redelivered
+        #: True when ``attempt`` is the broker's own count (see the class docstring).
+        self.attempt_from_broker = attempt is not None
+        #: Which delivery of the message this is, 1 on the first.
+        self.attempt: int = attempt if attempt is not None else (2 if redelivered else 1)
         self._settle = settle
         self._settled: Outcome | None = None
         self._lock = threading.Lock()
@@ -552,5 +566,5 @@ class Delivery:
     def __repr__(self) -> str:
         return (
             f"Delivery(destination={self.destination!r}, message_id={self.message_id!r}, "
-            f"size={len(self.body)}, redelivered={self.redelivered})"
+            f"size={len(self.body)}, redelivered={self.redelivered}, attempt={self.attempt})"
         )

@@ -54,6 +54,7 @@ from msgsafe.errors import MsgsafeError
 from msgsafe.message import Batch, Delivery, Envelope
 
 __all__ = [
+    "AttemptCounter",
     "BatchPutStore",
     "BatchReport",
     "BatchTransport",
@@ -486,6 +487,34 @@ class Receiver(Protocol):
 
     def close(self, timeout: float | None = None) -> None:
         """Stop consuming; unsettled deliveries go back to the broker."""
+        ...
+
+
+@runtime_checkable
+class AttemptCounter(Protocol):
+    """The consumer's own count of deliveries per message id, for brokers that keep none
+    (Kafka, RabbitMQ classic queues, the memory broker): what ``Delivery.attempt`` says
+    there.
+
+    Contract: :meth:`delivered` counts one more delivery of ``message_id`` and returns
+    which attempt it is (1 the first time; at least 2 when the broker marked it
+    ``redelivered``, as an earlier delivery happened that the counter may not know of);
+    :meth:`retried` sets the count after a retry the consumer made itself; :meth:`forget`
+    drops a message settled for good. Thread-safe. The in-memory implementation
+    (:class:`~msgsafe.dedup.AttemptMemory`) counts within one process; a durable one
+    counts across restarts.
+    """
+
+    def delivered(self, message_id: str, *, redelivered: bool) -> int:
+        """Count one delivery of ``message_id``; the attempt it is (1 on the first)."""
+        ...
+
+    def retried(self, message_id: str, attempt: int) -> None:
+        """``message_id`` is being tried for the ``attempt``-th time, in this process."""
+        ...
+
+    def forget(self, message_id: str) -> None:
+        """``message_id`` was settled for good (acknowledged, rejected, dead-lettered)."""
         ...
 
 

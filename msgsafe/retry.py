@@ -30,6 +30,8 @@ class RetryPolicy:
     ``maximum``; each wait is drawn uniformly from ``[0, cap]`` (full jitter) so many
     clients retrying one broker spread out instead of stampeding it. ``max_attempts``
     and ``deadline`` (seconds) bound the whole retry; None means unbounded.
+    ``jitter=False`` waits the cap itself: a fixed, predictable schedule (one client,
+    or a test that checks the delays).
     """
 
     initial: float = 0.1
@@ -37,6 +39,7 @@ class RetryPolicy:
     multiplier: float = 2.0
     max_attempts: int | None = None
     deadline: float | None = None
+    jitter: bool = True
 
     def __post_init__(self) -> None:
         if self.initial < 0 or self.maximum < self.initial or self.multiplier < 1:
@@ -57,8 +60,19 @@ class RetryPolicy:
         return float(min(self.maximum, self.initial * self.multiplier**exponent))
 
     def wait(self, attempt: int, rng: Callable[[], float] = random.random) -> float:
-        """A jittered wait in ``[0, cap(attempt)]``; ``rng`` is injectable for tests."""
+        """A jittered wait in ``[0, cap(attempt)]`` (``cap(attempt)`` itself without
+        jitter); ``rng`` is injectable for tests."""
+        if not self.jitter:
+            return self.cap(attempt)
         return self.cap(attempt) * rng()
+
+    def exhausted(self, attempt: int, elapsed: float) -> bool:
+        """True when no attempt may follow attempt number ``attempt`` (1-based), made
+        ``elapsed`` seconds after the first began: ``max_attempts`` reached, or the
+        ``deadline`` passed."""
+        if self.max_attempts is not None and attempt >= self.max_attempts:
+            return True
+        return self.deadline is not None and elapsed >= self.deadline
 
     def retrying(
         self,
@@ -75,10 +89,17 @@ class RetryPolicy:
         stop: tenacity.stop.stop_base = tenacity.stop_never
         for item in stops:
             stop = item if stop is tenacity.stop_never else stop | item
-        return tenacity.Retrying(
-            wait=tenacity.wait_random_exponential(
+        wait: tenacity.wait.wait_base
+        if self.jitter:
+            wait = tenacity.wait_random_exponential(
                 multiplier=self.initial, max=self.maximum, exp_base=self.multiplier
-            ),
+            )
+        else:
+            wait = tenacity.wait_exponential(
+                multiplier=self.initial, max=self.maximum, exp_base=self.multiplier
+            )
+        return tenacity.Retrying(
+            wait=wait,
             stop=stop,
             retry=tenacity.retry_if_exception_type(retry_on),
             sleep=sleep,

@@ -76,6 +76,14 @@ class ConsumerStats:
     duplicates_dropped: int  #: copies dedup dropped (acknowledged for the application)
     failovers: Mapping[str, int] = field(default_factory=lambda: _EMPTY)  #: by reason
     redirects: Mapping[str, int] = field(default_factory=lambda: _EMPTY)  #: by condition
+    #: ``Consumer.run``: deliveries whose handler returned, acknowledged after it
+    handled: int = 0
+    #: ``Consumer.run``: handler calls made again after a failure, in this process
+    retried: int = 0
+    #: ``Consumer.run``: messages sent to the dead-letter destination, then acknowledged
+    dead_lettered: int = 0
+    #: ``Consumer.run``: handlers running now
+    in_flight: int = 0
 
     @property
     def unsettled(self) -> int:
@@ -275,6 +283,8 @@ class ConsumerCounters(ConnectionCounters):
         super().__init__()
         self.received = 0
         self.settled: Counter[str] = Counter()
+        #: ``Consumer.run``'s figures: handled, retried, dead_lettered, in_flight.
+        self.run: Counter[str] = Counter()
 
     def add_received(self, count: int) -> None:
         with self.lock:
@@ -283,6 +293,11 @@ class ConsumerCounters(ConnectionCounters):
     def add_settled(self, outcome: str) -> None:
         with self.lock:
             self.settled[outcome] += 1
+
+    def add_run(self, figure: str, count: int = 1) -> None:
+        """Add ``count`` (may be negative for ``in_flight``) to one of run()'s figures."""
+        with self.lock:
+            self.run[figure] += count
 
     def snapshot(self, target: str, *, duplicates_dropped: int) -> ConsumerStats:
         failovers, redirects = self.connection_figures()
@@ -296,4 +311,8 @@ class ConsumerCounters(ConnectionCounters):
                 duplicates_dropped=duplicates_dropped,
                 failovers=failovers,
                 redirects=redirects,
+                handled=self.run["handled"],
+                retried=self.run["retried"],
+                dead_lettered=self.run["dead_lettered"],
+                in_flight=self.run["in_flight"],
             )

@@ -4,10 +4,11 @@ guarantees as Consumer (at least once; unsettled deliveries go back on close).""
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
-from msgsafe import AsyncConsumer, Producer
+from msgsafe import AsyncConsumer, AsyncDelivery, Producer, RetryPolicy
 from msgsafe.errors import ClosedError
 from msgsafe.testing import MemoryBroker
 
@@ -106,3 +107,91 @@ def test_poll_takes_the_timeout_first_as_the_sync_consumer(memory_broker: Memory
                 await delivery.ack()
 
     asyncio.run(main())
+
+
+def test_run_awaits_async_handlers_one_key_at_a_time(memory_broker: MemoryBroker) -> None:
+    rng = random.Random(7)
+    with Producer(f"memory://{memory_broker.name}", outbox=False) as producer:
+        poison = producer.send("q", b"poison", key="k0").message_id
+        sent = [producer.send("q", b"%d" % i, key=f"k{i % 4}").message_id for i in range(60)]
+    order = {message_id: n for n, message_id in enumerate(sent)}
+
+    async def main() -> None:
+        handled: dict[bytes, list[str]] = {}
+        active: set[bytes] = set()
+        overlaps: list[bytes] = []
+        attempts: list[int] = []
+        consumer = AsyncConsumer(f"memory://{memory_broker.name}")
+        await consumer.subscribe("q")
+
+        async def handler(delivery: AsyncDelivery) -> None:
+            key = delivery.key or b""
+            if key in active:
+                overlaps.append(key)
+            active.add(key)
+            await asyncio.sleep(rng.random() * 0.002)  # the handler's work
+            active.discard(key)
+            if delivery.body == b"poison":
+                attempts.append(delivery.attempt)
+                raise ValueError("poison")
+            handled.setdefault(key, []).append(str(delivery.message_id))
+            if sum(map(len, handled.values())) == len(sent):
+                consumer.stop()
+
+        dead_letters = Producer(f"memory://{memory_broker.name}", outbox=False)
+        await consumer.run(
+            handler,
+            concurrency=4,
+            retry=RetryPolicy(initial=0.0, max_attempts=2),
+            dead_letter="dlq",
+            dead_letter_producer=dead_letters,
+        )
+        dead_letters.close()
+        assert overlaps == [] and attempts == [1, 2]
+        for ids in handled.values():
+            assert ids == sorted(ids, key=order.__getitem__)
+        stats = consumer.stats()
+        assert (stats.handled, stats.dead_lettered, stats.acked) == (60, 1, 61)
+        with pytest.raises(ClosedError):
+            await consumer.poll(0.1)  # run() closed it
+
+    asyncio.run(main())
+    assert memory_broker.messages("dlq")[0].headers["x-msgsafe-dlq-message-id"] == poison
+
+
+def test_cancelling_run_stops_it_and_gives_back_the_unhandled(memory_broker: MemoryBroker) -> None:
+    sent = _send(memory_broker, 20)
+
+    async def main() -> set[str]:
+        handled: set[str] = set()
+        started = asyncio.Event()
+        consumer = AsyncConsumer(f"memory://{memory_broker.name}")
+        await consumer.subscribe("q")
+
+        async def handler(delivery: AsyncDelivery) -> None:
+            started.set()
+            await asyncio.sleep(0.05)  # the handler's work
+            handled.add(str(delivery.message_id))
+
+        running = asyncio.ensure_future(consumer.run(handler, concurrency=2, prefetch=8))
+        await asyncio.wait_for(started.wait(), 10)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        assert consumer.stats().acked == len(handled)
+        return handled
+
+    handled = asyncio.run(main())
+    assert 0 < len(handled) < len(sent)
+
+    async def rest() -> set[str]:
+        async with AsyncConsumer(f"memory://{memory_broker.name}") as again:
+            await again.subscribe("q")
+            found: set[str] = set()
+            while batch := await again.poll(0.2, max_messages=50):
+                found |= {str(d.message_id) for d in batch}
+                for d in batch:
+                    await d.ack()
+            return found
+
+    assert asyncio.run(rest()) == sent - handled

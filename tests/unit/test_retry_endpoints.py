@@ -24,6 +24,20 @@ def test_policy_caps_grow_and_stop_at_maximum() -> None:
     assert p.wait(3, rng=lambda: 0.5) == pytest.approx(0.2)
 
 
+def test_policy_without_jitter_waits_its_caps_and_knows_when_it_is_exhausted() -> None:
+    p = RetryPolicy(initial=0.1, maximum=1.0, multiplier=2.0, max_attempts=4, jitter=False)
+    assert [p.wait(n, rng=lambda: 0.0) for n in range(1, 6)] == pytest.approx(
+        [0.1, 0.2, 0.4, 0.8, 1.0]
+    )
+    assert [p.exhausted(n, elapsed=0.0) for n in (1, 3, 4, 5)] == [False, False, True, True]
+    timed = RetryPolicy(deadline=2.0)
+    assert not timed.exhausted(100, elapsed=1.9) and timed.exhausted(1, elapsed=2.0)
+    slept: list[float] = []
+    with pytest.raises(Refused):
+        p.retrying(sleep=slept.append)(lambda: (_ for _ in ()).throw(Refused("never")))
+    assert slept == pytest.approx([0.1, 0.2, 0.4])
+
+
 def test_policy_rejects_nonsense() -> None:
     with pytest.raises(ConfigurationError):
         RetryPolicy(initial=2.0, maximum=1.0)

@@ -283,6 +283,11 @@ class Subscriptions:
             # and never set first-acquirer (its default is false, on every delivery).
             redelivered=bool(message.delivery_count)
             or (engine.first_acquirer_marks and not message.first_acquirer),
+            # NOTE: where the broker marks redeliveries by first-acquirer instead of
+            # counting (RabbitMQ's plugin), a count of 0 says nothing: the consumer counts.
+            attempt=message.delivery_count + 1
+            if message.delivery_count or not engine.first_acquirer_marks
+            else None,
         )
         with self._inbox_lock:
             self._inbox.append((generation, delivery))

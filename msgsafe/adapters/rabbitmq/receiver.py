@@ -31,6 +31,10 @@ __all__ = ["RabbitReceiver"]
 _RESUBSCRIBE_S = 1.0
 
 
+#: Set by RabbitMQ quorum queues on every redelivery: how many times it was delivered.
+DELIVERY_COUNT_HEADER = "x-delivery-count"
+
+
 def _text(value: object) -> str | None:
     if isinstance(value, str):
         return value
@@ -52,6 +56,16 @@ def _headers(raw: Mapping[str, object] | None) -> tuple[dict[str, str], bytes | 
         if text is not None:
             headers[name] = text
     return headers, key
+
+
+def quorum_attempt(raw: Mapping[str, object] | None) -> int | None:
+    """The attempt a quorum queue counts: its ``x-delivery-count`` header is the number
+    of earlier deliveries (absent on the first, and on classic queues: None there, the
+    consumer counts)."""
+    count = (raw or {}).get(DELIVERY_COUNT_HEADER)
+    if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+        return count + 1
+    return None
 
 
 class _Subscription:
@@ -234,6 +248,7 @@ class RabbitReceiver:
             headers=headers,
             redelivered=bool(method.redelivered),
             settle=functools.partial(self._settle, generation, tag),
+            attempt=quorum_attempt(properties.headers),
         )
         self._deliveries.put((generation, delivery))
 

@@ -1,0 +1,20 @@
+"""What ``Consumer.run`` is built of: per-key lanes over a pool of worker threads
+(:mod:`~msgsafe.consuming.lanes`), the decision after each handler call — acknowledge,
+retry, dead-letter, give back (:mod:`~msgsafe.consuming.runner`) — the dead-letter
+message (:mod:`~msgsafe.consuming.dead_letter`) and the clock its waits go through
+(:mod:`~msgsafe.consuming.clock`)."""
+
+from __future__ import annotations
+
+from msgsafe.consuming.clock import MonotonicClock, RunClock
+from msgsafe.consuming.dead_letter import DEAD_LETTER_HEADERS, dead_letter_headers
+from msgsafe.consuming.runner import Handler, OnExhausted
+
+__all__ = [
+    "DEAD_LETTER_HEADERS",
+    "Handler",
+    "MonotonicClock",
+    "OnExhausted",
+    "RunClock",
+    "dead_letter_headers",
+]

@@ -1,0 +1,290 @@
+"""``Consumer.run``: fetch, hand each delivery to its key's lane, settle it by what the
+handler did, stop cleanly.
+
+After a handler call the delivery is, in this order of preference:
+
+- acknowledged, when the handler returned (or left alone, when it settled it itself);
+- tried again after the retry policy's backoff, on its lane (the key waits, the others
+  go on), ``attempt`` one higher — unless its error type is ``permanent`` or the policy
+  is exhausted;
+- then sent to the dead-letter destination through a :class:`~msgsafe.producer.Producer`
+  and acknowledged only once the dead letter's receipt is in (CONFIRMED or STORED); a
+  failed dead-letter send gives the original back instead, so it is never lost;
+- or, without a dead-letter destination, settled as ``on_exhausted`` says: ``"reject"``
+  (dropped, or dead-lettered by the broker where it is set up to) or ``"stop"`` (given
+  back, and the run stops with the handler's error);
+- without a retry policy, dead-letter destination or ``on_exhausted``: given back for the
+  broker to deliver again.
+
+Stopping (``stop()``, SIGTERM, SIGINT) stops fetching, gives back what has not started,
+lets running handlers end within ``stop_timeout`` (then gives them back too), and closes
+the consumer, which commits what it may and leaves the group.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import TYPE_CHECKING, Literal
+
+from msgsafe.consuming.clock import RunClock
+from msgsafe.consuming.dead_letter import dead_letter_headers
+from msgsafe.consuming.lanes import Lane, LanePool, Verdict
+from msgsafe.errors import ClosedError, MsgsafeError
+from msgsafe.message import Delivery
+from msgsafe.ports import AttemptCounter
+from msgsafe.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from msgsafe.producer import Producer
+
+__all__ = ["Handler", "OnExhausted", "Runner"]
+
+log = logging.getLogger("msgsafe.consumer")
+
+#: What ``Consumer.run`` calls once per attempt: returning acknowledges, raising retries.
+Handler = Callable[[Delivery], object]
+
+#: What to do with a message whose attempts are exhausted, without a dead-letter queue.
+OnExhausted = Literal["reject", "stop"]
+
+#: How long one fetch waits for a delivery: also how soon a stop is noticed.
+_FETCH_WAIT = 0.2
+
+
+class Runner:
+    """One ``Consumer.run`` call; see the module docstring. ``fetch(room, wait)`` polls
+    the consumer, ``count(figure, n)`` adds to its stats, ``close()`` closes it."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        fetch: Callable[[int, float], list[Delivery]],
+        close: Callable[[], None],
+        count: Callable[[str, int], None],
+        attempts: AttemptCounter,
+        concurrency: int,
+        prefetch: int,
+        retry: RetryPolicy | None,
+        permanent: tuple[type[BaseException], ...],
+        dead_letter: str | None,
+        dead_letter_producer: Producer | None,
+        on_exhausted: OnExhausted | None,
+        stop_timeout: float,
+        clock: RunClock,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self._handler = handler
+        self._fetch = fetch
+        self._close = close
+        self._count = count
+        self._attempts = attempts
+        self._prefetch = prefetch
+        self._retry = retry
+        self._permanent = permanent
+        self._dead_letter = dead_letter
+        self._producer = dead_letter_producer
+        self._on_exhausted = on_exhausted
+        self._stop_timeout = stop_timeout
+        self._clock = clock
+        self._rng = rng
+        # A plain flag, not an Event: a signal handler sets it between two bytecodes of
+        # the main thread, which may hold any lock at that moment.
+        self._stopping = False
+        self._error: BaseException | None = None
+        self._pool = LanePool(
+            self._handle, concurrency=concurrency, clock=clock, give_back=_give_back
+        )
+
+    def stop(self) -> None:
+        """Ask the run to stop (any thread, or a signal handler); returns at once. No
+        handler starts after this call."""
+        self._stopping = True
+        self._pool.halt()
+
+    def run(self, *, signals: bool) -> None:
+        """Fetch and dispatch until stopped; then shut down (see the module docstring).
+        Raises what the fetch raised, or the handler's error after ``on_exhausted="stop"``."""
+        self._pool.start()
+        try:
+            with _stop_on_signals(self.stop) if signals else _nothing():
+                self._loop()
+        finally:
+            self._shutdown()
+        if self._error is not None:
+            raise self._error
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            room = self._pool.room(self._prefetch, _FETCH_WAIT)
+            if not room or self._stopping:
+                continue
+            try:
+                batch = self._fetch(room, _FETCH_WAIT)
+            except ClosedError:
+                if not self._stopping:
+                    log.info("consumer closed during run(); stopping")
+                return
+            for delivery in batch:
+                self._pool.submit(delivery)
+
+    def _shutdown(self) -> None:
+        self._stopping = True
+        late = self._pool.close(self._stop_timeout)
+        if late:
+            log.warning(
+                "%d handler(s) still running after stop_timeout=%gs; their deliveries were"
+                " given back and will be delivered again",
+                len(late),
+                self._stop_timeout,
+            )
+        self._close()
+
+    # --- one handler call, on a worker thread --------------------------------------------
+
+    def _handle(self, lane: Lane) -> Verdict | float:
+        delivery = lane.items[0]
+        now = float(self._clock.now())
+        if lane.first_start is None:
+            lane.first_start = now
+        else:
+            delivery.attempt += 1
+            if delivery.message_id is not None and not delivery.attempt_from_broker:
+                self._attempts.retried(delivery.message_id, delivery.attempt)
+        self._count("in_flight", 1)
+        try:
+            self._handler(delivery)
+        except Exception as exc:
+            error: Exception | None = exc
+        else:
+            error = None
+        finally:
+            self._count("in_flight", -1)
+        if delivery.settled is not None:
+            self._forget(delivery)
+            return Verdict.DONE  # the handler settled it itself
+        if error is None:
+            if _settle(delivery.ack):
+                self._count("handled", 1)
+                self._forget(delivery)
+            return Verdict.DONE
+        return self._failed(lane, delivery, error)
+
+    def _failed(self, lane: Lane, delivery: Delivery, error: Exception) -> Verdict | float:
+        final_choice = self._dead_letter is not None or self._on_exhausted is not None
+        if self._stopping or (self._retry is None and not final_choice):
+            log.warning(
+                "handler failed on %s (attempt %d), given back: %s: %s",
+                delivery.message_id,
+                delivery.attempt,
+                type(error).__name__,
+                error,
+            )
+            return Verdict.GIVE_BACK
+        retry = self._retry
+        started = lane.first_start if lane.first_start is not None else 0.0
+        now = float(self._clock.now())
+        if (
+            retry is not None
+            and not isinstance(error, self._permanent)
+            and not retry.exhausted(delivery.attempt, now - started)
+        ):
+            delay = retry.wait(delivery.attempt, self._rng)
+            log.info(
+                "handler failed on %s (attempt %d), retrying in %.3fs: %s: %s",
+                delivery.message_id,
+                delivery.attempt,
+                delay,
+                type(error).__name__,
+                error,
+            )
+            self._count("retried", 1)
+            return now + delay
+        return self._exhausted(delivery, error)
+
+    def _exhausted(self, delivery: Delivery, error: Exception) -> Verdict:
+        what = f"{delivery.message_id} after {delivery.attempt} attempt(s)"
+        if self._dead_letter is not None and self._producer is not None:
+            try:
+                self._producer.send(
+                    self._dead_letter,
+                    delivery.body,
+                    key=delivery.key,
+                    headers=dead_letter_headers(delivery, error),
+                )
+            except Exception as exc:
+                # NOTE: the original is the only copy the broker holds: never acknowledged
+                # without the dead letter's receipt.
+                log.error(
+                    "cannot dead-letter %s to %r, given back: %s: %s",
+                    what,
+                    self._dead_letter,
+                    type(exc).__name__,
+                    exc,
+                )
+                return Verdict.GIVE_BACK
+            log.warning("dead-lettered %s to %r: %s", what, self._dead_letter, error)
+            if _settle(delivery.ack):
+                self._count("dead_lettered", 1)
+                self._forget(delivery)
+            return Verdict.DONE
+        if self._on_exhausted == "reject":
+            log.warning("rejected %s: %s: %s", what, type(error).__name__, error)
+            if _settle(lambda: delivery.nack(requeue=False)):
+                self._forget(delivery)
+            return Verdict.DONE
+        log.error("stopping: %s failed: %s: %s", what, type(error).__name__, error)
+        if self._error is None:
+            self._error = error
+        self.stop()
+        return Verdict.GIVE_BACK
+
+    def _forget(self, delivery: Delivery) -> None:
+        if delivery.message_id is not None and not delivery.attempt_from_broker:
+            self._attempts.forget(delivery.message_id)
+
+
+def _settle(settle: Callable[[], None]) -> bool:
+    """Settle; False when the delivery cannot be settled any more (given back at a
+    stop's deadline, or its connection is gone: the broker delivers it again)."""
+    try:
+        settle()
+    except MsgsafeError as exc:
+        log.info("cannot settle a delivery (it will be delivered again): %s", exc)
+        return False
+    return True
+
+
+def _give_back(delivery: Delivery) -> None:
+    _settle(lambda: delivery.nack(requeue=True))
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+@contextmanager
+def _stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
+    """SIGTERM and SIGINT call ``stop`` while inside, on the main thread only (the only
+    one Python lets install handlers); the previous handlers are restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        # Nothing here that takes a lock (logging does): the main thread may hold it.
+        stop()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
