@@ -562,10 +562,16 @@ def test_a_signal_stops_the_run_cleanly(tmp_path: Path, signum: int) -> None:
     child = subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env
     )
-    assert child.stdout is not None
-    assert child.stdout.readline().strip() == "handling"
-    child.send_signal(signum)
-    out, _ = child.communicate(timeout=30)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "handling"
+        child.send_signal(signum)
+        out, _ = child.communicate(timeout=30)
+    finally:
+        # A child that did not stop must not outlive the test (it would spin on a core).
+        if child.poll() is None:
+            child.kill()
+            child.wait()
     assert child.returncode == 0
     report = json.loads(out.strip().splitlines()[-1])
     handled, back = report["handled"], report["back"]
