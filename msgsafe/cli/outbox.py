@@ -574,8 +574,9 @@ def _report_drain(
             f"note: {quarantined} message(s) are in the quarantine"
             + (f", {newly_quarantined} moved there by this drain" if newly_quarantined else "")
             + f", not delivered: see why with msgsafe outbox quarantine {where}; once the "
-            f"cause is fixed, msgsafe outbox replay {where} --all puts them back in line "
-            f"(or msgsafe outbox purge {where} --quarantined deletes them)",
+            f"cause is fixed, msgsafe outbox replay {where} --all puts them back in line, "
+            f"or msgsafe outbox purge {where} --quarantined deletes them (an "
+            "InvalidDestination is never delivered: its name is the cause)",
             markup=False,
         )
     exit_with(code)

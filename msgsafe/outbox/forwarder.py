@@ -688,8 +688,8 @@ class Forwarder:
             # permanent, quarantined above): every message waits for the fix.
             self._refusal_logged = True
             log.error(
-                "outbox forwarding waits: the configuration is refused (%s); every message "
-                "stays in the outbox until it is fixed",
+                "outbox forwarding waits: the client refused the configuration (%s); every "
+                "message stays in the outbox until it is fixed",
                 text,
             )
 
