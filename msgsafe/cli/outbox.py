@@ -429,14 +429,18 @@ def drain(
         broker = broker_for(store, path, url, as_json)
         transport = open_transport(broker, options)
         guard = _LoginGuard(transport)
-        moved: list[str] = []
+        moved = [0]  # messages this drain quarantined
+
+        def quarantined(_envelope: Envelope, _text: str) -> None:
+            moved[0] += 1
+
         forwarder = Forwarder(
             store,
             guard,
             # A stored name the protocol refuses (a file older than the check) is
             # quarantined, whichever transport would have taken it.
             admit=destination_check(broker.protocol),
-            on_quarantine=lambda envelope, _text: moved.append(envelope.message_id),
+            on_quarantine=quarantined,
         )
         try:
             remaining = _forward(forwarder, guard, timeout)
@@ -456,7 +460,7 @@ def drain(
         stats.delivered,
         remaining,
         stats.quarantined,
-        len(moved),
+        moved[0],
         stats.last_error,
         as_json,
     )

@@ -620,9 +620,9 @@ class Forwarder:
             return
         text = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, _NOT_THE_MESSAGE):
-            self._connection_refused(exc)
+            self._waits_for_fix(exc, "the broker refused the connection")
         elif isinstance(exc, ConfigurationError):
-            self._misconfigured(exc)
+            self._waits_for_fix(exc, "the client refused the configuration")
         else:
             self._note_error(text)
         out.stopped = True
@@ -668,28 +668,19 @@ class Forwarder:
             self._unsettled.pop(0)
         return True
 
-    def _connection_refused(self, exc: MsgsafeError) -> None:
+    def _waits_for_fix(self, exc: MsgsafeError, cause: str) -> None:
+        """Not the message's fault (a refused connection, ``cause`` says which, or a
+        configuration error: a name the protocol refuses is InvalidDestination, the
+        message's own, quarantined): every message waits for the fix."""
         text = f"{type(exc).__name__}: {exc}"
         self._note_error(text)
         if not self._refusal_logged:
             # One line per state change; the backoff keeps probing, at its capped pace.
             self._refusal_logged = True
             log.error(
-                "outbox forwarding waits: the broker refused the connection (%s); every "
-                "message stays in the outbox until the configuration is fixed",
-                text,
-            )
-
-    def _misconfigured(self, exc: ConfigurationError) -> None:
-        text = f"{type(exc).__name__}: {exc}"
-        self._note_error(text)
-        if not self._refusal_logged:
-            # Not the message's fault (a name the protocol refuses is InvalidDestination,
-            # permanent, quarantined above): every message waits for the fix.
-            self._refusal_logged = True
-            log.error(
-                "outbox forwarding waits: the client refused the configuration (%s); every "
-                "message stays in the outbox until it is fixed",
+                "outbox forwarding waits: %s (%s); every message stays in the outbox until "
+                "the configuration is fixed",
+                cause,
                 text,
             )
 
