@@ -28,6 +28,7 @@ __all__ = [
     "ConfirmTimeout",
     "ConnectError",
     "ConnectionLost",
+    "InvalidDestination",
     "InvalidMessage",
     "MessageTooLarge",
     "MissingExtra",
@@ -205,6 +206,14 @@ class ProtocolMismatch(PermanentError):
 
 class InvalidMessage(PermanentError, TypeError):
     """The message itself is malformed (body not bytes, bad header or key type)."""
+
+
+class InvalidDestination(InvalidMessage, ConfigurationError):
+    """The destination's name breaks its protocol's rules (an AMQP 0-9-1 queue name over
+    255 bytes, a Kafka topic with a space...): no broker of that protocol takes it, now or
+    later. Raised by ``send()`` before anything is sent or stored; a stored message with
+    such a name (an outbox file older than the check) is quarantined when forwarded. Also
+    a :class:`ConfigurationError`, which receivers raise for such a name."""
 
 
 class MessageTooLarge(PermanentError):

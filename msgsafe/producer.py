@@ -14,7 +14,6 @@ methods is read once, from their declared capabilities (:mod:`msgsafe.ports`).
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import weakref
@@ -26,7 +25,7 @@ from typing import Any, Self, cast
 
 from msgsafe._receipts import BatchPart, BatchSend, OneOfBatch, Send, SubsetReport
 from msgsafe._settlement import Route, Settlement
-from msgsafe.adapters import open_transport
+from msgsafe.adapters import destination_check, open_transport
 from msgsafe.checks import inspector_for
 from msgsafe.checks.gate import DestinationGate
 from msgsafe.checks.store import admit_store
@@ -34,6 +33,7 @@ from msgsafe.endpoints import parse_url
 from msgsafe.errors import (
     ClosedError,
     ConfigurationError,
+    InvalidDestination,
     InvalidMessage,
     MsgsafeError,
     SendTimeout,
@@ -169,6 +169,9 @@ class Producer:
         self._observers = Observers(self._telemetry, self._gate)
         with observing(self._observers):
             self._transport: Transport = open_transport(self._url, options)
+        #: The protocol's rules for names (each name checked once): a name no broker
+        #: takes is refused before anything is sent or stored.
+        self._check_name = destination_check(self._url.protocol)
         # What the transport declares (msgsafe.ports.TransportCapabilities), read once:
         # each seam below is bound when its flag promises it, None otherwise.
         transport = self._transport
@@ -231,7 +234,7 @@ class Producer:
                     self._store,
                     self._transport,
                     policy=retry,
-                    admit=functools.partial(self._gate.admit, fresh=True),
+                    admit=self._admit_stored,
                     on_answered=self._settle.resume,
                 )
                 self._observers.add(self._forwarder)
@@ -541,8 +544,9 @@ class Producer:
         """
         self._check_open()
         try:
+            self._check_name(destination)
             self._gate.admit(destination)
-        except UnsafeDestination as exc:
+        except (InvalidDestination, UnsafeDestination) as exc:
             raise exc.with_id(message_id) from None
         except TransientError as exc:
             if transaction is not None:
@@ -550,6 +554,13 @@ class Producer:
             if self._store is None:
                 raise exc.with_id(message_id) from None
             self._settle.pause()
+
+    def _admit_stored(self, destination: str) -> object:
+        """The forwarder's check before it forwards to ``destination``: the name (a stored
+        name the protocol refuses, from a file older than the check, is quarantined),
+        then the gate, fresh (a probe checks when it probes, paced by its backoff)."""
+        self._check_name(destination)
+        return self._gate.admit(destination, fresh=True)
 
     def _submit(self, envelope: Envelope, transaction: Any) -> Future[Receipt]:
         settle = self._settle

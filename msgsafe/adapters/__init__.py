@@ -4,8 +4,11 @@ Every adapter package (``rabbitmq``, ``kafka``, ``amqp10``, ``memory``) exports:
 
     open_transport(url: BrokerUrl, options: Mapping[str, object]) -> Transport
     open_receiver(url: BrokerUrl, options: Mapping[str, object], *, group: str | None) -> Receiver
+    check_destination(destination: str) -> None
 
-and, when its client library is missing, raises :class:`~msgsafe.errors.MissingExtra`
+(the last, in its ``config.py``, raises :class:`~msgsafe.errors.InvalidDestination` for a
+name its protocol's rules refuse, whatever the broker: :func:`destination_check` serves
+it) and, when its client library is missing, raises :class:`~msgsafe.errors.MissingExtra`
 on import, naming the extra to install. Which adapter serves a URL is decided once, by
 :data:`msgsafe.endpoints.SCHEMES` (scheme -> protocol, and the protocol is the package
 name); this module imports that package lazily, so a user of one broker never needs the
@@ -36,14 +39,21 @@ the layer above from an I/O thread, logging what the callback raises).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from types import ModuleType
 
 from msgsafe.endpoints import PROTOCOLS, BrokerUrl
-from msgsafe.errors import ConfigurationError
+from msgsafe.errors import ConfigurationError, InvalidDestination
 from msgsafe.ports import Receiver, Transport
 
-__all__ = ["adapter_module", "open_receiver", "open_transport"]
+__all__ = [
+    "DestinationCheck",
+    "adapter_module",
+    "destination_check",
+    "open_receiver",
+    "open_transport",
+]
 
 
 def adapter_module(protocol: str) -> ModuleType:
@@ -65,3 +75,49 @@ def open_receiver(
     """A consuming receiver for ``url``; ``group`` is the consumer group / shared queue."""
     receiver: Receiver = adapter_module(url.protocol).open_receiver(url, options, group=group)
     return receiver
+
+
+#: A destination check: returns when the protocol can carry the name, else raises
+#: :class:`~msgsafe.errors.InvalidDestination`.
+DestinationCheck = Callable[[str], None]
+
+
+def destination_check(protocol: str) -> DestinationCheck:
+    """``protocol``'s name check (the adapter's ``check_destination``), remembering its
+    answers: each name is checked once, however many messages go there. The producer
+    runs it before a message is sent or stored, the forwarder before a stored one is
+    forwarded; a refusal raises a fresh copy of the same error each time."""
+    return _RememberedCheck(adapter_module(protocol).check_destination)
+
+
+class _RememberedCheck:
+    """A :data:`DestinationCheck` that asks ``check`` once per name (at most ``_KEPT``
+    names of each answer are kept: a stream of distinct names costs a check each, not
+    memory)."""
+
+    _KEPT = 10_000
+
+    def __init__(self, check: DestinationCheck) -> None:
+        self._check = check
+        self._good: set[str] = set()
+        self._refused: dict[str, InvalidDestination] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, destination: str) -> None:
+        if destination in self._good:
+            return
+        refused = self._refused.get(destination)
+        if refused is None:
+            try:
+                self._check(destination)
+            except InvalidDestination as exc:
+                refused = exc.with_id(None)  # kept without the caller's traceback
+                with self._lock:
+                    if len(self._refused) < self._KEPT:
+                        self._refused[destination] = refused
+            else:
+                with self._lock:
+                    if len(self._good) < self._KEPT:
+                        self._good.add(destination)
+                return
+        raise refused.with_id(None)

@@ -6,6 +6,9 @@ Also the one size check every transport makes before sending (:func:`size_error`
 :func:`oversized`, against :attr:`TransportOptions.size_limit`): a message over the
 limit fails alone with :class:`~msgsafe.errors.MessageTooLarge`, before the broker could
 refuse it in a way that hurts the messages beside it.
+
+And how a destination name is shown in the error of an adapter's name check
+(:func:`shown_destination`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,14 @@ from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import ConfigurationError, MessageTooLarge
 from msgsafe.message import Batch, Envelope
 
-__all__ = ["TransportOptions", "build_config", "oversized", "size_error", "to_number"]
+__all__ = [
+    "TransportOptions",
+    "build_config",
+    "oversized",
+    "shown_destination",
+    "size_error",
+    "to_number",
+]
 
 C = TypeVar("C", bound="TransportOptions")
 N = TypeVar("N", int, float)
@@ -109,6 +119,14 @@ def _too_large(size: int, limit: int, message_id: str, endpoint: str) -> Message
         endpoint=endpoint,
         message_id=message_id,
     )
+
+
+def shown_destination(destination: str) -> str:
+    """``destination`` for an error text: whole when short, else its start and length
+    (a name refused for its length would fill the line)."""
+    if len(destination) <= 60:
+        return repr(destination)
+    return f"{destination[:40]!r}... ({len(destination)} characters)"
 
 
 def coerce(name: str, value: object, hint: Any) -> object:

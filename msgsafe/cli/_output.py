@@ -65,6 +65,8 @@ class ExitCode(enum.IntEnum):
     CRITICAL = 6
     #: send: every message is safe, but some only in the outbox, not yet at the broker.
     STORED = 7
+    #: outbox drain: nothing waits, but the quarantine holds messages (not delivered).
+    QUARANTINED = 8
 
 
 def print_json(data: object) -> None:

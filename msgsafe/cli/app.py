@@ -24,7 +24,8 @@ app = typer.Typer(
         "Exit codes: 0 ok; 1 a message was lost or a send failed; 2 bad usage; "
         "3 could not run (broker unreachable, bad URL, outbox unusable); doctor: "
         "4 a setting could not be checked, 5 warning, 6 a setting that loses messages; "
-        "send: 7 some messages were only stored in the outbox (none failed)."
+        "send: 7 some messages were only stored in the outbox (none failed); "
+        "outbox drain: 8 nothing waits, but messages are in the quarantine."
     ),
     no_args_is_help=True,
     add_completion=False,

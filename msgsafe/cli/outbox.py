@@ -31,7 +31,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from msgsafe.adapters import open_transport
+from msgsafe.adapters import destination_check, open_transport
 from msgsafe.cli._output import (
     URL_FORMS,
     ExitCode,
@@ -421,18 +421,34 @@ def drain(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Forward the waiting messages now, to the broker they were stored for (or URL);
-    exit 1 if some remain after --timeout."""
+    """Forward the waiting messages now, to the broker they were stored for (or URL).
+
+    Exit 0 when nothing waits and the quarantine is empty; 1 when messages still wait
+    after --timeout (how many, and the last error); 8 when nothing waits but the
+    quarantine holds messages (a permanent error each: a name the protocol refuses, a
+    rejection), with the commands that list and replay them."""
     options = dict(parse_pairs(option, "--option"))
     with opened(path, as_json) as store, translate_errors(as_json=as_json):
         before = store.pending()
         if url is None and before == 0:
-            _report_drain(before, 0, 0, store.stats().quarantined, None, as_json)
+            _report_drain(path, before, 0, 0, store.stats().quarantined, 0, None, as_json)
             return
         broker = broker_for(store, path, url, as_json)
         transport = open_transport(broker, options)
         guard = _LoginGuard(transport)
-        forwarder = Forwarder(store, guard)
+        moved = [0]  # messages this drain quarantined
+
+        def quarantined(_envelope: Envelope, _text: str) -> None:
+            moved[0] += 1
+
+        forwarder = Forwarder(
+            store,
+            guard,
+            # A stored name the protocol refuses (a file older than the check) is
+            # quarantined, whichever transport would have taken it.
+            admit=destination_check(broker.protocol),
+            on_quarantine=quarantined,
+        )
         try:
             remaining = _forward(forwarder, guard, timeout)
             stats = forwarder.stats()
@@ -445,7 +461,16 @@ def drain(
             )
         finally:
             transport.close(10.0)
-    _report_drain(before, stats.delivered, remaining, stats.quarantined, stats.last_error, as_json)
+    _report_drain(
+        path,
+        before,
+        stats.delivered,
+        remaining,
+        stats.quarantined,
+        moved[0],
+        stats.last_error,
+        as_json,
+    )
 
 
 def broker_for(store: OperatedStore, path: Path, url: str | None, as_json: bool) -> BrokerUrl:
@@ -516,29 +541,56 @@ def _forward(forwarder: Forwarder, guard: _LoginGuard, timeout: float) -> int:
 
 
 def _report_drain(
+    path: Path,
     before: int,
     delivered: int,
     remaining: int,
     quarantined: int,
+    newly_quarantined: int,
     last_error: str | None,
     as_json: bool,
 ) -> None:
+    """Print what a drain did and exit: 1 while messages wait, 8 when only the
+    quarantine holds some, 0 when the outbox is empty (see :func:`drain`)."""
+    code = ExitCode.LOSS if remaining else ExitCode.QUARANTINED if quarantined else ExitCode.OK
     data = {
         "before": before,
         "delivered": delivered,
         "remaining": remaining,
         "quarantined": quarantined,
+        "newly_quarantined": newly_quarantined,
         "last_error": last_error,
+        "exit_code": int(code),
     }
     if as_json:
         print_json(data)
-    else:
-        out.print(
-            f"{delivered} delivered, {remaining} remaining, {quarantined} quarantined"
-            + (f" (last error: {last_error})" if last_error and remaining else ""),
+        exit_with(code)
+    shown = (remaining or newly_quarantined) and last_error
+    out.print(
+        f"{delivered} delivered, {remaining} remaining, {quarantined} quarantined"
+        + (f" (last error: {last_error})" if shown else ""),
+        markup=False,
+    )
+    where = shlex.quote(label(path))
+    if remaining:
+        err.print(
+            f"error: {remaining} message(s) still wait in {label(path)}"
+            + (f" ({last_error})" if last_error else "")
+            + f"; nothing was lost: run msgsafe outbox drain {where} again once the "
+            "broker takes them (msgsafe outbox list shows each one's last error)",
             markup=False,
         )
-    exit_with(ExitCode.LOSS if remaining else ExitCode.OK)
+    elif quarantined:
+        err.print(
+            f"note: {quarantined} message(s) are in the quarantine"
+            + (f", {newly_quarantined} moved there by this drain" if newly_quarantined else "")
+            + f", not delivered: see why with msgsafe outbox quarantine {where}; once the "
+            f"cause is fixed, msgsafe outbox replay {where} --all puts them back in line, "
+            f"or msgsafe outbox purge {where} --quarantined deletes them (an "
+            "InvalidDestination is never delivered: its name is the cause)",
+            markup=False,
+        )
+    exit_with(code)
 
 
 @app.command()

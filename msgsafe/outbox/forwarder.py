@@ -14,6 +14,18 @@ One round (:meth:`Forwarder.step`) claims a batch, publishes it and settles ever
   waiting, are logged once as an ERROR, and back off like a refusal until the
   configuration is fixed.
 
+What is the message's own fault and what is not decides between the two. A name its
+protocol cannot carry (:class:`~msgsafe.errors.InvalidDestination`: a queue name over
+255 bytes, say, stored by a version that did not check names before storing) is the
+message's: no fix of the configuration sends it, so it is quarantined with the reason
+(it is a :class:`~msgsafe.errors.ConfigurationError` too, for receivers; the permanent
+class decides). Any other :class:`~msgsafe.errors.ConfigurationError` met while
+forwarding (settings a renewed client refuses, a check that cannot run) is about the
+configuration, shared by every message: they all keep waiting, with one ERROR, like a
+refused login. The ``admit`` hook (see :class:`Forwarder`) is where a caller checks
+names before publishing, so that a stored name is judged by the protocol's rules even
+where the transport would not refuse it itself.
+
 Order, pipelined: every message of a claimed batch is published at once, in claim
 order, so many messages of one key are in flight together on the transport's ordered
 channel, partition or link (a transport keeps the order of what it is handed and fails
@@ -198,8 +210,10 @@ class Forwarder:
     ``on_quarantine(envelope, error_text)`` is called (from the forwarder's thread) for
     every message moved to the quarantine.
 
-    ``admit(destination)`` (the producer's destination check, see
+    ``admit(destination)`` (the producer's: the protocol's name rules, see
+    :func:`msgsafe.adapters.destination_check`, then the destination check of
     :mod:`msgsafe.checks.gate`) runs before a destination's messages are published: its
+    :class:`~msgsafe.errors.InvalidDestination` or
     :class:`~msgsafe.errors.UnsafeDestination` quarantines them, a transient error (the
     broker cannot be reached to check) releases the round as a refusal does.
 
@@ -610,7 +624,9 @@ class Forwarder:
             return
         text = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, _NOT_THE_MESSAGE):
-            self._connection_refused(exc)
+            self._waits_for_fix(exc, "the broker refused the connection")
+        elif isinstance(exc, ConfigurationError):
+            self._waits_for_fix(exc, "the client refused the configuration")
         else:
             self._note_error(text)
         out.stopped = True
@@ -656,15 +672,19 @@ class Forwarder:
             self._unsettled.pop(0)
         return True
 
-    def _connection_refused(self, exc: MsgsafeError) -> None:
+    def _waits_for_fix(self, exc: MsgsafeError, cause: str) -> None:
+        """Not the message's fault (a refused connection, ``cause`` says which, or a
+        configuration error: a name the protocol refuses is InvalidDestination, the
+        message's own, quarantined): every message waits for the fix."""
         text = f"{type(exc).__name__}: {exc}"
         self._note_error(text)
         if not self._refusal_logged:
             # One line per state change; the backoff keeps probing, at its capped pace.
             self._refusal_logged = True
             log.error(
-                "outbox forwarding waits: the broker refused the connection (%s); every "
-                "message stays in the outbox until the configuration is fixed",
+                "outbox forwarding waits: %s (%s); every message stays in the outbox until "
+                "the configuration is fixed",
+                cause,
                 text,
             )
 

@@ -43,6 +43,8 @@ def test_an_adapter_has_the_common_files_and_its_own_listed_here(protocol: str) 
 
 
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
-def test_an_adapter_offers_both_entry_points(protocol: str) -> None:
+def test_an_adapter_offers_both_entry_points_and_its_name_check(protocol: str) -> None:
     module = msgsafe.adapters.adapter_module(protocol)
     assert callable(module.open_transport) and callable(module.open_receiver)
+    assert module.check_destination is module.config.check_destination
+    assert module.check_destination("orders") is None  # a name every protocol takes

@@ -38,7 +38,7 @@ from msgsafe.testing import MemoryBroker
 from tests.support.commands import msgsafe as run
 
 ROOT = Path(__file__).resolve().parents[2]
-USAGE, ERROR, STORED = 2, 3, 7
+USAGE, ERROR, STORED, QUARANTINED = 2, 3, 7, 8
 
 
 @pytest.fixture
@@ -233,13 +233,15 @@ def test_list_and_quarantine_print_whole_ids_into_a_pipe(tmp_path: Path, columns
 def test_drain_takes_the_destination_from_the_rows(mixed: Mixed) -> None:
     path, _, _ = mixed
     drained = run("outbox", "drain", str(path), "--json")  # no --url
-    assert drained.code == 0, drained.stderr
+    # Everything waiting was delivered; the two quarantined before still are not.
+    assert drained.code == QUARANTINED, drained.stderr
     report = json.loads(drained.stdout)
     assert report["before"] == 4 and report["delivered"] == 4 and report["remaining"] == 0
+    assert report["quarantined"] == 2 and report["newly_quarantined"] == 0
     assert "note:" not in drained.stderr  # the same destination: nothing to point out
     assert counts(path) == (0, 2)
     again = run("outbox", "drain", str(path), "--json")
-    assert again.code == 0 and json.loads(again.stdout)["before"] == 0
+    assert again.code == QUARANTINED and json.loads(again.stdout)["before"] == 0
 
 
 # --- finding 7: a damaged file, and its salvage -----------------------------------------------

@@ -17,6 +17,8 @@ from msgsafe.endpoints import parse_url
 from msgsafe.errors import (
     AuthenticationError,
     CertificateError,
+    ConfigurationError,
+    InvalidDestination,
     MsgsafeError,
     ProtocolMismatch,
     Refused,
@@ -357,14 +359,17 @@ def test_drain_pushes_now_after_a_long_outage(store: SqliteOutbox, clock: Clock)
         AuthenticationError("the broker refused the credentials"),
         CertificateError("the broker's TLS certificate failed verification: expired"),
         ProtocolMismatch("this port speaks AMQP 0-9-1, not AMQP 1.0: use amqp://"),
+        ConfigurationError("kafka producer settings: unknown setting"),
     ],
-    ids=["login refused", "certificate", "wrong protocol"],
+    ids=["login refused", "certificate", "wrong protocol", "configuration"],
 )
 def test_a_connection_refused_for_good_keeps_every_message_and_pauses(
     store: SqliteOutbox, clock: Clock, caplog: pytest.LogCaptureFixture, error: MsgsafeError
 ) -> None:
     """Permanent for a send, but about the connection: nothing is quarantined, one ERROR
-    says why, the forwarder backs off, and delivers everything once it is fixed."""
+    says why, the forwarder backs off, and delivers everything once it is fixed. The same
+    for a configuration error met while forwarding, which every message shares (a name
+    the protocol refuses is InvalidDestination, the message's own: see below)."""
     sent = envs(5, keys=2)
     store.put(sent)
     broken = [True]
@@ -375,7 +380,8 @@ def test_a_connection_refused_for_good_keeps_every_message_and_pauses(
             fwd.step()
             clock.now += 60  # past any backoff
     assert store.stats().depth == 5 and store.stats().quarantined == 0
-    refusals = [r for r in caplog.records if "refused the connection" in r.getMessage()]
+    said = "configuration" if isinstance(error, ConfigurationError) else "connection"
+    refusals = [r for r in caplog.records if f"refused the {said}" in r.getMessage()]
     assert len(refusals) == 1, [r.getMessage() for r in caplog.records]
     assert type(error).__name__ in refusals[0].getMessage()
     # While it refuses, one probe per round (not the whole backlog each time).
@@ -385,6 +391,23 @@ def test_a_connection_refused_for_good_keeps_every_message_and_pauses(
         fwd.step()
         clock.now += 60
     assert store.stats().depth == 0 and store.stats().quarantined == 0
+
+
+def test_a_name_refused_while_forwarding_is_quarantined_with_the_reason(
+    store: SqliteOutbox, clock: Clock
+) -> None:
+    """InvalidDestination is a ConfigurationError too, but the message's own: quarantined
+    at once, and the other messages go."""
+    bad = Envelope.build("q" * 300, b"bad")
+    good = envs(3)
+    store.put([bad, *good])
+    error = InvalidDestination("queue names are at most 255 bytes")
+    transport = ScriptedTransport(lambda e: error if e.message_id == bad.message_id else None)
+    Forwarder(store, transport, clock=clock).step()
+    assert store.stats().depth == 0 and store.stats().quarantined == 1
+    [q] = store.quarantined()
+    assert q.envelope.message_id == bad.message_id
+    assert q.error == "InvalidDestination: queue names are at most 255 bytes"
 
 
 class BatchingTransport(ScriptedTransport):

@@ -23,7 +23,7 @@ from proton.reactor import AtLeastOnce
 from msgsafe.adapters.amqp10._connection import LOGIN_GRACE_S, ssl_domain
 from msgsafe.adapters.amqp10._errors import connection_error, unfixable
 from msgsafe.adapters.amqp10._wire import Capability, encode_envelope
-from msgsafe.adapters.amqp10.config import Amqp10Options, load_options
+from msgsafe.adapters.amqp10.config import Amqp10Options, check_destination, load_options
 from msgsafe.adapters.amqp10.receiver import Amqp10Receiver
 from msgsafe.adapters.amqp10.transport import Amqp10Transport
 from msgsafe.endpoints import BrokerUrl
@@ -35,6 +35,7 @@ __all__ = [
     "Amqp10Options",
     "Amqp10Receiver",
     "Amqp10Transport",
+    "check_destination",
     "connection_error",
     "link_options",
     "open_receiver",

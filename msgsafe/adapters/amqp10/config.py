@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from msgsafe.adapters._config import TransportOptions, build_config
+from msgsafe.adapters._config import TransportOptions, build_config, shown_destination
 from msgsafe.endpoints import BrokerUrl, Endpoint, MergePolicy
-from msgsafe.errors import ConfigurationError
+from msgsafe.errors import ConfigurationError, InvalidDestination
 
-__all__ = ["Amqp10Options", "load_options"]
+__all__ = ["Amqp10Options", "check_destination", "load_options"]
 
 _MECHANISMS = {"PLAIN", "ANONYMOUS", "EXTERNAL"}
 #: Queue types ``declare=`` accepts (RabbitMQ's ``x-queue-type``).
@@ -118,3 +118,20 @@ class Amqp10Options(TransportOptions):
 def load_options(url: BrokerUrl, options: Mapping[str, object]) -> Amqp10Options:
     """Validated options from the URL's query and keyword ``options``."""
     return build_config(Amqp10Options, url, options)
+
+
+def check_destination(destination: str) -> None:
+    """The adapter's name check (see :mod:`msgsafe.adapters`): raises
+    :class:`~msgsafe.errors.InvalidDestination` for an address proton cannot send.
+
+    An AMQP 1.0 address is any string, and brokers read it their own way (Artemis and
+    Broker-J: an address or queue name; RabbitMQ: ``/amq/queue/NAME``,
+    ``/exchange/NAME/KEY``), so only what no broker can receive is refused: a NUL
+    character, at which proton's C string ends (the link would attach to the address
+    cut there, another destination). Its length is left to the broker: the attach
+    frame's limit is the peer's ``max-frame-size``, known only once connected."""
+    if "\x00" in destination:
+        raise InvalidDestination(
+            "AMQP 1.0 addresses cannot hold a NUL character (proton would cut the address "
+            f"there): {shown_destination(destination)}"
+        )

@@ -20,7 +20,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
 
 from msgsafe.adapters._config import build_config
 from msgsafe.adapters.kafka._errors import certificate_refusal
-from msgsafe.adapters.kafka.config import KafkaOptions
+from msgsafe.adapters.kafka.config import KafkaOptions, check_destination
 from msgsafe.adapters.kafka.lane import KafkaLane
 from msgsafe.adapters.kafka.receiver import KafkaReceiver
 from msgsafe.adapters.kafka.transport import KafkaTransport
@@ -32,6 +32,7 @@ __all__ = [
     "KafkaReceiver",
     "KafkaTransport",
     "certificate_refusal",
+    "check_destination",
     "open_receiver",
     "open_transport",
 ]

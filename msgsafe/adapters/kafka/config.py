@@ -9,16 +9,18 @@ and a capped reconnect backoff so fail-over takes seconds, not librdkafka's 10 s
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from msgsafe.adapters._config import TransportOptions, to_number
+from msgsafe.adapters._config import TransportOptions, shown_destination, to_number
 from msgsafe.endpoints import BrokerUrl
-from msgsafe.errors import ConfigurationError
+from msgsafe.errors import ConfigurationError, InvalidDestination
 
 __all__ = [
     "KafkaOptions",
+    "check_destination",
     "client_settings",
     "consumer_settings",
     "producer_settings",
@@ -230,3 +232,28 @@ def consumer_settings(url: BrokerUrl, options: KafkaOptions, group: str) -> dict
     )
     settings.update(options.librdkafka)
     return settings
+
+
+#: Kafka's topic rule (``org.apache.kafka.common.internals.Topic.validate``, which
+#: brokers apply to every topic they create or are asked for): 1 to 249 characters of
+#: ASCII letters, digits, '.', '_' and '-', and not "." or "..".
+TOPIC_MAX = 249
+_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
+
+
+def check_destination(destination: str) -> None:
+    """The adapter's name check (see :mod:`msgsafe.adapters`): raises
+    :class:`~msgsafe.errors.InvalidDestination` for a topic name Kafka refuses
+    (:data:`TOPIC_MAX`, the legal characters, "." and "..")."""
+    shown = shown_destination(destination)
+    if destination in ("", ".", ".."):
+        raise InvalidDestination(f"a Kafka topic cannot be named {shown}")
+    if len(destination) > TOPIC_MAX:
+        raise InvalidDestination(
+            f"Kafka topic names are at most {TOPIC_MAX} characters, this one is "
+            f"{len(destination)}: {shown}"
+        )
+    if _TOPIC.fullmatch(destination) is None:
+        raise InvalidDestination(
+            "Kafka topic names hold only ASCII letters, digits, '.', '_' and '-': " + shown
+        )

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from msgsafe.adapters._config import build_config
 from msgsafe.adapters.memory._connection import connect
 from msgsafe.adapters.memory.broker import MemoryBroker
-from msgsafe.adapters.memory.config import MemoryOptions
+from msgsafe.adapters.memory.config import MemoryOptions, check_destination
 from msgsafe.adapters.memory.receiver import MemoryReceiver
 from msgsafe.adapters.memory.transport import MemoryTransport
 from msgsafe.endpoints import BrokerUrl
@@ -19,6 +19,7 @@ __all__ = [
     "MemoryOptions",
     "MemoryReceiver",
     "MemoryTransport",
+    "check_destination",
     "open_receiver",
     "open_transport",
 ]

@@ -26,7 +26,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from msgsafe.adapters._config import build_config
 from msgsafe.adapters.rabbitmq._connection import connection_parameters
 from msgsafe.adapters.rabbitmq._errors import open_error
-from msgsafe.adapters.rabbitmq.config import RabbitOptions
+from msgsafe.adapters.rabbitmq.config import RabbitOptions, check_destination
 from msgsafe.adapters.rabbitmq.receiver import RabbitReceiver
 from msgsafe.adapters.rabbitmq.transport import RabbitTransport
 from msgsafe.endpoints import BrokerUrl
@@ -35,6 +35,7 @@ __all__ = [
     "RabbitOptions",
     "RabbitReceiver",
     "RabbitTransport",
+    "check_destination",
     "connection_parameters",
     "open_blocking_connection",
     "open_error",

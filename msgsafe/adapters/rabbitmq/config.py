@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from msgsafe.adapters._config import TransportOptions
-from msgsafe.errors import ConfigurationError
+from msgsafe.adapters._config import TransportOptions, shown_destination
+from msgsafe.errors import ConfigurationError, InvalidDestination
 
-__all__ = ["QUEUE_TYPES", "Destination", "RabbitOptions", "parse_destination"]
+__all__ = [
+    "QUEUE_TYPES",
+    "Destination",
+    "RabbitOptions",
+    "check_destination",
+    "parse_destination",
+]
 
 #: Queue types ``declare=`` accepts (the ``x-queue-type`` argument).
 QUEUE_TYPES = ("classic", "quorum", "stream")
@@ -67,18 +73,44 @@ class Destination:
     queue: str | None
 
 
+#: AMQP 0-9-1 carries queue and exchange names and routing keys as ``shortstr``: one
+#: length byte, so at most 255 bytes of UTF-8.
+SHORTSTR_MAX = 255
+
+
 def parse_destination(destination: str) -> Destination:
     """``NAME`` is a queue through the default exchange; ``EXCHANGE/ROUTING-KEY`` publishes
-    to that exchange (the routing key may be empty and may itself contain '/')."""
+    to that exchange (the routing key may be empty and may itself contain '/').
+
+    :class:`~msgsafe.errors.InvalidDestination` for a name AMQP 0-9-1 cannot carry: empty,
+    an empty exchange before '/', or a queue name, exchange name or routing key over
+    255 bytes of UTF-8."""
     if not destination:
-        raise ConfigurationError("destination must not be empty")
+        raise InvalidDestination("destination must not be empty")
     exchange, sep, key = destination.partition("/")
     if not sep:
-        if len(destination.encode()) > 255:
-            raise ConfigurationError("queue names are at most 255 bytes")
+        _shortstr(destination, "queue names", destination)
         return Destination(exchange="", routing_key=destination, queue=destination)
     if not exchange:
-        raise ConfigurationError("exchange name before '/' must not be empty")
-    if len(exchange.encode()) > 255 or len(key.encode()) > 255:
-        raise ConfigurationError("exchange names and routing keys are at most 255 bytes")
+        shown = shown_destination(destination)
+        raise InvalidDestination(f"exchange name before '/' must not be empty: {shown}")
+    _shortstr(exchange, "exchange names", destination)
+    _shortstr(key, "routing keys", destination)
     return Destination(exchange=exchange, routing_key=key, queue=None)
+
+
+def check_destination(destination: str) -> None:
+    """The adapter's name check (see :mod:`msgsafe.adapters`): raises
+    :class:`~msgsafe.errors.InvalidDestination` when no AMQP 0-9-1 broker can take
+    ``destination`` (the rules of :func:`parse_destination`)."""
+    parse_destination(destination)
+
+
+def _shortstr(part: str, what: str, destination: str) -> None:
+    size = len(part.encode())
+    if size > SHORTSTR_MAX:
+        # NOTE: the text keeps the wording RabbitMQ users search for ("at most 255 bytes").
+        raise InvalidDestination(
+            f"{what} are at most {SHORTSTR_MAX} bytes (AMQP 0-9-1 shortstr), this one is "
+            f"{size} bytes: {shown_destination(destination)}"
+        )
