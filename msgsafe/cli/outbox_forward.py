@@ -34,7 +34,7 @@ from typing import Annotated, Any
 
 import typer
 
-from msgsafe.adapters import open_transport
+from msgsafe.adapters import destination_check, open_transport
 from msgsafe.cli._output import (
     URL_FORMS,
     err,
@@ -123,8 +123,9 @@ def forward(
             try:
                 broker = parse_url(_broker(opened, url))
                 transport = open_transport(broker, options)
-                # The store's own lease where it declares one (Forwarder reads it).
-                forwarder = Forwarder(opened, transport)
+                # The store's own lease where it declares one (Forwarder reads it); a
+                # stored name the protocol refuses is quarantined, as drain does.
+                forwarder = Forwarder(opened, transport, admit=destination_check(broker.protocol))
                 try:
                     # Woken by the store's NOTIFY where it declares one (Forwarder.start).
                     forwarder.start()

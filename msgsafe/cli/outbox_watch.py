@@ -25,7 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from msgsafe.adapters import open_transport
+from msgsafe.adapters import destination_check, open_transport
 from msgsafe.cli._output import URL_FORMS, out, parse_pairs, translate_errors
 from msgsafe.cli.outbox import PathArg, broker_for, label, opened
 from msgsafe.outbox import Forwarder
@@ -190,7 +190,7 @@ def watch(
             broker = broker_for(store, path, url, False)
             target = broker.redacted()
             transport = open_transport(broker, options)
-            forwarder = Forwarder(store, transport)
+            forwarder = Forwarder(store, transport, admit=destination_check(broker.protocol))
             forwarder.start()
         try:
             _show(Sampler(store, forwarder, target, label(path)), interval, until_empty, duration)

@@ -104,3 +104,17 @@ def test_drain_quarantines_a_stored_name_the_protocol_refuses_and_exits_8(
         "last_error": None,
         "exit_code": QUARANTINED,
     }
+
+
+def test_forward_quarantines_a_stored_name_the_protocol_refuses_too(tmp_path: Path) -> None:
+    # An AMQP 1.0 address with a NUL: its transport would not refuse it (proton cuts the
+    # address there), only the destination check does.
+    path = tmp_path / "old.sqlite3"
+    (message_id,) = _file(path, f"amqp10://127.0.0.1:{free_port()}", ["q\x00x"])
+    done = run(
+        "outbox", "forward", str(path), "--until-empty", "--interval", "0.2", "--json", timeout=30
+    )
+    assert done.code == 0, (done.stdout, done.stderr)
+    (entry,) = json.loads(run("outbox", "quarantine", str(path), "--json").stdout)
+    assert entry["message_id"] == message_id
+    assert entry["error"].startswith("InvalidDestination: "), entry
