@@ -25,11 +25,13 @@ TOPIC = "dropped"
 PRODUCERS = 300  #: half while the brokers confirm, half while they refuse every produce
 PER_PRODUCER = 3
 #: Threads (the kernel's count) the process may gain while producers are dropped: a
-#: live producer on the three mock brokers runs about 25 (librdkafka's and msgsafe's),
+#: live producer on the three mock brokers runs about 25 threads (ONE_PRODUCER),
 #: and a few dropped ones are being closed at any time. Kept until their messages timed
 #: out instead, 300 dropped producers reached thousands of threads, and librdkafka ran
 #: out of thread-local keys ("Failed to initialize thread local storage").
 THREADS_MAX = 600
+#: Threads of one live producer on the mock cluster, about.
+ONE_PRODUCER = 30
 
 
 def _os_threads() -> int:
@@ -115,8 +117,10 @@ def test_dropped_producers_release_their_threads_and_lose_nothing(
         "the dropped producers' Python threads ended",
         diagnose=lambda: str(_producer_threads()),
     )
+    # NOTE: up to one producer's librdkafka clients may outlive the release threads' last
+    # garbage collection (seen once: 11 threads left) until Python's next one.
     wait_until(
-        lambda: _os_threads() <= peak[1] + 10,
+        lambda: _os_threads() <= peak[1] + ONE_PRODUCER,
         60,
         "the dropped producers' librdkafka threads ended",
         diagnose=lambda: f"{_os_threads()} threads, {peak[1]} before",
