@@ -9,6 +9,7 @@ import enum
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -55,7 +56,7 @@ class _Report:
 
     def __init__(
         self,
-        owner: SafeReports,
+        owner: weakref.ref[SafeReports],
         callback: DeliveryCallback | None,
         topic: str,
         value: bytes | None,
@@ -71,11 +72,15 @@ class _Report:
         self.headers = headers
         self.message_id = message_id
         self.future = future
+        #: Weak: a pending message must not keep a dropped producer (and its threads and
+        #: librdkafka handles) alive; the dropped one's finalizer settles it instead.
         self.owner = owner
 
     def __call__(self, _future: Future[Receipt]) -> None:
         # The receipt future's done callback: queue this report for poll()/flush().
-        self.owner._arrived(self)
+        owner = self.owner()
+        if owner is not None:
+            owner._arrived(self)
 
 
 class _Wake(enum.Enum):
@@ -123,6 +128,8 @@ class SafeReports:
         self._unreported = 0
         #: Without brokers: (deadline, future) of messages waiting to time out or be purged.
         self._held: list[tuple[float, Future[Receipt]]] = []
+        #: What each report holds of this producer (one weak reference for all).
+        self._weak_self = weakref.ref(self)
 
     def _check_size(
         self,
@@ -170,7 +177,9 @@ class SafeReports:
             raise
         # The report is the future's done callback itself: no closure per message.
         future.add_done_callback(
-            _Report(self, cb, topic, body, key_bytes, record, envelope.message_id, future)
+            _Report(
+                self._weak_self, cb, topic, body, key_bytes, record, envelope.message_id, future
+            )
         )
 
     def _arrived(self, report: _Report) -> None:

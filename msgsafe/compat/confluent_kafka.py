@@ -27,8 +27,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import gc
+import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -91,7 +94,13 @@ from msgsafe.compat._kafka_report import (
     record_headers,
 )
 from msgsafe.endpoints import parse_url
-from msgsafe.errors import ConfigurationError, MsgsafeError, TransientError, UnsafeDestination
+from msgsafe.errors import (
+    ConfigurationError,
+    MsgsafeError,
+    OutboxLocked,
+    TransientError,
+    UnsafeDestination,
+)
 from msgsafe.message import MESSAGE_ID_HEADER, new_message_id
 from msgsafe.producer import Producer as _SafeProducer
 
@@ -127,14 +136,107 @@ _CLOSED = "Producer has been closed"
 def _close_quietly(
     producer: _SafeProducer | None, direct: DirectPath | None, timeout: float
 ) -> None:
-    # At interpreter exit or garbage collection: sends in flight get their chance to be
-    # confirmed or stored; what is stored stays in the outbox for the next run.
+    # Sends in flight get ``timeout`` to be confirmed, then are stored; what is stored
+    # stays in the outbox for the next run. librdkafka's handles and the threads are
+    # released here.
     if direct is not None:
         with contextlib.suppress(Exception):
             direct.close(timeout)
     if producer is not None:
         with contextlib.suppress(MsgsafeError):
             producer.close(timeout)
+
+
+def _release(producer: _SafeProducer | None, direct: DirectPath | None, timeout: float) -> None:
+    """The finalizer of a producer nobody closed: what it holds goes to be confirmed or
+    stored, and its threads and librdkafka handles are released, as the real client
+    frees a dropped producer at once (confluent-kafka's tests drop hundreds; each
+    handle takes one of the process's ~1,000 thread-local keys).
+
+    NOTE: it runs wherever the last reference went, or wherever the garbage collector
+    ran: maybe inside a callback served by this very producer's rk, or on one of its own
+    threads, which cannot be joined from themselves. So the closing is handed to
+    :class:`_Releases`' threads, which hold nothing of it. While the interpreter exits
+    (the main thread has stopped: a thread started now might never finish) it closes
+    here, with the full ``timeout``, as :meth:`Producer.close` would."""
+    if not threading.main_thread().is_alive() or not _RELEASES.hand(producer, direct):
+        _close_quietly(producer, direct, timeout)
+
+
+class _Releases:
+    """Closes dropped producers on a few threads of its own (at most ``workers``, started
+    when a producer is dropped and ended once idle), so that any number of drops keeps
+    the process's thread count bounded.
+
+    A dropped producer's messages in flight get ``grace`` seconds from the drop to be
+    confirmed (librdkafka goes on sending them meanwhile), then are stored: the graces
+    of producers dropped together run at the same time, not one after another, so the
+    closing keeps up with producers dropped in a loop while the brokers refuse.
+
+    After each run of closings the garbage is collected: msgsafe's producer and the
+    lanes hold their librdkafka clients in reference cycles, which Python's collector
+    would otherwise free only at some later full collection; until then every client
+    keeps its threads and its thread-local key. The threads are not daemons: an exiting
+    interpreter waits for the closings handed over."""
+
+    def __init__(self, workers: int, grace: float) -> None:
+        self._workers = workers
+        self._grace = grace
+        # NOTE: reentrant: a collection inside hand() (it allocates) may run another
+        # dropped producer's finalizer on the same thread.
+        self._lock = threading.RLock()
+        self._idle = threading.Condition(self._lock)
+        #: (producer, its lane, monotonic() when its grace ends), in drop order.
+        self._queue: deque[tuple[_SafeProducer | None, DirectPath | None, float]] = deque()
+        self._running = 0
+
+    def hand(self, producer: _SafeProducer | None, direct: DirectPath | None) -> bool:
+        """Queue the closing of a dropped producer; False if no thread can take it."""
+        with self._lock:
+            self._queue.append((producer, direct, time.monotonic() + self._grace))
+            if self._running >= min(self._workers, len(self._queue)):
+                return True
+            self._running += 1
+            try:
+                threading.Thread(
+                    target=self._work, name="msgsafe-compat-release", daemon=False
+                ).start()
+            except RuntimeError:  # interpreter shutdown: no new thread
+                self._running -= 1
+                self._queue.pop()
+                return False
+        return True
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for every closing handed over to be done;
+        False if some still run."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout)
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._running -= 1
+                    self._idle.notify_all()
+                    return
+                producer, direct, until = self._queue.popleft()
+            _close_quietly(producer, direct, max(0.0, until - time.monotonic()))
+            del producer, direct  # this frame's references: the cycles become garbage
+            if not self._queue:
+                gc.collect()
+
+
+#: Seconds from the drop a dropped producer's messages in flight get to be confirmed
+#: before they are stored (a closed one's get close()'s timeout). Brokers that answer
+#: confirm within milliseconds; longer would keep more dropped producers' threads alive
+#: at a time (producers dropped in a loop come by the dozen a second), and a message
+#: stored after all may have been written: forwarded, it is a duplicate of a known id.
+_DROPPED_GRACE_S = 0.1
+#: Where dropped producers are closed (see _release).
+_RELEASES = _Releases(workers=4, grace=_DROPPED_GRACE_S)
+#: Seconds a new producer waits for the closing of dropped ones to free its outbox file.
+_RELEASE_WAIT_S = 30.0
 
 
 class Producer(ClosesOnExit, SafeReports):
@@ -187,9 +289,19 @@ class Producer(ClosesOnExit, SafeReports):
             producer = None
             if target:
                 options = options_for(parse_url(target).protocol, translated.options)
-                producer = _SafeProducer(
-                    target, outbox=translated.outbox, require=translated.require, **options
-                )
+                try:
+                    producer = _SafeProducer(
+                        target, outbox=translated.outbox, require=translated.require, **options
+                    )
+                except OutboxLocked:
+                    # NOTE: a dropped producer on the same outbox file may be closing it on
+                    # a release thread this moment (the file is shared by the producers of
+                    # a process, and free again once its last user closed it).
+                    if not _RELEASES.wait_idle(_RELEASE_WAIT_S):
+                        raise
+                    producer = _SafeProducer(
+                        target, outbox=translated.outbox, require=translated.require, **options
+                    )
         except ConfigurationError as exc:
             raise KafkaException(kafka_error(exc)) from exc
         SafeReports.__init__(self, translated, producer)
@@ -230,7 +342,7 @@ class Producer(ClosesOnExit, SafeReports):
         self._admin: Any = None
         self._warned: set[str] = set()
         self._finalizer = weakref.finalize(
-            self, _close_quietly, producer, self._direct, self._confirm_timeout
+            self, _release, producer, self._direct, self._confirm_timeout
         )
 
     # --- producing ----------------------------------------------------------------------
