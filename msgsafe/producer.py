@@ -297,20 +297,9 @@ class Producer:
                 self._hurry(future, self._send_timeout)
             return future.result(self._send_timeout)
         except FutureTimeout:
-            if type(future) is Send and future.held:
-                # On its way into the outbox (queued, or a put in flight): it may yet
-                # be stored, and then forwarded. Not "not stored".
-                raise StoreOutcomeUnknown(
-                    f"not stored within send_timeout={self._send_timeout}s",
-                    destination=envelope.destination,
-                    endpoint=repr(self._store),
-                    message_id=envelope.message_id,
-                ) from None
-            raise SendTimeout(
-                f"not confirmed or stored within send_timeout={self._send_timeout}s",
-                endpoint=self._url.redacted(),
-                message_id=envelope.message_id,
-            ) from None
+            # On its way into the outbox (queued, or a put in flight), it may yet be
+            # stored and forwarded: not "not stored".
+            raise self.timed_out(future, envelope) from None
         finally:
             if ended is not None:
                 # The span's end, here once the caller is awake, not on the I/O thread
@@ -367,12 +356,30 @@ class Producer:
         )
         return self._tracked(envelope, transaction)[0]
 
-    def send_envelope(self, envelope: Envelope) -> Future[Receipt]:
+    def send_envelope(self, envelope: Envelope, *, check_id: bool = False) -> Future[Receipt]:
         """Send a prepared :class:`~msgsafe.message.Envelope` (its id kept): the hook for
         wrappers and sinks that derive ids themselves. Their ids say which messages are
         the same (the Spark sink's ``id_cols``): the producer's check of reused ids
-        (see :meth:`send`) is left to them."""
-        return self._tracked(envelope, None, checked=False)[0]
+        (see :meth:`send`) is left to them unless ``check_id``."""
+        return self._tracked(envelope, None, checked=check_id)[0]
+
+    def timed_out(self, future: Future[Receipt], envelope: Envelope) -> MsgsafeError:
+        """The error of a wait for ``future`` (``envelope``'s receipt) that ended at
+        ``send_timeout``: :class:`~msgsafe.errors.StoreOutcomeUnknown` naming the outbox
+        when the message was on its way into it (it may yet be stored), otherwise
+        :class:`~msgsafe.errors.SendTimeout`."""
+        if type(future) is Send and future.held:
+            return StoreOutcomeUnknown(
+                f"the outbox did not answer within send_timeout={self._send_timeout}s",
+                destination=envelope.destination,
+                endpoint=repr(self._store),
+                message_id=envelope.message_id,
+            )
+        return SendTimeout(
+            f"not confirmed or stored within send_timeout={self._send_timeout}s",
+            endpoint=self._url.redacted(),
+            message_id=envelope.message_id,
+        )
 
     def send_batch(
         self,
