@@ -47,7 +47,13 @@ from msgsafe.errors import (
 )
 from msgsafe.message import Envelope
 from msgsafe.outbox._pg_commit import PutAttempt, Watchdog, outcome, server_identity
-from msgsafe.outbox._pg_errors import READ_ONLY_LOGIN, is_auth_failure, is_read_only, store_error
+from msgsafe.outbox._pg_errors import (
+    READ_ONLY_LOGIN,
+    first_cause,
+    is_auth_failure,
+    is_read_only,
+    store_error,
+)
 from msgsafe.outbox._pg_leases import Listener, claim_sql, keys_sql, lock_sql
 from msgsafe.outbox._pg_url import parse_store_url, redact_conninfo
 from msgsafe.outbox._rows import (
@@ -262,9 +268,10 @@ class PostgresOutbox:
                 return True
         return False
 
-    @staticmethod
-    def _full(exc: pg_errors.DiskFull) -> OutboxFull:
-        return OutboxFull(f"the PostgreSQL outbox is out of disk: {exc}")
+    def _full(self, exc: pg_errors.DiskFull) -> OutboxFull:
+        return OutboxFull(
+            f"the PostgreSQL outbox is out of disk: {first_cause(exc)}", endpoint=self.redacted
+        )
 
     def _connect(self) -> psycopg.Connection[Any]:
         conn = psycopg.connect(self._conninfo, autocommit=True)
