@@ -19,8 +19,12 @@ ids make idempotent (:mod:`msgsafe.outbox._pg_commit`); a connection lost before
 is retried on a new one (libpq's host list finds the primary after a fail-over) until
 ``write_timeout``. So are the questions a send asks on its way (``has_key``, the row
 count of ``max_rows``, ``pending``, ``stats``): a fail-over makes a send wait, not
-fail. :meth:`PostgresOutbox.from_url` opens a store from a
-``postgresql://`` URL (:mod:`msgsafe.outbox._pg_url`).
+fail. A put still unanswered at ``write_timeout`` (a COMMIT waiting for a synchronous
+standby) is cut and raises :class:`~msgsafe.errors.StoreOutcomeUnknown`: retry with the
+same ids — the insert is idempotent on them, and refuses an id stored as another
+message. Errors are one line naming the first cause (:mod:`msgsafe.outbox._pg_errors`).
+:meth:`PostgresOutbox.from_url` opens a store from a ``postgresql://`` URL
+(:mod:`msgsafe.outbox._pg_url`).
 """
 
 from __future__ import annotations
@@ -97,7 +101,9 @@ class PostgresOutbox:
     claim's lease: a key a dead forwarder held is taken over after at most that long.
     ``max_keys``: keys one claim takes at most (forwarders share the rest).
     ``write_timeout``: how long a put, or a question a send asks (``has_key``), keeps
-    trying a new connection (a fail-over) before it raises. Thread-safe.
+    trying a new connection (a fail-over) before it raises; a put that has not answered
+    by then (a COMMIT waiting for a synchronous standby) is cut and raises
+    :class:`~msgsafe.errors.StoreOutcomeUnknown`. Thread-safe.
     """
 
     def __init__(
