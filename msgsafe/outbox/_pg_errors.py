@@ -29,6 +29,7 @@ READ_ONLY_LOGIN = (
 
 _SERVER_AT = re.compile(r'^connection to server at "([^"]*)"(?: \([^)]*\))?, port (\d+) failed: ')
 _SOCKET_AT = re.compile(r'^connection to server on socket "([^"]*)" failed: ')
+_AT = re.compile(r"^(.*) \(at ([^)]*)\)$")
 _ATTEMPT = re.compile(r"^- host: .*?: (?=connection failed: )")
 _PREFIXES = ("connection failed: ", "FATAL:  ", "FATAL: ", "ERROR:  ", "ERROR: ")
 #: SQLSTATEs of a refused login: invalid_password, invalid_authorization_specification.
@@ -75,6 +76,18 @@ def _attempts(exc: BaseException) -> list[str]:
     return causes
 
 
+def _grouped(causes: list[str]) -> list[str]:
+    """The same cause on several hosts said once, naming them all."""
+    places: dict[str, list[str]] = {}
+    for cause in causes:
+        m = _AT.match(cause)
+        text, where = (m.group(1), m.group(2)) if m else (cause, "")
+        places.setdefault(text, []).append(where)
+    return [
+        f"{text} (at {', '.join(where)})" if any(where) else text for text, where in places.items()
+    ]
+
+
 def _sqlstate(exc: BaseException) -> str | None:
     state = getattr(exc, "sqlstate", None)
     return state if isinstance(state, str) else None
@@ -105,7 +118,7 @@ def first_cause(exc: BaseException) -> str:
     primary = getattr(diag, "message_primary", None) if diag is not None else None
     if isinstance(primary, str) and primary:
         return redact_conninfo(primary.splitlines()[0])
-    attempts = _attempts(exc)
+    attempts = _grouped(_attempts(exc))
     if len(attempts) > 1:
         # Several hosts: the telling causes first (a refused login before a refused port).
         attempts.sort(key=lambda c: not any(t in c for t in _TELLING[:3]))

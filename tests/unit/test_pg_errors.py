@@ -46,7 +46,7 @@ def _attempts(*causes: tuple[int, str]) -> Exception:
         ),
         (
             _attempts((5433, "session is read-only"), (5434, "session is read-only")),
-            "session is read-only (at 127.0.0.1:5433); session is read-only (at 127.0.0.1:5434)",
+            "session is read-only (at 127.0.0.1:5433, 127.0.0.1:5434)",
         ),
     ],
 )
