@@ -72,7 +72,7 @@ class StoreItem(Protocol):
     @property
     def envelope(self) -> Envelope: ...
 
-    def stored(self, error: OutboxError | None) -> int:
+    def stored(self, error: MsgsafeError | None) -> int:
         """Settle with the writer's outcome; returns how many flush() units finished."""
         ...
 
@@ -99,7 +99,8 @@ class Send(LightFuture[Receipt]):
         self.envelope = envelope
         #: The send's place among the producer's sends (set by the producer).
         self.ticket = 0
-        #: Queued for the outbox without a transport attempt (set by the producer).
+        #: Bound for the outbox: queued there without a transport attempt (set by the
+        #: producer), or after the transport failed (set by the settlement).
         self.held = False
 
     def send_order(self) -> tuple[int, int]:
@@ -119,7 +120,7 @@ class Send(LightFuture[Receipt]):
         # The same report from a transport that only returns futures.
         self.owner.published(self, future.exception())
 
-    def stored(self, error: OutboxError | None) -> int:
+    def stored(self, error: MsgsafeError | None) -> int:
         """The outbox writer's outcome for this message (see :class:`StoreItem`)."""
         env = self.envelope
         if error is None:
@@ -191,7 +192,7 @@ class BatchSend(LightFuture[BatchReceipt]):
 
     # --- from the producer ---------------------------------------------------------------
 
-    def stored(self, index: int, error: OutboxError | None) -> None:
+    def stored(self, index: int, error: MsgsafeError | None) -> None:
         """The outbox writer committed message ``index`` (or could not: ``error``)."""
         if error is not None:
             self._fail(index, error)
@@ -288,7 +289,7 @@ class BatchPart:
         self.index = index
         self.envelope: Envelope = send.batch.envelope(index)
 
-    def stored(self, error: OutboxError | None) -> int:
+    def stored(self, error: MsgsafeError | None) -> int:
         """Settle it with the writer's outcome; returns 0 (the batch counts itself)."""
         self.send.stored(self.index, error)
         return 0

@@ -50,7 +50,13 @@ from concurrent.futures import Future
 from functools import partial
 
 from msgsafe._receipts import BatchPart, BatchSend, Send, StoreItem
-from msgsafe.errors import ClosedError, MsgsafeError, OutboxError, TransientError
+from msgsafe.errors import (
+    ClosedError,
+    MessageIdReused,
+    MsgsafeError,
+    OutboxError,
+    TransientError,
+)
 from msgsafe.message import Batch, Guarantee, Receipt, Status, new_receipt
 from msgsafe.ports import LANE_DIRECT, LANE_SAFE, Lane, OutboxStore
 from msgsafe.telemetry.stats import OutcomeCounts, count_value
@@ -254,16 +260,27 @@ class Settlement:
                 break
             batch.append(nxt)
         self._last_round = len(batch)
-        error: OutboxError | None = None
+        self._put(store, batch)
+
+    def _put(self, store: OutboxStore, batch: list[StoreItem]) -> None:
+        """One put of ``batch``, settled. An id of it stored as another message fails
+        that message alone: the others are put again, one by one."""
+        error: MsgsafeError | None = None
         try:
             store.put([item.envelope for item in batch])
+        except MessageIdReused as exc:
+            if len(batch) > 1:
+                for item in batch:
+                    self._put(store, [item])
+                return
+            error = exc
         except Exception as exc:  # the writer thread must never die
             error = OutboxError.of(exc)
         self._settle_stored(batch, error)
         if error is None and self._wake_forwarder is not None:
             self._wake_forwarder()
 
-    def _settle_stored(self, batch: list[StoreItem], error: OutboxError | None) -> None:
+    def _settle_stored(self, batch: list[StoreItem], error: MsgsafeError | None) -> None:
         """Resolve a batch the writer stored (or failed to): one lock for the whole
         batch's key barrier, one for the flush() count, none held while looping over
         unkeyed messages (senders would wait on it)."""
@@ -533,6 +550,8 @@ class Settlement:
         """After a transient failure: pause sending, hold the item's key behind the
         barrier, and queue the item for the outbox writer."""
         self.pause()
+        if type(item) is Send:
+            item.held = True  # bound for the outbox now (what send()'s timeout reports)
         key = item.envelope.key
         if key is not None:
             with self._lock:
@@ -585,6 +604,7 @@ class Settlement:
                 self.to_outbox(send)
                 return
             self.pause()
+            send.held = True  # bound for the outbox now (what send()'s timeout reports)
             self.left_transport(key, detour=send)
             return
         if isinstance(error, MsgsafeError):

@@ -81,15 +81,11 @@ class AsyncProducer:
             destination, body, key=key, headers=headers, message_id=message_id
         )
         await self._checked(destination)
-        future = self._producer.send_envelope(envelope)
+        future = self._producer.send_envelope(envelope, check_id=True)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), self._send_timeout)
         except TimeoutError:
-            raise SendTimeout(
-                f"not confirmed or stored within send_timeout={self._send_timeout}s",
-                endpoint=self._producer.target,
-                message_id=envelope.message_id,
-            ) from None
+            raise self._producer.timed_out(future, envelope) from None
 
     async def send_batch(
         self,

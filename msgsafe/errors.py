@@ -30,6 +30,7 @@ __all__ = [
     "ConnectionLost",
     "InvalidDestination",
     "InvalidMessage",
+    "MessageIdReused",
     "MessageTooLarge",
     "MissingExtra",
     "MsgsafeError",
@@ -38,11 +39,14 @@ __all__ = [
     "OutboxFull",
     "OutboxGone",
     "OutboxLocked",
+    "OutboxLoginReadOnly",
+    "OutboxLoginRefused",
     "PermanentError",
     "ProtocolMismatch",
     "Refused",
     "Rejected",
     "SendTimeout",
+    "StoreOutcomeUnknown",
     "TransientError",
     "Unroutable",
     "UnsafeDestination",
@@ -216,6 +220,10 @@ class InvalidDestination(InvalidMessage, ConfigurationError):
     a :class:`ConfigurationError`, which receivers raise for such a name."""
 
 
+class MessageIdReused(InvalidMessage):
+    """The id was used for a different message: reuse an id only to resend the same one."""
+
+
 class MessageTooLarge(PermanentError):
     """The message is larger than the broker or the configuration allows."""
 
@@ -320,6 +328,59 @@ class OutboxGone(OutboxError):
 
     def _extra(self) -> dict[str, object]:
         return {"path": self.path, "at_risk": self.at_risk}
+
+
+class OutboxLoginRefused(OutboxError, AuthenticationError):
+    """The outbox's database refused the login (wrong user or password): nothing was stored."""
+
+
+class OutboxLoginReadOnly(OutboxError, PermanentError):
+    """The outbox's login can only read (default_transaction_read_only=on): nothing stored."""
+
+
+class StoreOutcomeUnknown(OutboxError, TransientError):
+    """The store did not say whether it committed the message: retry with the same message_id."""
+
+    #: The message may be stored, and then will be forwarded.
+    maybe_delivered = True
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        destination: str | None = None,
+        destinations: Mapping[str, str] | None = None,
+        endpoint: str | None = None,
+        message_id: str | None = None,
+    ) -> None:
+        super().__init__(message, endpoint=endpoint, message_id=message_id)
+        self.destination = destination
+        #: Each message's destination by id, for a put of several (see :meth:`with_id`).
+        self.destinations: dict[str, str] = dict(destinations or {})
+
+    def _extra(self) -> dict[str, object]:
+        return {"destination": self.destination, "destinations": self.destinations}
+
+    def with_id(self, message_id: str | None) -> Self:
+        """A copy naming ``message_id`` and, when this error knew it, its destination."""
+        err = super().with_id(message_id)
+        if message_id is not None and message_id in self.destinations:
+            err.destination = self.destinations[message_id]
+            err.destinations = {}
+        return err
+
+    def __str__(self) -> str:
+        retry = (
+            f"retry with message_id={self.message_id}"
+            if self.message_id
+            else "retry each message with its message_id"
+        )
+        parts = [f"{self.message}: may have been stored; {retry}" if self.message else retry]
+        if self.destination:
+            parts.append(f"destination={self.destination}")
+        if self.endpoint:
+            parts.append(f"endpoint={self.endpoint}")
+        return " | ".join(parts)
 
 
 # --- lifecycle ---------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import Any, Self, cast
 
 from msgsafe._receipts import BatchPart, BatchSend, OneOfBatch, Send, SubsetReport
+from msgsafe._recent_ids import RecentIds
 from msgsafe._settlement import Route, Settlement
 from msgsafe.adapters import destination_check, open_transport
 from msgsafe.checks import inspector_for
@@ -37,6 +38,7 @@ from msgsafe.errors import (
     InvalidMessage,
     MsgsafeError,
     SendTimeout,
+    StoreOutcomeUnknown,
     TransientError,
     UnsafeDestination,
 )
@@ -202,6 +204,9 @@ class Producer:
         self._lane_retry_at = 0.0
         #: One single send accepted, for stats() (a C call).
         self._count_sent = self._telemetry.count_sent
+        #: Remembers what each recent id named: an id reused for another message is
+        #: refused (msgsafe._recent_ids).
+        self._remember = RecentIds().remember
         try:
             self._store = open_store(outbox, self._url, options)
             self._settle = Settlement(self._store, self._telemetry.outcomes)
@@ -268,9 +273,18 @@ class Producer:
         :class:`~msgsafe.errors.PermanentError` when the broker refuses it for good,
         :class:`~msgsafe.errors.TransientError` when it could not be confirmed and there
         is no outbox, :class:`~msgsafe.errors.OutboxFull` when the outbox is at a bound,
-        and :class:`~msgsafe.errors.SendTimeout` after ``send_timeout`` seconds. In every
-        error case the caller still owns the message (resend it with the same
-        ``message_id`` to stay deduplicable).
+        and :class:`~msgsafe.errors.SendTimeout` after ``send_timeout`` seconds. In these
+        cases the caller still owns the message (resend it with the same ``message_id``
+        to stay deduplicable). One error says the message *may* be safe:
+        :class:`~msgsafe.errors.StoreOutcomeUnknown` — the outbox did not say whether
+        it stored it (a commit that did not answer within the store's
+        ``write_timeout``, or ``send_timeout`` passed while it was on its way there);
+        resend with its ``message_id``, which the outbox stores once.
+
+        ``message_id`` reused for a different message (another destination, key or
+        body) within the producer's recent sends (:data:`msgsafe._recent_ids.WINDOW`
+        at least) raises :class:`~msgsafe.errors.MessageIdReused` before anything is
+        sent; so does the outbox's put while the first one waits there.
 
         ``transaction``: a PostgreSQL connection whose open transaction the message
         joins (the transactional outbox; needs a ``PostgresOutbox``); it is published
@@ -295,11 +309,9 @@ class Producer:
                 self._hurry(future, self._send_timeout)
             return future.result(self._send_timeout)
         except FutureTimeout:
-            raise SendTimeout(
-                f"not confirmed or stored within send_timeout={self._send_timeout}s",
-                endpoint=self._url.redacted(),
-                message_id=envelope.message_id,
-            ) from None
+            # On its way into the outbox (queued, or a put in flight), it may yet be
+            # stored and forwarded: not "not stored".
+            raise self.timed_out(future, envelope) from None
         finally:
             if ended is not None:
                 # The span's end, here once the caller is awake, not on the I/O thread
@@ -345,7 +357,9 @@ class Producer:
                 if type(key) is str and key.isascii():
                     key = key.encode()
                 if key is None or (type(key) is bytes and not self._has_key(key)):
-                    future = lane.send(destination, body, key, None, new_message_id(), now)
+                    fresh = new_message_id()
+                    self._remember(fresh, destination, key, body)
+                    future = lane.send(destination, body, key, None, fresh, now)
                     if future is not None:
                         self._count_sent()
                         return future
@@ -354,10 +368,30 @@ class Producer:
         )
         return self._tracked(envelope, transaction)[0]
 
-    def send_envelope(self, envelope: Envelope) -> Future[Receipt]:
+    def send_envelope(self, envelope: Envelope, *, check_id: bool = False) -> Future[Receipt]:
         """Send a prepared :class:`~msgsafe.message.Envelope` (its id kept): the hook for
-        wrappers and sinks that derive ids themselves."""
-        return self._tracked(envelope, None)[0]
+        wrappers and sinks that derive ids themselves. Their ids say which messages are
+        the same (the Spark sink's ``id_cols``): the producer's check of reused ids
+        (see :meth:`send`) is left to them unless ``check_id``."""
+        return self._tracked(envelope, None, checked=check_id)[0]
+
+    def timed_out(self, future: Future[Receipt], envelope: Envelope) -> MsgsafeError:
+        """The error of a wait for ``future`` (``envelope``'s receipt) that ended at
+        ``send_timeout``: :class:`~msgsafe.errors.StoreOutcomeUnknown` naming the outbox
+        when the message was on its way into it (it may yet be stored), otherwise
+        :class:`~msgsafe.errors.SendTimeout`."""
+        if type(future) is Send and future.held:
+            return StoreOutcomeUnknown(
+                f"the outbox did not answer within send_timeout={self._send_timeout}s",
+                destination=envelope.destination,
+                endpoint=repr(self._store),
+                message_id=envelope.message_id,
+            )
+        return SendTimeout(
+            f"not confirmed or stored within send_timeout={self._send_timeout}s",
+            endpoint=self._url.redacted(),
+            message_id=envelope.message_id,
+        )
 
     def send_batch(
         self,
@@ -511,17 +545,26 @@ class Producer:
                 )
 
     def _tracked(
-        self, envelope: Envelope, transaction: Any, *, waited: bool = False
+        self,
+        envelope: Envelope,
+        transaction: Any,
+        *,
+        waited: bool = False,
+        checked: bool = True,
     ) -> tuple[Future[Receipt], Callable[[Future[Receipt]], None] | None]:
         """Submit ``envelope`` with its telemetry. With ``waited`` (a blocking send) and
         OpenTelemetry on, also what ends its span: the caller hands it to the future
-        once it stops waiting (see :meth:`ProducerTelemetry.track`)."""
+        once it stops waiting (see :meth:`ProducerTelemetry.track`). ``checked``: its
+        id is refused when it named another message recently (msgsafe._recent_ids)."""
         if envelope.tombstone and not self._tombstones:
             raise InvalidMessage(
                 f"{self._url.protocol} messages have no null body: a tombstone"
                 " (body=None) is for Kafka only; send b'' for an empty message",
                 message_id=envelope.message_id,
             )
+        if checked:
+            body = None if envelope.tombstone else envelope.body
+            self._remember(envelope.message_id, envelope.destination, envelope.key, body)
         due = self._admitted.get(envelope.destination)
         if due is None or due < time.monotonic():
             self._admit(envelope.destination, envelope.message_id, transaction)

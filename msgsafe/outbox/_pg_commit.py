@@ -18,16 +18,27 @@ connection:
   forwarded and deleted in between would be stored twice — a duplicate of a known id.
 
 ``send()`` reports ``STORED`` only after ``committed`` or a put that committed again.
+
+A COMMIT may also never answer: a synchronous standby that does not acknowledge keeps
+the primary's backend waiting. :class:`Watchdog` shuts the connection's socket at the
+put's deadline (``write_timeout``), so the client stops waiting; the server keeps the
+transaction's fate (it commits once the standby answers, or aborts with the backend),
+and the put reports that it does not know
+(:class:`~msgsafe.errors.StoreOutcomeUnknown`).
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from types import TracebackType
+from typing import Any, Literal, Self
 
-__all__ = ["Outcome", "PutAttempt", "outcome", "server_identity"]
+__all__ = ["Outcome", "PutAttempt", "Watchdog", "outcome", "server_identity"]
 
 Outcome = Literal["committed", "aborted", "unknown"]
 ServerIdentity = tuple[str, int, str]
@@ -89,3 +100,42 @@ def outcome(
     finally:
         if conn is not None:
             conn.close()
+
+
+class Watchdog:
+    """Shuts the socket ``fd`` (both ways) at ``deadline`` (``time.monotonic()``) unless
+    the ``with`` block ended first: whatever waits on it then fails at once. ``fired``
+    says whether it did. Shutting (not closing) leaves the descriptor to its owner."""
+
+    def __init__(self, fd: int, deadline: float) -> None:
+        self._fd = fd
+        self._lock = threading.Lock()
+        self._over = False
+        self.fired = False
+        self._timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._fire)
+        self._timer.daemon = True
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._over:
+                return
+            self.fired = True
+            try:
+                with socket.socket(fileno=os.dup(self._fd)) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed: nothing waits on it
+                pass
+
+    def __enter__(self) -> Self:
+        self._timer.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        with self._lock:
+            self._over = True
+        self._timer.cancel()

@@ -19,8 +19,12 @@ ids make idempotent (:mod:`msgsafe.outbox._pg_commit`); a connection lost before
 is retried on a new one (libpq's host list finds the primary after a fail-over) until
 ``write_timeout``. So are the questions a send asks on its way (``has_key``, the row
 count of ``max_rows``, ``pending``, ``stats``): a fail-over makes a send wait, not
-fail. :meth:`PostgresOutbox.from_url` opens a store from a
-``postgresql://`` URL (:mod:`msgsafe.outbox._pg_url`).
+fail. A put still unanswered at ``write_timeout`` (a COMMIT waiting for a synchronous
+standby) is cut and raises :class:`~msgsafe.errors.StoreOutcomeUnknown`: retry with the
+same ids — the insert is idempotent on them, and refuses an id stored as another
+message. Errors are one line naming the first cause (:mod:`msgsafe.outbox._pg_errors`).
+:meth:`PostgresOutbox.from_url` opens a store from a ``postgresql://`` URL
+(:mod:`msgsafe.outbox._pg_url`).
 """
 
 from __future__ import annotations
@@ -38,12 +42,22 @@ from typing import Any, Literal, TypeVar
 from msgsafe.errors import (
     ClosedError,
     ConfigurationError,
+    MessageIdReused,
     MissingExtra,
     OutboxError,
     OutboxFull,
+    OutboxLoginReadOnly,
+    StoreOutcomeUnknown,
 )
 from msgsafe.message import Envelope
-from msgsafe.outbox._pg_commit import PutAttempt, outcome, server_identity
+from msgsafe.outbox._pg_commit import PutAttempt, Watchdog, outcome, server_identity
+from msgsafe.outbox._pg_errors import (
+    READ_ONLY_LOGIN,
+    first_cause,
+    is_auth_failure,
+    is_read_only,
+    store_error,
+)
 from msgsafe.outbox._pg_leases import Listener, claim_sql, keys_sql, lock_sql
 from msgsafe.outbox._pg_url import parse_store_url, redact_conninfo
 from msgsafe.outbox._rows import (
@@ -87,7 +101,9 @@ class PostgresOutbox:
     claim's lease: a key a dead forwarder held is taken over after at most that long.
     ``max_keys``: keys one claim takes at most (forwarders share the rest).
     ``write_timeout``: how long a put, or a question a send asks (``has_key``), keeps
-    trying a new connection (a fail-over) before it raises. Thread-safe.
+    trying a new connection (a fail-over) before it raises; a put that has not answered
+    by then (a COMMIT waiting for a synchronous standby) is cut and raises
+    :class:`~msgsafe.errors.StoreOutcomeUnknown`. Thread-safe.
     """
 
     def __init__(
@@ -130,6 +146,13 @@ class PostgresOutbox:
         self._sql = {
             "insert": f"INSERT INTO {t} ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
             " ON CONFLICT (id) DO NOTHING",
+            "insert_returning": f"INSERT INTO {t} ({_COLUMNS})"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING RETURNING id",
+            # The ids among %s whose stored row is another message than the one put.
+            "reused": f"SELECT o.id FROM {t} AS o JOIN unnest(%s::text[], %s::text[],"
+            " %s::bytea[], %s::bytea[]) AS n(id, destination, key, body) ON o.id = n.id"
+            " WHERE o.destination <> n.destination OR o.key IS DISTINCT FROM n.key"
+            " OR o.body <> n.body",
             "delivered": f"DELETE FROM {t} WHERE id = ANY(%s)",
             "retry": f"UPDATE {t} SET ready_at = %s, last_error = %s WHERE id = %s",
             "quarantine": f"""
@@ -214,11 +237,47 @@ class PostgresOutbox:
         return self._conn
 
     def _failed(self, exc: psycopg.Error) -> OutboxError:
-        return OutboxError(f"PostgreSQL outbox {self._table}: {type(exc).__name__}: {exc}")
+        """``exc`` as one short line naming its first cause (see
+        :mod:`msgsafe.outbox._pg_errors`); a read-only login says so."""
+        if is_read_only(exc) and self._login_read_only():
+            return OutboxLoginReadOnly(READ_ONLY_LOGIN, endpoint=self.redacted)
+        return store_error(exc, self.redacted)
 
-    @staticmethod
-    def _full(exc: pg_errors.DiskFull) -> OutboxFull:
-        return OutboxFull(f"the PostgreSQL outbox is out of disk: {exc}")
+    def _permanent(self, exc: psycopg.Error) -> bool:
+        """True when no new connection can help: the login is refused or read-only."""
+        return is_auth_failure(exc) or (is_read_only(exc) and self._login_read_only())
+
+    def _login_read_only(self) -> bool:
+        """True when a host of the conninfo is a primary (not in recovery) on which this
+        login's sessions are read-only: what libpq reports as "session is read-only",
+        like a standby's, when it looks for a host that takes writes."""
+        params = psycopg.conninfo.conninfo_to_dict(self._conninfo)
+        hosts = str(params.get("host") or "").split(",")
+        ports = str(params.get("port") or "").split(",")
+        for i, host in enumerate(hosts):
+            port = ports[i] if i < len(ports) else ports[-1]
+            try:
+                with psycopg.connect(
+                    self._conninfo,
+                    host=host or None,
+                    port=port or None,
+                    target_session_attrs="any",
+                    connect_timeout=5,
+                ) as conn:
+                    row = conn.execute(
+                        "SELECT pg_is_in_recovery(),"
+                        " current_setting('default_transaction_read_only')"
+                    ).fetchone()
+            except psycopg.Error:
+                continue
+            if row is not None and not row[0] and row[1] == "on":
+                return True
+        return False
+
+    def _full(self, exc: pg_errors.DiskFull) -> OutboxFull:
+        return OutboxFull(
+            f"the PostgreSQL outbox is out of disk: {first_cause(exc)}", endpoint=self.redacted
+        )
 
     def _connect(self) -> psycopg.Connection[Any]:
         conn = psycopg.connect(self._conninfo, autocommit=True)
@@ -245,23 +304,38 @@ class PostgresOutbox:
         deadline = time.monotonic() + self.write_timeout
         pause = 0.05
         while True:
+            # Another put or question may hold the connection for its own write_timeout.
+            if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                raise OutboxError(
+                    f"the PostgreSQL outbox was busy for write_timeout={self.write_timeout:g}s"
+                    f" (its {what} was not made)",
+                    endpoint=self.redacted,
+                )
             try:
-                with self._lock:
-                    if self._closed:
-                        raise ClosedError("the outbox is closed")
-                    answer = attempt(deadline, self._live())
+                if self._closed:
+                    raise ClosedError("the outbox is closed")
+                answer = attempt(deadline, self._live())
             except pg_errors.DiskFull as exc:
                 raise self._full(exc) from exc
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                # Lost before a COMMIT was sent: nothing committed, try a new connection.
-                if time.monotonic() >= deadline:
+                # Lost before a COMMIT was sent: nothing committed, try a new connection
+                # (unless no connection can help: a refused or read-only login).
+                if time.monotonic() >= deadline or self._permanent(exc):
                     raise self._failed(exc) from exc
                 log.info("outbox %s on %s retried: %s", what, self.redacted, exc)
                 answer = None
             except psycopg.Error as exc:
                 raise self._failed(exc) from exc
+            finally:
+                self._lock.release()
             if answer is not None:
                 return answer
+            if time.monotonic() >= deadline:
+                raise OutboxError(
+                    f"the PostgreSQL outbox found no primary within"
+                    f" write_timeout={self.write_timeout:g}s",
+                    endpoint=self.redacted,
+                )
             time.sleep(pause)  # the server is away (a fail-over): try again shortly
             pause = min(pause * 2, 1.0)
 
@@ -301,7 +375,11 @@ class PostgresOutbox:
             options.setdefault("lease_s", parsed.lease_s)
         if parsed.write_timeout_s is not None:
             options.setdefault("write_timeout", parsed.write_timeout_s)
-        store = cls(parsed.conninfo, table=parsed.table, target=target, **options)
+        try:
+            store = cls(parsed.conninfo, table=parsed.table, target=target, **options)
+        except OutboxError as exc:
+            exc.endpoint = parsed.redacted  # the URL as given, without its password
+            raise
         store.redacted = parsed.redacted
         return store
 
@@ -317,50 +395,128 @@ class PostgresOutbox:
     def put(self, envelopes: Sequence[Envelope]) -> None:
         """Store ``envelopes`` in one committed transaction (durable when this returns).
 
-        Returns only for a commit known to have happened; a connection lost before or
-        during COMMIT is handled as the module docstring says, for up to
-        ``write_timeout`` seconds; then :class:`~msgsafe.errors.OutboxError`."""
+        Idempotent on the message id: an id already stored with the same destination,
+        key and body is left as it is (a retry stores no second row); one stored with
+        another message raises :class:`~msgsafe.errors.MessageIdReused` and stores
+        nothing. Returns only for a commit known to have happened; a connection lost
+        before or during COMMIT is handled as the module docstring says, for up to
+        ``write_timeout`` seconds; then :class:`~msgsafe.errors.OutboxError` (nothing
+        stored), or :class:`~msgsafe.errors.StoreOutcomeUnknown` when the store did not
+        answer in time or a COMMIT's outcome stayed unknown (retry with the same ids)."""
         if not envelopes:
             return
         rows = [self._row(env) for env in envelopes]
         self._check_room(len(rows))
-        self._through_failover("put", lambda deadline, conn: self._put_once(conn, rows, deadline))
+        unknown: list[str] = []
+
+        def attempt(deadline: float, conn: psycopg.Connection[Any]) -> Literal[True] | None:
+            try:
+                return self._put_once(conn, rows, deadline)
+            except _Unanswered as exc:
+                raise self._unknown(envelopes, str(exc)) from exc.__cause__
+            except _Unknown as exc:
+                unknown.append(str(exc))
+                return None
+
+        try:
+            self._through_failover("put", attempt)
+        except OutboxError as exc:
+            if unknown and not isinstance(exc, StoreOutcomeUnknown):
+                raise self._unknown(envelopes, unknown[-1]) from exc
+            raise
         if self._counted is not None:
             self._counted = (self._counted[0] + len(rows), self._counted[1])
 
+    def _unknown(self, envelopes: Sequence[Envelope], why: str) -> StoreOutcomeUnknown:
+        """The error of a put whose outcome is not known, naming each message."""
+        one = envelopes[0] if len(envelopes) == 1 else None
+        return StoreOutcomeUnknown(
+            f"PostgreSQL outbox: {why}",
+            destination=None if one is None else one.destination,
+            destinations={env.message_id: env.destination for env in envelopes},
+            endpoint=self.redacted,
+            message_id=None if one is None else one.message_id,
+        )
+
     def _put_once(
         self, conn: psycopg.Connection[Any], rows: list[_ROW], deadline: float
-    ) -> Literal[True] | None:
-        """One attempt on ``conn`` under the lock: True once committed (known), None to
-        try again."""
+    ) -> Literal[True]:
+        """One attempt on ``conn`` under the lock: True once committed (known).
+
+        The attempt is cut at ``deadline`` (its connection shut: see
+        :class:`~msgsafe.outbox._pg_commit.Watchdog`) and raises :class:`_Unanswered`;
+        :class:`_Unknown` when a lost COMMIT's outcome could not be learnt (the rows are
+        put again, idempotent)."""
         server = self._server
-        # One round trip for BEGIN, the rows, the wake-up and the transaction's id, then
-        # COMMIT: what bare psycopg spends on the same rows and commit, less the BEGIN.
-        with conn.pipeline():
-            conn.execute("BEGIN")
-            with conn.cursor() as cur:
-                cur.executemany(self._sql["insert"], rows)
-            conn.execute(self._sql["notify"])
-            xid_cur = conn.execute(self._sql["xid"])
-        xid_row = xid_cur.fetchone()
-        assert xid_row is not None and server is not None
-        attempt = PutAttempt(str(xid_row[0]), server, conn.info.backend_pid)
-        try:
-            self._commit(conn)
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            conn.close()
-            self._conn = None
-            known = outcome(self._connect, attempt, deadline=deadline)
-            log.warning(
-                "outbox put on %s: the connection was lost during COMMIT (%s); the "
-                "transaction is %s%s",
-                self.redacted,
-                exc,
-                known,
-                "" if known == "committed" else ": the rows are put again (idempotent)",
+        with Watchdog(conn.pgconn.socket, deadline) as watchdog:
+            try:
+                # One round trip for BEGIN, the rows, the wake-up and the transaction's
+                # id, then COMMIT: what bare psycopg spends on the same rows and commit,
+                # less the BEGIN.
+                with conn.cursor() as cur:
+                    with conn.pipeline():
+                        conn.execute("BEGIN")
+                        cur.executemany(self._sql["insert_returning"], rows, returning=True)
+                        conn.execute(self._sql["notify"])
+                        xid_cur = conn.execute(self._sql["xid"])
+                    inserted = _returned_ids(cur)
+                xid_row = xid_cur.fetchone()
+                if len(inserted) < len(rows):
+                    self._refuse_reused(conn, rows, inserted)
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                if watchdog.fired:
+                    raise _Unanswered(
+                        f"no answer within write_timeout={self.write_timeout:g}s"
+                    ) from exc
+                raise
+            assert xid_row is not None and server is not None
+            attempt = PutAttempt(str(xid_row[0]), server, conn.info.backend_pid)
+            try:
+                self._commit(conn)
+                return True
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                lost: BaseException = exc
+                cut = watchdog.fired
+        conn.close()
+        self._conn = None
+        # Cut at the deadline: asked once more (a commit that just happened is known);
+        # lost otherwise: asked until the deadline.
+        known = outcome(self._connect, attempt, deadline=time.monotonic() if cut else deadline)
+        log.warning(
+            "outbox put on %s: %s during COMMIT (%s); the transaction is %s",
+            self.redacted,
+            "no answer within write_timeout" if cut else "the connection was lost",
+            lost,
+            known,
+        )
+        if known == "committed":
+            return True
+        if cut:
+            raise _Unanswered(
+                f"COMMIT did not return within write_timeout={self.write_timeout:g}s"
+            ) from lost
+        if known == "aborted":
+            raise _Unknown("the COMMIT was lost and the transaction aborted")
+        raise _Unknown("the connection was lost during COMMIT")
+
+    def _refuse_reused(
+        self, conn: psycopg.Connection[Any], rows: list[_ROW], inserted: set[str]
+    ) -> None:
+        """Some ids were stored already: :class:`MessageIdReused` (the transaction
+        rolled back) when any of them is stored as another message."""
+        kept = [r for r in rows if r[0] not in inserted]
+        columns = ([r[0] for r in kept], [r[2] for r in kept], [r[3] for r in kept])
+        found = conn.execute(self._sql["reused"], (*columns, [r[5] for r in kept])).fetchall()
+        if found:
+            conn.execute("ROLLBACK")
+            ids = sorted({str(r[0]) for r in found})
+            raise MessageIdReused(
+                f"message id {ids[0]} is stored in the outbox with another destination, key"
+                " or body: an id may be reused only to send the same message again"
+                + (f" ({len(ids)} ids)" if len(ids) > 1 else ""),
+                endpoint=self.redacted,
+                message_id=ids[0],
             )
-            return True if known == "committed" else None
-        return True
 
     def _commit(self, conn: psycopg.Connection[Any]) -> None:
         """Send COMMIT and wait for its answer (a seam for tests that lose it)."""
@@ -546,3 +702,22 @@ def _selection(ids: Sequence[str] | Literal["all"]) -> tuple[str, tuple[Any, ...
     if ids == "all":
         return "", ()
     return " WHERE id = ANY(%s)", (list(ids),)
+
+
+class _Unanswered(Exception):
+    """A put cut at its deadline: whether it committed is not known (never leaves the
+    module: it becomes :class:`~msgsafe.errors.StoreOutcomeUnknown`)."""
+
+
+class _Unknown(Exception):
+    """A COMMIT's outcome could not be learnt: the rows are put again (idempotent)."""
+
+
+def _returned_ids(cur: psycopg.Cursor[Any]) -> set[str]:
+    """The ids an ``executemany(..., returning=True)`` of inserts returned (the rows
+    inserted; a conflicting id returns nothing)."""
+    ids: set[str] = set()
+    while True:
+        ids.update(str(r[0]) for r in cur.fetchall())
+        if not cur.nextset():
+            return ids

@@ -66,3 +66,23 @@ def test_classification() -> None:
     for cls in (errors.OutboxFull, errors.OutboxCorrupt, errors.OutboxLocked, errors.OutboxGone):
         assert issubclass(cls, errors.OutboxError)
     assert issubclass(errors.UnsafeOutbox, errors.ConfigurationError)
+
+
+def test_store_outcome_unknown_says_it_may_be_stored_and_names_each_message() -> None:
+    err = errors.StoreOutcomeUnknown(
+        "COMMIT did not return within write_timeout=8s",
+        destinations={"id-1": "orders", "id-2": "audit"},
+        endpoint="postgresql://app@db1:5432/app?table=msgsafe_outbox",
+    )
+    assert isinstance(err, errors.OutboxError) and isinstance(err, errors.TransientError)
+    assert err.maybe_delivered
+    own = pickle.loads(pickle.dumps(err.with_id("id-2")))
+    assert (own.message_id, own.destination) == ("id-2", "audit")
+    text = str(own)
+    assert "may have been stored; retry with message_id=id-2" in text and "\n" not in text
+    assert "destination=audit" in text and "endpoint=postgresql://app@db1" in text
+    assert issubclass(errors.MessageIdReused, errors.InvalidMessage)
+    assert issubclass(errors.OutboxLoginRefused, errors.AuthenticationError)
+    assert issubclass(errors.OutboxLoginReadOnly, errors.PermanentError)
+    for cls in (errors.OutboxLoginRefused, errors.OutboxLoginReadOnly):
+        assert issubclass(cls, errors.OutboxError)
