@@ -48,10 +48,12 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtra("compat", "celery") from exc
 
 from msgsafe.adapters.rabbitmq import RabbitOptions
+from msgsafe.adapters.rabbitmq._declare import DECLARE_HEADER, Declaration, encode
 from msgsafe.compat._celery_direct import DirectTaskPublisher
 from msgsafe.compat._celery_message import (
     TaskMessage,
     broker_url,
+    declarations_of,
     encode_properties,
     kombu_message,
     task_id_of,
@@ -159,6 +161,8 @@ class CeleryPublisher:
         #: The forwarder's ``drained`` count when an outage began; None: no outage.
         self._outage_drained: int | None = None
         self._outage_polled = 0.0
+        #: kombu's declarations per ``declare=`` list (see _declarations).
+        self._declared_by: dict[tuple[Any, ...], str | None] = {}
 
     # --- the producer ----------------------------------------------------------------
 
@@ -227,7 +231,7 @@ class CeleryPublisher:
             body, exchange=exchange, routing_key=routing_key, headers=headers, options=options
         )
         producer = self.producer
-        envelope = envelope_of(message)
+        envelope = _envelope(message, self._declarations(declare))
         if self._in_outage(producer):
             return self._store(producer, envelope)
         if self._declares:
@@ -254,6 +258,25 @@ class CeleryPublisher:
             self._outage_drained = producer.stats().drained
             self._outage_polled = time.monotonic()
         return receipt
+
+    def _declarations(self, declare: Any) -> str | None:
+        """What kombu would declare for ``declare``, as the envelope's header (recorded
+        once per entity list); None: nothing."""
+        if not declare or not self._declares:
+            return None
+        try:
+            key = tuple(declare)
+            if key in self._declared_by:
+                return self._declared_by[key]
+        except TypeError:  # an entity that does not hash
+            key = None
+        made = declarations_of(declare)
+        found = encode(made) if made else None
+        if key is not None:
+            if len(self._declared_by) >= 256:
+                self._declared_by.clear()
+            self._declared_by[key] = found
+        return found
 
     @property
     def _forwarding(self) -> bool:
@@ -355,12 +378,22 @@ def _redacted(url: str) -> str:
     return f"{scheme}{sep}{rest}"
 
 
-def envelope_of(message: TaskMessage) -> Envelope:
-    """The envelope of one task message: its properties carried whole, its id the task id."""
+def envelope_of(message: TaskMessage, declarations: tuple[Declaration, ...] = ()) -> Envelope:
+    """The envelope of one task message: its properties carried whole, its id the task id,
+    and the ``declarations`` Celery makes when it publishes it (the queue, its exchange
+    and binding): whoever publishes the envelope, now or from the outbox later, declares
+    them first (:mod:`msgsafe.adapters.rabbitmq._declare`)."""
+    return _envelope(message, encode(declarations) if declarations else None)
+
+
+def _envelope(message: TaskMessage, declare_header: str | None) -> Envelope:
+    headers = {AMQP_PROPERTIES_HEADER: encode_properties(message.properties)}
+    if declare_header is not None:
+        headers[DECLARE_HEADER] = declare_header
     return Envelope.build(
         destination_of(message.exchange, message.routing_key),
         message.body,
-        headers={AMQP_PROPERTIES_HEADER: encode_properties(message.properties)},
+        headers=headers,
         message_id=task_id_of(message),
     )
 
