@@ -14,7 +14,7 @@ the message it would have received from kombu.
 
 :func:`declarations_of` records what kombu's ``maybe_declare`` would declare for the
 entities Celery names with a task (its queue: exchange, queue, bindings), as
-:class:`~msgsafe.adapters.rabbitmq._declare.Declaration` values the message carries, so
+:class:`~msgsafe.adapters.rabbitmq.declarations.Declaration` values the message carries, so
 that whoever publishes it, now or from the outbox later, declares the same.
 
 Pure translation, no I/O.
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from msgsafe.adapters.rabbitmq._declare import Declaration
+from msgsafe.adapters.rabbitmq.declarations import Declaration
 from msgsafe.errors import ConfigurationError, InvalidMessage, MissingExtra
 
 try:

@@ -31,7 +31,7 @@ confirms, a task is published and confirmed on the caller's thread, see
 
 Declarations. Celery declares a task's queue (its exchange, the queue, the binding) each
 time it publishes; so does the wrapper, and the stored message carries the same
-declarations (:mod:`msgsafe.adapters.rabbitmq._declare`): a task stored while the broker
+declarations (:mod:`msgsafe.adapters.rabbitmq.declarations`): a task stored while the broker
 was away is published later, by whichever process forwards it, after its queue was
 declared as Celery would have declared it.
 
@@ -67,10 +67,9 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtra("compat", "celery") from exc
 
-from msgsafe.adapters._config import build_config
 from msgsafe.adapters.rabbitmq import RabbitOptions
-from msgsafe.adapters.rabbitmq._declare import DECLARE_HEADER, Declaration, encode
 from msgsafe.adapters.rabbitmq.config import QUEUE_TYPES
+from msgsafe.adapters.rabbitmq.declarations import DECLARE_HEADER, Declaration, encode
 from msgsafe.checks.gate import DestinationGate
 from msgsafe.checks.rabbitmq import inspect_destination
 from msgsafe.compat._celery_direct import DirectTaskPublisher
@@ -383,9 +382,7 @@ class CeleryPublisher:
             kind = str(arguments.get("x-queue-type", "classic"))
             # NOTE: Celery declares the queue when it publishes: a queue not declared yet
             # counts as what it will be (the check's declare=).
-            options = build_config(
-                RabbitOptions, url, {**adapter, "declare": kind if kind in QUEUE_TYPES else None}
-            )
+            options = RabbitOptions(**{**adapter, "declare": kind if kind in QUEUE_TYPES else None})
             gate = DestinationGate(
                 functools.partial(inspect_destination, url, opts=options),
                 require=require,
@@ -488,7 +485,7 @@ def envelope_of(message: TaskMessage, declarations: tuple[Declaration, ...] = ()
     """The envelope of one task message: its properties carried whole, its id the task id,
     and the ``declarations`` Celery makes when it publishes it (the queue, its exchange
     and binding): whoever publishes the envelope, now or from the outbox later, declares
-    them first (:mod:`msgsafe.adapters.rabbitmq._declare`)."""
+    them first (:mod:`msgsafe.adapters.rabbitmq.declarations`)."""
     return _envelope(message, encode(declarations) if declarations else None)
 
 

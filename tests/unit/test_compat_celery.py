@@ -286,7 +286,7 @@ def test_the_declarations_celery_makes_travel_with_the_task() -> None:
     with its arguments, the binding), recorded in the envelope's declarations header."""
     from kombu import Exchange, Queue
 
-    from msgsafe.adapters.rabbitmq._declare import DECLARE_HEADER, Declaration, decode
+    from msgsafe.adapters.rabbitmq.declarations import DECLARE_HEADER, Declaration, decode
     from msgsafe.compat._celery_message import declarations_of
 
     queue = Queue(

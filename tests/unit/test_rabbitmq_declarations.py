@@ -12,9 +12,9 @@ import base64
 import pika
 import pytest
 
-from msgsafe.adapters.rabbitmq._declare import DECLARE_HEADER, Declaration, decode, encode
 from msgsafe.adapters.rabbitmq._side import node_down
 from msgsafe.adapters.rabbitmq._wire import envelope_properties
+from msgsafe.adapters.rabbitmq.declarations import DECLARE_HEADER, Declaration, decode, encode
 from msgsafe.adapters.rabbitmq.transport import _return_error
 from msgsafe.errors import InvalidMessage, Refused, Unroutable
 from msgsafe.message import AMQP_PROPERTIES_HEADER, Envelope

@@ -1,5 +1,5 @@
 """What the transport asks the broker beside its publishing channel: declarations a
-message carries (:mod:`~msgsafe.adapters.rabbitmq._declare`), and why a message came
+message carries (:mod:`~msgsafe.adapters.rabbitmq.declarations`), and why a message came
 back (``basic.return``).
 
 Each runs on a short channel of the transport's own connection, opened for it and closed
@@ -35,8 +35,8 @@ from pika import exceptions as pe
 from pika.channel import Channel
 
 from msgsafe.adapters.rabbitmq._connection import log
-from msgsafe.adapters.rabbitmq._declare import Declaration
 from msgsafe.adapters.rabbitmq._errors import NOT_FOUND, PRECONDITION_FAILED, describe
+from msgsafe.adapters.rabbitmq.declarations import Declaration
 
 __all__ = [
     "ANSWER_KEEP_S",

@@ -40,8 +40,8 @@ from pika import spec
 from pika.channel import Channel
 
 from msgsafe.adapters.rabbitmq._connection import log
-from msgsafe.adapters.rabbitmq._declare import DECLARE_HEADER
 from msgsafe.adapters.rabbitmq._errors import describe
+from msgsafe.adapters.rabbitmq.declarations import DECLARE_HEADER
 from msgsafe.message import AMQP_PROPERTIES_HEADER, MESSAGE_ID_HEADER, Envelope
 
 #: pika's plain TCP transport (1.3/1.4), whose socket write_frames may write itself.
@@ -121,7 +121,7 @@ def envelope_properties(envelope: Envelope) -> pika.BasicProperties:
     """:func:`publish_properties` of one envelope, with msgsafe's header names; an
     envelope carrying :data:`~msgsafe.message.AMQP_PROPERTIES_HEADER` is published with
     those properties instead (see :func:`carried_properties`). The declarations a message
-    carries (:data:`~msgsafe.adapters.rabbitmq._declare.DECLARE_HEADER`) are not published."""
+    carries (:data:`~msgsafe.adapters.rabbitmq.declarations.DECLARE_HEADER`) are not published."""
     headers = envelope.headers
     if AMQP_PROPERTIES_HEADER in headers:
         return carried_properties(envelope)

@@ -50,7 +50,6 @@ from msgsafe.adapters.rabbitmq._confirms import (
     unroutable,
 )
 from msgsafe.adapters.rabbitmq._connection import IoThread, Link, log
-from msgsafe.adapters.rabbitmq._declare import DECLARE_HEADER, decode, queues_of
 from msgsafe.adapters.rabbitmq._errors import (
     channel_close_error,
     describe,
@@ -70,6 +69,7 @@ from msgsafe.adapters.rabbitmq._side import (
 )
 from msgsafe.adapters.rabbitmq._wire import fast_confirms, read_once
 from msgsafe.adapters.rabbitmq.config import Destination, RabbitOptions, parse_destination
+from msgsafe.adapters.rabbitmq.declarations import DECLARE_HEADER, decode, queues_of
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import (
     ClosedError,
@@ -132,7 +132,7 @@ class RabbitTransport:
     Contract, beyond the Protocol's: messages are persistent and ``mandatory``; the
     future resolves only on the broker's ``basic.ack`` with no ``basic.return`` before
     it. A message carrying declarations (``DECLARE_HEADER``, see
-    :mod:`~msgsafe.adapters.rabbitmq._declare`) is published after they were declared, on
+    :mod:`~msgsafe.adapters.rabbitmq.declarations`) is published after they were declared, on
     a side channel, once per set. A returned message fails with ``Unroutable`` when its
     queue does not exist (or none is bound) and with ``Refused`` (transient: kept and
     sent again) when its queue exists but its node is down; the broker is asked which
