@@ -11,6 +11,12 @@ the message it would have received from kombu.
 
 :func:`broker_url` turns the app's broker connection (``broker_write_url`` or
 ``broker_url``, failover lists included) into one ``amqp://`` URL listing every host.
+
+:func:`declarations_of` records what kombu's ``maybe_declare`` would declare for the
+entities Celery names with a task (its queue: exchange, queue, bindings), as
+:class:`~msgsafe.adapters.rabbitmq.declarations.Declaration` values the message carries, so
+that whoever publishes it, now or from the outbox later, declares the same.
+
 Pure translation, no I/O.
 """
 
@@ -25,11 +31,14 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from msgsafe.adapters.rabbitmq.declarations import Declaration
 from msgsafe.errors import ConfigurationError, InvalidMessage, MissingExtra
 
 try:
     from kombu import connection as _kombu_connection
+    from kombu import entity as _kombu_entity
     from kombu import messaging as _kombu_messaging
+    from kombu.transport import base as _kombu_transport
     from pika.spec import BasicProperties
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtra("compat", "celery") from exc
@@ -41,7 +50,19 @@ KombuProducer: Any = _kombu_messaging.Producer
 #: application (or a test harness) routes ``Producer.publish`` elsewhere.
 _kombu_publish: Any = _kombu_messaging.Producer.publish
 
-__all__ = ["TaskMessage", "broker_url", "encode_properties", "kombu_message", "task_id_of"]
+#: kombu's entities and its RabbitMQ queue-argument translation, called untyped.
+_Queue: Any = _kombu_entity.Queue
+_Exchange: Any = _kombu_entity.Exchange
+_rabbitmq_arguments: Any = _kombu_transport.to_rabbitmq_queue_arguments
+
+__all__ = [
+    "TaskMessage",
+    "broker_url",
+    "declarations_of",
+    "encode_properties",
+    "kombu_message",
+    "task_id_of",
+]
 
 #: kombu transports that speak AMQP 0-9-1 to RabbitMQ.
 AMQP_TRANSPORTS = ("amqp", "pyamqp", "librabbitmq")
@@ -283,3 +304,109 @@ def broker_url(connection: Any) -> str:
     scheme = "amqps" if connection.ssl else "amqp"
     userinfo = f"{quote(user, safe='')}:{quote(password, safe='')}@"
     return f"{scheme}://{userinfo}{','.join(hosts)}/{quote(vhost, safe='')}"
+
+
+class _DeclaringChannel:
+    """The declaring calls kombu's entities make on a channel, recorded in order."""
+
+    def __init__(self) -> None:
+        self.made: list[Declaration] = []
+
+    def prepare_queue_arguments(self, arguments: Any, **options: Any) -> Any:
+        return _rabbitmq_arguments(arguments, **options)
+
+    def exchange_declare(
+        self,
+        exchange: str,
+        type: str,
+        durable: bool = True,
+        auto_delete: bool = False,
+        arguments: Any = None,
+        nowait: bool = False,
+        passive: bool = False,
+    ) -> None:
+        if not passive:
+            self.made.append(
+                Declaration(
+                    "exchange",
+                    exchange,
+                    type=type,
+                    durable=bool(durable),
+                    auto_delete=bool(auto_delete),
+                    arguments=dict(arguments or {}),
+                )
+            )
+
+    def queue_declare(
+        self,
+        queue: str,
+        passive: bool = False,
+        durable: bool = False,
+        exclusive: bool = False,
+        auto_delete: bool = True,
+        arguments: Any = None,
+        nowait: bool = False,
+    ) -> tuple[str, int, int]:
+        if not passive:
+            self.made.append(
+                Declaration(
+                    "queue",
+                    queue,
+                    durable=bool(durable),
+                    exclusive=bool(exclusive),
+                    auto_delete=bool(auto_delete),
+                    arguments=dict(arguments or {}),
+                )
+            )
+        return queue, 0, 0
+
+    def queue_bind(
+        self,
+        queue: str,
+        exchange: str = "",
+        routing_key: str = "",
+        arguments: Any = None,
+        nowait: bool = False,
+    ) -> None:
+        self.made.append(
+            Declaration(
+                "bind",
+                queue,
+                source=exchange,
+                routing_key=routing_key or "",
+                arguments=dict(arguments or {}),
+            )
+        )
+
+    def exchange_bind(
+        self,
+        destination: str,
+        source: str = "",
+        routing_key: str = "",
+        nowait: bool = False,
+        arguments: Any = None,
+    ) -> None:
+        self.made.append(
+            Declaration(
+                "exchange_bind",
+                destination,
+                source=source,
+                routing_key=routing_key or "",
+                arguments=dict(arguments or {}),
+            )
+        )
+
+
+def declarations_of(entities: Any) -> tuple[Declaration, ...]:
+    """What kombu declares for ``entities`` (the ``declare=`` of a publish: queues and
+    exchanges), in kombu's order: each queue's exchange, the queue, its bindings. A
+    queue without a name (the broker names it) or marked ``no_declare`` adds nothing."""
+    channel = _DeclaringChannel()
+    for entity in entities or ():
+        if isinstance(entity, _Queue):
+            if not entity.name or entity.no_declare:
+                continue
+            entity(channel).declare()
+        elif isinstance(entity, _Exchange):
+            entity(channel).declare()
+    return tuple(channel.made)

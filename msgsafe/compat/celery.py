@@ -24,14 +24,33 @@ Options come from ``install(app, ...)`` keywords, else from the app setting
 ``msgsafe_producer`` (a dict), else msgsafe's defaults: ``url`` (default: the app's
 ``broker_write_url`` / ``broker_url`` as an ``amqp://`` host list), and every keyword
 :class:`msgsafe.Producer` takes (``outbox``, ``send_timeout``, ``connect_timeout``,
-``confirm_timeout``, ...), and ``direct`` (default True: while RabbitMQ confirms, a task
-is published and confirmed on the caller's thread, see
+``confirm_timeout``, ``require``, ...), and ``direct`` (default True: while RabbitMQ
+confirms, a task is published and confirmed on the caller's thread, see
 :mod:`msgsafe.compat._celery_direct`; False: always through the Producer).
 ``docs/migration.md`` ("Celery") lists what changes.
+
+Declarations. Celery declares a task's queue (its exchange, the queue, the binding) each
+time it publishes; so does the wrapper, and the stored message carries the same
+declarations (:mod:`msgsafe.adapters.rabbitmq.declarations`): a task stored while the broker
+was away is published later, by whichever process forwards it, after its queue was
+declared as Celery would have declared it.
+
+Forwarding. Each process that publishes tasks forwards its own outbox in the background.
+A worker process of the app (``celery worker`` importing a module that calls
+``install(app)``) opens its producer when it is ready, which forwards what waits in the
+app's outbox (with the default outbox: the files of publishers that exited too); a
+process that holds the outbox file itself keeps forwarding it. ``msgsafe outbox forward
+STORE --url URL`` does the same as a sidecar.
+
+Guarantees. ``install()`` checks the app's task queues once, in the background, with the
+checks ``msgsafe doctor`` runs (a queue not declared yet counts as what Celery will
+declare): one WARNING per queue that is not replicated (a classic queue), naming the fix,
+and one more when it is below ``require``.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -42,29 +61,39 @@ from typing import Any
 from msgsafe.errors import MissingExtra
 
 try:
+    from celery.signals import worker_ready as _worker_ready  # type: ignore[import-untyped]
     from kombu import common as _kombu_common
     from kombu.exceptions import OperationalError
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtra("compat", "celery") from exc
 
 from msgsafe.adapters.rabbitmq import RabbitOptions
+from msgsafe.adapters.rabbitmq.config import QUEUE_TYPES
+from msgsafe.adapters.rabbitmq.declarations import DECLARE_HEADER, Declaration, encode
+from msgsafe.checks.gate import DestinationGate
+from msgsafe.checks.rabbitmq import inspect_destination
 from msgsafe.compat._celery_direct import DirectTaskPublisher
 from msgsafe.compat._celery_message import (
     TaskMessage,
     broker_url,
+    declarations_of,
     encode_properties,
     kombu_message,
     task_id_of,
 )
 from msgsafe.compat._pika_config import destination_of
+from msgsafe.endpoints import parse_url
 from msgsafe.errors import (
     ClosedError,
+    MsgsafeError,
     OutboxError,
+    OutboxLocked,
     SendTimeout,
     TransientError,
     Unroutable,
+    UnsafeDestination,
 )
-from msgsafe.message import AMQP_PROPERTIES_HEADER, Envelope, Receipt, Status
+from msgsafe.message import AMQP_PROPERTIES_HEADER, Envelope, Guarantee, Receipt, Status
 from msgsafe.producer import Producer
 
 #: kombu's cached declare, called untyped.
@@ -145,6 +174,7 @@ class CeleryPublisher:
         opts = dict(options)
         self._url: str = opts.pop("url", None) or broker_url(app.connection_for_write())
         direct = bool(opts.pop("direct", True))
+        self._check = bool(opts.pop("check_queues", True))
         self._options = opts
         self._lock = threading.Lock()
         self._producer: Producer | None = None
@@ -159,6 +189,8 @@ class CeleryPublisher:
         #: The forwarder's ``drained`` count when an outage began; None: no outage.
         self._outage_drained: int | None = None
         self._outage_polled = 0.0
+        #: kombu's declarations per ``declare=`` list (see _declarations).
+        self._declared_by: dict[tuple[Any, ...], str | None] = {}
 
     # --- the producer ----------------------------------------------------------------
 
@@ -227,7 +259,7 @@ class CeleryPublisher:
             body, exchange=exchange, routing_key=routing_key, headers=headers, options=options
         )
         producer = self.producer
-        envelope = envelope_of(message)
+        envelope = _envelope(message, self._declarations(declare))
         if self._in_outage(producer):
             return self._store(producer, envelope)
         if self._declares:
@@ -254,6 +286,25 @@ class CeleryPublisher:
             self._outage_drained = producer.stats().drained
             self._outage_polled = time.monotonic()
         return receipt
+
+    def _declarations(self, declare: Any) -> str | None:
+        """What kombu would declare for ``declare``, as the envelope's header (recorded
+        once per entity list); None: nothing."""
+        if not declare or not self._declares:
+            return None
+        try:
+            key = tuple(declare)
+            if key in self._declared_by:
+                return self._declared_by[key]
+        except TypeError:  # an entity that does not hash
+            key = None
+        made = declarations_of(declare)
+        found = encode(made) if made else None
+        if key is not None:
+            if len(self._declared_by) >= 256:
+                self._declared_by.clear()
+            self._declared_by[key] = found
+        return found
 
     @property
     def _forwarding(self) -> bool:
@@ -312,6 +363,80 @@ class CeleryPublisher:
         )
         return Receipt(envelope.message_id, Status.STORED, envelope.destination)
 
+    # --- the app's queues and its worker ------------------------------------------------
+
+    def check_queues(self) -> dict[str, Guarantee | MsgsafeError]:
+        """Check each of the app's task queues as the producer and ``msgsafe doctor``
+        check a destination, and log what falls short (see the module docstring): a
+        WARNING per queue not replicated, one more when it is below ``require``. Returns
+        each queue's guarantee, or the error that stood for it."""
+        if not self._declares:
+            return {}
+        url = parse_url(self._url)
+        fields = set(RabbitOptions.__dataclass_fields__)
+        adapter = {k: v for k, v in self._options.items() if k in fields and k != "declare"}
+        require = str(self._options.get("require", "durable"))
+        results: dict[str, Guarantee | MsgsafeError] = {}
+        for name, queue in dict(self._app.amqp.queues).items():
+            arguments = queue.queue_arguments or {}
+            kind = str(arguments.get("x-queue-type", "classic"))
+            # NOTE: Celery declares the queue when it publishes: a queue not declared yet
+            # counts as what it will be (the check's declare=).
+            options = RabbitOptions(**{**adapter, "declare": kind if kind in QUEUE_TYPES else None})
+            gate = DestinationGate(
+                functools.partial(inspect_destination, url, opts=options),
+                require=require,
+                endpoint=url.redacted(),
+            )
+            try:
+                results[name] = gate.admit(name)
+            except UnsafeDestination as exc:
+                results[name] = exc
+                log.warning(
+                    "Celery task queue %r is below require=%r: %s (msgsafe publishes its "
+                    "tasks to the exchange, which it cannot check: they are not refused)",
+                    name,
+                    require,
+                    exc,
+                )
+            except MsgsafeError as exc:
+                results[name] = exc
+                log.info("Celery task queue %r not checked: %s", name, exc)
+        return results
+
+    def _check_in_background(self) -> None:
+        if self._check and self._declares:
+            threading.Thread(
+                target=self._checked_quietly, name="msgsafe-celery-check", daemon=True
+            ).start()
+
+    def _checked_quietly(self) -> None:
+        try:
+            self.check_queues()
+        except Exception:  # a check's failure must not reach the application
+            log.exception("checking the Celery task queues failed")
+
+    def worker_ready(self, sender: Any = None, **_: Any) -> None:
+        """Celery's ``worker_ready`` signal: a worker of this app opens its producer,
+        whose forwarder forwards what waits in the app's outbox (on a thread: opening
+        the outbox must not hold up the worker)."""
+        if getattr(sender, "app", None) is not self._app or not self._forwarding:
+            return
+        threading.Thread(
+            target=self._open_forwarder, name="msgsafe-celery-forward", daemon=True
+        ).start()
+
+    def _open_forwarder(self) -> None:
+        try:
+            producer = self.producer
+        except OutboxLocked as exc:
+            log.info("the app's outbox is held by another process, which forwards it: %s", exc)
+            return
+        except MsgsafeError as exc:
+            log.warning("the worker cannot forward the app's outbox: %s", exc)
+            return
+        log.info("forwarding the app's outbox from the worker (%d waiting)", producer.pending())
+
     # --- the hook in Celery -----------------------------------------------------------
 
     def wrap(self, send_task_message: Callable[..., Any]) -> Callable[..., Any]:
@@ -335,6 +460,7 @@ class CeleryPublisher:
             delattr(amqp, _MARK)
             if self._original is not None:
                 amqp.send_task_message = self._original
+        _worker_ready.disconnect(self.worker_ready)
         self.close()
 
     def __repr__(self) -> str:
@@ -355,12 +481,22 @@ def _redacted(url: str) -> str:
     return f"{scheme}{sep}{rest}"
 
 
-def envelope_of(message: TaskMessage) -> Envelope:
-    """The envelope of one task message: its properties carried whole, its id the task id."""
+def envelope_of(message: TaskMessage, declarations: tuple[Declaration, ...] = ()) -> Envelope:
+    """The envelope of one task message: its properties carried whole, its id the task id,
+    and the ``declarations`` Celery makes when it publishes it (the queue, its exchange
+    and binding): whoever publishes the envelope, now or from the outbox later, declares
+    them first (:mod:`msgsafe.adapters.rabbitmq.declarations`)."""
+    return _envelope(message, encode(declarations) if declarations else None)
+
+
+def _envelope(message: TaskMessage, declare_header: str | None) -> Envelope:
+    headers = {AMQP_PROPERTIES_HEADER: encode_properties(message.properties)}
+    if declare_header is not None:
+        headers[DECLARE_HEADER] = declare_header
     return Envelope.build(
         destination_of(message.exchange, message.routing_key),
         message.body,
-        headers={AMQP_PROPERTIES_HEADER: encode_properties(message.properties)},
+        headers=headers,
         message_id=task_id_of(message),
     )
 
@@ -389,7 +525,8 @@ def install(app: Any, **options: Any) -> CeleryPublisher:
     """Route ``app``'s task publishing through msgsafe; returns the publisher.
 
     ``options`` (else the app setting ``msgsafe_producer``): ``url`` and the keywords of
-    :class:`msgsafe.Producer`. Installing again replaces the earlier publisher. Raises
+    :class:`msgsafe.Producer`; ``check_queues=False`` skips the background check of the
+    task queues. Installing again replaces the earlier publisher. Raises
     ``ConfigurationError`` when the app's broker is not RabbitMQ."""
     settings = app.conf.get(SETTING) or {}
     merged = {**dict(settings), **options}
@@ -402,6 +539,8 @@ def install(app: Any, **options: Any) -> CeleryPublisher:
     # attribute set on the instance takes its place.
     amqp.send_task_message = publisher.wrap(amqp.send_task_message)
     setattr(amqp, _MARK, publisher)
+    _worker_ready.connect(publisher.worker_ready, weak=False)
+    publisher._check_in_background()
     return publisher
 
 

@@ -23,7 +23,7 @@ SAME_FILES = {
 #: librdkafka producer the drop-in and the Spark sink put on their own paths too, and
 #: its direct lane, the producer's single sends straight into it (msgsafe.ports.Lane).
 OWN_MODULES = {
-    "rabbitmq": {"_confirms.py"},
+    "rabbitmq": {"_confirms.py", "_side.py", "declarations.py"},
     "kafka": {"positions.py", "lane.py", "direct.py"},
     "amqp10": {"_failover.py"},
     "memory": {"broker.py"},

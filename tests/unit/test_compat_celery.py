@@ -279,3 +279,33 @@ def test_the_task_sent_event_goes_to_the_real_producer(
         assert [e["body"]["type"] for e in events] == ["task-sent"]
     finally:
         publisher.uninstall()
+
+
+def test_the_declarations_celery_makes_travel_with_the_task() -> None:
+    """What kombu's ``maybe_declare`` makes for the task's queue (its exchange, the queue
+    with its arguments, the binding), recorded in the envelope's declarations header."""
+    from kombu import Exchange, Queue
+
+    from msgsafe.adapters.rabbitmq.declarations import DECLARE_HEADER, Declaration, decode
+    from msgsafe.compat._celery_message import declarations_of
+
+    queue = Queue(
+        "jobs",
+        Exchange("work", type="topic"),
+        routing_key="jobs.#",
+        queue_arguments={"x-queue-type": "quorum"},
+        max_length=10,
+    )
+    made = declarations_of([queue])
+    assert made == (
+        Declaration("exchange", "work", type="topic"),
+        Declaration("queue", "jobs", arguments={"x-queue-type": "quorum", "x-max-length": 10}),
+        Declaration("bind", "jobs", source="work", routing_key="jobs.#"),
+    )
+    message = kombu_message(
+        b"{}", exchange="work", routing_key="jobs.1", headers={"id": "t-1"}, options={}
+    )
+    envelope = compat_celery.envelope_of(message, made)
+    assert decode(envelope.headers[DECLARE_HEADER]) == made
+    assert DECLARE_HEADER not in (carried_properties(envelope).headers or {})
+    assert declarations_of([Queue("", Exchange("x"))]) == ()  # the broker names it

@@ -12,7 +12,7 @@ import pytest
 
 import msgsafe
 from msgsafe.adapters._config import TransportOptions
-from msgsafe.adapters.rabbitmq._confirms import _unroutable
+from msgsafe.adapters.rabbitmq._confirms import unroutable
 from msgsafe.errors import ConfigurationError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ def test_first_example_declares_its_queue(page: str) -> None:
 
 
 def test_unroutable_says_how_to_fix_it() -> None:
-    text = str(_unroutable("orders", "amqp://127.0.0.1:5672"))
+    text = str(unroutable("orders", "amqp://127.0.0.1:5672"))
     assert "no queue bound for 'orders'" in text and "declare=" in text
 
 

@@ -24,8 +24,9 @@ flight returns to the front of ``pending`` in tag order and is resent, same
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from pika.channel import Channel
@@ -49,7 +50,23 @@ from msgsafe.errors import MessageTooLarge, MsgsafeError, Refused, Unroutable
 from msgsafe.message import MESSAGE_ID_HEADER, Batch, Envelope
 from msgsafe.ports import BatchReport, PublishCallback
 
-__all__ = ["BatchJob", "BatchPart", "ConfirmLedger", "FrameSender", "SendItem", "fail_all"]
+__all__ = [
+    "BatchJob",
+    "BatchPart",
+    "ConfirmLedger",
+    "FrameSender",
+    "ReturnClassifier",
+    "SendItem",
+    "fail_all",
+    "unroutable",
+]
+
+#: Decides what a message the broker returned fails with: called with its destination,
+#: headers, the endpoint and its id, it calls the last argument once with the error
+#: (at once or later, on the I/O thread).
+ReturnClassifier = Callable[
+    [str, Mapping[str, str], str, str, Callable[[MsgsafeError], None]], None
+]
 
 
 @dataclass(slots=True, eq=False)
@@ -105,11 +122,16 @@ class ConfirmLedger:
     """What is pending and in flight on one transport, and how each message settles.
 
     ``settled(count)`` is called whenever ``count`` messages got their outcome (the
-    transport gives their window slots back).
+    transport gives their window slots back). ``classify`` decides what a returned
+    message fails with (default: :func:`unroutable`, at once); until it answers, the
+    message holds its window slot.
     """
 
-    def __init__(self, settled: Callable[[int], None]) -> None:
+    def __init__(
+        self, settled: Callable[[int], None], classify: ReturnClassifier | None = None
+    ) -> None:
         self._settled = settled
+        self._classify = classify or _unroutable_at_once
         #: Handed over, not written yet (or to resend), in order.
         self.pending: collections.deque[SendItem | BatchPart] = collections.deque()
         #: Single envelopes written and not confirmed, by delivery tag.
@@ -251,16 +273,27 @@ class ConfirmLedger:
             self._settled(count)
             return True
         returned = self.returned
-        unroutable = [i for i in settle if ids[i] in returned] if returned else []
-        for index in unroutable:
+        gone = [i for i in settle if ids[i] in returned] if returned else []
+        for index in gone:
             returned.discard(ids[index])
-            report_failed(
-                job.report, index, _unroutable(job.batch.destination, endpoint, ids[index])
+        if count > len(gone):
+            report_confirmed(job.report, count - len(gone))
+            self._settled(count - len(gone))
+        batch = job.batch
+        for index in gone:
+            # Settled (its slot given back) once the classifier answered.
+            self._classify(
+                batch.destination,
+                batch.headers,
+                endpoint,
+                ids[index],
+                partial(self._returned_part, job.report, index),
             )
-        if count > len(unroutable):
-            report_confirmed(job.report, count - len(unroutable))
-        self._settled(count)
         return False
+
+    def _returned_part(self, report: BatchReport, index: int, error: MsgsafeError) -> None:
+        report_failed(report, index, error)
+        self._settled(1)
 
     def _confirmed(self, item: SendItem, nack: bool, endpoint: str) -> bool:
         if nack:
@@ -270,7 +303,14 @@ class ConfirmLedger:
             mid = item.envelope.message_id
             if mid in self.returned:
                 self.returned.discard(mid)
-                self.resolve(item, _unroutable(item.envelope.destination, endpoint))
+                envelope = item.envelope
+                self._classify(
+                    envelope.destination,
+                    envelope.headers,
+                    endpoint,
+                    mid,
+                    partial(self.resolve, item),
+                )
                 return False
         self.resolve(item, None)
         return False
@@ -399,13 +439,27 @@ def _nacked(endpoint: str) -> Refused:
     return Refused("the broker nacked the message", endpoint=endpoint)
 
 
-def _unroutable(destination: str, endpoint: str, message_id: str | None = None) -> Unroutable:
+def unroutable(
+    destination: str, endpoint: str, message_id: str | None = None, *, why: str = ""
+) -> Unroutable:
+    """The permanent error of a message no queue took: ``why`` says what the broker
+    answered about the queue (default: nothing was asked)."""
     return Unroutable(
-        f"no queue bound for {destination!r} (basic.return): declare it, e.g. "
+        f"{why or f'no queue bound for {destination!r}'} (basic.return): declare it, e.g. "
         f"Producer(url, declare='quorum'), or bind a queue to the exchange",
         endpoint=endpoint,
         message_id=message_id,
     )
+
+
+def _unroutable_at_once(
+    destination: str,
+    _headers: Mapping[str, str],
+    endpoint: str,
+    message_id: str,
+    settle: Callable[[MsgsafeError], None],
+) -> None:
+    settle(unroutable(destination, endpoint, message_id))
 
 
 # --- the sender ------------------------------------------------------------------------
@@ -419,13 +473,16 @@ _FIRST = (0,)
 class FrameSender:
     """Writes what ``ledger.pending`` holds onto a channel, in order, and puts it in flight.
 
-    ``may_send(channel, dest)`` is asked before each destination's first message: False
-    (its queue is being declared) stops the flush there, so later messages wait too and
-    per-key order holds. Only the I/O thread calls it.
+    ``may_send(channel, dest, entry)`` is asked before each message: False (its queue is
+    being declared) stops the flush there, so later messages wait too and per-key order
+    holds; an error fails that message (its declarations failed) and the flush goes on.
+    Only the I/O thread calls it.
     """
 
     def __init__(
-        self, ledger: ConfirmLedger, may_send: Callable[[Channel, Destination], bool]
+        self,
+        ledger: ConfirmLedger,
+        may_send: Callable[[Channel, Destination, SendItem | BatchPart], bool | MsgsafeError],
     ) -> None:
         self._ledger = ledger
         self._may_send = may_send
@@ -466,7 +523,12 @@ class FrameSender:
                     pending.popleft()
                     continue
                 dest = entry.dest
-            if not self._may_send(channel, dest):
+            verdict = self._may_send(channel, dest, entry)
+            if isinstance(verdict, MsgsafeError):
+                pending.popleft()
+                ledger.fail(entry, verdict)
+                continue
+            if not verdict:
                 return
             pending.popleft()
             if isinstance(entry, BatchPart):

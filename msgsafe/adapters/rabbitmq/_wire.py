@@ -41,6 +41,7 @@ from pika.channel import Channel
 
 from msgsafe.adapters.rabbitmq._connection import log
 from msgsafe.adapters.rabbitmq._errors import describe
+from msgsafe.adapters.rabbitmq.declarations import DECLARE_HEADER
 from msgsafe.message import AMQP_PROPERTIES_HEADER, MESSAGE_ID_HEADER, Envelope
 
 #: pika's plain TCP transport (1.3/1.4), whose socket write_frames may write itself.
@@ -119,12 +120,16 @@ def publish_properties(
 def envelope_properties(envelope: Envelope) -> pika.BasicProperties:
     """:func:`publish_properties` of one envelope, with msgsafe's header names; an
     envelope carrying :data:`~msgsafe.message.AMQP_PROPERTIES_HEADER` is published with
-    those properties instead (see :func:`carried_properties`)."""
-    if AMQP_PROPERTIES_HEADER in envelope.headers:
+    those properties instead (see :func:`carried_properties`). The declarations a message
+    carries (:data:`~msgsafe.adapters.rabbitmq.declarations.DECLARE_HEADER`) are not published."""
+    headers = envelope.headers
+    if AMQP_PROPERTIES_HEADER in headers:
         return carried_properties(envelope)
+    if DECLARE_HEADER in headers:
+        headers = {k: v for k, v in headers.items() if k != DECLARE_HEADER}
     return publish_properties(
         envelope.message_id,
-        envelope.headers,
+        headers,
         MESSAGE_ID_HEADER,
         KEY_HEADER,
         envelope.key,
@@ -144,7 +149,7 @@ def carried_properties(envelope: Envelope) -> pika.BasicProperties:
     props.decode(base64.b64decode(envelope.headers[AMQP_PROPERTIES_HEADER]))
     table: dict[str, object] = dict(props.headers or {})
     for name, value in envelope.headers.items():
-        if name != AMQP_PROPERTIES_HEADER:
+        if name != AMQP_PROPERTIES_HEADER and name != DECLARE_HEADER:
             table[name] = value
     if envelope.key is not None:
         table[KEY_HEADER] = envelope.key
@@ -360,7 +365,7 @@ class FrameWriter:
 
 
 #: Headers a single envelope's own cannot be encoded around (see header_entries).
-RESERVED_HEADERS = (MESSAGE_ID_HEADER, KEY_HEADER, AMQP_PROPERTIES_HEADER)
+RESERVED_HEADERS = (MESSAGE_ID_HEADER, KEY_HEADER, AMQP_PROPERTIES_HEADER, DECLARE_HEADER)
 
 
 def coalesce_frames(channel: Channel) -> None:

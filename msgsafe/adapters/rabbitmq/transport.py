@@ -28,7 +28,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
@@ -47,6 +47,7 @@ from msgsafe.adapters.rabbitmq._confirms import (
     FrameSender,
     SendItem,
     fail_all,
+    unroutable,
 )
 from msgsafe.adapters.rabbitmq._connection import IoThread, Link, log
 from msgsafe.adapters.rabbitmq._errors import (
@@ -56,8 +57,19 @@ from msgsafe.adapters.rabbitmq._errors import (
     header_bytes,
     lost_error,
 )
+from msgsafe.adapters.rabbitmq._side import (
+    ANSWER_KEEP_S,
+    LOST,
+    OK,
+    QueueState,
+    QueueStates,
+    declare_failed_softly,
+    node_down,
+    run_declarations,
+)
 from msgsafe.adapters.rabbitmq._wire import fast_confirms, read_once
 from msgsafe.adapters.rabbitmq.config import Destination, RabbitOptions, parse_destination
+from msgsafe.adapters.rabbitmq.declarations import DECLARE_HEADER, decode, queues_of
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import (
     ClosedError,
@@ -65,6 +77,7 @@ from msgsafe.errors import (
     ConfirmTimeout,
     ConnectError,
     ConnectionLost,
+    InvalidMessage,
     MsgsafeError,
     Refused,
     Rejected,
@@ -97,15 +110,36 @@ class _Declare:
     error: MsgsafeError | None = None
 
 
+@dataclass(slots=True)
+class _Carried:
+    """The declarations one set of messages carries (their DECLARE_HEADER value)."""
+
+    done: bool = False
+    running: bool = False
+    #: Why they failed (a queue's node is down), until ``failed_until``.
+    error: MsgsafeError | None = None
+    failed_until: float = 0.0
+
+
+#: Declaration sets remembered per transport (beyond: forgotten, declared again).
+_MAX_CARRIED = 1000
+
+
 class RabbitTransport:
     """A :class:`~msgsafe.ports.Transport` over pika's ``SelectConnection``; also a
     :class:`~msgsafe.ports.CallbackTransport` and a :class:`~msgsafe.ports.BatchTransport`.
 
     Contract, beyond the Protocol's: messages are persistent and ``mandatory``; the
     future resolves only on the broker's ``basic.ack`` with no ``basic.return`` before
-    it. ``Unroutable`` and ``MessageTooLarge``, ``AuthenticationError`` and ``Rejected``
-    are permanent; ``Refused`` (nack, blocked connection, full window), ``ConfirmTimeout``,
-    ``ConnectionLost`` and ``ConnectError`` are transient. An envelope whose connection
+    it. A message carrying declarations (``DECLARE_HEADER``, see
+    :mod:`~msgsafe.adapters.rabbitmq.declarations`) is published after they were declared, on
+    a side channel, once per set. A returned message fails with ``Unroutable`` when its
+    queue does not exist (or none is bound) and with ``Refused`` (transient: kept and
+    sent again) when its queue exists but its node is down; the broker is asked which
+    (:mod:`~msgsafe.adapters.rabbitmq._side`). ``Unroutable`` and ``MessageTooLarge``,
+    ``AuthenticationError`` and ``Rejected`` are permanent; ``Refused`` (nack, blocked
+    connection, full window, a queue's node down), ``ConfirmTimeout``, ``ConnectionLost``
+    and ``ConnectError`` are transient. An envelope whose connection
     drops is resent on the next host with the same ``message_id`` while its deadline
     allows. With no host reachable for ``connect_timeout`` the waiting futures fail with
     ``ConnectError`` (or ``ConnectionLost`` when a copy was already sent). All of this
@@ -145,9 +179,13 @@ class RabbitTransport:
         self._wake_lock = threading.Lock()
         self._wake_pending = False
         # I/O-thread side.
-        self._ledger = ConfirmLedger(self._settled)
+        self._ledger = ConfirmLedger(self._settled, self._classify_return)
         self._sender = FrameSender(self._ledger, self._may_send)
         self._declares: dict[str, _Declare] = {}
+        self._carried: dict[str, _Carried] = {}
+        self._queues = QueueStates()
+        #: Counts connections: a side channel's answer from an earlier one is ignored.
+        self._generation = 0
         self._channel: Channel | None = None
         self._blocked = False
         self._recycling = False
@@ -240,7 +278,7 @@ class RabbitTransport:
         """
         if not len(batch):
             return
-        if AMQP_PROPERTIES_HEADER in batch.headers:
+        if AMQP_PROPERTIES_HEADER in batch.headers or DECLARE_HEADER in batch.headers:
             # NOTE: a pika or Celery publisher's properties (msgsafe.compat) are its
             # message's own, published whole with the id in them (carried_properties);
             # a batch's frame template would send them as a text header instead. The
@@ -450,8 +488,17 @@ class RabbitTransport:
             return
         self._sender.flush(channel)
 
-    def _may_send(self, channel: Channel, dest: Destination) -> bool:
-        """False while ``dest``'s queue is being declared (``declare=`` set)."""
+    def _may_send(
+        self, channel: Channel, dest: Destination, entry: SendItem | BatchPart
+    ) -> bool | MsgsafeError:
+        """False while ``dest``'s queue (``declare=`` set) or the declarations ``entry``
+        carries are being declared; the error of declarations that failed."""
+        if isinstance(entry, SendItem):
+            carried = entry.envelope.headers.get(DECLARE_HEADER)
+            if carried is not None:
+                verdict = self._declare_carried(channel, carried)
+                if verdict is not True:
+                    return verdict
         if self._options.declare is None or dest.queue is None:
             return True
         state = self._declares.get(dest.queue)
@@ -474,7 +521,113 @@ class RabbitTransport:
 
         channel.queue_declare(queue, durable=True, arguments=args, callback=done)
 
+    def _declare_carried(self, channel: Channel, text: str) -> bool | MsgsafeError:
+        """Whether the messages carrying declarations ``text`` may go: True once they
+        were declared on this transport, False while they are being declared (started
+        here), the error of a failure within the last second."""
+        state = self._carried.get(text)
+        if state is None:
+            if len(self._carried) >= _MAX_CARRIED:
+                self._carried = {k: v for k, v in self._carried.items() if v.running}
+            state = self._carried[text] = _Carried()
+        if state.done:
+            return True
+        if state.running:
+            return False
+        if state.error is not None and time.monotonic() < state.failed_until:
+            return state.error
+        try:
+            declarations = decode(text)
+        except InvalidMessage as exc:
+            return exc
+        state.running = True
+        generation = self._generation
+        endpoint = self._link.endpoint
+
+        def done(code: int, reply: str) -> None:
+            if generation != self._generation:
+                return  # another connection: declared again on it
+            state.running = False
+            if code == OK:
+                state.done, state.error = True, None
+                for queue in queues_of(declarations):
+                    self._queues.forget(queue)
+            elif code == LOST:
+                pass  # the connection went; pending messages wait for the next one
+            elif node_down(code, reply):
+                # NOTE: RabbitMQ answers a declare or bind of a classic queue whose home
+                # node is down with 404 "home node ... is down or inaccessible": the
+                # queue exists and comes back with its node. Transient.
+                state.error = Refused(
+                    f"declaring for this message failed: {reply}; kept and sent again "
+                    "once the node is back",
+                    endpoint=endpoint,
+                )
+                state.failed_until = time.monotonic() + ANSWER_KEEP_S
+            else:
+                # An entity that exists with other arguments (kombu's declare would
+                # fail too), or a refusal: publish anyway, the broker's answer to the
+                # message itself decides.
+                log_at = log.warning if not declare_failed_softly(code) else log.info
+                log_at("declaring %s: %s %s; publishing without it", declarations, code, reply)
+                state.done = True
+            self._flush()
+
+        run_declarations(channel.connection, declarations, done)
+        return False
+
+    def _classify_return(
+        self,
+        destination: str,
+        headers: Mapping[str, str],
+        endpoint: str,
+        message_id: str,
+        settle: Callable[[MsgsafeError], None],
+    ) -> None:
+        """What a returned message fails with (see the class docstring): ``settle`` is
+        called once the broker said whether its queue exists and runs."""
+        dest = self._destination(destination)
+        queues: tuple[str, ...] = ()
+        if dest.queue is not None:
+            queues = (dest.queue,)
+        elif DECLARE_HEADER in headers:
+            try:
+                queues = queues_of(decode(headers[DECLARE_HEADER]))
+            except InvalidMessage:
+                queues = ()
+        channel = self._channel
+        if not queues:
+            settle(unroutable(destination, endpoint, message_id))
+            return
+        if channel is None:
+            settle(
+                Refused(
+                    f"returned by the broker (basic.return) for {destination!r}; the "
+                    "connection went before it said why: kept and sent again",
+                    endpoint=endpoint,
+                    message_id=message_id,
+                )
+            )
+            return
+        answers: dict[str, tuple[QueueState, str]] = {}
+
+        def answered(queue: str, state: QueueState, text: str) -> None:
+            answers[queue] = (state, text)
+            if len(answers) == len(queues):
+                settle(
+                    _return_error(
+                        destination, dest.queue is not None, answers, endpoint, message_id
+                    )
+                )
+
+        for queue in queues:
+            self._queues.ask(channel.connection, queue, partial(answered, queue))
+
     def _ready(self, channel: Channel) -> None:
+        self._generation += 1
+        self._queues.reset()
+        for carried in self._carried.values():
+            carried.running = False
         self._channel = channel
         self._recycling = False
         self._ledger.new_channel()
@@ -543,6 +696,10 @@ class RabbitTransport:
             log.debug("closing a nacking channel: %s", describe(exc))
 
     def _lost(self, reason: BaseException | None) -> None:
+        self._generation += 1
+        self._queues.reset()
+        for carried in self._carried.values():
+            carried.running = False
         self._channel = None
         self._down_since = time.monotonic()
         self._blocked = False
@@ -627,6 +784,7 @@ class RabbitTransport:
 
     def _shutdown(self) -> None:
         ledger = self._ledger
+        self._queues.reset()  # returned messages waiting for an answer: kept (transient)
         while self._incoming:
             ledger.pending.append(self._incoming.popleft())
         ledger.requeue_in_flight()
@@ -640,3 +798,38 @@ class RabbitTransport:
 
     def _link_closed(self) -> None:
         self._stopped.set()
+
+
+def _return_error(
+    destination: str,
+    by_queue: bool,
+    answers: Mapping[str, tuple[QueueState, str]],
+    endpoint: str,
+    message_id: str,
+) -> MsgsafeError:
+    """The error of a message returned for ``destination``, from what the broker answered
+    about its queues (``by_queue``: the destination names the queue itself)."""
+    for queue, (state, text) in answers.items():
+        if state == "down":
+            node = node_down(404, text) or "?"
+            return Refused(
+                f"queue {queue!r} exists but its home node {node} is down or inaccessible "
+                "(basic.return, NO_ROUTE): kept and sent again once the node is back",
+                endpoint=endpoint,
+                message_id=message_id,
+            )
+    states = {state for state, _text in answers.values()}
+    if states == {"missing"}:
+        names = ", ".join(repr(q) for q in answers)
+        return unroutable(destination, endpoint, message_id, why=f"no such queue {names}")
+    if "unknown" in states or (by_queue and "exists" in states):
+        # The broker did not say, or the queue runs again (its node came back since):
+        # nothing says the message cannot be routed, so it is kept.
+        return Refused(
+            f"returned by the broker (basic.return) for {destination!r}; its queue "
+            f"{'could not be asked' if 'unknown' in states else 'runs again'}: kept and "
+            "sent again",
+            endpoint=endpoint,
+            message_id=message_id,
+        )
+    return unroutable(destination, endpoint, message_id)

@@ -1,12 +1,15 @@
-"""A Celery app for the integration tests: one quorum queue, one task that records its id.
+"""A Celery app for the integration tests: one queue, one task that records its id.
 
 The worker runs it unchanged: ``celery -A tests.integration.compat.celery_app worker``
 with the environment below; the test process builds the same app with :func:`make_app`
 and publishes through ``msgsafe.compat.celery.install(app)``.
 
 - ``CELERY_TEST_BROKER``: the broker URL (a ``;`` separated failover list);
-- ``CELERY_TEST_QUEUE``: the queue (a quorum queue, declared by the worker at start);
-- ``CELERY_TEST_RECORD``: a file the task appends its id to, one line per run.
+- ``CELERY_TEST_QUEUE``: the queue (declared by the worker at start);
+- ``CELERY_TEST_QUEUE_TYPE``: its type, ``quorum`` (default) or ``classic``;
+- ``CELERY_TEST_RECORD``: a file the task appends its id to, one line per run;
+- ``CELERY_TEST_MSGSAFE_OUTBOX``: when set, the worker's app is installed with
+  ``msgsafe.compat.celery.install(app, outbox=...)`` (it forwards that outbox).
 """
 
 from __future__ import annotations
@@ -20,18 +23,20 @@ from kombu import Exchange, Queue
 __all__ = ["app", "make_app", "runs"]
 
 
-def make_app(broker: str, queue: str, record_file: str) -> Celery:
-    """The app: ``queue`` a durable quorum queue, the task ``record`` appending its id
-    to ``record_file`` (acks late, so a
-    message whose worker lost its connection mid-task runs again: a known duplicate)."""
+def make_app(broker: str, queue: str, record_file: str, queue_type: str = "quorum") -> Celery:
+    """The app: ``queue`` a durable queue of ``queue_type`` (``classic``: Celery's
+    default, no ``x-queue-type``), the task ``record`` appending its id to
+    ``record_file`` (acks late, so a message whose worker lost its connection mid-task
+    runs again: a known duplicate)."""
     celery = Celery("msgsafe-it", broker=broker, set_as_current=False)
+    arguments = {} if queue_type == "classic" else {"x-queue-type": queue_type}
     celery.conf.update(
         task_queues=[
             Queue(
                 queue,
                 Exchange(queue, type="direct"),
                 routing_key=queue,
-                queue_arguments={"x-queue-type": "quorum"},
+                queue_arguments=arguments or None,
             )
         ],
         task_default_queue=queue,
@@ -69,7 +74,18 @@ def _from_env() -> Any:
     broker = os.environ.get("CELERY_TEST_BROKER")
     if broker is None:
         return None
-    return make_app(broker, os.environ["CELERY_TEST_QUEUE"], os.environ["CELERY_TEST_RECORD"])
+    made = make_app(
+        broker,
+        os.environ["CELERY_TEST_QUEUE"],
+        os.environ["CELERY_TEST_RECORD"],
+        os.environ.get("CELERY_TEST_QUEUE_TYPE", "quorum"),
+    )
+    outbox = os.environ.get("CELERY_TEST_MSGSAFE_OUTBOX")
+    if outbox:
+        from msgsafe.compat import celery as compat_celery
+
+        compat_celery.install(made, outbox=outbox)
+    return made
 
 
 #: The worker's app (``-A tests.integration.compat.celery_app``); None without the env.

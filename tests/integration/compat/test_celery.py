@@ -7,7 +7,13 @@ the worker (lost 0); a task run twice is a known id (a redelivery), never an unk
   broker comes back and the unchanged worker runs every one;
 - a broker node SIGKILLed mid-run: ``delay()`` goes on, nothing returned is lost;
 - flow control (a memory alarm on every node): ``delay()`` does not hang, and the tasks
-  run once the alarm clears.
+  run once the alarm clears;
+- Celery's own classic queue whose node is killed mid-run and restarted: tasks returned
+  by the broker meanwhile are kept (not quarantined as unroutable) and all run;
+- tasks stored while the broker was unreachable, forwarded before any worker declared
+  their queue: forwarded with Celery's declarations, they wait in the queue and all run
+  once a worker starts; the broker then holds what real Celery's publish leaves;
+- a worker of the installed app forwards the outbox a publisher left behind.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pika
+import pika.exceptions
 import pytest
 
 from msgsafe.cluster.rabbitmq import RabbitCluster
@@ -58,6 +65,11 @@ def _failover(ports: list[int]) -> str:
 
 def _ports(cluster: RabbitCluster) -> list[int]:
     return [cluster.port(i) for i in range(cluster.size)]
+
+
+def _proxied(proxies: FaultProxies) -> str:
+    """The failover list of the proxies' ports."""
+    return _failover([int(h.rsplit(":", 1)[1]) for h in proxies.hosts.split(",")])
 
 
 @dataclass
@@ -96,10 +108,14 @@ def _delay(app: Any, n: int, tally: Tally) -> None:
 
 
 @contextmanager
-def _worker(broker: str, queue: str, record: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """An unchanged Celery worker (solo pool) on ``queue``, ready when yielded."""
+def _worker(
+    broker: str, queue: str, record: Path, log: Path, **extra: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """An unchanged Celery worker (solo pool) on ``queue``, ready when yielded; ``extra``:
+    more of celery_app's environment (CELERY_TEST_QUEUE_TYPE=...)."""
     env = script_env(log.parent)
     env.update(CELERY_TEST_BROKER=broker, CELERY_TEST_QUEUE=queue, CELERY_TEST_RECORD=str(record))
+    env.update(extra)
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [
@@ -165,9 +181,7 @@ def test_500_delays_while_the_broker_is_unreachable_return_promptly_and_all_run(
     record, log = tmp_path / "runs.txt", tmp_path / "worker.log"
     ports = _ports(rabbit_cluster)
     proxies = FaultProxies(("127.0.0.1", port) for port in ports)
-    app = make_app(
-        _failover([int(h.rsplit(":", 1)[1]) for h in proxies.hosts.split(",")]), queue, str(record)
-    )
+    app = make_app(_proxied(proxies), queue, str(record))
     publisher = compat_celery.install(app, outbox=tmp_path / "outbox.sqlite3")
     tally = Tally()
     try:
@@ -325,3 +339,199 @@ def test_a_memory_alarm_does_not_hang_delay(rabbit: RabbitCluster, tmp_path: Pat
             _assert_counted(tally, record)
     finally:
         publisher.uninstall()
+
+
+#: Tasks published across the kill and restart of their classic queue's node, and when.
+NODE_DOWN_COUNT = 200
+NODE_KILL_AT = 60
+NODE_RESTART_AT = 140
+
+
+def _quarantined(publisher: compat_celery.CeleryPublisher) -> int:
+    outbox = publisher.producer.outbox
+    assert outbox is not None
+    return outbox.stats().quarantined
+
+
+def _declare_as_celery(app: Any, port: int) -> None:
+    """Declare the app's task queue (its exchange, the queue, the binding) as Celery does,
+    on the node at ``port``: a classic queue lives there."""
+    with app.connection_for_write(f"amqp://guest:guest@127.0.0.1:{port}//") as conn:
+        for queue in app.amqp.queues.values():
+            queue(conn.default_channel).declare()
+
+
+def test_tasks_sent_while_their_classic_queues_node_is_down_are_kept_and_all_run(
+    rabbit: RabbitCluster, tmp_path: Path
+) -> None:
+    """The classic queue's home node is SIGKILLed after NODE_KILL_AT tasks and restarted
+    after NODE_RESTART_AT: RabbitMQ returns the tasks meanwhile (NO_ROUTE) as for a
+    missing queue; they are stored and forwarded once the node is back, none
+    quarantined, every one run.
+
+    NOTE: a Celery worker whose classic queue's node goes down stops consuming (the
+    broker cancels its consumer and the worker's re-declare gets 404 "home node ... is
+    down"), Celery's own behaviour: the worker that ran the first tasks is stopped before
+    the kill, and a fresh one runs the rest once the node is back.
+    """
+    queue = f"celery-classic-{uuid.uuid4().hex[:8]}"
+    record, log = tmp_path / "runs.txt", tmp_path / "worker.log"
+    ports = _ports(rabbit)
+    home, worker_node = 1, rabbit.size - 1
+    app = make_app(_failover(ports), queue, str(record), "classic")
+    _declare_as_celery(app, ports[home])
+    publisher = compat_celery.install(app, outbox=tmp_path / "outbox.sqlite3", confirm_timeout=5)
+    tally = Tally()
+    classic = {"CELERY_TEST_QUEUE_TYPE": "classic"}
+    try:
+        with _worker(_failover([ports[worker_node]]), queue, record, log, **classic):
+            for n in range(NODE_KILL_AT):
+                _delay(app, n, tally)
+            _wait_all_ran(tally, record, log)
+        rabbit.kill(home)
+        for n in range(NODE_KILL_AT, NODE_RESTART_AT):
+            _delay(app, n, tally)
+        rabbit.restart(home)
+        for n in range(NODE_RESTART_AT, NODE_DOWN_COUNT):
+            _delay(app, n, tally)
+        assert not tally.failed, tally.failed[:5]
+        with _worker(
+            _failover([ports[worker_node]]), queue, record, tmp_path / "w2.log", **classic
+        ):
+            _wait_all_ran(tally, record, log)
+        quarantined = _quarantined(publisher)
+        print(f"{tally.summary(record)} quarantined={quarantined}")
+        _assert_counted(tally, record)
+        assert len(set(tally.ran(record))) == NODE_DOWN_COUNT
+        assert quarantined == 0
+    finally:
+        publisher.uninstall()
+
+
+def _queue_state(port: int, queue: str) -> tuple[str, int]:
+    """What the broker holds for ``queue``: its type (as msgsafe doctor reads it) and its
+    message count; ("missing", 0) when it does not exist."""
+    from msgsafe.checks.rabbitmq import inspect_destination
+    from msgsafe.endpoints import parse_url
+
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    try:
+        count = conn.channel().queue_declare(queue, passive=True).method.message_count
+    except pika.exceptions.ChannelClosedByBroker:
+        return "missing", 0
+    finally:
+        if conn.is_open:
+            conn.close()
+    report = inspect_destination(parse_url(f"amqp://guest:guest@127.0.0.1:{port}/"), queue)
+    (finding,) = report.findings
+    return f"{finding.setting}={finding.value}", count
+
+
+def _exchange_exists(port: int, name: str) -> bool:
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    try:
+        conn.channel().exchange_declare(name, passive=True)
+    except pika.exceptions.ChannelClosedByBroker:
+        return False
+    finally:
+        if conn.is_open:
+            conn.close()
+    return True
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_the_broker_holds_what_celery_leaves_direct_and_forwarded(
+    rabbit_cluster: RabbitCluster, tmp_path: Path, queue_type: str
+) -> None:
+    """Differential, no worker running: one task published by real Celery to a new queue,
+    one through the wrapper (the direct path), one stored while the broker was
+    unreachable and forwarded from the outbox: each queue then exists, of the same type,
+    with its exchange, holding the one task."""
+    port = rabbit_cluster.port(0)
+    names = {way: f"celery-diff-{way}-{uuid.uuid4().hex[:8]}" for way in ("celery", "direct")}
+    record = str(tmp_path / "runs.txt")
+    plain = make_app(_failover([port]), names["celery"], record, queue_type)
+    plain.tasks[TASK].delay(1)
+    direct_app = make_app(_failover([port]), names["direct"], record, queue_type)
+    direct = compat_celery.install(direct_app, outbox=tmp_path / "direct.sqlite3")
+    proxies = FaultProxies([("127.0.0.1", port)])
+    names["forwarded"] = f"celery-diff-forwarded-{uuid.uuid4().hex[:8]}"
+    forwarded_app = make_app(_proxied(proxies), names["forwarded"], record, queue_type)
+    forwarded = compat_celery.install(forwarded_app, outbox=tmp_path / "forwarded.sqlite3")
+    try:
+        direct_app.tasks[TASK].delay(1)
+        proxies.blackhole()
+        receipt_id = forwarded_app.tasks[TASK].delay(1).id
+        assert forwarded.producer.pending() == 1, receipt_id
+        assert _queue_state(port, names["forwarded"]) == ("missing", 0)
+        proxies.heal()
+        assert forwarded.producer.drain(60) == 0
+        assert _quarantined(forwarded) == 0
+        states = {way: _queue_state(port, name) for way, name in names.items()}
+        print(states)
+        assert states["celery"][1] == 1
+        assert states["direct"] == states["celery"]
+        assert states["forwarded"] == states["celery"]
+        assert all(_exchange_exists(port, name) for name in names.values())
+    finally:
+        direct.uninstall()
+        forwarded.uninstall()
+        proxies.close()
+
+
+def test_tasks_forwarded_before_any_worker_declared_their_queue_all_run(
+    rabbit_cluster: RabbitCluster, tmp_path: Path
+) -> None:
+    """UNREACHABLE_COUNT tasks stored while the broker is unreachable; the broker comes
+    back and the outbox is forwarded while no worker has declared the queue; a worker
+    started afterwards runs every one (none quarantined as unroutable)."""
+    queue = f"celery-later-worker-{uuid.uuid4().hex[:8]}"
+    record, log = tmp_path / "runs.txt", tmp_path / "worker.log"
+    ports = _ports(rabbit_cluster)
+    proxies = FaultProxies(("127.0.0.1", port) for port in ports)
+    app = make_app(_proxied(proxies), queue, str(record))
+    publisher = compat_celery.install(app, outbox=tmp_path / "outbox.sqlite3")
+    tally = Tally()
+    try:
+        proxies.blackhole()
+        for n in range(UNREACHABLE_COUNT):
+            _delay(app, n, tally)
+        assert not tally.failed, tally.failed[:5]
+        assert publisher.producer.pending() == UNREACHABLE_COUNT
+        proxies.heal()
+        assert publisher.producer.drain(120) == 0
+        quarantined = _quarantined(publisher)
+        assert quarantined == 0, f"{quarantined} tasks quarantined"
+        with _worker(_failover(ports), queue, record, log):
+            _wait_all_ran(tally, record, log)
+        print(f"{tally.summary(record)} quarantined={quarantined}")
+        _assert_counted(tally, record)
+    finally:
+        publisher.uninstall()
+        proxies.close()
+
+
+def test_a_worker_of_the_installed_app_forwards_the_outbox_a_publisher_left(
+    rabbit_cluster: RabbitCluster, tmp_path: Path
+) -> None:
+    """A publisher stores tasks while the broker is unreachable and exits; a worker whose
+    app is installed with the same outbox forwards them when it is ready, and runs them."""
+    queue = f"celery-worker-forwards-{uuid.uuid4().hex[:8]}"
+    record, log = tmp_path / "runs.txt", tmp_path / "worker.log"
+    outbox = tmp_path / "outbox.sqlite3"
+    ports = _ports(rabbit_cluster)
+    proxies = FaultProxies(("127.0.0.1", port) for port in ports)
+    app = make_app(_proxied(proxies), queue, str(record))
+    publisher = compat_celery.install(app, outbox=outbox)
+    tally = Tally()
+    try:
+        proxies.blackhole()
+        for n in range(50):
+            _delay(app, n, tally)
+        assert publisher.producer.pending() == 50
+    finally:
+        publisher.uninstall()  # the process's producer closes; the tasks stay stored
+        proxies.close()
+    with _worker(_failover(ports), queue, record, log, CELERY_TEST_MSGSAFE_OUTBOX=str(outbox)):
+        _wait_all_ran(tally, record, log)
+    _assert_counted(tally, record)
