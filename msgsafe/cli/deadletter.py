@@ -91,6 +91,8 @@ _KEPT_AS_REPLAYED = {
     DLQ_ERROR_TYPE: "x-msgsafe-replayed-error-type",
 }
 
+#: The first read's wait on Kafka, where a new group must be assigned partitions first.
+_KAFKA_JOIN_S = 15.0
 #: Error text in ``list`` is cut to this many characters.
 _ERROR_SHOWN = 60
 #: ``show`` prints at most this many characters of a body unless --full.
@@ -159,8 +161,14 @@ def _reading(url: str, destination: str, limit: int, wait: float, as_json: bool)
         consumer = Consumer(with_options(url, options), group=group)
         try:
             consumer.subscribe(destination)
+            # A new Kafka group is first assigned its partitions (a rebalance, seconds):
+            # an empty first poll must not pass for an empty topic.
+            first_wait = max(wait, _KAFKA_JOIN_S) if kafka else wait
             while len(deliveries) < limit:
-                batch = consumer.poll(wait, max_messages=min(500, limit - len(deliveries)))
+                batch = consumer.poll(
+                    wait if deliveries else first_wait,
+                    max_messages=min(500, limit - len(deliveries)),
+                )
                 if not batch:
                     complete = True
                     break
