@@ -11,7 +11,16 @@ from typing import Annotated
 import typer
 
 from msgsafe import __version__
-from msgsafe.cli import demo, doctor, outbox, outbox_forward, outbox_watch, shell, verify
+from msgsafe.cli import (
+    deadletter,
+    demo,
+    doctor,
+    outbox,
+    outbox_forward,
+    outbox_watch,
+    shell,
+    verify,
+)
 from msgsafe.cli._output import reflow_help
 from msgsafe.cluster import cli as cluster
 
@@ -25,7 +34,8 @@ app = typer.Typer(
         "3 could not run (broker unreachable, bad URL, outbox unusable); doctor: "
         "4 a setting could not be checked, 5 warning, 6 a setting that loses messages; "
         "send: 7 some messages were only stored in the outbox (none failed); "
-        "outbox drain: 8 nothing waits, but messages are in the quarantine."
+        "outbox drain: 8 nothing waits, but messages are in the quarantine; deadletter "
+        "replay: 1 a replay failed (its dead letter stays), 2 also an id not there."
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -63,6 +73,7 @@ outbox.app.command(name="watch")(outbox_watch.watch)
 outbox.app.command(name="forward")(outbox_forward.forward)
 app.add_typer(outbox.app, name="outbox")
 app.add_typer(cluster.app, name="cluster")
+app.add_typer(deadletter.app, name="deadletter")
 # Last, once every command is registered: their docstrings' line breaks go.
 reflow_help(app)
 
