@@ -97,9 +97,10 @@ class PostgresInbox:
 
     ``conninfo`` is a libpq connection string or URL; it is never shown in errors,
     logs or ``repr``. Threads: every thread gets a connection of its own (opened on its
-    first call, made anew when lost, closed by :meth:`close`), so handlers on a worker
-    pool run their transactions side by side; ``tx`` belongs to the calling thread and
-    is not to be kept after ``work`` returns. ``write_timeout``: how long a call keeps
+    first call, made anew when lost, kept until :meth:`close`: use it from a pool of
+    long-lived threads), so handlers on a worker pool run their transactions side by
+    side; ``tx`` belongs to the calling thread and is not to be kept after ``work``
+    returns. ``write_timeout``: how long a call keeps
     trying new connections through a fail-over before it raises
     :class:`~msgsafe.errors.InboxUnavailable`. ``clock`` (epoch seconds) stamps records.
     """

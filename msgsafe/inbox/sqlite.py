@@ -46,8 +46,9 @@ class SqliteInbox:
     if missing, tables ``table``, ``<table>_attempts`` and ``<table>_schema``).
 
     Threads: every thread gets a connection of its own (opened on its first call,
-    closed by :meth:`close`); ``tx`` belongs to the thread that called :meth:`process`
-    and is not to be kept after ``work`` returns. Writers — threads and processes —
+    kept until :meth:`close`: use it from a pool of long-lived threads); ``tx``
+    belongs to the thread that called :meth:`process` and is not to be kept after
+    ``work`` returns. Writers — threads and processes —
     take turns on SQLite's write lock for the whole of ``work``: keep ``work`` short. A
     writer that waits longer than ``busy_timeout`` seconds for the lock gets
     :class:`~msgsafe.errors.InboxUnavailable` (nothing recorded). ``clock`` (epoch

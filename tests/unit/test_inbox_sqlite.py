@@ -92,7 +92,7 @@ def test_work_that_raises_keeps_nothing(inbox: SqliteInbox, db: Path) -> None:
 def test_handled_answers_for_many_ids(inbox: SqliteInbox) -> None:
     for n in range(0, 1500, 3):
         inbox.process(f"m{n}", lambda tx: None, source="q")
-    asked = [f"m{n}" for n in range(1500)] + ["it's \"quoted\""]
+    asked = [f"m{n}" for n in range(1500)] + ['it\'s "quoted"']
     assert inbox.handled(asked) == {f"m{n}" for n in range(0, 1500, 3)}
     assert inbox.handled([]) == set()
 
