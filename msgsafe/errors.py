@@ -28,6 +28,8 @@ __all__ = [
     "ConfirmTimeout",
     "ConnectError",
     "ConnectionLost",
+    "InboxError",
+    "InboxUnavailable",
     "InvalidDestination",
     "InvalidMessage",
     "MessageIdReused",
@@ -416,3 +418,15 @@ class BatchFailed(MsgsafeError):
 
     def _extra(self) -> dict[str, object]:
         return {"errors": self.errors, "receipt": self.receipt}
+
+
+# --- inbox -------------------------------------------------------------------------------
+
+
+class InboxError(MsgsafeError):
+    """The inbox could not record or look up a message id; nothing of that call was kept."""
+
+
+class InboxUnavailable(InboxError):
+    """The inbox's database took no writes within the inbox's timeout (down, read-only,
+    busy, or failing over): nothing was recorded, the message is to be handled again."""

@@ -47,7 +47,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeGuard, runtime_checkable
+from typing import Any, Generic, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 from msgsafe._futures import LightFuture
 from msgsafe.errors import MsgsafeError
@@ -63,6 +63,7 @@ __all__ = [
     "ErrorListener",
     "ErrorListeningTransport",
     "HurryingTransport",
+    "InboxStore",
     "LANE_DIRECT",
     "LANE_LEAVING",
     "LANE_SAFE",
@@ -72,6 +73,7 @@ __all__ = [
     "NotifyingStore",
     "OutboxStats",
     "OutboxStore",
+    "Processed",
     "PublishCallback",
     "PublishFuture",
     "Receiver",
@@ -675,6 +677,81 @@ class NotifyingStore(OutboxStore, Protocol):
 
     def listen(self, wake: Callable[[], None]) -> None:
         """Call ``wake()`` after each committed put into the store, until :meth:`close`."""
+        ...
+
+
+# --- the inbox: a consumer's record of the messages it handled ------------------------------
+
+#: What an inbox's ``work`` returns.
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class Processed(Generic[R]):
+    """What :meth:`InboxStore.process` did: ``ran`` True when ``work`` ran and committed
+    with the message id (``value`` is what it returned); False when the id was recorded
+    already and ``work`` was not called (``value`` None)."""
+
+    ran: bool
+    value: R | None = None
+
+
+@runtime_checkable
+class InboxStore(Protocol):
+    """Message ids a consumer has handled, recorded in the handler's own database in the
+    same transaction as the handler's writes (:mod:`msgsafe.inbox`).
+
+    Contract:
+
+    - ``process(id, work, source=, attempt=)`` opens a transaction on the inbox's
+      database, records ``id`` (with ``source``, ``attempt`` and the time), calls
+      ``work(tx)`` — ``tx`` a DB-API connection inside that open transaction, which
+      ``work`` writes its effects through and must neither commit nor roll back — and
+      commits both at once. It returns ``Processed(ran=True, value=work's answer)`` once
+      the commit is known to have happened, and ``Processed(ran=False)`` without calling
+      ``work`` when ``id`` is recorded already. If ``work`` raises, the transaction is
+      rolled back (the id is not recorded, none of ``work``'s writes are kept) and the
+      exception propagates unchanged. Concurrent calls for one id, from threads,
+      processes or a fleet of hosts on one database: exactly one runs ``work`` to a
+      commit, the others return ``ran=False`` (if that one rolls back, another runs).
+      ``work`` may run more than once for one call when the database connection is lost
+      before the commit (each earlier run was rolled back with it): like a redelivery,
+      it must not do what it cannot undo outside ``tx``.
+    - ``handled(ids)``: the ids of ``ids`` recorded (one query).
+    - ``record_attempt(id, source=)``: for brokers that count no redeliveries (Kafka,
+      classic queues), a durable counter per id not yet handled: incremented and
+      committed in a transaction of its own; returns the new count (1 the first time);
+      survives restarts; the count is dropped when ``id`` is processed.
+    - ``prune(older_than_s=)`` deletes records (and attempt counters) older than that;
+      returns how many. Keep ids at least as long as a producer may redeliver them
+      (the outbox's longest wait plus the broker's retention): an id pruned sooner is
+      handled again if it comes back.
+    - The database's errors are :class:`~msgsafe.errors.InboxError` (never with
+      credentials); :class:`~msgsafe.errors.InboxUnavailable` when it took no writes
+      in time. Thread-safe; ``close`` is idempotent, a call after it raises
+      :class:`~msgsafe.errors.ClosedError`.
+    """
+
+    def process(
+        self, message_id: str, work: Callable[[Any], R], *, source: str, attempt: int = 1
+    ) -> Processed[R]:
+        """Run ``work(tx)`` and record ``message_id`` in one transaction, once per id."""
+        ...
+
+    def handled(self, message_ids: Sequence[str]) -> set[str]:
+        """Which of ``message_ids`` are recorded."""
+        ...
+
+    def record_attempt(self, message_id: str, *, source: str) -> int:
+        """Count one more attempt at an unhandled ``message_id``, durably; the new count."""
+        ...
+
+    def prune(self, *, older_than_s: float) -> int:
+        """Delete records older than ``older_than_s`` seconds; how many."""
+        ...
+
+    def close(self) -> None:
+        """Close the inbox's connections. Idempotent."""
         ...
 
 
