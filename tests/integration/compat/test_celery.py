@@ -18,6 +18,7 @@ the worker (lost 0); a task run twice is a known id (a redelivery), never an unk
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -37,9 +38,11 @@ import pytest
 
 from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.compat import celery as compat_celery
+from msgsafe.message import Guarantee
 from msgsafe.testing.faultproxy import FaultProxies
 from tests.integration.compat.celery_app import make_app, runs
 from tests.integration.compat.legacy import REPO, connected_ports, script_env
+from tests.support.commands import msgsafe as run_msgsafe
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -535,3 +538,42 @@ def test_a_worker_of_the_installed_app_forwards_the_outbox_a_publisher_left(
     with _worker(_failover(ports), queue, record, log, CELERY_TEST_MSGSAFE_OUTBOX=str(outbox)):
         _wait_all_ran(tally, record, log)
     _assert_counted(tally, record)
+
+
+@pytest.mark.parametrize(
+    ("queue_type", "guarantee", "doctor_code"),
+    # doctor's exit code: 6 a setting that loses messages; below 5 no warning (4: the
+    # session cluster runs without the management API, so some cluster settings are
+    # unknown, whatever the queue).
+    [("classic", Guarantee.DURABLE, 6), ("quorum", Guarantee.REPLICATED, 4)],
+)
+def test_install_rates_the_task_queues_as_doctor_does(
+    rabbit_cluster: RabbitCluster,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    queue_type: str,
+    guarantee: Guarantee,
+    doctor_code: int,
+) -> None:
+    """``install()`` checks the app's task queues as ``msgsafe doctor`` does: a classic
+    queue (one node's disk) is named in a WARNING and doctor rates it critical; a quorum
+    queue passes both."""
+    port = rabbit_cluster.port(0)
+    name = f"celery-check-{queue_type}-{uuid.uuid4().hex[:8]}"
+    record = str(tmp_path / "runs.txt")
+    make_app(_failover([port]), name, record, queue_type).tasks[TASK].delay(1)  # declares it
+    app = make_app(_failover([port]), name, record, queue_type)
+    handle = compat_celery.install(app, outbox=tmp_path / "o.sqlite3", check_queues=False)
+    try:
+        with caplog.at_level(logging.WARNING, logger="msgsafe"):
+            results = handle.check_queues()
+    finally:
+        handle.uninstall()
+    assert results == {name: guarantee}, results
+    warned = [r.getMessage() for r in caplog.records if name in r.getMessage()]
+    assert bool(warned) == (guarantee is not Guarantee.REPLICATED), warned
+    doctor = run_msgsafe("doctor", f"amqp://guest:guest@127.0.0.1:{port}/%2F", name)
+    assert doctor.code == doctor_code if doctor_code == 6 else doctor.code <= doctor_code, (
+        doctor.stdout,
+        doctor.stderr,
+    )
