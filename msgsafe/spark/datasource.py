@@ -27,9 +27,13 @@ batches (Arrow buffers Spark already made) until they are safe, and sends them a
 with the same ids, with backoff, until ``receipt_timeout`` has passed since the failure.
 
 Spark calls ``commit`` on the driver when every task
-of a write (or of a micro-batch) succeeded and ``abort`` when one failed for good;
-both log what the batch did as a :class:`~msgsafe.spark.SparkBatchReport` and, with
-``report_dir``, write it to a file there (:func:`read_reports`). NOTE: Spark forwards
+of a write (or of a micro-batch) succeeded and ``abort`` when the write failed (a task
+failed for good, or the job was cancelled, as when its driver dies); both log what the
+batch did as a :class:`~msgsafe.spark.SparkBatchReport` and, with ``report_dir``, write
+it to a file there (:func:`read_reports`). ``abort`` gets no commit message from a task
+that had not reported yet, finished or not: each task also records its partition's
+counts in ``report_dir`` before it returns, and a partition without either is reported
+as unknown (:func:`partition_outcomes`), never as a count. NOTE: Spark forwards
 no metric of a Python writer into a streaming query's progress (its ``sink.metrics``
 stay empty), hence the log and the file.
 
@@ -54,7 +58,8 @@ Options (Spark passes them as strings; names are case-insensitive):
 ``max_in_flight``      sends per partition awaiting confirmation (default 50000)
 ``receipt_timeout``    seconds a task waits for one receipt (default 120)
 ``batch_id``           a batch write's id number (an integer; default: picked per write)
-``report_dir``         directory where commit and abort write each batch's report
+``report_dir``         directory where commit and abort write each batch's report (and
+                       each task its partition's counts, for abort)
 ``producer.NAME``      option ``NAME`` for :class:`~msgsafe.Producer` and the adapter;
                        the value is read as JSON when it parses (``5``, ``true``) and
                        as a string otherwise (``quorum``)
