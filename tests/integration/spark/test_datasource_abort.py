@@ -140,7 +140,7 @@ def work(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_the_abort_report_after_a_driver_kill_counts_what_the_broker_confirmed(
+def test_an_aborted_write_reports_what_the_broker_confirmed(
     kafka_url: str, kafka_topic: str, work: Path
 ) -> None:
     markers, reports = work / "markers", work / "reports"
@@ -173,7 +173,7 @@ def test_the_abort_report_after_a_driver_kill_counts_what_the_broker_confirmed(
         consume(kafka_url, kafka_topic, set(expected), deadline_s=60, group=f"g-{uuid.uuid4()}"),
         known,
     )
-    print(f"[abort after a driver kill -> kafka] {outcome}: {report}; the topic: {held}")
+    print(f"[abort without partition messages -> kafka] {outcome}: {report}; the topic: {held}")
     assert outcome == "aborted" and report.batch_id == BATCH_ID
     assert held.unknown == 0 and held.wrong_rows == held.lost and held.duplicates == 0
     on_topic = held.unique
