@@ -27,9 +27,13 @@ batches (Arrow buffers Spark already made) until they are safe, and sends them a
 with the same ids, with backoff, until ``receipt_timeout`` has passed since the failure.
 
 Spark calls ``commit`` on the driver when every task
-of a write (or of a micro-batch) succeeded and ``abort`` when one failed for good;
-both log what the batch did as a :class:`~msgsafe.spark.SparkBatchReport` and, with
-``report_dir``, write it to a file there (:func:`read_reports`). NOTE: Spark forwards
+of a write (or of a micro-batch) succeeded and ``abort`` when the write failed (a task
+failed for good, or the job was cancelled, as when its driver dies); both log what the
+batch did as a :class:`~msgsafe.spark.SparkBatchReport` and, with ``report_dir``, write
+it to a file there (:func:`read_reports`). ``abort`` gets no commit message from a task
+that had not reported yet, finished or not: each task also records its partition's
+counts in ``report_dir`` before it returns, and a partition without either is reported
+as unknown (:func:`partition_outcomes`), never as a count. NOTE: Spark forwards
 no metric of a Python writer into a streaming query's progress (its ``sink.metrics``
 stay empty), hence the log and the file.
 
@@ -54,7 +58,8 @@ Options (Spark passes them as strings; names are case-insensitive):
 ``max_in_flight``      sends per partition awaiting confirmation (default 50000)
 ``receipt_timeout``    seconds a task waits for one receipt (default 120)
 ``batch_id``           a batch write's id number (an integer; default: picked per write)
-``report_dir``         directory where commit and abort write each batch's report
+``report_dir``         directory where commit and abort write each batch's report (and
+                       each task its partition's counts, for abort)
 ``producer.NAME``      option ``NAME`` for :class:`~msgsafe.Producer` and the adapter;
                        the value is read as JSON when it parses (``5``, ``true``) and
                        as a string otherwise (``quorum``)
@@ -70,6 +75,8 @@ import itertools
 import json
 import logging
 import os
+import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -105,7 +112,9 @@ __all__ = [
     "MsgsafeWriter",
     "PartitionCommit",
     "SinkOptions",
+    "partition_outcomes",
     "read_reports",
+    "record_partition",
 ]
 
 log = logging.getLogger("msgsafe.spark")
@@ -320,7 +329,7 @@ class _Writing:
                 return itertools.chain(list(kept), source)
 
             result = self._again(first, again, batch_id, partition, attempt)
-        return PartitionCommit(batch_id, result)
+        return self._finished(batch_id, result)
 
     def _again(
         self,
@@ -366,6 +375,15 @@ class _Writing:
         columns = self._columns
         selected = (tuple(row[i] for i in columns) for row in rows)
         result = publish_partition(self._plan, batch_id, partition, selected, attempt=attempt)
+        return self._finished(batch_id, result)
+
+    def _finished(self, batch_id: int, result: PartitionResult) -> PartitionCommit:
+        """The commit message of a task whose partition is safe, recorded first (with
+        ``report_dir``) beside the batch's report: Spark may never hand the message to
+        ``abort`` (a write aborted while it ran, or cancelled because its driver died),
+        and the record still tells what the broker confirmed."""
+        if self._report_dir is not None:
+            record_partition(self._report_dir, batch_id, result)
         return PartitionCommit(batch_id, result)
 
     # --- driver side ----------------------------------------------------------------------
@@ -387,24 +405,31 @@ class _Writing:
         return report
 
     def _abort(self, messages: Sequence[Any], batch_id: int) -> SparkBatchReport:
-        results = self._results(messages)
-        failed = sum(1 for m in messages if not isinstance(m, PartitionCommit))
+        results, unknown = partition_outcomes(messages, batch_id, self._report_dir)
         report = SparkBatchReport.sum(
-            batch_id, self._destination, results, max((r.seconds for r in results), default=0.0)
+            batch_id,
+            self._destination,
+            results,
+            max((r.seconds for r in results), default=0.0),
+            unknown_partitions=unknown,
         )
         log.error(
-            "batch %d to %s %r aborted: %d partition(s) failed after Spark's task retries; "
-            "the others published %d rows (%d confirmed, %d stored), which a run with the "
-            "same batch id repeats with the same ids (consumers with dedup= drop them)",
+            "batch %d to %s %r aborted: %d of %d partition(s) published %d rows (%d confirmed, "
+            "%d stored); the outcome of %d partition(s) is unknown (failed, or cancelled or "
+            "killed before reporting: what they published is not counted%s). A run with the "
+            "same batch id repeats the same ids (consumers with dedup= drop them)",
             batch_id,
             self._plan.target,
             self._destination,
-            failed,
+            len(results),
+            len(messages),
             report.rows,
             report.confirmed,
             report.stored,
+            unknown,
+            ", so these are lower bounds" if unknown else "",
         )
-        self._write_report(batch_id, "aborted", report, failed_partitions=failed)
+        self._write_report(batch_id, "aborted", report, failed_partitions=unknown)
         return report
 
     def _write_report(
@@ -414,11 +439,16 @@ class _Writing:
             return
         folder = Path(self._report_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        record = {"outcome": outcome, "failed_partitions": failed_partitions, **asdict(report)}
-        path = folder / f"batch-{batch_id}.{outcome}.json"
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(record))
-        tmp.replace(path)
+        record = {
+            "outcome": outcome,
+            "failed_partitions": failed_partitions,
+            "confirmed_exact": report.exact,
+            **asdict(report),
+        }
+        _write_json(folder / f"batch-{batch_id}.{outcome}.json", record)
+        if outcome == "committed":
+            # The report covers every partition: their records are no longer needed.
+            shutil.rmtree(_partitions_dir(folder, batch_id), ignore_errors=True)
 
 
 class MsgsafeWriter(_Writing, DataSourceArrowWriter):
@@ -450,7 +480,9 @@ class MsgsafeWriter(_Writing, DataSourceArrowWriter):
         self._commit(messages, self.batch_id)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        """A task failed for good: log (and record) what the others did."""
+        """The write failed (a task failed for good, or the job was cancelled): log (and
+        record) what the partitions did, as far as the driver knows (see
+        :func:`partition_outcomes`)."""
         self._abort(messages, self.batch_id)
 
 
@@ -486,8 +518,9 @@ class MsgsafeStreamWriter(_Writing, _StreamBase):
         self._commit(messages, batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """A task of micro-batch ``batchId`` failed for good: log (and record) what the
-        others did; the query stops, and its restart replays the batch with its id."""
+        """Micro-batch ``batchId`` failed: log (and record) what its partitions did as
+        far as the driver knows (:func:`partition_outcomes`); the query stops, and its
+        restart replays the batch with its id."""
         self._abort(messages, batchId)
 
 
@@ -520,6 +553,83 @@ def _refuse_overwrite(overwrite: bool) -> None:
             "format('msgsafe') only appends: a message sent cannot be overwritten "
             "(use mode('append') or outputMode('append'))"
         )
+
+
+def _partitions_dir(report_dir: Path, batch_id: int) -> Path:
+    return report_dir / f"batch-{batch_id}.partitions"
+
+
+def _write_json(path: Path, record: Mapping[str, object]) -> None:
+    # Whole or absent: a reader never sees half a file (tasks of several processes
+    # and the driver write into one folder).
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)
+
+
+def record_partition(report_dir: str, batch_id: int, result: PartitionResult) -> None:
+    """Record, in the executor, that partition ``result.partition`` of ``batch_id`` is
+    safe with ``result``'s counts: a file in ``report_dir/batch-B.partitions/``. A
+    folder the executor cannot write is logged, not fatal: the partition's rows are safe,
+    and an abort that finds no record reports the partition as unknown."""
+    folder = _partitions_dir(Path(report_dir), batch_id)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_json(folder / f"{result.partition}.json", asdict(result))
+    except OSError as exc:
+        log.warning(
+            "batch %d partition %d: cannot record its confirmations in %s (%s); an abort "
+            "of the batch will report this partition as unknown",
+            batch_id,
+            result.partition,
+            folder,
+            exc,
+        )
+
+
+def _recorded(report_dir: str | None, batch_id: int, partition: int) -> PartitionResult | None:
+    if report_dir is None:
+        return None
+    path = _partitions_dir(Path(report_dir), batch_id) / f"{partition}.json"
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning(
+            "batch %d partition %d: unreadable record %s: %s", batch_id, partition, path, exc
+        )
+        return None
+    return PartitionResult(**record)
+
+
+def partition_outcomes(
+    messages: Sequence[Any], batch_id: int, report_dir: str | None
+) -> tuple[list[PartitionResult], int]:
+    """What the partitions of an aborted batch did: the results known and how many
+    partitions are unknown.
+
+    ``messages`` is what Spark hands ``abort``: one entry per partition, in partition
+    order, with ``None`` (or no :class:`PartitionCommit`) for every task that did not
+    report to the driver before the write failed. That is not "failed": a task still
+    running when another failed for good, or when the driver was killed and the job
+    cancelled, may have had every row confirmed. Such a partition's result is read
+    from the record its task wrote into ``report_dir`` when it finished
+    (:func:`record_partition`); a partition with neither is unknown (its task failed,
+    or was killed, before it finished: what it published is counted nowhere).
+    """
+    results: list[PartitionResult] = []
+    unknown = 0
+    for partition, message in enumerate(messages):
+        if isinstance(message, PartitionCommit):
+            results.append(message.result)
+            continue
+        recorded = _recorded(report_dir, batch_id, partition)
+        if recorded is None:
+            unknown += 1
+        else:
+            results.append(recorded)
+    return results, unknown
 
 
 def read_reports(report_dir: str | os.PathLike[str]) -> list[tuple[str, SparkBatchReport]]:

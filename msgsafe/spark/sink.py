@@ -77,6 +77,12 @@ class SparkBatchReport:
     ``rows`` = ``confirmed`` + ``stored`` + ``failed``; ``failed`` is 0 whenever the
     call returns (a batch with a row that is not safe raises :class:`SparkBatchFailed`).
     ``retried_partitions`` counts partitions whose successful attempt was not the first.
+
+    ``unknown_partitions`` (only ever above 0 in the report of an aborted
+    ``format("msgsafe")`` write) counts partitions whose outcome the driver does not
+    know: no task of theirs is known to have finished (it failed, or was cancelled or
+    killed before it reported), so whatever they published is not in ``rows`` or
+    ``confirmed``, which are then lower bounds (:attr:`exact` is False).
     """
 
     batch_id: int
@@ -88,12 +94,25 @@ class SparkBatchReport:
     partitions: int
     retried_partitions: int
     seconds: float
+    unknown_partitions: int = 0
+
+    @property
+    def exact(self) -> bool:
+        """Whether the counts cover every partition (no :attr:`unknown_partitions`)."""
+        return self.unknown_partitions == 0
 
     @classmethod
     def sum(
-        cls, batch_id: int, destination: str, results: Sequence[PartitionResult], seconds: float
+        cls,
+        batch_id: int,
+        destination: str,
+        results: Sequence[PartitionResult],
+        seconds: float,
+        *,
+        unknown_partitions: int = 0,
     ) -> SparkBatchReport:
-        """The report of a batch whose tasks returned ``results``."""
+        """The report of a batch whose tasks returned ``results`` (one per partition), and
+        ``unknown_partitions`` more whose outcome is unknown."""
         rows = sum(r.rows for r in results)
         confirmed = sum(r.confirmed for r in results)
         stored = sum(r.stored for r in results)
@@ -107,15 +126,22 @@ class SparkBatchReport:
             partitions=len(results),
             retried_partitions=sum(1 for r in results if r.attempt > 0),
             seconds=seconds,
+            unknown_partitions=unknown_partitions,
         )
 
     def __str__(self) -> str:
-        return (
+        text = (
             f"batch {self.batch_id} to {self.destination!r}: {self.rows} rows, "
             f"{self.confirmed} confirmed, {self.stored} stored, {self.failed} failed "
             f"({self.partitions} partitions, {self.retried_partitions} retried) "
             f"in {self.seconds:.3f}s"
         )
+        if self.unknown_partitions:
+            text += (
+                f"; unknown for {self.unknown_partitions} more partition(s): "
+                "what they published is not counted (at least these many)"
+            )
+        return text
 
 
 def _spark_types() -> tuple[Any, Any]:

@@ -8,16 +8,18 @@ tests/integration/spark runs them through real SparkSessions and a standalone cl
 
 from __future__ import annotations
 
+import json
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from msgsafe.errors import ConfigurationError, InvalidMessage, Rejected, TransientError
-from msgsafe.spark import ContentIds, MsgsafeDataSource, close_all, key_id, read_reports
+from msgsafe.spark import ContentIds, MsgsafeDataSource, close_all, datasource, key_id, read_reports
 from msgsafe.spark.datasource import (
     MsgsafeStreamWriter,
     MsgsafeWriter,
@@ -221,3 +223,76 @@ def test_an_outage_longer_than_receipt_timeout_fails_the_task(broker: MemoryBrok
     with pytest.raises(TransientError) as caught:
         writer.write(iter(record_batches(10)))
     assert any("tries within receipt_timeout=1.2s" in note for note in caught.value.__notes__)
+
+
+def _write_as(monkeypatch: pytest.MonkeyPatch, writer: MsgsafeWriter, partition: int) -> Any:
+    """``writer.write`` as the task of ``partition`` (attempt 0) would run it."""
+    monkeypatch.setattr(datasource, "_task", lambda: (partition, 0, None))
+    return writer.write(iter(record_batches(2_000, size=500)))
+
+
+def _reporting_writer(broker: MemoryBroker, reports: Path, batch_id: int) -> MsgsafeWriter:
+    return source(
+        url=f"memory://{broker.name}",
+        destination="q",
+        batch_id=str(batch_id),
+        report_dir=str(reports),
+    ).writer(SCHEMA, False)
+
+
+def _aborted(reports: Path, batch_id: int) -> tuple[Any, dict[str, Any]]:
+    """The one report in ``reports`` (which must be the abort of ``batch_id``) and its
+    file's record."""
+    [(outcome, report)] = read_reports(reports)
+    assert outcome == "aborted" and report.batch_id == batch_id
+    record = json.loads((reports / f"batch-{batch_id}.aborted.json").read_text())
+    return report, record
+
+
+def test_abort_counts_a_partition_whose_message_never_reached_the_driver(
+    broker: MemoryBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The story: 4,000 rows in two partitions; both tasks had every row confirmed, but
+    # the write was aborted (its driver killed mid-batch) before partition 1's commit
+    # message reached it, so Spark called abort([message of partition 0, None]). The
+    # report said 2,000 confirmed and 1 partition failed while the topic held 4,000.
+    writer = _reporting_writer(broker, tmp_path, 43)
+    first = _write_as(monkeypatch, writer, 0)
+    _write_as(monkeypatch, writer, 1)  # its message is lost with the driver
+    assert len(broker.messages("q")) == 4_000
+
+    writer.abort([first, None])
+    report, record = _aborted(tmp_path, 43)
+    assert (report.rows, report.confirmed, report.partitions) == (4_000, 4_000, 2)
+    assert report.unknown_partitions == 0 and report.exact
+    assert (record["failed_partitions"], record["confirmed_exact"]) == (0, True)
+
+
+def test_abort_says_unknown_for_a_partition_nobody_recorded(
+    broker: MemoryBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Partition 1's task published its rows but was killed before it finished: nothing
+    # tells the driver what the broker confirmed of it. The report must not pass off
+    # partition 0's 2,000 as the batch's exact count.
+    writer = _reporting_writer(broker, tmp_path, 44)
+    first = _write_as(monkeypatch, writer, 0)
+    writer.abort([first, None])
+    report, record = _aborted(tmp_path, 44)
+    assert (report.confirmed, report.partitions, report.unknown_partitions) == (2_000, 1, 1)
+    assert not report.exact and "unknown for 1 more partition" in str(report)
+    assert (record["failed_partitions"], record["confirmed_exact"]) == (1, False)
+    # Without report_dir nothing is recorded: every missing message is unknown too.
+    assert datasource.partition_outcomes([first, None, None], 44, None)[1] == 2
+
+
+def test_commit_drops_the_partition_records(
+    broker: MemoryBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = _reporting_writer(broker, tmp_path, 45)
+    messages = [_write_as(monkeypatch, writer, p) for p in (0, 1)]
+    assert sorted(p.name for p in (tmp_path / "batch-45.partitions").iterdir()) == [
+        "0.json",
+        "1.json",
+    ]
+    writer.commit(messages)
+    assert [p.name for p in tmp_path.iterdir()] == ["batch-45.committed.json"]

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import collections
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from msgsafe import Consumer
+
+#: The repository's root: the driver processes run their module from there.
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass
@@ -161,3 +167,18 @@ def marked_rows(markers: str, partition: int, rows: int) -> Iterator[tuple[str, 
 
 def retries_seen(markers: Path) -> list[str]:
     return sorted(p.name for p in markers.iterdir() if p.name.startswith("retry-"))
+
+
+def start_driver(module: str, log: Path, args: list[str]) -> subprocess.Popen[bytes]:
+    """Run ``python -m module args`` as a Spark driver, output appended to ``log``, in
+    its own session: a SIGKILL of its process group takes its JVM with it."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYSPARK_PYTHON=sys.executable)
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )

@@ -44,7 +44,7 @@ from msgsafe.cluster.base import ClusterError
 from msgsafe.cluster.rabbitmq import RabbitCluster
 from msgsafe.cluster.spark import SparkCluster
 from msgsafe.spark.ids import ContentIds, key_id
-from tests.integration.spark._support import Received, tally
+from tests.integration.spark._support import Received, start_driver, tally
 
 pytestmark = pytest.mark.integration
 
@@ -218,16 +218,7 @@ class Driver:
     def __init__(self, log: Path, args: list[str]) -> None:
         _DRIVERS.append(self)
         self.log = log
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYSPARK_PYTHON=sys.executable)
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.integration.spark.test_datasource_cluster", *args],
-                cwd=ROOT,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.proc = start_driver("tests.integration.spark.test_datasource_cluster", log, args)
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
