@@ -49,10 +49,10 @@ if [ "$mode" = all ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${want_apt[@]}" >/dev/null
   fi
-  # Apache Kafka, ActiveMQ Artemis and Qpid Broker-J jars from Maven Central, once, into
-  # the cache (~/.cache/msgsafe/brokers or $MSGSAFE_CACHE); later runs reuse them.
+  # Apache Kafka, ActiveMQ Artemis, Qpid Broker-J and Apicurio Registry from Maven Central,
+  # once, into the cache (~/.cache/msgsafe/brokers or $MSGSAFE_CACHE); later runs reuse them.
   log "broker jars (msgsafe cluster fetch)"
-  for kind in kafka artemis qpid; do "$py" -m msgsafe cluster fetch "$kind"; done
+  for kind in kafka artemis qpid registry; do "$py" -m msgsafe cluster fetch "$kind"; done
   # Spark's own Kafka sink (spark-sql-kafka-0-10 and its runtime jars) for spark.jars:
   # the Spark tests and benchmark compare msgsafe's sink with it.
   log "Spark Kafka sink jars"

@@ -1,8 +1,9 @@
 """Real brokers on loopback, for users and for this project's own tests: RabbitMQ,
 Apache Kafka (KRaft), Qpid Broker-J (BDB HA group), ActiveMQ Artemis (live/backup),
 tansu (a zero-Java Kafka-protocol broker for the demo), PostgreSQL (a primary with
-synchronous standbys, for the shared outbox), and a Spark standalone cluster (master and
-workers from the installed PySpark, for the Spark sink's executor-loss tests).
+synchronous standbys, for the shared outbox), a Spark standalone cluster (master and
+workers from the installed PySpark, for the Spark sink's executor-loss tests), and a
+schema registry speaking Confluent's REST API (Apicurio Registry, in-memory storage).
 
 One table maps a kind to its launcher; each launcher is a :class:`LocalCluster`
 (``msgsafe/cluster/base.py`` states the shape). The ``msgsafe cluster`` command is a thin
@@ -27,6 +28,7 @@ KINDS: dict[str, str] = {
     "postgres": "msgsafe.cluster.postgres:PostgresCluster",
     "qpid": "msgsafe.cluster.qpid:QpidCluster",
     "rabbitmq": "msgsafe.cluster.rabbitmq:RabbitCluster",
+    "registry": "msgsafe.cluster.registry:RegistryCluster",
     "spark": "msgsafe.cluster.spark:SparkCluster",
     "tansu": "msgsafe.cluster.tansu:TansuCluster",
 }

@@ -59,7 +59,7 @@ class TlsFiles:
 class LocalCluster(ABC):
     """A cluster of one broker kind on 127.0.0.1 (see the module docstring)."""
 
-    #: ``msgsafe cluster up KIND``: rabbitmq, kafka, qpid, artemis, tansu.
+    #: ``msgsafe cluster up KIND``: rabbitmq, kafka, qpid, artemis, tansu, registry...
     kind: ClassVar[str]
     #: Whether the constructor takes ``tls=True`` (``msgsafe cluster up KIND --tls``):
     #: certificates made in ``dir/tls`` (:mod:`msgsafe.cluster.tls`), TLS listeners that
