@@ -35,6 +35,7 @@ NAMES: dict[str, tuple[str, ...]] = {
     "pg_pair_session": ("pg_pair_session", "pg_pair"),
     "net_rabbit": ("net_rabbit",),
     "spark": ("spark",),
+    "schema_registry": ("schema_registry", "registry", "registry_url"),
 }
 
 _last_user: dict[str, str] = {}
