@@ -12,7 +12,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
@@ -21,6 +21,7 @@ from urllib.parse import urlencode
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from msgsafe.errors import ConfigurationError, MsgsafeError, PermanentError, TransientError
 
@@ -199,3 +200,36 @@ def reflow_help(app: typer.Typer) -> None:
             group.help = reflow(group.help)
         if group.typer_instance is not None:
             reflow_help(group.typer_instance)
+
+
+#: The column printed whole, never cut or folded: its ids are copied into other commands
+#: (``replay``, ``purge``).
+_ID_COLUMN = "message id"
+
+
+def print_table(title: str, columns: Sequence[str], cells: Iterable[Sequence[str]]) -> None:
+    """A table of ``cells``, its ``message id`` column (if any) printed whole on one line
+    at any console width (output to a pipe is 80 columns): the other columns fold their
+    text to make room, and a console too narrow even for that gets a wider table."""
+    rows = [list(row) for row in cells]
+    whole = columns.index(_ID_COLUMN) if _ID_COLUMN in columns else None
+    table = Table(title=title)
+    # Each column takes its text, 2 of padding and 1 of border (and the table 1 more
+    # border); the other columns at least 1 character of text each.
+    needed = 1 + 4 * len(columns)
+    for index, column in enumerate(columns):
+        if index == whole:
+            width = max([len(column), *(len(row[index]) for row in rows)])
+            table.add_column(column, no_wrap=True, min_width=width)
+            needed += width - 1
+        else:
+            table.add_column(column, overflow="fold")
+    for row in rows:
+        # Every cell is text from the store (ids, keys, errors): escaped, never rich markup.
+        table.add_row(*map(escape, row))
+    if out.width >= needed:
+        out.print(table)
+    else:
+        # Lines wider than the console: a terminal wraps them, a pipe keeps them whole.
+        table.width = needed
+        out.print(table, crop=False)

@@ -42,11 +42,11 @@ from msgsafe.cli._output import (
     fail,
     out,
     print_json,
+    print_table,
     translate_errors,
     url_param,
     with_options,
 )
-from msgsafe.cli.outbox import _print_table
 from msgsafe.consumer import Consumer
 from msgsafe.consuming.dead_letter import (
     DEAD_LETTER_HEADERS,
@@ -241,7 +241,7 @@ def list_(
             print_json(row)
         print_json({"read": len(rows), "complete": read.complete})
         return
-    _print_table(
+    print_table(
         f"dead letters in {destination}",
         ("message id", "source", "attempts", "error type", "error", "at"),
         [

@@ -21,7 +21,7 @@ import datetime as dt
 import shlex
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,6 +41,7 @@ from msgsafe.cli._output import (
     out,
     parse_pairs,
     print_json,
+    print_table,
     secret_url,
     translate_errors,
 )
@@ -204,7 +205,7 @@ def _status_all(as_json: bool) -> None:
     if not rows:
         out.print(f"no outbox files in {folder}", markup=False)
         return
-    _print_table(
+    print_table(
         f"outboxes in {folder}",
         ("file", "destination", "waiting", "quarantined", "state"),
         [
@@ -242,7 +243,7 @@ def list_(path: PathArg, limit: LimitOpt = 50, offset: int = 0, as_json: JsonOpt
     if as_json:
         print_json(rows)
         return
-    _print_table(
+    print_table(
         f"waiting in {label(path)}",
         ("message id", "destination", "key", "size", "attempts", "ready in", "error"),
         [
@@ -281,7 +282,7 @@ def quarantine(
     if as_json:
         print_json(rows)
         return
-    _print_table(
+    print_table(
         f"quarantined in {label(path)}",
         ("message id", "destination", "key", "attempts", "when", "error"),
         [
@@ -637,36 +638,3 @@ def _selection(ids: list[str] | None, all_: bool) -> list[str] | Literal["all"]:
     if not all_ and not ids:
         raise typer.BadParameter("give message ids or --all")
     return "all" if all_ else list(ids or [])
-
-
-#: The column printed whole, never cut or folded: its ids are copied into other commands
-#: (``replay``, ``purge``).
-_ID_COLUMN = "message id"
-
-
-def _print_table(title: str, columns: Sequence[str], cells: Iterable[Sequence[str]]) -> None:
-    """A table of ``cells``, its ``message id`` column (if any) printed whole on one line
-    at any console width (output to a pipe is 80 columns): the other columns fold their
-    text to make room, and a console too narrow even for that gets a wider table."""
-    rows = [list(row) for row in cells]
-    whole = columns.index(_ID_COLUMN) if _ID_COLUMN in columns else None
-    table = Table(title=title)
-    # Each column takes its text, 2 of padding and 1 of border (and the table 1 more
-    # border); the other columns at least 1 character of text each.
-    needed = 1 + 4 * len(columns)
-    for index, column in enumerate(columns):
-        if index == whole:
-            width = max([len(column), *(len(row[index]) for row in rows)])
-            table.add_column(column, no_wrap=True, min_width=width)
-            needed += width - 1
-        else:
-            table.add_column(column, overflow="fold")
-    for row in rows:
-        # Every cell is text from the store (ids, keys, errors): escaped, never rich markup.
-        table.add_row(*map(escape, row))
-    if out.width >= needed:
-        out.print(table)
-    else:
-        # Lines wider than the console: a terminal wraps them, a pipe keeps them whole.
-        table.width = needed
-        out.print(table, crop=False)
