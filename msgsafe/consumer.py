@@ -12,12 +12,13 @@ from typing import Self
 from msgsafe.adapters import open_receiver
 from msgsafe.checks import Inspector, inspector_for
 from msgsafe.consuming.clock import MonotonicClock, RunClock
-from msgsafe.consuming.runner import Handler, OnExhausted, Runner
+from msgsafe.consuming.runner import Handler, InboxHandler, OnExhausted, Runner
 from msgsafe.dedup import AttemptMemory, DedupWindow
 from msgsafe.endpoints import BrokerUrl, parse_url
 from msgsafe.errors import ClosedError, ConfigurationError, ConnectError, TransientError
+from msgsafe.inbox import open_inbox
 from msgsafe.message import Delivery, Outcome
-from msgsafe.ports import AttemptCounter, Receiver
+from msgsafe.ports import AttemptCounter, InboxStore, Receiver
 from msgsafe.producer import Producer
 from msgsafe.retry import RetryPolicy
 from msgsafe.telemetry._observer import observing
@@ -190,8 +191,9 @@ class Consumer:
 
     def run(
         self,
-        handler: Handler,
+        handler: Handler | InboxHandler,
         *,
+        inbox: str | InboxStore | None = None,
         concurrency: int = 1,
         prefetch: int | None = None,
         retry: RetryPolicy | None = None,
@@ -206,6 +208,20 @@ class Consumer:
     ) -> None:
         """Call ``handler`` for every delivery until :meth:`stop`, SIGTERM or SIGINT, then
         close the consumer and return.
+
+        With ``inbox`` (an inbox URL, ``sqlite:///…`` or ``postgresql://…``, or an
+        :class:`~msgsafe.ports.InboxStore`; see :mod:`msgsafe.inbox`) each message's
+        effects are applied once: the handler is called as ``handler(delivery, tx)``,
+        ``tx`` a DB-API connection inside an open transaction of the inbox's database,
+        through which it writes its effects (neither committing nor rolling back);
+        msgsafe records the message id in that same transaction, commits, then
+        acknowledges. A message the inbox has recorded (its earlier run committed, and
+        the process died before the acknowledgement) is acknowledged without calling the
+        handler (``stats().skipped``); a handler that raises is rolled back with the
+        record, so a retry applies its effects once. A delivery without a message id is
+        not handled through the inbox: it goes to ``dead_letter`` or ``on_exhausted`` at
+        once (an ``InvalidMessage``). An inbox given by URL is opened here and closed
+        when the run ends.
 
         ``concurrency`` worker threads call it; deliveries of one key are handled one at
         a time in arrival order, unkeyed ones freely. At most ``prefetch`` deliveries
@@ -262,9 +278,21 @@ class Consumer:
             raise ConfigurationError("give dead_letter_url or dead_letter_producer, not both")
         if self._runner is not None:
             raise ConfigurationError("run() is already running on this consumer")
+        opened: InboxStore | None = None
+        if isinstance(inbox, str):
+            opened = inbox = open_inbox(inbox)
+        elif inbox is not None and not isinstance(inbox, InboxStore):
+            raise ConfigurationError(
+                f"inbox is an inbox URL or an InboxStore, not {type(inbox).__name__}"
+            )
         owned: Producer | None = None
         if dead_letter is not None and dead_letter_producer is None:
-            owned = dead_letter_producer = Producer(dead_letter_url or self._raw_url)
+            try:
+                owned = dead_letter_producer = Producer(dead_letter_url or self._raw_url)
+            except BaseException:
+                if opened is not None:
+                    opened.close()
+                raise
         runner = Runner(
             handler,
             fetch=lambda room, wait: self.poll(wait, max_messages=room),
@@ -280,6 +308,7 @@ class Consumer:
             on_exhausted=on_exhausted,
             stop_timeout=stop_timeout,
             clock=clock if clock is not None else MonotonicClock(),
+            inbox=inbox,
         )
         self._runner = runner
         try:
@@ -288,6 +317,8 @@ class Consumer:
             self._runner = None
             if owned is not None:
                 owned.close()
+            if opened is not None:
+                opened.close()
 
     def stop(self) -> None:
         """Ask :meth:`run` to stop (from any thread or a handler); it returns once it

@@ -4,6 +4,10 @@ handler did, stop cleanly.
 After a handler call the delivery is, in this order of preference:
 
 - acknowledged, when the handler returned (or left alone, when it settled it itself);
+  with an inbox (:class:`~msgsafe.ports.InboxStore`) the handler runs as
+  ``handler(delivery, tx)`` inside the inbox's transaction, which records the message id
+  and commits before the acknowledgement; a message the inbox has recorded already is
+  acknowledged without calling the handler (counted ``skipped``);
 - tried again after the retry policy's backoff, on its lane (the key waits, the others
   go on), ``attempt`` one higher — unless its error type is ``permanent`` or the policy
   is exhausted;
@@ -30,25 +34,30 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from msgsafe.consuming.clock import RunClock
 from msgsafe.consuming.dead_letter import dead_letter_headers
 from msgsafe.consuming.lanes import Lane, LanePool, Verdict
-from msgsafe.errors import ClosedError, MsgsafeError
+from msgsafe.errors import ClosedError, InvalidMessage, MsgsafeError
 from msgsafe.message import Delivery
-from msgsafe.ports import AttemptCounter
+from msgsafe.ports import AttemptCounter, InboxStore
 from msgsafe.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from msgsafe.producer import Producer
 
-__all__ = ["Handler", "OnExhausted", "Runner"]
+__all__ = ["Handler", "InboxHandler", "OnExhausted", "Runner"]
 
 log = logging.getLogger("msgsafe.consumer")
 
 #: What ``Consumer.run`` calls once per attempt: returning acknowledges, raising retries.
 Handler = Callable[[Delivery], object]
+
+#: The same with an inbox: ``tx`` is a DB-API connection inside the inbox's open
+#: transaction; the handler writes its effects through it and neither commits nor rolls
+#: back.
+InboxHandler = Callable[[Delivery, Any], object]
 
 #: What to do with a message whose attempts are exhausted, without a dead-letter queue.
 OnExhausted = Literal["reject", "stop"]
@@ -63,7 +72,7 @@ class Runner:
 
     def __init__(
         self,
-        handler: Handler,
+        handler: Handler | InboxHandler,
         *,
         fetch: Callable[[int, float], list[Delivery]],
         close: Callable[[], None],
@@ -78,9 +87,11 @@ class Runner:
         on_exhausted: OnExhausted | None,
         stop_timeout: float,
         clock: RunClock,
+        inbox: InboxStore | None = None,
         rng: Callable[[], float] = random.random,
     ) -> None:
-        self._handler = handler
+        self._handler: Callable[..., object] = handler
+        self._inbox = inbox
         self._fetch = fetch
         self._close = close
         self._count = count
@@ -158,8 +169,9 @@ class Runner:
             if delivery.message_id is not None and not delivery.attempt_from_broker:
                 self._attempts.retried(delivery.message_id, delivery.attempt)
         self._count("in_flight", 1)
+        ran = True
         try:
-            self._handler(delivery)
+            ran = self._call(delivery)
         except Exception as exc:
             error: Exception | None = exc
         else:
@@ -170,11 +182,34 @@ class Runner:
             self._forget(delivery)
             return Verdict.DONE  # the handler settled it itself
         if error is None:
+            # With an inbox the id and the handler's effects are committed by now: a
+            # crash before this ack redelivers a message the inbox then skips.
             if _settle(delivery.ack):
-                self._count("handled", 1)
+                self._count("handled" if ran else "skipped", 1)
                 self._forget(delivery)
             return Verdict.DONE
         return self._failed(lane, delivery, error)
+
+    def _call(self, delivery: Delivery) -> bool:
+        """Call the handler, through the inbox's transaction when there is one; False
+        when the inbox had the message recorded and the handler was not called."""
+        inbox = self._inbox
+        if inbox is None:
+            self._handler(delivery)
+            return True
+        if delivery.message_id is None:
+            raise _NoMessageId(
+                "a delivery without a message id cannot be handled through the inbox: "
+                "exactly-once needs the id msgsafe's producers give every message"
+            )
+        handler = self._handler
+        processed = inbox.process(
+            delivery.message_id,
+            lambda tx: handler(delivery, tx),
+            source=delivery.destination,
+            attempt=delivery.attempt,
+        )
+        return processed.ran
 
     def _failed(self, lane: Lane, delivery: Delivery, error: Exception) -> Verdict | float:
         final_choice = self._dead_letter is not None or self._on_exhausted is not None
@@ -192,7 +227,7 @@ class Runner:
         now = float(self._clock.now())
         if (
             retry is not None
-            and not isinstance(error, self._permanent)
+            and not isinstance(error, (*self._permanent, _NoMessageId))
             and not retry.exhausted(delivery.attempt, now - started)
         ):
             delay = retry.wait(delivery.attempt, self._rng)
@@ -248,6 +283,10 @@ class Runner:
     def _forget(self, delivery: Delivery) -> None:
         if delivery.message_id is not None and not delivery.attempt_from_broker:
             self._attempts.forget(delivery.message_id)
+
+
+class _NoMessageId(InvalidMessage):
+    """A delivery without a message id met an inbox: no retry will give it one."""
 
 
 def _settle(settle: Callable[[], None]) -> bool:

@@ -84,6 +84,10 @@ class ConsumerStats:
     dead_lettered: int = 0
     #: ``Consumer.run``: handlers running now
     in_flight: int = 0
+    #: ``Consumer.run`` with an inbox: deliveries of messages the inbox had recorded as
+    #: handled (a redelivery after a crash between commit and ack), acknowledged without
+    #: calling the handler
+    skipped: int = 0
 
     @property
     def unsettled(self) -> int:
@@ -315,4 +319,5 @@ class ConsumerCounters(ConnectionCounters):
                 retried=self.run["retried"],
                 dead_lettered=self.run["dead_lettered"],
                 in_flight=self.run["in_flight"],
+                skipped=self.run["skipped"],
             )

@@ -1,0 +1,162 @@
+"""Consumer.run with an inbox on memory:// and a real SQLite inbox: the handler writes its
+effects through the inbox's transaction, each message's effects are applied once, a
+handler that raises leaves nothing behind, and a message the inbox recorded before its
+acknowledgement (the process died in between) is acknowledged without the handler."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from msgsafe import Consumer, Delivery, Producer, RetryPolicy
+from msgsafe.errors import ConfigurationError
+from msgsafe.inbox import open_inbox
+from msgsafe.testing import MemoryBroker
+from tests.support.clock import LeapingClock
+from tests.unit.test_consumer_run import leftover, run_until, send, url
+
+
+def _database(tmp_path: Path) -> Path:
+    """The application's database, holding its own effects table beside the inbox's."""
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE effects (message_id TEXT NOT NULL, body BLOB)")
+    return path
+
+
+def _effects(path: Path) -> Counter[str]:
+    with sqlite3.connect(path) as db:
+        return Counter(row[0] for row in db.execute("SELECT message_id FROM effects"))
+
+
+def _apply(d: Delivery, tx: Any) -> None:
+    tx.execute("INSERT INTO effects VALUES (?, ?)", (d.message_id, d.body))
+
+
+def test_each_messages_effects_are_applied_once(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    db = _database(tmp_path)
+    ids = send(memory_broker, [(f"k{i % 5}", b"%d" % i) for i in range(60)])
+    failing = set(ids[::7])  # these fail once, after writing their effect
+    failed: set[str] = set()
+    lock = threading.Lock()
+
+    def handler(d: Delivery, tx: Any) -> None:
+        _apply(d, tx)
+        with lock:
+            if d.message_id in failing and d.message_id not in failed:
+                failed.add(str(d.message_id))
+                raise RuntimeError("the effect's second half failed")
+
+    consumer = Consumer(url(memory_broker)).subscribe("q")
+    run_until(
+        consumer,
+        handler,
+        lambda: consumer.stats().handled == len(ids),
+        inbox=f"sqlite:///{db}",
+        concurrency=3,
+        retry=RetryPolicy(initial=0.0, max_attempts=3),
+        on_exhausted="reject",
+        clock=LeapingClock(),
+    )
+    effects = _effects(db)
+    assert failed == failing
+    # Applied once each, the failed first tries rolled back with their records.
+    assert effects == Counter({i: 1 for i in ids}), effects - Counter(set(ids))
+    inbox = open_inbox(f"sqlite:///{db}")
+    try:
+        assert inbox.handled(ids) == set(ids)
+    finally:
+        inbox.close()
+    stats = consumer.stats()
+    assert (stats.handled, stats.retried, stats.skipped) == (60, len(failing), 0)
+    assert leftover(memory_broker) == []
+
+
+def test_a_message_recorded_before_its_ack_is_acknowledged_without_the_handler(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    """What a redelivery after a crash between commit and ack meets: the inbox already
+    holds the id (and the effect), so the handler is not called again."""
+    db = _database(tmp_path)
+    ids = send(memory_broker, [(None, b"%d" % i) for i in range(10)])
+    inbox = open_inbox(f"sqlite:///{db}")
+    committed = ids[:4]
+    for message_id in committed:
+        inbox.process(
+            message_id,
+            lambda tx, m=message_id: tx.execute("INSERT INTO effects VALUES (?, ?)", (m, b"")),
+            source="q",
+        )
+    called: list[str] = []
+
+    def handler(d: Delivery, tx: Any) -> None:
+        called.append(str(d.message_id))
+        _apply(d, tx)
+
+    consumer = Consumer(url(memory_broker)).subscribe("q")
+    try:
+        run_until(
+            consumer,
+            handler,
+            lambda: consumer.stats().acked == len(ids),
+            inbox=inbox,
+            concurrency=2,
+        )
+    finally:
+        inbox.close()
+    assert sorted(called) == sorted(ids[4:])
+    assert _effects(db) == Counter({i: 1 for i in ids})
+    stats = consumer.stats()
+    assert (stats.handled, stats.skipped) == (6, 4)
+    assert leftover(memory_broker) == []
+
+
+def test_a_handler_that_keeps_failing_leaves_no_effect_and_no_record(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    db = _database(tmp_path)
+    [poison] = send(memory_broker, [("k", b"poison")])
+
+    def handler(d: Delivery, tx: Any) -> None:
+        _apply(d, tx)
+        raise ValueError("cannot handle this one")
+
+    with Producer(url(memory_broker), outbox=False) as dead_letters:
+        consumer = Consumer(url(memory_broker)).subscribe("q")
+        run_until(
+            consumer,
+            handler,
+            lambda: consumer.stats().dead_lettered == 1,
+            inbox=f"sqlite:///{db}",
+            retry=RetryPolicy(initial=0.0, max_attempts=2),
+            dead_letter="dlq",
+            dead_letter_producer=dead_letters,
+            clock=LeapingClock(),
+        )
+    assert _effects(db) == Counter()
+    inbox = open_inbox(f"sqlite:///{db}")
+    try:
+        assert inbox.handled([poison]) == set()
+    finally:
+        inbox.close()
+    assert [e.headers["x-msgsafe-dlq-message-id"] for e in memory_broker.messages("dlq")] == [
+        poison
+    ]
+
+
+def test_an_inbox_that_is_neither_a_url_nor_a_store_is_refused(
+    memory_broker: MemoryBroker,
+) -> None:
+    with Consumer(url(memory_broker)) as consumer:
+        consumer.subscribe("q")
+        with pytest.raises(ConfigurationError, match="inbox"):
+            consumer.run(lambda d, tx: None, inbox=42)  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError, match="sqlite: or postgresql://"):
+            consumer.run(lambda d, tx: None, inbox="mysql://db")
