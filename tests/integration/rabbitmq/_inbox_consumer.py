@@ -1,0 +1,47 @@
+"""A consumer service for the inbox story: ``Consumer.run`` on a quorum queue with a
+SQLite inbox, retries and a dead-letter queue; the handler writes one effect row per
+message through ``tx``. Poison messages always raise; "flaky" ones raise on their first
+attempt. Runs until SIGTERM (then exits 0) or until SIGKILLed by the test.
+
+    python -m tests.integration.rabbitmq._inbox_consumer URL QUEUE DLQ DB OUTBOX
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from msgsafe import Consumer, Delivery, Producer, RetryPolicy
+
+MAX_ATTEMPTS = 3
+
+
+def main(url: str, queue: str, dlq: str, db: str, outbox: str) -> int:
+    def handler(d: Delivery, tx: Any) -> None:
+        tx.execute(
+            "INSERT INTO effects (message_id, key, body) VALUES (?, ?, ?)",
+            (d.message_id, (d.key or b"").decode(), d.body),
+        )
+        if d.body.startswith(b"poison") or (d.body.startswith(b"flaky") and d.attempt == 1):
+            raise RuntimeError(f"cannot handle {d.body!r} (attempt {d.attempt})")
+
+    # The dead letters' own outbox: one a killed process left is forwarded by the next.
+    with Producer(url, outbox=outbox) as dead_letters:
+        consumer = Consumer(url).subscribe(queue)
+        print("running", flush=True)
+        consumer.run(
+            handler,
+            inbox=f"sqlite://{db}",
+            concurrency=4,
+            prefetch=16,
+            retry=RetryPolicy(initial=0.01, max_attempts=MAX_ATTEMPTS, jitter=False),
+            dead_letter=dlq,
+            dead_letter_producer=dead_letters,
+            stop_timeout=20,
+        )
+    print("stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:6]))
