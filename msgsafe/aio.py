@@ -328,6 +328,13 @@ class AsyncConsumer:
         cancelling waits for the clean stop, then raises ``CancelledError``. The
         consumer is closed when it returns.
         """
+        if options.get("inbox") is not None:
+            # NOTE: the inbox's transaction lives on the worker thread's connection (a
+            # SQLite connection refuses other threads); an async handler runs on the loop.
+            raise ConfigurationError(
+                "AsyncConsumer.run does not take an inbox yet: use Consumer.run(handler, "
+                "inbox=...) (its handler runs on a worker thread, with the transaction)"
+            )
         loop = asyncio.get_running_loop()
 
         def call(delivery: Delivery) -> None:
