@@ -1,6 +1,7 @@
 """NetLab: hosts in their own network namespaces, cut off and healed for real.
 
 Needs root and Debian ``iproute2``; fails (never skips) with how to get them.
+Why an echo peer and no broker: the lab's namespaces and cuts are what is under test.
 """
 
 from __future__ import annotations
