@@ -42,6 +42,7 @@ from msgsafe.inbox._schema import (
     check_version,
 )
 from msgsafe.outbox._pg_commit import PutAttempt, ServerIdentity, outcome, server_identity
+from msgsafe.outbox._pg_errors import first_cause
 from msgsafe.outbox._pg_url import parse_store_url, redact_conninfo
 from msgsafe.ports import Processed
 
@@ -191,7 +192,9 @@ class PostgresInbox:
             self._local.session = None
 
     def _failed(self, what: str, exc: BaseException) -> InboxError:
-        return InboxError(f"PostgreSQL inbox {self._table} ({what}): {type(exc).__name__}: {exc}")
+        # One line, the first cause (libpq's multi-line dump stays in __cause__), as the
+        # outbox's errors say it.
+        return InboxError(f"PostgreSQL inbox {self._table} ({what}): {first_cause(exc)}")
 
     def _retrying(self, what: str, attempt: Callable[[_Session, float], _T]) -> _T:
         """``attempt(session, deadline)``'s answer; made again on a new connection while
@@ -215,7 +218,7 @@ class PostgresInbox:
                 if time.monotonic() >= deadline:
                     raise InboxUnavailable(
                         f"PostgreSQL inbox {self._table} took no {what} within"
-                        f" {self.write_timeout:g} s: {type(exc).__name__}: {exc}",
+                        f" {self.write_timeout:g} s: {first_cause(exc)}",
                         endpoint=self.redacted,
                     ) from exc
                 log.info("inbox %s on %s retried: %s", what, self.redacted, exc)
