@@ -23,7 +23,6 @@ import base64
 import datetime as dt
 import getpass
 import json
-import os
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
+import platformdirs
 import typer
 
 from msgsafe.checks import inspector_for
@@ -312,8 +312,7 @@ def show(
 def default_audit_file() -> Path:
     """Where replays are recorded unless ``--audit`` says otherwise:
     ``$XDG_STATE_HOME/msgsafe/deadletter-audit.jsonl`` (default ``~/.local/state``)."""
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "msgsafe" / "deadletter-audit.jsonl"
+    return platformdirs.user_state_path("msgsafe") / "deadletter-audit.jsonl"
 
 
 def _replay_headers(delivery: Delivery, dead_letters: str, who: str, when: str) -> dict[str, str]:

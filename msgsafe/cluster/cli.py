@@ -29,13 +29,13 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
+import platformdirs
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -175,8 +175,7 @@ def _logged_to(logger: logging.Logger, handler: logging.Handler) -> Iterator[Non
 def _index_file() -> Path:
     """Where ``up`` records the directories of the clusters it started (one per line):
     ``$XDG_STATE_HOME/msgsafe/clusters`` (default ``~/.local/state``)."""
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "msgsafe" / "clusters"
+    return platformdirs.user_state_path("msgsafe") / "clusters"
 
 
 def known_dirs() -> list[Path]:
