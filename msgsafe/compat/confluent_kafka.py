@@ -97,7 +97,6 @@ from msgsafe.endpoints import parse_url
 from msgsafe.errors import (
     ConfigurationError,
     MsgsafeError,
-    OutboxLocked,
     TransientError,
     UnsafeDestination,
 )
@@ -185,7 +184,6 @@ class _Releases:
         # NOTE: reentrant: a collection inside hand() (it allocates) may run another
         # dropped producer's finalizer on the same thread.
         self._lock = threading.RLock()
-        self._idle = threading.Condition(self._lock)
         #: (producer, its lane, monotonic() when its grace ends), in drop order.
         self._queue: deque[tuple[_SafeProducer | None, DirectPath | None, float]] = deque()
         self._running = 0
@@ -207,18 +205,11 @@ class _Releases:
                 return False
         return True
 
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for every closing handed over to be done;
-        False if some still run."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._running == 0, timeout)
-
     def _work(self) -> None:
         while True:
             with self._lock:
                 if not self._queue:
                     self._running -= 1
-                    self._idle.notify_all()
                     return
                 producer, direct, until = self._queue.popleft()
             _close_quietly(producer, direct, max(0.0, until - time.monotonic()))
@@ -235,8 +226,6 @@ class _Releases:
 _DROPPED_GRACE_S = 0.1
 #: Where dropped producers are closed (see _release).
 _RELEASES = _Releases(workers=4, grace=_DROPPED_GRACE_S)
-#: Seconds a new producer waits for the closing of dropped ones to free its outbox file.
-_RELEASE_WAIT_S = 30.0
 
 
 class Producer(ClosesOnExit, SafeReports):
@@ -289,19 +278,11 @@ class Producer(ClosesOnExit, SafeReports):
             producer = None
             if target:
                 options = options_for(parse_url(target).protocol, translated.options)
-                try:
-                    producer = _SafeProducer(
-                        target, outbox=translated.outbox, require=translated.require, **options
-                    )
-                except OutboxLocked:
-                    # NOTE: a dropped producer on the same outbox file may be closing it on
-                    # a release thread this moment (the file is shared by the producers of
-                    # a process, and free again once its last user closed it).
-                    if not _RELEASES.wait_idle(_RELEASE_WAIT_S):
-                        raise
-                    producer = _SafeProducer(
-                        target, outbox=translated.outbox, require=translated.require, **options
-                    )
+                # A dropped producer's release thread may be closing the same outbox file
+                # this moment: SqliteOutbox.shared waits for it to let the file go.
+                producer = _SafeProducer(
+                    target, outbox=translated.outbox, require=translated.require, **options
+                )
         except ConfigurationError as exc:
             raise KafkaException(kafka_error(exc)) from exc
         SafeReports.__init__(self, translated, producer)

@@ -83,6 +83,11 @@ _IN_CHUNK = 500  # ids per "IN (...)" list, far below SQLite's variable limit
 #: Stores opened through SqliteOutbox.shared, by real path.
 _shared: dict[str, SqliteOutbox] = {}
 _shared_lock = threading.Lock()
+#: Shared stores whose last user closed them and that still hold their file, by real
+#: path: set once the file is free (shared() waits for it rather than fail to lock it).
+_closing: dict[str, threading.Event] = {}
+#: How long shared() waits for a closing store of the same file to let it go.
+_CLOSING_WAIT_S = 30.0
 #: Real paths of every file a SqliteOutbox of this process holds (shared or not).
 _held: set[str] = set()
 _held_lock = threading.Lock()  # NOTE: not _shared_lock: shared() opens while holding that
@@ -366,6 +371,7 @@ class SqliteOutbox:
 
         A store obtained through :meth:`shared` closes when its last user closed it.
         """
+        released: threading.Event | None = None
         with _shared_lock:
             if self._users > 1:
                 self._users -= 1
@@ -373,6 +379,17 @@ class SqliteOutbox:
             self._users = 0
             if _shared.get(self._shared_key) is self:
                 del _shared[self._shared_key]
+                released = _closing[self._shared_key] = threading.Event()
+        try:
+            self._close_file()
+        finally:
+            if released is not None:
+                with _shared_lock:
+                    if _closing.get(self._shared_key) is released:
+                        del _closing[self._shared_key]
+                released.set()
+
+    def _close_file(self) -> None:
         with self._lock:
             if self._closed:
                 return
@@ -399,15 +416,23 @@ class SqliteOutbox:
         default file) share the store instead of failing with :class:`OutboxLocked`.
         """
         key = os.path.realpath(path)
-        with _shared_lock:
-            store = _shared.get(key)
-            if store is not None and not store._closed:
-                store._users += 1
-                return store
-            store = cls(path, target=target)
-            store._shared_key = key
-            _shared[key] = store
-            return store
+        deadline = time.monotonic() + _CLOSING_WAIT_S
+        while True:
+            with _shared_lock:
+                closing = _closing.get(key)
+                if closing is None:
+                    store = _shared.get(key)
+                    if store is not None and not store._closed:
+                        store._users += 1
+                        return store
+                    store = cls(path, target=target)
+                    store._shared_key = key
+                    _shared[key] = store
+                    return store
+            # Its last user closed it a moment ago and it still holds the file: opening
+            # now would fail with OutboxLocked although the file is this process's.
+            if not closing.wait(max(0.0, deadline - time.monotonic())):
+                raise OutboxLocked(f"{path}: still being closed in this process")
 
     def __repr__(self) -> str:
         return f"SqliteOutbox({str(self.path)!r}, target={self._target!r})"

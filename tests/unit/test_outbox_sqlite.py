@@ -442,3 +442,45 @@ def test_a_batch_put_stores_the_messages_of_its_envelopes(store: SqliteOutbox, k
     stats = store.stats()
     assert (stats.depth, stats.bytes) == (40, sum(e.size for e in envelopes))
     assert store.has_key(b"k0") is keyed
+
+
+def test_a_shared_store_opened_while_its_last_user_closes_it_waits_for_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file of a store its last user is closing is still locked: shared() for the
+    same path waits until it is released, instead of failing with OutboxLocked."""
+    path = tmp_path / "o.sqlite3"
+    first = SqliteOutbox.shared(path)
+    gate = threading.Event()
+    in_close = threading.Event()
+    finish = first._writer.close
+
+    def slow_close() -> None:
+        in_close.set()
+        assert gate.wait(10)
+        finish()
+
+    monkeypatch.setattr(first._writer, "close", slow_close)
+    closer = threading.Thread(target=first.close)
+    closer.start()
+    assert in_close.wait(10)
+    opened: list[SqliteOutbox | BaseException] = []
+
+    def open_again() -> None:
+        try:
+            opened.append(SqliteOutbox.shared(path))
+        except BaseException as exc:
+            opened.append(exc)
+
+    opener = threading.Thread(target=open_again)
+    opener.start()
+    opener.join(0.3)
+    assert opened == []  # waiting for the file, not failing
+    gate.set()
+    closer.join(10)
+    opener.join(10)
+    [second] = opened
+    assert isinstance(second, SqliteOutbox) and second is not first, second
+    second.put([Envelope.build("q", b"x")])
+    assert second.pending() == 1
+    second.close()
