@@ -26,7 +26,6 @@ from msgsafe import (
     AsyncDelivery,
     AsyncProducer,
     Consumer,
-    Delivery,
     Producer,
     RetryPolicy,
 )
@@ -40,6 +39,7 @@ from msgsafe.consuming.dead_letter import (
 from msgsafe.inbox import open_inbox
 from tests.fixtures.rabbitmq import RabbitUrls
 from tests.support.rabbit_queues import declare_quorum
+from tests.support.receiving import receive_exactly
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -153,13 +153,7 @@ def test_async_inbox_run_applies_effects_once_and_dead_letters_the_poison(
     assert committed == sent
 
     with Consumer(url).subscribe(dlq) as dead:
-        letters: list[Delivery] = []
-        wait_until(
-            lambda: letters.extend(dead.poll(0.5, max_messages=100)) or len(letters) >= 15,
-            30,
-            "15 dead letters",
-        )
-        assert dead.poll(1.0, max_messages=100) == []
+        letters = receive_exactly(dead, len(poison), "dead letters")
         assert sorted(d.headers[DLQ_MESSAGE_ID] for d in letters) == sorted(poison)
         for d in letters:
             assert d.headers[DLQ_ATTEMPTS] == str(MAX_ATTEMPTS)
