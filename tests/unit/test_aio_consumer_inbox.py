@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import sqlite3
 import threading
 from collections import Counter, defaultdict
@@ -33,6 +34,7 @@ from msgsafe.ports import InboxStore, Processed
 from msgsafe.telemetry.stats import ConsumerStats
 from msgsafe.testing import MemoryBroker
 from tests.support.clock import LeapingClock
+from tests.support.commands import signalled
 from tests.support.waiting import wait_until
 from tests.unit.test_consumer_run import leftover, send, url
 
@@ -425,3 +427,63 @@ def test_a_stop_lets_open_transactions_commit_and_gives_back_the_rest(
 
     again = next_life(memory_broker, db, calls, len(rest))
     assert (again.handled, again.skipped) == (len(rest), 0)
+
+
+_SIGNALLED_RUN = """
+import asyncio, json, signal, sqlite3, sys
+from msgsafe import AsyncConsumer, Consumer, Producer
+from msgsafe.inbox import open_inbox
+from msgsafe.testing import MemoryBroker
+
+db = sys.argv[1]
+with sqlite3.connect(db) as conn:
+    conn.execute("CREATE TABLE effects (message_id TEXT NOT NULL)")
+MemoryBroker.install(MemoryBroker("signalled"))
+with Producer("memory://signalled", outbox=False) as p:
+    ids = [p.send("q", b"%d" % i, key="k%d" % (i % 3)).message_id for i in range(30)]
+previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+handled = []
+
+async def handler(d, tx):
+    await tx.execute("INSERT INTO effects VALUES (?)", (d.message_id,))
+    print("handling", flush=True)
+    await asyncio.sleep(0.2)  # the handler's work, its transaction open
+    handled.append(d.message_id)
+
+async def main():
+    consumer = AsyncConsumer("memory://signalled")
+    await consumer.subscribe("q")
+    await consumer.run(handler, inbox="sqlite:///" + db, concurrency=2, stop_timeout=10)
+    return consumer.stats()
+
+stats = asyncio.run(main())
+restored = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == previous
+inbox = open_inbox("sqlite:///" + db)
+recorded = sorted(inbox.handled(ids))
+with sqlite3.connect(db) as conn:
+    effects = [r[0] for r in conn.execute("SELECT message_id FROM effects")]
+with Consumer("memory://signalled").subscribe("q") as again:
+    back = [d.message_id for d in again.poll(0.5, max_messages=100)]
+print(json.dumps({
+    "ids": ids, "handled": handled, "acked": stats.acked, "recorded": recorded,
+    "effects": effects, "back": back, "restored": restored,
+}))
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_async_run_after_its_open_transactions(
+    tmp_path: Path, signum: int
+) -> None:
+    """SIGTERM or SIGINT through the loop's signal handlers while a handler is inside
+    its transaction: it ends and commits, then the run stops; every message is either
+    handled once (effect, record, acknowledgement) or back on the broker untouched."""
+    script = tmp_path / "run.py"
+    script.write_text(_SIGNALLED_RUN)
+    report = signalled(script, str(tmp_path / "app.db"), signum=signum)
+    handled = report["handled"]
+    assert 0 < len(handled) < 30 and report["acked"] == len(handled)
+    assert sorted(handled) == report["recorded"] == sorted(report["effects"])
+    # None lost, none acknowledged unhandled: each was handled then acked, or is back.
+    assert sorted(handled + report["back"]) == sorted(report["ids"])
+    assert report["restored"]
