@@ -74,6 +74,8 @@ class Consumer:
         #: The URL as given (credentials included), for a dead-letter producer only.
         self._raw_url = url
         self._attempts: AttemptCounter = attempts if attempts is not None else AttemptMemory()
+        #: False: ``run(inbox=...)`` also counts attempts in the inbox, across restarts.
+        self._attempts_given = attempts is not None
         self._runner: Runner | None = None
         self._telemetry = ConsumerTelemetry(self._url, otel=telemetry)
         with observing(self._telemetry):
@@ -220,8 +222,11 @@ class Consumer:
         handler (``stats().skipped``); a handler that raises is rolled back with the
         record, so a retry applies its effects once. A delivery without a message id is
         not handled through the inbox: it goes to ``dead_letter`` or ``on_exhausted`` at
-        once (an ``InvalidMessage``). An inbox given by URL is opened here and closed
-        when the run ends.
+        once (an ``InvalidMessage``). Where the broker keeps no delivery count (Kafka,
+        classic queues) and the consumer was given no ``attempts`` counter, each handler
+        call is first counted in the inbox (``record_attempt``, one commit of its own), so
+        ``delivery.attempt`` goes on across restarts. An inbox given by URL is opened here
+        and closed when the run ends.
 
         ``concurrency`` worker threads call it; deliveries of one key are handled one at
         a time in arrival order, unkeyed ones freely. At most ``prefetch`` deliveries
@@ -309,6 +314,7 @@ class Consumer:
             stop_timeout=stop_timeout,
             clock=clock if clock is not None else MonotonicClock(),
             inbox=inbox,
+            count_in_inbox=not self._attempts_given,
         )
         self._runner = runner
         try:
