@@ -48,7 +48,9 @@ class Consumer:
 
     ``Delivery.attempt`` is the broker's count where it keeps one (RabbitMQ quorum
     queues, AMQP 1.0), otherwise ``attempts``' (:class:`~msgsafe.ports.AttemptCounter`;
-    default: :class:`~msgsafe.dedup.AttemptMemory`, within this process).
+    default: :class:`~msgsafe.dedup.AttemptMemory`, within this process). Without
+    ``attempts``, :meth:`run` with an inbox also counts each handler call there
+    (``record_attempt``, one commit of its own), so the count goes on across restarts.
     """
 
     def __init__(
@@ -222,11 +224,8 @@ class Consumer:
         handler (``stats().skipped``); a handler that raises is rolled back with the
         record, so a retry applies its effects once. A delivery without a message id is
         not handled through the inbox: it goes to ``dead_letter`` or ``on_exhausted`` at
-        once (an ``InvalidMessage``). Where the broker keeps no delivery count (Kafka,
-        classic queues) and the consumer was given no ``attempts`` counter, each handler
-        call is first counted in the inbox (``record_attempt``, one commit of its own), so
-        ``delivery.attempt`` goes on across restarts. An inbox given by URL is opened here
-        and closed when the run ends.
+        once (an ``InvalidMessage``). An inbox given by URL is opened here and closed
+        when the run ends.
 
         ``concurrency`` worker threads call it; deliveries of one key are handled one at
         a time in arrival order, unkeyed ones freely. At most ``prefetch`` deliveries

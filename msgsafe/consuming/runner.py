@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from msgsafe.consuming.clock import RunClock
 from msgsafe.consuming.dead_letter import dead_letter_headers
 from msgsafe.consuming.lanes import Lane, LanePool, Verdict
-from msgsafe.errors import ClosedError, InboxError, InvalidMessage, MsgsafeError
+from msgsafe.errors import ClosedError, InvalidMessage, MsgsafeError
 from msgsafe.message import Delivery
 from msgsafe.ports import AttemptCounter, InboxStore
 from msgsafe.retry import RetryPolicy
@@ -211,7 +211,7 @@ class Runner:
         # stop was never tried.
         try:
             counted = inbox.record_attempt(message_id, source=delivery.destination)
-        except InboxError as exc:
+        except MsgsafeError as exc:  # the inbox's errors, or closed
             log.warning(
                 "attempt %d of %s counted in memory only: %s", delivery.attempt, message_id, exc
             )
