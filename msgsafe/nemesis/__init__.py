@@ -4,7 +4,10 @@
 - :mod:`~msgsafe.nemesis.history`: the JSON-lines history every process of a run writes;
 - :mod:`~msgsafe.nemesis.checker`: lost, unexpected, duplicates, per-key order, recovery
   time and the series of the picture, from that history;
-- :mod:`~msgsafe.nemesis.picture`: the run as an SVG, fault windows shaded.
+- :mod:`~msgsafe.nemesis.picture`: the run as an SVG, fault windows shaded;
+- :mod:`~msgsafe.nemesis.worker`: the producer and consumer processes of a run;
+- :mod:`~msgsafe.nemesis.runner`: starts the cluster (:mod:`msgsafe.cluster`), the
+  workers and the faults, heals, drains, reads back and checks.
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ class Verdict:
         if self.order_violations:
             out.append(f"order_violations={self.order_violations} (per key, first arrival)")
         if self.recovery_s is None:
-            out.append("an outbox was not empty after the last heal")
+            out.append("an outbox was not empty at the end of the run")
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -139,20 +139,30 @@ def _order_violations(arrivals: Sequence[str], attempted: dict[str, tuple[str, i
 
 
 def _recovery(events: Sequence[dict[str, Any]]) -> float | None:
-    """Seconds from the last ``heal`` to the first moment every outbox reported 0; None
-    when that never happened (0.0 for a run without a heal event or outboxes)."""
+    """Seconds from the last heal (the end of the last fault window; the runner's
+    ``heal`` event in a run without windows) to the moment every outbox was empty for
+    good (from then to the end of the history); None when an outbox was not empty at
+    the end. 0.0 for a run without a heal or without outboxes."""
+    ends = [float(e["t"]) for e in events if e["e"] == "fault" and not e["on"]]
     heals = [float(e["t"]) for e in events if e["e"] == "heal"]
-    if not heals:
+    if not ends and not heals:
         return 0.0
-    healed = heals[-1]
+    healed = max(ends) if ends else heals[-1]
     latest: dict[str, int] = {}
+    empty_at: float | None = None
     for e in events:
         if e["e"] != "depth":
             continue
         latest[str(e["outbox"])] = int(e["n"])
-        if float(e["t"]) >= healed and not any(latest.values()):
-            return max(0.0, float(e["t"]) - healed)
-    return None if latest else 0.0
+        if any(latest.values()):
+            empty_at = None
+        elif empty_at is None:
+            empty_at = float(e["t"])
+    if not latest:
+        return 0.0
+    if empty_at is None:
+        return None
+    return max(0.0, empty_at - healed)
 
 
 def _series(events: Sequence[dict[str, Any]], step: float) -> Series:

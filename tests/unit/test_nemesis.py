@@ -146,7 +146,7 @@ def test_a_clean_history_passes() -> None:
     assert verdict.ok, verdict.problems()
     assert (verdict.receipted, verdict.confirmed, verdict.stored) == (6, 3, 3)
     assert (verdict.lost, verdict.unexpected, verdict.duplicates) == (0, 0, 0)
-    assert verdict.recovery_s == 1.0
+    assert verdict.recovery_s == 2.0  # from the fault's end to the empty outbox
     assert sum(series.confirmed) == 3 and sum(series.stored) == 3
     assert series.unseen[-1] == 0 and max(series.unseen) == 6
     assert max(series.depth) == 3 and series.depth[-1] == 0
@@ -190,12 +190,22 @@ def test_a_reorder_within_a_key_fails_but_a_redelivery_does_not() -> None:
     assert verdict.ok and verdict.duplicates == 1
 
 
-def test_an_outbox_never_empty_after_the_heal_fails() -> None:
+def test_an_outbox_not_empty_at_the_end_fails() -> None:
     run = Run().sent("a0", "k", 0).add("received", id="a0")
     run.add("depth", outbox="p0", n=0).add("depth", outbox="p1", n=2).add("heal")
     run.add("depth", outbox="p0", n=0)
     verdict, _ = checker.check(run.events)
     assert not verdict.ok and verdict.recovery_s is None
+
+
+def test_recovery_counts_until_the_outboxes_are_empty_for_good() -> None:
+    run = Run().sent("a0", "k", 0).add("received", id="a0")
+    run.add("fault", name="broker-kill 0", on=True).add("fault", name="broker-kill 0", on=False)
+    run.add("depth", outbox="p0", n=0).add("depth", outbox="p1", n=2)  # empty, then not
+    run.add("depth", outbox="p1", n=0)  # empty for good: 3 s after the fault's end
+    run.add("heal").add("depth", outbox="p0", n=0)
+    verdict, _ = checker.check(run.events)
+    assert verdict.ok and verdict.recovery_s == 3.0
 
 
 def test_nothing_receipted_fails() -> None:
@@ -225,3 +235,39 @@ def test_the_picture_is_svg_with_every_fault_shaded_and_named() -> None:
 def test_the_picture_of_an_empty_history_is_still_svg() -> None:
     _, series = checker.check([])
     ET.fromstring(picture.svg(series, title="empty"))
+
+
+# --- the command and the workers, without a broker -----------------------------------------
+
+
+def test_an_unsupported_kind_is_a_usage_error() -> None:
+    from typer.testing import CliRunner
+
+    from msgsafe.cli.app import app
+
+    result = CliRunner().invoke(app, ["nemesis", "qpid", "--seed", "1"])
+    assert result.exit_code == 2
+    words = " ".join(result.output.replace("│", " ").split())
+    assert "qpid and artemis are not supported yet" in words
+
+
+def test_the_replay_command_names_the_seed_and_what_differs() -> None:
+    from msgsafe.nemesis.runner import Plan, replay_command
+
+    plan = Plan(kind="rabbitmq", minutes=1.5, seed=99, dir=Path("/x"))
+    assert replay_command(plan) == "msgsafe nemesis rabbitmq --minutes 1.5 --seed 99"
+    plan = Plan(kind="kafka", minutes=2, seed=7, dir=Path("/x"), producers=3)
+    assert replay_command(plan) == "msgsafe nemesis kafka --minutes 2 --seed 7 --producers 3"
+
+
+def test_a_restarted_producer_takes_up_each_keys_sequence(tmp_path: Path) -> None:
+    from msgsafe.nemesis.worker import next_seqs
+
+    with history.History(tmp_path / "p0.0.jsonl", "p0") as h:
+        h.write("attempted", id="a", key="p0-k0", seq=0)
+        h.write("attempted", id="b", key="p0-k1", seq=0)
+        h.write("attempted", id="c", key="p0-k0", seq=1)
+    with history.History(tmp_path / "p0.1.jsonl", "p0") as h:
+        h.write("attempted", id="d", key="p0-k0", seq=2)
+    paths = [tmp_path / "p0.0.jsonl", tmp_path / "p0.1.jsonl", tmp_path / "gone.jsonl"]
+    assert next_seqs(paths) == {"p0-k0": 3, "p0-k1": 1}
