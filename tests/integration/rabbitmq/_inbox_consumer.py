@@ -1,37 +1,46 @@
-"""A consumer service for the inbox story: ``Consumer.run`` on a quorum queue with a
-SQLite inbox, retries and a dead-letter queue; the handler writes one effect row per
-message through ``tx``. Poison messages always raise; "flaky" ones raise on their first
-attempt. Runs until SIGTERM (then exits 0) or until SIGKILLed by the test.
+"""A consumer service for the inbox stories: ``Consumer.run`` on a quorum queue with an
+inbox (``sqlite:…`` or ``postgresql://…``), retries and a dead-letter queue; the handler
+writes one effect row per message through ``tx`` (``effects``: message id, key, body and
+this process's pid; made by the test). Poison messages always raise; "flaky" ones raise
+on their first attempt. Runs until SIGTERM (then exits 0) or until SIGKILLed by the test;
+logs warnings, and the inbox's retries (``msgsafe.inbox`` at INFO), to stderr.
 
-    python -m tests.integration.rabbitmq._inbox_consumer URL QUEUE DLQ DB OUTBOX
+    python -m tests.integration.rabbitmq._inbox_consumer URL QUEUE DLQ INBOX OUTBOX
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 from typing import Any
 
 from msgsafe import Consumer, Delivery, Producer, RetryPolicy
+from tests.support.inbox_story import MAX_ATTEMPTS
 
-MAX_ATTEMPTS = 3
 
+def main(url: str, queue: str, dlq: str, inbox: str, outbox: str) -> int:
+    mark = "?" if inbox.startswith("sqlite:") else "%s"
+    insert = (
+        f"INSERT INTO effects (message_id, key, body, pid) VALUES ({mark}, {mark}, {mark}, {mark})"
+    )
+    pid = os.getpid()
 
-def main(url: str, queue: str, dlq: str, db: str, outbox: str) -> int:
     def handler(d: Delivery, tx: Any) -> None:
-        tx.execute(
-            "INSERT INTO effects (message_id, key, body) VALUES (?, ?, ?)",
-            (d.message_id, (d.key or b"").decode(), d.body),
-        )
+        tx.execute(insert, (d.message_id, (d.key or b"").decode(), d.body, pid))
         if d.body.startswith(b"poison") or (d.body.startswith(b"flaky") and d.attempt == 1):
             raise RuntimeError(f"cannot handle {d.body!r} (attempt {d.attempt})")
 
+    # Warnings, and the inbox's retries through a database fail-over, for the test to read.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+    logging.getLogger("msgsafe.inbox").setLevel(logging.INFO)
     # The dead letters' own outbox: one a killed process left is forwarded by the next.
     with Producer(url, outbox=outbox) as dead_letters:
         consumer = Consumer(url).subscribe(queue)
         print("running", flush=True)
         consumer.run(
             handler,
-            inbox=f"sqlite://{db}",
+            inbox=inbox,
             concurrency=4,
             prefetch=16,
             retry=RetryPolicy(initial=0.01, max_attempts=MAX_ATTEMPTS, jitter=False),

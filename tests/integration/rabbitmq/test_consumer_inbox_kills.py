@@ -15,18 +15,15 @@ from __future__ import annotations
 import signal
 import sqlite3
 import subprocess
-import sys
 import uuid
-from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
 
-from msgsafe import Consumer, Producer
+from msgsafe import Consumer
 from msgsafe.cluster.rabbitmq import RabbitCluster
-from msgsafe.consuming.dead_letter import DLQ_ATTEMPTS, DLQ_MESSAGE_ID
-from tests.integration.compat.legacy import REPO, script_env
-from tests.integration.rabbitmq._inbox_consumer import MAX_ATTEMPTS
+from tests.integration.compat.legacy import script_env
+from tests.support.inbox_story import check_effects, read_dead_letters, send, start_consumer
 from tests.support.rabbit_queues import declare_quorum
 from tests.support.waiting import wait_until
 
@@ -36,10 +33,6 @@ COUNT = 1000
 KEYS = 40
 #: Effect rows at which the running service is SIGKILLed (and started again).
 KILL_AT = (150, 400, 650)
-
-
-def _kind(i: int) -> str:
-    return "poison" if i % 50 == 7 else "flaky" if i % 20 == 3 else "ok"
 
 
 def _effects(db: Path) -> list[tuple[str, str, bytes]]:
@@ -60,35 +53,21 @@ def test_effects_once_through_kills_of_the_consumer_and_a_node(
     dlq = declare_quorum(rabbit.node_url(0), f"inbox-dlq-{uuid.uuid4().hex[:8]}")
     db = tmp_path / "app.db"
     with sqlite3.connect(db) as conn:
-        conn.execute("CREATE TABLE effects (message_id TEXT, key TEXT, body BLOB)")
-    with Producer(url, outbox=False) as producer:
-        ids = [
-            producer.send(queue, f"{_kind(i)}:{i}".encode(), key=f"k{i % KEYS}").message_id
-            for i in range(COUNT)
-        ]
-    kind_of = {message_id: _kind(i) for i, message_id in enumerate(ids)}
-    poison = {m for m, k in kind_of.items() if k == "poison"}
+        conn.execute("CREATE TABLE effects (message_id TEXT, key TEXT, body BLOB, pid INTEGER)")
+    sent = send(url, queue, COUNT, KEYS)
     logs = tmp_path / "logs"
     logs.mkdir()
 
     def start(n: int) -> subprocess.Popen[bytes]:
-        with (logs / f"consumer-{n}.log").open("wb") as out:
-            return subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "tests.integration.rabbitmq._inbox_consumer",
-                    url,
-                    queue,
-                    dlq,
-                    str(db),
-                    str(tmp_path / "dead-letters.sqlite3"),
-                ],
-                cwd=REPO,
-                env=script_env(tmp_path),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+        return start_consumer(
+            url,
+            queue,
+            dlq,
+            f"sqlite://{db}",
+            tmp_path / "dead-letters.sqlite3",
+            logs / f"consumer-{n}.log",
+            script_env(tmp_path),
+        )
 
     def log_of(n: int) -> str:
         return (logs / f"consumer-{n}.log").read_text()[-3000:]
@@ -114,7 +93,7 @@ def test_effects_once_through_kills_of_the_consumer_and_a_node(
 
     final = start(len(KILL_AT))
     try:
-        done = len(ids) - len(poison)
+        done = sent.to_apply
         wait_until(
             lambda: final.poll() is not None or len({e[0] for e in _effects(db)}) >= done,
             240,
@@ -122,20 +101,7 @@ def test_effects_once_through_kills_of_the_consumer_and_a_node(
             diagnose=lambda: log_of(len(KILL_AT)),
         )
         rabbit.restart(1)
-        dead: list[tuple[str, int]] = []
-        with Consumer(url).subscribe(dlq) as reader:
-            wait_until(
-                lambda: (
-                    dead.extend(
-                        (d.headers[DLQ_MESSAGE_ID], int(d.headers[DLQ_ATTEMPTS]))
-                        for d in reader.poll(0.5, max_messages=100)
-                    )
-                    or {m for m, _ in dead} >= poison
-                ),
-                120,
-                "every poison message on the dead-letter queue",
-                diagnose=lambda: f"{len({m for m, _ in dead})} of {len(poison)}",
-            )
+        dead = read_dead_letters(url, dlq, sent)
         final.send_signal(signal.SIGTERM)
         assert final.wait(40) == 0, log_of(len(KILL_AT))
     finally:
@@ -143,28 +109,9 @@ def test_effects_once_through_kills_of_the_consumer_and_a_node(
             final.kill()
             final.wait(30)
 
-    effects = _effects(db)
-    per_id = Counter(e[0] for e in effects)
-    applied_twice = {m: n for m, n in per_id.items() if n > 1}
-    missing = set(ids) - poison - set(per_id)
-    poisoned = poison & set(per_id)
-    unknown = set(per_id) - set(ids)
-    dead_ids = Counter(m for m, _ in dead)
-    print(
-        f"sent={len(ids)} effects={len(effects)} applied_twice={len(applied_twice)} "
-        f"missing={len(missing)} poison_with_effect={len(poisoned)} "
-        f"dead_lettered={len(dead_ids)} dead_letter_copies={sum(dead_ids.values())}"
-    )
-    assert applied_twice == {}
-    assert missing == set()
-    assert poisoned == set()
-    assert unknown == set()
-    assert set(dead_ids) == poison  # every poison message there; copies carry its id
-    assert all(attempts >= MAX_ATTEMPTS for _, attempts in dead)
+    summary, by_key = check_effects(sent, _effects(db), dead)
+    print(summary)
     # Per-key order: each key's effects in the order its messages were sent.
-    by_key: dict[str, list[int]] = defaultdict(list)
-    for _, key, body in effects:
-        by_key[key].append(int(body.split(b":")[1]))
     out_of_order = {k: seq for k, seq in by_key.items() if seq != sorted(seq)}
     assert out_of_order == {}
     with Consumer(url).subscribe(queue) as again:
