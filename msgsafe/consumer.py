@@ -224,8 +224,10 @@ class Consumer:
         handler (``stats().skipped``); a handler that raises is rolled back with the
         record, so a retry applies its effects once. A delivery without a message id is
         not handled through the inbox: it goes to ``dead_letter`` or ``on_exhausted`` at
-        once (an ``InvalidMessage``). An inbox given by URL is opened here and closed
-        when the run ends.
+        once (an ``InvalidMessage``). An inbox whose database takes no writes in time
+        (:class:`~msgsafe.errors.InboxUnavailable`) gives the delivery back to be
+        delivered again: no retry is spent on it and it is not dead-lettered for it. An
+        inbox given by URL is opened here and closed when the run ends.
 
         ``concurrency`` worker threads call it; deliveries of one key are handled one at
         a time in arrival order, unkeyed ones freely. At most ``prefetch`` deliveries

@@ -18,7 +18,10 @@ After a handler call the delivery is, in this order of preference:
   (dropped, or dead-lettered by the broker where it is set up to) or ``"stop"`` (given
   back, and the run stops with the handler's error);
 - without a retry policy, dead-letter destination or ``on_exhausted``: given back for the
-  broker to deliver again.
+  broker to deliver again; so is a delivery whose inbox took no writes in time
+  (:class:`~msgsafe.errors.InboxUnavailable`: the database, not the handler, failed),
+  whatever the policy: no retry of the handler is spent on it, nor is it dead-lettered
+  for it (a broker that counts redeliveries still counts this one).
 
 Stopping (``stop()``, SIGTERM, SIGINT) stops fetching, gives back what has not started,
 lets running handlers end within ``stop_timeout`` (then gives them back too), and closes
@@ -39,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from msgsafe.consuming.clock import RunClock
 from msgsafe.consuming.dead_letter import dead_letter_headers
 from msgsafe.consuming.lanes import Lane, LanePool, Verdict
-from msgsafe.errors import ClosedError, InvalidMessage, MsgsafeError
+from msgsafe.errors import ClosedError, InboxUnavailable, InvalidMessage, MsgsafeError
 from msgsafe.message import Delivery
 from msgsafe.ports import AttemptCounter, InboxStore
 from msgsafe.retry import RetryPolicy
@@ -242,6 +245,18 @@ class Runner:
         return processed.ran
 
     def _failed(self, lane: Lane, delivery: Delivery, error: Exception) -> Verdict | float:
+        if isinstance(error, InboxUnavailable):
+            # NOTE: the inbox's database took no writes for its whole write_timeout (down,
+            # failing over): the handler is not at fault, so this is no attempt of its own
+            # to count towards the dead-letter queue. Given back with the rest of its key,
+            # to be handled on redelivery once the database is back.
+            log.warning(
+                "inbox unavailable for %s (attempt %d), given back: %s",
+                delivery.message_id,
+                delivery.attempt,
+                error,
+            )
+            return Verdict.GIVE_BACK
         final_choice = self._dead_letter is not None or self._on_exhausted is not None
         if self._stopping or (self._retry is None and not final_choice):
             log.warning(

@@ -89,6 +89,16 @@ class InboxStory:
         return self.dir / "app.db"
 
     @property
+    def inbox(self) -> str:
+        """The services' inbox: a SQLite database beside the effects table."""
+        return f"sqlite://{self.db}"
+
+    def outbox(self, n: int) -> Path:
+        """Service ``n``'s outbox for its dead letters: one for every service, so the
+        rows a killed one left are forwarded by the next."""
+        return self.dir / "dead-letters.sqlite3"
+
+    @property
     def poison(self) -> set[str]:
         return {m for i, m in enumerate(self.ids) if kind(i) == "poison"}
 
@@ -96,7 +106,7 @@ class InboxStory:
         """Make the effects table and send every message (no outbox: all CONFIRMED)."""
         (self.dir / "logs").mkdir(exist_ok=True)
         with sqlite3.connect(self.db) as conn:
-            conn.execute("CREATE TABLE effects (message_id TEXT, key TEXT, body BLOB)")
+            conn.execute("CREATE TABLE effects (message_id TEXT, key TEXT, body BLOB, pid INTEGER)")
         with Producer(self.url, outbox=False) as producer:
             self.ids = [
                 producer.send(
@@ -118,8 +128,8 @@ class InboxStory:
     def start(self, n: int) -> subprocess.Popen[bytes]:
         """Start service ``n`` (its output in ``logs/consumer-n.log``)."""
         argv = [sys.executable, "-m", "tests.support.inbox_consumer", self.url, self.queue]
-        argv += [self.dlq, str(self.db), str(self.dir / "dead-letters.sqlite3")]
-        with (self.dir / "logs" / f"consumer-{n}.log").open("wb") as out:
+        argv += [self.dlq, self.inbox, str(self.outbox(n))]
+        with self.log_path(n).open("ab") as out:  # a service started again appends
             return subprocess.Popen(
                 argv,
                 cwd=REPO,
@@ -128,8 +138,12 @@ class InboxStory:
                 stderr=subprocess.STDOUT,
             )
 
+    def log_path(self, n: int) -> Path:
+        return self.dir / "logs" / f"consumer-{n}.log"
+
     def log_of(self, n: int) -> str:
-        return (self.dir / "logs" / f"consumer-{n}.log").read_text()[-3000:]
+        """The end of service ``n``'s output."""
+        return self.log_path(n).read_text()[-3000:]
 
     def wait_applied(self, child: subprocess.Popen[bytes], n: int, threshold: int) -> None:
         """Wait until ``threshold`` effects are committed, service ``n`` still running."""
