@@ -18,7 +18,10 @@ After a handler call the delivery is, in this order of preference:
   (dropped, or dead-lettered by the broker where it is set up to) or ``"stop"`` (given
   back, and the run stops with the handler's error);
 - without a retry policy, dead-letter destination or ``on_exhausted``: given back for the
-  broker to deliver again.
+  broker to deliver again; so is a delivery whose inbox took no writes in time
+  (:class:`~msgsafe.errors.InboxUnavailable`: the database, not the handler, failed),
+  whatever the policy: no retry of the handler is spent on it, nor is it dead-lettered
+  for it (a broker that counts redeliveries still counts this one).
 
 Stopping (``stop()``, SIGTERM, SIGINT) stops fetching, gives back what has not started,
 lets running handlers end within ``stop_timeout`` (then gives them back too), and closes
@@ -39,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from msgsafe.consuming.clock import RunClock
 from msgsafe.consuming.dead_letter import dead_letter_headers
 from msgsafe.consuming.lanes import Lane, LanePool, Verdict
-from msgsafe.errors import ClosedError, InvalidMessage, MsgsafeError
+from msgsafe.errors import ClosedError, InboxUnavailable, InvalidMessage, MsgsafeError
 from msgsafe.message import Delivery
 from msgsafe.ports import AttemptCounter, InboxStore
 from msgsafe.retry import RetryPolicy
@@ -88,10 +91,12 @@ class Runner:
         stop_timeout: float,
         clock: RunClock,
         inbox: InboxStore | None = None,
+        count_in_inbox: bool = False,
         rng: Callable[[], float] = random.random,
     ) -> None:
         self._handler: Callable[..., object] = handler
         self._inbox = inbox
+        self._count_in_inbox = count_in_inbox
         self._fetch = fetch
         self._close = close
         self._count = count
@@ -168,6 +173,7 @@ class Runner:
             delivery.attempt += 1
             if delivery.message_id is not None and not delivery.attempt_from_broker:
                 self._attempts.retried(delivery.message_id, delivery.attempt)
+        self._count_attempt(delivery)
         self._count("in_flight", 1)
         ran = True
         try:
@@ -189,6 +195,33 @@ class Runner:
                 self._forget(delivery)
             return Verdict.DONE
         return self._failed(lane, delivery, error)
+
+    def _count_attempt(self, delivery: Delivery) -> None:
+        """Count this handler call in the inbox, durably, when the broker keeps no count:
+        ``delivery.attempt`` then goes on from the calls of processes that are gone."""
+        inbox = self._inbox
+        message_id = delivery.message_id
+        if (
+            inbox is None
+            or not self._count_in_inbox
+            or message_id is None
+            or delivery.attempt_from_broker
+        ):
+            return
+        # NOTE: Kafka counts no redeliveries, and a message that kills its consumer (or
+        # meets SIGKILL) would start from attempt 1 in the next process without this.
+        # Counted at the call, not at the fetch: a prefetched delivery given back at a
+        # stop was never tried.
+        try:
+            counted = inbox.record_attempt(message_id, source=delivery.destination)
+        except MsgsafeError as exc:  # the inbox's errors, or closed
+            log.warning(
+                "attempt %d of %s counted in memory only: %s", delivery.attempt, message_id, exc
+            )
+            return
+        if counted > delivery.attempt:
+            delivery.attempt = counted
+            self._attempts.retried(message_id, counted)
 
     def _call(self, delivery: Delivery) -> bool:
         """Call the handler, through the inbox's transaction when there is one; False
@@ -212,6 +245,18 @@ class Runner:
         return processed.ran
 
     def _failed(self, lane: Lane, delivery: Delivery, error: Exception) -> Verdict | float:
+        if isinstance(error, InboxUnavailable):
+            # NOTE: the inbox's database took no writes for its whole write_timeout (down,
+            # failing over): the handler is not at fault, so this is no attempt of its own
+            # to count towards the dead-letter queue. Given back with the rest of its key,
+            # to be handled on redelivery once the database is back.
+            log.warning(
+                "inbox unavailable for %s (attempt %d), given back: %s",
+                delivery.message_id,
+                delivery.attempt,
+                error,
+            )
+            return Verdict.GIVE_BACK
         final_choice = self._dead_letter is not None or self._on_exhausted is not None
         if self._stopping or (self._retry is None and not final_choice):
             log.warning(

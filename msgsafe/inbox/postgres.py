@@ -138,7 +138,7 @@ class PostgresInbox:
         (default table ``msgsafe_inbox``; ``&write_timeout=S`` sets ``write_timeout``),
         with libpq's multi-host fail-over as the PostgreSQL outbox has it
         (:mod:`msgsafe.outbox._pg_url`). ``options`` as for the constructor."""
-        parsed = parse_store_url(url, table=DEFAULT_TABLE)
+        parsed = parse_store_url(url, table=DEFAULT_TABLE, store="inbox")
         if parsed.lease_s is not None:
             raise ConfigurationError("lease is an outbox option; an inbox URL takes none")
         if parsed.write_timeout_s is not None:

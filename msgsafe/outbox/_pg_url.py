@@ -69,14 +69,15 @@ class StoreUrl:
         return f"StoreUrl({self.redacted!r})"
 
 
-def parse_store_url(url: str, *, table: str = "msgsafe_outbox") -> StoreUrl:
+def parse_store_url(url: str, *, table: str = "msgsafe_outbox", store: str = "outbox") -> StoreUrl:
     """Split ``url`` (see the module docstring); ``table`` when the URL names none.
 
-    :class:`ConfigurationError` (never quoting the password) for anything that is not a
+    :class:`ConfigurationError` (never quoting the password, naming the ``store`` the
+    URL is for: ``"outbox"`` or ``"inbox"``) for anything that is not a
     ``postgresql://`` URL with at least a host or a database."""
     if not is_store_url(url):
         raise ConfigurationError(
-            f"a PostgreSQL outbox URL starts with postgresql://, not {redact_conninfo(url)!r}"
+            f"a PostgreSQL {store} URL starts with postgresql://, not {redact_conninfo(url)!r}"
         )
     rest = url.split("://", 1)[1]
     head, _, query = rest.partition("?")

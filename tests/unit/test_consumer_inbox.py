@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from msgsafe import Consumer, Delivery, Producer, RetryPolicy
-from msgsafe.errors import ConfigurationError
-from msgsafe.inbox import open_inbox
+from msgsafe.errors import ConfigurationError, InboxUnavailable
+from msgsafe.inbox import InboxStore, open_inbox
 from msgsafe.testing import MemoryBroker
 from tests.support.clock import LeapingClock
 from tests.unit.test_consumer_run import leftover, run_until, send, url
@@ -151,6 +151,54 @@ def test_a_handler_that_keeps_failing_leaves_no_effect_and_no_record(
     ]
 
 
+def test_attempts_counted_in_the_inbox_go_on_after_the_consumer_is_gone(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    """A broker that keeps no delivery count (Kafka; here memory://): the consumer that
+    meets a message again after a restart counts on from the inbox, not from 1 (or 2),
+    so a message that never gets handled reaches max_attempts however often it dies."""
+    db = _database(tmp_path)
+    [poison] = send(memory_broker, [("k", b"poison")])
+    seen: list[int] = []
+
+    def handler(d: Delivery, tx: Any) -> None:
+        seen.append(d.attempt)
+        if d.attempt == 2:
+            first.stop()  # "killed" during its second attempt: given back
+        raise ValueError("cannot handle this one")
+
+    policy = RetryPolicy(initial=0.0, max_attempts=4)
+    first = Consumer(url(memory_broker)).subscribe("q")
+    run_until(
+        first,
+        handler,
+        lambda: len(seen) >= 2,
+        inbox=f"sqlite:///{db}",
+        retry=policy,
+        on_exhausted="stop",
+        clock=LeapingClock(),
+    )
+    assert seen == [1, 2]
+    with Producer(url(memory_broker), outbox=False) as dead_letters:
+        second = Consumer(url(memory_broker)).subscribe("q")
+        run_until(
+            second,
+            handler,
+            lambda: second.stats().dead_lettered == 1,
+            inbox=f"sqlite:///{db}",
+            retry=policy,
+            dead_letter="dlq",
+            dead_letter_producer=dead_letters,
+            clock=LeapingClock(),
+        )
+    # Counted on from the inbox: 3 and 4, not 2 again (the broker's redelivered flag).
+    assert seen == [1, 2, 3, 4]
+    [dead] = memory_broker.messages("dlq")
+    assert dead.headers["x-msgsafe-dlq-attempts"] == "4"
+    assert dead.headers["x-msgsafe-dlq-message-id"] == poison
+    assert _effects(db) == Counter()
+
+
 def test_an_inbox_that_is_neither_a_url_nor_a_store_is_refused(
     memory_broker: MemoryBroker,
 ) -> None:
@@ -160,3 +208,68 @@ def test_an_inbox_that_is_neither_a_url_nor_a_store_is_refused(
             consumer.run(lambda d, tx: None, inbox=42)  # type: ignore[arg-type]
         with pytest.raises(ConfigurationError, match="sqlite: or postgresql://"):
             consumer.run(lambda d, tx: None, inbox="mysql://db")
+
+
+class _DownAtFirst:
+    """A SQLite inbox whose database takes no writes for its first ``down`` calls."""
+
+    def __init__(self, url: str, down: int) -> None:
+        self._inbox = open_inbox(url)
+        self.down = down
+
+    def process(self, message_id: str, work: Any, *, source: str, attempt: int = 1) -> Any:
+        if self.down > 0:
+            self.down -= 1
+            raise InboxUnavailable("the database took no writes within 30 s")
+        return self._inbox.process(message_id, work, source=source, attempt=attempt)
+
+    def handled(self, message_ids: Any) -> set[str]:
+        return self._inbox.handled(message_ids)
+
+    def record_attempt(self, message_id: str, *, source: str) -> int:
+        return self._inbox.record_attempt(message_id, source=source)
+
+    def prune(self, *, older_than_s: float) -> int:
+        return self._inbox.prune(older_than_s=older_than_s)
+
+    def close(self) -> None:
+        self._inbox.close()
+
+
+def test_an_unavailable_inbox_gives_the_message_back_not_to_the_dead_letters(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    """The database down for longer than the retries last: the handler never failed, so
+    nothing is dead-lettered; each message is handled once the database is back, its
+    key's order kept."""
+    db = _database(tmp_path)
+    ids = send(memory_broker, [("k", b"%d" % i) for i in range(5)])
+    inbox = _DownAtFirst(f"sqlite:///{db}", down=6)
+    assert isinstance(inbox, InboxStore)
+    order: list[str] = []
+
+    def handler(d: Delivery, tx: Any) -> None:
+        order.append(str(d.message_id))
+        _apply(d, tx)
+
+    with Producer(url(memory_broker), outbox=False) as dead_letters:
+        consumer = Consumer(url(memory_broker)).subscribe("q")
+        try:
+            run_until(
+                consumer,
+                handler,
+                lambda: consumer.stats().handled == len(ids),
+                inbox=inbox,
+                retry=RetryPolicy(initial=0.0, max_attempts=2),
+                dead_letter="dlq",
+                dead_letter_producer=dead_letters,
+                clock=LeapingClock(),
+            )
+        finally:
+            inbox.close()
+    assert memory_broker.messages("dlq") == []
+    assert order == ids and _effects(db) == Counter({i: 1 for i in ids})
+    stats = consumer.stats()
+    assert (stats.handled, stats.retried, stats.dead_lettered) == (5, 0, 0)
+    assert stats.requeued >= 6  # the head each time (with what followed it of its key)
+    assert leftover(memory_broker) == []

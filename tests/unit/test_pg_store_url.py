@@ -56,3 +56,20 @@ def test_redaction_and_recognition() -> None:
     assert is_store_url("postgresql://h/db") and not is_store_url("/tmp/x.sqlite3")
     assert store_spec("postgresql:/u@h1,h2/db") == "postgresql://u@h1,h2/db"
     assert store_spec("/tmp/x.sqlite3") == "/tmp/x.sqlite3"
+
+
+def test_an_inbox_url_is_refused_as_an_inbox_not_an_outbox() -> None:
+    from msgsafe.inbox.postgres import PostgresInbox
+
+    for refused in (
+        lambda: parse_store_url("mysql://u:pw@h/db", store="inbox"),
+        lambda: PostgresInbox.from_url("mysql://u:pw@h/db"),
+    ):
+        with pytest.raises(ConfigurationError) as info:
+            refused()
+        assert (
+            str(info.value)
+            == "a PostgreSQL inbox URL starts with postgresql://, not 'mysql://u@h/db'"
+        )
+    with pytest.raises(ConfigurationError, match="a PostgreSQL outbox URL starts with"):
+        parse_store_url("mysql://u:pw@h/db")
