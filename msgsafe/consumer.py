@@ -29,6 +29,10 @@ __all__ = ["Consumer"]
 
 _REQUEUE = Outcome.REQUEUE
 
+#: run()'s default prefetch: also the most one fetch asks the receiver for, so it is a
+#: batch's size (with 2 * concurrency, fetches of 8 messages cost more than the handling).
+_PREFETCH = 500
+
 
 class Consumer:
     """Receives messages at least once; settle each with ``ack()`` or ``nack()``.
@@ -126,7 +130,9 @@ class Consumer:
     def _settled(self, delivery: Delivery, outcome: Outcome) -> None:
         """A delivery this consumer handed out was settled: count it, and with dedup
         remember its id (unless given back) and settle the copies held behind it."""
-        self._telemetry.add_settled(outcome.value)
+        # NOTE: ``_value_`` (the member's value as Enum documents it) rather than the
+        # ``value`` property, whose descriptor cost a fifth of a microsecond per message.
+        self._telemetry.add_settled(outcome._value_)
         window = self._dedup
         message_id = delivery.message_id
         if window is None or message_id is None:
@@ -231,7 +237,7 @@ class Consumer:
 
         ``concurrency`` worker threads call it; deliveries of one key are handled one at
         a time in arrival order, unkeyed ones freely. At most ``prefetch`` deliveries
-        (default ``2 * concurrency``) are held at once. The handler returning
+        (default 500, or ``2 * concurrency`` when more) are held at once. The handler returning
         acknowledges the delivery; raising is a failure:
 
         - with ``retry`` (a :class:`~msgsafe.retry.RetryPolicy` with ``max_attempts``)
@@ -262,7 +268,7 @@ class Consumer:
         if concurrency < 1:
             raise ConfigurationError("concurrency must be >= 1")
         if prefetch is None:
-            prefetch = 2 * concurrency
+            prefetch = max(_PREFETCH, 2 * concurrency)
         if prefetch < 1:
             raise ConfigurationError("prefetch must be >= 1")
         if stop_timeout < 0:
