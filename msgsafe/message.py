@@ -501,6 +501,7 @@ class Delivery:
     """
 
     __slots__ = (
+        "_after",
         "_lock",
         "_settle",
         "_settled",
@@ -525,12 +526,15 @@ class Delivery:
         headers: Mapping[str, str] | None = None,
         redelivered: bool = False,
         attempt: int | None = None,
+        lock: threading.Lock | None = None,
     ) -> None:
         self.body = body
         self.destination = destination
         self.message_id = message_id
         self.key = key
-        self.headers: Mapping[str, str] = MappingProxyType(dict(headers or {}))
+        self.headers: Mapping[str, str] = (
+            MappingProxyType(dict(headers)) if headers else _NO_HEADERS
+        )
         self.redelivered = redelivered
         #: True when ``attempt`` is the broker's own count (see the class docstring).
         self.attempt_from_broker = attempt is not None
@@ -538,7 +542,18 @@ class Delivery:
         self.attempt: int = attempt if attempt is not None else (2 if redelivered else 1)
         self._settle = settle
         self._settled: Outcome | None = None
-        self._lock = threading.Lock()
+        # NOTE: a receiver passes one lock for all its deliveries: the exactly-once check
+        # holds it for two bytecodes, and a lock made per message cost more than that.
+        self._lock = lock if lock is not None else threading.Lock()
+        #: Called with (delivery, outcome) once the receiver took the outcome: the
+        #: consumer's counters and dedup window (see :meth:`observe`).
+        self._after: Callable[[Delivery, Outcome], None] | None = None
+
+    def observe(self, after: Callable[[Delivery, Outcome], None]) -> None:
+        """Have ``after(delivery, outcome)`` called once this delivery was settled (after
+        the receiver took the outcome; not when settling raised). One observer: the
+        consumer that handed the delivery out."""
+        self._after = after
 
     @property
     def settled(self) -> Outcome | None:
@@ -554,6 +569,9 @@ class Delivery:
                 )
             self._settled = outcome
         self._settle(outcome)
+        after = self._after
+        if after is not None:
+            after(self, outcome)
 
     def ack(self) -> None:
         """The message was processed: remove it from the broker."""
