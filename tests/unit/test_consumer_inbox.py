@@ -5,7 +5,6 @@ acknowledgement (the process died in between) is acknowledged without the handle
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import threading
 from collections import Counter
@@ -14,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from msgsafe import AsyncConsumer, Consumer, Delivery, Producer, RetryPolicy
+from msgsafe import Consumer, Delivery, Producer, RetryPolicy
 from msgsafe.errors import ConfigurationError
 from msgsafe.inbox import open_inbox
 from msgsafe.testing import MemoryBroker
@@ -209,19 +208,3 @@ def test_an_inbox_that_is_neither_a_url_nor_a_store_is_refused(
             consumer.run(lambda d, tx: None, inbox=42)  # type: ignore[arg-type]
         with pytest.raises(ConfigurationError, match="sqlite: or postgresql://"):
             consumer.run(lambda d, tx: None, inbox="mysql://db")
-
-
-def test_the_async_run_refuses_an_inbox_it_cannot_keep_on_one_thread(
-    memory_broker: MemoryBroker, tmp_path: Path
-) -> None:
-    async def main() -> None:
-        async with AsyncConsumer(url(memory_broker)) as consumer:
-            await consumer.subscribe("q")
-
-            async def handler(d: Any) -> None:
-                return None
-
-            with pytest.raises(ConfigurationError, match=r"Consumer\.run"):
-                await consumer.run(handler, inbox=f"sqlite:///{tmp_path / 'x.db'}")
-
-    asyncio.run(main())

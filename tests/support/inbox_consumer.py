@@ -1,19 +1,24 @@
-"""A consumer service for the inbox story: ``Consumer.run`` on a quorum queue with a
-SQLite inbox, retries and a dead-letter queue; the handler writes one effect row per
-message through ``tx``. Poison messages always raise; "flaky" ones raise on their first
-attempt. Runs until SIGTERM (then exits 0) or until SIGKILLed by the test.
+"""A consumer service for the inbox story (:mod:`tests.support.inbox_story`):
+``Consumer.run`` with a SQLite inbox, retries and a dead-letter destination; the handler
+writes one effect row per message through ``tx``. Poison messages always raise; "flaky"
+ones raise on their first attempt. Runs until SIGTERM (then prints its stats as one
+JSON line and exits 0) or until SIGKILLed by the test. The same service for every
+broker: only the URL differs.
 
-    python -m tests.integration.rabbitmq._inbox_consumer URL QUEUE DLQ DB OUTBOX
+    python -m tests.support.inbox_consumer URL QUEUE DLQ DB OUTBOX
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
 from msgsafe import Consumer, Delivery, Producer, RetryPolicy
 
 MAX_ATTEMPTS = 3
+#: The line the service prints last, before its stats as JSON.
+STATS = "stats "
 
 
 def main(url: str, queue: str, dlq: str, db: str, outbox: str) -> int:
@@ -39,7 +44,15 @@ def main(url: str, queue: str, dlq: str, db: str, outbox: str) -> int:
             dead_letter_producer=dead_letters,
             stop_timeout=20,
         )
-    print("stopped", flush=True)
+    stats = consumer.stats()
+    figures = {
+        "handled": stats.handled,
+        "skipped": stats.skipped,
+        "retried": stats.retried,
+        "dead_lettered": stats.dead_lettered,
+        "failovers": sum(stats.failovers.values()),
+    }
+    print(STATS + json.dumps(figures), flush=True)
     return 0
 
 
