@@ -16,7 +16,7 @@ import sqlite3
 import subprocess
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +83,10 @@ class InboxStory:
     count: int
     keys: int = 40
     ids: list[str] = field(default_factory=list)
+    #: The consumer group the services join (Kafka), None for none.
+    group: str | None = None
+    #: The services' first retry backoff in seconds, None for the service's default.
+    retry_initial: float | None = None
 
     @property
     def db(self) -> Path:
@@ -129,6 +133,11 @@ class InboxStory:
         """Start service ``n`` (its output in ``logs/consumer-n.log``)."""
         argv = [sys.executable, "-m", "tests.support.inbox_consumer", self.url, self.queue]
         argv += [self.dlq, self.inbox, str(self.outbox(n))]
+        argv += ["--calls", str(self.dir / "logs" / f"calls-{n}.txt")]
+        if self.group is not None:
+            argv += ["--group", self.group]
+        if self.retry_initial is not None:
+            argv += ["--retry-initial", str(self.retry_initial)]
         with self.log_path(n).open("ab") as out:  # a service started again appends
             return subprocess.Popen(
                 argv,
@@ -144,6 +153,19 @@ class InboxStory:
     def log_of(self, n: int) -> str:
         """The end of service ``n``'s output."""
         return self.log_path(n).read_text()[-3000:]
+
+    def calls(self, n: int) -> list[tuple[str, int]]:
+        """``(message_id, attempt)`` of service ``n``'s handler calls, in call order (a
+        SIGKILL can cut the last line short: only complete lines count)."""
+        path = self.dir / "logs" / f"calls-{n}.txt"
+        if not path.exists():
+            return []
+        found = []
+        for line in path.read_text().splitlines(keepends=True):
+            if line.endswith("\n"):
+                message_id, attempt = line.split()
+                found.append((message_id, int(attempt)))
+        return found
 
     def wait_applied(self, child: subprocess.Popen[bytes], n: int, threshold: int) -> None:
         """Wait until ``threshold`` effects are committed, service ``n`` still running."""
@@ -170,6 +192,17 @@ class InboxStory:
         """Start service ``n``, SIGKILL it once ``threshold`` effects are committed."""
         with self.running(n) as child:
             self.wait_applied(child, n, threshold)
+
+    def kill_when(self, n: int, ready: Callable[[], bool], what: str) -> None:
+        """Start service ``n``, SIGKILL it once ``ready()``."""
+        with self.running(n) as child:
+            wait_until(
+                lambda: child.poll() is not None or ready(),
+                120,
+                f"{what} under service {n}",
+                diagnose=lambda: self.log_of(n),
+            )
+            assert child.poll() is None, self.log_of(n)
 
     def wait_all_handled(self, child: subprocess.Popen[bytes], n: int, timeout: float) -> None:
         """Wait until every non-poison message has an effect."""
