@@ -21,6 +21,7 @@ from msgsafe.message import Delivery, Outcome
 from msgsafe.ports import AttemptCounter, InboxStore, Receiver
 from msgsafe.producer import Producer
 from msgsafe.retry import RetryPolicy
+from msgsafe.schemas import Deserializer, Deserializers
 from msgsafe.telemetry._observer import observing
 from msgsafe.telemetry.consumer import ConsumerTelemetry
 from msgsafe.telemetry.stats import ConsumerStats
@@ -57,6 +58,11 @@ class Consumer:
     default: :class:`~msgsafe.dedup.AttemptMemory`, within this process). Without
     ``attempts``, :meth:`run` with an inbox also counts each handler call there
     (``record_attempt``, one commit of its own), so the count goes on across restarts.
+
+    ``deserializer`` and ``key_deserializer`` (confluent-kafka's ``deserializer(data,
+    ctx)`` protocol, see :mod:`msgsafe.schemas`) give each delivery its
+    ``Delivery.value`` and ``Delivery.key_value``, decoded on first use; ``body`` keeps
+    the bytes.
     """
 
     def __init__(
@@ -68,6 +74,8 @@ class Consumer:
         telemetry: bool = False,
         connect_window: float = 10.0,
         attempts: AttemptCounter | None = None,
+        deserializer: Deserializer | None = None,
+        key_deserializer: Deserializer | None = None,
         **options: object,
     ) -> None:
         if connect_window <= 0:
@@ -79,6 +87,12 @@ class Consumer:
         else:
             raise ConfigurationError("dedup must be True, False or a positive window size")
         self._url = parse_url(url)
+        #: Handed to every delivery: Delivery.value and .key_value run them.
+        self._deserializers = (
+            Deserializers(deserializer, key_deserializer)
+            if deserializer is not None or key_deserializer is not None
+            else None
+        )
         #: The URL as given (credentials included), for a dead-letter producer only.
         self._raw_url = url
         self._attempts: AttemptCounter = attempts if attempts is not None else AttemptMemory()
@@ -123,8 +137,10 @@ class Consumer:
         :meth:`_settled`."""
         counter = self._attempts
         after = self._settled
+        deserializers = self._deserializers
         for delivery in deliveries:
             delivery.observe(after)
+            delivery.deserializers = deserializers
             if delivery.message_id is not None and not delivery.attempt_from_broker:
                 delivery.attempt = counter.delivered(
                     delivery.message_id, redelivered=delivery.redelivered
