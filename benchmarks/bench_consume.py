@@ -345,7 +345,8 @@ def kafka_floor_workers(bootstrap: str) -> Run:
     def run(topic: str, count: int) -> Tally:
         consumer = _raw_consumer(bootstrap)
         consumer.subscribe([topic])
-        clock, lock, handed = Clock(), threading.Lock(), queue.SimpleQueue()
+        clock, lock = Clock(), threading.Lock()
+        handed: queue.SimpleQueue[Any] = queue.SimpleQueue()
         seen, done = 0, threading.Event()
         store = consumer.store_offsets
 
