@@ -962,12 +962,13 @@ def id_costs(calls: int = 100_000, rounds: int = 3) -> dict[str, float]:
 
 def goal_lines(
     results: Sequence[Result],
+    goals: Sequence[tuple[str, str, str, float, str]] = GOALS,
 ) -> list[tuple[str, float, float, float, float, float, str]]:
     """(what, median of rounds, lowest, highest, all rounds, CPU ratio, verdict) per goal
-    whose protocol was measured."""
+    (of ``goals``, as :data:`GOALS`) whose protocol was measured."""
     rows = []
     by_protocol = {r.protocol: r for r in results}
-    for protocol, variant, baseline, goal, what in GOALS:
+    for protocol, variant, baseline, goal, what in goals:
         result = by_protocol.get(protocol)
         if result is None or variant not in result.rounds:
             continue
@@ -979,8 +980,10 @@ def goal_lines(
             verdict = f">= {goal}: " + ("**met**" if median >= goal else "**not met**")
         elif variant == "floor":
             verdict = "the limit (not a goal)"
-        else:
+        elif baseline == "floor":
             verdict = "against the limit (not a goal)"
+        else:
+            verdict = "(no goal)"
         rows.append((what, median, min(ratios), max(ratios), whole, cpu, verdict))
     return rows
 
@@ -1021,29 +1024,8 @@ def report(
         f"{args.rounds} rounds; 100-byte bodies. CPU: `time.process_time()` of the "
         "benchmark process (every thread) per message, all rounds.",
         "",
-        "| protocol | variant | what the loop does | msg/s (all rounds) | CPU µs/msg "
-        "| msg/s by round |",
-        "|---|---|---|---:|---:|---|",
+        *tables(results, LOOPS, goal_lines(results)),
     ]
-    for result in results:
-        for variant, tallies in result.rounds.items():
-            total = result.total(variant)
-            by_round = ", ".join(f"{t.rate:,.0f}" for t in tallies)
-            lines.append(
-                f"| {result.protocol} | {variant} | {LOOPS[(result.protocol, variant)]} "
-                f"| {total.rate:,.0f} | {total.cpu_us:.1f} | {by_round} |"
-            )
-    lines += [
-        "",
-        "| ratio | median of rounds | lowest .. highest | all rounds | CPU/msg raw ÷ variant "
-        "| goal |",
-        "|---|---:|---:|---:|---:|---|",
-    ]
-    for what, median, low, high, whole, cpu, verdict in goal_lines(results):
-        lines.append(
-            f"| {what} | **{median:.2f}** | {low:.2f} .. {high:.2f} | {whole:.2f} | {cpu:.2f} "
-            f"| {verdict} |"
-        )
     brokers = "; ".join(f"{r.protocol}: {r.broker}" for r in results)
     if ids:
         lines += [
@@ -1058,6 +1040,40 @@ def report(
         "and RabbitMQ sections (`bench_kafka.py`, `bench_rabbitmq.py`).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def tables(
+    results: Sequence[Result],
+    loops: dict[tuple[str, str], str],
+    goals: Sequence[tuple[str, float, float, float, float, float, str]],
+) -> list[str]:
+    """The figures' table (a row per protocol and variant, ``loops`` saying what each
+    does), a blank line, and the ratios' table of ``goals`` (:func:`goal_lines`)."""
+    lines = [
+        "| protocol | variant | what the loop does | msg/s (all rounds) | CPU µs/msg "
+        "| msg/s by round |",
+        "|---|---|---|---:|---:|---|",
+    ]
+    for result in results:
+        for variant, tallies in result.rounds.items():
+            total = result.total(variant)
+            by_round = ", ".join(f"{t.rate:,.0f}" for t in tallies)
+            lines.append(
+                f"| {result.protocol} | {variant} | {loops[(result.protocol, variant)]} "
+                f"| {total.rate:,.0f} | {total.cpu_us:.1f} | {by_round} |"
+            )
+    lines += [
+        "",
+        "| ratio | median of rounds | lowest .. highest | all rounds | CPU/msg raw ÷ variant "
+        "| goal |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for what, median, low, high, whole, cpu, verdict in goals:
+        lines.append(
+            f"| {what} | **{median:.2f}** | {low:.2f} .. {high:.2f} | {whole:.2f} | {cpu:.2f} "
+            f"| {verdict} |"
+        )
+    return lines
 
 
 def _version(module: str) -> str:

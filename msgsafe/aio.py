@@ -2,29 +2,32 @@
 
 Nothing here talks to a broker: :class:`AsyncProducer` wraps a :class:`Producer` and
 :class:`AsyncConsumer` a :class:`Consumer`, whose adapter I/O runs on its own thread;
-what could block (a poll, a settle) runs in a worker thread, so the loop never waits.
+what could block (a poll, a settle, an inbox's statement: :class:`AsyncTransaction`)
+runs in a worker thread, so the loop never waits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import signal
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, cast
 
 from msgsafe.consumer import Consumer
+from msgsafe.consuming.async_tx import AsyncTransaction
 from msgsafe.errors import ClosedError, ConfigurationError, SendTimeout, TransientError
 from msgsafe.message import BatchReceipt, Delivery, Envelope, Outcome, Receipt
-from msgsafe.ports import AttemptCounter
+from msgsafe.ports import AttemptCounter, InboxStore
 from msgsafe.producer import OutboxSpec, Producer
 from msgsafe.retry import RetryPolicy
 from msgsafe.telemetry.stats import ConsumerStats, ProducerStats
 
-__all__ = ["AsyncConsumer", "AsyncDelivery", "AsyncProducer"]
+__all__ = ["AsyncConsumer", "AsyncDelivery", "AsyncProducer", "AsyncTransaction"]
 
 #: Deliveries fetched per poll, and the longest a poll waits in its worker thread (so
 #: that close() and cancellation are seen soon).
@@ -312,15 +315,36 @@ class AsyncConsumer:
 
     async def run(
         self,
-        handler: Callable[[AsyncDelivery], Awaitable[object]],
+        handler: Callable[[AsyncDelivery], Awaitable[object]]
+        | Callable[[AsyncDelivery, AsyncTransaction], Awaitable[object]],
         *,
+        inbox: str | InboxStore | None = None,
+        dead_letter_producer: Producer | AsyncProducer | None = None,
         handle_signals: bool = True,
         **options: Any,
     ) -> None:
         """:meth:`Consumer.run` with a coroutine function as the handler, awaited on this
         event loop; the same options and promises (``concurrency`` handlers at once, one
-        key at a time, retries, the dead letter, a lossless stop). The fetching and the
-        per-key lanes run on threads of their own; each handler call runs here.
+        key at a time, retries on ``clock``, the dead letter, a lossless stop, the
+        figures of :meth:`stats`). The fetching and the per-key lanes run on threads of
+        their own; each handler call runs here. ``dead_letter_producer`` may be an
+        :class:`AsyncProducer` (its :attr:`~AsyncProducer.sync` producer sends).
+
+        With ``inbox`` (a URL or an :class:`~msgsafe.ports.InboxStore`, as for
+        :meth:`Consumer.run`) each message's effects are applied once: the handler is
+        called as ``await handler(delivery, tx)``, ``tx`` an :class:`AsyncTransaction`
+        on the inbox's open transaction — ``await tx.execute(sql, params)``. The
+        transaction lives on the worker thread that handles the delivery's key: the
+        inbox opens it there (waiting there, not on the loop, for SQLite's write lock or
+        a PostgreSQL fail-over), the statements the handler awaits run there one after
+        the other, and once the handler has returned msgsafe records the message id in
+        that transaction, commits, then acknowledges; a handler that raises (or is
+        cancelled) is rolled back with the record and retried as the options say. So
+        the loop never waits for the database, and the connection is never used by two
+        threads. A message the inbox recorded already (its earlier run committed, and
+        the process died before the acknowledgement) is acknowledged without calling
+        the handler (``stats().skipped``). Do not settle the delivery yourself in an
+        inbox handler: the acknowledgement must come after the commit.
 
         :meth:`stop`, SIGTERM or SIGINT (through the loop's signal handlers, when this
         loop runs on the main thread and ``handle_signals`` is true; the previous
@@ -328,24 +352,35 @@ class AsyncConsumer:
         cancelling waits for the clean stop, then raises ``CancelledError``. The
         consumer is closed when it returns.
         """
-        if options.get("inbox") is not None:
-            # NOTE: the inbox's transaction lives on the worker thread's connection (a
-            # SQLite connection refuses other threads); an async handler runs on the loop.
-            raise ConfigurationError(
-                "AsyncConsumer.run does not take an inbox yet: use Consumer.run(handler, "
-                "inbox=...) (its handler runs on a worker thread, with the transaction)"
-            )
         loop = asyncio.get_running_loop()
+        if isinstance(dead_letter_producer, AsyncProducer):
+            dead_letter_producer = dead_letter_producer.sync
+        call: Callable[..., object]
+        if inbox is None:
+            plain = cast(Callable[[AsyncDelivery], Awaitable[object]], handler)
 
-        def call(delivery: Delivery) -> None:
-            async def handle() -> object:
-                return await handler(AsyncDelivery(delivery))
+            def call(delivery: Delivery) -> object:
+                return _on_loop(loop, lambda: plain(AsyncDelivery(delivery))).result()
 
-            asyncio.run_coroutine_threadsafe(handle(), loop).result()
+        else:
+            with_tx = cast(Callable[[AsyncDelivery, AsyncTransaction], Awaitable[object]], handler)
+
+            def call(delivery: Delivery, conn: Any) -> object:
+                # On the worker thread, inside the inbox's transaction: this thread runs
+                # the handler's statements until the handler ends, then the inbox commits.
+                tx = AsyncTransaction(conn)
+                return tx.serve(_on_loop(loop, lambda: with_tx(AsyncDelivery(delivery), tx)))
 
         consumer = self._consumer
         running = asyncio.ensure_future(
-            asyncio.to_thread(consumer.run, call, handle_signals=False, **options)
+            asyncio.to_thread(
+                consumer.run,
+                call,
+                inbox=inbox,
+                dead_letter_producer=dead_letter_producer,
+                handle_signals=False,
+                **options,
+            )
         )
         with _loop_signals(loop, consumer.stop, enabled=handle_signals):
             try:
@@ -386,6 +421,17 @@ class AsyncConsumer:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+def _on_loop(
+    loop: asyncio.AbstractEventLoop, call: Callable[[], Awaitable[object]]
+) -> concurrent.futures.Future[object]:
+    """``await call()`` (a handler's call) run on ``loop``, from a worker thread."""
+
+    async def handle() -> object:
+        return await call()
+
+    return asyncio.run_coroutine_threadsafe(handle(), loop)
 
 
 @contextlib.contextmanager

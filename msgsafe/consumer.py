@@ -48,7 +48,9 @@ class Consumer:
 
     ``Delivery.attempt`` is the broker's count where it keeps one (RabbitMQ quorum
     queues, AMQP 1.0), otherwise ``attempts``' (:class:`~msgsafe.ports.AttemptCounter`;
-    default: :class:`~msgsafe.dedup.AttemptMemory`, within this process).
+    default: :class:`~msgsafe.dedup.AttemptMemory`, within this process). Without
+    ``attempts``, :meth:`run` with an inbox also counts each handler call there
+    (``record_attempt``, one commit of its own), so the count goes on across restarts.
     """
 
     def __init__(
@@ -74,6 +76,8 @@ class Consumer:
         #: The URL as given (credentials included), for a dead-letter producer only.
         self._raw_url = url
         self._attempts: AttemptCounter = attempts if attempts is not None else AttemptMemory()
+        #: False: ``run(inbox=...)`` also counts attempts in the inbox, across restarts.
+        self._attempts_given = attempts is not None
         self._runner: Runner | None = None
         self._telemetry = ConsumerTelemetry(self._url, otel=telemetry)
         with observing(self._telemetry):
@@ -311,6 +315,7 @@ class Consumer:
             stop_timeout=stop_timeout,
             clock=clock if clock is not None else MonotonicClock(),
             inbox=inbox,
+            count_in_inbox=not self._attempts_given,
         )
         self._runner = runner
         try:

@@ -43,6 +43,7 @@ __all__ = [
     "OutboxLocked",
     "OutboxLoginReadOnly",
     "OutboxLoginRefused",
+    "OutboxPoolingUnsupported",
     "PermanentError",
     "ProtocolMismatch",
     "Refused",
@@ -338,6 +339,10 @@ class OutboxLoginRefused(OutboxError, AuthenticationError):
 
 class OutboxLoginReadOnly(OutboxError, PermanentError):
     """The outbox's login can only read (default_transaction_read_only=on): nothing stored."""
+
+
+class OutboxPoolingUnsupported(OutboxError, ConfigurationError):
+    """The store's pooler drops what the outbox needs (pool_mode=statement): nothing stored."""
 
 
 class StoreOutcomeUnknown(OutboxError, TransientError):

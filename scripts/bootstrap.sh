@@ -41,6 +41,8 @@ if [ "$mode" = all ]; then
   command -v java >/dev/null 2>&1 || want_apt+=(openjdk-17-jre-headless)
   command -v mvn >/dev/null 2>&1 || want_apt+=(maven)
   command -v pg_ctlcluster >/dev/null 2>&1 || want_apt+=(postgresql)
+  # PgBouncer for the outbox's tests behind a pooler (msgsafe cluster up postgres --pooler).
+  command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || want_apt+=(pgbouncer)
   command -v ip >/dev/null 2>&1 || want_apt+=(iproute2)
   command -v openssl >/dev/null 2>&1 || want_apt+=(openssl)
   if [ ${#want_apt[@]} -gt 0 ]; then

@@ -221,6 +221,14 @@ def inspect_destination(
         return DestinationReport(topic, _guarantee(findings), tuple(findings))
     # Not there yet: what auto-creation would make of it (the broker's defaults).
     subject = f"topic {topic} (auto-created)"
+    # Said in so many words, for a reader that must not create it (msgsafe deadletter).
+    absent = Finding(
+        Severity.INFO,
+        subject,
+        "exists",
+        "no",
+        "the topic does not exist yet: the first send creates it with the broker defaults",
+    )
     if isinstance(configs, str) or not configs:
         findings = _not_reported(
             subject,
@@ -228,6 +236,7 @@ def inspect_destination(
             configs,
             "kafka-configs --describe --entity-type brokers --all",
         )
+        findings.append(absent)
         return DestinationReport(topic, Guarantee.UNKNOWN, tuple(findings), _MISSING_KEEP_S)
     if configs.get("auto.create.topics.enable", "true").lower() != "true":
         finding = Finding(
@@ -251,6 +260,7 @@ def inspect_destination(
         )[0],
         _min_isr(subject, replication, configs.get("min.insync.replicas")),
         _unclean(subject, configs.get("unclean.leader.election.enable")),
+        absent,
     ]
     return DestinationReport(topic, _guarantee(findings), tuple(findings), _MISSING_KEEP_S)
 

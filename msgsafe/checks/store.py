@@ -10,6 +10,9 @@ store's own durability, which the broker checks cannot see:
   ``synchronous_standby_names``), or ``synchronous_commit`` below ``on`` with standbys,
   lets a commit be reported before a standby has it: promoted after the primary's loss,
   that standby lacks rows a producer was told were STORED.
+- the **pooling** between the store and its server (PgBouncer's transaction mode, found
+  by a heuristic: :mod:`msgsafe.outbox._pg_pooling`): reported, refused in statement
+  mode.
 - a **SQLite** file: the filesystem of its mount (``/proc/self/mountinfo``, see
   :mod:`msgsafe.outbox._mounts`): memory (``tmpfs``) or a container's writable layer
   (``overlay``) does not outlive a reboot or a rescheduled container.
@@ -41,6 +44,7 @@ from msgsafe.checks.findings import Finding, Severity
 from msgsafe.errors import UnsafeOutbox
 from msgsafe.message import Guarantee
 from msgsafe.outbox._mounts import EPHEMERAL, Mount, file_guarantee
+from msgsafe.outbox._pg_pooling import CONNECT_OPTIONS, PoolMode, describe_mode, pooling_mode
 from msgsafe.outbox._pg_url import is_store_url, parse_store_url, redact_conninfo
 from msgsafe.outbox.sqlite import SqliteOutbox
 from msgsafe.ports import OutboxStore
@@ -50,6 +54,7 @@ __all__ = [
     "STORE_REQUIREMENTS",
     "admit_store",
     "check_store",
+    "pooling_finding",
     "postgres_findings",
     "sqlite_findings",
     "store_guarantee",
@@ -100,7 +105,10 @@ def _check_postgres(url: str) -> list[Finding]:
     try:
         import psycopg
 
-        with psycopg.connect(parsed.conninfo, autocommit=True) as conn:
+        with psycopg.connect(parsed.conninfo, **CONNECT_OPTIONS) as conn:
+            pooling = pooling_mode(
+                conn, lambda: psycopg.connect(parsed.conninfo, **CONNECT_OPTIONS)
+            )
             settings = {
                 str(name): str(value)
                 for name, value in conn.execute(_SETTINGS_SQL, (list(SETTINGS),)).fetchall()
@@ -120,7 +128,23 @@ def _check_postgres(url: str) -> list[Finding]:
                 "check the URL, the login and that the server runs",
             )
         ]
-    return postgres_findings(subject, settings, standbys)
+    return [*postgres_findings(subject, settings, standbys), pooling_finding(subject, pooling)]
+
+
+def pooling_finding(subject: str, mode: PoolMode) -> Finding:
+    """What the pooling between the outbox and its server (found by the heuristic of
+    :func:`~msgsafe.outbox._pg_pooling.pooling_mode`) means: INFO, CRITICAL for statement
+    pooling (the outbox refuses to open through it)."""
+    if mode == "statement":
+        return Finding(
+            Severity.CRITICAL,
+            subject,
+            "pooling (heuristic)",
+            mode,
+            describe_mode(mode),
+            "pool_mode = transaction (or session) for the outbox's database in the pooler",
+        )
+    return Finding(Severity.INFO, subject, "pooling (heuristic)", mode, describe_mode(mode))
 
 
 def postgres_findings(

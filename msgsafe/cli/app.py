@@ -15,6 +15,7 @@ from msgsafe.cli import (
     deadletter,
     demo,
     doctor,
+    nemesis,
     outbox,
     outbox_forward,
     outbox_watch,
@@ -69,6 +70,7 @@ app.command(name="verify")(verify.verify)
 app.command(name="doctor")(doctor.doctor)
 app.command(name="send")(shell.send)
 app.command(name="consume")(shell.consume)
+app.command(name="nemesis")(nemesis.nemesis)
 outbox.app.command(name="watch")(outbox_watch.watch)
 outbox.app.command(name="forward")(outbox_forward.forward)
 app.add_typer(outbox.app, name="outbox")

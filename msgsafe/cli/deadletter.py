@@ -70,6 +70,7 @@ __all__ = [
     "default_audit_file",
     "list_",
     "purge",
+    "reading_options",
     "replay",
     "show",
 ]
@@ -135,6 +136,18 @@ def _matches(delivery: Delivery, wanted: str) -> bool:
     return wanted in (delivery.headers.get(DLQ_MESSAGE_ID), delivery.message_id)
 
 
+def reading_options(protocol: str, limit: int) -> dict[str, str]:
+    """The adapter options of a read of up to ``limit`` dead letters: every message read
+    is held unsettled until the end, so the broker must hand out as many at once."""
+    if protocol == "rabbitmq":
+        return {"prefetch": str(min(limit, 65535))}
+    if protocol == "amqp10":
+        # NOTE: the AMQP 1.0 receiver tops its credit up only as deliveries are settled:
+        # with the default window a read stopped at 100 and passed for "that is all".
+        return {"credit": str(limit)}
+    return {}
+
+
 @contextmanager
 def _reading(url: str, destination: str, limit: int, wait: float, as_json: bool) -> Iterator[_Read]:
     """Read up to ``limit`` dead letters of ``destination``, held unsettled; on exit
@@ -147,11 +160,7 @@ def _reading(url: str, destination: str, limit: int, wait: float, as_json: bool)
         report = inspector_for(broker, {})(destination)
     if any(f.setting == "exists" and f.value == "no" for f in report.findings):
         fail(f"{destination} does not exist at {broker.redacted()}", as_json=as_json)
-    options: dict[str, str] = {}
-    if broker.protocol == "rabbitmq":
-        # Every message read is held unsettled until the end: the broker must hand out
-        # as many at once.
-        options["prefetch"] = str(min(limit, 65535))
+    options = reading_options(broker.protocol, limit)
     # NOTE: a throwaway group on Kafka starts at the earliest offset and, never
     # acknowledging, commits nothing; a queue's own consumers are not disturbed.
     group = f"msgsafe-deadletter-{uuid.uuid4()}" if kafka else None

@@ -65,6 +65,10 @@ class LocalCluster(ABC):
     #: certificates made in ``dir/tls`` (:mod:`msgsafe.cluster.tls`), TLS listeners that
     #: require a client certificate, and a ``tls`` object in :meth:`describe`.
     supports_tls: ClassVar[bool] = False
+    #: Whether the constructor takes ``pooler=True`` (``msgsafe cluster up KIND
+    #: --pooler``): a connection pooler in front of the cluster, a ``pooler`` object
+    #: (its ``url``, ``mode``) in :meth:`describe`, stopped with the nodes.
+    supports_pooler: ClassVar[bool] = False
 
     dir: Path
     detached: bool

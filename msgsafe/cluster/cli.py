@@ -224,6 +224,9 @@ def _show(cluster: LocalCluster, as_json: bool) -> dict[str, Any]:
     if tls:
         out.print(f"tls url: {escape(tls['url'])}")
         out.print(f"tls files: {escape(str(Path(tls['ca']).parent))} (ca.pem, client.pem, ...)")
+    pooled = described.get("pooler")
+    if pooled:
+        out.print(f"pooler url ({pooled['mode']} pooling): {escape(pooled['url'])}")
     return described
 
 
@@ -269,6 +272,16 @@ def up(
             ),
         ),
     ] = False,
+    pooler: Annotated[
+        bool,
+        typer.Option(
+            "--pooler",
+            help=(
+                "postgres: also PgBouncer in transaction pooling mode in front of the "
+                "primary (its URL is printed; down stops it)."
+            ),
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Start a cluster whose nodes keep running after this command (until down).
@@ -287,7 +300,7 @@ def up(
                     f"a {cluster.kind} cluster already runs in {dir}: "
                     f"`msgsafe cluster down --dir {dir}`"
                 )
-            if cluster.kind != kind or nodes is not None or base_port is not None or tls:
+            if cluster.kind != kind or nodes is not None or base_port is not None or tls or pooler:
                 raise ClusterError(
                     f"{dir} already holds a {cluster.kind} cluster: start it again with "
                     f"`msgsafe cluster up {cluster.kind} --dir {dir}`, or use a new --dir"
@@ -303,6 +316,11 @@ def up(
                     known = ", ".join(k for k in sorted(KINDS) if launcher(k).supports_tls)
                     raise ClusterError(f"{kind} has no --tls (kinds with TLS: {known})")
                 options["tls"] = True
+            if pooler:
+                if not launcher(kind).supports_pooler:
+                    known = ", ".join(k for k in sorted(KINDS) if launcher(k).supports_pooler)
+                    raise ClusterError(f"{kind} has no --pooler (kinds with a pooler: {known})")
+                options["pooler"] = True
             if kind == "rabbitmq":
                 # What doctor reads for the nodes, partitions and queue types.
                 options["management"] = True
@@ -343,9 +361,12 @@ def down(dir: DirOption) -> None:
     with _errors():
         cluster = load(dir)
         before = [info.pid for info in cluster.nodes() if info.pid is not None]
+        pooled = cluster.describe().get("pooler") if cluster.supports_pooler else None
         with _progress(f"stopping {cluster.kind}"):
             cluster.stop()
         left = [pid for pid in before if pid_alive(pid)]
+        if pooled and pooled["pid"] is not None and pid_alive(pooled["pid"]):
+            left.append(pooled["pid"])
         if left:
             raise ClusterError(f"processes still running after down: {left}")
         cluster.save_state()

@@ -32,6 +32,11 @@ Login: ``user``/``password`` (``msgsafe``/``msgsafe``) own the database ``databa
 :attr:`url` names every node with ``target_session_attrs=read-write``, so libpq finds the
 primary whichever node it is. The superuser ``postgres`` has the same password (the
 launcher's own connections, replication). Authentication is SCRAM on 127.0.0.1 only.
+
+``pooler=True`` (``msgsafe cluster up postgres --pooler``) also starts PgBouncer in
+transaction pooling mode in front of the primary (:mod:`msgsafe.cluster._pgbouncer`):
+:attr:`pooler_url` is its address, re-pointed at a promoted standby by :meth:`promote`;
+:meth:`stop` stops it too.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from pathlib import Path
 from typing import Any, Self
 from urllib.parse import quote
 
+from msgsafe.cluster._pgbouncer import POOL_MODE, Pooler
 from msgsafe.cluster._process import (
     free_ports,
     pid_alive,
@@ -183,6 +189,8 @@ class PostgresCluster(LocalCluster):
     """
 
     kind = "postgres"
+    #: ``msgsafe cluster up postgres --pooler``: PgBouncer in front of the primary.
+    supports_pooler = True
 
     def __init__(
         self,
@@ -195,6 +203,8 @@ class PostgresCluster(LocalCluster):
         password: str = "msgsafe",
         database: str = "msgsafe",
         run_as: str = "postgres",
+        pooler: bool = False,
+        pooler_port: int | None = None,
     ) -> None:
         if nodes < 1:
             raise ClusterError("a PostgreSQL cluster has at least 1 node")
@@ -204,9 +214,10 @@ class PostgresCluster(LocalCluster):
         self.password = password
         self.database = database
         self.names = [f"pg{i}" for i in range(nodes)]
-        self.ports: list[int] = (
-            free_ports(nodes) if base_port is None else [base_port + i for i in range(nodes)]
-        )
+        # The pooler's port is picked with the nodes' (after them), so that none comes twice.
+        count = nodes + (1 if pooler else 0)
+        picked = free_ports(count) if base_port is None else [base_port + i for i in range(count)]
+        self.ports: list[int] = picked[:nodes]
         self.pids: list[int | None] = [None] * nodes
         #: The node that is (or, stopped, was last) the primary.
         self.primary = 0
@@ -214,6 +225,18 @@ class PostgresCluster(LocalCluster):
         self.relaxed = False
         self.run_as: str | None = run_as if os.geteuid() == 0 else None
         self.data_root = self._pick_data_root()
+        #: PgBouncer in front of the primary (``pooler=True``), else None.
+        self.pooler: Pooler | None = None
+        if pooler:
+            self.pooler = Pooler(
+                port=picked[nodes] if pooler_port is None else pooler_port,
+                files=self.data_root / "pgbouncer",
+                log_path=self.dir / "pgbouncer.log",
+                database=database,
+                logins={user: password, _SUPERUSER: password},
+                run_as=self.run_as,
+                detached=detached,
+            )
 
     # --- files -----------------------------------------------------------------------------
 
@@ -501,6 +524,9 @@ class PostgresCluster(LocalCluster):
             for node in range(len(self.names)):
                 if node != self.primary:
                     self._wait_streaming(node, deadline)
+            if self.pooler is not None:
+                self._own(self.pooler.files)
+                self.pooler.start(self.ports[self.primary], deadline)
         except BaseException:
             self.stop()
             raise
@@ -551,6 +577,8 @@ class PostgresCluster(LocalCluster):
     def stop(self) -> None:
         """Stop every node (fast shutdown, primary first so standbys get its last WAL;
         SIGKILL after a grace period); idempotent."""
+        if self.pooler is not None:
+            self.pooler.stop()
         order = [self.primary, *(n for n in range(len(self.names)) if n != self.primary)]
         for node in order:
             self._stop_node(node)
@@ -622,6 +650,8 @@ class PostgresCluster(LocalCluster):
         self._query(node, "SELECT pg_promote(true, 60)", timeout=5)
         self.primary = node
         self._wait_serving(node, "primary", deadline)
+        if self.pooler is not None:
+            self.pooler.repoint(self.ports[node])
         others = [
             n
             for n in range(len(self.names))
@@ -680,6 +710,14 @@ class PostgresCluster(LocalCluster):
             "?target_session_attrs=read-write"
         )
 
+    @property
+    def pooler_url(self) -> str:
+        """``postgresql://user:pw@127.0.0.1:<PgBouncer's port>/db``: the primary through
+        PgBouncer in transaction pooling mode; :class:`ClusterError` without a pooler."""
+        if self.pooler is None:
+            raise ClusterError("this PostgreSQL cluster runs no pooler (pooler=True, --pooler)")
+        return f"postgresql://{self._credentials()}{_HOST}:{self.pooler.port}/{self.database}"
+
     def node_url(self, node: int) -> str:
         """``postgresql://user:pw@127.0.0.1:<port of node>/db``."""
         self._check(node)
@@ -700,12 +738,22 @@ class PostgresCluster(LocalCluster):
         ]
 
     def describe(self) -> dict[str, Any]:
-        """The common description plus the data directory and the PostgreSQL version."""
-        return {
+        """The common description plus the data directory and the PostgreSQL version;
+        with a pooler, ``pooler``: its ``url``, ``mode``, ``port``, ``pid``, ``running``."""
+        described = {
             **super().describe(),
             "data": str(self.data_root),
             "version": postgres_bin().parent.parent.name,
         }
+        if self.pooler is not None:
+            described["pooler"] = {
+                "url": self.pooler_url,
+                "mode": POOL_MODE,
+                "port": self.pooler.port,
+                "pid": self.pooler.pid if self.pooler.running else None,
+                "running": self.pooler.running,
+            }
+        return described
 
     # --- found again from another process --------------------------------------------------
 
@@ -723,6 +771,9 @@ class PostgresCluster(LocalCluster):
             "run_as": self.run_as,
             "data_root": str(self.data_root),
             "detached": self.detached,
+            "pooler": None
+            if self.pooler is None
+            else {"port": self.pooler.port, "pid": self.pooler.pid},
         }
 
     @classmethod
@@ -737,6 +788,8 @@ class PostgresCluster(LocalCluster):
                 password=str(state["password"]),
                 database=str(state["database"]),
                 run_as=str(state.get("run_as") or "postgres"),
+                pooler=bool(state.get("pooler")),
+                pooler_port=int(state["pooler"]["port"]) if state.get("pooler") else None,
             )
             cluster.names = [str(n) for n in state["names"]]
             cluster.ports = [int(p) for p in state["ports"]]
@@ -744,6 +797,10 @@ class PostgresCluster(LocalCluster):
             cluster.primary = int(state["primary"])
             cluster.relaxed = bool(state.get("relaxed", False))
             cluster.data_root = Path(state["data_root"])
+            if cluster.pooler is not None:
+                cluster.pooler.files = cluster.data_root / "pgbouncer"
+                pid = state["pooler"].get("pid")
+                cluster.pooler.pid = None if pid is None else int(pid)
         except (KeyError, TypeError, ValueError) as exc:
             raise ClusterError(f"cluster.json in {dir} is not a PostgreSQL cluster: {exc}") from exc
         return cluster

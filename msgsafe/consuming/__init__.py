@@ -1,8 +1,9 @@
 """What ``Consumer.run`` is built of: per-key lanes over a pool of worker threads
 (:mod:`~msgsafe.consuming.lanes`), the decision after each handler call — acknowledge,
 retry, dead-letter, give back (:mod:`~msgsafe.consuming.runner`) — the dead-letter
-message (:mod:`~msgsafe.consuming.dead_letter`) and the clock its waits go through
-(:mod:`~msgsafe.consuming.clock`)."""
+message (:mod:`~msgsafe.consuming.dead_letter`), the clock its waits go through
+(:mod:`~msgsafe.consuming.clock`) and, for ``AsyncConsumer.run``, the inbox's transaction
+awaited from the event loop (:mod:`~msgsafe.consuming.async_tx`)."""
 
 from __future__ import annotations
 

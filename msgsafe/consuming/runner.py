@@ -91,10 +91,12 @@ class Runner:
         stop_timeout: float,
         clock: RunClock,
         inbox: InboxStore | None = None,
+        count_in_inbox: bool = False,
         rng: Callable[[], float] = random.random,
     ) -> None:
         self._handler: Callable[..., object] = handler
         self._inbox = inbox
+        self._count_in_inbox = count_in_inbox
         self._fetch = fetch
         self._close = close
         self._count = count
@@ -171,6 +173,7 @@ class Runner:
             delivery.attempt += 1
             if delivery.message_id is not None and not delivery.attempt_from_broker:
                 self._attempts.retried(delivery.message_id, delivery.attempt)
+        self._count_attempt(delivery)
         self._count("in_flight", 1)
         ran = True
         try:
@@ -192,6 +195,33 @@ class Runner:
                 self._forget(delivery)
             return Verdict.DONE
         return self._failed(lane, delivery, error)
+
+    def _count_attempt(self, delivery: Delivery) -> None:
+        """Count this handler call in the inbox, durably, when the broker keeps no count:
+        ``delivery.attempt`` then goes on from the calls of processes that are gone."""
+        inbox = self._inbox
+        message_id = delivery.message_id
+        if (
+            inbox is None
+            or not self._count_in_inbox
+            or message_id is None
+            or delivery.attempt_from_broker
+        ):
+            return
+        # NOTE: Kafka counts no redeliveries, and a message that kills its consumer (or
+        # meets SIGKILL) would start from attempt 1 in the next process without this.
+        # Counted at the call, not at the fetch: a prefetched delivery given back at a
+        # stop was never tried.
+        try:
+            counted = inbox.record_attempt(message_id, source=delivery.destination)
+        except MsgsafeError as exc:  # the inbox's errors, or closed
+            log.warning(
+                "attempt %d of %s counted in memory only: %s", delivery.attempt, message_id, exc
+            )
+            return
+        if counted > delivery.attempt:
+            delivery.attempt = counted
+            self._attempts.retried(message_id, counted)
 
     def _call(self, delivery: Delivery) -> bool:
         """Call the handler, through the inbox's transaction when there is one; False

@@ -47,6 +47,7 @@ from msgsafe.errors import (
     OutboxError,
     OutboxFull,
     OutboxLoginReadOnly,
+    OutboxPoolingUnsupported,
     StoreOutcomeUnknown,
 )
 from msgsafe.message import Envelope
@@ -59,6 +60,7 @@ from msgsafe.outbox._pg_errors import (
     store_error,
 )
 from msgsafe.outbox._pg_leases import Listener, claim_sql, keys_sql, lock_sql
+from msgsafe.outbox._pg_pooling import CONNECT_OPTIONS, PoolMode, pooling_mode
 from msgsafe.outbox._pg_url import parse_store_url, redact_conninfo
 from msgsafe.outbox._rows import (
     OutboxEntry,
@@ -208,6 +210,21 @@ class PostgresOutbox:
                 error text NOT NULL,
                 quarantined_at double precision NOT NULL)""",
         )
+        with self._session() as conn:
+            #: The pooling found between this store and its server (see
+            #: msgsafe.outbox._pg_pooling): a heuristic, asked once when the store opens.
+            self.pooling: PoolMode = pooling_mode(conn, self._connect_plain)
+        if self.pooling == "statement":
+            raise OutboxPoolingUnsupported(
+                "the PostgreSQL outbox's connections go through a pooler in statement mode,"
+                " which refuses the transactions every put commits in: set pool_mode ="
+                " transaction (or session) for this database in the pooler",
+                endpoint=self.redacted,
+            )
+        if self.pooling == "transaction":
+            # NOTE: LISTEN does not survive transaction pooling (the server connection
+            # that listens goes back to the pool): forwarders poll instead.
+            self.capabilities = dataclasses.replace(self.capabilities, notify=False)
         with self._session() as conn, conn.transaction():
             # Serialise concurrent first opens: CREATE ... IF NOT EXISTS can race.
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (t,))
@@ -259,6 +276,7 @@ class PostgresOutbox:
             try:
                 with psycopg.connect(
                     self._conninfo,
+                    prepare_threshold=None,
                     host=host or None,
                     port=port or None,
                     target_session_attrs="any",
@@ -279,8 +297,13 @@ class PostgresOutbox:
             f"the PostgreSQL outbox is out of disk: {first_cause(exc)}", endpoint=self.redacted
         )
 
+    def _connect_plain(self) -> psycopg.Connection[Any]:
+        """A new connection to the store (see :data:`CONNECT_OPTIONS`: nothing that a
+        transaction pooler would drop between transactions)."""
+        return psycopg.connect(self._conninfo, **CONNECT_OPTIONS)
+
     def _connect(self) -> psycopg.Connection[Any]:
-        conn = psycopg.connect(self._conninfo, autocommit=True)
+        conn = self._connect_plain()
         self._server = server_identity(conn)
         return conn
 
@@ -385,12 +408,17 @@ class PostgresOutbox:
 
     def listen(self, wake: Callable[[], None]) -> None:
         """Call ``wake()`` whenever rows are put into the table by any process (LISTEN/
-        NOTIFY on a connection of its own, kept until :meth:`close`)."""
+        NOTIFY on a connection of its own, kept until :meth:`close`). Behind transaction
+        pooling the store declares no ``notify`` and this refuses."""
         if self._closed:
             raise ClosedError("the outbox is closed")
-        self._listeners.append(
-            Listener(lambda: psycopg.connect(self._conninfo, autocommit=True), self._table, wake)
-        )
+        if not self.capabilities.notify:
+            raise OutboxPoolingUnsupported(
+                "LISTEN does not work through a pooler in transaction mode: "
+                "forwarders of this store poll instead",
+                endpoint=self.redacted,
+            )
+        self._listeners.append(Listener(self._connect_plain, self._table, wake))
 
     def put(self, envelopes: Sequence[Envelope]) -> None:
         """Store ``envelopes`` in one committed transaction (durable when this returns).

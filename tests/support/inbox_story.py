@@ -1,126 +1,234 @@
-"""The counted inbox story's parts, shared by its runs (one consumer on a SQLite inbox,
-a fleet on a PostgreSQL one): the keyed messages sent (2% poison, 5% failing once), the
-dead-letter queue read back, and the check of the effect rows the consumers committed
-(``tests/integration/rabbitmq/_inbox_consumer.py`` writes them)."""
+"""The inbox story on a real cluster, counted: the parts every broker's test shares.
+
+Keyed messages (2% poison that always raises, 5% failing on their first attempt) are
+sent; the consumer service (:mod:`tests.support.inbox_consumer`) is started, SIGKILLed
+at given numbers of committed effects and started again; a broker's test adds its own
+node kill; then the ledger counts, per message id, the effects applied (an ``effects``
+table in the service's SQLite database, written in the inbox's transaction), the dead
+letters read back and the per-key order of the effects.
+"""
 
 from __future__ import annotations
 
+import json
+import signal
+import sqlite3
 import subprocess
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from msgsafe import Consumer, Producer
 from msgsafe.consuming.dead_letter import DLQ_ATTEMPTS, DLQ_MESSAGE_ID
-from tests.support.commands import ROOT
+from tests.integration.compat.legacy import REPO, script_env
+from tests.support.inbox_consumer import MAX_ATTEMPTS, STATS
 from tests.support.waiting import wait_until
 
-#: How many times the story's consumers call the handler before dead-lettering.
-MAX_ATTEMPTS = 3
+__all__ = ["InboxStory", "Tally", "kind"]
 
 
 def kind(i: int) -> str:
-    """What the ``i``-th message is: ``poison`` (always raises), ``flaky`` (raises on its
-    first attempt) or ``ok``."""
+    """What message ``i`` does to its handler: ``poison``, ``flaky`` or ``ok``."""
     return "poison" if i % 50 == 7 else "flaky" if i % 20 == 3 else "ok"
 
 
-@dataclass(frozen=True)
-class Sent:
-    """The messages of one run: ``ids`` in send order, the poison ones among them."""
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """What the ledger found; :meth:`check` asserts the promise."""
 
-    ids: list[str]
+    sent: int
+    effects: int
+    applied_twice: dict[str, int]
+    missing: set[str]
+    poison_with_effect: set[str]
+    unknown: set[str]
+    dead_lettered: set[str]
+    dead_letter_copies: int
     poison: set[str]
+    attempts_below_max: int
+    out_of_order: dict[str, list[int]]
+    keys: int
+
+    def line(self) -> str:
+        return (
+            f"sent={self.sent} effects={self.effects} applied_twice={len(self.applied_twice)} "
+            f"missing={len(self.missing)} poison_with_effect={len(self.poison_with_effect)} "
+            f"dead_lettered={len(self.dead_lettered)}/{len(self.poison)} "
+            f"dead_letter_copies={self.dead_letter_copies} keys={self.keys} "
+            f"out_of_order_keys={len(self.out_of_order)}"
+        )
+
+    def check(self) -> None:
+        assert self.applied_twice == {}
+        assert self.missing == set()
+        assert self.poison_with_effect == set()
+        assert self.unknown == set()
+        assert self.dead_lettered == self.poison  # every poison there; copies carry its id
+        assert self.attempts_below_max == 0
+        assert self.out_of_order == {}  # each key's effects in the order it was sent
+
+
+@dataclass
+class InboxStory:
+    """One run of the story: ``url`` of the cluster, the consumed ``queue`` and the
+    dead-letter ``dlq``, files under ``dir``."""
+
+    url: str
+    queue: str
+    dlq: str
+    dir: Path
+    count: int
+    keys: int = 40
+    ids: list[str] = field(default_factory=list)
 
     @property
-    def to_apply(self) -> int:
-        """How many messages' effects are to be applied (every one but the poison)."""
-        return len(self.ids) - len(self.poison)
+    def db(self) -> Path:
+        return self.dir / "app.db"
 
+    @property
+    def poison(self) -> set[str]:
+        return {m for i, m in enumerate(self.ids) if kind(i) == "poison"}
 
-def send(url: str, queue: str, count: int, keys: int) -> Sent:
-    """``count`` messages ``<kind>:<i>`` on ``queue``, key ``k<i % keys>``, confirmed."""
-    with Producer(url, outbox=False) as producer:
-        ids = [
-            producer.send(queue, f"{kind(i)}:{i}".encode(), key=f"k{i % keys}").message_id
-            for i in range(count)
-        ]
-    return Sent(ids, {m for i, m in enumerate(ids) if kind(i) == "poison"})
+    @property
+    def inbox(self) -> str:
+        """What the service is given as its inbox: the SQLite database's path."""
+        return str(self.db)
 
+    def make_effects(self) -> None:
+        """Make the (empty) table of effects the service writes."""
+        with sqlite3.connect(self.db) as conn:
+            conn.execute("CREATE TABLE effects (message_id TEXT, key TEXT, body BLOB, pid INTEGER)")
 
-def start_consumer(
-    url: str, queue: str, dlq: str, inbox: str, outbox: Path, log: Path, env: dict[str, str]
-) -> subprocess.Popen[bytes]:
-    """The story's consumer service (``_inbox_consumer``) as a child process, its output
-    appended to ``log``; ``outbox`` holds its dead letters until they are confirmed."""
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.integration.rabbitmq._inbox_consumer",
-                url,
-                queue,
-                dlq,
-                inbox,
-                str(outbox),
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    def send(self) -> None:
+        """Make the effects table and send every message (no outbox: all CONFIRMED)."""
+        (self.dir / "logs").mkdir(exist_ok=True)
+        self.make_effects()
+        with Producer(self.url, outbox=False) as producer:
+            self.ids = [
+                producer.send(
+                    self.queue, f"{kind(i)}:{i}".encode(), key=f"k{i % self.keys}"
+                ).message_id
+                for i in range(self.count)
+            ]
 
+    def effects(self) -> list[tuple[str, str, bytes]]:
+        with sqlite3.connect(self.db, timeout=30) as conn:
+            rows = conn.execute("SELECT message_id, key, body FROM effects ORDER BY rowid")
+            return rows.fetchall()
 
-def read_dead_letters(
-    url: str, dlq: str, sent: Sent, diagnose: Callable[[], str] = str
-) -> list[tuple[str, int]]:
-    """Every dead letter on ``dlq`` as (its message id, its attempts), read until each
-    poison message of ``sent`` is there."""
-    dead: list[tuple[str, int]] = []
-    with Consumer(url).subscribe(dlq) as reader:
+    def applied(self) -> int:
+        """Effect rows committed so far."""
+        with sqlite3.connect(self.db, timeout=30) as conn:
+            return int(conn.execute("SELECT count(*) FROM effects").fetchone()[0])
+
+    def start(self, n: int, outbox: str = "dead-letters") -> subprocess.Popen[bytes]:
+        """Start service ``n`` (its output in ``logs/consumer-n.log``; its dead letters'
+        outbox ``<outbox>.sqlite3``: one process at a time each)."""
+        argv = [sys.executable, "-m", "tests.support.inbox_consumer", self.url, self.queue]
+        argv += [self.dlq, self.inbox, str(self.dir / f"{outbox}.sqlite3")]
+        with (self.dir / "logs" / f"consumer-{n}.log").open("wb") as out:
+            return subprocess.Popen(
+                argv,
+                cwd=REPO,
+                env=script_env(self.dir),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def log_of(self, n: int) -> str:
+        return (self.dir / "logs" / f"consumer-{n}.log").read_text()[-3000:]
+
+    def wait_applied(self, child: subprocess.Popen[bytes], n: int, threshold: int) -> None:
+        """Wait until ``threshold`` effects are committed, service ``n`` still running."""
         wait_until(
-            lambda: (
-                dead.extend(
-                    (d.headers[DLQ_MESSAGE_ID], int(d.headers[DLQ_ATTEMPTS]))
-                    for d in reader.poll(0.5, max_messages=100)
-                )
-                or {m for m, _ in dead} >= sent.poison
-            ),
+            lambda: child.poll() is not None or self.applied() >= threshold,
             120,
-            "every poison message on the dead-letter queue",
-            diagnose=lambda: f"{len({m for m, _ in dead})} of {len(sent.poison)}\n{diagnose()}",
+            f"{threshold} effects under service {n}",
+            diagnose=lambda: self.log_of(n),
         )
-    return dead
+        assert child.poll() is None, self.log_of(n)
 
+    @contextmanager
+    def running(self, n: int, outbox: str = "dead-letters") -> Iterator[subprocess.Popen[bytes]]:
+        """Service ``n``, started (see :meth:`start`); SIGKILLed on the way out unless it
+        exited already."""
+        child = self.start(n, outbox)
+        try:
+            yield child
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(30)
 
-def check_effects(
-    sent: Sent, effects: Sequence[tuple[str, str, bytes]], dead: list[tuple[str, int]]
-) -> tuple[str, dict[str, list[int]]]:
-    """Assert each non-poison message's effect applied exactly once (``effects``: message
-    id, key, body, in commit order), none of a poison message or of an unknown id, and
-    every poison message dead-lettered after its attempts. Returns the counts in one
-    line, and each key's message numbers in effect order (for a run to check order)."""
-    per_id = Counter(e[0] for e in effects)
-    applied_twice = {m: n for m, n in per_id.items() if n > 1}
-    missing = set(sent.ids) - sent.poison - set(per_id)
-    poisoned = sent.poison & set(per_id)
-    unknown = set(per_id) - set(sent.ids)
-    dead_ids = Counter(m for m, _ in dead)
-    summary = (
-        f"sent={len(sent.ids)} effects={len(effects)} applied_twice={len(applied_twice)} "
-        f"missing={len(missing)} poison_with_effect={len(poisoned)} "
-        f"dead_lettered={len(dead_ids)} dead_letter_copies={sum(dead_ids.values())}"
-    )
-    assert applied_twice == {}, summary
-    assert missing == set(), summary
-    assert poisoned == set(), summary
-    assert unknown == set(), summary
-    assert set(dead_ids) == sent.poison, summary  # each there; copies carry its id
-    assert all(attempts >= MAX_ATTEMPTS for _, attempts in dead), dead
-    by_key: dict[str, list[int]] = defaultdict(list)
-    for _, key, body in effects:
-        by_key[key].append(int(body.split(b":")[1]))
-    return summary, by_key
+    def kill_at(self, n: int, threshold: int) -> None:
+        """Start service ``n``, SIGKILL it once ``threshold`` effects are committed."""
+        with self.running(n) as child:
+            self.wait_applied(child, n, threshold)
+
+    def wait_all_handled(self, child: subprocess.Popen[bytes], n: int, timeout: float) -> None:
+        """Wait until every non-poison message has an effect."""
+        done = set(self.ids) - self.poison
+        wait_until(
+            lambda: child.poll() is not None or {e[0] for e in self.effects()} >= done,
+            timeout,
+            "every non-poison message's effect",
+            diagnose=lambda: self.log_of(n),
+        )
+
+    def read_dead_letters(self, timeout: float) -> list[tuple[str, int]]:
+        """(original id, attempts) of the dead letters read until every poison id is there."""
+        dead: list[tuple[str, int]] = []
+        poison = self.poison
+        with Consumer(self.url).subscribe(self.dlq) as reader:
+
+            def take() -> bool:
+                for d in reader.poll(0.5, max_messages=100):
+                    dead.append((d.headers[DLQ_MESSAGE_ID], int(d.headers[DLQ_ATTEMPTS])))
+                return {m for m, _ in dead} >= poison
+
+            wait_until(
+                take,
+                timeout,
+                "every poison message on the dead-letter destination",
+                diagnose=lambda: f"{len({m for m, _ in dead})} of {len(poison)}",
+            )
+        return dead
+
+    def stop(self, child: subprocess.Popen[bytes], n: int, deadline: float) -> dict[str, int]:
+        """SIGTERM service ``n``: it must exit 0 within ``deadline``; returns its stats."""
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(deadline) == 0, self.log_of(n)
+        lines = self.log_of(n).splitlines()
+        stats: dict[str, int] = json.loads(lines[-1].removeprefix(STATS))
+        return stats
+
+    def tally(self, dead: list[tuple[str, int]]) -> Tally:
+        effects = self.effects()
+        per_id = Counter(e[0] for e in effects)
+        poison = self.poison
+        by_key: dict[str, list[int]] = defaultdict(list)
+        for _, key, body in effects:
+            by_key[key].append(int(body.split(b":")[1]))
+        dead_ids = Counter(m for m, _ in dead)
+        return Tally(
+            sent=len(self.ids),
+            effects=len(effects),
+            applied_twice={m: n for m, n in per_id.items() if n > 1},
+            missing=set(self.ids) - poison - set(per_id),
+            poison_with_effect=poison & set(per_id),
+            unknown=set(per_id) - set(self.ids),
+            dead_lettered=set(dead_ids),
+            dead_letter_copies=sum(dead_ids.values()),
+            poison=poison,
+            attempts_below_max=sum(attempts < MAX_ATTEMPTS for _, attempts in dead),
+            out_of_order={k: seq for k, seq in by_key.items() if seq != sorted(seq)},
+            keys=len(by_key),
+        )
+
+    def left_in_queue(self) -> int:
+        """Messages still in the consumed queue (read for 2 s, given back)."""
+        with Consumer(self.url).subscribe(self.queue) as again:
+            return len(again.poll(2.0, max_messages=10))

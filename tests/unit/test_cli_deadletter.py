@@ -18,10 +18,16 @@ import pytest
 from typer.testing import CliRunner
 
 from msgsafe import Consumer, Delivery, Producer, RetryPolicy
+from msgsafe.adapters._config import build_config
+from msgsafe.adapters.amqp10.config import load_options as amqp10_options
+from msgsafe.adapters.rabbitmq.config import RabbitOptions
 from msgsafe.cli import app
-from msgsafe.cli.deadletter import REPLAYED_BY, REPLAYED_FROM
+from msgsafe.cli._output import with_options
+from msgsafe.cli.deadletter import REPLAYED_BY, REPLAYED_FROM, reading_options
 from msgsafe.consuming.dead_letter import DEAD_LETTER_HEADERS, DLQ_MESSAGE_ID
+from msgsafe.endpoints import parse_url
 from msgsafe.testing import MemoryBroker
+from tests.support.kafka_mock import MockKafkaCluster
 from tests.support.waiting import wait_until
 
 USAGE, ERROR, LOSS = 2, 3, 1
@@ -207,3 +213,20 @@ def test_an_unreachable_broker_exits_3(dead: Dead) -> None:
         dead.broker.up()
     assert code == ERROR and "ConnectError" in str(error["error"])
     assert len(dead_ids(dead)) == 5
+
+
+def test_a_kafka_topic_that_does_not_exist_exits_3_at_once(kafka_mock: MockKafkaCluster) -> None:
+    """Not 15 s of waiting for a group's partitions, then "0 dead letters; that is all"."""
+    url = f"kafka://{kafka_mock.bootstrap}"
+    code, [error], _ = cli("deadletter", "list", "no-such.dlq", "--url", url, "--json")
+    assert code == ERROR and "no-such.dlq does not exist" in str(error["error"])
+
+
+@pytest.mark.parametrize("limit", [1, 250, 10_000])
+def test_a_read_asks_the_broker_for_every_dead_letter_it_may_hold(limit: int) -> None:
+    """Every dead letter read stays unsettled until the command ends: the AMQP 1.0
+    credit and the RabbitMQ prefetch must cover ``--limit``, or a read stops short."""
+    amqp10 = parse_url(with_options("amqp10://h:5672", reading_options("amqp10", limit)))
+    assert amqp10_options(amqp10, {}).credit == limit
+    rabbit = parse_url(with_options("amqp://h:5672", reading_options("rabbitmq", limit)))
+    assert build_config(RabbitOptions, rabbit, {}).prefetch == min(limit, 65535)

@@ -5,7 +5,6 @@ acknowledgement (the process died in between) is acknowledged without the handle
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import threading
 from collections import Counter
@@ -14,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from msgsafe import AsyncConsumer, Consumer, Delivery, Producer, RetryPolicy
+from msgsafe import Consumer, Delivery, Producer, RetryPolicy
 from msgsafe.errors import ConfigurationError, InboxUnavailable
 from msgsafe.inbox import InboxStore, open_inbox
 from msgsafe.testing import MemoryBroker
@@ -152,6 +151,54 @@ def test_a_handler_that_keeps_failing_leaves_no_effect_and_no_record(
     ]
 
 
+def test_attempts_counted_in_the_inbox_go_on_after_the_consumer_is_gone(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    """A broker that keeps no delivery count (Kafka; here memory://): the consumer that
+    meets a message again after a restart counts on from the inbox, not from 1 (or 2),
+    so a message that never gets handled reaches max_attempts however often it dies."""
+    db = _database(tmp_path)
+    [poison] = send(memory_broker, [("k", b"poison")])
+    seen: list[int] = []
+
+    def handler(d: Delivery, tx: Any) -> None:
+        seen.append(d.attempt)
+        if d.attempt == 2:
+            first.stop()  # "killed" during its second attempt: given back
+        raise ValueError("cannot handle this one")
+
+    policy = RetryPolicy(initial=0.0, max_attempts=4)
+    first = Consumer(url(memory_broker)).subscribe("q")
+    run_until(
+        first,
+        handler,
+        lambda: len(seen) >= 2,
+        inbox=f"sqlite:///{db}",
+        retry=policy,
+        on_exhausted="stop",
+        clock=LeapingClock(),
+    )
+    assert seen == [1, 2]
+    with Producer(url(memory_broker), outbox=False) as dead_letters:
+        second = Consumer(url(memory_broker)).subscribe("q")
+        run_until(
+            second,
+            handler,
+            lambda: second.stats().dead_lettered == 1,
+            inbox=f"sqlite:///{db}",
+            retry=policy,
+            dead_letter="dlq",
+            dead_letter_producer=dead_letters,
+            clock=LeapingClock(),
+        )
+    # Counted on from the inbox: 3 and 4, not 2 again (the broker's redelivered flag).
+    assert seen == [1, 2, 3, 4]
+    [dead] = memory_broker.messages("dlq")
+    assert dead.headers["x-msgsafe-dlq-attempts"] == "4"
+    assert dead.headers["x-msgsafe-dlq-message-id"] == poison
+    assert _effects(db) == Counter()
+
+
 def test_an_inbox_that_is_neither_a_url_nor_a_store_is_refused(
     memory_broker: MemoryBroker,
 ) -> None:
@@ -161,22 +208,6 @@ def test_an_inbox_that_is_neither_a_url_nor_a_store_is_refused(
             consumer.run(lambda d, tx: None, inbox=42)  # type: ignore[arg-type]
         with pytest.raises(ConfigurationError, match="sqlite: or postgresql://"):
             consumer.run(lambda d, tx: None, inbox="mysql://db")
-
-
-def test_the_async_run_refuses_an_inbox_it_cannot_keep_on_one_thread(
-    memory_broker: MemoryBroker, tmp_path: Path
-) -> None:
-    async def main() -> None:
-        async with AsyncConsumer(url(memory_broker)) as consumer:
-            await consumer.subscribe("q")
-
-            async def handler(d: Any) -> None:
-                return None
-
-            with pytest.raises(ConfigurationError, match=r"Consumer\.run"):
-                await consumer.run(handler, inbox=f"sqlite:///{tmp_path / 'x.db'}")
-
-    asyncio.run(main())
 
 
 class _DownAtFirst:

@@ -1,29 +1,36 @@
-"""A consumer service for the inbox stories: ``Consumer.run`` on a quorum queue with an
-inbox (``sqlite:…`` or ``postgresql://…``), retries and a dead-letter queue; the handler
+"""A consumer service for the inbox story (:mod:`tests.support.inbox_story`):
+``Consumer.run`` with an inbox, retries and a dead-letter destination; the handler
 writes one effect row per message through ``tx`` (``effects``: message id, key, body and
-this process's pid; made by the test). Poison messages always raise; "flaky" ones raise
-on their first attempt. Runs until SIGTERM (then exits 0) or until SIGKILLed by the test;
-logs warnings, and the inbox's retries (``msgsafe.inbox`` at INFO), to stderr.
+this process's pid). Poison messages always raise; "flaky" ones raise on their first
+attempt. Runs until SIGTERM (then prints its stats as one JSON line and exits 0) or
+until SIGKILLed by the test; logs warnings, and the inbox's retries (``msgsafe.inbox``
+at INFO), to stderr. The same service for every broker: only the URL differs.
 
-    python -m tests.integration.rabbitmq._inbox_consumer URL QUEUE DLQ INBOX OUTBOX
+    python -m tests.support.inbox_consumer URL QUEUE DLQ INBOX OUTBOX
+
+``INBOX`` is the path of a SQLite database or a ``postgresql://`` inbox URL.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 from typing import Any
 
 from msgsafe import Consumer, Delivery, Producer, RetryPolicy
-from tests.support.inbox_story import MAX_ATTEMPTS
+
+MAX_ATTEMPTS = 3
+#: The line the service prints last, before its stats as JSON.
+STATS = "stats "
 
 
 def main(url: str, queue: str, dlq: str, inbox: str, outbox: str) -> int:
+    if not inbox.startswith(("postgresql://", "postgres://")):
+        inbox = f"sqlite://{inbox}"
     mark = "?" if inbox.startswith("sqlite:") else "%s"
-    insert = (
-        f"INSERT INTO effects (message_id, key, body, pid) VALUES ({mark}, {mark}, {mark}, {mark})"
-    )
+    insert = f"INSERT INTO effects (message_id, key, body, pid) VALUES ({', '.join([mark] * 4)})"
     pid = os.getpid()
 
     def handler(d: Delivery, tx: Any) -> None:
@@ -31,7 +38,6 @@ def main(url: str, queue: str, dlq: str, inbox: str, outbox: str) -> int:
         if d.body.startswith(b"poison") or (d.body.startswith(b"flaky") and d.attempt == 1):
             raise RuntimeError(f"cannot handle {d.body!r} (attempt {d.attempt})")
 
-    # Warnings, and the inbox's retries through a database fail-over, for the test to read.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
     logging.getLogger("msgsafe.inbox").setLevel(logging.INFO)
     # The dead letters' own outbox: one a killed process left is forwarded by the next.
@@ -48,7 +54,15 @@ def main(url: str, queue: str, dlq: str, inbox: str, outbox: str) -> int:
             dead_letter_producer=dead_letters,
             stop_timeout=20,
         )
-    print("stopped", flush=True)
+    stats = consumer.stats()
+    figures = {
+        "handled": stats.handled,
+        "skipped": stats.skipped,
+        "retried": stats.retried,
+        "dead_lettered": stats.dead_lettered,
+        "failovers": sum(stats.failovers.values()),
+    }
+    print(STATS + json.dumps(figures), flush=True)
     return 0
 
 

@@ -1,0 +1,526 @@
+"""Consuming: msgsafe against the raw clients' at-least-once loops, side by side in one run.
+
+    flock /tmp/msgsafe-bench.lock python3 benchmarks/bench_consume.py
+        [--only kafka|rabbitmq] [--rounds 3] [--messages 200000]
+        [--rabbit-messages 50000] [--url kafka://...|amqp://...] [--profile 50000]
+        [--readme benchmarks/README.md]
+
+Every variant reads messages that msgsafe's own producer wrote (100-byte bodies, 16
+keys in turn, each with its ``msgsafe-id``), on one real broker node per protocol
+started here through ``msgsafe.cluster`` (``--url`` names a running one instead):
+
+- **Kafka** (``KafkaCluster(nodes=1)``, one topic of 3 partitions filled once with
+  ``--messages`` messages; every run reads all of it as a new consumer group):
+
+  - ``raw``: ``confluent_kafka.Consumer`` with ``enable.auto.commit=true`` and
+    ``enable.auto.offset.store=false``; ``consume(500, 1.0)``, then per message
+    ``error()``, ``value()`` and ``store_offsets(message)``: the hand-written
+    at-least-once loop (an offset is stored once its message is processed).
+  - ``poll+ack``: ``msgsafe.Consumer(url, group=g)``; ``poll(1.0, max_messages=500)``,
+    ``ack()`` per delivery.
+  - ``dedup``: the same with ``dedup=True``.
+  - ``run x4``: ``Consumer.run(handler, concurrency=4)`` with a handler that only
+    counts (and stops the run at the last message).
+
+- **RabbitMQ** (``RabbitCluster(nodes=1)``, a durable quorum queue per run, filled with
+  ``--rabbit-messages`` messages before the run):
+
+  - ``raw``: pika ``BlockingConnection``, ``basic_qos(prefetch_count=500)``,
+    ``basic_consume`` with a callback that acks each message (``basic_ack(tag)``),
+    ``process_data_events`` until every message came.
+  - ``poll+ack``: ``msgsafe.Consumer(url, prefetch=500)``, ``poll(1.0,
+    max_messages=500)``, ``ack()`` per delivery; ``dedup`` and ``run x4`` as for Kafka.
+
+The clocks of a run start at its first message (joining a group or opening a channel is
+not counted) and stop when its last message was settled; every run must see every
+message of its source. Variants take turns by round (in order, then reversed); per
+round a variant's ratio is its wall-clock rate over raw's in the same round, and a goal
+is read on the median of the rounds. CPU is ``time.process_time()`` of this process
+(every thread: the clients' I/O threads and librdkafka's included) per message.
+
+``--profile N``: after the rounds, ``poll+ack`` and ``dedup`` read ``N`` messages under
+:mod:`cProfile` (one profiler per thread, each on its thread's CPU clock) and the table
+printed says where the CPU goes per message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import platform
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._readme import replace_section
+from benchmarks.bench_send import (
+    Result,
+    Tally,
+    ThreadProfiles,
+    declare_quorum_queue,
+    goal_lines,
+    print_profile,
+    tables,
+    urls_by_protocol,
+)
+
+BODY = b"x" * 100
+KEYS = [f"key-{i}".encode() for i in range(16)]
+PROTOCOLS = ("kafka", "rabbitmq")
+TITLE = "## Consuming"
+BATCH = 500
+WORKERS = 4
+
+#: (protocol, variant compared, baseline, goal, what is compared)
+GOALS: tuple[tuple[str, str, str, float, str], ...] = (
+    ("kafka", "poll+ack", "raw", 0.9, "Kafka `poll` + `ack()` / raw `consume` + `store_offsets`"),
+    ("kafka", "dedup", "raw", 0.8, "Kafka, the same with `dedup=True` / raw"),
+    ("kafka", "run x4", "raw", 0.8, f"Kafka `run(handler, concurrency={WORKERS})`, no-op / raw"),
+    ("rabbitmq", "poll+ack", "raw", 1.0, "RabbitMQ `poll` + `ack()` / raw pika `basic_ack`"),
+    ("rabbitmq", "dedup", "raw", 0.0, "RabbitMQ, the same with `dedup=True` / raw"),
+    ("rabbitmq", "run x4", "raw", 0.0, f"RabbitMQ `run(handler, concurrency={WORKERS})` / raw"),
+)
+
+#: What each variant's loop does, for the output.
+LOOPS: dict[tuple[str, str], str] = {
+    ("kafka", "raw"): (
+        "confluent_kafka.Consumer (auto commit, enable.auto.offset.store=false); "
+        f"consume({BATCH}, 1.0); per message error(), value(), store_offsets(message)"
+    ),
+    ("kafka", "poll+ack"): f"msgsafe.Consumer; poll(1.0, max_messages={BATCH}); ack() each",
+    ("kafka", "dedup"): f"msgsafe.Consumer(dedup=True); poll(1.0, max_messages={BATCH}); ack()",
+    ("kafka", "run x4"): f"msgsafe.Consumer.run(handler, concurrency={WORKERS}); no-op handler",
+    ("rabbitmq", "raw"): (
+        f"pika.BlockingConnection; basic_qos(prefetch_count={BATCH}); basic_consume(callback "
+        "calling basic_ack(tag)); process_data_events() until all came"
+    ),
+    ("rabbitmq", "poll+ack"): (
+        f"msgsafe.Consumer(prefetch={BATCH}); poll(1.0, max_messages={BATCH}); ack() each"
+    ),
+    ("rabbitmq", "dedup"): (
+        f"msgsafe.Consumer(prefetch={BATCH}, dedup=True); poll(1.0, max_messages={BATCH}); ack()"
+    ),
+    ("rabbitmq", "run x4"): (
+        f"msgsafe.Consumer(prefetch={BATCH}).run(handler, concurrency={WORKERS}); no-op handler"
+    ),
+}
+
+
+class Clock:
+    """A run's clocks: started at its first message, stopped after its last settle."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+        self.started = False
+
+    def start(self) -> None:
+        if not self.started:
+            self.started = True
+            self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def stop(self, count: int) -> Tally:
+        return Tally(time.perf_counter() - self.wall, time.process_time() - self.cpu, count)
+
+
+#: Reads ``count`` messages of a source (a topic or a queue) once; returns the run's tally.
+Run = Callable[[str, int], Tally]
+
+
+@dataclass
+class Variant:
+    name: str
+    run: Run
+
+
+def _check(name: str, seen: int, count: int) -> None:
+    if seen != count:
+        raise SystemExit(f"{name}: {seen} of {count} messages")
+
+
+# --- msgsafe, on every protocol ---------------------------------------------------------
+
+
+def msgsafe_poll(url: str, count: int, source: str, options: dict[str, Any]) -> Tally:
+    """``poll(1.0, max_messages=BATCH)`` and ``ack()`` each, until ``count`` came."""
+    import msgsafe
+
+    with msgsafe.Consumer(url, **options) as consumer:
+        consumer.subscribe(source)
+        clock, seen = Clock(), 0
+        poll = consumer.poll
+        while seen < count:
+            batch = poll(1.0, max_messages=BATCH)
+            if batch:
+                clock.start()
+            for delivery in batch:
+                delivery.ack()
+            seen += len(batch)
+        tally = clock.stop(seen)
+    _check("msgsafe poll", seen, count)
+    return tally
+
+
+def msgsafe_run(url: str, count: int, source: str, options: dict[str, Any]) -> Tally:
+    """``run(handler, concurrency=WORKERS)`` with a handler that counts, and stops the run
+    at the last message."""
+    import msgsafe
+
+    consumer = msgsafe.Consumer(url, **options)
+    consumer.subscribe(source)
+    clock = Clock()
+    lock = threading.Lock()
+    seen = 0
+    done: list[Tally] = []
+
+    def handler(_delivery: Any) -> None:
+        nonlocal seen
+        with lock:
+            clock.start()
+            seen += 1
+            if seen == count:
+                done.append(clock.stop(count))
+                consumer.stop()
+
+    consumer.run(handler, concurrency=WORKERS, handle_signals=False)
+    _check("msgsafe run", seen, count)
+    return done[0]
+
+
+def msgsafe_variants(url: str, group_options: Callable[[], dict[str, Any]]) -> list[Variant]:
+    def poll_ack(source: str, count: int) -> Tally:
+        return msgsafe_poll(url, count, source, group_options())
+
+    def dedup(source: str, count: int) -> Tally:
+        return msgsafe_poll(url, count, source, {**group_options(), "dedup": True})
+
+    def run4(source: str, count: int) -> Tally:
+        return msgsafe_run(url, count, source, group_options())
+
+    return [Variant("poll+ack", poll_ack), Variant("dedup", dedup), Variant("run x4", run4)]
+
+
+def fill(url: str, destination: str, count: int) -> None:
+    """``count`` messages into ``destination`` through msgsafe's producer, confirmed."""
+    import msgsafe
+
+    size = 10_000
+    with msgsafe.Producer(url, outbox=False) as producer:
+        futures = []
+        for start in range(0, count, size):
+            n = min(size, count - start)
+            keys = [KEYS[i & 15] for i in range(start, start + n)]
+            futures.append(producer.send_batch_async(destination, [BODY] * n, keys=keys))
+        confirmed = sum(f.result(600).confirmed for f in futures)
+    _check(f"fill {destination}", confirmed, count)
+
+
+# --- Kafka ------------------------------------------------------------------------------
+
+
+def kafka_raw(bootstrap: str) -> Run:
+    def run(topic: str, count: int) -> Tally:
+        from confluent_kafka import Consumer
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": True,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+                "log_level": 0,
+            }
+        )
+        consumer.subscribe([topic])
+        clock, seen, errors = Clock(), 0, 0
+        consume, store = consumer.consume, consumer.store_offsets
+        try:
+            while seen < count:
+                messages = consume(BATCH, 1.0)
+                if messages:
+                    clock.start()
+                for message in messages:
+                    if message.error() is not None:
+                        errors += 1
+                        continue
+                    message.value()
+                    store(message)
+                    seen += 1
+            tally = clock.stop(seen)
+        finally:
+            consumer.close()
+        _check(f"kafka raw ({errors} errors)", seen, count)
+        return tally
+
+    return run
+
+
+@contextlib.contextmanager
+def kafka_target(url: str | None, count: int) -> Iterator[Target]:
+    from msgsafe.cluster.kafka_admin import create_topic
+
+    cluster: Any = None
+    broker = "a running Kafka (--url)"
+    if url is None:
+        from msgsafe.cluster.kafka import VERSION, KafkaCluster
+
+        cluster = KafkaCluster(nodes=1)
+        started = time.monotonic()
+        cluster.start()
+        print(f"kafka: 1 node up in {time.monotonic() - started:.1f} s", flush=True)
+        url = str(cluster.url)
+        broker = f"Apache Kafka {VERSION}, 1 KRaft node, a topic of 3 partitions"
+    bootstrap = url.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0].split("@")[-1]
+    try:
+        topic = f"bench-consume-{uuid.uuid4().hex[:8]}"
+        create_topic(bootstrap, topic, 3, 1, timeout=60)
+        fill(url, topic, count)
+
+        def groups() -> dict[str, Any]:
+            return {"group": f"bench-{uuid.uuid4().hex[:8]}"}
+
+        variants = [Variant("raw", kafka_raw(bootstrap)), *msgsafe_variants(url, groups)]
+        yield Target("kafka", broker, variants, lambda: topic, count)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+# --- RabbitMQ ---------------------------------------------------------------------------
+
+
+def rabbit_raw(url: str) -> Run:
+    def run(queue: str, count: int) -> Tally:
+        import pika
+
+        from benchmarks.bench_send import _pika_params
+
+        connection = pika.BlockingConnection(_pika_params(url))
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=BATCH)
+        clock, seen = Clock(), 0
+        ack = channel.basic_ack
+
+        def on_message(_ch: Any, method: Any, _properties: Any, _body: bytes) -> None:
+            nonlocal seen
+            clock.start()
+            ack(method.delivery_tag)
+            seen += 1
+
+        channel.basic_consume(queue, on_message, auto_ack=False)
+        try:
+            deadline = time.monotonic() + 600
+            while seen < count and time.monotonic() < deadline:
+                connection.process_data_events(time_limit=1.0)
+            tally = clock.stop(seen)
+        finally:
+            connection.close()
+        _check("rabbitmq raw", seen, count)
+        return tally
+
+    return run
+
+
+@contextlib.contextmanager
+def rabbit_target(url: str | None, count: int) -> Iterator[Target]:
+    cluster: Any = None
+    broker = "a running RabbitMQ (--url)"
+    if url is None:
+        from msgsafe.cluster.rabbitmq import RabbitCluster
+
+        cluster = RabbitCluster(nodes=1)
+        started = time.monotonic()
+        cluster.start()
+        print(f"rabbitmq: 1 node up in {time.monotonic() - started:.1f} s", flush=True)
+        url = cluster.node_url(0)
+        broker = "RabbitMQ 1 node, a durable quorum queue per run"
+    rabbit_url = url
+    try:
+
+        def source() -> str:
+            queue = f"bench-consume-{uuid.uuid4().hex[:8]}"
+            declare_quorum_queue(rabbit_url, queue)
+            fill(rabbit_url, queue, count)
+            return queue
+
+        def options() -> dict[str, Any]:
+            return {"prefetch": BATCH}
+
+        variants = [Variant("raw", rabbit_raw(rabbit_url)), *msgsafe_variants(rabbit_url, options)]
+        yield Target("rabbitmq", broker, variants, source, count)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+# --- measuring --------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    """One protocol's variants and where they read: ``source()`` gives a topic or queue
+    holding ``count`` messages for one run (the same topic every time on Kafka, where a
+    new group reads it again; a new filled queue on RabbitMQ)."""
+
+    protocol: str
+    broker: str
+    variants: list[Variant]
+    source: Callable[[], str]
+    count: int
+
+
+def measure(target: Target, rounds: int) -> dict[str, list[Tally]]:
+    """``rounds`` rounds of every variant reading ``target.count`` messages, in order in
+    even rounds and reversed in odd ones."""
+    tallies: dict[str, list[Tally]] = {v.name: [] for v in target.variants}
+    for n in range(rounds):
+        order = target.variants if n % 2 == 0 else target.variants[::-1]
+        this: dict[str, Tally] = {}
+        for variant in order:
+            source = target.source()
+            this[variant.name] = variant.run(source, target.count)
+        for name in tallies:
+            tallies[name].append(this[name])
+        print(
+            f"  round {n + 1}: "
+            + ", ".join(
+                f"{name} {this[name].rate:,.0f} msg/s {this[name].cpu_us:.1f} µs CPU"
+                for name in tallies
+            ),
+            flush=True,
+        )
+    return tallies
+
+
+def run_target(target: Target, args: argparse.Namespace) -> Result:
+    print(f"{target.protocol}: {target.broker}", flush=True)
+    warm = target.source()
+    for variant in target.variants:  # the brokers' and clients' first reads, untimed
+        variant.run(warm, target.count)
+        if target.protocol != "kafka":
+            warm = target.source()
+    result = Result(target.protocol, target.broker, measure(target, args.rounds))
+    if args.profile:
+        unprofiled = {name: result.total(name).cpu_us for name in result.rounds}
+        for variant in target.variants[1:3]:
+            profile(target, variant, min(args.profile, target.count), unprofiled[variant.name])
+    return result
+
+
+def profile(target: Target, variant: Variant, count: int, real_us: float) -> None:
+    source = target.source()
+    with ThreadProfiles() as profiles:
+        profiles.arm()
+        cpu = time.process_time()
+        variant.run(source, count)
+        cpu = time.process_time() - cpu
+        profiles.stop_caller()
+    print_profile(f"{target.protocol} {variant.name}", profiles, count, cpu, real_us)
+
+
+# --- the report -------------------------------------------------------------------------
+
+
+def report(
+    results: Sequence[Result], args: argparse.Namespace, started: str, ended: str, loads: str
+) -> str:
+    """The README section (``## Consuming``), without notes of its own."""
+    versions = [f"Python {platform.python_version()}"]
+    for dist in ("confluent-kafka", "pika"):
+        with contextlib.suppress(Exception):
+            from importlib.metadata import version
+
+            versions.append(f"{dist} {version(dist)}")
+    command = (
+        "`flock /tmp/msgsafe-bench.lock python3 benchmarks/bench_consume.py "
+        f"--rounds {args.rounds} --messages {args.messages} "
+        f"--rabbit-messages {args.rabbit_messages}"
+        + "".join(f" --only {p}" for p in args.only or ())
+        + " --readme benchmarks/README.md`"
+    )
+    lines = [
+        TITLE,
+        "",
+        command,
+        "",
+        f"Measured {started}\N{EN DASH}{ended} UTC on {os.cpu_count()} cores, {loads} "
+        f"(the machine is shared), {', '.join(versions)}. Kafka: {args.messages:,} messages "
+        f"per run, RabbitMQ: {args.rabbit_messages:,}; 100-byte bodies written by msgsafe's "
+        f"producer (16 keys); {args.rounds} rounds, the variants in turn; clocks from a "
+        "run's first message to its last settle. CPU: `time.process_time()` of the "
+        "benchmark process (every thread) per message, all rounds.",
+        "",
+        *tables(results, LOOPS, goal_lines(results, GOALS)),
+    ]
+    brokers = "; ".join(f"{r.protocol}: {r.broker}" for r in results)
+    lines += ["", f"Brokers: {brokers}."]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    parser.add_argument(
+        "--only", action="append", choices=PROTOCOLS, help="measure this protocol (repeatable)"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every variant")
+    parser.add_argument("--messages", type=int, default=200_000, help="Kafka: messages per run")
+    parser.add_argument(
+        "--rabbit-messages", type=int, default=50_000, help="RabbitMQ: messages per run"
+    )
+    parser.add_argument(
+        "--url",
+        action="append",
+        default=[],
+        help="a running broker instead of one started here: kafka:// or amqp://",
+    )
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then profile N messages of poll+ack and dedup (per-thread CPU)",
+    )
+    parser.add_argument("--readme", type=Path, help=f"write the {TITLE[3:]!r} section there")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.messages < 1 or args.rabbit_messages < 1 or args.profile < 0:
+        parser.error("--rounds, --messages and --rabbit-messages must be >= 1")
+    urls = urls_by_protocol(args.url)  # refuses a scheme of another protocol now
+    if "amqp10" in urls:
+        parser.error("--url amqp10://: AMQP 1.0 is not measured here yet")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> list[Result]:
+    args = parse_args(argv)
+    wanted = set(args.only or PROTOCOLS)
+    urls = urls_by_protocol(args.url)
+    started = datetime.datetime.now(datetime.UTC)
+    load_start = os.getloadavg()[0]
+    results: list[Result] = []
+    if "kafka" in wanted:
+        with kafka_target(urls.get("kafka"), args.messages) as target:
+            results.append(run_target(target, args))
+    if "rabbitmq" in wanted:
+        with rabbit_target(urls.get("rabbitmq"), args.rabbit_messages) as target:
+            results.append(run_target(target, args))
+    ended = datetime.datetime.now(datetime.UTC)
+    loads = f"load average {load_start:.1f} at the start and {os.getloadavg()[0]:.1f} at the end"
+    text = report(results, args, f"{started:%Y-%m-%d %H:%M}", f"{ended:%H:%M}", loads)
+    print()
+    print(text)
+    if args.readme is not None:
+        replace_section(args.readme, text)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,435 @@
+"""One nemesis run: a real cluster, producer and consumer processes, the schedule's
+faults, then heal, drain, read back and check.
+
+:func:`run` does, in order:
+
+1. draws the schedule from the seed (:func:`msgsafe.nemesis.schedule.draw`) and writes it
+   to ``DIR/schedule.json``;
+2. starts the cluster through :func:`msgsafe.cluster.create` (what ``msgsafe cluster up``
+   runs) in ``DIR/cluster`` and, where the kind's clients can be routed through it, a
+   :class:`~msgsafe.testing.faultproxy.FaultProxy` per node (RabbitMQ: a client connects
+   to the hosts of its URL only; Kafka clients learn the nodes' own addresses from
+   metadata, so its network faults would need a listener per node that advertises a
+   proxy: not done, Kafka runs get broker and producer faults);
+3. spawns ``producers`` producer processes (each with its own SQLite outbox, keyed
+   sends) and one consumer process (:mod:`msgsafe.nemesis.worker`);
+4. applies each window of the schedule at its time: broker node SIGKILL and restart,
+   SIGSTOP and SIGCONT; producer SIGKILL and a new process on the same outbox; a black
+   hole, a slow link (latency, bandwidth) or resets on one node's proxy. Actions run one
+   after another on this thread (a cluster is driven from one thread), so a slow restart
+   delays the next action: the history has the times they really happened;
+5. heals everything (proxies, paused and killed nodes), records ``heal``, stops the
+   producers with SIGTERM (each drains its outbox first), waits until the consumer has
+   received every receipted id (or ``readback_timeout``), stops it;
+6. checks the history (:func:`msgsafe.nemesis.checker.check`), writes ``report.json``
+   and ``picture.svg``, stops the cluster. A failing run keeps the cluster's directory
+   (broker logs, data) in ``DIR``; a passing one removes it and keeps the history.
+
+Progress goes to the ``say`` callback, one line at a time; the library itself prints
+nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from msgsafe import cluster as clusters
+from msgsafe.cluster.base import ClusterError, LocalCluster
+from msgsafe.errors import MsgsafeError
+from msgsafe.nemesis import checker, history, picture, schedule
+from msgsafe.nemesis.worker import Spec
+from msgsafe.testing.faultproxy import FaultProxy
+
+__all__ = ["KINDS", "Outcome", "Plan", "replay_command", "run"]
+
+#: Kinds the nemesis can run, with the options their clients use. NOTE: timeouts are
+#: short so that a fault is noticed within seconds, as in the chaos matrix.
+KINDS: dict[str, dict[str, Any]] = {
+    "rabbitmq": {
+        "options": {
+            "declare": "quorum",
+            "connect_timeout": 1.0,
+            "confirm_timeout": 2.0,
+            "heartbeat": 2,
+        },
+        "proxied": True,
+    },
+    "kafka": {
+        "options": {"connect_timeout": 1.0, "confirm_timeout": 3.0},
+        "proxied": False,
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to run: ``kind`` for ``minutes`` of faults from ``seed``, in ``dir``."""
+
+    kind: str
+    minutes: float
+    seed: int
+    dir: Path
+    producers: int = 2
+    nodes: int = 3
+    rate: float = 40.0
+    readback_timeout: float = 180.0
+
+
+@dataclass
+class Outcome:
+    """What a run found: the verdict, where its files are, what went wrong on the way."""
+
+    plan: Plan
+    verdict: checker.Verdict
+    schedule: schedule.Schedule
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict.ok and not self.notes
+
+    def report(self) -> dict[str, Any]:
+        """``report.json``: the plan, the schedule's windows, the verdict, the replay."""
+        plan = asdict(self.plan)
+        plan["dir"] = str(self.plan.dir)
+        return {
+            "ok": self.ok,
+            "plan": plan,
+            "replay": replay_command(self.plan),
+            "faults": len(self.schedule.windows),
+            "schedule": self.schedule.to_json(),
+            "verdict": self.verdict.to_json(),
+            "notes": self.notes,
+            "history": str(self.plan.dir / "history"),
+            "picture": str(self.plan.dir / "picture.svg"),
+        }
+
+
+def replay_command(plan: Plan) -> str:
+    """The command that draws the same schedule again."""
+    extra = "" if plan.producers == 2 else f" --producers {plan.producers}"
+    return f"msgsafe nemesis {plan.kind} --minutes {plan.minutes:g} --seed {plan.seed}{extra}"
+
+
+class _Tally:
+    """Reads the run's history files as they grow: which ids were receipted and received."""
+
+    def __init__(self, dir: Path) -> None:
+        self.dir = dir
+        self.offsets: dict[Path, int] = {}
+        self.receipted: set[str] = set()
+        self.received: set[str] = set()
+        self.stored = 0
+
+    def poll(self) -> None:
+        for path in sorted(self.dir.glob("*.jsonl")):
+            with path.open(encoding="utf-8") as f:
+                f.seek(self.offsets.get(path, 0))
+                data = f.read()
+            done = data.rfind("\n") + 1  # a line being written waits for the next poll
+            self.offsets[path] = self.offsets.get(path, 0) + len(data[:done].encode())
+            for e in history.read(data[:done].splitlines()):
+                if e["e"] == "receipted":
+                    self.receipted.add(e["id"])
+                    self.stored += e["status"] == "stored"
+                elif e["e"] == "received":
+                    self.received.add(e["id"])
+
+    @property
+    def unseen(self) -> int:
+        return len(self.receipted - self.received)
+
+
+class _Run:
+    def __init__(self, plan: Plan, say: Callable[[str], None]) -> None:
+        self.plan = plan
+        self.say = say
+        self.dir = plan.dir
+        self.hist_dir = plan.dir / "history"
+        self.log_dir = plan.dir / "logs"
+        self.setup = KINDS[plan.kind]
+        self.cluster: LocalCluster | None = None
+        self.proxies: list[FaultProxy] = []
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.incarnations: dict[str, int] = {}
+        self.notes: list[str] = []
+        self.destination = f"nemesis-{plan.seed}"
+        self.t0 = 0.0
+        self.tally = _Tally(self.hist_dir)
+        self.own: history.History | None = None
+
+    # --- set up ------------------------------------------------------------------------
+
+    def start_cluster(self) -> LocalCluster:
+        plan = self.plan
+        self.say(f"starting {plan.kind} ({plan.nodes} nodes) in {self.dir / 'cluster'}")
+        started = time.monotonic()
+        cluster = clusters.create(plan.kind, dir=self.dir / "cluster", nodes=plan.nodes)
+        self.cluster = cluster
+        cluster.start()
+        self.say(f"{plan.kind} up in {time.monotonic() - started:.1f} s: {cluster.url}")
+        if self.setup["proxied"]:
+            for node in cluster.nodes():
+                self.proxies.append(FaultProxy(node.host, node.port, connect_timeout=2.0))
+        if plan.kind == "kafka":
+            from msgsafe.cluster.kafka import KafkaCluster
+
+            assert isinstance(cluster, KafkaCluster)
+            cluster.create_topic(self.destination, partitions=3)
+        return cluster
+
+    def producer_url(self, index: int) -> str:
+        """The URL of producer ``index``: through the proxies where the kind allows, its
+        host list rotated so that the producers start on different nodes."""
+        assert self.cluster is not None
+        url = self.cluster.url
+        if not self.proxies:
+            return url
+        scheme, _, rest = url.partition("://")
+        creds, _, hosts = rest.rpartition("@")
+        tail = hosts[hosts.find("/") :] if "/" in hosts else ""
+        addrs = [f"127.0.0.1:{p.port}" for p in self.proxies]
+        k = index % len(addrs)
+        rotated = ",".join(addrs[k:] + addrs[:k])
+        return f"{scheme}://{creds}@{rotated}{tail}" if creds else f"{scheme}://{rotated}{tail}"
+
+    def spawn(self, name: str) -> None:
+        """Start (or start again) the worker ``name``: ``p0``.. or ``c``."""
+        assert self.cluster is not None
+        n = self.incarnations.get(name, -1) + 1
+        self.incarnations[name] = n
+        before = [str(self.hist_dir / f"{name}.{i}.jsonl") for i in range(n)]
+        options = dict(self.setup["options"])
+        if name == "c":
+            spec = Spec(
+                role="consume",
+                name=name,
+                url=self.cluster.url,
+                destination=self.destination,
+                history=str(self.hist_dir / f"{name}.{n}.jsonl"),
+                options=options,
+                group=f"nemesis-{self.plan.seed}",
+            )
+        else:
+            spec = Spec(
+                role="produce",
+                name=name,
+                url=self.producer_url(int(name[1:])),
+                destination=self.destination,
+                history=str(self.hist_dir / f"{name}.{n}.jsonl"),
+                options=options,
+                outbox=str(self.dir / "outboxes" / f"{name}.db"),
+                rate=self.plan.rate,
+                before=before,
+            )
+        log: IO[bytes]
+        with (self.log_dir / f"{name}.log").open("ab") as log:
+            self.workers[name] = subprocess.Popen(
+                [sys.executable, "-m", "msgsafe.nemesis.worker", json.dumps(asdict(spec))],
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+            )
+
+    # --- faults ------------------------------------------------------------------------
+
+    def apply(self, w: schedule.Window, on: bool) -> None:
+        assert self.cluster is not None and self.own is not None
+        self.own.write("fault", name=w.name, on=on)
+        if w.role == "broker":
+            if w.action == "kill":
+                self.cluster.kill(w.target) if on else self.cluster.restart(w.target)
+            elif on:
+                self.cluster.pause(w.target)
+            else:
+                self.cluster.resume(w.target)
+        elif w.role == "producer":
+            name = f"p{w.target}"
+            if on:
+                self.workers[name].send_signal(signal.SIGKILL)
+                self.workers[name].wait()
+            else:
+                self.spawn(name)
+        elif w.role == "network":
+            proxy = self.proxies[w.target]
+            if not on:
+                proxy.heal()
+            elif w.action == "blackhole":
+                proxy.blackhole()
+            elif w.action == "latency":
+                proxy.latency(0.5)
+            elif w.action == "bandwidth":
+                proxy.bandwidth(20_000)
+            else:
+                proxy.reset()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def wait_until(self, t: float) -> None:
+        """Let the run go on until ``t`` s after its start: a status line every 15 s, and
+        a worker that died by itself started again (and noted)."""
+        while (left := t - self.elapsed()) > 0:
+            time.sleep(min(left, 1.0))  # the schedule's clock, not synchronisation
+            self.watch_workers()
+            if int(self.elapsed()) % 15 == 0:
+                self.status()
+
+    def status(self) -> None:
+        self.tally.poll()
+        self.say(
+            f"[{self.elapsed():6.1f}s] receipted={len(self.tally.receipted)} "
+            f"(stored {self.tally.stored}) received={len(self.tally.received)} "
+            f"unseen={self.tally.unseen}"
+        )
+
+    def watch_workers(self) -> None:
+        assert self.own is not None
+        for name, proc in list(self.workers.items()):
+            code = proc.poll()
+            if code is not None and code != -signal.SIGKILL:
+                note = f"worker {name} exited with {code} by itself (log: logs/{name}.log)"
+                self.notes.append(note)
+                self.own.write("note", text=note)
+                self.say(note)
+                self.spawn(name)
+
+    # --- the end -----------------------------------------------------------------------
+
+    def heal(self) -> None:
+        assert self.cluster is not None and self.own is not None
+        self.say("healing: proxies, paused and killed nodes")
+        for proxy in self.proxies:
+            proxy.heal()
+        from msgsafe.cluster.rabbitmq import RabbitCluster
+
+        if isinstance(self.cluster, RabbitCluster):  # also a partition a long SIGSTOP left
+            self.cluster.heal()
+        else:
+            for i, node in enumerate(self.cluster.nodes()):
+                if node.role == "paused":
+                    self.cluster.resume(i)
+                elif not node.running:
+                    self.cluster.restart(i)
+        for name in list(self.workers):
+            if name.startswith("p") and self.workers[name].poll() is not None:
+                self.spawn(name)  # a producer killed by the last window
+        self.own.write("heal")
+
+    def drain_and_read_back(self) -> None:
+        assert self.own is not None
+        producers = {n: p for n, p in self.workers.items() if n.startswith("p")}
+        self.say(f"draining {len(producers)} outboxes (SIGTERM: stop sending, drain, exit)")
+        for proc in producers.values():
+            proc.send_signal(signal.SIGTERM)
+        for name, proc in producers.items():
+            try:
+                code = proc.wait(timeout=240)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+            if code != 0:
+                self.notes.append(f"producer {name} did not drain (exit {code})")
+        deadline = time.monotonic() + self.plan.readback_timeout
+        self.tally.poll()
+        while self.tally.unseen and time.monotonic() < deadline:
+            time.sleep(0.5)  # polling the consumer's history against the deadline
+            self.tally.poll()
+        time.sleep(2.0)  # a quiet tail: duplicates that arrive late are counted too
+        self.say(f"read back: unseen={self.tally.unseen} of {len(self.tally.receipted)}")
+        consumer = self.workers["c"]
+        consumer.send_signal(signal.SIGTERM)
+        try:
+            consumer.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            consumer.kill()
+            consumer.wait()
+
+    def stop_everything(self) -> None:
+        for proc in self.workers.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for proxy in self.proxies:
+            proxy.close()
+        if self.cluster is not None:
+            self.cluster.stop()
+
+
+def run(plan: Plan, say: Callable[[str], None] = lambda _: None) -> Outcome:
+    """Run ``plan`` (see the module docstring) and return what the checker found."""
+    if plan.kind not in KINDS:
+        raise ValueError(f"unknown kind {plan.kind!r} (known: {', '.join(sorted(KINDS))})")
+    duration = plan.minutes * 60.0
+    targets = {
+        "broker": plan.nodes,
+        "producer": plan.producers,
+        "network": plan.nodes if KINDS[plan.kind]["proxied"] else 0,
+    }
+    drawn = schedule.draw(plan.seed, duration, targets)
+    for sub in ("history", "logs", "outboxes"):
+        (plan.dir / sub).mkdir(parents=True, exist_ok=True)
+    (plan.dir / "schedule.json").write_text(json.dumps(drawn.to_json(), indent=1))
+    say(
+        f"seed {plan.seed}: {len(drawn.windows)} faults in {duration:.0f} s; replay: "
+        f"{replay_command(plan)}"
+    )
+    r = _Run(plan, say)
+    try:
+        with history.History(r.hist_dir / "runner.jsonl", "runner") as own:
+            r.own = own
+            r.start_cluster()
+            r.t0 = time.monotonic()
+            for i in range(plan.producers):
+                r.spawn(f"p{i}")
+            r.spawn("c")
+            for t, on, window in drawn.events():
+                r.wait_until(t)
+                late = r.elapsed() - t
+                say(
+                    f"[{r.elapsed():6.1f}s] {window.name} {'on' if on else 'off'}"
+                    + (f" ({late:.1f} s late)" if late > 1.0 else "")
+                )
+                with _noted(r, window.name):
+                    r.apply(window, on)
+            r.wait_until(duration)
+            with _noted(r, "heal"):
+                r.heal()
+            r.drain_and_read_back()
+    finally:
+        r.stop_everything()
+    verdict, series = checker.check(history.read_dir(r.hist_dir))
+    outcome = Outcome(plan, verdict, drawn, r.notes)
+    title = f"msgsafe nemesis {plan.kind} seed {plan.seed}: " + (
+        "ok" if outcome.ok else "; ".join(verdict.problems() + r.notes)
+    )
+    (plan.dir / "picture.svg").write_text(picture.svg(series, title=title))
+    (plan.dir / "report.json").write_text(json.dumps(outcome.report(), indent=1))
+    if outcome.ok:
+        shutil.rmtree(plan.dir / "cluster", ignore_errors=True)
+        shutil.rmtree(plan.dir / "outboxes", ignore_errors=True)
+    return outcome
+
+
+@contextlib.contextmanager
+def _noted(r: _Run, what: str) -> Iterator[None]:
+    """An action that failed (a node that did not come back) is noted, and the run goes
+    on: the final heal and the checker judge what it did."""
+    try:
+        yield
+    except (ClusterError, MsgsafeError, OSError) as exc:
+        note = f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        r.notes.append(note)
+        assert r.own is not None
+        r.own.write("note", text=note)
+        r.say(note)

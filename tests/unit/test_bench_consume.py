@@ -1,0 +1,81 @@
+"""benchmarks/bench_consume.py: its arguments, its ratios and the README section it
+writes (no broker: the figures are made up here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_consume
+from benchmarks._readme import replace_section
+from benchmarks.bench_send import Result, Tally
+
+OTHER = "# Benchmarks\n\n## Kafka\n\nkafka body\n"
+
+
+def _tally(rate: float, cpu_us: float, messages: int = 1000) -> Tally:
+    return Tally(wall=messages / rate, cpu=cpu_us * messages / 1e6, messages=messages)
+
+
+def _results() -> list[Result]:
+    kafka = Result("kafka", "Apache Kafka, 1 node")
+    kafka.rounds = {
+        "raw": [_tally(200_000, 1.5), _tally(100_000, 1.5), _tally(150_000, 1.5)],
+        "poll+ack": [_tally(190_000, 2.0), _tally(80_000, 2.0), _tally(150_000, 2.0)],
+        "dedup": [_tally(160_000, 3.0), _tally(70_000, 3.0), _tally(100_000, 3.0)],
+    }
+    rabbit = Result("rabbitmq", "RabbitMQ 1 node")
+    rabbit.rounds = {"raw": [_tally(20_000, 40.0)], "poll+ack": [_tally(21_000, 30.0)]}
+    return [kafka, rabbit]
+
+
+def test_defaults_and_options_parse() -> None:
+    args = bench_consume.parse_args([])
+    assert (args.rounds, args.messages, args.rabbit_messages, args.profile) == (
+        3,
+        200_000,
+        50_000,
+        0,
+    )
+    assert args.only is None and args.url == [] and args.readme is None
+    args = bench_consume.parse_args(
+        ["--only", "kafka", "--rounds", "5", "--url", "kafka://127.0.0.1:9092", "--profile", "9"]
+    )
+    assert args.only == ["kafka"] and args.rounds == 5 and args.profile == 9
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--only", "amqp10"], ["--rounds", "0"], ["--messages", "0"], ["--url", "amqp10://h:5672"]],
+)
+def test_bad_arguments_exit(argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench_consume.parse_args(argv)
+
+
+def test_each_goal_is_read_on_the_median_of_its_rounds() -> None:
+    rows = {row[0]: row for row in bench_consume.goal_lines(_results(), bench_consume.GOALS)}
+    poll = rows[bench_consume.GOALS[0][4]]
+    assert poll[1:4] == pytest.approx((0.95, 0.80, 1.0))
+    assert poll[5] == pytest.approx(0.75) and poll[6] == ">= 0.9: **met**"
+    dedup = rows[bench_consume.GOALS[1][4]]
+    assert dedup[1] == pytest.approx(0.70) and dedup[6] == ">= 0.8: **not met**"
+    rabbit = rows[bench_consume.GOALS[3][4]]
+    assert rabbit[1] == pytest.approx(1.05) and rabbit[6] == ">= 1.0: **met**"
+    # Only the variants measured have rows (no run x4 here).
+    assert len(rows) == 3
+
+
+def test_the_section_is_written_with_figures_goals_and_the_command(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(OTHER)
+    args = bench_consume.parse_args(["--rounds", "3", "--only", "kafka"])
+    section = bench_consume.report(_results(), args, "2026-12-06 19:00", "19:10", "load 1")
+    replace_section(readme, section)
+    text = readme.read_text()
+    assert text.startswith(OTHER.rstrip("\n") + "\n\n## Consuming\n")
+    assert "--rounds 3 --messages 200000 --rabbit-messages 50000 --only kafka" in text
+    assert "Measured 2026-12-06 19:00\u201319:10 UTC" in text
+    assert "| kafka | poll+ack |" in text and "| rabbitmq | raw |" in text
+    assert "| **0.95** | 0.80 .. 1.00 |" in text

@@ -1,0 +1,273 @@
+"""The pure parts of ``msgsafe nemesis``: the seeded schedule, the history reader, the
+checker (each invariant fails on a history that breaks it) and the SVG picture."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from msgsafe.nemesis import checker, history, picture, schedule
+
+TARGETS = {"broker": 3, "producer": 2, "network": 3}
+
+
+# --- schedule ---------------------------------------------------------------------------
+
+
+def test_the_same_seed_gives_the_same_schedule() -> None:
+    a = schedule.draw(1234, 600, TARGETS)
+    b = schedule.draw(1234, 600, dict(reversed(list(TARGETS.items()))))
+    assert a == b
+    assert a.to_json() == json.loads(json.dumps(a.to_json()))
+    assert len(a.windows) > 20
+
+
+def test_other_seeds_give_other_schedules() -> None:
+    drawn = {schedule.draw(seed, 300, TARGETS).windows for seed in range(10)}
+    assert len(drawn) == 10
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_overlap_stays_within_each_roles_bound(seed: int) -> None:
+    bounds = {"broker": 1, "producer": 1, "network": 2}
+    drawn = schedule.draw(seed, 900, TARGETS, bounds=bounds)
+    for role, bound in bounds.items():
+        assert 0 < schedule.overlap(drawn.windows, role) <= bound, role
+    # Roles overlap each other: composed faults, not one at a time.
+    roles_at_once = max(
+        len({w.role for w in drawn.windows if w.start <= t < w.end}) for t in range(900)
+    )
+    assert roles_at_once >= 2
+
+
+def test_a_bound_of_two_is_reached() -> None:
+    bounds = {"broker": 1, "producer": 1, "network": 2}
+    reached = [
+        schedule.overlap(schedule.draw(seed, 900, TARGETS, bounds=bounds).windows, "network")
+        for seed in range(10)
+    ]
+    assert 2 in reached
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_quiet_periods_warmup_and_tail_have_no_fault(seed: int) -> None:
+    drawn = schedule.draw(seed, 600, TARGETS, warmup=10, tail=20)
+    assert drawn.quiet, "a run of 10 minutes has quiet periods"
+    for w in drawn.windows:
+        assert 10 <= w.start < w.end <= 580
+        assert w.action in schedule.ACTIONS[w.role]
+        for start, end in drawn.quiet:
+            assert w.end <= start or end <= w.start, (w, (start, end))
+    # No target is hit by two windows of its role at once.
+    for a in drawn.windows:
+        for b in drawn.windows:
+            if a is not b and (a.role, a.target) == (b.role, b.target):
+                assert a.end <= b.start or b.end <= a.start
+
+
+def test_a_role_without_targets_gets_no_fault() -> None:
+    drawn = schedule.draw(7, 300, {"broker": 3, "network": 0})
+    assert {w.role for w in drawn.windows} == {"broker"}
+
+
+def test_events_end_before_start_at_one_instant() -> None:
+    w1 = schedule.Window("broker", "kill", 0, 5.0, 10.0)
+    w2 = schedule.Window("broker", "pause", 0, 10.0, 12.0)
+    drawn = schedule.Schedule(1, 20.0, (w1, w2), ())
+    assert [(t, on) for t, on, _ in drawn.events()] == [
+        (5.0, True),
+        (10.0, False),
+        (10.0, True),
+        (12.0, False),
+    ]
+
+
+def test_too_short_a_run_is_refused() -> None:
+    with pytest.raises(ValueError, match="no time"):
+        schedule.draw(1, 8, TARGETS)
+
+
+# --- history ----------------------------------------------------------------------------
+
+
+def test_history_is_read_back_in_time_order_and_a_torn_line_is_skipped(tmp_path: Path) -> None:
+    with history.History(tmp_path / "p0.jsonl", "p0") as h:
+        h.write("attempted", id="a", key="k", seq=0)
+        h.write("receipted", id="a", status="confirmed", latency=0.01)
+    with (tmp_path / "p0.jsonl").open("a") as f:
+        f.write('{"t": 1e12, "p": "p0", "e": "attem')  # killed mid-line
+    with history.History(tmp_path / "c.jsonl", "c") as h:
+        h.write("received", id="a")
+    events = history.read_dir(tmp_path)
+    assert [e["e"] for e in events] == ["attempted", "receipted", "received"]
+    assert [e["p"] for e in events] == ["p0", "p0", "c"]
+
+
+# --- checker ----------------------------------------------------------------------------
+
+
+class Run:
+    """A synthetic history, one event per call, one second apart."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.t = 1000.0
+
+    def add(self, e: str, **fields: Any) -> Run:
+        self.t += 1.0
+        self.events.append({"t": self.t, "p": "x", "e": e, **fields})
+        return self
+
+    def sent(self, mid: str, key: str, seq: int, status: str = "confirmed") -> Run:
+        self.add("attempted", id=mid, key=key, seq=seq)
+        return self.add("receipted", id=mid, status=status, latency=0.5)
+
+
+def _clean() -> Run:
+    run = Run()
+    for seq in range(3):
+        run.sent(f"a{seq}", "k1", seq)
+        run.sent(f"b{seq}", "k2", seq, status="stored")
+    run.add("depth", outbox="p0", n=3)
+    run.add("fault", name="broker-kill 0", on=True).add("fault", name="broker-kill 0", on=False)
+    run.add("heal")
+    run.add("depth", outbox="p0", n=0)
+    for seq in range(3):
+        run.add("received", id=f"a{seq}").add("received", id=f"b{seq}")
+    return run
+
+
+def test_a_clean_history_passes() -> None:
+    verdict, series = checker.check(_clean().events)
+    assert verdict.ok, verdict.problems()
+    assert (verdict.receipted, verdict.confirmed, verdict.stored) == (6, 3, 3)
+    assert (verdict.lost, verdict.unexpected, verdict.duplicates) == (0, 0, 0)
+    assert verdict.recovery_s == 2.0  # from the fault's end to the empty outbox
+    assert sum(series.confirmed) == 3 and sum(series.stored) == 3
+    assert series.unseen[-1] == 0 and max(series.unseen) == 6
+    assert max(series.depth) == 3 and series.depth[-1] == 0
+    assert [f[0] for f in series.faults] == ["broker-kill 0"]
+
+
+def test_a_lost_message_fails() -> None:
+    run = _clean()
+    run.sent("c0", "k3", 0)
+    verdict, _ = checker.check(run.events)
+    assert not verdict.ok
+    assert verdict.lost == 1 and verdict.examples["lost"] == ["c0"]
+
+
+def test_an_unexpected_message_fails() -> None:
+    verdict, _ = checker.check(_clean().add("received", id="zz").events)
+    assert not verdict.ok and verdict.unexpected == 1
+
+
+def test_duplicates_are_counted_and_a_duplicate_of_an_unknown_id_fails() -> None:
+    verdict, _ = checker.check(_clean().add("received", id="a1").add("received", id="a1").events)
+    assert verdict.ok and verdict.duplicates == 2
+    verdict, _ = checker.check(_clean().add("received", id="q").add("received", id="q").events)
+    assert not verdict.ok and verdict.duplicates == 1 and verdict.unexpected == 1
+
+
+def test_a_reorder_within_a_key_fails_but_a_redelivery_does_not() -> None:
+    run = Run()
+    for seq in range(3):
+        run.sent(f"a{seq}", "k1", seq)
+    run.add("received", id="a0").add("received", id="a2").add("received", id="a1")
+    verdict, _ = checker.check(run.events)
+    assert not verdict.ok and verdict.order_violations == 1
+    assert verdict.examples["order"] == ["a1"]
+    run = Run()
+    for seq in range(3):
+        run.sent(f"a{seq}", "k1", seq)
+    for mid in ("a0", "a1", "a2", "a0"):  # a0 again: a duplicate, not a reorder
+        run.add("received", id=mid)
+    verdict, _ = checker.check(run.events)
+    assert verdict.ok and verdict.duplicates == 1
+
+
+def test_an_outbox_not_empty_at_the_end_fails() -> None:
+    run = Run().sent("a0", "k", 0).add("received", id="a0")
+    run.add("depth", outbox="p0", n=0).add("depth", outbox="p1", n=2).add("heal")
+    run.add("depth", outbox="p0", n=0)
+    verdict, _ = checker.check(run.events)
+    assert not verdict.ok and verdict.recovery_s is None
+
+
+def test_recovery_counts_until_the_outboxes_are_empty_for_good() -> None:
+    run = Run().sent("a0", "k", 0).add("received", id="a0")
+    run.add("fault", name="broker-kill 0", on=True).add("fault", name="broker-kill 0", on=False)
+    run.add("depth", outbox="p0", n=0).add("depth", outbox="p1", n=2)  # empty, then not
+    run.add("depth", outbox="p1", n=0)  # empty for good: 3 s after the fault's end
+    run.add("heal").add("depth", outbox="p0", n=0)
+    verdict, _ = checker.check(run.events)
+    assert verdict.ok and verdict.recovery_s == 3.0
+
+
+def test_nothing_receipted_fails() -> None:
+    verdict, _ = checker.check(Run().add("attempted", id="a", key="k", seq=0).events)
+    assert not verdict.ok and verdict.cut_short == 1
+
+
+# --- picture ----------------------------------------------------------------------------
+
+
+def test_the_picture_is_svg_with_every_fault_shaded_and_named() -> None:
+    run = _clean()
+    run.add("fault", name="network-latency 1", on=True)  # still open at the end
+    _, series = checker.check(run.events)
+    text = picture.svg(series, title="rabbitmq seed 1 <&>")
+    root = ET.fromstring(text)
+    ns = "{http://www.w3.org/2000/svg}"
+    shaded = [r for r in root.iter(f"{ns}rect") if r.get("class") == "fault"]
+    assert len(shaded) == 2
+    names = [t.text for t in root.iter(f"{ns}text")]
+    assert "broker-kill 0" in names and "network-latency 1" in names
+    assert "rabbitmq seed 1 <&>" in names
+    lines = {p.get("class") for p in root.iter(f"{ns}polyline")}
+    assert lines == {"confirmed", "stored", "latency", "depth", "unseen"}
+
+
+def test_the_picture_of_an_empty_history_is_still_svg() -> None:
+    _, series = checker.check([])
+    ET.fromstring(picture.svg(series, title="empty"))
+
+
+# --- the command and the workers, without a broker -----------------------------------------
+
+
+def test_an_unsupported_kind_is_a_usage_error() -> None:
+    from typer.testing import CliRunner
+
+    from msgsafe.cli.app import app
+
+    result = CliRunner().invoke(app, ["nemesis", "qpid", "--seed", "1"])
+    assert result.exit_code == 2
+    words = " ".join(result.output.replace("│", " ").split())
+    assert "qpid and artemis are not supported yet" in words
+
+
+def test_the_replay_command_names_the_seed_and_what_differs() -> None:
+    from msgsafe.nemesis.runner import Plan, replay_command
+
+    plan = Plan(kind="rabbitmq", minutes=1.5, seed=99, dir=Path("/x"))
+    assert replay_command(plan) == "msgsafe nemesis rabbitmq --minutes 1.5 --seed 99"
+    plan = Plan(kind="kafka", minutes=2, seed=7, dir=Path("/x"), producers=3)
+    assert replay_command(plan) == "msgsafe nemesis kafka --minutes 2 --seed 7 --producers 3"
+
+
+def test_a_restarted_producer_takes_up_each_keys_sequence(tmp_path: Path) -> None:
+    from msgsafe.nemesis.worker import next_seqs
+
+    with history.History(tmp_path / "p0.0.jsonl", "p0") as h:
+        h.write("attempted", id="a", key="p0-k0", seq=0)
+        h.write("attempted", id="b", key="p0-k1", seq=0)
+        h.write("attempted", id="c", key="p0-k0", seq=1)
+    with history.History(tmp_path / "p0.1.jsonl", "p0") as h:
+        h.write("attempted", id="d", key="p0-k0", seq=2)
+    paths = [tmp_path / "p0.0.jsonl", tmp_path / "p0.1.jsonl", tmp_path / "gone.jsonl"]
+    assert next_seqs(paths) == {"p0-k0": 3, "p0-k1": 1}
