@@ -21,6 +21,12 @@ started here through ``msgsafe.cluster`` (``--url`` names a running one instead)
   - ``dedup``: the same with ``dedup=True``.
   - ``run x4``: ``Consumer.run(handler, concurrency=4)`` with a handler that only
     counts (and stops the run at the last message).
+  - ``floor``: the raw loop with one slotted object per message (its ``value()`` read)
+    whose ``ack()`` stores the offset: the least any API handing out delivery objects
+    does per message. ``floor x4``: the raw loop putting every message on a
+    ``queue.SimpleQueue`` that 4 threads read (each stores the offset and counts under
+    a lock): the least a run() of worker threads does. Not goals: the limits the goals
+    are read against where they are not met.
 
 - **RabbitMQ** (``RabbitCluster(nodes=1)``, a durable quorum queue per run, filled with
   ``--rabbit-messages`` messages before the run):
@@ -50,6 +56,7 @@ import contextlib
 import datetime
 import os
 import platform
+import queue
 import sys
 import threading
 import time
@@ -85,6 +92,17 @@ GOALS: tuple[tuple[str, str, str, float, str], ...] = (
     ("kafka", "poll+ack", "raw", 0.9, "Kafka `poll` + `ack()` / raw `consume` + `store_offsets`"),
     ("kafka", "dedup", "raw", 0.8, "Kafka, the same with `dedup=True` / raw"),
     ("kafka", "run x4", "raw", 0.8, f"Kafka `run(handler, concurrency={WORKERS})`, no-op / raw"),
+    # Not goals: the least an API of delivery objects, or of worker threads, can do.
+    ("kafka", "floor", "raw", 0.0, "floor: a slotted object per message + `ack()` / raw"),
+    ("kafka", "poll+ack", "floor", 0.0, "Kafka `poll` + `ack()` / that floor"),
+    ("kafka", "floor x4", "raw", 0.0, f"floor: {WORKERS} threads fed by a `SimpleQueue` / raw"),
+    (
+        "kafka",
+        "run x4",
+        "floor x4",
+        0.0,
+        f"Kafka `run(handler, concurrency={WORKERS})` / that floor",
+    ),
     ("rabbitmq", "poll+ack", "raw", 1.0, "RabbitMQ `poll` + `ack()` / raw pika `basic_ack`"),
     ("rabbitmq", "dedup", "raw", 0.0, "RabbitMQ, the same with `dedup=True` / raw"),
     ("rabbitmq", "run x4", "raw", 0.0, f"RabbitMQ `run(handler, concurrency={WORKERS})` / raw"),
@@ -99,6 +117,14 @@ LOOPS: dict[tuple[str, str], str] = {
     ("kafka", "poll+ack"): f"msgsafe.Consumer; poll(1.0, max_messages={BATCH}); ack() each",
     ("kafka", "dedup"): f"msgsafe.Consumer(dedup=True); poll(1.0, max_messages={BATCH}); ack()",
     ("kafka", "run x4"): f"msgsafe.Consumer.run(handler, concurrency={WORKERS}); no-op handler",
+    ("kafka", "floor"): (
+        f"the raw loop, a slotted object per message (its value() read) made for each "
+        f"consume({BATCH}, 1.0), then obj.ack() each: store_offsets(message)"
+    ),
+    ("kafka", "floor x4"): (
+        f"the raw loop, every message put on a queue.SimpleQueue read by {WORKERS} threads: "
+        "store_offsets(message), count under a lock"
+    ),
     ("rabbitmq", "raw"): (
         f"pika.BlockingConnection; basic_qos(prefetch_count={BATCH}); basic_consume(callback "
         "calling basic_ack(tag)); process_data_events() until all came"
@@ -226,20 +252,26 @@ def fill(url: str, destination: str, count: int) -> None:
 # --- Kafka ------------------------------------------------------------------------------
 
 
+def _raw_consumer(bootstrap: str) -> Any:
+    """A raw consumer in a new group, subscribed to nothing yet: auto commit of the
+    offsets stored (``enable.auto.offset.store=false``), from the earliest offset."""
+    from confluent_kafka import Consumer
+
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": True,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "log_level": 0,
+        }
+    )
+
+
 def kafka_raw(bootstrap: str) -> Run:
     def run(topic: str, count: int) -> Tally:
-        from confluent_kafka import Consumer
-
-        consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": True,
-                "enable.auto.offset.store": False,
-                "auto.offset.reset": "earliest",
-                "log_level": 0,
-            }
-        )
+        consumer = _raw_consumer(bootstrap)
         consumer.subscribe([topic])
         clock, seen, errors = Clock(), 0, 0
         consume, store = consumer.consume, consumer.store_offsets
@@ -259,6 +291,95 @@ def kafka_raw(bootstrap: str) -> Run:
         finally:
             consumer.close()
         _check(f"kafka raw ({errors} errors)", seen, count)
+        return tally
+
+    return run
+
+
+class Handed:
+    """The floor's delivery: one slotted object per message whose ``ack()`` stores the
+    message's offset (what any API handing out delivery objects makes per message)."""
+
+    __slots__ = ("body", "message", "store")
+
+    def __init__(self, message: Any, store: Callable[[Any], None]) -> None:
+        self.message = message
+        self.body = message.value()
+        self.store = store
+
+    def ack(self) -> None:
+        self.store(self.message)
+
+
+def kafka_floor(bootstrap: str) -> Run:
+    """The raw loop with a :class:`Handed` per message, made for the batch and then
+    acknowledged one by one: the floor under ``poll`` + ``ack()``."""
+
+    def run(topic: str, count: int) -> Tally:
+        consumer = _raw_consumer(bootstrap)
+        consumer.subscribe([topic])
+        clock, seen = Clock(), 0
+        consume, store = consumer.consume, consumer.store_offsets
+        try:
+            while seen < count:
+                batch = [Handed(m, store) for m in consume(BATCH, 1.0) if m.error() is None]
+                if batch:
+                    clock.start()
+                for handed in batch:
+                    handed.ack()
+                seen += len(batch)
+            tally = clock.stop(seen)
+        finally:
+            consumer.close()
+        _check("kafka floor", seen, count)
+        return tally
+
+    return run
+
+
+def kafka_floor_workers(bootstrap: str) -> Run:
+    """The raw loop handing every message to one of WORKERS threads through a
+    ``queue.SimpleQueue`` (unbounded); each thread stores the offset and counts under a
+    lock, as the ``run x4`` handler counts: the floor under a run() of worker threads."""
+
+    def run(topic: str, count: int) -> Tally:
+        consumer = _raw_consumer(bootstrap)
+        consumer.subscribe([topic])
+        clock, lock = Clock(), threading.Lock()
+        handed: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        seen, done = 0, threading.Event()
+        store = consumer.store_offsets
+
+        def work() -> None:
+            nonlocal seen
+            while (message := handed.get()) is not None:
+                store(message)
+                with lock:
+                    seen += 1
+                    if seen == count:
+                        done.set()
+
+        threads = [threading.Thread(target=work) for _ in range(WORKERS)]
+        for thread in threads:
+            thread.start()
+        fetched = 0
+        try:
+            while fetched < count:
+                messages = [m for m in consumer.consume(BATCH, 1.0) if m.error() is None]
+                if messages:
+                    clock.start()
+                for message in messages:
+                    handed.put(message)
+                fetched += len(messages)
+            done.wait(600)
+            tally = clock.stop(seen)
+        finally:
+            for _ in threads:
+                handed.put(None)
+            for thread in threads:
+                thread.join(30)
+            consumer.close()
+        _check("kafka floor x4", seen, count)
         return tally
 
     return run
@@ -288,7 +409,12 @@ def kafka_target(url: str | None, count: int) -> Iterator[Target]:
         def groups() -> dict[str, Any]:
             return {"group": f"bench-{uuid.uuid4().hex[:8]}"}
 
-        variants = [Variant("raw", kafka_raw(bootstrap)), *msgsafe_variants(url, groups)]
+        variants = [
+            Variant("raw", kafka_raw(bootstrap)),
+            *msgsafe_variants(url, groups),
+            Variant("floor", kafka_floor(bootstrap)),
+            Variant("floor x4", kafka_floor_workers(bootstrap)),
+        ]
         yield Target("kafka", broker, variants, lambda: topic, count)
     finally:
         if cluster is not None:

@@ -970,7 +970,7 @@ def goal_lines(
     by_protocol = {r.protocol: r for r in results}
     for protocol, variant, baseline, goal, what in goals:
         result = by_protocol.get(protocol)
-        if result is None or variant not in result.rounds:
+        if result is None or variant not in result.rounds or baseline not in result.rounds:
             continue
         ratios = result.ratios(variant, baseline)
         median = statistics.median(ratios)
@@ -978,9 +978,9 @@ def goal_lines(
         cpu = result.total(baseline).cpu_us / result.total(variant).cpu_us
         if goal:
             verdict = f">= {goal}: " + ("**met**" if median >= goal else "**not met**")
-        elif variant == "floor":
+        elif variant.startswith("floor"):
             verdict = "the limit (not a goal)"
-        elif baseline == "floor":
+        elif baseline.startswith("floor"):
             verdict = "against the limit (not a goal)"
         else:
             verdict = "(no goal)"

@@ -25,6 +25,7 @@ from msgsafe.message import BatchReceipt, Delivery, Envelope, Outcome, Receipt
 from msgsafe.ports import AttemptCounter, InboxStore
 from msgsafe.producer import OutboxSpec, Producer
 from msgsafe.retry import RetryPolicy
+from msgsafe.schemas import Deserializer, Serializer
 from msgsafe.telemetry.stats import ConsumerStats, ProducerStats
 
 __all__ = ["AsyncConsumer", "AsyncDelivery", "AsyncProducer", "AsyncTransaction"]
@@ -49,10 +50,16 @@ class AsyncProducer:
         require: str = "durable",
         check_every: float = 300.0,
         forward: bool = True,
+        serializer: Serializer | None = None,
+        key_serializer: Serializer | None = None,
         **options: object,
     ) -> None:
         self._send_timeout = send_timeout
         self._checked_destinations: set[str] = set()
+        #: Destinations whose first message was serialized (off the loop: its
+        #: serializer may ask the registry; later ones answer from its cache).
+        self._serialized_destinations: set[str] = set()
+        self._serializes = serializer is not None or key_serializer is not None
         self._producer = Producer(
             url,
             outbox=outbox,
@@ -62,6 +69,8 @@ class AsyncProducer:
             require=require,
             check_every=check_every,
             forward=forward,
+            serializer=serializer,
+            key_serializer=key_serializer,
             **options,
         )
 
@@ -73,13 +82,19 @@ class AsyncProducer:
     async def send(
         self,
         destination: str,
-        body: bytes,
+        body: bytes | Any | None,
         *,
-        key: str | bytes | None = None,
+        key: str | bytes | Any | None = None,
         headers: Mapping[str, str] | None = None,
         message_id: str | None = None,
     ) -> Receipt:
-        """Send and wait until the message is safe; errors as :meth:`Producer.send`."""
+        """Send and wait until the message is safe; errors as :meth:`Producer.send`.
+
+        With a ``serializer``, the first message to each destination is serialized in a
+        worker thread (its serializer may ask the schema registry), later ones on the
+        loop (confluent-kafka's serializers answer from their cache then)."""
+        if self._serializes:
+            body, key = await self._serialized(destination, body, key, headers, message_id)
         envelope = Envelope.build(
             destination, body, key=key, headers=headers, message_id=message_id
         )
@@ -90,12 +105,27 @@ class AsyncProducer:
         except TimeoutError:
             raise self._producer.timed_out(future, envelope) from None
 
+    async def _serialized(
+        self,
+        destination: str,
+        body: Any,
+        key: Any,
+        headers: Mapping[str, str] | None,
+        message_id: str | None,
+    ) -> tuple[Any, Any]:
+        serialized = self._producer.serialized
+        if destination in self._serialized_destinations:
+            return serialized(destination, body, key, headers, message_id)
+        result = await asyncio.to_thread(serialized, destination, body, key, headers, message_id)
+        self._serialized_destinations.add(destination)
+        return result
+
     async def send_batch(
         self,
         destination: str,
-        bodies: Iterable[bytes],
+        bodies: Iterable[bytes] | Iterable[Any],
         *,
-        keys: Iterable[str | bytes | None] | None = None,
+        keys: Iterable[str | bytes | None] | Iterable[Any] | None = None,
         headers: Mapping[str, str] | None = None,
         message_ids: Iterable[str] | None = None,
         timeout: float | None = None,
@@ -103,9 +133,16 @@ class AsyncProducer:
         """Send many messages and wait until every one is safe; errors as
         :meth:`Producer.send_batch` (``timeout`` defaults to ``send_timeout``)."""
         await self._checked(destination)
-        future = self._producer.send_batch_async(
-            destination, bodies, keys=keys, headers=headers, message_ids=message_ids
-        )
+        send_batch = self._producer.send_batch_async
+        if self._serializes:
+            # The serializers run over the whole batch: off the loop.
+            future = await asyncio.to_thread(
+                send_batch, destination, bodies, keys=keys, headers=headers, message_ids=message_ids
+            )
+        else:
+            future = send_batch(
+                destination, bodies, keys=keys, headers=headers, message_ids=message_ids
+            )
         limit = self._send_timeout if timeout is None else timeout
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), limit)
@@ -188,6 +225,17 @@ class AsyncDelivery:
         return self._delivery.headers
 
     @property
+    def value(self) -> Any:
+        """The body through the consumer's ``deserializer`` (see
+        :attr:`Delivery.value <msgsafe.message.Delivery.value>`)."""
+        return self._delivery.value
+
+    @property
+    def key_value(self) -> Any:
+        """The key through the consumer's ``key_deserializer``."""
+        return self._delivery.key_value
+
+    @property
     def redelivered(self) -> bool:
         return self._delivery.redelivered
 
@@ -240,6 +288,8 @@ class AsyncConsumer:
         telemetry: bool = False,
         connect_window: float = 10.0,
         attempts: AttemptCounter | None = None,
+        deserializer: Deserializer | None = None,
+        key_deserializer: Deserializer | None = None,
         **options: object,
     ) -> None:
         self._consumer = Consumer(
@@ -249,6 +299,8 @@ class AsyncConsumer:
             telemetry=telemetry,
             connect_window=connect_window,
             attempts=attempts,
+            deserializer=deserializer,
+            key_deserializer=key_deserializer,
             **options,
         )
         self._ready: deque[AsyncDelivery] = deque()

@@ -15,8 +15,9 @@ V = TypeVar("V")
 
 def _put_newest(ids: OrderedDict[str, V], message_id: str, value: V, capacity: int) -> None:
     """``ids[message_id] = value`` as the newest entry; the oldest beyond ``capacity`` go."""
-    ids[message_id] = value
-    ids.move_to_end(message_id)
+    if message_id in ids:
+        ids.move_to_end(message_id)
+    ids[message_id] = value  # a new key goes to the end by itself
     while len(ids) > capacity:
         ids.popitem(last=False)
 
@@ -70,11 +71,18 @@ class AttemptMemory:
         self._lock = threading.Lock()
 
     def delivered(self, message_id: str, *, redelivered: bool) -> int:
+        counts = self._counts
         with self._lock:
-            attempt = self._counts.get(message_id, 0) + 1
-            if redelivered:
-                attempt = max(attempt, 2)
-            _put_newest(self._counts, message_id, attempt, self.capacity)
+            before = counts.get(message_id)
+            if before is None:
+                # The common case, a first delivery: the new id goes to the end as is.
+                attempt = 2 if redelivered else 1
+                counts[message_id] = attempt
+                if len(counts) > self.capacity:
+                    counts.popitem(last=False)
+                return attempt
+            attempt = max(before + 1, 2) if redelivered else before + 1
+            _put_newest(counts, message_id, attempt, self.capacity)
             return attempt
 
     def retried(self, message_id: str, attempt: int) -> None:

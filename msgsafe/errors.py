@@ -48,7 +48,11 @@ __all__ = [
     "ProtocolMismatch",
     "Refused",
     "Rejected",
+    "SchemaError",
+    "SchemaIncompatible",
+    "SchemaRegistryUnavailable",
     "SendTimeout",
+    "SerializationFailed",
     "StoreOutcomeUnknown",
     "TransientError",
     "Unroutable",
@@ -435,3 +439,56 @@ class InboxError(MsgsafeError):
 class InboxUnavailable(InboxError):
     """The inbox's database took no writes within the inbox's timeout (down, read-only,
     busy, or failing over): nothing was recorded, the message is to be handled again."""
+
+
+# --- schemas -----------------------------------------------------------------------------
+
+
+class SchemaError(MsgsafeError):
+    """A serializer or the schema registry behind it could not turn a message into its
+    bytes (or its bytes back): nothing was sent or stored (see :mod:`msgsafe.schemas`)."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        subject: str | None = None,
+        endpoint: str | None = None,
+        message_id: str | None = None,
+    ) -> None:
+        super().__init__(message, endpoint=endpoint, message_id=message_id)
+        self.subject = subject
+
+    def _extra(self) -> dict[str, object]:
+        return {"subject": self.subject}
+
+
+class SchemaRegistryUnavailable(SchemaError, TransientError):
+    """The schema registry did not answer and the serializer had no cached schema for
+    the subject: nothing was sent or stored, the caller still owns the message."""
+
+
+class SchemaIncompatible(SchemaError, PermanentError):
+    """The registry refused the schema (HTTP 409): it breaks the subject's compatibility
+    rule. ``subject`` and ``rule`` (e.g. ``BACKWARD``; None when unknown) name them."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        subject: str | None = None,
+        rule: str | None = None,
+        endpoint: str | None = None,
+        message_id: str | None = None,
+    ) -> None:
+        super().__init__(message, subject=subject, endpoint=endpoint, message_id=message_id)
+        self.rule = rule
+
+    def _extra(self) -> dict[str, object]:
+        return {"subject": self.subject, "rule": self.rule}
+
+
+class SerializationFailed(SchemaError, PermanentError):
+    """The serializer refused the object (it does not match the schema), the registry
+    refused the request for good (unknown subject, invalid schema), or received bytes
+    do not decode: retrying the same message will not help."""

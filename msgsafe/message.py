@@ -12,9 +12,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from msgsafe.errors import ClosedError, InvalidMessage
 from msgsafe.message_ids import new_message_id, new_message_ids
+from msgsafe.schemas import KEY, VALUE, Deserializer, Deserializers
 
 __all__ = [
     "AMQP_PROPERTIES_HEADER",
@@ -486,6 +488,10 @@ class Batch:
 SettleFn = Callable[[Outcome], None]
 
 
+#: Not deserialized yet (a value may be None).
+_UNSET: Any = object()
+
+
 class Delivery:
     """A received message. Settle it exactly once with :meth:`ack` or :meth:`nack`.
 
@@ -498,15 +504,23 @@ class Delivery:
     True: it holds across restarts. Elsewhere the consumer counts (see
     :class:`~msgsafe.ports.AttemptCounter`); until it does, a redelivery is attempt 2 at
     least. ``Consumer.run`` raises it once per retry of its own.
+
+    ``body`` and ``key`` are the bytes received; :attr:`value` and :attr:`key_value` are
+    what the consumer's ``deserializer`` and ``key_deserializer`` make of them (see
+    :mod:`msgsafe.schemas`).
     """
 
     __slots__ = (
+        "_after",
+        "_key_value",
         "_lock",
         "_settle",
         "_settled",
+        "_value",
         "attempt",
         "attempt_from_broker",
         "body",
+        "deserializers",
         "destination",
         "headers",
         "key",
@@ -525,12 +539,15 @@ class Delivery:
         headers: Mapping[str, str] | None = None,
         redelivered: bool = False,
         attempt: int | None = None,
+        lock: threading.Lock | None = None,
     ) -> None:
         self.body = body
         self.destination = destination
         self.message_id = message_id
         self.key = key
-        self.headers: Mapping[str, str] = MappingProxyType(dict(headers or {}))
+        self.headers: Mapping[str, str] = (
+            MappingProxyType(dict(headers)) if headers else _NO_HEADERS
+        )
         self.redelivered = redelivered
         #: True when ``attempt`` is the broker's own count (see the class docstring).
         self.attempt_from_broker = attempt is not None
@@ -538,7 +555,47 @@ class Delivery:
         self.attempt: int = attempt if attempt is not None else (2 if redelivered else 1)
         self._settle = settle
         self._settled: Outcome | None = None
-        self._lock = threading.Lock()
+        # NOTE: a receiver passes one lock for all its deliveries: the exactly-once check
+        # holds it for two bytecodes, and a lock made per message cost more than that.
+        self._lock = lock if lock is not None else threading.Lock()
+        #: Called with (delivery, outcome) once the receiver took the outcome: the
+        #: consumer's counters and dedup window (see :meth:`observe`).
+        self._after: Callable[[Delivery, Outcome], None] | None = None
+        #: The consumer's deserializers (set by the consumer), None without any.
+        self.deserializers: Deserializers | None = None
+        self._value: Any = _UNSET
+        self._key_value: Any = _UNSET
+
+    def observe(self, after: Callable[[Delivery, Outcome], None]) -> None:
+        """Have ``after(delivery, outcome)`` called once this delivery was settled (after
+        the receiver took the outcome; not when settling raised). One observer: the
+        consumer that handed the delivery out."""
+        self._after = after
+
+    @property
+    def value(self) -> Any:
+        """The body through the consumer's ``deserializer``, run on first use and kept
+        (the body itself without one). Raises a :class:`~msgsafe.errors.SchemaError`
+        when it does not decode (``body`` still holds the bytes)."""
+        found = self._value
+        if found is _UNSET:
+            decode = self.deserializers
+            found = self._value = self._decode(decode.value if decode else None, self.body, VALUE)
+        return found
+
+    @property
+    def key_value(self) -> Any:
+        """The key through the consumer's ``key_deserializer``, as :attr:`value`."""
+        found = self._key_value
+        if found is _UNSET:
+            decode = self.deserializers
+            found = self._key_value = self._decode(decode.key if decode else None, self.key, KEY)
+        return found
+
+    def _decode(self, deserializer: Deserializer | None, data: bytes | None, field: str) -> Any:
+        return Deserializers.run(
+            deserializer, data, self.destination, field, self.headers, self.message_id
+        )
 
     @property
     def settled(self) -> Outcome | None:
@@ -554,6 +611,9 @@ class Delivery:
                 )
             self._settled = outcome
         self._settle(outcome)
+        after = self._after
+        if after is not None:
+            after(self, outcome)
 
     def ack(self) -> None:
         """The message was processed: remove it from the broker."""

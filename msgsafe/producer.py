@@ -74,6 +74,7 @@ from msgsafe.ports import (
     transport_capabilities,
 )
 from msgsafe.retry import RetryPolicy
+from msgsafe.schemas import Serializer, Serializers
 from msgsafe.telemetry._observer import Observers, observing
 from msgsafe.telemetry.producer import ProducerTelemetry
 from msgsafe.telemetry.stats import ProducerStats
@@ -130,6 +131,12 @@ class Producer:
     file on memory (``tmpfs``, ``ramfs``) or in a container's writable layer; ``"any"``
     accepts it. STORED receipts say what the store gives (``receipt.store_guarantee``).
 
+    ``serializer`` and ``key_serializer`` turn each message's body and key into bytes,
+    once, in ``send()``, before anything is sent or stored: confluent-kafka's
+    ``serializer(obj, ctx)`` protocol, so its schema registry serializers work unchanged
+    (see :mod:`msgsafe.schemas`; a failure is a :class:`~msgsafe.errors.SchemaError` and
+    the caller still owns the message).
+
     ``forward=False``: the outbox is not forwarded in the background (another process
     does it: ``msgsafe outbox forward`` on a shared PostgreSQL outbox); :meth:`drain`
     still forwards on the caller's thread.
@@ -148,11 +155,19 @@ class Producer:
         require: str = "durable",
         check_every: float = 300.0,
         forward: bool = True,
+        serializer: Serializer | None = None,
+        key_serializer: Serializer | None = None,
         **options: object,
     ) -> None:
         if send_timeout <= 0:
             raise ConfigurationError("send_timeout must be > 0")
         self._url = parse_url(url)
+        #: The serializers (msgsafe.schemas), None without any: bodies and keys as given.
+        self._serialize: Serializers | None = (
+            Serializers(serializer, key_serializer)
+            if serializer is not None or key_serializer is not None
+            else None
+        )
         self._gate = DestinationGate(
             inspector_for(self._url, options),
             require=require,
@@ -258,9 +273,9 @@ class Producer:
     def send(
         self,
         destination: str,
-        body: bytes | None,
+        body: bytes | Any | None,
         *,
-        key: str | bytes | None = None,
+        key: str | bytes | Any | None = None,
         headers: Mapping[str, str] | None = None,
         message_id: str | None = None,
         transaction: Any = None,
@@ -295,7 +310,12 @@ class Producer:
         stored like any message and stays a tombstone through the outbox. RabbitMQ and
         AMQP 1.0 messages have no null body: there ``send()`` raises ``InvalidMessage``
         before anything is sent.
+
+        With a ``serializer`` (or ``key_serializer``) ``body`` (``key``) is the object it
+        takes; a :class:`~msgsafe.errors.SchemaError` raises before anything is sent.
         """
+        if self._serialize is not None:
+            body, key = self._serialize(destination, body, key, headers, message_id)
         envelope = Envelope.build(
             destination, body, key=key, headers=headers, message_id=message_id
         )
@@ -322,9 +342,9 @@ class Producer:
     def send_async(
         self,
         destination: str,
-        body: bytes | None,
+        body: bytes | Any | None,
         *,
-        key: str | bytes | None = None,
+        key: str | bytes | Any | None = None,
         headers: Mapping[str, str] | None = None,
         message_id: str | None = None,
         transaction: Any = None,
@@ -335,6 +355,8 @@ class Producer:
         future's exception. The future cannot be cancelled (``cancel()`` returns False):
         the message is already on its way, and the receipt says where it ended.
         """
+        if self._serialize is not None:
+            body, key = self._serialize(destination, body, key, headers, message_id)
         lane = self._lane
         if (
             lane is not None
@@ -396,9 +418,9 @@ class Producer:
     def send_batch(
         self,
         destination: str,
-        bodies: Iterable[bytes],
+        bodies: Iterable[bytes] | Iterable[Any],
         *,
-        keys: Iterable[str | bytes | None] | None = None,
+        keys: Iterable[str | bytes | None] | Iterable[Any] | None = None,
         headers: Mapping[str, str] | None = None,
         message_ids: Iterable[str] | None = None,
         timeout: float | None = None,
@@ -434,9 +456,9 @@ class Producer:
     def send_batch_async(
         self,
         destination: str,
-        bodies: Iterable[bytes],
+        bodies: Iterable[bytes] | Iterable[Any],
         *,
-        keys: Iterable[str | bytes | None] | None = None,
+        keys: Iterable[str | bytes | None] | Iterable[Any] | None = None,
         headers: Mapping[str, str] | None = None,
         message_ids: Iterable[str] | None = None,
     ) -> Future[BatchReceipt]:
@@ -445,10 +467,49 @@ class Producer:
         Invalid input raises here, before anything is sent; every other outcome is the
         future's (``BatchFailed`` for messages neither confirmed nor stored).
         """
+        if self._serialize is not None:
+            bodies, keys = self._serialized_batch(destination, bodies, keys, headers)
         batch = Batch.build(
             destination, bodies, keys=keys, headers=headers, message_ids=message_ids
         )
         return self.submit_batch(batch)
+
+    def _serialized_batch(
+        self,
+        destination: str,
+        bodies: Iterable[Any],
+        keys: Iterable[Any] | None,
+        headers: Mapping[str, str] | None,
+    ) -> tuple[list[bytes], list[Any] | None]:
+        """Each body and key of a batch through the serializers, before any is sent."""
+        serialize = cast(Serializers, self._serialize)
+        objects = list(bodies)
+        key_list = list(keys) if keys is not None else None
+        out_bodies: list[bytes] = []
+        out_keys: list[Any] = []
+        for index, obj in enumerate(objects):
+            key = key_list[index] if key_list is not None and index < len(key_list) else None
+            body, key = serialize(destination, obj, key, headers)
+            out_bodies.append(body)
+            out_keys.append(key)
+        if key_list is not None and len(key_list) != len(objects):
+            out_keys.extend(key_list[len(objects) :])  # Batch.build names the mismatch
+        return out_bodies, out_keys if key_list is not None else None
+
+    def serialized(
+        self,
+        destination: str,
+        body: Any,
+        key: Any = None,
+        headers: Mapping[str, str] | None = None,
+        message_id: str | None = None,
+    ) -> tuple[Any, Any]:
+        """``(body, key)`` through this producer's serializers (as given without any):
+        for wrappers that build envelopes themselves (:meth:`send_envelope`). Raises a
+        :class:`~msgsafe.errors.SchemaError`."""
+        if self._serialize is None:
+            return body, key
+        return self._serialize(destination, body, key, headers, message_id)
 
     def submit_batch(self, batch: Batch) -> Future[BatchReceipt]:
         """Send a prepared :class:`~msgsafe.message.Batch` (its ids kept): the hook for

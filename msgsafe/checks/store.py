@@ -133,8 +133,8 @@ def _check_postgres(url: str) -> list[Finding]:
 
 def pooling_finding(subject: str, mode: PoolMode) -> Finding:
     """What the pooling between the outbox and its server (found by the heuristic of
-    :func:`~msgsafe.outbox._pg_pooling.pooling_mode`) means: INFO, CRITICAL for statement
-    pooling (the outbox refuses to open through it)."""
+    :func:`~msgsafe.outbox._pg_pooling.pooling_mode`) means: OK without a pooler, INFO
+    behind one, CRITICAL for statement pooling (the outbox refuses to open through it)."""
     if mode == "statement":
         return Finding(
             Severity.CRITICAL,
@@ -144,7 +144,8 @@ def pooling_finding(subject: str, mode: PoolMode) -> Finding:
             describe_mode(mode),
             "pool_mode = transaction (or session) for the outbox's database in the pooler",
         )
-    return Finding(Severity.INFO, subject, "pooling (heuristic)", mode, describe_mode(mode))
+    severity = Severity.OK if mode == "direct" else Severity.INFO
+    return Finding(severity, subject, "pooling (heuristic)", mode, describe_mode(mode))
 
 
 def postgres_findings(

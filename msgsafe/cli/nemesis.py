@@ -48,7 +48,7 @@ def nemesis(
         Path | None,
         typer.Option("--dir", help="Where the history, report and picture go (a new temp dir)."),
     ] = None,
-    producers: Annotated[int, typer.Option("--producers", min=1, help="Producer processes.")] = 2,
+    producers: Annotated[int, typer.Option("--producers", min=1, help="Producer processes.")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Run producers and a consumer against a KIND cluster under randomized, composed

@@ -8,7 +8,8 @@ released) before it exits 0. ``--until-empty`` exits once the store holds no wai
 message. Every ``--interval`` seconds a status line goes to stderr (``--json``: one JSON
 object per line on stdout, ``"event": "status"``), and a summary at the end (``"event":
 "done"``). On PostgreSQL it is woken by LISTEN/NOTIFY when rows are put, and polls once
-a second besides (for leases that ran out).
+a second besides (for leases that ran out); behind a pooler in transaction mode, where
+LISTEN cannot work, it only polls.
 
 ``--url`` gives the broker with its credentials (the store never keeps them); without
 it, the broker the newest waiting row names. STORE and ``--url`` may name where the URL

@@ -1,9 +1,10 @@
 """Real brokers on loopback, for users and for this project's own tests: RabbitMQ,
 Apache Kafka (KRaft), Qpid Broker-J (BDB HA group), ActiveMQ Artemis (live/backup),
 tansu (a zero-Java Kafka-protocol broker for the demo), PostgreSQL (a primary with
-synchronous standbys, for the shared outbox), a Spark standalone cluster (master and
-workers from the installed PySpark, for the Spark sink's executor-loss tests), and a
-schema registry speaking Confluent's REST API (Apicurio Registry, in-memory storage).
+synchronous standbys, for the shared outbox, optionally behind PgBouncer), a Spark
+standalone cluster (master and workers from the installed PySpark, for the Spark sink's
+executor-loss tests), and a schema registry speaking Confluent's REST API (Apicurio
+Registry, in-memory storage).
 
 One table maps a kind to its launcher; each launcher is a :class:`LocalCluster`
 (``msgsafe/cluster/base.py`` states the shape). The ``msgsafe cluster`` command is a thin

@@ -70,7 +70,12 @@ class LanePool:
         self._work = work
         self._clock = clock
         self._give_back = give_back
-        self._cond = threading.Condition()
+        #: Workers wait on it for a lane to handle.
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        #: The fetcher (for room) and close (for the running handlers) wait on it, under
+        #: the same lock: a finished delivery wakes them, not every idle worker.
+        self._room = threading.Condition(lock)
         self._keyed: dict[bytes, Lane] = {}
         self._ready: deque[Lane] = deque()
         self._timed: list[tuple[float, int, Lane]] = []
@@ -97,8 +102,8 @@ class LanePool:
     def room(self, limit: int, timeout: float) -> int:
         """How many more deliveries may be submitted before ``limit`` are held, waiting up
         to ``timeout`` seconds for there to be any."""
-        with self._cond:
-            self._cond.wait_for(lambda: self.held < limit or self._closing, timeout)
+        with self._room:
+            self._room.wait_for(lambda: self.held < limit or self._closing, timeout)
             return 0 if self._closing else max(0, limit - self.held)
 
     def submit(self, delivery: Delivery) -> None:
@@ -164,15 +169,17 @@ class LanePool:
                 lane.items.clear()
             elif still_held and isinstance(verdict, float) and not self._closing:
                 heapq.heappush(self._timed, (verdict, next(self._order), lane))
+                self._cond.notify()  # an idle worker times its wait by the new deadline
             if self._closing:  # what is left of the lane goes back after its head
                 back.extend(lane.items)
                 lane.items.clear()
             if lane.items and not isinstance(verdict, float):
                 self._ready.append(lane)
+                self._cond.notify()
             elif not lane.items and lane.key is not None:
                 self._keyed.pop(lane.key, None)
             self.held -= len(back)
-            self._cond.notify_all()
+            self._room.notify_all()
             return back
 
     def close(self, timeout: float) -> list[Delivery]:
@@ -192,11 +199,12 @@ class LanePool:
                     self._keyed.pop(lane.key, None)
             self.held -= len(back)
             self._cond.notify_all()
+            self._room.notify_all()
         for delivery in back:
             self._give_back(delivery)
         deadline = time.monotonic() + timeout
-        with self._cond:
-            self._cond.wait_for(lambda: not self._running, max(0.0, deadline - time.monotonic()))
+        with self._room:
+            self._room.wait_for(lambda: not self._running, max(0.0, deadline - time.monotonic()))
             running = [lane for lane in self._running if lane.items]
             late = [lane.items[0] for lane in running]
             back = [delivery for lane in running for delivery in lane.items]

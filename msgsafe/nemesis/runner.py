@@ -79,7 +79,8 @@ class Plan:
     minutes: float
     seed: int
     dir: Path
-    producers: int = 2
+    #: One per node by default: each starts on its own node (see producer_url).
+    producers: int = 3
     nodes: int = 3
     rate: float = 40.0
     readback_timeout: float = 180.0
@@ -117,7 +118,7 @@ class Outcome:
 
 def replay_command(plan: Plan) -> str:
     """The command that draws the same schedule again."""
-    extra = "" if plan.producers == 2 else f" --producers {plan.producers}"
+    extra = "" if plan.producers == 3 else f" --producers {plan.producers}"
     return f"msgsafe nemesis {plan.kind} --minutes {plan.minutes:g} --seed {plan.seed}{extra}"
 
 
@@ -164,6 +165,8 @@ class _Run:
         self.incarnations: dict[str, int] = {}
         self.notes: list[str] = []
         self.destination = f"nemesis-{plan.seed}"
+        self.group = f"nemesis-{plan.seed}"
+        self.next_status = 15.0
         self.t0 = 0.0
         self.tally = _Tally(self.hist_dir)
         self.own: history.History | None = None
@@ -182,10 +185,14 @@ class _Run:
             for node in cluster.nodes():
                 self.proxies.append(FaultProxy(node.host, node.port, connect_timeout=2.0))
         if plan.kind == "kafka":
+            from msgsafe.adapters.kafka.positions import start_group_at_beginning
             from msgsafe.cluster.kafka import KafkaCluster
+            from msgsafe.endpoints import parse_url
 
             assert isinstance(cluster, KafkaCluster)
             cluster.create_topic(self.destination, partitions=3)
+            # The consumer's new group reads from offset 0: none of the run is skipped.
+            start_group_at_beginning(parse_url(cluster.url), self.destination, self.group)
         return cluster
 
     def producer_url(self, index: int) -> str:
@@ -218,7 +225,7 @@ class _Run:
                 destination=self.destination,
                 history=str(self.hist_dir / f"{name}.{n}.jsonl"),
                 options=options,
-                group=f"nemesis-{self.plan.seed}",
+                group=self.group,
             )
         else:
             spec = Spec(
@@ -282,7 +289,8 @@ class _Run:
         while (left := t - self.elapsed()) > 0:
             time.sleep(min(left, 1.0))  # the schedule's clock, not synchronisation
             self.watch_workers()
-            if int(self.elapsed()) % 15 == 0:
+            if self.elapsed() >= self.next_status:
+                self.next_status += 15.0
                 self.status()
 
     def status(self) -> None:

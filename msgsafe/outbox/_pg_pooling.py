@@ -77,12 +77,16 @@ def pooling_mode(conn: Any, connect: Callable[[], Any]) -> PoolMode:
                 return "statement"
             raise
         try:
+            if other_pid == first:
+                return "transaction"
+            # NOTE: asked only when the pool has another server connection: with one,
+            # this would wait for the transaction held above until the pooler's timeout.
             second = _pid(conn)
         finally:
             other.execute("ROLLBACK")
     finally:
         other.close()
-    return "transaction" if other_pid == first or second != first else "session"
+    return "transaction" if second != first else "session"
 
 
 def describe_mode(mode: PoolMode) -> str:

@@ -1,15 +1,16 @@
 """A consumer's telemetry: the counters behind ``Consumer.stats()`` always, a span per
 delivery (linked to the producer's span through the headers) with ``telemetry=True``.
 
-Each delivery handed to the application is wrapped so that its settling is counted
-(and ends its span); an error inside OpenTelemetry is logged, never raised into the
-application's ``ack()``.
+The consumer counts each settling (:meth:`ConsumerTelemetry.add_settled`, from the
+delivery's observer: nothing is made per message); with OpenTelemetry each delivery's
+settle function is wrapped so that it ends the delivery's span. An error inside
+OpenTelemetry is logged, never raised into the application's ``ack()``.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.message import Delivery, Outcome
@@ -38,38 +39,37 @@ class ConsumerTelemetry(TracedConnectionCounters, ConsumerCounters):
             self._otel = OtelConsumer(url.protocol, self.target, server, self._figures)
 
     def deliver(self, deliveries: list[Delivery]) -> list[Delivery]:
-        """Count ``deliveries`` and return them with their settling counted too (and,
-        with OpenTelemetry, a span each that their settling ends)."""
+        """Count ``deliveries`` and return them (with OpenTelemetry, each with a span
+        that its settling ends). Their settling is counted by :meth:`add_settled`, which
+        the consumer calls."""
         if not deliveries:
             return deliveries
         self.add_received(len(deliveries))
-        return [self._wrap(delivery) for delivery in deliveries]
+        if self._otel is None:
+            return deliveries
+        for delivery in deliveries:
+            self._trace(delivery, self._otel)
+        return deliveries
 
-    def _wrap(self, delivery: Delivery) -> Delivery:
-        otel = self._otel
-        span: Any = None
-        if otel is not None:
-            try:
-                span = otel.received(delivery.destination, delivery.message_id, delivery.headers)
-            except Exception:
-                log.warning("telemetry: cannot start a receive span", exc_info=True)
+    def _trace(self, delivery: Delivery, otel: OtelConsumer) -> None:
+        try:
+            span = otel.received(delivery.destination, delivery.message_id, delivery.headers)
+        except Exception:
+            log.warning("telemetry: cannot start a receive span", exc_info=True)
+            return
         inner = delivery._settle
-        count = self.add_settled
 
         def settle(outcome: Outcome) -> None:
             inner(outcome)
-            count(outcome.value)
-            if span is not None and otel is not None:
-                try:
-                    otel.settled(span, outcome.value)
-                except Exception:
-                    log.warning("telemetry: cannot end a receive span", exc_info=True)
+            try:
+                otel.settled(span, outcome.value)
+            except Exception:
+                log.warning("telemetry: cannot end a receive span", exc_info=True)
 
         # NOTE: the delivery's own settle function is wrapped in place rather than the
         # delivery copied: a copy (headers and lock made again) cost more than the rest
         # of the consumer's work per message. Delivery.settle keeps its exactly-once check.
         delivery._settle = settle
-        return delivery
 
     # --- ConnectionObserver ----------------------------------------------------------------
 

@@ -61,6 +61,28 @@ def run_python(
     return run
 
 
+def signalled(script: Path, *args: str, signum: int, ready: str = "handling") -> Any:
+    """Run the Python ``script`` with ``args`` (this checkout first on the import path);
+    once its first line says ``ready``, send it ``signum``. It must exit 0 within 30 s;
+    returns the JSON of its last line. A child that did not stop is killed."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    child = subprocess.Popen(
+        [sys.executable, str(script), *args], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == ready
+        child.send_signal(signum)
+        out, _ = child.communicate(timeout=30)
+    finally:
+        # A child that did not stop must not outlive the test (it would spin on a core).
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def msgsafe(
     *args: str,
     stdin: str = "",

@@ -16,7 +16,7 @@ import sqlite3
 import subprocess
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,29 +83,34 @@ class InboxStory:
     count: int
     keys: int = 40
     ids: list[str] = field(default_factory=list)
+    #: The consumer group the services join (Kafka), None for none.
+    group: str | None = None
+    #: The services' first retry backoff in seconds, None for the service's default.
+    retry_initial: float | None = None
 
     @property
     def db(self) -> Path:
         return self.dir / "app.db"
 
     @property
-    def poison(self) -> set[str]:
-        return {m for i, m in enumerate(self.ids) if kind(i) == "poison"}
+    def inbox(self) -> str:
+        """The services' inbox: a SQLite database beside the effects table."""
+        return f"sqlite://{self.db}"
+
+    def outbox(self, n: int) -> Path:
+        """Service ``n``'s outbox for its dead letters: one for every service, so the
+        rows a killed one left are forwarded by the next."""
+        return self.dir / "dead-letters.sqlite3"
 
     @property
-    def inbox(self) -> str:
-        """What the service is given as its inbox: the SQLite database's path."""
-        return str(self.db)
-
-    def make_effects(self) -> None:
-        """Make the (empty) table of effects the service writes."""
-        with sqlite3.connect(self.db) as conn:
-            conn.execute("CREATE TABLE effects (message_id TEXT, key TEXT, body BLOB, pid INTEGER)")
+    def poison(self) -> set[str]:
+        return {m for i, m in enumerate(self.ids) if kind(i) == "poison"}
 
     def send(self) -> None:
         """Make the effects table and send every message (no outbox: all CONFIRMED)."""
         (self.dir / "logs").mkdir(exist_ok=True)
-        self.make_effects()
+        with sqlite3.connect(self.db) as conn:
+            conn.execute("CREATE TABLE effects (message_id TEXT, key TEXT, body BLOB, pid INTEGER)")
         with Producer(self.url, outbox=False) as producer:
             self.ids = [
                 producer.send(
@@ -124,12 +129,16 @@ class InboxStory:
         with sqlite3.connect(self.db, timeout=30) as conn:
             return int(conn.execute("SELECT count(*) FROM effects").fetchone()[0])
 
-    def start(self, n: int, outbox: str = "dead-letters") -> subprocess.Popen[bytes]:
-        """Start service ``n`` (its output in ``logs/consumer-n.log``; its dead letters'
-        outbox ``<outbox>.sqlite3``: one process at a time each)."""
+    def start(self, n: int) -> subprocess.Popen[bytes]:
+        """Start service ``n`` (its output in ``logs/consumer-n.log``)."""
         argv = [sys.executable, "-m", "tests.support.inbox_consumer", self.url, self.queue]
-        argv += [self.dlq, self.inbox, str(self.dir / f"{outbox}.sqlite3")]
-        with (self.dir / "logs" / f"consumer-{n}.log").open("wb") as out:
+        argv += [self.dlq, self.inbox, str(self.outbox(n))]
+        argv += ["--calls", str(self.dir / "logs" / f"calls-{n}.txt")]
+        if self.group is not None:
+            argv += ["--group", self.group]
+        if self.retry_initial is not None:
+            argv += ["--retry-initial", str(self.retry_initial)]
+        with self.log_path(n).open("ab") as out:  # a service started again appends
             return subprocess.Popen(
                 argv,
                 cwd=REPO,
@@ -138,8 +147,25 @@ class InboxStory:
                 stderr=subprocess.STDOUT,
             )
 
+    def log_path(self, n: int) -> Path:
+        return self.dir / "logs" / f"consumer-{n}.log"
+
     def log_of(self, n: int) -> str:
-        return (self.dir / "logs" / f"consumer-{n}.log").read_text()[-3000:]
+        """The end of service ``n``'s output."""
+        return self.log_path(n).read_text()[-3000:]
+
+    def calls(self, n: int) -> list[tuple[str, int]]:
+        """``(message_id, attempt)`` of service ``n``'s handler calls, in call order (a
+        SIGKILL can cut the last line short: only complete lines count)."""
+        path = self.dir / "logs" / f"calls-{n}.txt"
+        if not path.exists():
+            return []
+        found = []
+        for line in path.read_text().splitlines(keepends=True):
+            if line.endswith("\n"):
+                message_id, attempt = line.split()
+                found.append((message_id, int(attempt)))
+        return found
 
     def wait_applied(self, child: subprocess.Popen[bytes], n: int, threshold: int) -> None:
         """Wait until ``threshold`` effects are committed, service ``n`` still running."""
@@ -152,10 +178,9 @@ class InboxStory:
         assert child.poll() is None, self.log_of(n)
 
     @contextmanager
-    def running(self, n: int, outbox: str = "dead-letters") -> Iterator[subprocess.Popen[bytes]]:
-        """Service ``n``, started (see :meth:`start`); SIGKILLed on the way out unless it
-        exited already."""
-        child = self.start(n, outbox)
+    def running(self, n: int) -> Iterator[subprocess.Popen[bytes]]:
+        """Service ``n``, started; SIGKILLed on the way out unless it exited already."""
+        child = self.start(n)
         try:
             yield child
         finally:
@@ -167,6 +192,17 @@ class InboxStory:
         """Start service ``n``, SIGKILL it once ``threshold`` effects are committed."""
         with self.running(n) as child:
             self.wait_applied(child, n, threshold)
+
+    def kill_when(self, n: int, ready: Callable[[], bool], what: str) -> None:
+        """Start service ``n``, SIGKILL it once ``ready()``."""
+        with self.running(n) as child:
+            wait_until(
+                lambda: child.poll() is not None or ready(),
+                120,
+                f"{what} under service {n}",
+                diagnose=lambda: self.log_of(n),
+            )
+            assert child.poll() is None, self.log_of(n)
 
     def wait_all_handled(self, child: subprocess.Popen[bytes], n: int, timeout: float) -> None:
         """Wait until every non-poison message has an effect."""

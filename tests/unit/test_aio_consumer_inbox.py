@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import sqlite3
 import threading
 from collections import Counter, defaultdict
@@ -33,6 +34,7 @@ from msgsafe.ports import InboxStore, Processed
 from msgsafe.telemetry.stats import ConsumerStats
 from msgsafe.testing import MemoryBroker
 from tests.support.clock import LeapingClock
+from tests.support.commands import signalled
 from tests.support.waiting import wait_until
 from tests.unit.test_consumer_run import leftover, send, url
 
@@ -131,6 +133,30 @@ def run_until(
     return asyncio.run(main())
 
 
+def counting(calls: Counter[str]) -> Callable[[AsyncDelivery, AsyncTransaction], Any]:
+    """A handler that applies the message's effect and counts its calls in ``calls``."""
+
+    async def handler(d: AsyncDelivery, tx: AsyncTransaction) -> None:
+        calls[str(d.message_id)] += 1
+        await apply(d, tx)
+
+    return handler
+
+
+def next_life(broker: MemoryBroker, db: Path, calls: Counter[str], left: int) -> ConsumerStats:
+    """A new process on the same database: a run until the ``left`` messages found on
+    the broker are acknowledged; then each message's handler ran once (``calls``), its
+    effect was applied once, and nothing is left."""
+    stats = run_until(
+        broker, counting(calls), lambda s: s.acked == left, inbox=f"sqlite:///{db}", concurrency=3
+    )
+    ids = broker.ids("q")
+    assert calls == Counter({m: 1 for m in ids}), calls - Counter(set(ids))
+    assert Counter(m for m, _, _ in effects(db)) == Counter({m: 1 for m in ids})
+    assert leftover(broker) == []
+    return stats
+
+
 def test_effects_once_through_a_crash_between_commit_and_ack(
     memory_broker: MemoryBroker, tmp_path: Path
 ) -> None:
@@ -141,11 +167,7 @@ def test_effects_once_through_a_crash_between_commit_and_ack(
     db = database(tmp_path)
     ids = send(memory_broker, [(f"k{i % 6}", b"%d" % i) for i in range(60)])
     calls: Counter[str] = Counter()
-
-    async def handler(d: AsyncDelivery, tx: AsyncTransaction) -> None:
-        calls[str(d.message_id)] += 1
-        await apply(d, tx)
-
+    handler = counting(calls)
     inbox = WatchedInbox(open_inbox(f"sqlite:///{db}"), crash_after=ids[25])
 
     async def first_life() -> None:
@@ -162,21 +184,10 @@ def test_effects_once_through_a_crash_between_commit_and_ack(
     assert set(backlog) | recorded == set(ids)
     committed_again = [m for m in backlog if m in recorded]
 
-    stats = run_until(
-        memory_broker,
-        handler,
-        lambda stats: stats.acked == len(backlog),
-        inbox=f"sqlite:///{db}",
-        concurrency=3,
-    )
-    handled, skipped = stats.handled, stats.skipped
     inbox.close()
-    assert skipped == len(committed_again) >= 1
-    assert handled == len(backlog) - skipped
-    # Every message's handler ran once, its effect was applied once; nothing is left.
-    assert calls == Counter({m: 1 for m in ids}), calls - Counter(set(ids))
-    assert Counter(m for m, _, _ in effects(db)) == Counter({m: 1 for m in ids})
-    assert leftover(memory_broker) == []
+    stats = next_life(memory_broker, db, calls, len(backlog))
+    assert stats.skipped == len(committed_again) >= 1
+    assert stats.handled == len(backlog) - stats.skipped
 
 
 def test_retries_on_the_injected_clock_and_poison_to_the_dead_letters(
@@ -367,3 +378,112 @@ def test_what_a_handler_raises_is_rolled_back_and_retried(
     assert letter.headers[DLQ_MESSAGE_ID] == by_body[b"bad-sql"] == ids[0]
     assert letter.headers[DLQ_ERROR_TYPE] == "sqlite3.OperationalError"
     assert leftover(memory_broker) == []
+
+
+def test_a_stop_lets_open_transactions_commit_and_gives_back_the_rest(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    """Stopped (and its task cancelled) while a handler is inside its transaction: that
+    handler ends, its transaction commits and its delivery is acknowledged; what had not
+    started is given back unacknowledged, and the next run applies it, each effect once."""
+    db = database(tmp_path)
+    ids = send(memory_broker, [(f"k{i % 3}", b"%d" % i) for i in range(30)])
+    calls: Counter[str] = Counter()
+
+    async def first_life() -> ConsumerStats:
+        inside = asyncio.Event()
+        release = asyncio.Event()
+
+        async def handler(d: AsyncDelivery, tx: AsyncTransaction) -> None:
+            calls[str(d.message_id)] += 1
+            await apply(d, tx)
+            inside.set()
+            await release.wait()  # the handler's work, its transaction open
+
+        consumer = AsyncConsumer(url(memory_broker))
+        await consumer.subscribe("q")
+        running = asyncio.ensure_future(
+            consumer.run(handler, inbox=f"sqlite:///{db}", concurrency=3)
+        )
+        await asyncio.wait_for(inside.wait(), 10)
+        consumer.stop()  # as SIGTERM does: no handler starts from now on
+        running.cancel()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        return consumer.stats()
+
+    stats = asyncio.run(first_life())
+    inbox = open_inbox(f"sqlite:///{db}")
+    try:
+        recorded = inbox.handled(ids)
+    finally:
+        inbox.close()
+    # Workers already waiting for SQLite's write lock when the stop came ran theirs too.
+    assert 1 <= stats.handled <= 3 and stats.acked == stats.handled == len(recorded)
+    assert stats.in_flight == 0
+    rest = {str(d.message_id) for d in leftover(memory_broker)}
+    assert rest == set(ids) - recorded
+
+    again = next_life(memory_broker, db, calls, len(rest))
+    assert (again.handled, again.skipped) == (len(rest), 0)
+
+
+_SIGNALLED_RUN = """
+import asyncio, json, signal, sqlite3, sys
+from msgsafe import AsyncConsumer, Consumer, Producer
+from msgsafe.inbox import open_inbox
+from msgsafe.testing import MemoryBroker
+
+db = sys.argv[1]
+with sqlite3.connect(db) as conn:
+    conn.execute("CREATE TABLE effects (message_id TEXT NOT NULL)")
+MemoryBroker.install(MemoryBroker("signalled"))
+with Producer("memory://signalled", outbox=False) as p:
+    ids = [p.send("q", b"%d" % i, key="k%d" % (i % 3)).message_id for i in range(30)]
+previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+handled = []
+
+async def handler(d, tx):
+    await tx.execute("INSERT INTO effects VALUES (?)", (d.message_id,))
+    print("handling", flush=True)
+    await asyncio.sleep(0.2)  # the handler's work, its transaction open
+    handled.append(d.message_id)
+
+async def main():
+    consumer = AsyncConsumer("memory://signalled")
+    await consumer.subscribe("q")
+    await consumer.run(handler, inbox="sqlite:///" + db, concurrency=2, stop_timeout=10)
+    return consumer.stats()
+
+stats = asyncio.run(main())
+restored = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == previous
+inbox = open_inbox("sqlite:///" + db)
+recorded = sorted(inbox.handled(ids))
+with sqlite3.connect(db) as conn:
+    effects = [r[0] for r in conn.execute("SELECT message_id FROM effects")]
+with Consumer("memory://signalled").subscribe("q") as again:
+    back = [d.message_id for d in again.poll(0.5, max_messages=100)]
+print(json.dumps({
+    "ids": ids, "handled": handled, "acked": stats.acked, "recorded": recorded,
+    "effects": effects, "back": back, "restored": restored,
+}))
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_async_run_after_its_open_transactions(
+    tmp_path: Path, signum: int
+) -> None:
+    """SIGTERM or SIGINT through the loop's signal handlers while a handler is inside
+    its transaction: it ends and commits, then the run stops; every message is either
+    handled once (effect, record, acknowledgement) or back on the broker untouched."""
+    script = tmp_path / "run.py"
+    script.write_text(_SIGNALLED_RUN)
+    report = signalled(script, str(tmp_path / "app.db"), signum=signum)
+    handled = report["handled"]
+    assert 0 < len(handled) < 30 and report["acked"] == len(handled)
+    assert sorted(handled) == report["recorded"] == sorted(report["effects"])
+    # None lost, none acknowledged unhandled: each was handled then acked, or is back.
+    assert sorted(handled + report["back"]) == sorted(report["ids"])
+    assert report["restored"]

@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import datetime
 import itertools
-import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -33,6 +29,7 @@ from msgsafe.consuming.dead_letter import (
 from msgsafe.errors import ConfigurationError, Refused
 from msgsafe.testing import MemoryBroker
 from tests.support.clock import HandClock, LeapingClock
+from tests.support.commands import signalled
 from tests.support.waiting import wait_until
 
 
@@ -558,22 +555,7 @@ print(json.dumps({
 def test_a_signal_stops_the_run_cleanly(tmp_path: Path, signum: int) -> None:
     script = tmp_path / "run.py"
     script.write_text(_SIGNALLED_RUN)
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    child = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env
-    )
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "handling"
-        child.send_signal(signum)
-        out, _ = child.communicate(timeout=30)
-    finally:
-        # A child that did not stop must not outlive the test (it would spin on a core).
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    assert child.returncode == 0
-    report = json.loads(out.strip().splitlines()[-1])
+    report = signalled(script, signum=signum)
     handled, back = report["handled"], report["back"]
     assert 0 < len(handled) < 30 and report["acked"] == len(handled)
     # None lost, none acknowledged unhandled: each was handled then acked, or is back.

@@ -256,8 +256,8 @@ def test_the_replay_command_names_the_seed_and_what_differs() -> None:
 
     plan = Plan(kind="rabbitmq", minutes=1.5, seed=99, dir=Path("/x"))
     assert replay_command(plan) == "msgsafe nemesis rabbitmq --minutes 1.5 --seed 99"
-    plan = Plan(kind="kafka", minutes=2, seed=7, dir=Path("/x"), producers=3)
-    assert replay_command(plan) == "msgsafe nemesis kafka --minutes 2 --seed 7 --producers 3"
+    plan = Plan(kind="kafka", minutes=2, seed=7, dir=Path("/x"), producers=2)
+    assert replay_command(plan) == "msgsafe nemesis kafka --minutes 2 --seed 7 --producers 2"
 
 
 def test_a_restarted_producer_takes_up_each_keys_sequence(tmp_path: Path) -> None:

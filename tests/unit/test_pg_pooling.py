@@ -126,6 +126,8 @@ def test_the_doctor_reports_the_mode_it_found(mode: Any) -> None:
     assert finding.value == mode and "heuristic" in finding.setting
     if mode == "statement":
         assert finding.severity is Severity.CRITICAL and "pool_mode" in finding.fix
+    elif mode == "direct":
+        assert finding.severity is Severity.OK
     else:
         assert finding.severity is Severity.INFO
     if mode == "transaction":

@@ -47,9 +47,16 @@ def user_headers(headers: Mapping[str, str]) -> RecordHeaders:
 def read_headers(msg: Message) -> tuple[str | None, dict[str, str]]:
     """The message id (the first id header) and the other headers of a consumed record,
     decoded as UTF-8 (undecodable bytes replaced)."""
+    raw_headers = msg.headers()
+    if not raw_headers:
+        return None, {}
+    if type(raw_headers) is list and len(raw_headers) == 1:
+        # The common record: msgsafe's id header alone.
+        name, raw = raw_headers[0]
+        if name == ID_HEADER and type(raw) is bytes:
+            return raw.decode("utf-8", "replace"), {}
     message_id: str | None = None
     headers: dict[str, str] = {}
-    raw_headers = msg.headers() or []
     items = raw_headers.items() if isinstance(raw_headers, dict) else raw_headers
     for name, raw in items:
         value = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else (raw or "")

@@ -4,9 +4,12 @@ application acknowledged.
 Kafka commits a position, not single messages, so the receiver tracks, per partition,
 the offsets it handed out and the ones settled; it commits the end of the contiguous
 settled prefix (at-least-once: an offset is committed only when it and everything
-before it in its partition was settled). Commits happen in ``receive`` (batched, one per
-call) and on partition revocation during a rebalance, on the thread that owns the
-consumer; ``ack`` from any thread only records.
+before it in its partition was settled). Commits happen in ``receive``, asynchronously
+and at most every ``_COMMIT_EVERY_S`` (a commit per call waited for the coordinator's
+answer on every batch: most of the time of a fast reader), synchronously on partition
+revocation during a rebalance and at ``close``, on the thread that owns the consumer;
+``ack`` from any thread only records. A failed asynchronous commit is sent again at the
+next one; a crash before a commit means redelivery, which at-least-once allows.
 
 ``nack(requeue=True)`` rewinds the partition to that offset (Kafka has no per-message
 requeue): it and later messages of the partition are delivered again. ``nack(requeue=
@@ -19,7 +22,6 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from functools import partial
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -51,6 +53,12 @@ _GROUP_SETTINGS_REFUSED = frozenset(
 #: Seconds one consume() call blocks at most, so commits and close stay responsive.
 _SLICE_S = 0.5
 
+#: Seconds between the asynchronous commits of ``receive`` (at most one per call).
+_COMMIT_EVERY_S = 0.2
+
+_REQUEUE = Outcome.REQUEUE
+_REJECT = Outcome.REJECT
+
 #: Seconds between metadata checks while a subscribed topic is unknown to the broker
 #: asked. librdkafka reports an unknown subscribed topic once and then waits for its
 #: periodic refresh (5 minutes by default); checking again and re-subscribing once the
@@ -61,20 +69,69 @@ _UNKNOWN_TOPIC_RETRY_S = 1.0
 _METADATA_CHECK_S = 1.0
 
 
-@dataclass(slots=True)
 class _Track:
-    """Offsets handed out and settled on one partition of the current assignment."""
+    """Offsets handed out and settled on one partition of the current assignment.
 
-    #: Offsets delivered and not yet behind the commit point, in delivery order.
-    pending: deque[int] = field(default_factory=deque)
-    settled: set[int] = field(default_factory=set)
-    #: The next offset to commit (everything below it is settled), or None.
-    commit: int | None = None
-    committed: int | None = None
-    #: Highest offset delivered in this process (anything at or below it is a redelivery).
-    high: int = -1
-    #: Offset to seek back to before the next consume (nack with requeue).
-    rewind: int | None = None
+    A delivery settles through :meth:`settle` (its ``partial``), from any thread, under
+    the receiver's ``lock``. Deliveries are mostly settled in order: the head of
+    ``pending`` settled with nothing else waiting moves the commit point at once."""
+
+    __slots__ = (
+        "commit",
+        "committed",
+        "high",
+        "live",
+        "lock",
+        "partition",
+        "pending",
+        "rewind",
+        "settled",
+        "topic",
+    )
+
+    def __init__(self, topic: str, partition: int, lock: threading.Lock) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.lock = lock
+        #: Offsets delivered and not yet behind the commit point, in delivery order.
+        self.pending: deque[int] = deque()
+        self.settled: set[int] = set()
+        #: The next offset to commit (everything below it is settled), or None.
+        self.commit: int | None = None
+        self.committed: int | None = None
+        #: Highest offset delivered in this process (anything at or below it is a redelivery).
+        self.high = -1
+        #: Offset to seek back to before the next consume (nack with requeue).
+        self.rewind: int | None = None
+        #: False once the partition was revoked: its new owner delivers again.
+        self.live = True
+
+    def settle(self, offset: int, outcome: Outcome) -> None:
+        with self.lock:
+            if not self.live:
+                # The partition was revoked since: its new owner will deliver this
+                # message again; nothing to record here.
+                return
+            if outcome is _REQUEUE:
+                self.rewind = offset if self.rewind is None else min(self.rewind, offset)
+                return
+            if outcome is _REJECT:
+                log.warning(
+                    "kafka has no broker-side reject: skipping %s[%d]@%d",
+                    self.topic,
+                    self.partition,
+                    offset,
+                )
+            pending, settled = self.pending, self.settled
+            if not settled and pending and pending[0] == offset:
+                pending.popleft()
+                self.commit = offset + 1
+                return
+            settled.add(offset)
+            while pending and pending[0] in settled:
+                done = pending.popleft()
+                settled.discard(done)
+                self.commit = done + 1
 
 
 class KafkaReceiver:
@@ -87,6 +144,7 @@ class KafkaReceiver:
         self._group = group or f"msgsafe-{new_message_id()}"
         settings = consumer_settings(url, options, self._group)
         settings["error_cb"] = self._on_error
+        settings["on_commit"] = self._on_commit
         try:
             self._consumer = Consumer(settings)
         except KafkaException as exc:
@@ -96,7 +154,11 @@ class KafkaReceiver:
         self._io = threading.RLock()
         #: Guards the tracks: settle() comes from any thread.
         self._lock = threading.Lock()
+        #: Shared by the deliveries for their exactly-once check (see Delivery).
+        self._delivery_lock = threading.Lock()
         self._tracks: dict[_Partition, _Track] = {}
+        #: When ``receive`` commits next (monotonic seconds).
+        self._commit_at = 0.0
         self._closed = False
         #: When to look again for subscribed topics reported unknown, and which they are.
         self._resubscribe_at: float | None = None
@@ -145,7 +207,10 @@ class KafkaReceiver:
                 raise ClosedError("subscribe() before receive()", endpoint=self._target)
             deadline = None if timeout is None else time.monotonic() + timeout
             while True:
-                self._commit()
+                now = time.monotonic()
+                if now >= self._commit_at:
+                    self._commit_at = now + _COMMIT_EVERY_S
+                    self._commit(asynchronous=True)
                 self._apply_rewinds()
                 if self._resubscribe_at is not None and time.monotonic() >= self._resubscribe_at:
                     self._recheck_unknown_topics()
@@ -185,30 +250,31 @@ class KafkaReceiver:
 
     def _wrap(self, messages: list[Message]) -> list[Delivery]:
         deliveries: list[Delivery] = []
+        append = deliveries.append
+        tracks = self._tracks
+        lock = self._delivery_lock
+        track: _Track | None = None
         with self._lock:
             for msg in messages:
-                err = msg.error()
-                if err is not None:
-                    if err.fatal():
-                        raise translate(err, endpoint=self._target)
-                    self._raise_if_refused(err)
-                    log.info("kafka consumer: %s", err.str())
-                    if err.code() in _UNKNOWN_TOPIC:
-                        self._unknown.add(msg.topic() or "")
-                        if self._resubscribe_at is None:
-                            self._resubscribe_at = time.monotonic() + _UNKNOWN_TOPIC_RETRY_S
+                if msg.error() is not None:
+                    self._consume_error(msg)
                     continue
                 topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
                 if topic is None or partition is None or offset is None:
                     continue
-                track = self._tracks.setdefault((topic, partition), _Track())
+                # A batch holds runs of one partition: look its track up once per run.
+                if track is None or track.partition != partition or track.topic != topic:
+                    track = tracks.get((topic, partition))
+                    if track is None:
+                        track = tracks[(topic, partition)] = _Track(topic, partition, self._lock)
                 redelivered = offset <= track.high
-                track.high = max(track.high, offset)
-                track.pending.append(offset)
-                message_id, headers = read_headers(msg)
                 if redelivered:
                     self.redelivered += 1
-                deliveries.append(
+                else:
+                    track.high = offset
+                track.pending.append(offset)
+                message_id, headers = read_headers(msg)
+                append(
                     Delivery(
                         body=msg.value() or b"",
                         destination=topic,
@@ -216,33 +282,28 @@ class KafkaReceiver:
                         key=msg.key(),
                         headers=headers,
                         redelivered=redelivered,
-                        settle=partial(self._settle, topic, partition, offset, track),
+                        settle=partial(track.settle, offset),
+                        lock=lock,
                     )
                 )
         return deliveries
 
-    # --- settling and committing ------------------------------------------------------------
+    def _consume_error(self, msg: Message) -> None:
+        """An error handed out in place of a message: raised when fatal or a refusal of
+        this member's settings, logged (and an unknown topic looked for again) else."""
+        err = msg.error()
+        if err is None:
+            return
+        if err.fatal():
+            raise translate(err, endpoint=self._target)
+        self._raise_if_refused(err)
+        log.info("kafka consumer: %s", err.str())
+        if err.code() in _UNKNOWN_TOPIC:
+            self._unknown.add(msg.topic() or "")
+            if self._resubscribe_at is None:
+                self._resubscribe_at = time.monotonic() + _UNKNOWN_TOPIC_RETRY_S
 
-    def _settle(
-        self, topic: str, partition: int, offset: int, track: _Track, outcome: Outcome
-    ) -> None:
-        with self._lock:
-            if self._tracks.get((topic, partition)) is not track:
-                # The partition was revoked (or rewound) since: its new owner will deliver
-                # this message again; nothing to record here.
-                return
-            if outcome is Outcome.REQUEUE:
-                track.rewind = offset if track.rewind is None else min(track.rewind, offset)
-                return
-            if outcome is Outcome.REJECT:
-                log.warning(
-                    "kafka has no broker-side reject: skipping %s[%d]@%d", topic, partition, offset
-                )
-            track.settled.add(offset)
-            while track.pending and track.pending[0] in track.settled:
-                done = track.pending.popleft()
-                track.settled.discard(done)
-                track.commit = done + 1
+    # --- settling and committing ------------------------------------------------------------
 
     def _apply_rewinds(self) -> None:
         seeks: list[TopicPartition] = []
@@ -264,9 +325,12 @@ class KafkaReceiver:
                     "kafka seek %s[%d]@%d failed: %s", tp.topic, tp.partition, tp.offset, exc
                 )
 
-    def _commit(self, partitions: list[TopicPartition] | None = None) -> None:
+    def _commit(
+        self, partitions: list[TopicPartition] | None = None, *, asynchronous: bool = False
+    ) -> None:
         """Commit settled prefixes (of ``partitions`` only, when given). Never raises: a
-        failed commit means redelivery, which at-least-once allows."""
+        failed commit means redelivery, which at-least-once allows. An asynchronous
+        commit counts as done when sent; :meth:`_on_commit` undoes that on a failure."""
         wanted = None if partitions is None else {(p.topic, p.partition) for p in partitions}
         offsets: list[TopicPartition] = []
         with self._lock:
@@ -275,12 +339,19 @@ class KafkaReceiver:
                     continue
                 if track.commit is not None and track.commit != track.committed:
                     offsets.append(TopicPartition(topic, partition, track.commit))
+                    if asynchronous:
+                        track.committed = track.commit
         if not offsets:
             return
         try:
+            if asynchronous:
+                self._consumer.commit(offsets=offsets, asynchronous=True)
+                return
             result = self._consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
             log.warning("kafka commit failed (messages will be redelivered): %s", exc)
+            if asynchronous:
+                self._uncommitted(offsets)
             return
         with self._lock:
             for tp in result or offsets:
@@ -290,6 +361,21 @@ class KafkaReceiver:
                 done = self._tracks.get((tp.topic, tp.partition))
                 if done is not None:
                     done.committed = tp.offset
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """librdkafka's answer to a commit (inside consume(), on the receiving thread):
+        what failed is committed again by the next commit."""
+        failed = [tp for tp in partitions if err is not None or tp.error is not None]
+        if failed:
+            log.info("kafka commit failed (sent again at the next): %s", err or failed[0].error)
+            self._uncommitted(failed)
+
+    def _uncommitted(self, offsets: list[TopicPartition]) -> None:
+        with self._lock:
+            for tp in offsets:
+                track = self._tracks.get((tp.topic, tp.partition))
+                if track is not None and track.committed == tp.offset:
+                    track.committed = None
 
     # --- rebalance callbacks (run inside consume(), on the receiving thread) ---------------
 
@@ -302,7 +388,9 @@ class KafkaReceiver:
         self._commit(partitions)
         with self._lock:
             for p in partitions:
-                self._tracks.pop((p.topic, p.partition), None)
+                track = self._tracks.pop((p.topic, p.partition), None)
+                if track is not None:
+                    track.live = False
         log.info("kafka revoked %s", [(p.topic, p.partition) for p in partitions])
 
     def _on_error(self, err: KafkaError) -> None:

@@ -5,14 +5,41 @@ ID`` once ``send()`` reported it STORED, until COUNT messages or until killed.
 
 Run as ``python -m tests.integration.outbox._fleet_producer STORE_URL BROKER_URL QUEUE
 NAME KEYS COUNT``: keys are ``NAME-0`` .. ``NAME-(KEYS-1)``, used in turn.
+
+The tests read those lines into their ledger with :func:`record_line`, and count the
+rows left in the shared table with :func:`rows_waiting`.
 """
 
 from __future__ import annotations
 
 import sys
 
+import psycopg
+
 from msgsafe import Producer, Status
 from msgsafe.message_ids import new_message_id
+from tests.support.ledger import Ledger
+
+
+def record_line(ledger: Ledger, line: str) -> bool:
+    """Put one line of this child's output into ``ledger`` (``sent``: the id with its
+    key position; ``stored``: a STORED receipt); True for a ``stored`` line."""
+    parts = line.split()
+    if parts and parts[0] == "sent":
+        ledger.add_sent(parts[1])
+        with ledger.lock:
+            ledger.positions[parts[1]] = (parts[2], int(parts[3]))
+    elif parts and parts[0] == "stored":
+        ledger.add_receipt(parts[1], Status.STORED)
+        return True
+    return False
+
+
+def rows_waiting(url: str, table: str) -> int:
+    """The rows in the shared outbox ``table`` (asked of ``url``)."""
+    with psycopg.connect(url, connect_timeout=5) as conn:
+        row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+    return int(row[0]) if row else -1
 
 
 def main(store: str, broker: str, queue: str, name: str, keys: int, count: int) -> None:

@@ -19,12 +19,12 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import psycopg
 import pytest
 
 from msgsafe.cluster._process import free_ports
 from msgsafe.cluster.postgres import PostgresCluster
 from tests.fixtures.rabbitmq import RabbitUrls
+from tests.integration.outbox._fleet_producer import record_line, rows_waiting
 from tests.support.commands import ROOT
 from tests.support.ledger import Ledger, receive_receipted
 from tests.support.waiting import wait_until
@@ -74,12 +74,6 @@ def children() -> Iterator[list[Child]]:
         child.proc.wait(10)
 
 
-def _waiting(url: str, table: str) -> int:
-    with psycopg.connect(url, connect_timeout=5) as conn:
-        row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
-    return int(row[0]) if row else -1
-
-
 def test_four_producers_three_forwarders_one_of_each_killed(
     pg_pair: PostgresCluster, rabbit_urls: RabbitUrls, children: list[Child]
 ) -> None:
@@ -92,15 +86,7 @@ def test_four_producers_three_forwarders_one_of_each_killed(
 
     def on_line(name: str) -> object:
         def record(line: str) -> None:
-            parts = line.split()
-            if parts[0] == "sent":
-                ledger.add_sent(parts[1])
-                with ledger.lock:
-                    ledger.positions[parts[1]] = (parts[2], int(parts[3]))
-            elif parts[0] == "stored":
-                from msgsafe import Status
-
-                ledger.add_receipt(parts[1], Status.STORED)
+            if record_line(ledger, line):
                 stored_by[name] = stored_by.get(name, 0) + 1
 
         return record
@@ -118,7 +104,7 @@ def test_four_producers_three_forwarders_one_of_each_killed(
         assert child.proc.wait(300) == 0, child.lines[-3:]
     stored = len(ledger.receipted)
     print(f"[fleet] stored {stored} ({stored_by}); p3 killed at {stored_by.get('p3')}")
-    assert _waiting(pg_pair.url, table) >= stored
+    assert rows_waiting(pg_pair.url, table) >= stored
 
     forward = [
         "-m",
@@ -136,9 +122,9 @@ def test_four_producers_three_forwarders_one_of_each_killed(
     ]
     forwarders = [_spawn(forward) for _ in range(3)]
     children.extend(forwarders)
-    before = _waiting(pg_pair.url, table)
+    before = rows_waiting(pg_pair.url, table)
     wait_until(
-        lambda: _waiting(pg_pair.url, table) < before * 2 // 3,
+        lambda: rows_waiting(pg_pair.url, table) < before * 2 // 3,
         120,
         "a third of the table forwarded",
     )
@@ -146,7 +132,7 @@ def test_four_producers_three_forwarders_one_of_each_killed(
     killed_at = time.monotonic()
     forwarders[0].proc.wait(10)
     wait_until(
-        lambda: _waiting(pg_pair.url, table) == 0,
+        lambda: rows_waiting(pg_pair.url, table) == 0,
         180,
         "the shared table to be drained by the two forwarders left",
         diagnose=lambda: "\n".join(forwarders[1].lines[-3:] + forwarders[2].lines[-3:]),

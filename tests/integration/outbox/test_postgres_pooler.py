@@ -27,11 +27,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from msgsafe import Status
 from msgsafe.cluster._process import free_ports, pid_alive
+from msgsafe.cluster.postgres import PostgresCluster
 from msgsafe.inbox import open_inbox
+from msgsafe.message import Envelope
 from msgsafe.outbox.postgres import PostgresOutbox
 from tests.fixtures.rabbitmq import RabbitUrls
+from tests.integration.outbox._fleet_producer import record_line, rows_waiting
 from tests.support.commands import ROOT, msgsafe
 from tests.support.ledger import Ledger, receive_receipted
 from tests.support.waiting import wait_until
@@ -114,12 +116,6 @@ def children(tmp_path: Path) -> Iterator[Callable[..., Child]]:
         child.proc.wait(10)
 
 
-def _waiting(url: str, table: str) -> int:
-    with psycopg.connect(url, connect_timeout=5) as conn:
-        row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
-    return int(row[0]) if row else -1
-
-
 def test_a_fleet_stores_and_drains_through_transaction_pooling(
     pooled: Pooled, rabbit_urls: RabbitUrls, children: Callable[..., Child]
 ) -> None:
@@ -130,13 +126,7 @@ def test_a_fleet_stores_and_drains_through_transaction_pooling(
     ledger = Ledger()
 
     def record(line: str) -> None:
-        parts = line.split()
-        if parts[0] == "sent":
-            ledger.add_sent(parts[1])
-            with ledger.lock:
-                ledger.positions[parts[1]] = (parts[2], int(parts[3]))
-        elif parts[0] == "stored":
-            ledger.add_receipt(parts[1], Status.STORED)
+        record_line(ledger, line)
 
     producer = ["-m", "tests.integration.outbox._fleet_producer", store, dead, queue]
     producers = [
@@ -148,7 +138,7 @@ def test_a_fleet_stores_and_drains_through_transaction_pooling(
     stored = len(ledger.receipted)
     print(f"[pooler] sent {len(ledger.sent)} stored {stored} through {pooled.pooler_url}")
     assert len(ledger.sent) == stored == PRODUCERS * COUNT
-    assert _waiting(pooled.url, table) == stored
+    assert rows_waiting(pooled.url, table) == stored
 
     # The outbox commands through the pooler; the store found the pooling.
     status = msgsafe("outbox", "status", store, "--json")
@@ -167,7 +157,7 @@ def test_a_fleet_stores_and_drains_through_transaction_pooling(
     ]
     forwarders = [children(forward) for _ in range(FORWARDERS)]
     wait_until(
-        lambda: _waiting(pooled.url, table) == 0,
+        lambda: rows_waiting(pooled.url, table) == 0,
         300,
         "the forwarders to drain the table through the pooler",
         diagnose=lambda: "\n".join(f.errors.read_text()[-500:] for f in forwarders),
@@ -230,3 +220,23 @@ def test_the_inbox_takes_each_id_once_through_the_pooler(pooled: Pooled) -> None
     with psycopg.connect(pooled.url) as conn:
         rows = [r[0] for r in conn.execute(f"SELECT message_id FROM {table}_effects").fetchall()]
     assert sorted(rows) == sorted(ids)
+
+
+def test_the_pooler_follows_a_promoted_standby() -> None:
+    """``promote`` re-points PgBouncer: a store that kept the pooler's URL writes to the
+    new primary once the old one is dead."""
+    with PostgresCluster(nodes=2, pooler=True) as pair:
+        store = PostgresOutbox.from_url(f"{pair.pooler_url}?table=promoted", write_timeout=60)
+        try:
+            before = [Envelope.build("orders", b"b%d" % i, key="k") for i in range(10)]
+            store.put(before)
+            pair.kill(0)
+            pair.promote(1)
+            after = [Envelope.build("orders", b"a%d" % i, key="k") for i in range(10)]
+            store.put(after)
+            assert store.pooling == "transaction"
+        finally:
+            store.close()
+        with psycopg.connect(pair.node_url(1)) as conn:
+            rows = conn.execute("SELECT id FROM promoted ORDER BY seq").fetchall()
+        assert [r[0] for r in rows] == [e.message_id for e in before + after]

@@ -15,6 +15,7 @@ from msgsafe import Consumer, Delivery, Producer, RetryPolicy
 from msgsafe.consuming.dead_letter import DLQ_ATTEMPTS, DLQ_MESSAGE_ID
 from tests.fixtures.rabbitmq import RabbitUrls
 from tests.support.rabbit_queues import declare_quorum
+from tests.support.receiving import receive_exactly
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -97,13 +98,7 @@ def test_run_handles_each_once_and_dead_letters_the_poison(
         assert attempts[message_id][-1][0] == MAX_ATTEMPTS, attempts[message_id]
 
     with Consumer(rabbit_urls.cluster).subscribe(dlq) as dead:
-        letters: list[Delivery] = []
-        wait_until(
-            lambda: letters.extend(dead.poll(0.5, max_messages=100)) or len(letters) >= 25,
-            30,
-            "25 dead letters",
-        )
-        assert dead.poll(1.0, max_messages=100) == []
+        letters = receive_exactly(dead, 25, "dead letters")
         assert sorted(d.headers[DLQ_MESSAGE_ID] for d in letters) == sorted(poison)
         assert {d.headers[DLQ_ATTEMPTS] for d in letters} == {str(MAX_ATTEMPTS)}
         for d in letters:
