@@ -4,7 +4,9 @@ finding's: 0 fine, 4 something could not be checked, 5 warning, 6 a setting that
 messages (3: the broker could not be reached). A RabbitMQ URL of a ``msgsafe cluster
 up`` cluster needs no ``--management``: doctor reads the cluster's own (``--cluster DIR``,
 or the clusters ``up`` recorded). ``--outbox STORE`` (a ``postgresql://``
-URL or a SQLite file) adds the outbox store's own findings (:mod:`msgsafe.checks.store`)."""
+URL or a SQLite file) adds the outbox store's own findings (:mod:`msgsafe.checks.store`).
+``--schema-registry URL`` adds each destination's subject compatibility mode
+(:func:`msgsafe.schemas.compatibility`)."""
 
 from __future__ import annotations
 
@@ -73,6 +75,14 @@ def doctor(
             f"replication) or a SQLite file (its filesystem). {URL_FORMS}"
         ),
     ] = None,
+    schema_registry: Annotated[
+        str | None,
+        typer.Option(
+            "--schema-registry",
+            help="A schema registry's Confluent API URL: report each destination's "
+            "subject (DEST-value) compatibility mode.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print findings as JSON.")] = False,
 ) -> None:
     """Check the broker's settings against the failure stories; name each risky one and
@@ -92,6 +102,8 @@ def doctor(
             from msgsafe.cli.outbox_forward import store_spec
 
             findings += check_store(store_spec(outbox))
+        if schema_registry is not None:
+            findings += _check_subjects(schema_registry, names)
     code = exit_code(findings)
     if as_json:
         print_json(
@@ -178,6 +190,34 @@ def _check(
             "the in-process memory broker keeps messages only in this process",
         )
     ]
+
+
+def _check_subjects(registry: str, names: list[str]) -> list[Finding]:
+    """Each destination's value subject's compatibility mode on ``registry`` (the
+    subject's own, or the registry's default, said so); the global mode without names."""
+    from msgsafe.errors import SchemaRegistryUnavailable
+    from msgsafe.schemas import compatibility
+
+    findings = []
+    subjects: list[str | None] = [f"{name}-value" for name in names]
+    for subject in subjects or [None]:
+        what = f"subject {subject}" if subject else "schema registry"
+        try:
+            mode = compatibility(registry, subject)
+        except SchemaRegistryUnavailable as exc:
+            findings.append(Finding(Severity.UNKNOWN, what, "compatibility", "unknown", str(exc)))
+            continue
+        severity = Severity.INFO
+        why = ""
+        if mode.split(" ")[0] == "NONE":
+            severity = Severity.WARNING
+            why = (
+                "any schema is accepted: a consumer may meet records it cannot read, "
+                "stored messages included"
+            )
+        fix = "set BACKWARD (or stricter) on the subject" if why else ""
+        findings.append(Finding(severity, what, "compatibility", mode, why, fix))
+    return findings
 
 
 def _print(broker: str, findings: list[Finding]) -> None:

@@ -19,7 +19,9 @@ changes:
 
 Messages go to the wrapper's own Kafka lane while nothing fails (the direct path,
 :mod:`._kafka_direct`), else through msgsafe's Producer (:mod:`._kafka_queue`),
-per-key order kept. ``docs/migration.md`` lists every difference. Other names of
+per-key order kept. ``SerializingProducer`` is this producer with confluent-kafka's
+serializers in front (:mod:`._confluent_serializing`). ``docs/migration.md`` lists
+every difference. Other names of
 ``confluent_kafka`` (``KafkaError``, ``Consumer``, ``admin`` ...) are re-exported as is.
 """
 
@@ -116,10 +118,12 @@ __all__ = [
     "AIOProducer",
     "Consumer",
     "DeliveredMessage",
+    "DeserializingConsumer",
     "KafkaError",
     "KafkaException",
     "Message",
     "Producer",
+    "SerializingProducer",
     "TopicPartition",
     "admin",
     "kafka_error",
@@ -836,3 +840,7 @@ _BACK_EVERY_S = 0.5
 
 # NOTE: imported last: the asyncio producer is built on Producer above.
 from msgsafe.compat._confluent_aio import AIOProducer  # noqa: E402
+from msgsafe.compat._confluent_serializing import (  # noqa: E402
+    DeserializingConsumer,
+    SerializingProducer,
+)

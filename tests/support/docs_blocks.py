@@ -9,12 +9,13 @@ HTML comment on the line above its fence, which the integration tier starts::
     ...
     ```
 
-``rabbitmq``, ``kafka``, ``amqp10`` (ActiveMQ Artemis), ``postgres``: the suite's
-session broker or database, its address put in place of the one the page shows
-(:data:`SUBSTITUTIONS`); ``integration``: the block starts what it needs itself (a
-``msgsafe.cluster`` broker). A block that is not meant to run says so where a reader
-sees it, in its title: ```` ```python title="Fragment: df is your DataFrame" ````
-(the word "fragment" and why); :data:`MAX_FRAGMENTS` keeps them rare.
+``rabbitmq``, ``kafka``, ``amqp10`` (ActiveMQ Artemis), ``postgres``, ``kafka-registry``
+(Kafka and the schema registry): the suite's session broker or database, its address
+put in place of the one the page shows (:data:`SUBSTITUTIONS`); ``integration``: the
+block starts what it needs itself (a ``msgsafe.cluster`` broker). A block that is not
+meant to run says so where a reader sees it, in its title:
+```` ```python title="Fragment: df is your DataFrame" ```` (the word "fragment" and why);
+:data:`MAX_FRAGMENTS` keeps them rare.
 
 The blocks of one page that need the same thing run in order, in one process: a later
 block may use what an earlier one defined (the URL, a producer).
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
 #: What a block may need; "fast" is a block without a marker.
-NEEDS = ("fast", "rabbitmq", "kafka", "amqp10", "postgres", "integration")
+NEEDS = ("fast", "rabbitmq", "kafka", "kafka-registry", "amqp10", "postgres", "integration")
 
 #: Blocks shown but not run (each titled "Fragment: why"); raise with care.
 MAX_FRAGMENTS = 5
@@ -50,6 +51,10 @@ SUBSTITUTIONS: Mapping[str, Sequence[tuple[str, str]]] = {
     "kafka": (
         ('"kafka://127.0.0.1:9092"', "{kafka_url}"),
         ('"127.0.0.1:9092"', "{bootstrap}"),
+    ),
+    "kafka-registry": (
+        ('"kafka://127.0.0.1:9092"', "{kafka_url}"),
+        ('"http://127.0.0.1:8081/apis/ccompat/v6"', "{registry_url}"),
     ),
     "amqp10": (('"amqp10://msgsafe:msgsafe@127.0.0.1:5672"', "{artemis_url}"),),
     "postgres": (('"postgresql://postgres@127.0.0.1:5432/test"', "{conninfo}"),),

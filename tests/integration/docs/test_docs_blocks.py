@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 BLOCKS = [block for block in all_blocks() if block.page != "README.md"]
 CASES = sorted(
     (need, page)
-    for need in ("rabbitmq", "kafka", "amqp10", "postgres", "integration")
+    for need in ("rabbitmq", "kafka", "kafka-registry", "amqp10", "postgres", "integration")
     for page in groups(BLOCKS, need)
 )
 
@@ -46,6 +46,10 @@ def _kafka(request: pytest.FixtureRequest) -> dict[str, str]:
     return values
 
 
+def _kafka_registry(request: pytest.FixtureRequest) -> dict[str, str]:
+    return {**_kafka(request), "registry_url": repr(request.getfixturevalue("registry_url"))}
+
+
 def _amqp10(request: pytest.FixtureRequest) -> dict[str, str]:
     return {"artemis_url": repr(request.getfixturevalue("artemis_pair").url)}
 
@@ -57,6 +61,7 @@ def _postgres(request: pytest.FixtureRequest) -> dict[str, str]:
 FIXTURES: dict[str, Callable[[pytest.FixtureRequest], dict[str, str]]] = {
     "rabbitmq": _rabbitmq,
     "kafka": _kafka,
+    "kafka-registry": _kafka_registry,
     "amqp10": _amqp10,
     "postgres": _postgres,
     "integration": lambda request: {},
@@ -81,12 +86,19 @@ def _legacy(run: Run) -> None:
     assert run.lines()[-1] in ("0 {'confirmed': 100, 'stored': 0}", "published 10"), run.stdout
 
 
+def _schemas(run: Run) -> None:
+    lines = run.lines()
+    expected = ["Status.CONFIRMED", "{'id': 'o-1', 'amount': 1250}", "b'\\x00'"]
+    assert lines[:3] == expected, run.stdout
+
+
 #: What a page's run prints, where the page promises it in its comments.
 EXPECTED: dict[tuple[str, str], Callable[[Run], None]] = {
     ("rabbitmq", "docs/getting-started/service.md"): _service,
     ("rabbitmq", "docs/guides/sending.md"): _sending,
     ("kafka", "docs/getting-started/legacy-producer.md"): _legacy,
     ("rabbitmq", "docs/getting-started/legacy-producer.md"): _legacy,
+    ("kafka-registry", "docs/guides/schemas.md"): _schemas,
 }
 
 

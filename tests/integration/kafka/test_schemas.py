@@ -9,7 +9,8 @@ AvroDeserializer passed as ``serializer=`` / ``deserializer=``. Every id counted
   the outbox); the caller still owns each message and resends it with its id once the
   registry is back;
 - the subject under BACKWARD and a breaking schema: ``SchemaIncompatible`` naming the
-  subject and the rule, nothing sent; the compatible producer goes on.
+  subject and the rule, nothing sent; the compatible producer goes on;
+- ``msgsafe doctor --schema-registry``: each subject's mode, or the registry's default.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from msgsafe import Consumer, Producer, Status
 from msgsafe.cluster.registry import RegistryCluster
 from msgsafe.errors import SchemaIncompatible, SchemaRegistryUnavailable
 from msgsafe.message import new_message_id
+from msgsafe.schemas import compatibility
+from tests.support.commands import msgsafe
 from tests.support.kafka_ledger import start_group_at_zero
 from tests.support.waiting import wait_until
 
@@ -180,14 +183,25 @@ def test_an_incompatible_schema_is_refused_naming_subject_and_rule(
     assert reader.values == sent and reader.copies == 0
 
 
-def test_a_subject_without_a_rule_of_its_own_reports_the_registry_default(
-    registry_url: str,
+def test_doctor_reports_each_subjects_compatibility_mode(
+    kafka_url: str, kafka_topic: str, registry_url: str
 ) -> None:
-    from msgsafe.schemas import compatibility
-
-    subject = f"plain-{uuid.uuid4().hex[:8]}-value"
-    _client(registry_url).register_schema(subject, Schema(json.dumps(ORDER), "AVRO"))
-    # Apicurio answers 404 "No rule named COMPATIBILITY": the global config applies.
-    assert compatibility(registry_url, subject) == "NONE (the registry's default)"
-    _client(registry_url).set_compatibility(subject, "FORWARD")
-    assert compatibility(registry_url, subject) == "FORWARD"
+    other = f"plain-{uuid.uuid4().hex[:8]}"
+    for topic in (kafka_topic, other):
+        _client(registry_url).register_schema(f"{topic}-value", Schema(json.dumps(ORDER), "AVRO"))
+    _client(registry_url).set_compatibility(f"{kafka_topic}-value", "BACKWARD")
+    # The other subject has no rule of its own (Apicurio's Confluent API answers NONE
+    # for it whatever the global rule): the registry's default is reported, said so.
+    assert compatibility(registry_url, f"{other}-value") == "NONE (the registry's default)"
+    run = msgsafe(
+        "doctor", kafka_url, kafka_topic, other, "--schema-registry", registry_url, "--json"
+    )
+    found = {
+        f["subject"]: (f["value"], f["severity"])
+        for f in json.loads(run.stdout)["findings"]
+        if f["setting"] == "compatibility"
+    }
+    assert found == {
+        f"subject {kafka_topic}-value": ("BACKWARD", "info"),
+        f"subject {other}-value": ("NONE (the registry's default)", "warning"),
+    }
