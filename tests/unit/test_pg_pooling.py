@@ -180,3 +180,11 @@ def test_up_refuses_pooler_for_a_kind_without_one(tmp_path: Path) -> None:
     )
     assert result.exit_code == 3
     assert "tansu has no --pooler" in result.stderr and "postgres" in result.stderr
+
+
+def test_a_missing_pgbouncer_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    from msgsafe.cluster import _pgbouncer
+
+    monkeypatch.setattr(_pgbouncer.shutil, "which", lambda *a, **k: None)
+    with pytest.raises(ClusterError, match="apt-get install -y pgbouncer"):
+        _pgbouncer.pgbouncer_bin()
