@@ -52,7 +52,7 @@ def nemesis(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Run producers and a consumer against a KIND cluster under randomized, composed
-    faults (broker SIGKILL/SIGSTOP, producer SIGKILL, network faults through a proxy),
+    faults (broker SIGKILL/SIGSTOP, producer SIGKILL/SIGSTOP, network faults through a proxy),
     then heal, drain, read back and check that no receipted message was lost.
 
     The same --seed replays the same schedule; the report prints the command. The run's

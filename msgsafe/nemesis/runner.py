@@ -14,9 +14,10 @@ faults, then heal, drain, read back and check.
 3. spawns ``producers`` producer processes (each with its own SQLite outbox, keyed
    sends) and one consumer process (:mod:`msgsafe.nemesis.worker`);
 4. applies each window of the schedule at its time: broker node SIGKILL and restart,
-   SIGSTOP and SIGCONT; producer SIGKILL and a new process on the same outbox; a black
-   hole, a slow link (latency, bandwidth) or resets on one node's proxy. Actions run one
-   after another on this thread (a cluster is driven from one thread), so a slow restart
+   SIGSTOP and SIGCONT; producer SIGKILL and a new process on the same outbox, producer
+   SIGSTOP and SIGCONT (its heartbeats stop, its confirms wait); a black hole, a slow
+   link (latency, bandwidth) or resets on one node's proxy. Actions run one after
+   another on this thread (a cluster is driven from one thread), so a slow restart
    delays the next action: the history has the times they really happened;
 5. heals everything (proxies, paused and killed nodes), records ``heal``, stops the
    producers with SIGTERM (each drains its outbox first), waits until the consumer has
@@ -262,7 +263,9 @@ class _Run:
                 self.cluster.resume(w.target)
         elif w.role == "producer":
             name = f"p{w.target}"
-            if on:
+            if w.action == "pause":
+                self.workers[name].send_signal(signal.SIGSTOP if on else signal.SIGCONT)
+            elif on:
                 self.workers[name].send_signal(signal.SIGKILL)
                 self.workers[name].wait()
             else:
@@ -329,8 +332,10 @@ class _Run:
                     self.cluster.resume(i)
                 elif not node.running:
                     self.cluster.restart(i)
-        for name in list(self.workers):
-            if name.startswith("p") and self.workers[name].poll() is not None:
+        for name, proc in list(self.workers.items()):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a no-op unless a window left it paused
+            elif name.startswith("p"):
                 self.spawn(name)  # a producer killed by the last window
         self.own.write("heal")
 

@@ -26,7 +26,7 @@ __all__ = ["ACTIONS", "BOUNDS", "Schedule", "Window", "draw", "overlap"]
 #: Every fault action, by the role it hits.
 ACTIONS: dict[str, tuple[str, ...]] = {
     "broker": ("kill", "pause"),
-    "producer": ("kill",),
+    "producer": ("kill", "pause"),
     "network": ("blackhole", "latency", "bandwidth", "reset"),
 }
 

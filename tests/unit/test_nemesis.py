@@ -271,3 +271,33 @@ def test_a_restarted_producer_takes_up_each_keys_sequence(tmp_path: Path) -> Non
         h.write("attempted", id="d", key="p0-k0", seq=2)
     paths = [tmp_path / "p0.0.jsonl", tmp_path / "p0.1.jsonl", tmp_path / "gone.jsonl"]
     assert next_seqs(paths) == {"p0-k0": 3, "p0-k1": 1}
+
+
+def test_the_command_exits_1_on_a_failed_invariant_and_prints_the_replay(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from msgsafe.cli import nemesis as command
+    from msgsafe.cli.app import app
+    from msgsafe.nemesis.runner import Outcome, Plan
+
+    def fake_run(plan: Plan, say: Any) -> Outcome:
+        run = _clean()
+        if plan.seed == 5:
+            run.sent("c0", "k3", 0)  # receipted, never received
+        verdict, _ = checker.check(run.events)
+        return Outcome(plan, verdict, schedule.draw(plan.seed, 60, TARGETS))
+
+    monkeypatch.setattr(command, "run", fake_run)
+    failed = CliRunner().invoke(app, ["nemesis", "kafka", "--seed", "5", "--dir", str(tmp_path)])
+    assert failed.exit_code == 1
+    assert "lost=1" in failed.output
+    assert "replay: msgsafe nemesis kafka --minutes 2 --seed 5" in failed.output
+    passed = CliRunner().invoke(
+        app, ["nemesis", "kafka", "--seed", "6", "--json", "--dir", str(tmp_path)]
+    )
+    assert passed.exit_code == 0
+    report = json.loads(passed.output)
+    assert report["ok"] and report["verdict"]["lost"] == 0
+    assert report["replay"] == "msgsafe nemesis kafka --minutes 2 --seed 6"
