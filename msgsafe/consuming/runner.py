@@ -167,13 +167,14 @@ class Runner:
     def _handle(self, lane: Lane) -> Verdict | float:
         delivery = lane.items[0]
         now = float(self._clock.now())
-        if lane.first_start is None:
+        first = lane.first_start is None
+        if first:
             lane.first_start = now
         else:
             delivery.attempt += 1
             if delivery.message_id is not None and not delivery.attempt_from_broker:
                 self._attempts.retried(delivery.message_id, delivery.attempt)
-        self._count_attempt(delivery)
+        self._count_attempt(delivery, first=first)
         self._count("in_flight", 1)
         ran = True
         try:
@@ -196,9 +197,12 @@ class Runner:
             return Verdict.DONE
         return self._failed(lane, delivery, error)
 
-    def _count_attempt(self, delivery: Delivery) -> None:
+    def _count_attempt(self, delivery: Delivery, *, first: bool) -> None:
         """Count this handler call in the inbox, durably, when the broker keeps no count:
-        ``delivery.attempt`` then goes on from the calls of processes that are gone."""
+        ``delivery.attempt`` then goes on from the calls of processes that are gone. A
+        message the inbox has recorded (``first`` call of a redelivery after a crash
+        between commit and ack) is not counted: it is skipped, and its count was dropped
+        with the record."""
         inbox = self._inbox
         message_id = delivery.message_id
         if (
@@ -213,6 +217,8 @@ class Runner:
         # Counted at the call, not at the fetch: a prefetched delivery given back at a
         # stop was never tried.
         try:
+            if first and inbox.handled([message_id]):
+                return
             counted = inbox.record_attempt(message_id, source=delivery.destination)
         except MsgsafeError as exc:  # the inbox's errors, or closed
             log.warning(

@@ -113,6 +113,8 @@ def test_a_message_recorded_before_its_ack_is_acknowledged_without_the_handler(
         inbox.close()
     assert sorted(called) == sorted(ids[4:])
     assert _effects(db) == Counter({i: 1 for i in ids})
+    with sqlite3.connect(db) as conn:  # no attempt counted for the ones skipped
+        assert conn.execute("SELECT count(*) FROM msgsafe_inbox_attempts").fetchone() == (0,)
     stats = consumer.stats()
     assert (stats.handled, stats.skipped) == (6, 4)
     assert leftover(memory_broker) == []
