@@ -168,7 +168,7 @@ def _kafka_run(
     return run
 
 
-def _rounds(variants: dict[str, Callable[[int], Run]], rounds: int) -> dict[str, list[Run]]:
+def abba_rounds(variants: dict[str, Callable[[int], Run]], rounds: int) -> dict[str, list[Run]]:
     """One warm-up run of each variant (a fifth of the messages, not kept), then
     ``rounds`` rounds, each in the reverse order of the one before."""
     for name, variant in variants.items():
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         variants["kafka wrapper"] = lambda d: _kafka_run(
             compat_kafka, kafka, n_kafka // d, kafka_outbox
         )
-        runs = _rounds(variants, args.rounds)
+        runs = abba_rounds(variants, args.rounds)
     finally:
         kafka.stop()
         if rabbit is not None:
