@@ -72,6 +72,7 @@ def nemesis(
     else:
         v = outcome.verdict
         recovery = "never" if v.recovery_s is None else f"{v.recovery_s:.1f} s"
+        worst = "never" if v.worst_recovery_s is None else f"{v.worst_recovery_s:.1f} s"
         out.print(
             f"{kind} seed {chosen}: {len(outcome.schedule.windows)} faults; "
             f"attempted={v.attempted} receipted={v.receipted} (confirmed {v.confirmed}, "
@@ -81,7 +82,8 @@ def nemesis(
         )
         out.print(
             f"lost={v.lost} unexpected={v.unexpected} duplicates={v.duplicates} "
-            f"order_violations={v.order_violations} recovery={recovery}",
+            f"order_violations={v.order_violations} recovery={recovery} "
+            f"(the slowest after any fault: {worst})",
             markup=False,
         )
         for problem in v.problems() + outcome.notes:

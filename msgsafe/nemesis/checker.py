@@ -56,6 +56,9 @@ class Verdict:
     duplicates: int
     order_violations: int
     recovery_s: float | None
+    #: The longest time from the end of any fault window to empty outboxes (None: the
+    #: outboxes were not empty at the end).
+    worst_recovery_s: float | None
     errors: dict[str, int]
     examples: dict[str, list[str]] = field(default_factory=dict)
 
@@ -116,6 +119,7 @@ def check(events: Sequence[dict[str, Any]], *, step: float = 1.0) -> tuple[Verdi
         duplicates=sum(n - 1 for n in seen.values()),
         order_violations=len(violations),
         recovery_s=_recovery(events),
+        worst_recovery_s=_worst_recovery(events),
         errors=dict(Counter(failed.values())),
         examples={"lost": lost[:10], "unexpected": unexpected[:10], "order": violations[:10]},
     )
@@ -163,6 +167,22 @@ def _recovery(events: Sequence[dict[str, Any]]) -> float | None:
     if empty_at is None:
         return None
     return max(0.0, empty_at - healed)
+
+
+def _worst_recovery(events: Sequence[dict[str, Any]]) -> float | None:
+    """The longest wait, over every fault window's end, until all outboxes were empty."""
+    waiting: list[float] = []  # ends of windows not yet followed by empty outboxes
+    latest: dict[str, int] = {}
+    worst = 0.0
+    for e in events:
+        if e["e"] == "fault" and not e["on"]:
+            waiting.append(float(e["t"]))
+        elif e["e"] == "depth":
+            latest[str(e["outbox"])] = int(e["n"])
+            if waiting and not any(latest.values()):
+                worst = max(worst, float(e["t"]) - waiting[0])
+                waiting = []
+    return None if waiting and latest else worst
 
 
 def _series(events: Sequence[dict[str, Any]], step: float) -> Series:

@@ -6,11 +6,10 @@ faults, then heal, drain, read back and check.
 1. draws the schedule from the seed (:func:`msgsafe.nemesis.schedule.draw`) and writes it
    to ``DIR/schedule.json``;
 2. starts the cluster through :func:`msgsafe.cluster.create` (what ``msgsafe cluster up``
-   runs) in ``DIR/cluster`` and, where the kind's clients can be routed through it, a
-   :class:`~msgsafe.testing.faultproxy.FaultProxy` per node (RabbitMQ: a client connects
-   to the hosts of its URL only; Kafka clients learn the nodes' own addresses from
-   metadata, so its network faults would need a listener per node that advertises a
-   proxy: not done, Kafka runs get broker and producer faults);
+   runs) in ``DIR/cluster`` (Kafka: :class:`~msgsafe.nemesis.proxied_kafka.ProxiedKafka`,
+   the same launcher with a listener per node that advertises its proxy) and a
+   :class:`~msgsafe.testing.faultproxy.FaultProxy` per node, through which the
+   producers reach the cluster (the consumer does not: it reads back directly);
 3. spawns ``producers`` producer processes (each with its own SQLite outbox, keyed
    sends) and one consumer process (:mod:`msgsafe.nemesis.worker`);
 4. applies each window of the schedule at its time: broker node SIGKILL and restart,
@@ -48,6 +47,7 @@ from msgsafe import cluster as clusters
 from msgsafe.cluster.base import ClusterError, LocalCluster
 from msgsafe.errors import MsgsafeError
 from msgsafe.nemesis import checker, history, picture, schedule
+from msgsafe.nemesis.proxied_kafka import ProxiedKafka
 from msgsafe.nemesis.worker import Spec
 from msgsafe.testing.faultproxy import FaultProxy
 
@@ -67,7 +67,7 @@ KINDS: dict[str, dict[str, Any]] = {
     },
     "kafka": {
         "options": {"connect_timeout": 1.0, "confirm_timeout": 3.0},
-        "proxied": False,
+        "proxied": True,
     },
 }
 
@@ -178,13 +178,21 @@ class _Run:
         plan = self.plan
         self.say(f"starting {plan.kind} ({plan.nodes} nodes) in {self.dir / 'cluster'}")
         started = time.monotonic()
-        cluster = clusters.create(plan.kind, dir=self.dir / "cluster", nodes=plan.nodes)
+        cluster: LocalCluster
+        if plan.kind == "kafka":
+            cluster = kafka = ProxiedKafka(plan.nodes, self.dir / "cluster")
+            self.proxies = [
+                FaultProxy("127.0.0.1", up, listen_port=port, connect_timeout=2.0)
+                for up, port in zip(kafka.proxied_ports, kafka.proxy_ports, strict=True)
+            ]
+        else:
+            cluster = clusters.create(plan.kind, dir=self.dir / "cluster", nodes=plan.nodes)
+            self.proxies = [
+                FaultProxy(node.host, node.port, connect_timeout=2.0) for node in cluster.nodes()
+            ]
         self.cluster = cluster
         cluster.start()
         self.say(f"{plan.kind} up in {time.monotonic() - started:.1f} s: {cluster.url}")
-        if self.setup["proxied"]:
-            for node in cluster.nodes():
-                self.proxies.append(FaultProxy(node.host, node.port, connect_timeout=2.0))
         if plan.kind == "kafka":
             from msgsafe.adapters.kafka.positions import start_group_at_beginning
             from msgsafe.cluster.kafka import KafkaCluster

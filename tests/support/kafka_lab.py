@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from msgsafe.cluster import kafka_admin
-from msgsafe.cluster._process import free_ports, port_free, spawn, wait_for
+from msgsafe.cluster._process import port_free, spawn, wait_for
 from msgsafe.cluster.base import ClusterError
 from msgsafe.cluster.kafka import KafkaCluster
+from msgsafe.nemesis.proxied_kafka import ProxiedKafka
 from msgsafe.testing.faultproxy import FaultProxy
 from tests.support.netns import socket_in_netns
 
@@ -34,23 +35,14 @@ INSTALL_HINT = (
 )
 
 
-class LabKafka(KafkaCluster):
+class LabKafka(ProxiedKafka):
     """A Kafka cluster with a proxied client listener per node (see the module doc).
     The proxies exist from :meth:`open_proxies` on, until :meth:`close_proxies`."""
 
     def __init__(self, nodes: int = 3, *, heap_mb: int = 384) -> None:
         super().__init__(nodes, heap_mb=heap_mb)
-        picked = free_ports(2 * nodes)
-        self.proxied_ports, self.proxy_ports = picked[:nodes], picked[nodes:]
         self.proxies: list[FaultProxy] = []
         self._proxy_lock = threading.Lock()
-
-    def _properties(self, node: int) -> dict[str, str]:
-        props = super()._properties(node)
-        props["listeners"] += f",PROXIED://127.0.0.1:{self.proxied_ports[node]}"
-        props["advertised.listeners"] += f",PROXIED://127.0.0.1:{self.proxy_ports[node]}"
-        props["listener.security.protocol.map"] += ",PROXIED:PLAINTEXT"
-        return props
 
     def open_proxies(self) -> list[FaultProxy]:
         """One proxy per node, listening on the advertised ``proxy_ports`` (made once)."""

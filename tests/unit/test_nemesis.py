@@ -208,6 +208,19 @@ def test_recovery_counts_until_the_outboxes_are_empty_for_good() -> None:
     assert verdict.ok and verdict.recovery_s == 3.0
 
 
+def test_the_slowest_recovery_after_any_fault_is_counted() -> None:
+    run = Run().sent("a0", "k", 0).add("received", id="a0")
+    run.add("fault", name="broker-kill 0", on=True).add("depth", outbox="p0", n=5)
+    run.add("fault", name="broker-kill 0", on=False)  # t=1006
+    run.add("depth", outbox="p0", n=3).add("depth", outbox="p0", n=1)
+    run.add("depth", outbox="p0", n=0)  # t=1009: 3 s after that fault's end
+    run.add("fault", name="network-reset 1", on=True)
+    run.add("fault", name="network-reset 1", on=False).add("depth", outbox="p0", n=0)
+    verdict, _ = checker.check(run.events)
+    # Empty since before the last fault ended: 0 from its end.
+    assert verdict.recovery_s == 0.0 and verdict.worst_recovery_s == 3.0
+
+
 def test_nothing_receipted_fails() -> None:
     verdict, _ = checker.check(Run().add("attempted", id="a", key="k", seq=0).events)
     assert not verdict.ok and verdict.cut_short == 1
