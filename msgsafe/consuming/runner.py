@@ -69,6 +69,13 @@ OnExhausted = Literal["reject", "stop"]
 _FETCH_WAIT = 0.2
 
 
+class HandlerDidNotReturn(RuntimeError):
+    """What a message is dead-lettered (or ``on_exhausted`` applied) with when the inbox
+    counted more handler calls than ``max_attempts`` allows and none of them ended: the
+    process stopped inside the handler each time (killed, out of memory, a crash in a C
+    extension). The handler is not called again."""
+
+
 class Runner:
     """One ``Consumer.run`` call; see the module docstring. ``fetch(room, wait)`` polls
     the consumer, ``count(figure, n)`` adds to its stats, ``close()`` closes it."""
@@ -174,7 +181,17 @@ class Runner:
             delivery.attempt += 1
             if delivery.message_id is not None and not delivery.attempt_from_broker:
                 self._attempts.retried(delivery.message_id, delivery.attempt)
-        self._count_attempt(delivery, first=first)
+        if self._beyond_max(self._count_attempt(delivery, first=first)):
+            # NOTE: the inbox counts calls, not failures: calls beyond max_attempts mean
+            # earlier ones ended with no outcome (the process died in the handler). Calling
+            # it again would crash-loop the consumer on this message for ever.
+            return self._exhausted(
+                delivery,
+                HandlerDidNotReturn(
+                    f"attempt {delivery.attempt} of {delivery.message_id}: the handler's"
+                    " earlier attempts ended with no outcome (the process stopped in them)"
+                ),
+            )
         self._count("in_flight", 1)
         ran = True
         try:
@@ -197,12 +214,23 @@ class Runner:
             return Verdict.DONE
         return self._failed(lane, delivery, error)
 
-    def _count_attempt(self, delivery: Delivery, *, first: bool) -> None:
+    def _beyond_max(self, calls: int) -> bool:
+        """Whether ``calls`` handler calls counted in the inbox exceed the retry policy's
+        ``max_attempts`` (with a dead-letter queue or ``on_exhausted`` to go to)."""
+        retry = self._retry
+        return (
+            retry is not None
+            and retry.max_attempts is not None
+            and calls > retry.max_attempts
+            and (self._dead_letter is not None or self._on_exhausted is not None)
+        )
+
+    def _count_attempt(self, delivery: Delivery, *, first: bool) -> int:
         """Count this handler call in the inbox, durably, when the broker keeps no count:
         ``delivery.attempt`` then goes on from the calls of processes that are gone. A
         message the inbox has recorded (``first`` call of a redelivery after a crash
         between commit and ack) is not counted: it is skipped, and its count was dropped
-        with the record."""
+        with the record. The inbox's count of calls, 0 when it counted none."""
         inbox = self._inbox
         message_id = delivery.message_id
         if (
@@ -211,23 +239,24 @@ class Runner:
             or message_id is None
             or delivery.attempt_from_broker
         ):
-            return
+            return 0
         # NOTE: Kafka counts no redeliveries, and a message that kills its consumer (or
         # meets SIGKILL) would start from attempt 1 in the next process without this.
         # Counted at the call, not at the fetch: a prefetched delivery given back at a
         # stop was never tried.
         try:
             if first and inbox.handled([message_id]):
-                return
+                return 0
             counted = inbox.record_attempt(message_id, source=delivery.destination)
         except MsgsafeError as exc:  # the inbox's errors, or closed
             log.warning(
                 "attempt %d of %s counted in memory only: %s", delivery.attempt, message_id, exc
             )
-            return
+            return 0
         if counted > delivery.attempt:
             delivery.attempt = counted
             self._attempts.retried(message_id, counted)
+        return counted
 
     def _call(self, delivery: Delivery) -> bool:
         """Call the handler, through the inbox's transaction when there is one; False

@@ -229,6 +229,8 @@ class _DownAtFirst:
         return self._inbox.handled(message_ids)
 
     def record_attempt(self, message_id: str, *, source: str) -> int:
+        if self.down > 0:  # down for every write, the attempt's count too
+            raise InboxUnavailable("the database took no writes within 30 s")
         return self._inbox.record_attempt(message_id, source=source)
 
     def prune(self, *, older_than_s: float) -> int:
@@ -275,3 +277,43 @@ def test_an_unavailable_inbox_gives_the_message_back_not_to_the_dead_letters(
     assert (stats.handled, stats.retried, stats.dead_lettered) == (5, 0, 0)
     assert stats.requeued >= 6  # the head each time (with what followed it of its key)
     assert leftover(memory_broker) == []
+
+
+def test_a_message_that_kills_its_consumer_is_dead_lettered_after_max_attempts(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    """Calls counted in the inbox that never ended (the process died inside the handler,
+    three times): the next consumer dead-letters the message without calling the handler
+    again, instead of crash-looping on it."""
+    db = _database(tmp_path)
+    [deadly] = send(memory_broker, [("k", b"deadly")])
+    [after] = send(memory_broker, [("k", b"fine")])
+    inbox = open_inbox(f"sqlite:///{db}")
+    for _ in range(3):  # three processes, each killed during its call
+        inbox.record_attempt(deadly, source="q")
+    inbox.close()
+    called: list[bytes] = []
+
+    def handler(d: Delivery, tx: Any) -> None:
+        called.append(d.body)
+        _apply(d, tx)
+
+    with Producer(url(memory_broker), outbox=False) as dead_letters:
+        consumer = Consumer(url(memory_broker)).subscribe("q")
+        run_until(
+            consumer,
+            handler,
+            lambda: consumer.stats().handled == 1,
+            inbox=f"sqlite:///{db}",
+            retry=RetryPolicy(initial=0.0, max_attempts=3),
+            dead_letter="dlq",
+            dead_letter_producer=dead_letters,
+            clock=LeapingClock(),
+        )
+    assert called == [b"fine"]  # the deadly one never called again; its key went on
+    [dead] = memory_broker.messages("dlq")
+    assert dead.headers["x-msgsafe-dlq-message-id"] == deadly
+    assert dead.headers["x-msgsafe-dlq-attempts"] == "4"
+    assert dead.headers["x-msgsafe-dlq-error-type"].endswith(".HandlerDidNotReturn")
+    assert _effects(db) == Counter({after: 1})
+    assert consumer.stats().dead_lettered == 1
