@@ -2,7 +2,7 @@
 AvroSerializer against the same schema registry.
 
     flock /tmp/msgsafe-brokers.lock python benchmarks/bench_schemas.py \
-        [--messages 20000] [--rounds 6] [--readme benchmarks/README.md]
+        [--messages 50000] [--rounds 6] [--readme benchmarks/README.md]
 
 Starts one Kafka node and one schema registry (Apicurio, ``msgsafe cluster``) on loopback
 and runs, alternating, the same loop: 16 keys, a record of four fields (Avro, confluent's
@@ -130,7 +130,7 @@ def _run(variant: str, kafka: KafkaCluster, registry: str, count: int, outbox: P
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--messages", type=int, default=20000)
+    parser.add_argument("--messages", type=int, default=50000)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--readme", type=Path, help="write the figures into this README")
     args = parser.parse_args(argv)

@@ -309,15 +309,16 @@ class Serializers:
         rule: Callable[[str], str | None] | None,
         message_id: str | None,
     ) -> bytes | None:
-        given = dict(headers) if headers else {}
-        ctx = SerializationContext(destination, field, dict(given))
+        given = dict(headers) if headers else None
+        seen = dict(given) if given is not None else {}
+        ctx = SerializationContext(destination, field, seen)
         try:
             data = serializer(obj, ctx)
         except MsgsafeError:
             raise
         except Exception as exc:
             raise schema_error(exc, ctx, rule=rule, message_id=message_id) from exc
-        if ctx.headers != given:
+        if ctx.headers is not seen or (seen != given if given is not None else seen):
             # NOTE: confluent's header_schema_id_serializer puts the schema id (bytes) in
             # a header; msgsafe's headers are text, so the id would be lost on the way.
             raise SerializationFailed(
@@ -327,6 +328,8 @@ class Serializers:
                 subject=subject_of(ctx),
                 message_id=message_id,
             )
+        if type(data) is bytes:
+            return data
         if data is not None and not isinstance(data, bytes | bytearray | memoryview):
             raise SerializationFailed(
                 f"the {field} serializer of {destination!r} returned"
