@@ -8,6 +8,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,31 @@ def _effects(path: Path) -> Counter[str]:
 
 def _apply(d: Delivery, tx: Any) -> None:
     tx.execute("INSERT INTO effects VALUES (?, ?)", (d.message_id, d.body))
+
+
+def _run_dead_lettering(
+    broker: MemoryBroker,
+    db: Path,
+    handler: Any,
+    done: Callable[[Consumer], bool],
+    *,
+    max_attempts: int,
+) -> Consumer:
+    """``run(handler)`` of a fresh consumer of ``q`` with the SQLite inbox ``db``, retries
+    on a leaping clock and the dead-letter queue ``dlq``, until ``done(consumer)``."""
+    with Producer(url(broker), outbox=False) as dead_letters:
+        consumer = Consumer(url(broker)).subscribe("q")
+        run_until(
+            consumer,
+            handler,
+            lambda: done(consumer),
+            inbox=f"sqlite:///{db}",
+            retry=RetryPolicy(initial=0.0, max_attempts=max_attempts),
+            dead_letter="dlq",
+            dead_letter_producer=dead_letters,
+            clock=LeapingClock(),
+        )
+    return consumer
 
 
 def test_each_messages_effects_are_applied_once(
@@ -130,18 +156,9 @@ def test_a_handler_that_keeps_failing_leaves_no_effect_and_no_record(
         _apply(d, tx)
         raise ValueError("cannot handle this one")
 
-    with Producer(url(memory_broker), outbox=False) as dead_letters:
-        consumer = Consumer(url(memory_broker)).subscribe("q")
-        run_until(
-            consumer,
-            handler,
-            lambda: consumer.stats().dead_lettered == 1,
-            inbox=f"sqlite:///{db}",
-            retry=RetryPolicy(initial=0.0, max_attempts=2),
-            dead_letter="dlq",
-            dead_letter_producer=dead_letters,
-            clock=LeapingClock(),
-        )
+    _run_dead_lettering(
+        memory_broker, db, handler, lambda c: c.stats().dead_lettered == 1, max_attempts=2
+    )
     assert _effects(db) == Counter()
     inbox = open_inbox(f"sqlite:///{db}")
     try:
@@ -181,18 +198,9 @@ def test_attempts_counted_in_the_inbox_go_on_after_the_consumer_is_gone(
         clock=LeapingClock(),
     )
     assert seen == [1, 2]
-    with Producer(url(memory_broker), outbox=False) as dead_letters:
-        second = Consumer(url(memory_broker)).subscribe("q")
-        run_until(
-            second,
-            handler,
-            lambda: second.stats().dead_lettered == 1,
-            inbox=f"sqlite:///{db}",
-            retry=policy,
-            dead_letter="dlq",
-            dead_letter_producer=dead_letters,
-            clock=LeapingClock(),
-        )
+    _run_dead_lettering(
+        memory_broker, db, handler, lambda c: c.stats().dead_lettered == 1, max_attempts=4
+    )
     # Counted on from the inbox: 3 and 4, not 2 again (the broker's redelivered flag).
     assert seen == [1, 2, 3, 4]
     [dead] = memory_broker.messages("dlq")
@@ -298,18 +306,9 @@ def test_a_message_that_kills_its_consumer_is_dead_lettered_after_max_attempts(
         called.append(d.body)
         _apply(d, tx)
 
-    with Producer(url(memory_broker), outbox=False) as dead_letters:
-        consumer = Consumer(url(memory_broker)).subscribe("q")
-        run_until(
-            consumer,
-            handler,
-            lambda: consumer.stats().handled == 1,
-            inbox=f"sqlite:///{db}",
-            retry=RetryPolicy(initial=0.0, max_attempts=3),
-            dead_letter="dlq",
-            dead_letter_producer=dead_letters,
-            clock=LeapingClock(),
-        )
+    consumer = _run_dead_lettering(
+        memory_broker, db, handler, lambda c: c.stats().handled == 1, max_attempts=3
+    )
     assert called == [b"fine"]  # the deadly one never called again; its key went on
     [dead] = memory_broker.messages("dlq")
     assert dead.headers["x-msgsafe-dlq-message-id"] == deadly
