@@ -1,8 +1,8 @@
 """Consuming: msgsafe against the raw clients' at-least-once loops, side by side in one run.
 
     flock /tmp/msgsafe-bench.lock python3 benchmarks/bench_consume.py
-        [--only kafka|rabbitmq] [--rounds 3] [--messages 200000]
-        [--rabbit-messages 50000] [--url kafka://...|amqp://...] [--profile 50000]
+        [--only kafka|rabbitmq|amqp10|inbox] [--rounds 3] [--messages 200000]
+        [--rabbit-messages 50000] [--url kafka://...|amqp://...|amqp10://...] [--profile 50000]
         [--readme benchmarks/README.md]
 
 Every variant reads messages that msgsafe's own producer wrote (100-byte bodies, 16
@@ -36,6 +36,25 @@ started here through ``msgsafe.cluster`` (``--url`` names a running one instead)
     ``process_data_events`` until every message came.
   - ``poll+ack``: ``msgsafe.Consumer(url, prefetch=500)``, ``poll(1.0,
     max_messages=500)``, ``ack()`` per delivery; ``dedup`` and ``run x4`` as for Kafka.
+
+- **AMQP 1.0** (``ArtemisCluster()``: the primary of an Artemis primary/backup pair with
+  replication, the only shape ``msgsafe.cluster`` starts; an anycast queue per run,
+  filled with ``--rabbit-messages`` messages):
+
+  - ``raw``: a proton ``Container`` running a ``MessagingHandler(prefetch=500,
+    auto_accept=False)`` whose ``on_message`` reads the body and accepts the delivery:
+    the same credit window as msgsafe's.
+  - ``poll+ack``: ``msgsafe.Consumer(url, credit=500)``, ``poll`` + ``ack()`` as above.
+
+- **The inbox** (SQLite, on RabbitMQ as above; each run a new database file in a
+  temporary directory, WAL and ``synchronous=FULL`` on both sides):
+
+  - ``raw``: msgsafe's ``poll`` + ``ack()`` with the inbox written by hand in bare
+    sqlite3: per message ``BEGIN IMMEDIATE``, the id into a table under a primary key
+    (``ON CONFLICT DO NOTHING RETURNING``), the effect's row, ``COMMIT``, ``ack()``.
+  - ``run``: ``Consumer.run(handler, inbox="sqlite:///...")``, the handler inserting
+    the effect's row through ``tx``. The two differ by the inbox alone: the consumer's
+    own cost against pika is the RabbitMQ rows.
 
 The clocks of a run start at its first message (joining a group or opening a channel is
 not counted) and stop when its last message was settled; every run must see every
@@ -82,7 +101,7 @@ from benchmarks.bench_send import (
 
 BODY = b"x" * 100
 KEYS = [f"key-{i}".encode() for i in range(16)]
-PROTOCOLS = ("kafka", "rabbitmq")
+PROTOCOLS = ("kafka", "rabbitmq", "amqp10", "inbox")
 TITLE = "## Consuming"
 BATCH = 500
 WORKERS = 4
@@ -106,6 +125,8 @@ GOALS: tuple[tuple[str, str, str, float, str], ...] = (
     ("rabbitmq", "poll+ack", "raw", 1.0, "RabbitMQ `poll` + `ack()` / raw pika `basic_ack`"),
     ("rabbitmq", "dedup", "raw", 0.0, "RabbitMQ, the same with `dedup=True` / raw"),
     ("rabbitmq", "run x4", "raw", 0.0, f"RabbitMQ `run(handler, concurrency={WORKERS})` / raw"),
+    ("amqp10", "poll+ack", "raw", 0.9, "AMQP 1.0 `poll` + `ack()` / raw proton receiver"),
+    ("inbox", "run", "raw", 0.9, "SQLite inbox: `run(handler, inbox=...)` / bare sqlite3"),
 )
 
 #: What each variant's loop does, for the output.
@@ -137,6 +158,22 @@ LOOPS: dict[tuple[str, str], str] = {
     ),
     ("rabbitmq", "run x4"): (
         f"msgsafe.Consumer(prefetch={BATCH}).run(handler, concurrency={WORKERS}); no-op handler"
+    ),
+    ("amqp10", "raw"): (
+        f"proton Container + MessagingHandler(prefetch={BATCH}, auto_accept=False); "
+        "on_message reads the body, accept(delivery)"
+    ),
+    ("amqp10", "poll+ack"): (
+        f"msgsafe.Consumer(credit={BATCH}); poll(1.0, max_messages={BATCH}); ack() each"
+    ),
+    ("inbox", "raw"): (
+        f"msgsafe.Consumer(prefetch={BATCH}).poll(1.0, max_messages={BATCH}); per message "
+        "bare sqlite3 (WAL, synchronous=FULL): BEGIN IMMEDIATE, INSERT the id (primary key, "
+        "ON CONFLICT DO NOTHING RETURNING), INSERT the effect, COMMIT; then ack()"
+    ),
+    ("inbox", "run"): (
+        f"msgsafe.Consumer(prefetch={BATCH}).run(handler, inbox='sqlite:///...'); the "
+        "handler INSERTs the effect through tx"
     ),
 }
 
@@ -482,10 +519,209 @@ def rabbit_target(url: str | None, count: int) -> Iterator[Target]:
             return {"prefetch": BATCH}
 
         variants = [Variant("raw", rabbit_raw(rabbit_url)), *msgsafe_variants(rabbit_url, options)]
-        yield Target("rabbitmq", broker, variants, source, count)
+        yield Target("rabbitmq", broker, variants, source, count, rabbit_url)
     finally:
         if cluster is not None:
             cluster.stop()
+
+
+# --- AMQP 1.0 ---------------------------------------------------------------------------
+
+
+def amqp10_raw(url: str) -> Run:
+    """A plain proton receiver with msgsafe's credit window (``prefetch=BATCH``: proton
+    tops the credit up as messages arrive), accepting each message as it comes."""
+
+    def run(address: str, count: int) -> Tally:
+        from proton.handlers import MessagingHandler
+        from proton.reactor import Container
+
+        from benchmarks.bench_amqp10 import _plain_url, _sasl_kwargs
+
+        clock, done = Clock(), []
+        seen = 0
+
+        class Receive(MessagingHandler):
+            def __init__(self) -> None:
+                super().__init__(prefetch=BATCH, auto_accept=False)
+
+            def on_start(self, event: Any) -> None:
+                connection = event.container.connect(
+                    _plain_url(url), reconnect=False, **_sasl_kwargs(url)
+                )
+                event.container.create_receiver(connection, address)
+
+            def on_message(self, event: Any) -> None:
+                nonlocal seen
+                clock.start()
+                event.message.body  # noqa: B018 - read as the other loops read it
+                self.accept(event.delivery)
+                seen += 1
+                if seen == count:
+                    done.append(clock.stop(count))
+                    event.connection.close()
+
+            def on_transport_error(self, event: Any) -> None:
+                raise SystemExit(f"amqp10 raw: {event.transport.condition}")
+
+        Container(Receive()).run()
+        _check("amqp10 raw", seen, count)
+        return done[0]
+
+    return run
+
+
+@contextlib.contextmanager
+def amqp10_target(url: str | None, count: int) -> Iterator[Target]:
+    cluster: Any = None
+    broker = "a running AMQP 1.0 broker (--url)"
+    if url is None:
+        from msgsafe.cluster.artemis import ArtemisCluster
+
+        cluster = ArtemisCluster()
+        started = time.monotonic()
+        cluster.fetch()
+        cluster.start()
+        print(f"amqp10: Artemis up in {time.monotonic() - started:.1f} s", flush=True)
+        url = str(cluster.node_url(0))
+        broker = (
+            f"ActiveMQ Artemis {cluster.version} primary/backup pair (replication, the "
+            "only shape msgsafe.cluster starts), an anycast queue per run"
+        )
+    amqp10_url = url
+    try:
+
+        def source() -> str:
+            address = f"bench-consume-{uuid.uuid4().hex[:8]}"
+            fill(amqp10_url, address, count)
+            return address
+
+        def options() -> dict[str, Any]:
+            return {"credit": BATCH}
+
+        variants = [
+            Variant("raw", amqp10_raw(amqp10_url)),
+            Variant("poll+ack", lambda s, n: msgsafe_poll(amqp10_url, n, s, options())),
+        ]
+        yield Target("amqp10", broker, variants, source, count)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+# --- the inbox (SQLite, on RabbitMQ) ----------------------------------------------------
+
+#: The handler's effect: one row per message, in the inbox's database.
+EFFECTS = "CREATE TABLE IF NOT EXISTS effects (message_id text NOT NULL, body blob)"
+#: The hand-written inbox's table: the id under a primary key (as msgsafe's inbox keeps).
+RAW_INBOX = (
+    "CREATE TABLE IF NOT EXISTS handled (message_id text PRIMARY KEY, source text NOT NULL,"
+    " attempt integer NOT NULL, handled_at real NOT NULL)"
+)
+RAW_RECORD = (
+    "INSERT INTO handled (message_id, source, attempt, handled_at) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (message_id) DO NOTHING RETURNING message_id"
+)
+EFFECT = "INSERT INTO effects (message_id, body) VALUES (?, ?)"
+
+
+def _database(directory: Path, name: str) -> tuple[Path, Any]:
+    """A new SQLite file in ``directory`` with the effects table, opened as msgsafe's
+    inbox opens its own (autocommit, WAL, ``synchronous=FULL``)."""
+    import sqlite3
+
+    path = directory / f"{name}-{uuid.uuid4().hex[:8]}.db"
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute(EFFECTS)
+    return path, conn
+
+
+def inbox_raw(url: str, directory: Path) -> Run:
+    """msgsafe's ``poll`` and ``ack()``, with the inbox's transactions written by hand."""
+
+    def run(queue: str, count: int) -> Tally:
+        import msgsafe
+
+        _path, conn = _database(directory, "raw")
+        conn.execute(RAW_INBOX)
+        execute = conn.execute
+        try:
+            with msgsafe.Consumer(url, prefetch=BATCH) as consumer:
+                consumer.subscribe(queue)
+                clock, seen = Clock(), 0
+                while seen < count:
+                    batch = consumer.poll(1.0, max_messages=BATCH)
+                    if batch:
+                        clock.start()
+                    for delivery in batch:
+                        message_id = delivery.message_id
+                        execute("BEGIN IMMEDIATE")
+                        fresh = execute(
+                            RAW_RECORD, (message_id, queue, delivery.attempt, time.time())
+                        ).fetchone()
+                        if fresh is not None:
+                            execute(EFFECT, (message_id, delivery.body))
+                        execute("COMMIT")
+                        delivery.ack()
+                    seen += len(batch)
+                tally = clock.stop(seen)
+        finally:
+            conn.close()
+        _check("inbox raw", seen, count)
+        return tally
+
+    return run
+
+
+def inbox_run(url: str, directory: Path) -> Run:
+    """``run(handler, inbox="sqlite:///...")``, the handler inserting its effect via tx."""
+
+    def run(queue: str, count: int) -> Tally:
+        import msgsafe
+
+        path, conn = _database(directory, "msgsafe")
+        conn.close()
+        consumer = msgsafe.Consumer(url, prefetch=BATCH)
+        consumer.subscribe(queue)
+        clock, seen, done = Clock(), 0, []
+
+        def handler(delivery: Any, tx: Any) -> None:
+            nonlocal seen
+            clock.start()
+            tx.execute(EFFECT, (delivery.message_id, delivery.body))
+            seen += 1
+            if seen == count:
+                done.append(clock.stop(count))
+                consumer.stop()
+
+        consumer.run(handler, inbox=f"sqlite:///{path}", handle_signals=False)
+        _check("inbox run", seen, count)
+        return done[0]
+
+    return run
+
+
+@contextlib.contextmanager
+def inbox_target(url: str | None, count: int) -> Iterator[Target]:
+    import tempfile
+
+    with rabbit_target(url, count) as rabbit, tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        rabbit_url = rabbit.url
+        variants = [
+            Variant("raw", inbox_raw(rabbit_url, directory)),
+            Variant("run", inbox_run(rabbit_url, directory)),
+        ]
+        broker = f"{rabbit.broker}; SQLite {_sqlite_version()} files in {tmp.rsplit('/', 1)[0]}"
+        yield Target("inbox", broker, variants, rabbit.source, count, rabbit_url)
+
+
+def _sqlite_version() -> str:
+    import sqlite3
+
+    return sqlite3.sqlite_version
 
 
 # --- measuring --------------------------------------------------------------------------
@@ -502,6 +738,7 @@ class Target:
     variants: list[Variant]
     source: Callable[[], str]
     count: int
+    url: str = ""
 
 
 def measure(target: Target, rounds: int) -> dict[str, list[Tally]]:
@@ -561,7 +798,7 @@ def report(
 ) -> str:
     """The README section (``## Consuming``), without notes of its own."""
     versions = [f"Python {platform.python_version()}"]
-    for dist in ("confluent-kafka", "pika"):
+    for dist in ("confluent-kafka", "pika", "python-qpid-proton"):
         with contextlib.suppress(Exception):
             from importlib.metadata import version
 
@@ -580,10 +817,10 @@ def report(
         "",
         f"Measured {started}\N{EN DASH}{ended} UTC on {os.cpu_count()} cores, {loads} "
         f"(the machine is shared), {', '.join(versions)}. Kafka: {args.messages:,} messages "
-        f"per run, RabbitMQ: {args.rabbit_messages:,}; 100-byte bodies written by msgsafe's "
-        f"producer (16 keys); {args.rounds} rounds, the variants in turn; clocks from a "
-        "run's first message to its last settle. CPU: `time.process_time()` of the "
-        "benchmark process (every thread) per message, all rounds.",
+        f"per run, RabbitMQ, AMQP 1.0 and the inbox: {args.rabbit_messages:,}; 100-byte "
+        f"bodies written by msgsafe's producer (16 keys); {args.rounds} rounds, the variants "
+        "in turn; clocks from a run's first message to its last settle. CPU: "
+        "`time.process_time()` of the benchmark process (every thread) per message, all rounds.",
         "",
         *tables(results, LOOPS, goal_lines(results, GOALS)),
     ]
@@ -600,13 +837,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every variant")
     parser.add_argument("--messages", type=int, default=200_000, help="Kafka: messages per run")
     parser.add_argument(
-        "--rabbit-messages", type=int, default=50_000, help="RabbitMQ: messages per run"
+        "--rabbit-messages",
+        type=int,
+        default=50_000,
+        help="RabbitMQ, AMQP 1.0 and the inbox: messages per run",
     )
     parser.add_argument(
         "--url",
         action="append",
         default=[],
-        help="a running broker instead of one started here: kafka:// or amqp://",
+        help="a running broker instead of one started here: kafka://, amqp:// or amqp10://",
     )
     parser.add_argument(
         "--profile",
@@ -619,9 +859,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.messages < 1 or args.rabbit_messages < 1 or args.profile < 0:
         parser.error("--rounds, --messages and --rabbit-messages must be >= 1")
-    urls = urls_by_protocol(args.url)  # refuses a scheme of another protocol now
-    if "amqp10" in urls:
-        parser.error("--url amqp10://: AMQP 1.0 is not measured here yet")
+    urls_by_protocol(args.url)  # refuses a scheme of another protocol now
     return args
 
 
@@ -637,6 +875,12 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
             results.append(run_target(target, args))
     if "rabbitmq" in wanted:
         with rabbit_target(urls.get("rabbitmq"), args.rabbit_messages) as target:
+            results.append(run_target(target, args))
+    if "amqp10" in wanted:
+        with amqp10_target(urls.get("amqp10"), args.rabbit_messages) as target:
+            results.append(run_target(target, args))
+    if "inbox" in wanted:
+        with inbox_target(urls.get("rabbitmq"), args.rabbit_messages) as target:
             results.append(run_target(target, args))
     ended = datetime.datetime.now(datetime.UTC)
     loads = f"load average {load_start:.1f} at the start and {os.getloadavg()[0]:.1f} at the end"
