@@ -54,7 +54,11 @@ started here through ``msgsafe.cluster`` (``--url`` names a running one instead)
     (``ON CONFLICT DO NOTHING RETURNING``), the effect's row, ``COMMIT``, ``ack()``.
   - ``run``: ``Consumer.run(handler, inbox="sqlite:///...")``, the handler inserting
     the effect's row through ``tx``. The two differ by the inbox alone: the consumer's
-    own cost against pika is the RabbitMQ rows.
+    own cost against pika is the RabbitMQ rows. A quorum queue counts no first
+    delivery, so ``run`` also counts each handler call durably in the inbox (a
+    transaction of its own before the handler's): ``raw+count`` is ``raw`` doing that
+    too (the same two commits), and ``run mem`` is ``run`` with
+    ``attempts=AttemptMemory()`` (the same one commit as ``raw``).
 
 The clocks of a run start at its first message (joining a group or opening a channel is
 not counted) and stop when its last message was settled; every run must see every
@@ -126,7 +130,27 @@ GOALS: tuple[tuple[str, str, str, float, str], ...] = (
     ("rabbitmq", "dedup", "raw", 0.0, "RabbitMQ, the same with `dedup=True` / raw"),
     ("rabbitmq", "run x4", "raw", 0.0, f"RabbitMQ `run(handler, concurrency={WORKERS})` / raw"),
     ("amqp10", "poll+ack", "raw", 0.9, "AMQP 1.0 `poll` + `ack()` / raw proton receiver"),
-    ("inbox", "run", "raw", 0.9, "SQLite inbox: `run(handler, inbox=...)` / bare sqlite3"),
+    (
+        "inbox",
+        "run",
+        "raw+count",
+        0.9,
+        "SQLite inbox `run(handler, inbox=...)` / bare sqlite3, the same two commits",
+    ),
+    (
+        "inbox",
+        "run mem",
+        "raw",
+        0.9,
+        "SQLite inbox, attempts counted in memory / bare sqlite3, the same one commit",
+    ),
+    (
+        "inbox",
+        "run",
+        "raw",
+        0.0,
+        "SQLite inbox `run(handler, inbox=...)` / bare sqlite3, one commit",
+    ),
 )
 
 #: What each variant's loop does, for the output.
@@ -171,9 +195,18 @@ LOOPS: dict[tuple[str, str], str] = {
         "bare sqlite3 (WAL, synchronous=FULL): BEGIN IMMEDIATE, INSERT the id (primary key, "
         "ON CONFLICT DO NOTHING RETURNING), INSERT the effect, COMMIT; then ack()"
     ),
+    ("inbox", "raw+count"): (
+        "the same, and before each transaction the inbox's durable attempt count as msgsafe "
+        "keeps it where the broker counts no first delivery: SELECT the id, BEGIN IMMEDIATE, "
+        "INSERT ... ON CONFLICT DO UPDATE attempts + 1 RETURNING, COMMIT"
+    ),
     ("inbox", "run"): (
         f"msgsafe.Consumer(prefetch={BATCH}).run(handler, inbox='sqlite:///...'); the "
         "handler INSERTs the effect through tx"
+    ),
+    ("inbox", "run mem"): (
+        f"msgsafe.Consumer(prefetch={BATCH}, attempts=AttemptMemory()).run(handler, "
+        "inbox='sqlite:///...'): attempts counted in memory, not in the inbox"
     ),
 }
 
@@ -618,6 +651,16 @@ RAW_INBOX = (
     "CREATE TABLE IF NOT EXISTS handled (message_id text PRIMARY KEY, source text NOT NULL,"
     " attempt integer NOT NULL, handled_at real NOT NULL)"
 )
+RAW_ATTEMPTS = (
+    "CREATE TABLE IF NOT EXISTS attempts (message_id text PRIMARY KEY, source text NOT NULL,"
+    " attempts integer NOT NULL, updated_at real NOT NULL)"
+)
+RAW_HANDLED = "SELECT 1 FROM handled WHERE message_id = ?"
+RAW_COUNT = (
+    "INSERT INTO attempts (message_id, source, attempts, updated_at) VALUES (?, ?, 1, ?)"
+    " ON CONFLICT (message_id) DO UPDATE SET attempts = attempts.attempts + 1,"
+    " source = excluded.source, updated_at = excluded.updated_at RETURNING attempts"
+)
 RAW_RECORD = (
     "INSERT INTO handled (message_id, source, attempt, handled_at) VALUES (?, ?, ?, ?)"
     " ON CONFLICT (message_id) DO NOTHING RETURNING message_id"
@@ -638,14 +681,16 @@ def _database(directory: Path, name: str) -> tuple[Path, Any]:
     return path, conn
 
 
-def inbox_raw(url: str, directory: Path) -> Run:
-    """msgsafe's ``poll`` and ``ack()``, with the inbox's transactions written by hand."""
+def inbox_raw(url: str, directory: Path, count_attempts: bool = False) -> Run:
+    """msgsafe's ``poll`` and ``ack()``, with the inbox's transactions written by hand;
+    ``count_attempts``: each preceded by the attempt count's own transaction."""
 
     def run(queue: str, count: int) -> Tally:
         import msgsafe
 
         _path, conn = _database(directory, "raw")
         conn.execute(RAW_INBOX)
+        conn.execute(RAW_ATTEMPTS)
         execute = conn.execute
         try:
             with msgsafe.Consumer(url, prefetch=BATCH) as consumer:
@@ -657,6 +702,13 @@ def inbox_raw(url: str, directory: Path) -> Run:
                         clock.start()
                     for delivery in batch:
                         message_id = delivery.message_id
+                        if count_attempts and execute(RAW_HANDLED, (message_id,)).fetchone():
+                            delivery.ack()
+                            continue
+                        if count_attempts:
+                            execute("BEGIN IMMEDIATE")
+                            execute(RAW_COUNT, (message_id, queue, time.time())).fetchone()
+                            execute("COMMIT")
                         execute("BEGIN IMMEDIATE")
                         fresh = execute(
                             RAW_RECORD, (message_id, queue, delivery.attempt, time.time())
@@ -675,15 +727,18 @@ def inbox_raw(url: str, directory: Path) -> Run:
     return run
 
 
-def inbox_run(url: str, directory: Path) -> Run:
-    """``run(handler, inbox="sqlite:///...")``, the handler inserting its effect via tx."""
+def inbox_run(url: str, directory: Path, in_memory: bool = False) -> Run:
+    """``run(handler, inbox="sqlite:///...")``, the handler inserting its effect via tx;
+    ``in_memory``: the consumer given an ``AttemptMemory`` (no attempt count in the inbox)."""
 
     def run(queue: str, count: int) -> Tally:
         import msgsafe
+        from msgsafe.dedup import AttemptMemory
 
         path, conn = _database(directory, "msgsafe")
         conn.close()
-        consumer = msgsafe.Consumer(url, prefetch=BATCH)
+        options: dict[str, Any] = {"attempts": AttemptMemory()} if in_memory else {}
+        consumer = msgsafe.Consumer(url, prefetch=BATCH, **options)
         consumer.subscribe(queue)
         clock, seen, done = Clock(), 0, []
 
@@ -712,7 +767,9 @@ def inbox_target(url: str | None, count: int) -> Iterator[Target]:
         rabbit_url = rabbit.url
         variants = [
             Variant("raw", inbox_raw(rabbit_url, directory)),
+            Variant("run mem", inbox_run(rabbit_url, directory, in_memory=True)),
             Variant("run", inbox_run(rabbit_url, directory)),
+            Variant("raw+count", inbox_raw(rabbit_url, directory, count_attempts=True)),
         ]
         broker = f"{rabbit.broker}; SQLite {_sqlite_version()} files in {tmp.rsplit('/', 1)[0]}"
         yield Target("inbox", broker, variants, rabbit.source, count, rabbit_url)
