@@ -58,7 +58,9 @@ started here through ``msgsafe.cluster`` (``--url`` names a running one instead)
     delivery, so ``run`` also counts each handler call durably in the inbox (a
     transaction of its own before the handler's): ``raw+count`` is ``raw`` doing that
     too (the same two commits), and ``run mem`` is ``run`` with
-    ``attempts=AttemptMemory()`` (the same one commit as ``raw``).
+    ``attempts=AttemptMemory()`` (the same one commit as ``raw``). ``poll+process``:
+    ``raw``'s loop calling msgsafe's SQLite inbox (``process(id, work)``) instead of
+    its own SQL: the store's share without run()'s threads (not a goal).
 
 The clocks of a run start at its first message (joining a group or opening a channel is
 not counted) and stop when its last message was settled; every run must see every
@@ -146,6 +148,14 @@ GOALS: tuple[tuple[str, str, str, float, str], ...] = (
     ),
     (
         "inbox",
+        "poll+process",
+        "raw",
+        0.0,
+        "SQLite inbox's `process()` in the poll loop / bare sqlite3, one commit",
+    ),
+    ("inbox", "run mem", "poll+process", 0.0, "SQLite inbox, attempts in memory / poll+process"),
+    (
+        "inbox",
         "run",
         "raw",
         0.0,
@@ -203,6 +213,10 @@ LOOPS: dict[tuple[str, str], str] = {
     ("inbox", "run"): (
         f"msgsafe.Consumer(prefetch={BATCH}).run(handler, inbox='sqlite:///...'); the "
         "handler INSERTs the effect through tx"
+    ),
+    ("inbox", "poll+process"): (
+        f"msgsafe.Consumer(prefetch={BATCH}).poll(1.0, max_messages={BATCH}); per message "
+        "open_inbox('sqlite:///...').process(id, work) (work INSERTs the effect), then ack()"
     ),
     ("inbox", "run mem"): (
         f"msgsafe.Consumer(prefetch={BATCH}, attempts=AttemptMemory()).run(handler, "
@@ -758,6 +772,44 @@ def inbox_run(url: str, directory: Path, in_memory: bool = False) -> Run:
     return run
 
 
+def inbox_process(url: str, directory: Path) -> Run:
+    """``poll`` and ``ack()`` around msgsafe's SQLite inbox called directly
+    (``process(id, work)``, no attempt count): the store's cost without run()'s threads."""
+
+    def run(queue: str, count: int) -> Tally:
+        import msgsafe
+        from msgsafe.inbox import open_inbox
+
+        path, conn = _database(directory, "process")
+        conn.close()
+        inbox = open_inbox(f"sqlite:///{path}")
+        try:
+            with msgsafe.Consumer(url, prefetch=BATCH) as consumer:
+                consumer.subscribe(queue)
+                clock, seen = Clock(), 0
+                process = inbox.process
+                while seen < count:
+                    batch = consumer.poll(1.0, max_messages=BATCH)
+                    if batch:
+                        clock.start()
+                    for delivery in batch:
+                        body, message_id = delivery.body, delivery.message_id or ""
+
+                        def work(tx: Any) -> None:
+                            tx.execute(EFFECT, (message_id, body))  # noqa: B023 - called now
+
+                        process(message_id, work, source=queue, attempt=delivery.attempt)
+                        delivery.ack()
+                    seen += len(batch)
+                tally = clock.stop(seen)
+        finally:
+            inbox.close()
+        _check("inbox process", seen, count)
+        return tally
+
+    return run
+
+
 @contextlib.contextmanager
 def inbox_target(url: str | None, count: int) -> Iterator[Target]:
     import tempfile
@@ -770,6 +822,7 @@ def inbox_target(url: str | None, count: int) -> Iterator[Target]:
             Variant("run mem", inbox_run(rabbit_url, directory, in_memory=True)),
             Variant("run", inbox_run(rabbit_url, directory)),
             Variant("raw+count", inbox_raw(rabbit_url, directory, count_attempts=True)),
+            Variant("poll+process", inbox_process(rabbit_url, directory)),
         ]
         broker = f"{rabbit.broker}; SQLite {_sqlite_version()} files in {tmp.rsplit('/', 1)[0]}"
         yield Target("inbox", broker, variants, rabbit.source, count, rabbit_url)
