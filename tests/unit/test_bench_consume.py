@@ -110,3 +110,15 @@ def test_amqp10_and_the_inbox_are_read_against_their_own_raw_loops() -> None:
     assert rows[_what("inbox", "run")][1] == pytest.approx(0.45)
     # Every variant measured says what its loop does.
     assert bench_consume.tables([amqp10, inbox], bench_consume.LOOPS, [])
+
+
+def test_the_inbox_statements_are_written_for_sqlite_and_translated_for_postgres() -> None:
+    sqlite = bench_consume.Database("sqlite", "/tmp")
+    postgres = bench_consume.Database("postgres", "postgresql://u:p@127.0.0.1:5432/db")
+    assert sqlite.sql(bench_consume.RAW_RECORD) == bench_consume.RAW_RECORD
+    assert (sqlite.begin, postgres.begin) == ("BEGIN IMMEDIATE", "BEGIN")
+    assert postgres.sql(bench_consume.EFFECT).endswith("VALUES (%s, %s)")
+    table = postgres.sql(bench_consume.RAW_INBOX)
+    assert "handled_at double precision NOT NULL" in table and "?" not in table
+    assert postgres.sql(bench_consume.EFFECTS).endswith("body bytea)")
+    assert "%s" not in postgres.sql(bench_consume.RAW_ATTEMPTS)
