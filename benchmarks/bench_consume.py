@@ -1,8 +1,8 @@
 """Consuming: msgsafe against the raw clients' at-least-once loops, side by side in one run.
 
     flock /tmp/msgsafe-bench.lock python3 benchmarks/bench_consume.py
-        [--only kafka|rabbitmq] [--rounds 3] [--messages 200000]
-        [--rabbit-messages 50000] [--url kafka://...|amqp://...] [--profile 50000]
+        [--only kafka|rabbitmq|amqp10|inbox|pg-inbox] [--rounds 3] [--messages 200000]
+        [--rabbit-messages 50000] [--url kafka://...|amqp://...|amqp10://...] [--profile 50000]
         [--readme benchmarks/README.md]
 
 Every variant reads messages that msgsafe's own producer wrote (100-byte bodies, 16
@@ -36,6 +36,36 @@ started here through ``msgsafe.cluster`` (``--url`` names a running one instead)
     ``process_data_events`` until every message came.
   - ``poll+ack``: ``msgsafe.Consumer(url, prefetch=500)``, ``poll(1.0,
     max_messages=500)``, ``ack()`` per delivery; ``dedup`` and ``run x4`` as for Kafka.
+
+- **AMQP 1.0** (``ArtemisCluster()``: the primary of an Artemis primary/backup pair with
+  replication, the only shape ``msgsafe.cluster`` starts; an anycast queue per run,
+  filled with ``--rabbit-messages`` messages):
+
+  - ``raw``: a proton ``Container`` running a ``MessagingHandler(prefetch=500,
+    auto_accept=False)`` whose ``on_message`` reads the body and accepts the delivery:
+    the same credit window as msgsafe's.
+  - ``poll+ack``: ``msgsafe.Consumer(url, credit=500)``, ``poll`` + ``ack()`` as above.
+  - ``floor`` (not a goal): the raw receiver on a thread of its own handing each
+    message to the caller's thread, which hands them back in batches to be accepted on
+    proton's thread: the least any ``poll`` on the application's thread does there.
+
+- **The inbox** (``inbox``: SQLite, each run a new database file in a temporary
+  directory, WAL and ``synchronous=FULL`` on both sides; ``pg-inbox``: PostgreSQL, one
+  node started through ``PostgresCluster(nodes=1)``, psycopg in autocommit sending
+  ``BEGIN`` ... ``COMMIT``; both on RabbitMQ as above):
+
+  - ``raw``: msgsafe's ``poll`` + ``ack()`` with the inbox written by hand in bare
+    sqlite3: per message ``BEGIN IMMEDIATE``, the id into a table under a primary key
+    (``ON CONFLICT DO NOTHING RETURNING``), the effect's row, ``COMMIT``, ``ack()``.
+  - ``run``: ``Consumer.run(handler, inbox="sqlite:///...")``, the handler inserting
+    the effect's row through ``tx``. The two differ by the inbox alone: the consumer's
+    own cost against pika is the RabbitMQ rows. A quorum queue counts no first
+    delivery, so ``run`` also counts each handler call durably in the inbox (a
+    transaction of its own before the handler's): ``raw+count`` is ``raw`` doing that
+    too (the same two commits), and ``run mem`` is ``run`` with
+    ``attempts=AttemptMemory()`` (the same one commit as ``raw``). ``poll+process``:
+    ``raw``'s loop calling msgsafe's SQLite inbox (``process(id, work)``) instead of
+    its own SQL: the store's share without run()'s threads (not a goal).
 
 The clocks of a run start at its first message (joining a group or opening a channel is
 not counted) and stop when its last message was settled; every run must see every
@@ -82,10 +112,77 @@ from benchmarks.bench_send import (
 
 BODY = b"x" * 100
 KEYS = [f"key-{i}".encode() for i in range(16)]
-PROTOCOLS = ("kafka", "rabbitmq")
+PROTOCOLS = ("kafka", "rabbitmq", "amqp10", "inbox", "pg-inbox")
 TITLE = "## Consuming"
 BATCH = 500
 WORKERS = 4
+
+#: The inbox's protocol (its --only name) and label by database; both read RabbitMQ.
+INBOXES = {"sqlite": ("inbox", "SQLite"), "postgres": ("pg-inbox", "PostgreSQL")}
+
+
+def inbox_goals(database: str) -> tuple[tuple[str, str, str, float, str], ...]:
+    protocol, label = INBOXES[database]
+    bare = "bare sqlite3" if database == "sqlite" else "bare psycopg"
+    return (
+        (
+            protocol,
+            "run",
+            "raw+count",
+            0.9,
+            f"{label} inbox `run(handler, inbox=...)` / {bare}, the same two commits",
+        ),
+        (
+            protocol,
+            "run mem",
+            "raw",
+            0.9,
+            f"{label} inbox, attempts counted in memory / {bare}, the same one commit",
+        ),
+        (
+            protocol,
+            "poll+process",
+            "raw",
+            0.0,
+            f"{label} inbox's `process()` in the poll loop / {bare}, one commit",
+        ),
+        (protocol, "run mem", "poll+process", 0.0, f"{label} inbox, attempts in memory / that"),
+        (protocol, "run", "raw", 0.0, f"{label} inbox `run(handler, inbox=...)` / {bare}"),
+    )
+
+
+def inbox_loops(database: str) -> dict[tuple[str, str], str]:
+    protocol = INBOXES[database][0]
+    if database == "sqlite":
+        url, bare = "sqlite:///...", "bare sqlite3 (WAL, synchronous=FULL): BEGIN IMMEDIATE"
+    else:
+        url, bare = "postgresql://...", "bare psycopg (autocommit, one statement a call): BEGIN"
+    return {
+        (protocol, "raw"): (
+            f"msgsafe.Consumer(prefetch={BATCH}).poll(1.0, max_messages={BATCH}); per "
+            f"message {bare}, INSERT the id (primary key, ON CONFLICT DO NOTHING RETURNING), "
+            "INSERT the effect, COMMIT; then ack()"
+        ),
+        (protocol, "raw+count"): (
+            "the same, and before each transaction the inbox's durable attempt count as "
+            "msgsafe keeps it where the broker counts no first delivery: SELECT the id, "
+            "BEGIN, INSERT ... ON CONFLICT DO UPDATE attempts + 1 RETURNING, COMMIT"
+        ),
+        (protocol, "run"): (
+            f"msgsafe.Consumer(prefetch={BATCH}).run(handler, inbox='{url}'); the "
+            "handler INSERTs the effect through tx"
+        ),
+        (protocol, "poll+process"): (
+            f"msgsafe.Consumer(prefetch={BATCH}).poll(1.0, max_messages={BATCH}); per "
+            f"message open_inbox('{url}').process(id, work) (work INSERTs the effect), "
+            "then ack()"
+        ),
+        (protocol, "run mem"): (
+            f"msgsafe.Consumer(prefetch={BATCH}, attempts=AttemptMemory()).run(handler, "
+            f"inbox='{url}'): attempts counted in memory, not in the inbox"
+        ),
+    }
+
 
 #: (protocol, variant compared, baseline, goal, what is compared)
 GOALS: tuple[tuple[str, str, str, float, str], ...] = (
@@ -106,6 +203,10 @@ GOALS: tuple[tuple[str, str, str, float, str], ...] = (
     ("rabbitmq", "poll+ack", "raw", 1.0, "RabbitMQ `poll` + `ack()` / raw pika `basic_ack`"),
     ("rabbitmq", "dedup", "raw", 0.0, "RabbitMQ, the same with `dedup=True` / raw"),
     ("rabbitmq", "run x4", "raw", 0.0, f"RabbitMQ `run(handler, concurrency={WORKERS})` / raw"),
+    ("amqp10", "poll+ack", "raw", 0.9, "AMQP 1.0 `poll` + `ack()` / raw proton receiver"),
+    ("amqp10", "floor", "raw", 0.0, "floor: proton's thread handing over, batches back / raw"),
+    ("amqp10", "poll+ack", "floor", 0.0, "AMQP 1.0 `poll` + `ack()` / that floor"),
+    *(goal for database in ("sqlite", "postgres") for goal in inbox_goals(database)),
 )
 
 #: What each variant's loop does, for the output.
@@ -138,6 +239,20 @@ LOOPS: dict[tuple[str, str], str] = {
     ("rabbitmq", "run x4"): (
         f"msgsafe.Consumer(prefetch={BATCH}).run(handler, concurrency={WORKERS}); no-op handler"
     ),
+    ("amqp10", "raw"): (
+        f"proton Container + MessagingHandler(prefetch={BATCH}, auto_accept=False); "
+        "on_message reads the body, accept(delivery)"
+    ),
+    ("amqp10", "floor"): (
+        "the raw receiver on its own thread putting (body, delivery) on a SimpleQueue; the "
+        f"caller takes up to {BATCH} at a time and hands them back to be accepted on "
+        "proton's thread (a deque, one EventInjector wake-up per batch)"
+    ),
+    ("amqp10", "poll+ack"): (
+        f"msgsafe.Consumer(credit={BATCH}); poll(1.0, max_messages={BATCH}); ack() each"
+    ),
+    **inbox_loops("sqlite"),
+    **inbox_loops("postgres"),
 }
 
 
@@ -482,10 +597,389 @@ def rabbit_target(url: str | None, count: int) -> Iterator[Target]:
             return {"prefetch": BATCH}
 
         variants = [Variant("raw", rabbit_raw(rabbit_url)), *msgsafe_variants(rabbit_url, options)]
-        yield Target("rabbitmq", broker, variants, source, count)
+        yield Target("rabbitmq", broker, variants, source, count, rabbit_url)
     finally:
         if cluster is not None:
             cluster.stop()
+
+
+# --- AMQP 1.0 ---------------------------------------------------------------------------
+
+
+def amqp10_raw(url: str) -> Run:
+    """A plain proton receiver with msgsafe's credit window (``prefetch=BATCH``: proton
+    tops the credit up as messages arrive), accepting each message as it comes."""
+
+    def run(address: str, count: int) -> Tally:
+        from proton.handlers import MessagingHandler
+        from proton.reactor import Container
+
+        from benchmarks.bench_amqp10 import _plain_url, _sasl_kwargs
+
+        clock, done = Clock(), []
+        seen = 0
+
+        class Receive(MessagingHandler):
+            def __init__(self) -> None:
+                super().__init__(prefetch=BATCH, auto_accept=False)
+
+            def on_start(self, event: Any) -> None:
+                connection = event.container.connect(
+                    _plain_url(url), reconnect=False, **_sasl_kwargs(url)
+                )
+                event.container.create_receiver(connection, address)
+
+            def on_message(self, event: Any) -> None:
+                nonlocal seen
+                clock.start()
+                event.message.body  # noqa: B018 - read as the other loops read it
+                self.accept(event.delivery)
+                seen += 1
+                if seen == count:
+                    done.append(clock.stop(count))
+                    event.connection.close()
+
+            def on_transport_error(self, event: Any) -> None:
+                raise SystemExit(f"amqp10 raw: {event.transport.condition}")
+
+        Container(Receive()).run()
+        _check("amqp10 raw", seen, count)
+        return done[0]
+
+    return run
+
+
+def amqp10_floor(url: str) -> Run:
+    """The raw receiver on a thread of its own handing messages to the caller's thread
+    (a ``SimpleQueue``), which takes up to BATCH at a time and hands them back to be
+    accepted on proton's thread (a deque and one ``EventInjector`` wake-up per batch):
+    the least a ``poll`` on the application's thread over proton's reactor does."""
+
+    def run(address: str, count: int) -> Tally:
+        import collections
+
+        from proton.handlers import MessagingHandler
+        from proton.reactor import ApplicationEvent, Container, EventInjector
+
+        from benchmarks.bench_amqp10 import _plain_url, _sasl_kwargs
+
+        handed: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        settle: collections.deque[Any] = collections.deque()
+        injector = EventInjector()
+        failed: list[str] = []
+
+        class Receive(MessagingHandler):
+            def __init__(self) -> None:
+                super().__init__(prefetch=BATCH, auto_accept=False)
+                self.connection: Any = None
+
+            def on_start(self, event: Any) -> None:
+                self.connection = event.container.connect(
+                    _plain_url(url), reconnect=False, **_sasl_kwargs(url)
+                )
+                event.container.create_receiver(self.connection, address)
+
+            def on_message(self, event: Any) -> None:
+                handed.put((event.message.body, event.delivery))
+
+            def on_settle(self, _event: Any) -> None:
+                while settle:
+                    delivery = settle.popleft()
+                    if delivery is None:
+                        self.connection.close()
+                        injector.close()
+                        return
+                    self.accept(delivery)
+
+            def on_transport_error(self, event: Any) -> None:
+                failed.append(str(event.transport.condition))
+                handed.put(None)
+
+        container = Container(Receive())
+        container.selectable(injector)
+        reactor = threading.Thread(target=container.run, daemon=True)
+        reactor.start()
+        clock, seen = Clock(), 0
+        while seen < count and not failed:
+            first = handed.get(timeout=60)
+            if first is None:
+                break
+            clock.start()
+            batch = [first]
+            while len(batch) < BATCH:
+                try:
+                    batch.append(handed.get_nowait())
+                except queue.Empty:
+                    break
+            settle.extend(delivery for _body, delivery in batch)
+            injector.trigger(ApplicationEvent("settle"))
+            seen += len(batch)
+        tally = clock.stop(seen)
+        settle.append(None)
+        injector.trigger(ApplicationEvent("settle"))
+        reactor.join(30)
+        _check(f"amqp10 floor {failed}", seen, count)
+        return tally
+
+    return run
+
+
+@contextlib.contextmanager
+def amqp10_target(url: str | None, count: int) -> Iterator[Target]:
+    cluster: Any = None
+    broker = "a running AMQP 1.0 broker (--url)"
+    if url is None:
+        from msgsafe.cluster.artemis import ArtemisCluster
+
+        cluster = ArtemisCluster()
+        started = time.monotonic()
+        cluster.fetch()
+        cluster.start()
+        print(f"amqp10: Artemis up in {time.monotonic() - started:.1f} s", flush=True)
+        url = str(cluster.node_url(0))
+        broker = (
+            f"ActiveMQ Artemis {cluster.version} primary/backup pair (replication, the "
+            "only shape msgsafe.cluster starts), an anycast queue per run"
+        )
+    amqp10_url = url
+    try:
+
+        def source() -> str:
+            address = f"bench-consume-{uuid.uuid4().hex[:8]}"
+            fill(amqp10_url, address, count)
+            return address
+
+        def options() -> dict[str, Any]:
+            return {"credit": BATCH}
+
+        variants = [
+            Variant("raw", amqp10_raw(amqp10_url)),
+            Variant("poll+ack", lambda s, n: msgsafe_poll(amqp10_url, n, s, options())),
+            Variant("floor", amqp10_floor(amqp10_url)),
+        ]
+        yield Target("amqp10", broker, variants, source, count)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+# --- the inbox (SQLite, on RabbitMQ) ----------------------------------------------------
+
+#: The handler's effect: one row per message, in the inbox's database.
+EFFECTS = "CREATE TABLE IF NOT EXISTS effects (message_id text NOT NULL, body blob)"
+#: The hand-written inbox's table: the id under a primary key (as msgsafe's inbox keeps).
+RAW_INBOX = (
+    "CREATE TABLE IF NOT EXISTS handled (message_id text PRIMARY KEY, source text NOT NULL,"
+    " attempt integer NOT NULL, handled_at real NOT NULL)"
+)
+RAW_ATTEMPTS = (
+    "CREATE TABLE IF NOT EXISTS attempts (message_id text PRIMARY KEY, source text NOT NULL,"
+    " attempts integer NOT NULL, updated_at real NOT NULL)"
+)
+RAW_HANDLED = "SELECT 1 FROM handled WHERE message_id = ?"
+RAW_COUNT = (
+    "INSERT INTO attempts (message_id, source, attempts, updated_at) VALUES (?, ?, 1, ?)"
+    " ON CONFLICT (message_id) DO UPDATE SET attempts = attempts.attempts + 1,"
+    " source = excluded.source, updated_at = excluded.updated_at RETURNING attempts"
+)
+RAW_RECORD = (
+    "INSERT INTO handled (message_id, source, attempt, handled_at) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (message_id) DO NOTHING RETURNING message_id"
+)
+EFFECT = "INSERT INTO effects (message_id, body) VALUES (?, ?)"
+
+
+class Database:
+    """Where an inbox run writes: a new SQLite file per run in the directory ``where`` (as
+    msgsafe's inbox opens its own: autocommit, WAL, ``synchronous=FULL``), or the
+    PostgreSQL database at ``url`` (tables shared by the runs, every run's ids new)."""
+
+    def __init__(self, kind: str, where: str) -> None:
+        self.kind, self.where = kind, where
+        self.begin = "BEGIN IMMEDIATE" if kind == "sqlite" else "BEGIN"
+
+    def sql(self, statement: str) -> str:
+        """``statement`` in this database's dialect (written for SQLite)."""
+        if self.kind == "sqlite":
+            return statement
+        return (
+            statement.replace("?", "%s")
+            .replace(" real ", " double precision ")
+            .replace(" blob)", " bytea)")
+        )
+
+    def open(self, name: str) -> tuple[str, Any]:
+        """The inbox URL of a run and a connection to its database, in autocommit, the
+        effects table created."""
+        if self.kind == "sqlite":
+            import sqlite3
+
+            path = Path(self.where) / f"{name}-{uuid.uuid4().hex[:8]}.db"
+            conn: Any = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = FULL")
+            url = f"sqlite:///{path}"
+        else:
+            import psycopg
+
+            url = self.where
+            conn = psycopg.connect(url, autocommit=True, prepare_threshold=None)
+        conn.execute(self.sql(EFFECTS))
+        return url, conn
+
+
+def inbox_raw(url: str, database: Database, count_attempts: bool = False) -> Run:
+    """msgsafe's ``poll`` and ``ack()``, with the inbox's transactions written by hand;
+    ``count_attempts``: each preceded by the attempt count's own transaction."""
+
+    def run(queue: str, count: int) -> Tally:
+        import msgsafe
+
+        _inbox_url, conn = database.open("raw")
+        sql = database.sql
+        conn.execute(sql(RAW_INBOX))
+        conn.execute(sql(RAW_ATTEMPTS))
+        execute, begin = conn.execute, database.begin
+        handled, counted, record, effect = map(sql, (RAW_HANDLED, RAW_COUNT, RAW_RECORD, EFFECT))
+        try:
+            with msgsafe.Consumer(url, prefetch=BATCH) as consumer:
+                consumer.subscribe(queue)
+                clock, seen = Clock(), 0
+                while seen < count:
+                    batch = consumer.poll(1.0, max_messages=BATCH)
+                    if batch:
+                        clock.start()
+                    for delivery in batch:
+                        message_id = delivery.message_id
+                        if count_attempts and execute(handled, (message_id,)).fetchone():
+                            delivery.ack()
+                            continue
+                        if count_attempts:
+                            execute(begin)
+                            execute(counted, (message_id, queue, time.time())).fetchone()
+                            execute("COMMIT")
+                        execute(begin)
+                        fresh = execute(
+                            record, (message_id, queue, delivery.attempt, time.time())
+                        ).fetchone()
+                        if fresh is not None:
+                            execute(effect, (message_id, delivery.body))
+                        execute("COMMIT")
+                        delivery.ack()
+                    seen += len(batch)
+                tally = clock.stop(seen)
+        finally:
+            conn.close()
+        _check("inbox raw", seen, count)
+        return tally
+
+    return run
+
+
+def inbox_run(url: str, database: Database, in_memory: bool = False) -> Run:
+    """``run(handler, inbox=...)``, the handler inserting its effect via tx;
+    ``in_memory``: the consumer given an ``AttemptMemory`` (no attempt count in the inbox)."""
+
+    def run(queue: str, count: int) -> Tally:
+        import msgsafe
+        from msgsafe.dedup import AttemptMemory
+
+        inbox_url, conn = database.open("msgsafe")
+        conn.close()
+        effect = database.sql(EFFECT)
+        options: dict[str, Any] = {"attempts": AttemptMemory()} if in_memory else {}
+        consumer = msgsafe.Consumer(url, prefetch=BATCH, **options)
+        consumer.subscribe(queue)
+        clock, seen, done = Clock(), 0, []
+
+        def handler(delivery: Any, tx: Any) -> None:
+            nonlocal seen
+            clock.start()
+            tx.execute(effect, (delivery.message_id, delivery.body))
+            seen += 1
+            if seen == count:
+                done.append(clock.stop(count))
+                consumer.stop()
+
+        consumer.run(handler, inbox=inbox_url, handle_signals=False)
+        _check("inbox run", seen, count)
+        return done[0]
+
+    return run
+
+
+def inbox_process(url: str, database: Database) -> Run:
+    """``poll`` and ``ack()`` around msgsafe's inbox called directly
+    (``process(id, work)``, no attempt count): the store's cost without run()'s threads."""
+
+    def run(queue: str, count: int) -> Tally:
+        import msgsafe
+        from msgsafe.inbox import open_inbox
+
+        inbox_url, conn = database.open("process")
+        conn.close()
+        inbox = open_inbox(inbox_url)
+        effect = database.sql(EFFECT)
+        try:
+            with msgsafe.Consumer(url, prefetch=BATCH) as consumer:
+                consumer.subscribe(queue)
+                clock, seen = Clock(), 0
+                process = inbox.process
+                while seen < count:
+                    batch = consumer.poll(1.0, max_messages=BATCH)
+                    if batch:
+                        clock.start()
+                    for delivery in batch:
+                        body, message_id = delivery.body, delivery.message_id or ""
+
+                        def work(tx: Any) -> None:
+                            tx.execute(effect, (message_id, body))  # noqa: B023 - called now
+
+                        process(message_id, work, source=queue, attempt=delivery.attempt)
+                        delivery.ack()
+                    seen += len(batch)
+                tally = clock.stop(seen)
+        finally:
+            inbox.close()
+        _check("inbox process", seen, count)
+        return tally
+
+    return run
+
+
+@contextlib.contextmanager
+def inbox_target(url: str | None, count: int, kind: str) -> Iterator[Target]:
+    """The inbox's variants on RabbitMQ, writing to SQLite files in a temporary
+    directory (``kind`` "sqlite") or to a PostgreSQL node started here ("postgres")."""
+    import tempfile
+
+    with contextlib.ExitStack() as stack:
+        rabbit = stack.enter_context(rabbit_target(url, count))
+        if kind == "sqlite":
+            import sqlite3
+
+            tmp = stack.enter_context(tempfile.TemporaryDirectory())
+            database = Database(kind, tmp)
+            where = f"SQLite {sqlite3.sqlite_version}, a file per run in {Path(tmp).parent}"
+        else:
+            from msgsafe.cluster.postgres import PostgresCluster
+
+            cluster = PostgresCluster(nodes=1)
+            started = time.monotonic()
+            cluster.start()
+            stack.callback(cluster.stop)
+            print(f"postgres: 1 node up in {time.monotonic() - started:.1f} s", flush=True)
+            database = Database(kind, cluster.node_url(0))
+            where = "PostgreSQL, 1 node (msgsafe.cluster, no standby), tables shared by the runs"
+        variants = [
+            Variant("raw", inbox_raw(rabbit.url, database)),
+            Variant("run mem", inbox_run(rabbit.url, database, in_memory=True)),
+            Variant("run", inbox_run(rabbit.url, database)),
+            Variant("raw+count", inbox_raw(rabbit.url, database, count_attempts=True)),
+            Variant("poll+process", inbox_process(rabbit.url, database)),
+        ]
+        broker = f"{rabbit.broker}; {where}"
+        yield Target(INBOXES[kind][0], broker, variants, rabbit.source, count, rabbit.url)
 
 
 # --- measuring --------------------------------------------------------------------------
@@ -502,6 +996,7 @@ class Target:
     variants: list[Variant]
     source: Callable[[], str]
     count: int
+    url: str = ""
 
 
 def measure(target: Target, rounds: int) -> dict[str, list[Tally]]:
@@ -561,7 +1056,7 @@ def report(
 ) -> str:
     """The README section (``## Consuming``), without notes of its own."""
     versions = [f"Python {platform.python_version()}"]
-    for dist in ("confluent-kafka", "pika"):
+    for dist in ("confluent-kafka", "pika", "python-qpid-proton"):
         with contextlib.suppress(Exception):
             from importlib.metadata import version
 
@@ -580,10 +1075,10 @@ def report(
         "",
         f"Measured {started}\N{EN DASH}{ended} UTC on {os.cpu_count()} cores, {loads} "
         f"(the machine is shared), {', '.join(versions)}. Kafka: {args.messages:,} messages "
-        f"per run, RabbitMQ: {args.rabbit_messages:,}; 100-byte bodies written by msgsafe's "
-        f"producer (16 keys); {args.rounds} rounds, the variants in turn; clocks from a "
-        "run's first message to its last settle. CPU: `time.process_time()` of the "
-        "benchmark process (every thread) per message, all rounds.",
+        f"per run, RabbitMQ, AMQP 1.0 and the inbox: {args.rabbit_messages:,}; 100-byte "
+        f"bodies written by msgsafe's producer (16 keys); {args.rounds} rounds, the variants "
+        "in turn; clocks from a run's first message to its last settle. CPU: "
+        "`time.process_time()` of the benchmark process (every thread) per message, all rounds.",
         "",
         *tables(results, LOOPS, goal_lines(results, GOALS)),
     ]
@@ -600,13 +1095,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every variant")
     parser.add_argument("--messages", type=int, default=200_000, help="Kafka: messages per run")
     parser.add_argument(
-        "--rabbit-messages", type=int, default=50_000, help="RabbitMQ: messages per run"
+        "--rabbit-messages",
+        type=int,
+        default=50_000,
+        help="RabbitMQ, AMQP 1.0 and the inbox: messages per run",
     )
     parser.add_argument(
         "--url",
         action="append",
         default=[],
-        help="a running broker instead of one started here: kafka:// or amqp://",
+        help="a running broker instead of one started here: kafka://, amqp:// or amqp10://",
     )
     parser.add_argument(
         "--profile",
@@ -619,9 +1117,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.messages < 1 or args.rabbit_messages < 1 or args.profile < 0:
         parser.error("--rounds, --messages and --rabbit-messages must be >= 1")
-    urls = urls_by_protocol(args.url)  # refuses a scheme of another protocol now
-    if "amqp10" in urls:
-        parser.error("--url amqp10://: AMQP 1.0 is not measured here yet")
+    urls_by_protocol(args.url)  # refuses a scheme of another protocol now
     return args
 
 
@@ -638,6 +1134,13 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
     if "rabbitmq" in wanted:
         with rabbit_target(urls.get("rabbitmq"), args.rabbit_messages) as target:
             results.append(run_target(target, args))
+    if "amqp10" in wanted:
+        with amqp10_target(urls.get("amqp10"), args.rabbit_messages) as target:
+            results.append(run_target(target, args))
+    for kind, (protocol, _label) in INBOXES.items():
+        if protocol in wanted:
+            with inbox_target(urls.get("rabbitmq"), args.rabbit_messages, kind) as target:
+                results.append(run_target(target, args))
     ended = datetime.datetime.now(datetime.UTC)
     loads = f"load average {load_start:.1f} at the start and {os.getloadavg()[0]:.1f} at the end"
     text = report(results, args, f"{started:%Y-%m-%d %H:%M}", f"{ended:%H:%M}", loads)

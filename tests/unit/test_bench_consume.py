@@ -43,11 +43,15 @@ def test_defaults_and_options_parse() -> None:
         ["--only", "kafka", "--rounds", "5", "--url", "kafka://127.0.0.1:9092", "--profile", "9"]
     )
     assert args.only == ["kafka"] and args.rounds == 5 and args.profile == 9
+    args = bench_consume.parse_args(
+        ["--only", "amqp10", "--only", "inbox", "--url", "amqp10://u:p@127.0.0.1:5672"]
+    )
+    assert args.only == ["amqp10", "inbox"]
 
 
 @pytest.mark.parametrize(
     "argv",
-    [["--only", "amqp10"], ["--rounds", "0"], ["--messages", "0"], ["--url", "amqp10://h:5672"]],
+    [["--only", "qpid"], ["--rounds", "0"], ["--messages", "0"], ["--rabbit-messages", "0"]],
 )
 def test_bad_arguments_exit(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
@@ -83,3 +87,38 @@ def test_the_section_is_written_with_figures_goals_and_the_command(tmp_path: Pat
     assert "Measured 2026-12-06 19:00\u201319:10 UTC" in text
     assert "| kafka | poll+ack |" in text and "| rabbitmq | raw |" in text
     assert "| **0.95** | 0.80 .. 1.00 |" in text
+
+
+def test_amqp10_and_the_inbox_are_read_against_their_own_raw_loops() -> None:
+    amqp10 = Result("amqp10", "Artemis")
+    amqp10.rounds = {"raw": [_tally(10_000, 50.0)], "poll+ack": [_tally(8_000, 60.0)]}
+    inbox = Result("inbox", "RabbitMQ; SQLite")
+    inbox.rounds = {
+        "raw": [_tally(1_000, 90.0)],
+        "run mem": [_tally(950, 100.0)],
+        "run": [_tally(450, 200.0)],
+        "raw+count": [_tally(500, 180.0)],
+    }
+    rows = {row[0]: row for row in bench_consume.goal_lines([amqp10, inbox], bench_consume.GOALS)}
+    assert len(rows) == 4
+    poll = rows[_what("amqp10", "poll+ack")]
+    assert poll[1] == pytest.approx(0.8) and poll[6] == ">= 0.9: **not met**"
+    # The goals compare the same transactions: run / raw+count, run mem / raw.
+    assert rows[_what("inbox", "run", "raw+count")][1] == pytest.approx(0.9)
+    memory = rows[_what("inbox", "run mem")]
+    assert memory[1] == pytest.approx(0.95) and memory[6] == ">= 0.9: **met**"
+    assert rows[_what("inbox", "run")][1] == pytest.approx(0.45)
+    # Every variant measured says what its loop does.
+    assert bench_consume.tables([amqp10, inbox], bench_consume.LOOPS, [])
+
+
+def test_the_inbox_statements_are_written_for_sqlite_and_translated_for_postgres() -> None:
+    sqlite = bench_consume.Database("sqlite", "/tmp")
+    postgres = bench_consume.Database("postgres", "postgresql://u:p@127.0.0.1:5432/db")
+    assert sqlite.sql(bench_consume.RAW_RECORD) == bench_consume.RAW_RECORD
+    assert (sqlite.begin, postgres.begin) == ("BEGIN IMMEDIATE", "BEGIN")
+    assert postgres.sql(bench_consume.EFFECT).endswith("VALUES (%s, %s)")
+    table = postgres.sql(bench_consume.RAW_INBOX)
+    assert "handled_at double precision NOT NULL" in table and "?" not in table
+    assert postgres.sql(bench_consume.EFFECTS).endswith("body bytea)")
+    assert "%s" not in postgres.sql(bench_consume.RAW_ATTEMPTS)
