@@ -60,7 +60,7 @@ def run_raw(url: str, address: str, count: int, window: int) -> tuple[float, flo
 
     parsed = _plain_url(url)
 
-    class Send(MessagingHandler):  # type: ignore[misc]
+    class Send(MessagingHandler):
         def __init__(self) -> None:
             super().__init__()
             self.sent = 0
