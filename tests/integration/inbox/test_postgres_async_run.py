@@ -2,7 +2,10 @@
 messages on memory://): the async handlers' statements go through psycopg on the worker
 threads that hold their transactions, the handlers overlap (PostgreSQL takes concurrent
 writers, where SQLite's write lock makes them take turns), each key's effects keep
-their order, and each message's effect is applied once, its id recorded."""
+their order, and each message's effect is applied once, its id recorded.
+
+Why memory://: what is under test is the database side; the same run on a real broker is
+tests/integration/rabbitmq/test_aio_consumer_inbox.py."""
 
 from __future__ import annotations
 

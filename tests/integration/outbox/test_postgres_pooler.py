@@ -181,6 +181,7 @@ def test_a_fleet_stores_and_drains_through_transaction_pooling(
 def test_doctor_reports_the_pooling_it_found(pooled: Pooled) -> None:
     found: dict[str, Any] = {}
     for name, url in (("pooler", pooled.pooler_url), ("direct", pooled.url)):
+        # Why memory://: doctor needs a broker URL; only the outbox's findings are read.
         run = msgsafe("doctor", "memory://doctor", "--outbox", url, "--json")
         findings = run.json()["findings"]
         found[name] = [f["value"] for f in findings if f["setting"] == "pooling (heuristic)"]
