@@ -326,6 +326,8 @@ class Runner:
         transaction; see :mod:`msgsafe.consuming.batching`. A delivery seen before, or
         without an id, and what follows it on its lane, are handled one at a time after
         the batch; so is everything of a batch whose handler raised."""
+        if self._stopping:  # stopped while the batch was gathered: no handler starts
+            return [(lane, Verdict.GIVE_BACK) for lane, _ in taken]
         counts = self._count_batch([d for _, run in taken for d in run])
         plan: list[tuple[Lane, list[Delivery], list[Delivery]]] = []
         batch: list[tuple[Lane, Delivery]] = []
@@ -429,6 +431,8 @@ class Runner:
         for index, delivery in enumerate(deliveries):
             if not lane.items or lane.items[0] is not delivery:
                 return Verdict.DONE  # given back by a stop that did not wait for it
+            if self._stopping:
+                return Verdict.GIVE_BACK  # no handler starts after stop()
             lane.current = delivery
             # Counted by the batch (or not counted in the inbox at all): not again.
             message_id = delivery.message_id
