@@ -30,13 +30,15 @@ sent as one) and ``ordered_rounds`` (order per key holds across calls and
 reconnects). An outbox store implements :class:`OutboxStore` and declares a
 :class:`StoreCapabilities` record the same way (``claim_rows``, ``put_batch_async``,
 ``transactional``, ``release``, ``pending``, ``notify``), and the longest lease it grants
-(``lease_s``) where it caps leases.
+(``lease_s``) where it caps leases. An inbox implements :class:`InboxStore` and may
+declare an :class:`InboxCapabilities` record (``batch``: :class:`BatchInboxStore`).
 
 Capabilities are declared, not probed: the producer, the forwarder and the CLI read the
 record once, when they are built, and call what it promises without looking for it
-(``tests/unit/test_capabilities_declared.py`` keeps it so). :func:`transport_capabilities`
-and :func:`store_capabilities` are the one place that looks: an implementation written
-before the records existed, which has no ``capabilities``, declares nothing optional. A
+(``tests/unit/test_capabilities_declared.py`` keeps it so). :func:`transport_capabilities`,
+:func:`store_capabilities` and :func:`inbox_capabilities` are the one place that looks:
+an implementation written before the records existed, which has no ``capabilities``,
+declares nothing optional. A
 flag set to True is a promise the contract suite (``tests/contract/``) holds every
 adapter and store to.
 """
@@ -63,6 +65,8 @@ __all__ = [
     "ErrorListener",
     "ErrorListeningTransport",
     "HurryingTransport",
+    "BatchInboxStore",
+    "InboxCapabilities",
     "InboxStore",
     "LANE_DIRECT",
     "LANE_LEAVING",
@@ -74,6 +78,7 @@ __all__ = [
     "OutboxStats",
     "OutboxStore",
     "Processed",
+    "ProcessedBatch",
     "PublishCallback",
     "PublishFuture",
     "Receiver",
@@ -83,6 +88,7 @@ __all__ = [
     "TransactionalStore",
     "Transport",
     "TransportCapabilities",
+    "inbox_capabilities",
     "is_outbox_store",
     "store_capabilities",
     "transport_capabilities",
@@ -755,6 +761,58 @@ class InboxStore(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessedBatch(Generic[R]):
+    """What :meth:`BatchInboxStore.process_batch` did: ``fresh``, the indexes (in the
+    order given) of the ids it recorded, whose messages ``work`` handled and committed
+    with them (``value`` is what it returned); the others were recorded already, and
+    ``work`` was not called when none is fresh (``value`` None)."""
+
+    fresh: tuple[int, ...]
+    value: R | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InboxCapabilities:
+    """What an :class:`InboxStore` offers beyond its required methods, declared once as
+    :class:`StoreCapabilities` is for outbox stores (all False: the minimal inbox)."""
+
+    #: A :class:`BatchInboxStore`: ``process_batch`` records many ids with one
+    #: ``work(fresh, tx)`` in one transaction, and ``record_attempts`` counts the attempts
+    #: of many unhandled ids in one statement. ``Consumer.run(batch=...)`` needs it.
+    batch: bool = False
+
+
+@runtime_checkable
+class BatchInboxStore(InboxStore, Protocol):
+    """An inbox that handles a run of messages in one transaction
+    (``capabilities.batch``).
+
+    - ``process_batch(records, work)``: ``records`` are ``(id, source, attempt)``;
+      opens one transaction, records every id not recorded yet (an id recorded already,
+      or twice in ``records``, is fresh once at most), calls ``work(fresh, tx)`` with
+      the indexes of the fresh ones in ``records`` order, and commits the records and
+      ``work``'s writes at once — ``process``'s contract for each id, the transaction
+      shared. No fresh id: ``work`` is not called. ``work`` raising rolls back every
+      record of the call and propagates unchanged.
+    - ``record_attempts(items)``: ``items`` are ``(id, source)``, the ids distinct; for
+      each id not recorded as handled, ``record_attempt``'s durable count incremented,
+      all in one committed statement. Returns the new counts of those ids; a handled id
+      is absent (and not counted): ``handled`` and ``record_attempt`` in one round trip.
+    """
+
+    def process_batch(
+        self, records: Sequence[tuple[str, str, int]], work: Callable[[list[int], Any], R]
+    ) -> ProcessedBatch[R]:
+        """Record the ids of ``records`` not recorded yet and run ``work`` for them in one
+        transaction."""
+        ...
+
+    def record_attempts(self, items: Sequence[tuple[str, str]]) -> dict[str, int]:
+        """Count one more attempt at each unhandled id of ``items``; their new counts."""
+        ...
+
+
 # --- the one place that looks -------------------------------------------------------------
 
 
@@ -805,3 +863,21 @@ def is_outbox_store(obj: object) -> TypeGuard[OutboxStore]:
     return isinstance(obj, OutboxStore) or all(
         callable(getattr(obj, name, None)) for name in _STORE_METHODS
     )
+
+
+_NO_INBOX_CAPABILITIES = InboxCapabilities()
+
+
+def inbox_capabilities(inbox: object) -> InboxCapabilities:
+    """What ``inbox`` declares: its ``capabilities``, or the minimal record
+    (``InboxCapabilities()``) when it has none (an :class:`InboxStore` need not have
+    one). As :func:`store_capabilities`, the one place that looks."""
+    declared = getattr(inbox, "capabilities", None)
+    if declared is None:
+        return _NO_INBOX_CAPABILITIES
+    if not isinstance(declared, InboxCapabilities):
+        raise TypeError(
+            f"{type(inbox).__name__}.capabilities must be an InboxCapabilities,"
+            f" not {type(declared).__name__}"
+        )
+    return declared
