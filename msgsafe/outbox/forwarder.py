@@ -99,6 +99,7 @@ from msgsafe.ports import (
     NotifyingStore,
     OutboxStore,
     ReleasingStore,
+    RenewingStore,
     RowClaimingStore,
     Transport,
     store_capabilities,
@@ -291,6 +292,8 @@ class Forwarder:
         self._releases: ReleasingStore | None = (
             cast(ReleasingStore, store) if caps.release else None
         )
+        #: The store, where it renews a claim's lease fenced by the claim's epoch.
+        self._renewing: RenewingStore | None = cast(RenewingStore, store) if caps.renew else None
         #: The store's cheap count of waiting rows.
         self._pending: Callable[[], int] | None = (
             cast(CountingStore, store).pending if caps.pending else None
@@ -422,6 +425,7 @@ class Forwarder:
             return 0
         limit = 1 if self._backoff.failures else self._limit
         ahead = self._flight
+        asked = time.monotonic()
         try:
             envelopes: Sequence[Envelope]
             if self._row_claims is None:
@@ -443,6 +447,8 @@ class Forwarder:
         # while this one was claimed.
         if ahead is not None:
             self._finish(ahead, behind=bool(envelopes))
+        if envelopes and not self._still_held(envelopes, asked):
+            return len(envelopes)
         if envelopes:
             keys = Counter(column(envelopes, "key"))
             keys.pop(None, None)
@@ -464,6 +470,23 @@ class Forwarder:
             else:
                 self._finish(flight)
         return len(envelopes)
+
+    def _still_held(self, envelopes: Sequence[Envelope], asked: float) -> bool:
+        """False when the claim asked at ``asked`` (time.monotonic()) was lost: it grew
+        older than half its lease before being published (the process was paused, or
+        the round ahead took that long) and the store, asked to renew it, found that
+        another claimer took some of its rows over. The store has given the claim up
+        (and logged it); nothing of it is published or settled here. A store that
+        cannot answer counts as lost too: the rows come back when the lease runs out."""
+        store = self._renewing
+        if store is None or time.monotonic() - asked <= self._lease_s / 2:
+            return True
+        try:
+            return store.renew(column(envelopes, "message_id"), lease_s=self._lease_s)
+        except MsgsafeError as exc:
+            self._note_error(f"lease renewal failed: {exc}")
+            self._backoff.failure()
+            return False
 
     def _land(self) -> None:
         """Settle the round in flight, if any."""
