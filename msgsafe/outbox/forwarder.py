@@ -66,6 +66,14 @@ AMQP 1.0 ``released``) safe to overlap: nothing of the next round is on the wire
 before every answer of the last is in. The removal of a settled round commits on a
 thread of its own while the next round is handed over (:class:`_Removal`), and is
 waited for before the next claim.
+
+A paused forwarder: on a store whose leases carry epochs (it declares ``renew``: the
+PostgreSQL outbox, see :mod:`msgsafe.outbox._pg_leases`), a claim that grew older than
+half its lease before being published (the process was stopped in between) is renewed
+first; one the store reports lost (another forwarder took its rows over) is dropped,
+neither published nor settled, and the next step claims again. The store fences the
+settling of every round the same way, so a round that was on the wire during the pause
+deletes or releases nothing another forwarder holds.
 """
 
 from __future__ import annotations
