@@ -28,11 +28,13 @@ waiting row — kept by two mechanisms:
   holder, logs once at WARNING, and claims again. Before it publishes a claim that has
   grown old, a forwarder renews it (``renew``), on the same condition, and gives the
   claim up unsent when it is lost.
-- **settling a key's rows back to ready** (a release, a retry, a renewal given up) holds
-  the key's advisory lock (``pg_advisory_xact_lock``, waiting, keys in one order) for
-  its transaction: a claim racing it skips the key, instead of skipping the row being
-  released (``SKIP LOCKED``) and taking a later row of the key ahead of it. Deleting a
-  confirmed row needs no lock: a claim that skips it skips a message already received.
+- **settling a key's rows back to ready** (a release, a retry, a renewal given up) takes
+  the key's advisory lock for its transaction first (``pg_try_advisory_xact_lock``): a
+  claim racing it skips the key, instead of skipping the row being released (``SKIP
+  LOCKED``) and taking a later row of the key ahead of it. Settling never waits: rows
+  of a key whose lock another transaction holds, or rows locked by one, are left as
+  they are (leased until their lease runs out). Deleting a confirmed row needs no key
+  lock: a claim that skips it skips a message already received.
 
 What a paused forwarder does to per-key order. Every claim of a key starts at the key's
 first waiting row, and a row leaves the table only once a broker confirmed it (or it is
@@ -59,7 +61,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Listener", "claim_sql", "keys_sql", "lock_sql", "settle_lock_sql"]
+__all__ = ["Listener", "busy_keys_sql", "claim_sql", "keys_sql", "lock_sql"]
 
 log = logging.getLogger("msgsafe.outbox")
 
@@ -109,14 +111,15 @@ def claim_sql(table: str) -> str:
         {_RETURNING}"""
 
 
-def settle_lock_sql(table: str) -> str:
-    """Wait for the advisory lock of every key among the rows ``%(ids)s``, taken in key
-    order (so that two settling transactions cannot deadlock; claims never wait)."""
+def busy_keys_sql(table: str) -> str:
+    """Take the advisory lock of every key among the rows ``%(ids)s`` that is free, and
+    return the keys whose lock another transaction holds (param: ids)."""
     t = table
     return f"""
-        SELECT pg_advisory_xact_lock(hashtext('{t}'), hashtext(encode(s.k, 'hex')))
-        FROM (SELECT DISTINCT key AS k FROM {t}
-              WHERE id = ANY(%(ids)s) AND key IS NOT NULL ORDER BY 1) AS s"""
+        SELECT s.k FROM (
+            SELECT DISTINCT key AS k FROM {t} WHERE id = ANY(%(ids)s) AND key IS NOT NULL
+        ) AS s
+        WHERE NOT pg_try_advisory_xact_lock(hashtext('{t}'), hashtext(encode(s.k, 'hex')))"""
 
 
 class Listener:

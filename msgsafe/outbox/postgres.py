@@ -60,7 +60,7 @@ from msgsafe.outbox._pg_errors import (
     is_read_only,
     store_error,
 )
-from msgsafe.outbox._pg_leases import Listener, claim_sql, keys_sql, lock_sql, settle_lock_sql
+from msgsafe.outbox._pg_leases import Listener, busy_keys_sql, claim_sql, keys_sql, lock_sql
 from msgsafe.outbox._pg_pooling import CONNECT_OPTIONS, PoolMode, pooling_mode
 from msgsafe.outbox._pg_url import parse_store_url, redact_conninfo
 from msgsafe.outbox._rows import (
@@ -167,8 +167,7 @@ class PostgresOutbox:
             # Settling is fenced by the claim's epoch (see msgsafe.outbox._pg_leases):
             # a null epoch (rows this store did not claim) settles unconditionally.
             "delivered": f"DELETE FROM {t} WHERE id = ANY(%(ids)s)" + _HELD,
-            "retry": f"UPDATE {t} SET ready_at = %(at)s, last_error = %(error)s"
-            " WHERE id = %(id)s" + _HELD + " RETURNING id",
+            "retry": f"UPDATE {t} SET ready_at = %(at)s, last_error = %(error)s WHERE id = %(id)s",
             "quarantine": f"""
                 WITH moved AS (DELETE FROM {t} WHERE id = %(id)s{_HELD} RETURNING *),
                 kept AS (
@@ -176,8 +175,10 @@ class PostgresOutbox:
                     SELECT {_COLUMNS}, attempts, %(error)s, %(at)s FROM moved
                     ON CONFLICT (id) DO NOTHING)
                 SELECT count(*) FROM moved""",
-            "settle_lock": settle_lock_sql(t),
-            "held": f"SELECT id FROM {t} WHERE id = ANY(%(ids)s){_HELD} ORDER BY id FOR UPDATE",
+            "busy": busy_keys_sql(t),
+            "held": f"SELECT id FROM {t} WHERE id = ANY(%(ids)s){_HELD}"
+            " AND (key IS NULL OR key <> ALL(%(busy)s::bytea[])) FOR UPDATE SKIP LOCKED",
+            "ours": f"SELECT count(*) FROM {t} WHERE id = ANY(%(ids)s){_HELD}",
             "renew": f"UPDATE {t} SET ready_at = %(at)s WHERE id = ANY(%(ids)s)",
             "give_up": f"UPDATE {t} SET ready_at = %(at)s"
             " WHERE id = ANY(%(ids)s) AND ready_at > %(at)s",
@@ -659,21 +660,18 @@ class PostgresOutbox:
 
     def release(self, items: Sequence[tuple[str, str]], *, retry_at: float) -> None:
         """Release many leased envelopes ``(id, error)`` until ``retry_at`` at once: those
-        this store still holds (see :meth:`renew`), each key's under its advisory lock
-        (see :mod:`msgsafe.outbox._pg_leases`)."""
+        this store still holds (see :meth:`renew`), each key's under its advisory lock;
+        rows another transaction is settling or claiming are left leased (see
+        :mod:`msgsafe.outbox._pg_leases`)."""
         if not items:
             return
         errors = dict(items)
         for epoch, group in self._by_epoch(list(errors)).items():
-            group.sort()  # one row order for every releaser: no deadlock between two
-            params = [
-                {"id": mid, "error": errors[mid], "at": retry_at, "epoch": epoch} for mid in group
-            ]
             with self._session() as conn, conn.transaction(), conn.cursor() as cur:
-                cur.execute(self._sql["settle_lock"], {"ids": group})
-                cur.executemany(self._sql["retry"], params, returning=True)
-                done = len(_returned_ids(cur))
-            self._settled(group, epoch, len(group) - done, "releases")
+                held, ours = self._held_rows(conn, group, epoch)
+                params = [{"id": mid, "error": errors[mid], "at": retry_at} for mid in held]
+                cur.executemany(self._sql["retry"], params)
+            self._settled(group, epoch, len(group) - ours, "releases")
 
     def renew(self, ids: Sequence[str], *, lease_s: float) -> bool:
         """Extend the lease of ``ids`` (rows this store claimed) to ``min(lease_s,
@@ -690,14 +688,17 @@ class PostgresOutbox:
                 self._give_up(epoch, group, now)
                 continue
             with self._session() as conn, conn.transaction():
-                held = self._held_rows(conn, group, epoch)
+                held, ours = self._held_rows(conn, group, epoch)
                 if len(held) == len(group):
                     conn.execute(self._sql["renew"], {"ids": held, "at": until})
                     renewed.append((epoch, group))
                     continue
                 conn.execute(self._sql["give_up"], {"ids": held, "at": now})
             lost_any = True
-            self._settled(group, epoch, len(group) - len(held), "sends")
+            self._settled(group, epoch, len(group) - ours, "sends")
+            if epoch is not None:
+                with self._held_lock:
+                    self._lost.add(epoch)  # given up even when no row was taken over
         if lost_any:
             # Groups renewed before the loss showed in a later one are given up too.
             for epoch, group in renewed:
@@ -706,18 +707,23 @@ class PostgresOutbox:
 
     def _held_rows(
         self, conn: psycopg.Connection[Any], ids: builtins.list[str], epoch: int | None
-    ) -> builtins.list[str]:
-        """The rows of ``ids`` still under ``epoch``, locked, with their keys' advisory
-        locks (in an open transaction)."""
-        conn.execute(self._sql["settle_lock"], {"ids": ids})
-        rows = conn.execute(self._sql["held"], {"ids": ids, "epoch": epoch}).fetchall()
-        return [str(r[0]) for r in rows]
+    ) -> tuple[builtins.list[str], int]:
+        """(In an open transaction.) The rows of ``ids`` still under ``epoch`` that this
+        transaction could lock, with their keys' advisory locks, and how many of ``ids``
+        are still under ``epoch`` at all (the others were taken over). Never waits."""
+        busy = [bytes(r[0]) for r in conn.execute(self._sql["busy"], {"ids": ids}).fetchall()]
+        params = {"ids": ids, "epoch": epoch, "busy": busy}
+        held = [str(r[0]) for r in conn.execute(self._sql["held"], params).fetchall()]
+        if len(held) == len(ids):
+            return held, len(ids)
+        row = conn.execute(self._sql["ours"], params).fetchone()
+        return held, int(row[0]) if row else 0
 
     def _give_up(self, epoch: int | None, ids: builtins.list[str], now: float) -> None:
         """Make the rows of ``ids`` still under ``epoch`` ready at ``now``: the claim is
         given up."""
         with self._session() as conn, conn.transaction():
-            held = self._held_rows(conn, ids, epoch)
+            held, _ = self._held_rows(conn, ids, epoch)
             conn.execute(self._sql["give_up"], {"ids": held, "at": now})
         if epoch is not None:
             with self._held_lock:
