@@ -145,11 +145,12 @@ class PostgresOutbox:
         #: (rows counted, when: time.monotonic()) for the max_rows check.
         self._counted: tuple[int, float] | None = None
         self._listeners: list[Listener] = []
-        #: The epoch of each row this store claimed and has not settled yet, and the
-        #: epochs found lost (logged once each; their rows are forgotten at the next
-        #: claim, so that a late settling of them stays fenced until then).
+        #: The epoch of each row this store claimed and has not settled yet; the epochs
+        #: of claims lost or given up (their rows are forgotten at the next claim, so
+        #: that a late settling of them stays fenced until then), and those logged.
         self._held: dict[str, int] = {}
-        self._lost: set[int] = set()
+        self._fenced: set[int] = set()
+        self._reported: set[int] = set()
         self._held_lock = threading.Lock()
         #: The server the store's connection talks to (for commit-unknown answers).
         self._server: tuple[str, int, str] | None = None
@@ -695,10 +696,7 @@ class PostgresOutbox:
                     continue
                 conn.execute(self._sql["give_up"], {"ids": held, "at": now})
             lost_any = True
-            self._settled(group, epoch, len(group) - ours, "sends")
-            if epoch is not None:
-                with self._held_lock:
-                    self._lost.add(epoch)  # given up even when no row was taken over
+            self._settled(group, epoch, len(group) - ours, "sends", given_up=True)
         if lost_any:
             # Groups renewed before the loss showed in a later one are given up too.
             for epoch, group in renewed:
@@ -725,19 +723,18 @@ class PostgresOutbox:
         with self._session() as conn, conn.transaction():
             held, _ = self._held_rows(conn, ids, epoch)
             conn.execute(self._sql["give_up"], {"ids": held, "at": now})
-        if epoch is not None:
-            with self._held_lock:
-                self._lost.add(epoch)  # fenced until the next claim, as a lost one
+        self._settled(ids, epoch, 0, "sends", given_up=True)
 
     # --- the epochs of this store's claims (see msgsafe.outbox._pg_leases) ---------------
 
     def _hold(self, ids: Sequence[str], epoch: int) -> None:
         with self._held_lock:
             held = self._held
-            if self._lost:
-                for mid in [m for m, e in held.items() if e in self._lost]:
+            if self._fenced:
+                for mid in [m for m, e in held.items() if e in self._fenced]:
                     del held[mid]
-                self._lost.clear()
+                self._fenced.clear()
+                self._reported.clear()
             for mid in ids:
                 held[mid] = epoch
 
@@ -755,17 +752,26 @@ class PostgresOutbox:
                 groups.setdefault(held.get(mid), []).append(mid)
         return groups
 
-    def _settled(self, ids: Sequence[str], epoch: int | None, lost: int, what: str) -> None:
-        """``ids`` of the claim ``epoch`` are settled (or given up); ``lost`` of them
-        were no longer this store's: the claim is lost, logged once."""
+    def _settled(
+        self,
+        ids: Sequence[str],
+        epoch: int | None,
+        lost: int,
+        what: str,
+        *,
+        given_up: bool = False,
+    ) -> None:
+        """``ids`` of the claim ``epoch`` are settled, or ``given_up``; ``lost`` of them
+        were no longer under its epoch: the claim is lost, logged once."""
         if epoch is None:
             return
         with self._held_lock:
-            if lost > 0 or epoch in self._lost:
-                report = epoch not in self._lost
-                self._lost.add(epoch)
+            report = lost > 0 and epoch not in self._reported
+            if report:
+                self._reported.add(epoch)
+            if lost > 0 or given_up or epoch in self._fenced:
+                self._fenced.add(epoch)
             else:
-                report = False
                 held = self._held
                 for mid in ids:
                     if held.get(mid) == epoch:
