@@ -83,6 +83,7 @@ __all__ = [
     "PublishFuture",
     "Receiver",
     "ReleasingStore",
+    "RenewingStore",
     "RowClaimingStore",
     "StoreCapabilities",
     "TransactionalStore",
@@ -188,6 +189,12 @@ class StoreCapabilities:
     #: forwarder then listens, so that another process's put is forwarded at once rather
     #: than at its next poll.
     notify: bool = False
+    #: A :class:`RenewingStore`: ``renew(ids, lease_s=)`` extends a claim's lease when
+    #: the claimer still holds every row of it, and says so; a claim another claimer
+    #: took over after its lease ran out is given up. Its settling (``delivered``,
+    #: ``failed``, ``release``) touches only rows the claimer still holds. A forwarder
+    #: renews a claim before publishing it when the claim has grown old (it was paused).
+    renew: bool = False
     #: The longest lease, in seconds, that the store grants a claim (None: the lease the
     #: claimer asks for). A store shared by many processes caps it, so that a dead
     #: forwarder's rows come back soon; a forwarder of such a store times its rounds by
@@ -652,6 +659,25 @@ class ReleasingStore(OutboxStore, Protocol):
 
     def release(self, items: Sequence[tuple[str, str]], *, retry_at: float) -> None:
         """Release the leased envelopes ``(id, error)`` until ``retry_at``."""
+        ...
+
+
+@runtime_checkable
+class RenewingStore(OutboxStore, Protocol):
+    """A store whose leases carry an epoch (``capabilities.renew``): each claim gets a
+    new one, written on its rows, and a row is settled (deleted, released, quarantined)
+    only while it still carries the epoch of the claim that leased it here.
+
+    ``renew(ids, lease_s=)``: when every one of ``ids`` (rows of claims made through
+    this store) still carries its claim's epoch, their lease runs ``lease_s`` from now
+    and it returns True. Otherwise another claimer took some over after the lease ran
+    out: the store gives up the claim (the rows it still holds are ready again at once,
+    the others are left to their new holder), logs it once at WARNING and returns
+    False; the caller must send none of them.
+    """
+
+    def renew(self, ids: Sequence[str], *, lease_s: float) -> bool:
+        """True once the lease of ``ids`` is extended; False when it was lost."""
         ...
 
 
