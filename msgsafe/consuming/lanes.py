@@ -51,6 +51,11 @@ class Lane:
 #: Handles the head of a lane: DONE, GIVE_BACK, or the clock time to try it again at.
 Work = Callable[[Lane], "Verdict | float"]
 
+#: Handles a batch: runs of the heads of lanes (each lane's first deliveries, in order),
+#: finishing each delivery it is done with through :meth:`LanePool.finished`; returns,
+#: per lane, the verdict on the head it stopped at (DONE: none, the lane goes on).
+BatchWork = Callable[[list[tuple[Lane, list[Delivery]]]], list[tuple[Lane, "Verdict | float"]]]
+
 
 class LanePool:
     """``concurrency`` worker threads serving lanes; see the module docstring.
@@ -66,8 +71,14 @@ class LanePool:
         concurrency: int,
         clock: RunClock,
         give_back: Callable[[Delivery], None],
+        batch_work: BatchWork | None = None,
+        batch_size: int = 1,
+        batch_wait: float = 0.0,
     ) -> None:
         self._work = work
+        self._batch_work = batch_work
+        self._batch_size = batch_size
+        self._batch_wait = batch_wait
         self._clock = clock
         self._give_back = give_back
         #: Workers wait on it for a lane to handle.
@@ -138,12 +149,69 @@ class LanePool:
             self._clock.wait(self._cond, self._timed[0][0] if self._timed else None)
         return None
 
+    def _gather(self, lane: Lane) -> list[tuple[Lane, list[Delivery]]]:
+        """``lane`` (taken, never tried yet) and more such lanes that are ready, each with
+        a run of its first deliveries, at most ``batch_size`` in all, waiting up to
+        ``batch_wait`` for more; called with the lock held."""
+        lanes = [lane]
+        deadline = self._clock.now() + self._batch_wait if self._batch_wait > 0 else None
+        while True:
+            room = self._batch_size - sum(len(taken.items) for taken in lanes)
+            while room > 0 and self._ready and self._ready[0].first_start is None:
+                more = self._ready.popleft()
+                more.current = more.items[0]
+                self._running.add(more)
+                lanes.append(more)
+                room -= len(more.items)
+            if (
+                room <= 0
+                or deadline is None
+                or self._closing
+                or self._halted
+                or self._clock.now() >= deadline
+            ):
+                break
+            self._clock.wait(self._cond, deadline)
+        left = self._batch_size
+        batch: list[tuple[Lane, list[Delivery]]] = []
+        for taken in lanes:
+            if left <= 0:  # its lanes before it grew while waiting: not in this batch
+                self._running.discard(taken)
+                taken.current = None
+                self._ready.append(taken)
+                self._cond.notify()
+                continue
+            run = list(itertools.islice(taken.items, left))
+            left -= len(run)
+            batch.append((taken, run))
+        return batch
+
+    def finished(self, lane: Lane, delivery: Delivery) -> None:
+        """``delivery``, the head of ``lane`` (taken in a batch), is settled: the lane
+        goes on with the next (nothing happens when close gave the lane back)."""
+        with self._cond:
+            if lane.items and lane.items[0] is delivery:
+                lane.items.popleft()
+                lane.first_start = None
+                self.held -= 1
+                self._room.notify_all()
+
     def _serve(self) -> None:
         while True:
             with self._cond:
                 lane = self._take()
+                batch = (
+                    self._gather(lane)
+                    if lane is not None
+                    and self._batch_work is not None
+                    and lane.first_start is None
+                    else None
+                )
             if lane is None:
                 return
+            if batch is not None:
+                self._serve_batch(batch)
+                continue
             try:
                 verdict = self._work(lane)
             except BaseException:  # the work catches what handlers raise; this is a bug
@@ -152,15 +220,28 @@ class LanePool:
             for delivery in self._after(lane, verdict):
                 self._give_back(delivery)
 
-    def _after(self, lane: Lane, verdict: Verdict | float) -> list[Delivery]:
-        """Book the verdict on ``lane``; what to give back (in order)."""
+    def _serve_batch(self, batch: list[tuple[Lane, list[Delivery]]]) -> None:
+        assert self._batch_work is not None
+        try:
+            verdicts = self._batch_work(batch)
+        except BaseException:  # the work catches what handlers raise; this is a bug
+            log.exception("consumer worker failed; the batch's deliveries are given back")
+            verdicts = [(lane, Verdict.GIVE_BACK) for lane, _ in batch]
+        for lane, verdict in verdicts:
+            for delivery in self._after(lane, verdict, pop=False):
+                self._give_back(delivery)
+
+    def _after(self, lane: Lane, verdict: Verdict | float, *, pop: bool = True) -> list[Delivery]:
+        """Book the verdict on ``lane``'s current head (``pop``: DONE takes it off the
+        lane; a batch took its finished deliveries off already); what to give back (in
+        order)."""
         with self._cond:
             self._running.discard(lane)
             current, lane.current = lane.current, None
             back: list[Delivery] = []
             # An abandoned lane (close timed out) was emptied: its head is given back.
             still_held = bool(lane.items) and lane.items[0] is current
-            if still_held and verdict is Verdict.DONE:
+            if still_held and verdict is Verdict.DONE and pop:
                 lane.items.popleft()
                 lane.first_start = None
                 self.held -= 1

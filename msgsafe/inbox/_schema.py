@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from msgsafe.errors import ConfigurationError, InboxError, InvalidMessage
@@ -33,6 +34,7 @@ __all__ = [
     "check_older_than",
     "check_table",
     "check_version",
+    "fresh_indexes",
 ]
 
 DEFAULT_TABLE = "msgsafe_inbox"
@@ -76,6 +78,17 @@ def check_version(found: int | None, table: str) -> None:
             f"the inbox {table} has schema version {found}; this msgsafe knows "
             f"{SCHEMA_VERSION}: upgrade msgsafe"
         )
+
+
+def fresh_indexes(records: Sequence[tuple[str, str, int]], inserted: set[str]) -> list[int]:
+    """The indexes of ``records`` whose id a batch's insert returned (``inserted``,
+    consumed); an id given twice is fresh at its first index only."""
+    fresh: list[int] = []
+    for index, record in enumerate(records):
+        if record[0] in inserted:
+            inserted.discard(record[0])
+            fresh.append(index)
+    return fresh
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,35 @@ waiting row — kept by two mechanisms:
   before it got the locks. Two claims racing for one key cannot both take it, which a
   single ``SKIP LOCKED`` statement does not ensure: it does not see another claim's
   uncommitted leases. A claim takes at most ``keys`` keys, so that forwarders share them.
+- **the epoch** of a lease is the ``lease_epoch`` its claim writes on every row it
+  leases: the claim transaction's id (``pg_current_xact_id()``), so a later claim always
+  writes a greater one. The store remembers the epoch of each row it claimed, and
+  settles a row (deletes it once confirmed, releases it, quarantines it) only while the
+  row still carries that epoch: a forwarder paused past its lease (SIGSTOP, a stalled
+  VM) whose keys another forwarder took over meanwhile leaves those rows to their new
+  holder, logs once at WARNING, and claims again. Before it publishes a claim that has
+  grown old, a forwarder renews it (``renew``), on the same condition, and gives the
+  claim up unsent when it is lost.
+- **settling a key's rows back to ready** (a release, a retry, a renewal given up) takes
+  the key's advisory lock for its transaction first (``pg_try_advisory_xact_lock``): a
+  claim racing it skips the key, instead of skipping the row being released (``SKIP
+  LOCKED``) and taking a later row of the key ahead of it. Settling never waits: rows
+  of a key whose lock another transaction holds, or rows locked by one, are left as
+  they are (leased until their lease runs out). Deleting a confirmed row needs no key
+  lock: a claim that skips it skips a message already received.
+
+What a paused forwarder does to per-key order. Every claim of a key starts at the key's
+first waiting row, and a row leaves the table only once a broker confirmed it (or it is
+quarantined): whatever a claimer sends of a key is a run, in order on one channel, whose
+predecessors were all received before the claim. So the first copy of each message
+reaches the consumer in key order however many claimers sent the key, a stale one
+included; what a stale claimer adds is copies of ids it was sending. The epoch bounds
+those copies: a forwarder that learns its lease is lost sends nothing more of that claim,
+and its late settling can neither delete rows another forwarder still sends nor make
+them ready for a third. What it had handed to the broker before the pause (the round in
+flight, or a round published in the instant between the renewal and the publish) may
+still arrive after the new holder's copies: duplicates of known ids, after their first
+arrival.
 
 :class:`Listener` is the wake-up: every put (and replay) ends with ``pg_notify`` on the
 table's channel, delivered when it commits; a forwarder's listener thread wakes it at
@@ -32,11 +61,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Listener", "claim_sql", "keys_sql", "lock_sql"]
+__all__ = ["Listener", "busy_keys_sql", "claim_sql", "keys_sql", "lock_sql"]
 
 log = logging.getLogger("msgsafe.outbox")
 
-_RETURNING = "RETURNING seq, id, destination, key, headers, body, created_at"
+_RETURNING = "RETURNING seq, id, destination, key, headers, body, created_at, lease_epoch"
 
 
 def keys_sql(table: str) -> str:
@@ -65,11 +94,12 @@ def lock_sql(table: str) -> str:
 
 
 def claim_sql(table: str) -> str:
-    """Lease ready rows of the locked keys (and keyless ones), key order kept (params:
-    now, until, keys, limit)."""
+    """Lease ready rows of the locked keys (and keyless ones), key order kept, under the
+    claim's epoch (params: now, until, keys, limit)."""
     t = table
     return f"""
-        UPDATE {t} SET ready_at = %(until)s, attempts = attempts + 1
+        UPDATE {t} SET ready_at = %(until)s, attempts = attempts + 1,
+            lease_epoch = pg_current_xact_id()::text::bigint
         WHERE seq IN (
             SELECT o.seq FROM {t} AS o
             WHERE o.ready_at <= %(now)s
@@ -79,6 +109,17 @@ def claim_sql(table: str) -> str:
             ORDER BY o.seq LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED)
         {_RETURNING}"""
+
+
+def busy_keys_sql(table: str) -> str:
+    """Take the advisory lock of every key among the rows ``%(ids)s`` that is free, and
+    return the keys whose lock another transaction holds (param: ids)."""
+    t = table
+    return f"""
+        SELECT s.k FROM (
+            SELECT DISTINCT key AS k FROM {t} WHERE id = ANY(%(ids)s) AND key IS NOT NULL
+        ) AS s
+        WHERE NOT pg_try_advisory_xact_lock(hashtext('{t}'), hashtext(encode(s.k, 'hex')))"""
 
 
 class Listener:

@@ -88,6 +88,11 @@ class ConsumerStats:
     #: handled (a redelivery after a crash between commit and ack), acknowledged without
     #: calling the handler
     skipped: int = 0
+    #: ``Consumer.run(batch=...)``: inbox transactions that committed a batch
+    batches: int = 0
+    #: ``Consumer.run(batch=...)``: batches rolled back because the handler raised, their
+    #: deliveries then handled one at a time
+    batches_split: int = 0
 
     @property
     def unsettled(self) -> int:
@@ -320,4 +325,6 @@ class ConsumerCounters(ConnectionCounters):
                 dead_lettered=self.run["dead_lettered"],
                 in_flight=self.run["in_flight"],
                 skipped=self.run["skipped"],
+                batches=self.run["batches"],
+                batches_split=self.run["batches_split"],
             )
