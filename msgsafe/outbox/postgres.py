@@ -52,7 +52,13 @@ from msgsafe.errors import (
     StoreOutcomeUnknown,
 )
 from msgsafe.message import Envelope
-from msgsafe.outbox._pg_commit import PutAttempt, Watchdog, outcome, server_identity
+from msgsafe.outbox._pg_commit import (
+    PutAttempt,
+    Watchdog,
+    outcome,
+    server_identity,
+    standby_wait_cancelled,
+)
 from msgsafe.outbox._pg_errors import (
     READ_ONLY_LOGIN,
     first_cause,
@@ -160,11 +166,16 @@ class PostgresOutbox:
             " ON CONFLICT (id) DO NOTHING",
             "insert_returning": f"INSERT INTO {t} ({_COLUMNS})"
             " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING RETURNING id",
-            # The ids among %s whose stored row is another message than the one put.
-            "reused": f"SELECT o.id FROM {t} AS o JOIN unnest(%s::text[], %s::text[],"
+            # Every stored row among the ids %s, locked, and whether it is another
+            # message than the one put. The lock is written to the WAL: a put that
+            # finds its rows stored already (a retry) still writes, so its COMMIT waits
+            # for the synchronous standbys like any other (a put that wrote nothing
+            # would not wait, and could report rows that only the primary holds).
+            "reused": f"SELECT o.id, o.destination <> n.destination"
+            " OR o.key IS DISTINCT FROM n.key OR o.body <> n.body"
+            f" FROM {t} AS o JOIN unnest(%s::text[], %s::text[],"
             " %s::bytea[], %s::bytea[]) AS n(id, destination, key, body) ON o.id = n.id"
-            " WHERE o.destination <> n.destination OR o.key IS DISTINCT FROM n.key"
-            " OR o.body <> n.body",
+            " FOR KEY SHARE OF o",
             # Settling is fenced by the claim's epoch (see msgsafe.outbox._pg_leases):
             # a null epoch (rows this store did not claim) settles unconditionally.
             "delivered": f"DELETE FROM {t} WHERE id = ANY(%(ids)s)" + _HELD,
@@ -532,15 +543,26 @@ class PostgresOutbox:
             assert xid_row is not None and server is not None
             attempt = PutAttempt(str(xid_row[0]), server, conn.info.backend_pid)
             try:
-                self._commit(conn)
-                return True
+                with standby_wait_cancelled(conn) as cancelled:
+                    self._commit(conn)
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 lost: BaseException = exc
                 cut = watchdog.fired
+            else:
+                if not cancelled:
+                    return True
+                log.warning(
+                    "outbox put on %s: %s; the rows are put again so that COMMIT waits "
+                    "for the synchronous standby",
+                    self.redacted,
+                    cancelled[0],
+                )
+                raise _Unknown(f"committed on the primary alone ({cancelled[0]})")
         conn.close()
         self._conn = None
-        # Cut at the deadline: asked once more (a commit that just happened is known);
-        # lost otherwise: asked until the deadline.
+        # Cut at the deadline: asked once, for the log (even a commit that just happened
+        # may have cancelled its standby wait: the put's outcome is unknown); lost
+        # otherwise: asked until the deadline, and put again unless it aborted.
         known = outcome(self._connect, attempt, deadline=time.monotonic() if cut else deadline)
         log.warning(
             "outbox put on %s: %s during COMMIT (%s); the transaction is %s",
@@ -549,24 +571,28 @@ class PostgresOutbox:
             lost,
             known,
         )
-        if known == "committed":
-            return True
         if cut:
             raise _Unanswered(
                 f"COMMIT did not return within write_timeout={self.write_timeout:g}s"
             ) from lost
         if known == "aborted":
             raise _Unknown("the COMMIT was lost and the transaction aborted")
+        if known == "committed":
+            # Perhaps a terminated standby wait (committed on the primary alone): put
+            # again, a COMMIT that waits for the standbys and stores nothing twice.
+            raise _Unknown("the COMMIT's answer was lost; the transaction committed")
         raise _Unknown("the connection was lost during COMMIT")
 
     def _refuse_reused(
         self, conn: psycopg.Connection[Any], rows: list[_ROW], inserted: set[str]
     ) -> None:
         """Some ids were stored already: :class:`MessageIdReused` (the transaction
-        rolled back) when any of them is stored as another message."""
+        rolled back) when any of them is stored as another message; otherwise they are
+        locked (see the ``reused`` query: the COMMIT then waits for the standbys)."""
         kept = [r for r in rows if r[0] not in inserted]
         columns = ([r[0] for r in kept], [r[2] for r in kept], [r[3] for r in kept])
-        found = conn.execute(self._sql["reused"], (*columns, [r[5] for r in kept])).fetchall()
+        stored = conn.execute(self._sql["reused"], (*columns, [r[5] for r in kept])).fetchall()
+        found = [r for r in stored if r[1]]
         if found:
             conn.execute("ROLLBACK")
             ids = sorted({str(r[0]) for r in found})
