@@ -980,6 +980,7 @@ def inbox_raw_batch(url: str, database: Database, count_attempts: bool = False) 
         effect = sql(EFFECT)
         record, forget, counted = RAW_RECORD_MANY[kind], RAW_FORGET_MANY[kind], RAW_COUNT_MANY[kind]
         sqlite = kind == "sqlite"
+        batches = 0
         try:
             with msgsafe.Consumer(url, prefetch=BATCH) as consumer:
                 consumer.subscribe(queue)
@@ -1017,9 +1018,11 @@ def inbox_raw_batch(url: str, database: Database, count_attempts: bool = False) 
                     for delivery in batch:
                         delivery.ack()
                     seen += len(batch)
+                    batches += 1
                 tally = clock.stop(seen)
         finally:
             conn.close()
+        print(f"    ({count / max(1, batches):.0f} messages a batch)", flush=True)
         _check("inbox raw batch", seen, count)
         return tally
 
@@ -1073,6 +1076,8 @@ def inbox_run(url: str, database: Database, in_memory: bool = False, batch: bool
         if batch:
             policy = msgsafe.BatchPolicy(max_messages=BATCH)
             consumer.run(batch_handler, inbox=inbox_url, batch=policy, handle_signals=False)
+            batches = consumer.stats().batches
+            print(f"    ({count / max(1, batches):.0f} messages a batch)", flush=True)
         else:
             consumer.run(handler, inbox=inbox_url, handle_signals=False)
         _check("inbox run", seen, count)

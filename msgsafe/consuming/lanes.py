@@ -117,23 +117,30 @@ class LanePool:
             self._room.wait_for(lambda: self.held < limit or self._closing, timeout)
             return 0 if self._closing else max(0, limit - self.held)
 
-    def submit(self, delivery: Delivery) -> None:
-        """Queue ``delivery`` on its key's lane (given back at once after close)."""
+    def submit(self, *deliveries: Delivery) -> None:
+        """Queue each of ``deliveries`` on its key's lane, in order (given back at once
+        after close)."""
         with self._cond:
             if not self._closing:
-                self.held += 1
-                key = delivery.key
-                lane = None if key is None else self._keyed.get(key)
-                if lane is not None:
-                    lane.items.append(delivery)  # the lane is already ready, timed or running
-                    return
-                lane = Lane(key, deque((delivery,)))
-                if key is not None:
-                    self._keyed[key] = lane
-                self._ready.append(lane)
-                self._cond.notify()
+                self.held += len(deliveries)
+                keyed, ready = self._keyed, self._ready
+                made = 0
+                for delivery in deliveries:
+                    key = delivery.key
+                    lane = None if key is None else keyed.get(key)
+                    if lane is not None:
+                        lane.items.append(delivery)  # the lane is ready, timed or running
+                        continue
+                    lane = Lane(key, deque((delivery,)))
+                    if key is not None:
+                        keyed[key] = lane
+                    ready.append(lane)
+                    made += 1
+                if made:
+                    self._cond.notify(made)
                 return
-        self._give_back(delivery)
+        for delivery in deliveries:
+            self._give_back(delivery)
 
     def _take(self) -> Lane | None:
         """The next lane to work on (None once halted); called with the lock held."""
@@ -186,14 +193,20 @@ class LanePool:
             batch.append((taken, run))
         return batch
 
-    def finished(self, lane: Lane, delivery: Delivery) -> None:
-        """``delivery``, the head of ``lane`` (taken in a batch), is settled: the lane
-        goes on with the next (nothing happens when close gave the lane back)."""
+    def finished(self, lane: Lane, *deliveries: Delivery) -> None:
+        """``deliveries``, the first of ``lane`` (taken in a batch), are settled: the
+        lane goes on with the next (nothing happens for those close gave back)."""
         with self._cond:
-            if lane.items and lane.items[0] is delivery:
-                lane.items.popleft()
+            items = lane.items
+            done = 0
+            for delivery in deliveries:
+                if not items or items[0] is not delivery:
+                    break
+                items.popleft()
+                done += 1
+            if done:
                 lane.first_start = None
-                self.held -= 1
+                self.held -= done
                 self._room.notify_all()
 
     def _serve(self) -> None:

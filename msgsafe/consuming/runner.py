@@ -174,8 +174,7 @@ class Runner:
                 if not self._stopping:
                     log.info("consumer closed during run(); stopping")
                 return
-            for delivery in batch:
-                self._pool.submit(delivery)
+            self._pool.submit(*batch)
 
     def _shutdown(self) -> None:
         self._stopping = True
@@ -339,7 +338,7 @@ class Runner:
             batch.extend((lane, delivery) for delivery in run[:cut])
         error: Exception | None = None
         if batch:
-            error = self._commit_batch(batch)
+            error = self._commit_batch(batch, [(lane, ran) for lane, ran, _ in plan if ran])
         if isinstance(error, InboxUnavailable):
             log.warning("inbox unavailable for a batch of %d, given back: %s", len(batch), error)
             return [(lane, Verdict.GIVE_BACK) for lane, _ in taken]
@@ -392,10 +391,13 @@ class Runner:
                 self._attempts.retried(message_id, count)
         return counts
 
-    def _commit_batch(self, batch: list[tuple[Lane, Delivery]]) -> Exception | None:
+    def _commit_batch(
+        self, batch: list[tuple[Lane, Delivery]], runs: list[tuple[Lane, list[Delivery]]]
+    ) -> Exception | None:
         """Call the handler with ``batch``'s deliveries new to the inbox and commit their
-        ids with its writes; then acknowledge every delivery. The error that rolled the
-        batch back, if any (nothing acknowledged then)."""
+        ids with its writes; then acknowledge every delivery and take ``runs`` (the same,
+        by lane) off their lanes. The error that rolled the batch back, if any (nothing
+        acknowledged then)."""
         inbox = self._batch_inbox
         assert inbox is not None
         deliveries = [delivery for _, delivery in batch]
@@ -416,11 +418,22 @@ class Runner:
         self._count("batches", 1)
         # The ids and the handler's effects are committed: a crash before these acks
         # redelivers messages the inbox then skips.
-        for index, (lane, delivery) in enumerate(batch):
+        handled = skipped = 0
+        forget = self._attempts.forget
+        for index, (_, delivery) in enumerate(batch):
             if delivery.settled is None and _settle(delivery.ack):
-                self._count("handled" if index in fresh else "skipped", 1)
-            self._forget(delivery)
-            self._pool.finished(lane, delivery)
+                if index in fresh:
+                    handled += 1
+                else:
+                    skipped += 1
+            if not delivery.attempt_from_broker:
+                forget(str(delivery.message_id))
+        for lane, run in runs:
+            self._pool.finished(lane, *run)
+        if handled:
+            self._count("handled", handled)
+        if skipped:
+            self._count("skipped", skipped)
         return None
 
     def _one_by_one(

@@ -38,6 +38,7 @@ from msgsafe.inbox._schema import (
     InboxSql,
     check_id,
     check_older_than,
+    check_records,
     check_table,
     check_version,
     fresh_indexes,
@@ -363,8 +364,7 @@ class PostgresInbox:
         """Record the ids of ``records`` (``(id, source, attempt)``) not recorded yet and
         run ``work(fresh, tx)`` for them, in one transaction, with :meth:`process`'s
         fail-over; see :class:`~msgsafe.ports.BatchInboxStore`."""
-        for message_id, source, _attempt in records:
-            check_id(message_id, source)
+        check_records(records)
         if not records:
             return ProcessedBatch(())
         columns = (

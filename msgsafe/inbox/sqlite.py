@@ -29,6 +29,7 @@ from msgsafe.inbox._schema import (
     InboxSql,
     check_id,
     check_older_than,
+    check_records,
     check_table,
     check_version,
     fresh_indexes,
@@ -219,8 +220,7 @@ class SqliteInbox:
         """Record the ids of ``records`` (``(id, source, attempt)``) not recorded yet and
         run ``work(fresh, tx)`` for them, in one transaction; see
         :class:`~msgsafe.ports.BatchInboxStore`."""
-        for message_id, source, _attempt in records:
-            check_id(message_id, source)
+        check_records(records)
         if not records:
             return ProcessedBatch(())
         conn = self._connection()
