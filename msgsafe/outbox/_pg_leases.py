@@ -19,6 +19,10 @@ waiting row — kept by two mechanisms:
   before it got the locks. Two claims racing for one key cannot both take it, which a
   single ``SKIP LOCKED`` statement does not ensure: it does not see another claim's
   uncommitted leases. A claim takes at most ``keys`` keys, so that forwarders share them.
+  A claimer stopped inside that transaction holds its keys' locks while it is stopped:
+  the claim caps its transaction's idle time at about a lease
+  (``idle_in_transaction_session_timeout``, local to the transaction), after which the
+  server ends the session and the keys are free, as a dead claimer's are.
 - **the epoch** of a lease is the ``lease_epoch`` its claim writes on every row it
   leases: the claim transaction's id (``pg_current_xact_id()``), so a later claim always
   writes a greater one. The store remembers the epoch of each row it claimed, and
