@@ -3,7 +3,7 @@
 The order promise across forwarders: messages of one key reach the consumer in key
 order by first arrival, however many producers and forwarders share the table. It rests
 on one rule — a key is forwarded by one forwarder at a time, always from its first
-waiting row — kept by two mechanisms:
+waiting row — kept by these mechanisms:
 
 - **the lease** of a key is the ``ready_at`` of its claimed rows: a claim sets it to
   ``now + lease``; while any earlier row of a key is leased, no claim takes a later one.
@@ -19,6 +19,10 @@ waiting row — kept by two mechanisms:
   before it got the locks. Two claims racing for one key cannot both take it, which a
   single ``SKIP LOCKED`` statement does not ensure: it does not see another claim's
   uncommitted leases. A claim takes at most ``keys`` keys, so that forwarders share them.
+  A claimer stopped inside that transaction holds its keys' locks while it is stopped:
+  the claim caps its transaction's idle time at about a lease
+  (``idle_in_transaction_session_timeout``, local to the transaction), after which the
+  server ends the session and the keys are free, as a dead claimer's are.
 - **the epoch** of a lease is the ``lease_epoch`` its claim writes on every row it
   leases: the claim transaction's id (``pg_current_xact_id()``), so a later claim always
   writes a greater one. The store remembers the epoch of each row it claimed, and
@@ -36,12 +40,16 @@ waiting row — kept by two mechanisms:
   they are (leased until their lease runs out). Deleting a confirmed row needs no key
   lock: a claim that skips it skips a message already received.
 
-What a paused forwarder does to per-key order. Every claim of a key starts at the key's
-first waiting row, and a row leaves the table only once a broker confirmed it (or it is
-quarantined): whatever a claimer sends of a key is a run, in order on one channel, whose
-predecessors were all received before the claim. So the first copy of each message
-reaches the consumer in key order however many claimers sent the key, a stale one
-included; what a stale claimer adds is copies of ids it was sending. The epoch bounds
+What a paused forwarder does to per-key order. The guarantee: for each key, the first
+copies of its messages that a consumer of the destination (one queue or partition, read
+in order) receives come in the order the rows were stored (``seq``); later copies are
+duplicates of known ids. Why it holds with a stale claimer too: every claim of a key
+starts at the key's first waiting row (the key locks above keep a claim from skipping
+an earlier row that is being released), and a row leaves the table only once a broker
+confirmed it (or it is quarantined). So whatever a claimer sends of a key is a run, in
+order on one channel and stopped at its first failure, whose predecessors were all in
+the destination before the claim; interleaving such runs, however many claimers sent
+the key and however late, can only add copies. The epoch bounds
 those copies: a forwarder that learns its lease is lost sends nothing more of that claim,
 and its late settling can neither delete rows another forwarder still sends nor make
 them ready for a third. What it had handed to the broker before the pause (the round in

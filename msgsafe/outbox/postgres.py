@@ -188,6 +188,7 @@ class PostgresOutbox:
                     ON CONFLICT (id) DO NOTHING)
                 SELECT count(*) FROM moved""",
             "busy": busy_keys_sql(t),
+            "idle_cap": "SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
             "held": f"SELECT id FROM {t} WHERE id = ANY(%(ids)s){_HELD}"
             " AND (key IS NULL OR key <> ALL(%(busy)s::bytea[])) FOR UPDATE SKIP LOCKED",
             "ours": f"SELECT count(*) FROM {t} WHERE id = ANY(%(ids)s){_HELD}",
@@ -645,6 +646,11 @@ class PostgresOutbox:
         now = self._clock()
         lease = min(lease_s, self.lease_s)
         with self._session() as conn, conn.transaction():
+            # NOTE: a claimer stopped inside this transaction (SIGSTOP between two of its
+            # statements) would hold its keys' locks for as long as it stays stopped; the
+            # server ends its session once it has idled about a lease (a second at least),
+            # and the keys are free, as a dead claimer's are.
+            conn.execute(self._sql["idle_cap"], (f"{max(1000, int(lease * 1000))}ms",))
             found = conn.execute(
                 self._sql["keys"],
                 {"now": now, "scan": max(4 * limit, 10_000), "keys": self.max_keys},
