@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Self
 
+from msgsafe._observer import observing
 from msgsafe.adapters import open_receiver
 from msgsafe.checks import Inspector, inspector_for
 from msgsafe.consuming.batching import BatchPolicy
@@ -23,7 +24,6 @@ from msgsafe.ports import AttemptCounter, InboxStore, Receiver, inbox_capabiliti
 from msgsafe.producer import Producer
 from msgsafe.retry import RetryPolicy
 from msgsafe.schemas import Deserializer, Deserializers
-from msgsafe.telemetry._observer import observing
 from msgsafe.telemetry.consumer import ConsumerTelemetry
 from msgsafe.telemetry.stats import ConsumerStats
 

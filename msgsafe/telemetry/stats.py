@@ -101,7 +101,7 @@ class ConsumerStats:
 
 
 class ConnectionCounters:
-    """Fail-overs and redirects by reason: a connection observer (see ``_observer``)."""
+    """Fail-overs and redirects by reason: a connection observer (see ``msgsafe._observer``)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
