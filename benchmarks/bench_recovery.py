@@ -624,7 +624,8 @@ def kafka_targets() -> Iterator[list[Target]]:
                 lambda dest, n: kafka_raw(cluster.bootstrap, dest, n, ids=True)[0],
                 cluster.url,
                 {},
-                lambda outage_s, warm: kafka_raw_first_confirm(
+                broker_pids=lambda: [pid for pid in cluster.pids if pid is not None],
+                raw_first=lambda outage_s, warm: kafka_raw_first_confirm(
                     ",".join(f"127.0.0.1:{p}" for p in cluster.proxy_ports),
                     list(proxies),
                     topic(),
@@ -738,11 +739,29 @@ def lived_only(args: argparse.Namespace, wanted: set[str]) -> None:
             with kafka_targets() as targets:
                 run(targets[0], Path(tmp))
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    print(
-        f"\nMeasured {stamp}, {load}, {os.getloadavg()[0]:.1f} at the end; "
-        f"{args.messages:,} messages of 100 bytes on {args.keys} keys\n"
+    command = ["--lived-through", str(args.lived_through)]
+    if args.protocol != "all":
+        command += ["--protocol", args.protocol]
+    if args.messages != 200_000:
+        command += ["--messages", str(args.messages)]
+    body = "\n".join(
+        [
+            "## Recovery: the producer that lived through the outage",
+            "",
+            "`flock /tmp/msgsafe-bench.lock python3 benchmarks/bench_recovery.py "
+            f"{' '.join(command)} --readme benchmarks/README.md`",
+            "",
+            f"Measured {stamp} on {os.cpu_count()} cores, {load}, "
+            f"{os.getloadavg()[0]:.1f} at the end, Python {platform.python_version()}; one "
+            f"broker node on loopback; {args.messages:,} messages of 100 bytes on "
+            f"{args.keys} keys, each run in one producer.",
+            "",
+            *lived_table(runs),
+        ]
     )
-    print("\n".join(lived_table(runs)))
+    print("\n" + body)
+    if args.readme is not None:
+        replace_section(args.readme, body + "\n")
 
 
 def report(results: dict[str, dict[str, Any]], args: argparse.Namespace, load: str) -> str:
