@@ -1,7 +1,7 @@
 """A forwarder paused past its lease, on the real PostgreSQL pair and a real RabbitMQ
 cluster (quorum queue), counted: every id sent, receipted (STORED) and received.
 
-3 producer processes store keyed messages while their broker is unreachable; one
+3 producer processes store 3,000 keyed messages while their broker is unreachable; one
 ``msgsafe outbox forward`` process (A) forwards the shared table, with a 2 s lease, and
 is SIGSTOPped while it holds a claim. Two more forwarders start and take A's keys over
 once its lease has run out (polled: a row A held carries a newer claim's epoch); then A
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.integration
 
 PRODUCERS = 3
 KEYS_EACH = 8  # 24 keys in all
-COUNT = 1500
+COUNT = 1000
 LEASE_S = 2.0
 LOST = "outbox lease lost"
 
