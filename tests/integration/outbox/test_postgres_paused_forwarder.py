@@ -167,8 +167,10 @@ def test_a_forwarder_paused_past_its_lease_learns_it_lost_its_claim(
     children.extend(others)
 
     def taken_over() -> bool:
+        # A row of A's claim under a newer epoch, or gone: only a forwarder that claimed
+        # it can have deleted it (a delete is fenced by the deleter's own epoch).
         epochs = _epochs(pg_pair.url, table, list(stale))
-        return any(epoch > newest for epoch in epochs.values())
+        return len(epochs) < len(stale) or any(epoch > newest for epoch in epochs.values())
 
     wait_until(
         taken_over,
