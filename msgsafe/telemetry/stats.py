@@ -88,11 +88,13 @@ class ConsumerStats:
     #: handled (a redelivery after a crash between commit and ack), acknowledged without
     #: calling the handler
     skipped: int = 0
+    #: settled with release() (given back untried: a stop's prefetched deliveries)
+    released: int = 0
 
     @property
     def unsettled(self) -> int:
-        """Deliveries in the application's hands, neither acked nor nacked."""
-        return self.received - self.acked - self.requeued - self.rejected
+        """Deliveries in the application's hands, neither acked nor nacked nor released."""
+        return self.received - self.acked - self.requeued - self.rejected - self.released
 
 
 class ConnectionCounters:
@@ -320,4 +322,5 @@ class ConsumerCounters(ConnectionCounters):
                 dead_lettered=self.run["dead_lettered"],
                 in_flight=self.run["in_flight"],
                 skipped=self.run["skipped"],
+                released=self.settled["release"],
             )

@@ -44,6 +44,7 @@ _SETTLE = {
     Outcome.ACCEPT: ProtonDelivery.ACCEPTED,
     Outcome.REQUEUE: ProtonDelivery.RELEASED,
     Outcome.REJECT: ProtonDelivery.REJECTED,
+    Outcome.RELEASE: ProtonDelivery.RELEASED,
 }
 
 
@@ -56,7 +57,10 @@ class Amqp10Receiver(EngineClient):
     memory whatever the application's pace. ``ack`` -> ``accepted``,
     ``nack()`` -> ``modified`` with delivery-failed (redelivered, its delivery-count
     raised; ``released`` on RabbitMQ, which marks redeliveries by first-acquirer),
-    ``nack(requeue=False)`` -> ``rejected``.
+    ``nack(requeue=False)`` -> ``rejected``, ``release()`` -> ``released`` (redelivered
+    with its delivery-count as it was: the message was not tried). Deliveries received
+    and not handed out when the receiver closes are released too, so prefetching counts
+    no attempt.
 
     After a fail-over every subscription is attached again on the new connection.
     Deliveries received on the lost connection are not settled there any more; their
@@ -213,14 +217,16 @@ class Subscriptions:
         pass  # nothing waits on the broker; receive() keeps returning what arrived
 
     def closing(self) -> None:
-        """Release the deliveries not handed out yet (their settlement commands run next)."""
+        """Release the deliveries not handed out yet (their settlement commands run next):
+        ``released``, not ``modified``, as they were never tried (a broker that counts
+        deliveries would count each one as a failure)."""
         with self._inbox_lock:
             items = list(self._inbox)
             self._inbox.clear()
         generation = self.engine.generation
         for item_generation, delivery in items:
             if item_generation == generation and delivery.settled is None:
-                delivery.nack(requeue=True)
+                delivery.release()
 
     def stopped(self) -> None:
         self._unsettled.clear()
