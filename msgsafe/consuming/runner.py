@@ -23,9 +23,10 @@ After a handler call the delivery is, in this order of preference:
   whatever the policy: no retry of the handler is spent on it, nor is it dead-lettered
   for it (a broker that counts redeliveries still counts this one).
 
-Stopping (``stop()``, SIGTERM, SIGINT) stops fetching, gives back what has not started,
-lets running handlers end within ``stop_timeout`` (then gives them back too), and closes
-the consumer, which commits what it may and leaves the group.
+Stopping (``stop()``, SIGTERM, SIGINT) stops fetching, gives back what has not started
+(``release()``: a broker that counts deliveries counts no attempt for it), lets running
+handlers end within ``stop_timeout`` (then gives them back too, with ``nack()``: they
+were tried), and closes the consumer, which commits what it may and leaves the group.
 """
 
 from __future__ import annotations
@@ -122,7 +123,11 @@ class Runner:
         self._stopping = False
         self._error: BaseException | None = None
         self._pool = LanePool(
-            self._handle, concurrency=concurrency, clock=clock, give_back=_give_back
+            self._handle,
+            concurrency=concurrency,
+            clock=clock,
+            give_back=_give_back,
+            release=_release,
         )
 
     def stop(self) -> None:
@@ -381,7 +386,13 @@ def _settle(settle: Callable[[], None]) -> bool:
 
 
 def _give_back(delivery: Delivery) -> None:
+    """A delivery its handler ran on: the broker counts the attempt."""
     _settle(lambda: delivery.nack(requeue=True))
+
+
+def _release(delivery: Delivery) -> None:
+    """A delivery no handler ran on: given back without counting an attempt."""
+    _settle(delivery.release)
 
 
 @contextmanager
