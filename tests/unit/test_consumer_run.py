@@ -503,6 +503,53 @@ def test_stop_timeout_gives_back_a_handler_that_does_not_end(
     release.set()
     wait_until(returned.is_set, 10, "the late handler to return")
     assert consumer.stats().acked == 0  # its late return acknowledged nothing
+    # Its handler ran: given back counted (nack), not released.
+    assert (consumer.stats().requeued, consumer.stats().released) == (1, 0)
+
+
+def test_a_failure_at_a_stop_gives_back_the_head_counted_and_its_key_released(
+    memory_broker: MemoryBroker,
+) -> None:
+    send(memory_broker, [("k", b"a"), ("k", b"b"), ("k", b"c")])
+    consumer = Consumer(url(memory_broker)).subscribe("q")
+    seen: list[bytes] = []
+
+    def handler(d: Delivery) -> None:
+        seen.append(d.body)
+        wait_until(lambda: consumer.stats().received == 3, 10, "the key's three fetched")
+        consumer.stop()
+        raise RuntimeError("fails while stopping")
+
+    consumer.run(handler, prefetch=10)
+    stats = consumer.stats()
+    assert seen == [b"a"]
+    # The head was tried (and failed): counted; the two behind it never ran (nor did
+    # what the last fetch may have brought back meanwhile): released.
+    assert (stats.requeued, stats.acked) == (1, 0)
+    assert stats.released == stats.received - 1 >= 2
+    assert sorted(d.body for d in leftover(memory_broker)) == [b"a", b"b", b"c"]
+
+
+def test_a_stop_during_a_backoff_gives_back_the_tried_head_counted(
+    memory_broker: MemoryBroker,
+) -> None:
+    send(memory_broker, [("k", b"a"), ("k", b"b")])
+    consumer = Consumer(url(memory_broker)).subscribe("q")
+
+    def handler(d: Delivery) -> None:
+        raise RuntimeError("always")
+
+    run_until(
+        consumer,
+        handler,
+        lambda: consumer.stats().retried == 1 and consumer.stats().received == 2,
+        retry=RetryPolicy(initial=30.0, maximum=30.0, max_attempts=5),
+        on_exhausted="reject",
+    )
+    stats = consumer.stats()
+    # "a" waits out its backoff (tried once); "b" waits behind it (never tried).
+    assert (stats.requeued, stats.released, stats.acked) == (1, 1, 0)
+    assert sorted(d.body for d in leftover(memory_broker)) == [b"a", b"b"]
 
 
 def test_poll_counts_attempts_across_redeliveries(memory_broker: MemoryBroker) -> None:

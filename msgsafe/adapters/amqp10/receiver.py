@@ -90,6 +90,12 @@ class Amqp10Receiver(EngineClient):
             raise ConfigurationError("max_messages must be >= 1")
         return self._subs.take(max_messages, timeout)
 
+    @property
+    def waiting(self) -> int:
+        """Deliveries received (within the credit window) and not handed out yet: what
+        :meth:`close` would release."""
+        return self._subs.waiting()
+
     def close(self, timeout: float | None = None) -> None:
         """Stop consuming; deliveries not yet handed out are released to the broker."""
         if self._closed:
@@ -150,6 +156,11 @@ class Subscriptions:
 
         if not self.engine.call(add):
             raise ClosedError("the receiver is closed", endpoint=self.engine.target)
+
+    def waiting(self) -> int:
+        """How many received deliveries wait to be handed out."""
+        with self._inbox_lock:
+            return len(self._inbox)
 
     def take(self, max_messages: int, timeout: float | None) -> list[Delivery]:
         """Up to ``max_messages`` received deliveries, waiting at most ``timeout``."""
