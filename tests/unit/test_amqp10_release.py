@@ -6,7 +6,7 @@ RabbitMQ's plugin (first-acquirer marks redeliveries) both as ``released``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from proton import Delivery as ProtonDelivery
@@ -69,6 +69,7 @@ class _Engine:
     generation: int = 1
     opened: bool = True
     stopped: bool = False
+    closing: bool = False
     target: str = "amqp10://broker"
 
     def call(self, fn: Any) -> bool:
@@ -94,6 +95,11 @@ def _subscriptions(first_acquirer_marks: bool = False) -> Subscriptions:
     return subs
 
 
+def _engine(subs: Subscriptions) -> _Engine:
+    engine: Any = subs.engine
+    return cast(_Engine, engine)
+
+
 def test_release_settles_released_and_nack_modified_with_delivery_failed() -> None:
     subs, link = _subscriptions(), _Link()
     arrived = _received(subs, link, 3)
@@ -114,6 +120,7 @@ def test_close_releases_what_was_not_handed_out_uncounted() -> None:
     arrived = _received(subs, link, 5)
     (taken,) = subs.take(1, 0)
     assert subs.waiting() == 4
+    _engine(subs).closing = True  # as Engine.shutdown sets it before calling closing()
     subs.closing()
     assert subs.waiting() == 0
     assert [(d.state, d.local.failed) for d in arrived[1:]] == [
@@ -121,6 +128,7 @@ def test_close_releases_what_was_not_handed_out_uncounted() -> None:
     ] * 4
     assert arrived[0].state is None  # handed out: the application settles it
     assert taken.settled is None
+    assert link.credit_given == 0  # no more credit once closing: nothing more comes in
 
 
 @pytest.mark.parametrize("give_back", ["release", "nack"])

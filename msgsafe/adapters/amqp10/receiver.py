@@ -329,5 +329,7 @@ class Subscriptions:
             dlv.update(_SETTLE[outcome])
         dlv.settle()
         link = dlv.link
-        if link.state & link.LOCAL_ACTIVE:
+        if link.state & link.LOCAL_ACTIVE and not engine.closing:
+            # NOTE: no credit once the receiver closes: what it would bring in arrives
+            # after the give-backs, unsettled when the connection ends.
             link.flow(1)
