@@ -36,6 +36,8 @@ class Verdict(enum.Enum):
 
     DONE = "done"  #: settled: the next delivery of the lane may start
     GIVE_BACK = "give_back"  #: to be given back, with the rest of its lane (their order kept)
+    #: not started (stopped first): given back uncounted, with the rest of its lane
+    RELEASE = "release"
 
 
 @dataclass(eq=False, slots=True)
@@ -54,6 +56,11 @@ class Lane:
 #: Handles the head of a lane: DONE, GIVE_BACK, or the clock time to try it again at.
 Work = Callable[[Lane], "Verdict | float"]
 
+#: Handles a batch: runs of the heads of lanes (each lane's first deliveries, in order),
+#: finishing each delivery it is done with through :meth:`LanePool.finished`; returns,
+#: per lane, the verdict on the head it stopped at (DONE: none, the lane goes on).
+BatchWork = Callable[[list[tuple[Lane, list[Delivery]]]], list[tuple[Lane, "Verdict | float"]]]
+
 
 class LanePool:
     """``concurrency`` worker threads serving lanes; see the module docstring.
@@ -70,8 +77,14 @@ class LanePool:
         clock: RunClock,
         give_back: Callable[[Delivery], None],
         release: Callable[[Delivery], None],
+        batch_work: BatchWork | None = None,
+        batch_size: int = 1,
+        batch_wait: float = 0.0,
     ) -> None:
         self._work = work
+        self._batch_work = batch_work
+        self._batch_size = batch_size
+        self._batch_wait = batch_wait
         self._clock = clock
         self._give_back = give_back
         self._release = release
@@ -111,23 +124,30 @@ class LanePool:
             self._room.wait_for(lambda: self.held < limit or self._closing, timeout)
             return 0 if self._closing else max(0, limit - self.held)
 
-    def submit(self, delivery: Delivery) -> None:
-        """Queue ``delivery`` on its key's lane (given back at once after close)."""
+    def submit(self, *deliveries: Delivery) -> None:
+        """Queue each of ``deliveries`` on its key's lane, in order (given back at once
+        after close)."""
         with self._cond:
             if not self._closing:
-                self.held += 1
-                key = delivery.key
-                lane = None if key is None else self._keyed.get(key)
-                if lane is not None:
-                    lane.items.append(delivery)  # the lane is already ready, timed or running
-                    return
-                lane = Lane(key, deque((delivery,)))
-                if key is not None:
-                    self._keyed[key] = lane
-                self._ready.append(lane)
-                self._cond.notify()
+                self.held += len(deliveries)
+                keyed, ready = self._keyed, self._ready
+                made = 0
+                for delivery in deliveries:
+                    key = delivery.key
+                    lane = None if key is None else keyed.get(key)
+                    if lane is not None:
+                        lane.items.append(delivery)  # the lane is ready, timed or running
+                        continue
+                    lane = Lane(key, deque((delivery,)))
+                    if key is not None:
+                        keyed[key] = lane
+                    ready.append(lane)
+                    made += 1
+                if made:
+                    self._cond.notify(made)
                 return
-        self._release(delivery)
+        for delivery in deliveries:
+            self._release(delivery)
 
     def _take(self) -> Lane | None:
         """The next lane to work on (None once halted); called with the lock held."""
@@ -143,18 +163,91 @@ class LanePool:
             self._clock.wait(self._cond, self._timed[0][0] if self._timed else None)
         return None
 
+    def _gather(self, lane: Lane) -> list[tuple[Lane, list[Delivery]]]:
+        """``lane`` (taken, never tried yet) and more such lanes that are ready, each with
+        a run of its first deliveries, at most ``batch_size`` in all, waiting up to
+        ``batch_wait`` for more; called with the lock held."""
+        lanes = [lane]
+        deadline = self._clock.now() + self._batch_wait if self._batch_wait > 0 else None
+        while True:
+            room = self._batch_size - sum(len(taken.items) for taken in lanes)
+            while room > 0 and self._ready and self._ready[0].first_start is None:
+                more = self._ready.popleft()
+                more.current = more.items[0]
+                self._running.add(more)
+                lanes.append(more)
+                room -= len(more.items)
+            if (
+                room <= 0
+                or deadline is None
+                or self._closing
+                or self._halted
+                or self._clock.now() >= deadline
+            ):
+                break
+            self._clock.wait(self._cond, deadline)
+        left = self._batch_size
+        batch: list[tuple[Lane, list[Delivery]]] = []
+        for taken in lanes:
+            if left <= 0:  # its lanes before it grew while waiting: not in this batch
+                self._running.discard(taken)
+                taken.current = None
+                self._ready.append(taken)
+                self._cond.notify()
+                continue
+            run = list(itertools.islice(taken.items, left))
+            left -= len(run)
+            batch.append((taken, run))
+        return batch
+
+    def finished(self, lane: Lane, *deliveries: Delivery) -> None:
+        """``deliveries``, the first of ``lane`` (taken in a batch), are settled: the
+        lane goes on with the next (nothing happens for those close gave back)."""
+        with self._cond:
+            items = lane.items
+            done = 0
+            for delivery in deliveries:
+                if not items or items[0] is not delivery:
+                    break
+                items.popleft()
+                done += 1
+            if done:
+                lane.first_start = None
+                self.held -= done
+                self._room.notify_all()
+
     def _serve(self) -> None:
         while True:
             with self._cond:
                 lane = self._take()
+                batch = (
+                    self._gather(lane)
+                    if lane is not None
+                    and self._batch_work is not None
+                    and lane.first_start is None
+                    else None
+                )
             if lane is None:
                 return
+            if batch is not None:
+                self._serve_batch(batch)
+                continue
             try:
                 verdict = self._work(lane)
             except BaseException:  # the work catches what handlers raise; this is a bug
                 log.exception("consumer worker failed; the delivery is given back")
                 verdict = Verdict.GIVE_BACK
             self._return(*self._after(lane, verdict))
+
+    def _serve_batch(self, batch: list[tuple[Lane, list[Delivery]]]) -> None:
+        assert self._batch_work is not None
+        try:
+            verdicts = self._batch_work(batch)
+        except BaseException:  # the work catches what handlers raise; this is a bug
+            log.exception("consumer worker failed; the batch's deliveries are given back")
+            verdicts = [(lane, Verdict.GIVE_BACK) for lane, _ in batch]
+        for lane, verdict in verdicts:
+            self._return(*self._after(lane, verdict, pop=False))
 
     def _return(self, tried: list[Delivery], untried: list[Delivery]) -> None:
         """Give back ``tried`` (counted), then ``untried`` (released), each in order."""
@@ -163,9 +256,12 @@ class LanePool:
         for delivery in untried:
             self._release(delivery)
 
-    def _after(self, lane: Lane, verdict: Verdict | float) -> tuple[list[Delivery], list[Delivery]]:
-        """Book the verdict on ``lane``; what to give back (in order): the head its
-        handler ran on, and the rest of the lane, never tried."""
+    def _after(
+        self, lane: Lane, verdict: Verdict | float, *, pop: bool = True
+    ) -> tuple[list[Delivery], list[Delivery]]:
+        """Book the verdict on ``lane``'s current head (``pop``: DONE takes it off the
+        lane; a batch took its finished deliveries off already); what to give back (in
+        order): the head its handler ran on, and the rest of the lane, never tried."""
         with self._cond:
             self._running.discard(lane)
             current, lane.current = lane.current, None
@@ -173,17 +269,21 @@ class LanePool:
             still_held = bool(lane.items) and lane.items[0] is current
             tried: list[Delivery] = []
             if still_held and verdict is Verdict.DONE:
-                lane.items.popleft()
-                lane.first_start = None
-                self.held -= 1
-            elif still_held and (verdict is Verdict.GIVE_BACK or self._closing):
+                if pop:
+                    lane.items.popleft()
+                    lane.first_start = None
+                    self.held -= 1
+            elif still_held and (
+                verdict is Verdict.GIVE_BACK or (self._closing and verdict is not Verdict.RELEASE)
+            ):
                 # NOTE: failed (or due for a retry that a close cancels): the handler ran.
                 tried.append(lane.items.popleft())
             elif still_held and isinstance(verdict, float) and not self._closing:
                 heapq.heappush(self._timed, (verdict, next(self._order), lane))
                 self._cond.notify()  # an idle worker times its wait by the new deadline
             back: list[Delivery] = []
-            if verdict is Verdict.GIVE_BACK or self._closing:  # the rest, after the head
+            if verdict is Verdict.GIVE_BACK or verdict is Verdict.RELEASE or self._closing:
+                # the rest, after the head
                 back.extend(lane.items)
                 lane.items.clear()
             if lane.items and not isinstance(verdict, float):

@@ -90,6 +90,11 @@ class ConsumerStats:
     skipped: int = 0
     #: settled with release() (given back untried: a stop's prefetched deliveries)
     released: int = 0
+    #: ``Consumer.run(batch=...)``: inbox transactions that committed a batch
+    batches: int = 0
+    #: ``Consumer.run(batch=...)``: batches rolled back because the handler raised, their
+    #: deliveries then handled one at a time
+    batches_split: int = 0
 
     @property
     def unsettled(self) -> int:
@@ -323,4 +328,6 @@ class ConsumerCounters(ConnectionCounters):
                 in_flight=self.run["in_flight"],
                 skipped=self.run["skipped"],
                 released=self.settled["release"],
+                batches=self.run["batches"],
+                batches_split=self.run["batches_split"],
             )
