@@ -30,6 +30,7 @@ from msgsafe.telemetry.stats import ConsumerStats
 __all__ = ["Consumer"]
 
 _REQUEUE = Outcome.REQUEUE
+_RELEASE = Outcome.RELEASE
 
 #: run()'s default prefetch: also the most one fetch asks the receiver for, so it is a
 #: batch's size (with 2 * concurrency, fetches of 8 messages cost more than the handling).
@@ -160,7 +161,7 @@ class Consumer:
             return
         with self._lock:
             held = self._open.pop(message_id, None)
-            if outcome is not _REQUEUE:
+            if outcome is not _REQUEUE and outcome is not _RELEASE:  # not given back
                 window.record(message_id)
         if held:
             for copy in held:
