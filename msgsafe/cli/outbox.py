@@ -167,6 +167,7 @@ def status(
         "bytes": stats.bytes,
         "oldest_age_s": stats.oldest_age_s,
         "quarantined": stats.quarantined,
+        "estimated": stats.estimated,
     }
     if as_json:
         print_json(data)
@@ -175,8 +176,9 @@ def status(
     table.add_column("what")
     table.add_column("value", justify="right")
     table.add_row("target", escape(target or "-"))
-    table.add_row("waiting", str(stats.depth))
-    table.add_row("bytes", str(stats.bytes))
+    about = "~" if stats.estimated else ""  # a big PostgreSQL table: estimated
+    table.add_row("waiting", f"{about}{stats.depth}")
+    table.add_row("bytes", f"{about}{stats.bytes}")
     age = "-" if stats.oldest_age_s is None else f"{stats.oldest_age_s:.1f} s"
     table.add_row("oldest waiting", age)
     table.add_row("quarantined", str(stats.quarantined))
