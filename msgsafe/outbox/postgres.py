@@ -100,8 +100,9 @@ class PostgresOutbox:
 
     ``conninfo`` is a libpq connection string or URL; it is never shown in errors or
     ``repr``. ``max_rows`` bounds the waiting messages (checked on the store's own puts
-    against a count at most 5 s old plus this store's puts since; ``put_in`` follows the
-    caller's transaction and is not refused on the row bound). ``lease_s`` caps every
+    against a count at most 5 s old, estimated beyond 100,000 rows, plus this store's
+    puts since; ``put_in`` follows the caller's transaction and is not refused on the
+    row bound). ``lease_s`` caps every
     claim's lease: a key a dead forwarder held is taken over after at most that long.
     ``max_keys``: keys one claim takes at most (forwarders share the rest).
     ``write_timeout``: how long a put, or a question a send asks (``has_key``), keeps
@@ -182,7 +183,7 @@ class PostgresOutbox:
             " / current_setting('block_size')::int) END, 0)::bigint"
             " FROM pg_class AS c WHERE c.oid = %s::regclass",
             "count_q": f"SELECT count(*) FROM {q}",
-            "count": f"SELECT count(*) FROM {t}",
+            "count": f"SELECT count(*) FROM (SELECT 1 FROM {t} ORDER BY seq LIMIT %s) AS h",
             "list": f"SELECT id, destination, key, headers, body, created_at, target, attempts,"
             f" ready_at, last_error FROM {t} ORDER BY seq LIMIT %s OFFSET %s",
             "quarantined": f"SELECT id, destination, key, headers, body, created_at, target,"
@@ -570,9 +571,7 @@ class PostgresOutbox:
         now = time.monotonic()
         counted = self._counted
         if counted is None or now - counted[1] > _COUNT_TTL_S:
-            # stats(), not pending(): exact up to 100,000 rows, estimated beyond, so
-            # that the check does not read a big table every few seconds.
-            counted = self._counted = (self.stats().depth, now)
+            counted = self._counted = (self.pending(), now)
         if counted[0] + adding > self.max_rows:
             self._counted = None  # counted again next time: rows may have been forwarded
             raise OutboxFull(f"the outbox holds max_rows={self.max_rows}")
@@ -665,7 +664,8 @@ class PostgresOutbox:
         rows counted; ``bytes`` is that times the mean size of the first 100,000 rows;
         the oldest age is the oldest among those first rows in queue order (exact
         unless producers' clocks disagree). ``quarantined`` is a count (the quarantine
-        table holds what failed for good: few rows). :meth:`pending` counts exactly."""
+        table holds what failed for good: few rows). :meth:`pending` follows the same
+        rule."""
 
         def ask(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
             depth, size, oldest = conn.execute(
@@ -692,9 +692,20 @@ class PostgresOutbox:
         )
 
     def pending(self) -> int:
-        """How many messages wait (quarantined ones not counted)."""
-        row = self._ask(lambda conn: conn.execute(self._sql["count"]).fetchone())
-        return int(row[0]) if row else 0
+        """How many messages wait (quarantined ones not counted): exact up to 100,000,
+        the server's estimate beyond, as :meth:`stats` says (0 is always exact). A
+        forwarder asks it after every round of a drain: counting a big table each time
+        would cost more than the round."""
+
+        def ask(conn: psycopg.Connection[Any]) -> int:
+            row = conn.execute(self._sql["count"], (_EXACT_UP_TO + 1,)).fetchone()
+            counted = int(row[0]) if row else 0
+            if counted <= _EXACT_UP_TO:
+                return counted
+            row = conn.execute(self._sql["estimate"], (self._table,)).fetchone()
+            return max(counted, int(row[0]) if row else 0)
+
+        return self._ask(ask)
 
     def close(self) -> None:
         """Close the store's own connection and stop its listeners. Idempotent."""
