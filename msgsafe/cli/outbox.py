@@ -479,7 +479,8 @@ def drain(
 def broker_for(store: OperatedStore, path: Path, url: str | None, as_json: bool) -> BrokerUrl:
     """Where ``store``'s messages go: ``url``, or the broker the rows were stored for
     (a note when the two differ; exit 3 when neither names one)."""
-    newest = store.list(limit=1, offset=max(0, store.pending() - 1))
+    # pending() is estimated beyond 100,000 rows (PostgreSQL): past the end, the first.
+    newest = store.list(limit=1, offset=max(0, store.pending() - 1)) or store.list(limit=1)
     stored_for = newest[0].target if newest else None
     if url is None and not stored_for:
         fail(f"the messages in {label(path)} name no broker; give --url", as_json=as_json)
