@@ -18,7 +18,9 @@ waiting row — kept by two mechanisms:
   ``FOR UPDATE SKIP LOCKED``) in a statement whose snapshot sees every lease committed
   before it got the locks. Two claims racing for one key cannot both take it, which a
   single ``SKIP LOCKED`` statement does not ensure: it does not see another claim's
-  uncommitted leases. A claim takes at most ``keys`` keys, so that forwarders share them.
+  uncommitted leases. A claim takes at most ``keys`` keys, so that forwarders share them,
+  from four times as many candidates, so that claims racing for the first keys of the
+  queue do not come back empty.
 
 :class:`Listener` is the wake-up: every put (and replay) ends with ``pg_notify`` on the
 table's channel, delivered when it commits; a forwarder's listener thread wakes it at
@@ -61,11 +63,17 @@ def keys_sql(table: str) -> str:
 
 
 def lock_sql(table: str) -> str:
-    """The keys of ``%(keys)s`` whose advisory lock this transaction got (param: keys)."""
+    """The first ``take`` keys of ``%(keys)s``, in their order, whose advisory lock this
+    transaction got (params: keys, take). The candidates are more than ``take``: claims
+    racing for the same first keys each get other ones instead of none. Locks are tried
+    in order until ``take`` are held (``OFFSET 0`` keeps the order before the filter),
+    so no key is locked that the claim does not take."""
     return f"""
-        SELECT c.k FROM unnest(%(keys)s::bytea[]) WITH ORDINALITY AS c(k, i)
+        SELECT c.k FROM (
+            SELECT u.k, u.i FROM unnest(%(keys)s::bytea[]) WITH ORDINALITY AS u(k, i)
+            ORDER BY u.i OFFSET 0) AS c
         WHERE pg_try_advisory_xact_lock(hashtext('{table}'), hashtext(encode(c.k, 'hex')))
-        ORDER BY c.i"""
+        LIMIT %(take)s"""
 
 
 def claim_sql(table: str) -> str:

@@ -606,12 +606,15 @@ class PostgresOutbox:
         with self._session() as conn, conn.transaction():
             found = conn.execute(
                 self._sql["keys"],
-                {"now": now, "scan": max(4 * limit, 10_000), "keys": self.max_keys},
+                {"now": now, "scan": max(4 * limit, 10_000), "keys": 4 * self.max_keys},
             ).fetchall()
             keys = [bytes(k[0]) for k in found]
             if keys:
                 keys = [
-                    bytes(k[0]) for k in conn.execute(self._sql["lock"], {"keys": keys}).fetchall()
+                    bytes(k[0])
+                    for k in conn.execute(
+                        self._sql["lock"], {"keys": keys, "take": self.max_keys}
+                    ).fetchall()
                 ]
             rows = conn.execute(
                 self._sql["claim_keys"],
