@@ -132,7 +132,7 @@ def test_many_keys_three_forwarders_keep_every_key_in_order(
         for _ in range(FORWARDERS)
     ]
     try:
-        outputs = [p.communicate(timeout=300)[0].decode() for p in procs]
+        outputs = [p.communicate(timeout=60 + KEYS / 100)[0].decode() for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -148,7 +148,9 @@ def test_many_keys_three_forwarders_keep_every_key_in_order(
     ]
     assert rows_waiting(pg_pair.url, table) == 0
 
-    arrivals = receive_receipted(rabbit_urls.cluster, queue, ledger, prefetch=2000)
+    arrivals = receive_receipted(
+        rabbit_urls.cluster, queue, ledger, prefetch=2000, deadline_s=60 + KEYS / 500
+    )
     report = ledger.report("pg many keys")
     print(
         f"{report} forwarders={FORWARDERS} delivered_each={delivered} "
