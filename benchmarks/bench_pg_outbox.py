@@ -13,9 +13,17 @@ a real primary + synchronous standby pair (``msgsafe cluster``'s postgres launch
    row by row as the broker confirms them: ``DELETE ... WHERE id = ANY(...)`` per round,
    autovacuum at the server's defaults), then after a plain ``VACUUM``.
 
+4. Backlog size (``--only backlog``, not part of ``--readme``): a ``--backlog SMALL BIG``
+   pair of backlogs on 64 keys (the first 1,000 rows put through ``PostgresOutbox.put``,
+   the rest written by the server in one INSERT ... SELECT), each drained by one
+   forwarder to RabbitMQ; the big one's rate as a ratio of the small one's (goal >=
+   0.9), EXPLAIN (ANALYZE, BUFFERS) of the claim, stats and delete queries on each full
+   table, ``outbox status`` timed, and the table's size and dead tuples full, drained and
+   ``--settle`` seconds later, for each ``--vacuum`` set of autovacuum reloptions.
+
 Run: ``flock /tmp/msgsafe-bench.lock python3 benchmarks/bench_pg_outbox.py
 [--bloat 1000000] [--readme benchmarks/README.md]``; ``--only put`` (or ``forward``,
-``bloat``; repeatable) runs one part and prints its figures.
+``bloat``, ``backlog``; repeatable) runs one part and prints its figures.
 """
 
 from __future__ import annotations
