@@ -7,7 +7,7 @@ key's first one, so a key's two rows lie far apart in the table and a claim's ke
 fill it from their own rows. Before the drain, the claim's queries are explained on the
 full table: a claim reads a bounded number of pages, not the table.
 
-The suite runs 20,000 keys (about 30,000 messages); ``MSGSAFE_MANY_KEYS=100000`` runs the
+The suite runs 15,000 keys (22,500 messages); ``MSGSAFE_MANY_KEYS=100000`` runs the
 full size (its figures are in benchmarks/README.md, "PostgreSQL outbox at scale").
 """
 
@@ -36,7 +36,7 @@ from tests.support.ledger import Ledger, receive_receipted
 
 pytestmark = pytest.mark.integration
 
-KEYS = int(os.environ.get("MSGSAFE_MANY_KEYS", "20000"))
+KEYS = int(os.environ.get("MSGSAFE_MANY_KEYS", "15000"))
 FORWARDERS = 3
 #: Pages a claim may read on the full table (a table scan reads thousands).
 CLAIM_PAGES = 1500
