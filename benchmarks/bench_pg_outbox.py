@@ -84,6 +84,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--settle", type=float, default=60.0, help="seconds to watch autovacuum after a drain"
     )
+    parser.add_argument(
+        "--naptime",
+        help="the server's autovacuum_naptime for the run (e.g. 5s; default: the server's)",
+    )
     parser.add_argument("--readme", type=Path, help="update the '## PostgreSQL outbox' section")
     args = parser.parse_args(argv)
     if args.readme is not None and args.only:
@@ -593,6 +597,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         pair.start()
         try:
             url = pair.url
+            if args.naptime:
+                import psycopg
+                from psycopg import sql
+
+                with psycopg.connect(url, autocommit=True) as conn:
+                    conn.execute(
+                        sql.SQL("ALTER SYSTEM SET autovacuum_naptime = {}").format(
+                            sql.Literal(args.naptime)
+                        )
+                    )
+                    conn.execute("SELECT pg_reload_conf()")
             put_results = (
                 [puts(url, b, args.seconds) for b in (1, 100, 1000)] if "put" in parts else []
             )
@@ -625,7 +640,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', started)} on {os.cpu_count()} cores, "
         f"load average {load:.1f} at the start and {load_end:.1f} at the end (the machine is "
         f"shared), PostgreSQL {postgres_bin().parent.parent.name} (primary + synchronous "
-        f"standby on the same machine), Python {sys.version.split()[0]}."
+        f"standby on the same machine), Python {sys.version.split()[0]}"
+        + (f", autovacuum_naptime {args.naptime}." if args.naptime else ".")
     )
     text = report(put_results, rates, bloated, args, header)
     if backlogs:
