@@ -601,7 +601,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 import psycopg
                 from psycopg import sql
 
-                with psycopg.connect(url, autocommit=True) as conn:
+                # The superuser's login (ALTER SYSTEM): the cluster's own.
+                admin = pair._conninfo(pair.primary)
+                with psycopg.connect(admin, autocommit=True) as conn:
                     conn.execute(
                         sql.SQL("ALTER SYSTEM SET autovacuum_naptime = {}").format(
                             sql.Literal(args.naptime)
