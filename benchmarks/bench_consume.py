@@ -66,6 +66,14 @@ started here through ``msgsafe.cluster`` (``--url`` names a running one instead)
     ``attempts=AttemptMemory()`` (the same one commit as ``raw``). ``poll+process``:
     ``raw``'s loop calling msgsafe's SQLite inbox (``process(id, work)``) instead of
     its own SQL: the store's share without run()'s threads (not a goal).
+  - ``batch``: ``run(handler, inbox=..., batch=BatchPolicy(max_messages=500))``, the
+    handler taking a list and inserting each delivery's effect through ``tx``: one
+    transaction per batch. ``raw batch``: ``raw``'s loop committing each poll's messages
+    in one transaction written by hand with the statements msgsafe's inbox sends (the
+    ids in one ``INSERT ... RETURNING``, each new one's effect, ``COMMIT``), then
+    ``ack()`` each; ``raw batch+count`` adds the batch's attempt counts as msgsafe keeps
+    them (one statement, a commit of its own) and ``batch mem`` is ``batch`` with
+    ``attempts=AttemptMemory()``: the same pairs as above, a batch at a time.
 
 The clocks of a run start at its first message (joining a group or opening a channel is
 not counted) and stop when its last message was settled; every run must see every
@@ -148,6 +156,29 @@ def inbox_goals(database: str) -> tuple[tuple[str, str, str, float, str], ...]:
         ),
         (protocol, "run mem", "poll+process", 0.0, f"{label} inbox, attempts in memory / that"),
         (protocol, "run", "raw", 0.0, f"{label} inbox `run(handler, inbox=...)` / {bare}"),
+        (
+            protocol,
+            "batch",
+            "raw batch+count",
+            0.9,
+            f"{label} inbox `run(..., batch=BatchPolicy({BATCH}))` / {bare}, the same two"
+            " commits a batch",
+        ),
+        (
+            protocol,
+            "batch mem",
+            "raw batch",
+            0.9,
+            f"{label} inbox batches, attempts counted in memory / {bare}, the same one commit"
+            " a batch",
+        ),
+        (
+            protocol,
+            "batch",
+            "run",
+            0.0,
+            f"{label} inbox `run(..., batch=...)` / `run(handler, inbox=...)`",
+        ),
     )
 
 
@@ -180,6 +211,26 @@ def inbox_loops(database: str) -> dict[tuple[str, str], str]:
         (protocol, "run mem"): (
             f"msgsafe.Consumer(prefetch={BATCH}, attempts=AttemptMemory()).run(handler, "
             f"inbox='{url}'): attempts counted in memory, not in the inbox"
+        ),
+        (protocol, "raw batch"): (
+            f"msgsafe.Consumer(prefetch={BATCH}).poll(1.0, max_messages={BATCH}); per poll "
+            f"{bare}, INSERT the ids (one statement, ON CONFLICT DO NOTHING RETURNING), "
+            "INSERT each new one's effect, COMMIT; then ack() each"
+        ),
+        (protocol, "raw batch+count"): (
+            "the same, and before each transaction the batch's durable attempt counts as "
+            "msgsafe keeps them: BEGIN, one INSERT ... SELECT the ids not handled ... ON "
+            "CONFLICT DO UPDATE attempts + 1 RETURNING, COMMIT; the counters DELETEd in the "
+            "batch's transaction"
+        ),
+        (protocol, "batch"): (
+            f"msgsafe.Consumer(prefetch={BATCH}).run(handler, inbox='{url}', "
+            f"batch=BatchPolicy(max_messages={BATCH})); the handler INSERTs each delivery's "
+            "effect through tx"
+        ),
+        (protocol, "batch mem"): (
+            f"the same with msgsafe.Consumer(prefetch={BATCH}, attempts=AttemptMemory()): "
+            "attempts counted in memory, not in the inbox"
         ),
     }
 
@@ -787,6 +838,41 @@ RAW_RECORD = (
     " ON CONFLICT (message_id) DO NOTHING RETURNING message_id"
 )
 EFFECT = "INSERT INTO effects (message_id, body) VALUES (?, ?)"
+#: A batch's statements, as msgsafe's inbox sends them (by dialect: JSON rows for SQLite,
+#: arrays for PostgreSQL): the new ids of a batch, their counters dropped, and the
+#: attempt counts of the ids not handled.
+RAW_RECORD_MANY = {
+    "sqlite": (
+        "INSERT INTO handled (message_id, source, attempt, handled_at) SELECT j.value ->> 0,"
+        " j.value ->> 1, j.value ->> 2, ? FROM json_each(?) AS j WHERE true"
+        " ON CONFLICT (message_id) DO NOTHING RETURNING message_id"
+    ),
+    "postgres": (
+        "INSERT INTO handled (message_id, source, attempt, handled_at) SELECT m, s, a, %s"
+        " FROM unnest(%s::text[], %s::text[], %s::integer[]) AS r(m, s, a)"
+        " ON CONFLICT (message_id) DO NOTHING RETURNING message_id"
+    ),
+}
+RAW_FORGET_MANY = {
+    "sqlite": "DELETE FROM attempts WHERE message_id IN (SELECT value FROM json_each(?))",
+    "postgres": "DELETE FROM attempts WHERE message_id = ANY(%s)",
+}
+RAW_COUNT_MANY = {
+    "sqlite": (
+        "INSERT INTO attempts (message_id, source, attempts, updated_at) SELECT j.value ->> 0,"
+        " j.value ->> 1, 1, ? FROM json_each(?) AS j WHERE NOT EXISTS (SELECT 1 FROM handled"
+        " h WHERE h.message_id = j.value ->> 0) ON CONFLICT (message_id) DO UPDATE SET"
+        " attempts = attempts.attempts + 1, source = excluded.source,"
+        " updated_at = excluded.updated_at RETURNING message_id, attempts"
+    ),
+    "postgres": (
+        "INSERT INTO attempts (message_id, source, attempts, updated_at) SELECT m, s, 1, %s"
+        " FROM unnest(%s::text[], %s::text[]) AS r(m, s) WHERE NOT EXISTS (SELECT 1 FROM"
+        " handled h WHERE h.message_id = r.m) ON CONFLICT (message_id) DO UPDATE SET"
+        " attempts = attempts.attempts + 1, source = excluded.source,"
+        " updated_at = excluded.updated_at RETURNING message_id, attempts"
+    ),
+}
 
 
 class Database:
@@ -876,9 +962,77 @@ def inbox_raw(url: str, database: Database, count_attempts: bool = False) -> Run
     return run
 
 
-def inbox_run(url: str, database: Database, in_memory: bool = False) -> Run:
+def inbox_raw_batch(url: str, database: Database, count_attempts: bool = False) -> Run:
+    """msgsafe's ``poll`` and ``ack()``, each poll's messages one transaction written by
+    hand with the statements msgsafe's inbox sends; ``count_attempts``: preceded by the
+    batch's attempt counts in a transaction of their own."""
+
+    def run(queue: str, count: int) -> Tally:
+        import json
+
+        import msgsafe
+
+        _inbox_url, conn = database.open("rawbatch")
+        sql, kind = database.sql, database.kind
+        conn.execute(sql(RAW_INBOX))
+        conn.execute(sql(RAW_ATTEMPTS))
+        execute, begin = conn.execute, database.begin
+        effect = sql(EFFECT)
+        record, forget, counted = RAW_RECORD_MANY[kind], RAW_FORGET_MANY[kind], RAW_COUNT_MANY[kind]
+        sqlite = kind == "sqlite"
+        batches = 0
+        try:
+            with msgsafe.Consumer(url, prefetch=BATCH) as consumer:
+                consumer.subscribe(queue)
+                clock, seen = Clock(), 0
+                while seen < count:
+                    batch = consumer.poll(1.0, max_messages=BATCH)
+                    if not batch:
+                        continue
+                    clock.start()
+                    ids = [d.message_id for d in batch]
+                    now = time.time()
+                    if count_attempts:
+                        execute(begin)
+                        if sqlite:
+                            items = json.dumps([[i, queue] for i in ids])
+                            execute(counted, (now, items)).fetchall()
+                        else:
+                            execute(counted, (now, ids, [queue] * len(ids))).fetchall()
+                        execute("COMMIT")
+                    execute(begin)
+                    if sqlite:
+                        rows = json.dumps([[d.message_id, queue, d.attempt] for d in batch])
+                        fresh = {r[0] for r in execute(record, (now, rows)).fetchall()}
+                        if count_attempts:
+                            execute(forget, (json.dumps(ids),))
+                    else:
+                        params = (now, ids, [queue] * len(ids), [d.attempt for d in batch])
+                        fresh = {r[0] for r in execute(record, params).fetchall()}
+                        if count_attempts:
+                            execute(forget, (ids,))
+                    for delivery in batch:
+                        if delivery.message_id in fresh:
+                            execute(effect, (delivery.message_id, delivery.body))
+                    execute("COMMIT")
+                    for delivery in batch:
+                        delivery.ack()
+                    seen += len(batch)
+                    batches += 1
+                tally = clock.stop(seen)
+        finally:
+            conn.close()
+        print(f"    ({count / max(1, batches):.0f} messages a batch)", flush=True)
+        _check("inbox raw batch", seen, count)
+        return tally
+
+    return run
+
+
+def inbox_run(url: str, database: Database, in_memory: bool = False, batch: bool = False) -> Run:
     """``run(handler, inbox=...)``, the handler inserting its effect via tx;
-    ``in_memory``: the consumer given an ``AttemptMemory`` (no attempt count in the inbox)."""
+    ``in_memory``: the consumer given an ``AttemptMemory`` (no attempt count in the inbox);
+    ``batch``: with ``batch=BatchPolicy(max_messages=BATCH)``, the handler taking a list."""
 
     def run(queue: str, count: int) -> Tally:
         import msgsafe
@@ -901,7 +1055,31 @@ def inbox_run(url: str, database: Database, in_memory: bool = False) -> Run:
                 done.append(clock.stop(count))
                 consumer.stop()
 
-        consumer.run(handler, inbox=inbox_url, handle_signals=False)
+        def batch_handler(deliveries: list[Any], tx: Any) -> None:
+            nonlocal seen
+            clock.start()
+            execute = tx.execute
+            for delivery in deliveries:
+                execute(effect, (delivery.message_id, delivery.body))
+            seen += len(deliveries)
+            if seen == count:
+                # The clock stops once this batch is committed and acknowledged (a batch is
+                # up to BATCH messages: its commit is not left out of the run).
+                threading.Thread(target=finish, daemon=True).start()
+
+        def finish() -> None:
+            while consumer.stats().acked < count:
+                time.sleep(0.001)
+            done.append(clock.stop(count))
+            consumer.stop()
+
+        if batch:
+            policy = msgsafe.BatchPolicy(max_messages=BATCH)
+            consumer.run(batch_handler, inbox=inbox_url, batch=policy, handle_signals=False)
+            batches = consumer.stats().batches
+            print(f"    ({count / max(1, batches):.0f} messages a batch)", flush=True)
+        else:
+            consumer.run(handler, inbox=inbox_url, handle_signals=False)
         _check("inbox run", seen, count)
         return done[0]
 
@@ -977,6 +1155,10 @@ def inbox_target(url: str | None, count: int, kind: str) -> Iterator[Target]:
             Variant("run", inbox_run(rabbit.url, database)),
             Variant("raw+count", inbox_raw(rabbit.url, database, count_attempts=True)),
             Variant("poll+process", inbox_process(rabbit.url, database)),
+            Variant("raw batch", inbox_raw_batch(rabbit.url, database)),
+            Variant("batch mem", inbox_run(rabbit.url, database, in_memory=True, batch=True)),
+            Variant("batch", inbox_run(rabbit.url, database, batch=True)),
+            Variant("raw batch+count", inbox_raw_batch(rabbit.url, database, True)),
         ]
         broker = f"{rabbit.broker}; {where}"
         yield Target(INBOXES[kind][0], broker, variants, rabbit.source, count, rabbit.url)

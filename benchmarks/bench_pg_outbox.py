@@ -24,6 +24,11 @@ a real primary + synchronous standby pair (``msgsafe cluster``'s postgres launch
 Run: ``flock /tmp/msgsafe-bench.lock python3 benchmarks/bench_pg_outbox.py
 [--bloat 1000000] [--readme benchmarks/README.md]``; ``--only put`` (or ``forward``,
 ``bloat``, ``backlog``; repeatable) runs one part and prints its figures.
+
+5. ``--scaling`` (alone): 1, 2 and 4 forwarders to RabbitMQ (3 nodes, a quorum queue)
+   and to Kafka (3 nodes), with the CPU of each forwarder process, of PostgreSQL, of the
+   broker and of the machine, the database's commits per second and the broker's own
+   rate from its raw client, so that the table names what limits the rate.
 """
 
 from __future__ import annotations
@@ -89,8 +94,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="the server's autovacuum_naptime for the run (e.g. 5s; default: the server's)",
     )
     parser.add_argument("--readme", type=Path, help="update the '## PostgreSQL outbox' section")
+    parser.add_argument(
+        "--scaling",
+        action="store_true",
+        help="only the forwarder scaling to 3-node RabbitMQ and Kafka, with what limits it "
+        "(--forwarders, --forward-rows; --readme then updates its own section)",
+    )
     args = parser.parse_args(argv)
-    if args.readme is not None and args.only:
+    if args.readme is not None and args.only and not args.scaling:
         parser.error("--readme needs every part: leave out --only")
     if args.seconds <= 0 or args.forward_rows < 1 or args.bloat < 1:
         parser.error("--seconds, --forward-rows and --bloat must be > 0")
@@ -237,6 +248,266 @@ def forward(url: str, table: str, broker: str, forwarders: int, rows: int) -> fl
     return rows / max(done - first, 1e-6)
 
 
+# --- 2b. forwarder scaling: what limits 1, 2 and 4 forwarders -------------------------------
+
+
+def _proc_cpu(pids: Sequence[int]) -> float:
+    """CPU seconds (user + system) used so far by ``pids`` (a process gone counts 0)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def _busy_cores() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat."""
+    tick = os.sysconf("SC_CLK_TCK")
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    return (sum(values) - idle) / tick, sum(values) / tick
+
+
+def _family(pid: int) -> list[int]:
+    """``pid`` and its live children (a postmaster's backends and helpers)."""
+    found = [pid]
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def _commits(url: str) -> int:
+    """The database's committed transactions so far (``pg_stat_database.xact_commit``)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+@dataclass
+class ScalingRun:
+    """One forwarder count to one broker: the rate and where the CPU went meanwhile."""
+
+    broker: str
+    forwarders: int
+    rate: float  #: msg/s, from the first row gone to the last
+    forwarder_cores: list[float]  #: each forwarder process's CPU, in cores
+    database_cores: float  #: the PostgreSQL primary's processes, in cores
+    broker_cores: float  #: the broker's processes (every node), in cores
+    machine_cores: float  #: the whole machine's busy CPU (other users' too), in cores
+    commits: float  #: the database's commits per second
+    raw: float  #: the broker's own rate, from its raw client (same count, same guarantees)
+
+    def limit(self, cores: int) -> str:
+        """What the figures point at: the machine's cores when they are (nearly) all
+        busy, else a forwarder's core, else the broker near its raw client's rate."""
+        if self.machine_cores >= 0.9 * cores:
+            return f"the machine's cores ({self.machine_cores:.1f} of {cores} busy)"
+        if max(self.forwarder_cores, default=0.0) >= 0.9:
+            return "a forwarder's core"
+        if self.rate >= 0.8 * self.raw:
+            return "the broker (near its raw client's rate)"
+        return "none saturated: waits (round trips, commits)"
+
+
+def forward_sampled(
+    url: str,
+    table: str,
+    broker: str,
+    options: Sequence[str],
+    forwarders: int,
+    rows: int,
+    pids: dict[str, list[int]],
+) -> dict[str, Any]:
+    """``forwarders`` ``msgsafe outbox forward`` processes draining ``rows`` rows of
+    ``table`` to ``broker``, sampled every 0.2 s: the rate from the first row gone to the
+    last, each forwarder's CPU, the CPU of ``pids`` (``database``, ``broker``), the
+    machine's, and the database's commits, all over that same interval."""
+    store = f"{url}&table={table}"
+    command = [sys.executable, "-m", "msgsafe", "outbox", "forward", store, "--url", broker]
+    for option in options:
+        command += ["-o", option]
+    procs = [
+        subprocess.Popen(
+            [*command, "--until-empty", "--json"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(forwarders)
+    ]
+
+    def sample() -> dict[str, Any]:
+        return {
+            "at": time.monotonic(),
+            "forwarders": [_proc_cpu([p.pid]) for p in procs],
+            **{name: _proc_cpu(group) for name, group in pids.items()},
+            "machine": _busy_cores()[0],
+            "commits": _commits(url),
+        }
+
+    try:
+        first: dict[str, Any] | None = None
+        last: dict[str, Any] | None = None
+        left = rows
+        while left:
+            time.sleep(0.2)  # a sampling period: the figures are deltas over the drain
+            now = sample()
+            left = _count(url, table)
+            if first is None and left < rows:
+                first = now
+            if any(p.poll() is None for p in procs):
+                last = now  # the forwarders' CPU is read while they live
+            elif left:
+                raise RuntimeError(f"the forwarders exited with {left} rows left")
+        done = sample()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+            p.wait(60)
+    assert first is not None and last is not None
+    seconds = max(done["at"] - first["at"], 1e-6)
+    alive = max(last["at"] - first["at"], 1e-6)
+    return {
+        "rate": rows / seconds,
+        "forwarder_cores": [
+            (b - a) / alive for a, b in zip(first["forwarders"], last["forwarders"], strict=True)
+        ],
+        **{f"{name}_cores": (done[name] - first[name]) / seconds for name in pids},
+        "machine_cores": (done["machine"] - first["machine"]) / seconds,
+        "commits": (done["commits"] - first["commits"]) / seconds,
+    }
+
+
+def scaling(pair: Any, forwarders: Sequence[int], rows: int, tmp: Path) -> list[ScalingRun]:
+    """1, 2 and 4 forwarders (``forwarders``) from the shared outbox to RabbitMQ (3 nodes,
+    a quorum queue) and to Kafka (3 nodes, a topic of 8 partitions replicated 3 times,
+    ``acks=all``), ``rows`` rows each; the raw client's rate of the same count beside."""
+    from benchmarks.bench_kafka import run_raw as kafka_raw
+    from benchmarks.bench_rabbitmq import _declare, bench_raw_pipelined
+    from msgsafe.cluster.kafka import KafkaCluster
+    from msgsafe.cluster.rabbitmq import RabbitCluster
+
+    url = pair.url
+    database = [pid for pid in pair.pids[:1] if pid is not None]
+    runs: list[ScalingRun] = []
+
+    def measure(
+        name: str, broker: str, options: list[str], fresh: Any, raw: Any, group: Any
+    ) -> None:
+        rate_raw = raw(fresh(), rows)
+        for n in forwarders:
+            table = f"bench_scale_{uuid.uuid4().hex[:8]}"
+            fill(url, table, rows, fresh(), broker)
+            pids = {"database": _family(database[0]) if database else [], "broker": group()}
+            got = forward_sampled(url, table, broker, options, n, rows, pids)
+            runs.append(
+                ScalingRun(
+                    name,
+                    n,
+                    got["rate"],
+                    got["forwarder_cores"],
+                    got["database_cores"],
+                    got["broker_cores"],
+                    got["machine_cores"],
+                    got["commits"],
+                    rate_raw,
+                )
+            )
+            print(f"  scaling: {name}, {n} forwarder(s): {got}", file=sys.stderr)
+
+    rabbit = RabbitCluster(size=3, dir=tmp / "rabbit3")
+    rabbit.start()
+    try:
+        broker = rabbit.cluster_url()
+
+        def queue() -> str:
+            name = f"bench-scale-{uuid.uuid4().hex[:6]}"
+            _declare(rabbit.node_url(0), name)
+            return name
+
+        measure(
+            "RabbitMQ (3 nodes, quorum queue)",
+            broker,
+            ["declare=quorum"],
+            queue,
+            lambda dest, n: bench_raw_pipelined(rabbit.node_url(0), dest, n),
+            lambda: [pid for pid in (rabbit.pid(i) for i in range(3)) if pid is not None],
+        )
+    finally:
+        rabbit.stop()
+    kafka = KafkaCluster(nodes=3, dir=tmp / "kafka3")
+    kafka.start()
+    try:
+
+        def topic() -> str:
+            name = f"bench-scale-{uuid.uuid4().hex[:6]}"
+            kafka.create_topic(name, partitions=8, replication=3)
+            return name
+
+        measure(
+            "Kafka (3 nodes, 8 partitions, replication 3)",
+            kafka.url,
+            [],
+            topic,
+            lambda dest, n: kafka_raw(kafka.bootstrap, dest, n, ids=True)[0],
+            lambda: [pid for pid in kafka.pids if pid is not None],
+        )
+    finally:
+        kafka.stop()
+    return runs
+
+
+def scaling_report(runs: Sequence[ScalingRun], rows: int, header: str) -> str:
+    """The ``## PostgreSQL outbox: forwarder scaling`` section."""
+    cores = os.cpu_count() or 1
+    lines = [
+        "## PostgreSQL outbox: forwarder scaling",
+        "",
+        "`flock /tmp/msgsafe-bench.lock python3 benchmarks/bench_pg_outbox.py --scaling "
+        f"--forward-rows {rows}`",
+        "",
+        header,
+        "",
+        f"{rows:,} rows on {KEYS} keys per run, put first; the forwarders then drain them "
+        "(`msgsafe outbox forward --until-empty`). CPU in cores over the drain (1.0 = one "
+        "core busy throughout): each forwarder process, the PostgreSQL primary's processes, "
+        "the broker's nodes, and the whole machine (other users' too); the database's "
+        "commits per second from `pg_stat_database.xact_commit`; the broker's own rate "
+        "from its raw client, the same count with the same guarantees.",
+        "",
+        "| broker | forwarders | msg/s | x 1 forwarder | CPU per forwarder | PostgreSQL CPU "
+        "| broker CPU | machine CPU | commits/s | raw client msg/s | limit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    base: dict[str, float] = {}
+    for r in runs:
+        base.setdefault(r.broker, r.rate)
+        each = ", ".join(f"{c:.2f}" for c in r.forwarder_cores)
+        lines.append(
+            f"| {r.broker} | {r.forwarders} | {r.rate:,.0f} | {r.rate / base[r.broker]:.2f} | "
+            f"{each} | {r.database_cores:.2f} | {r.broker_cores:.2f} | "
+            f"{r.machine_cores:.2f} of {cores} | {r.commits:,.0f} | {r.raw:,.0f} | "
+            f"{r.limit(cores)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 # --- 3. bloat -------------------------------------------------------------------------------
 
 
@@ -348,7 +619,7 @@ def explain(url: str, table: str) -> dict[str, tuple[float, int]]:
             "claim": (sql["claim_keys"], {**claim, "keys": keys, "per_key": 63}),
             "claim, no key free": (sql["claim_keys"], {**claim, "keys": [], "per_key": 1000}),
             "stats": (sql["stats"], (100_001,)),
-            "delivered": (sql["delivered"], ([r[0] for r in first],)),
+            "delivered": (sql["delivered"], {"ids": [r[0] for r in first], "epoch": None}),
         }
         for name, (query, params) in asked.items():
             row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params)
@@ -585,6 +856,9 @@ def report(
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.scaling:
+        scaling_main(args)
+        return
     parts = set(args.only or PARTS)
     from msgsafe.cluster.postgres import PostgresCluster, postgres_bin
     from msgsafe.cluster.rabbitmq import RabbitCluster
@@ -651,6 +925,31 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(text)
     if args.readme is not None:
         update_readme(args.readme, text)
+
+
+def scaling_main(args: argparse.Namespace) -> None:
+    """``--scaling``: the forwarder scaling table alone (see :func:`scaling`)."""
+    from msgsafe.cluster.postgres import PostgresCluster, postgres_bin
+
+    load = os.getloadavg()[0]
+    started = time.gmtime()
+    with tempfile.TemporaryDirectory(prefix="bench-pg-") as tmp:
+        pair = PostgresCluster(nodes=2, dir=Path(tmp) / "pg")
+        pair.start()
+        try:
+            runs = scaling(pair, args.forwarders, args.forward_rows, Path(tmp))
+        finally:
+            pair.stop()
+    header = (
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', started)} on {os.cpu_count()} cores, "
+        f"load average {load:.1f} at the start and {os.getloadavg()[0]:.1f} at the end (the "
+        f"machine is shared), PostgreSQL {postgres_bin().parent.parent.name} (primary + "
+        f"synchronous standby on the same machine), Python {sys.version.split()[0]}."
+    )
+    text = scaling_report(runs, args.forward_rows, header)
+    print(text)
+    if args.readme is not None:
+        replace_section(args.readme, text)
 
 
 def update_readme(path: Path, body: str) -> None:

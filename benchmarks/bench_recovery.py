@@ -6,6 +6,7 @@ per protocol.
     python benchmarks/bench_recovery.py [--protocol all|rabbitmq|kafka|amqp10]
                                         [--messages 200000] [--keys 4] [--rounds 1]
                                         [--readme benchmarks/README.md]
+    python benchmarks/bench_recovery.py --lived-through 3 [--protocol rabbitmq]
 
 One broker node on loopback per protocol (``msgsafe.cluster``): RabbitMQ (AMQP 0-9-1,
 and AMQP 1.0 through its plugin on the same node) and Apache Kafka (one KRaft node).
@@ -27,6 +28,14 @@ For each protocol:
   with the same guarantees (pika confirms + persistent + mandatory; confluent-kafka
   ``acks=all`` + idempotence with an id header; proton unsettled durable transfers),
   from the benchmarks of each protocol;
+- ``lived through``: where users meet a drain, the producer that ran through the
+  outage: one producer measures its own healthy ``send_batch`` (as above), then stores
+  as many messages with ``send_batch`` while the broker is down (RabbitMQ and AMQP 1.0:
+  the node stopped and started again on the same port; Kafka: the fault proxies) and,
+  the broker back, drains them itself; its drain rate (from the first stored message
+  confirmed to ``drain()`` returning 0) against that healthy rate, with the same
+  profile, the CPU per message of the producer and the broker in each phase, and the
+  consumer's check;
 - ``first confirm``: the broker is made unreachable by a fault proxy (connections
   refused) while 1,000 sends are STORED and the outage lasts ``--outage`` seconds; the
   figure is the time from the proxy healing to the first stored message confirmed and
@@ -37,7 +46,8 @@ For each protocol:
   waits for one commit, and one commit can carry at most the 8 waiting messages),
   measured on the same directory in slices before and after.
 
-Goals: drain / healthy send_batch >= 0.8 (drain / raw kept in the table); first
+Goals: drain / healthy send_batch >= 0.8, for the fresh producer and for the one that
+lived through the outage (drain / raw kept in the table); first
 confirm <= 1 s; every key's order by first arrival at the consumer; outage send /
 (8 x fdatasync rate) >= 0.9. Where the disk syncs faster than the CPU can send (one
 interpreter runs one send at a time), the lower limit is 1 / the CPU per send, and the
@@ -93,6 +103,29 @@ class Target:
     #: The raw client's first confirm after the same outage (seconds), where measured:
     #: (outage_s, warm) -> seconds.
     raw_first: Callable[[float, bool], float] | None = None
+    #: The broker's one node stopped and started again on the same address (the
+    #: outage of :func:`lived_through`); None: the proxies refuse and heal instead.
+    node_down: Callable[[], None] | None = None
+    node_up: Callable[[], None] | None = None
+    #: The broker's processes now (their CPU is read from /proc), where known.
+    broker_pids: Callable[[], list[int]] | None = None
+    #: Deletes a destination made by ``fresh`` (and every message in it), where the
+    #: broker would otherwise recover it on a restart.
+    drop: Callable[[str], None] | None = None
+
+
+def process_cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) used so far by ``pids``, from /proc; a process gone
+    counts 0."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 def fill(path: Path, url: str, destination: str, count: int, keys: int) -> None:
@@ -133,6 +166,8 @@ class Profile:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = collections.defaultdict(float)
         self.calls: collections.Counter[str] = collections.Counter()
+        #: time.perf_counter() when each step was first entered.
+        self.first: dict[str, float] = {}
         self._saved: list[tuple[type, str, Any]] = []
 
     def __enter__(self) -> Profile:
@@ -147,10 +182,11 @@ class Profile:
             setattr(owner, name, original)
 
     def _timed(self, function: Callable[..., Any], label: str) -> Callable[..., Any]:
-        seconds, calls = self.seconds, self.calls
+        seconds, calls, first = self.seconds, self.calls, self.first
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             started = time.perf_counter()
+            first.setdefault(label, started)
             try:
                 return function(*args, **kwargs)
             finally:
@@ -288,6 +324,95 @@ def check_order(target: Target, destination: str, count: int, deadline_s: float 
     return (
         f"{len(seen):,} read, {arrivals - len(seen)} duplicates, order kept on {len(firsts)} keys"
     )
+
+
+def lived_through(
+    target: Target, count: int, keys: int, tmp: Path
+) -> tuple[float, float, float, dict[str, float], str]:
+    """The producer that lived through the outage: one ``msgsafe.Producer`` (its outbox a
+    SQLite file) measures its own healthy ``send_batch`` of ``count`` messages on
+    ``keys`` keys in calls of 10,000 (that destination is then dropped where the target
+    can, see :attr:`Target.drop`), then stores as many with ``send_batch`` while the
+    broker is down (every message STORED), and once the broker is back behind the same
+    address (:attr:`Target.node_up`, else the proxies heal) drains them itself.
+
+    Returns (healthy msg/s; drain msg/s from the first stored message confirmed to
+    ``drain()`` returning 0; seconds from the broker back to that first confirm; the
+    drain's profile as :func:`drain_rate` gives it; the consumer's check)."""
+    healthy_to, outage_to = target.fresh(), target.fresh()
+    path = tmp / f"lived-{uuid.uuid4().hex[:8]}.db"
+    options = dict(target.options, confirm_timeout=2.0)
+    by_node = target.node_down is not None and target.node_up is not None
+    url = target.url if by_node else target.proxied_url
+
+    def send_all(producer: msgsafe.Producer, destination: str) -> tuple[int, int]:
+        stored = confirmed = 0
+        for start in range(0, count, FILL_CHUNK):
+            size = min(FILL_CHUNK, count - start)
+            ids = [f"k{i % keys}" for i in range(start, start + size)]
+            receipt = producer.send_batch(destination, [BODY] * size, keys=ids)
+            stored += len(receipt.stored_ids)
+            confirmed += size - len(receipt.stored_ids)
+        return stored, confirmed
+
+    try:
+        with msgsafe.Producer(url, outbox=path, **options) as producer:
+            producer.send_batch(
+                healthy_to, [BODY] * 1000, keys=[f"k{i % keys}" for i in range(1000)]
+            )
+            broker = target.broker_pids() if target.broker_pids is not None else []
+            started, cpu, broker_cpu = time.perf_counter(), time.process_time(), process_cpu(broker)
+            stored, _ = send_all(producer, healthy_to)
+            healthy = count / (time.perf_counter() - started)
+            per_cpu = {
+                "healthy cpu": 1e6 * (time.process_time() - cpu) / count,
+                "healthy broker cpu": 1e6 * (process_cpu(broker) - broker_cpu) / count,
+            }
+            if stored:
+                raise SystemExit(f"{target.name}: {stored} healthy sends were stored")
+            if target.node_down is not None and by_node:
+                if target.drop is not None:
+                    # The healthy phase's messages are not the drain's: a node started
+                    # again would recover them (a quorum queue of 200,000 messages) while
+                    # it answers the drain, and charge that work to the drain.
+                    target.drop(healthy_to)
+                target.node_down()
+            else:
+                _outage(target.proxies)
+            stored, confirmed = send_all(producer, outage_to)
+            if confirmed or producer.pending() != count:
+                raise SystemExit(
+                    f"{target.name}: {confirmed} confirmed in the outage, "
+                    f"{producer.pending()} of {count} stored"
+                )
+            if target.node_up is not None and by_node:
+                target.node_up()
+            else:
+                for proxy in target.proxies:
+                    proxy.heal()
+            broker = target.broker_pids() if target.broker_pids is not None else []
+            with Profile() as profile:
+                cpu, broker_cpu = time.process_time(), process_cpu(broker)
+                healed = time.perf_counter()
+                left = producer.drain(1800)
+                ended = time.perf_counter()
+                cpu = time.process_time() - cpu
+                broker_cpu = process_cpu(broker) - broker_cpu
+            if left:
+                raise SystemExit(f"{target.name}: {left} of {count} still in the outbox")
+    finally:
+        for proxy in target.proxies:
+            proxy.heal()
+        path.unlink(missing_ok=True)
+    first = (profile.first.get("removal (own thread)") or ended) - healed
+    per = {label: 1e6 * profile.seconds[label] / count for _, _, label in _STEPS}
+    per["rounds"] = float(profile.calls["hand-over"])
+    per["wall"] = 1e6 * (ended - healed) / count
+    per["cpu"] = 1e6 * cpu / count
+    per["broker cpu"] = 1e6 * broker_cpu / count
+    per.update(per_cpu)
+    drain = count / max(1e-9, ended - healed - first)
+    return healthy, drain, first, per, check_order(target, outage_to, count)
 
 
 def _outage(proxies: list[FaultProxy]) -> None:
@@ -433,7 +558,7 @@ def first_confirms(
 @contextlib.contextmanager
 def rabbit_targets() -> Iterator[list[Target]]:
     from benchmarks.bench_amqp10 import run_raw as amqp10_raw
-    from benchmarks.bench_rabbitmq import _declare, bench_raw_pipelined
+    from benchmarks.bench_rabbitmq import _declare, _delete, bench_raw_pipelined
     from msgsafe.cluster.rabbitmq import RabbitCluster
 
     cluster = RabbitCluster(size=1)
@@ -461,6 +586,10 @@ def rabbit_targets() -> Iterator[list[Target]]:
                     lambda dest, n: bench_raw_pipelined(url, dest, n),
                     url,
                     {"connect_timeout": 1.0},
+                    node_down=lambda: cluster.stop_node(0),
+                    node_up=lambda: cluster.restart(0),
+                    broker_pids=lambda: [pid for pid in [cluster.pid(0)] if pid is not None],
+                    drop=lambda name: _delete(url, name),
                 ),
                 Target(
                     "amqp10",
@@ -471,6 +600,10 @@ def rabbit_targets() -> Iterator[list[Target]]:
                     lambda dest, n: amqp10_raw(cluster.amqp10_url(0), dest, n, WINDOW)[0],
                     cluster.amqp10_url(0),
                     {"connect_timeout": 1.0},
+                    node_down=lambda: cluster.stop_node(0),
+                    node_up=lambda: cluster.restart(0),
+                    broker_pids=lambda: [pid for pid in [cluster.pid(0)] if pid is not None],
+                    drop=lambda name: _delete(url, name.rsplit("/", 1)[-1]),
                 ),
             ]
     finally:
@@ -502,7 +635,8 @@ def kafka_targets() -> Iterator[list[Target]]:
                 lambda dest, n: kafka_raw(cluster.bootstrap, dest, n, ids=True)[0],
                 cluster.url,
                 {},
-                lambda outage_s, warm: kafka_raw_first_confirm(
+                broker_pids=lambda: [pid for pid in cluster.pids if pid is not None],
+                raw_first=lambda outage_s, warm: kafka_raw_first_confirm(
                     ",".join(f"127.0.0.1:{p}" for p in cluster.proxy_ports),
                     list(proxies),
                     topic(),
@@ -527,6 +661,7 @@ def measure(target: Target, args: argparse.Namespace, tmp: Path) -> dict[str, An
         destination = target.fresh()
         drains.append(drain_rate(target, destination, args.messages, args.keys, tmp))
         checks.append(check_order(target, destination, args.messages))
+    lived = lived_through(target, args.messages, args.keys, tmp)
     first = first_confirm(target, args.outage, tmp)
     first_warm = first_confirm(target, args.outage, tmp, warm=True)
     syncs = [fdatasync_rate(tmp)]
@@ -554,9 +689,90 @@ def measure(target: Target, args: argparse.Namespace, tmp: Path) -> dict[str, An
         "sends_ratio": sends / (8 * sync),
         "limit_ratio": sends / limit,
         "profile": profile,
+        "lived": lived,
     }
     print(f"{target.name}: {result}", flush=True)
     return result
+
+
+Lived = tuple[float, float, float, dict[str, float], str]
+
+
+def lived_table(runs: dict[str, list[Lived]]) -> list[str]:
+    """Markdown: each run of :func:`lived_through`, its ratio and where the time went."""
+    labels = [label for _, _, label in _STEPS if label != "forwarder step"]
+    lines = [
+        "The producer that lived through the outage (its own healthy `send_batch`, then as "
+        "many stored with `send_batch` while the broker was down, drained by the same "
+        "producer once the broker was back on the same address); drain counted from the "
+        "first stored message confirmed; µs per message of each step, and CPU per message "
+        "of the producer and the broker, healthy / drain:",
+        "",
+        "| protocol | healthy send_batch | drain | drain / healthy | first confirm | rounds | "
+        + " | ".join(labels)
+        + " | drain wall | producer CPU | broker CPU | consumer check |",
+        "|---|---|---|---|---|---|" + "---|" * (len(labels) + 4),
+    ]
+    for name, results in runs.items():
+        for healthy, drain, first, p, check in results:
+            cells = " | ".join(f"{p[label]:.1f}" for label in labels)
+            lines.append(
+                f"| {name} | {healthy:,.0f} msg/s | {drain:,.0f} msg/s | "
+                f"{drain / healthy:.2f} | {first:.2f} s | {p['rounds']:.0f} | {cells} | "
+                f"{p['wall']:.1f} | {p['healthy cpu']:.1f} / {p['cpu']:.1f} | "
+                f"{p['healthy broker cpu']:.1f} / {p['broker cpu']:.1f} | {check} |"
+            )
+    return lines
+
+
+def lived_only(args: argparse.Namespace, wanted: set[str]) -> None:
+    """``--lived-through N``: only :func:`lived_through`, N times per protocol."""
+    load = f"load average {os.getloadavg()[0]:.1f} at the start"
+    runs: dict[str, list[Lived]] = collections.defaultdict(list)
+
+    def run(target: Target, tmp: Path) -> None:
+        for _ in range(args.lived_through):
+            runs[target.name].append(lived_through(target, args.messages, args.keys, tmp))
+            healthy, drain = runs[target.name][-1][:2]
+            print(
+                f"{target.name}: healthy {healthy:,.0f} msg/s, drain {drain:,.0f} msg/s, "
+                f"{drain / healthy:.2f}",
+                flush=True,
+            )
+
+    with tempfile.TemporaryDirectory(prefix="msgsafe-recovery-") as tmp:
+        if wanted & {"rabbitmq", "amqp10"}:
+            with rabbit_targets() as targets:
+                for target in targets:
+                    if target.name in wanted:
+                        run(target, Path(tmp))
+        if "kafka" in wanted:
+            with kafka_targets() as targets:
+                run(targets[0], Path(tmp))
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    command = ["--lived-through", str(args.lived_through)]
+    if args.protocol != "all":
+        command += ["--protocol", args.protocol]
+    if args.messages != 200_000:
+        command += ["--messages", str(args.messages)]
+    body = "\n".join(
+        [
+            "## Recovery: the producer that lived through the outage",
+            "",
+            "`flock /tmp/msgsafe-bench.lock python3 benchmarks/bench_recovery.py "
+            f"{' '.join(command)} --readme benchmarks/README.md`",
+            "",
+            f"Measured {stamp} on {os.cpu_count()} cores, {load}, "
+            f"{os.getloadavg()[0]:.1f} at the end, Python {platform.python_version()}; one "
+            f"broker node on loopback; {args.messages:,} messages of 100 bytes on "
+            f"{args.keys} keys, each run in one producer.",
+            "",
+            *lived_table(runs),
+        ]
+    )
+    print("\n" + body)
+    if args.readme is not None:
+        replace_section(args.readme, body + "\n")
 
 
 def report(results: dict[str, dict[str, Any]], args: argparse.Namespace, load: str) -> str:
@@ -584,6 +800,7 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace, load: s
             f"{r['first_confirm_warm_s']:.2f} s / {r['first_confirm_s']:.2f} s | "
             f"{r['check']} |"
         )
+    lines += ["", *lived_table({name: [r["lived"]] for name, r in results.items()})]
     lines += [
         "",
         "The blocking `send` from 8 threads during the outage (one key each, every call "
@@ -763,9 +980,18 @@ def main(argv: list[str] | None = None) -> None:
         help="only the first confirm after the outage, N times, msgsafe and the raw client "
         "alternated (Kafka's raw client; the others are not measured raw)",
     )
+    parser.add_argument(
+        "--lived-through",
+        type=int,
+        metavar="N",
+        help="only the producer that lived through the outage, N times per protocol",
+    )
     args = parser.parse_args(argv)
     load = f"load average {os.getloadavg()[0]:.1f} at the start"
     wanted = {"rabbitmq", "kafka", "amqp10"} if args.protocol == "all" else {args.protocol}
+    if args.lived_through:
+        lived_only(args, wanted)
+        return
     results: dict[str, dict[str, Any]] = {}
     if args.first_confirms:
         rows = [

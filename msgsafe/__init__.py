@@ -14,6 +14,7 @@ import logging
 from msgsafe import errors
 from msgsafe.aio import AsyncConsumer, AsyncDelivery, AsyncProducer
 from msgsafe.consumer import Consumer
+from msgsafe.consuming.batching import BatchPolicy
 from msgsafe.errors import MsgsafeError
 from msgsafe.message import (
     Delivery,
@@ -34,6 +35,7 @@ __all__ = [
     "AsyncConsumer",
     "AsyncDelivery",
     "AsyncProducer",
+    "BatchPolicy",
     "Consumer",
     "Delivery",
     "Envelope",

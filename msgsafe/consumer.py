@@ -9,26 +9,28 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Self
 
+from msgsafe._observer import observing
 from msgsafe.adapters import open_receiver
 from msgsafe.checks import Inspector, inspector_for
+from msgsafe.consuming.batching import BatchPolicy
 from msgsafe.consuming.clock import MonotonicClock, RunClock
-from msgsafe.consuming.runner import Handler, InboxHandler, OnExhausted, Runner
+from msgsafe.consuming.runner import BatchHandler, Handler, InboxHandler, OnExhausted, Runner
 from msgsafe.dedup import AttemptMemory, DedupWindow
 from msgsafe.endpoints import BrokerUrl, parse_url
 from msgsafe.errors import ClosedError, ConfigurationError, ConnectError, TransientError
 from msgsafe.inbox import open_inbox
 from msgsafe.message import Delivery, Outcome
-from msgsafe.ports import AttemptCounter, InboxStore, Receiver
+from msgsafe.ports import AttemptCounter, InboxStore, Receiver, inbox_capabilities
 from msgsafe.producer import Producer
 from msgsafe.retry import RetryPolicy
 from msgsafe.schemas import Deserializer, Deserializers
-from msgsafe.telemetry._observer import observing
 from msgsafe.telemetry.consumer import ConsumerTelemetry
 from msgsafe.telemetry.stats import ConsumerStats
 
 __all__ = ["Consumer"]
 
 _REQUEUE = Outcome.REQUEUE
+_RELEASE = Outcome.RELEASE
 
 #: run()'s default prefetch: also the most one fetch asks the receiver for, so it is a
 #: batch's size (with 2 * concurrency, fetches of 8 messages cost more than the handling).
@@ -159,7 +161,7 @@ class Consumer:
             return
         with self._lock:
             held = self._open.pop(message_id, None)
-            if outcome is not _REQUEUE:
+            if outcome is not _REQUEUE and outcome is not _RELEASE:  # not given back
                 window.record(message_id)
         if held:
             for copy in held:
@@ -223,9 +225,10 @@ class Consumer:
 
     def run(
         self,
-        handler: Handler | InboxHandler,
+        handler: Handler | InboxHandler | BatchHandler,
         *,
         inbox: str | InboxStore | None = None,
+        batch: BatchPolicy | None = None,
         concurrency: int = 1,
         prefetch: int | None = None,
         retry: RetryPolicy | None = None,
@@ -256,6 +259,16 @@ class Consumer:
         (:class:`~msgsafe.errors.InboxUnavailable`) gives the delivery back to be
         delivered again: no retry is spent on it and it is not dead-lettered for it. An
         inbox given by URL is opened here and closed when the run ends.
+
+        With ``inbox`` and ``batch`` (a :class:`~msgsafe.consuming.batching.BatchPolicy`,
+        which the inbox must declare it can serve: ``capabilities.batch``, as both of
+        msgsafe's stores do) the handler takes a list, ``handler(deliveries, tx)``: up to
+        ``batch.max_messages`` deliveries new to the inbox — runs of several keys, each in
+        its order — whose ids are committed with the handler's writes in one transaction,
+        then acknowledged. A batch whose handler raises is rolled back and its deliveries
+        handled alone (``handler([delivery], tx)``), each with the retries and
+        dead-letter destination below; a delivery seen before is always handled alone.
+        See :mod:`msgsafe.consuming.batching`.
 
         ``concurrency`` worker threads call it; deliveries of one key are handled one at
         a time in arrival order, unkeyed ones freely. At most ``prefetch`` deliveries
@@ -312,12 +325,23 @@ class Consumer:
             raise ConfigurationError("give dead_letter_url or dead_letter_producer, not both")
         if self._runner is not None:
             raise ConfigurationError("run() is already running on this consumer")
+        if batch is not None and not isinstance(batch, BatchPolicy):
+            raise ConfigurationError(f"batch is a BatchPolicy, not {type(batch).__name__}")
+        if batch is not None and inbox is None:
+            raise ConfigurationError("batch needs an inbox: it commits a batch's ids at once")
         opened: InboxStore | None = None
         if isinstance(inbox, str):
             opened = inbox = open_inbox(inbox)
         elif inbox is not None and not isinstance(inbox, InboxStore):
             raise ConfigurationError(
                 f"inbox is an inbox URL or an InboxStore, not {type(inbox).__name__}"
+            )
+        if batch is not None and inbox is not None and not inbox_capabilities(inbox).batch:
+            if opened is not None:
+                opened.close()
+            raise ConfigurationError(
+                f"batch needs an inbox that declares capabilities.batch; "
+                f"{type(inbox).__name__} does not"
             )
         owned: Producer | None = None
         if dead_letter is not None and dead_letter_producer is None:
@@ -344,6 +368,7 @@ class Consumer:
             clock=clock if clock is not None else MonotonicClock(),
             inbox=inbox,
             count_in_inbox=not self._attempts_given,
+            batch=batch,
         )
         self._runner = runner
         try:

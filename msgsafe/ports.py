@@ -30,13 +30,15 @@ sent as one) and ``ordered_rounds`` (order per key holds across calls and
 reconnects). An outbox store implements :class:`OutboxStore` and declares a
 :class:`StoreCapabilities` record the same way (``claim_rows``, ``put_batch_async``,
 ``transactional``, ``release``, ``pending``, ``notify``), and the longest lease it grants
-(``lease_s``) where it caps leases.
+(``lease_s``) where it caps leases. An inbox implements :class:`InboxStore` and may
+declare an :class:`InboxCapabilities` record (``batch``: :class:`BatchInboxStore`).
 
 Capabilities are declared, not probed: the producer, the forwarder and the CLI read the
 record once, when they are built, and call what it promises without looking for it
-(``tests/unit/test_capabilities_declared.py`` keeps it so). :func:`transport_capabilities`
-and :func:`store_capabilities` are the one place that looks: an implementation written
-before the records existed, which has no ``capabilities``, declares nothing optional. A
+(``tests/unit/test_capabilities_declared.py`` keeps it so). :func:`transport_capabilities`,
+:func:`store_capabilities` and :func:`inbox_capabilities` are the one place that looks:
+an implementation written before the records existed, which has no ``capabilities``,
+declares nothing optional. A
 flag set to True is a promise the contract suite (``tests/contract/``) holds every
 adapter and store to.
 """
@@ -63,6 +65,8 @@ __all__ = [
     "ErrorListener",
     "ErrorListeningTransport",
     "HurryingTransport",
+    "BatchInboxStore",
+    "InboxCapabilities",
     "InboxStore",
     "LANE_DIRECT",
     "LANE_LEAVING",
@@ -74,15 +78,18 @@ __all__ = [
     "OutboxStats",
     "OutboxStore",
     "Processed",
+    "ProcessedBatch",
     "PublishCallback",
     "PublishFuture",
     "Receiver",
     "ReleasingStore",
+    "RenewingStore",
     "RowClaimingStore",
     "StoreCapabilities",
     "TransactionalStore",
     "Transport",
     "TransportCapabilities",
+    "inbox_capabilities",
     "is_outbox_store",
     "store_capabilities",
     "transport_capabilities",
@@ -182,6 +189,12 @@ class StoreCapabilities:
     #: forwarder then listens, so that another process's put is forwarded at once rather
     #: than at its next poll.
     notify: bool = False
+    #: A :class:`RenewingStore`: ``renew(ids, lease_s=)`` extends a claim's lease when
+    #: the claimer still holds every row of it, and says so; a claim another claimer
+    #: took over after its lease ran out is given up. Its settling (``delivered``,
+    #: ``failed``, ``release``) touches only rows the claimer still holds. A forwarder
+    #: renews a claim before publishing it when the claim has grown old (it was paused).
+    renew: bool = False
     #: The longest lease, in seconds, that the store grants a claim (None: the lease the
     #: claimer asks for). A store shared by many processes caps it, so that a dead
     #: forwarder's rows come back soon; a forwarder of such a store times its rounds by
@@ -477,6 +490,14 @@ class Receiver(Protocol):
     (at-least-once: an unsettled delivery is redelivered after a crash or fail-over).
     Deliveries carry ``message_id`` from the native id field or the ``msgsafe-id`` header.
     Thread-safe; ``close`` is idempotent and requeues what was not settled.
+
+    A delivery settles with every :class:`~msgsafe.message.Outcome`, the same on every
+    receiver (no flag to declare): ``REQUEUE`` (``nack()``) gives back a message that was
+    tried and failed, and raises the broker's delivery count where it keeps one;
+    ``RELEASE`` (``release()``) gives back a message that was not tried (prefetched,
+    peeked, not started before a stop) and raises no count where the protocol can say so
+    (AMQP 1.0 ``released``); elsewhere it is ``REQUEUE``. What ``close`` gives back
+    unread it releases.
     """
 
     def subscribe(self, destination: str) -> None:
@@ -654,6 +675,25 @@ class ReleasingStore(OutboxStore, Protocol):
 
 
 @runtime_checkable
+class RenewingStore(OutboxStore, Protocol):
+    """A store whose leases carry an epoch (``capabilities.renew``): each claim gets a
+    new one, written on its rows, and a row is settled (deleted, released, quarantined)
+    only while it still carries the epoch of the claim that leased it here.
+
+    ``renew(ids, lease_s=)``: when every one of ``ids`` (rows of claims made through
+    this store) still carries its claim's epoch, their lease runs ``lease_s`` from now
+    and it returns True. Otherwise another claimer took some over after the lease ran
+    out: the store gives up the claim (the rows it still holds are ready again at once,
+    the others are left to their new holder), logs it once at WARNING and returns
+    False; the caller must send none of them.
+    """
+
+    def renew(self, ids: Sequence[str], *, lease_s: float) -> bool:
+        """True once the lease of ``ids`` is extended; False when it was lost."""
+        ...
+
+
+@runtime_checkable
 class CountingStore(OutboxStore, Protocol):
     """A store that counts what waits cheaply (``capabilities.pending``).
 
@@ -759,6 +799,58 @@ class InboxStore(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessedBatch(Generic[R]):
+    """What :meth:`BatchInboxStore.process_batch` did: ``fresh``, the indexes (in the
+    order given) of the ids it recorded, whose messages ``work`` handled and committed
+    with them (``value`` is what it returned); the others were recorded already, and
+    ``work`` was not called when none is fresh (``value`` None)."""
+
+    fresh: tuple[int, ...]
+    value: R | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InboxCapabilities:
+    """What an :class:`InboxStore` offers beyond its required methods, declared once as
+    :class:`StoreCapabilities` is for outbox stores (all False: the minimal inbox)."""
+
+    #: A :class:`BatchInboxStore`: ``process_batch`` records many ids with one
+    #: ``work(fresh, tx)`` in one transaction, and ``record_attempts`` counts the attempts
+    #: of many unhandled ids in one statement. ``Consumer.run(batch=...)`` needs it.
+    batch: bool = False
+
+
+@runtime_checkable
+class BatchInboxStore(InboxStore, Protocol):
+    """An inbox that handles a run of messages in one transaction
+    (``capabilities.batch``).
+
+    - ``process_batch(records, work)``: ``records`` are ``(id, source, attempt)``;
+      opens one transaction, records every id not recorded yet (an id recorded already,
+      or twice in ``records``, is fresh once at most), calls ``work(fresh, tx)`` with
+      the indexes of the fresh ones in ``records`` order, and commits the records and
+      ``work``'s writes at once — ``process``'s contract for each id, the transaction
+      shared. No fresh id: ``work`` is not called. ``work`` raising rolls back every
+      record of the call and propagates unchanged.
+    - ``record_attempts(items)``: ``items`` are ``(id, source)``, the ids distinct; for
+      each id not recorded as handled, ``record_attempt``'s durable count incremented,
+      all in one committed statement. Returns the new counts of those ids; a handled id
+      is absent (and not counted): ``handled`` and ``record_attempt`` in one round trip.
+    """
+
+    def process_batch(
+        self, records: Sequence[tuple[str, str, int]], work: Callable[[list[int], Any], R]
+    ) -> ProcessedBatch[R]:
+        """Record the ids of ``records`` not recorded yet and run ``work`` for them in one
+        transaction."""
+        ...
+
+    def record_attempts(self, items: Sequence[tuple[str, str]]) -> dict[str, int]:
+        """Count one more attempt at each unhandled id of ``items``; their new counts."""
+        ...
+
+
 # --- the one place that looks -------------------------------------------------------------
 
 
@@ -809,3 +901,21 @@ def is_outbox_store(obj: object) -> TypeGuard[OutboxStore]:
     return isinstance(obj, OutboxStore) or all(
         callable(getattr(obj, name, None)) for name in _STORE_METHODS
     )
+
+
+_NO_INBOX_CAPABILITIES = InboxCapabilities()
+
+
+def inbox_capabilities(inbox: object) -> InboxCapabilities:
+    """What ``inbox`` declares: its ``capabilities``, or the minimal record
+    (``InboxCapabilities()``) when it has none (an :class:`InboxStore` need not have
+    one). As :func:`store_capabilities`, the one place that looks."""
+    declared = getattr(inbox, "capabilities", None)
+    if declared is None:
+        return _NO_INBOX_CAPABILITIES
+    if not isinstance(declared, InboxCapabilities):
+        raise TypeError(
+            f"{type(inbox).__name__}.capabilities must be an InboxCapabilities,"
+            f" not {type(declared).__name__}"
+        )
+    return declared

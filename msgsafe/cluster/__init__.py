@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from msgsafe.cluster._process import adopt_births
 from msgsafe.cluster.base import STATE_FILE, ClusterError, LocalCluster, NodeInfo
 
 __all__ = ["KINDS", "ClusterError", "LocalCluster", "NodeInfo", "create", "launcher", "load"]
@@ -68,4 +69,7 @@ def load(dir: str | Path) -> LocalCluster:
     kind = state.pop("kind", None)
     if not isinstance(kind, str):
         raise ClusterError(f"{path} names no cluster kind")
+    saved = state.pop("births", None)
+    if isinstance(saved, dict):
+        adopt_births(saved)
     return _launcher(kind).from_state(Path(dir), state)

@@ -31,6 +31,7 @@ from pathlib import Path
 from msgsafe.cluster._process import (
     pid_alive,
     port_open,
+    signal_pid,
     spawn,
     stop_pid,
     tail,
@@ -164,8 +165,7 @@ class Pooler:
         """Serve the database from ``server_port`` from now on (a promoted primary):
         rewrite the file and reload; PgBouncer closes the old server connections."""
         self._write(server_port)
-        if pid_alive(self.pid):
-            os.kill(self.pid or 0, signal.SIGHUP)
+        signal_pid(self.pid, signal.SIGHUP)
 
     def stop(self) -> None:
         """Stop it (SIGTERM: immediate shutdown; SIGKILL after a grace); idempotent."""

@@ -26,6 +26,9 @@ log = logging.getLogger("msgsafe.cluster")
 KILL_WAIT = 10.0
 
 __all__ = [
+    "Pid",
+    "adopt_births",
+    "births",
     "free_port",
     "free_ports",
     "kill_pid",
@@ -89,9 +92,73 @@ def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.2) -> bool:
         return False
 
 
+class Pid(int):
+    """A process id that knows when its process started, as :func:`spawn` returns it.
+
+    A pid is only a name the kernel hands out again once its process is gone (after
+    32,768 on many machines, and every JVM thread takes one): a node that died on its
+    own leaves its pid in its cluster's list, and a signal to that number later would
+    reach whatever process has it now (a database of another test, the user's editor).
+    Every function here treats a pid whose process started at another time than
+    ``born`` as gone. It is an ``int`` everywhere else (JSON, comparisons, ``os``).
+    """
+
+    born: str | None
+
+    def __new__(cls, pid: int, born: str | None = None) -> Pid:
+        made = super().__new__(cls, pid)
+        made.born = born
+        return made
+
+
+#: Start times a cluster's saved state kept for its plain-int pids (:func:`adopt_births`).
+_adopted: dict[int, str] = {}
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (``/proc/PID/stat`` field 22), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    with contextlib.suppress(IndexError):
+        # The command name in parentheses may hold spaces: field 3 follows its last ")".
+        return stat.rsplit(")", 1)[1].split()[19]
+    return None
+
+
+def _reused(pid: int) -> bool:
+    """True when ``pid`` now names another process than the one it was given to."""
+    born = pid.born if isinstance(pid, Pid) else _adopted.get(pid)
+    if born is None:
+        return False  # no start time known: trusted as before
+    now = _start_time(pid)
+    return now is not None and now != born
+
+
+def births(pids: Sequence[int | None]) -> dict[str, str]:
+    """The known start times of ``pids``, for a cluster's saved state."""
+    found: dict[str, str] = {}
+    for pid in pids:
+        born = pid.born if isinstance(pid, Pid) else _adopted.get(pid or 0)
+        if pid is not None and born is not None:
+            found[str(int(pid))] = born
+    return found
+
+
+def adopt_births(saved: Mapping[str, str]) -> None:
+    """Record start times a cluster's saved state kept (:func:`births`), so that another
+    process driving that cluster (``msgsafe cluster down``, days later) never signals a
+    process that merely inherited one of its pids."""
+    for pid, born in saved.items():
+        with contextlib.suppress(ValueError, TypeError):
+            _adopted[int(pid)] = str(born)
+
+
 def pid_alive(pid: int | None) -> bool:
-    """True while ``pid`` exists and is not a zombie (reaps our own dead children)."""
-    if pid is None:
+    """True while ``pid`` exists, is the process recorded for it (not a later one that
+    inherited the number) and is not a zombie (reaps our own dead children)."""
+    if pid is None or _reused(pid):
         return False
     with contextlib.suppress(ChildProcessError, OSError):
         # Our own child: waitpid alone tells. /proc shows a JVM whose main thread ended
@@ -113,7 +180,7 @@ def pid_alive(pid: int | None) -> bool:
 def pid_paused(pid: int | None) -> bool:
     """True while ``pid`` is stopped by SIGSTOP (``/proc/PID/stat`` state ``T``, or ``t``
     under a tracer), whichever process stopped it; False when it runs or is gone."""
-    if pid is None:
+    if pid is None or _reused(pid):
         return False
     with contextlib.suppress(OSError, IndexError):
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -123,8 +190,9 @@ def pid_paused(pid: int | None) -> bool:
 
 
 def signal_pid(pid: int | None, sig: signal.Signals) -> bool:
-    """Send ``sig`` to ``pid``; False when the process is already gone."""
-    if pid is None:
+    """Send ``sig`` to ``pid``; False when the process is already gone (its pid unused,
+    or used by a later process, which is left alone)."""
+    if pid is None or _reused(pid):
         return False
     try:
         os.kill(pid, sig)
@@ -182,7 +250,7 @@ def spawn(
     env: Mapping[str, str] | None = None,
     detached: bool = False,
     user: str | None = None,
-) -> int:
+) -> Pid:
     """Start ``argv`` with stdout and stderr appended to ``log``; return its pid.
 
     ``detached=False`` (tests, benchmarks, the demo): the process dies with its parent.
@@ -210,7 +278,8 @@ def spawn(
             )
         except FileNotFoundError as exc:
             raise ClusterError(f"cannot run {argv[0]!r}: {exc.strerror}") from exc
-    return proc.pid
+    # Readable until the process is reaped, even when it died at once.
+    return Pid(proc.pid, _start_time(proc.pid))
 
 
 def _group_of(user: str) -> int:

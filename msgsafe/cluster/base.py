@@ -153,10 +153,18 @@ class LocalCluster(ABC):
         """Re-attach to a cluster that :meth:`save_state` described."""
 
     def save_state(self) -> None:
-        """Write ``cluster.json`` (kind + :meth:`state`) into the cluster's dir."""
+        """Write ``cluster.json`` (kind + :meth:`state`, and the start time of each pid in
+        it, so that a later command never signals a process that inherited the pid) into
+        the cluster's dir."""
+        # Imported here: the process helpers import this module's ClusterError.
+        from msgsafe.cluster._process import births
+
+        state = self.state()
         path = self.dir / STATE_FILE
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"kind": self.kind, **self.state()}, indent=2))
+        tmp.write_text(
+            json.dumps({"kind": self.kind, **state, "births": births(_pids_in(state))}, indent=2)
+        )
         tmp.replace(path)
 
     # --- context manager ------------------------------------------------------------------
@@ -172,3 +180,20 @@ class LocalCluster(ABC):
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _pids_in(state: Any) -> list[int]:
+    """Every pid a cluster's state names (under a key that ends in ``pid`` or ``pids``)."""
+    found: list[int] = []
+    if isinstance(state, dict):
+        for key, value in state.items():
+            if str(key).endswith("pid") and isinstance(value, int):
+                found.append(value)
+            elif str(key).endswith("pids") and isinstance(value, list):
+                found.extend(v for v in value if isinstance(v, int))
+            else:
+                found.extend(_pids_in(value))
+    elif isinstance(state, list):
+        for value in state:
+            found.extend(_pids_in(value))
+    return found

@@ -62,6 +62,7 @@ from msgsafe.cluster._process import (
     pid_alive,
     pid_paused,
     port_open,
+    signal_pid,
     spawn,
     tail,
     wait_for,
@@ -152,8 +153,7 @@ def _children(pid: int) -> list[int]:
 
 def _signal_all(pids: list[int], sig: signal.Signals) -> None:
     for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
+        signal_pid(pid, sig)
 
 
 def _reachable(path: Path, user: pwd.struct_passwd) -> bool:
@@ -435,7 +435,16 @@ class PostgresCluster(LocalCluster):
             lambda: self._streaming(self.primary, node, sync=sync),
             max(0.0, deadline - time.monotonic()),
             f"PostgreSQL {self.names[node]} to stream from {self.names[self.primary]}",
-            on_timeout=lambda: tail(self.log_path(node)),
+            # Both sides: a standby that cannot connect says little of why the primary
+            # is gone.
+            on_timeout=lambda: "\n".join(
+                [
+                    tail(self.log_path(node)),
+                    f"primary {self.names[self.primary]} (pid {self.pids[self.primary]}) "
+                    + ("runs" if pid_alive(self.pids[self.primary]) else "is not running"),
+                    tail(self.log_path(self.primary)),
+                ]
+            ),
         )
 
     def _make_standby(self, node: int) -> None:
@@ -552,7 +561,7 @@ class PostgresCluster(LocalCluster):
         if pid is not None and pid_alive(pid):
             _signal_all([pid, *_children(pid)], signal.SIGCONT)
             # SIGINT: fast shutdown (SIGTERM would wait for every client to leave).
-            os.kill(pid, signal.SIGINT)
+            signal_pid(pid, signal.SIGINT)
             deadline = time.monotonic() + _STOP_GRACE
             while pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -561,8 +570,12 @@ class PostgresCluster(LocalCluster):
     def _kill_group(self, node: int) -> None:
         """SIGKILL the postmaster and every process it started, as a crash would."""
         pid = self.pids[node]
-        if pid is None:
+        if not pid_alive(pid):
+            # Gone (its children, if any, went to init with it): a pid that another
+            # process has since been given must not have that process's children listed.
+            self.pids[node] = None
             return
+        assert pid is not None
         # Stopped first, so that it forks nothing between the listing and the kill.
         _signal_all([pid], signal.SIGSTOP)
         family = [pid, *_children(pid)]
@@ -687,7 +700,7 @@ class PostgresCluster(LocalCluster):
         """SIGCONT a paused node."""
         self._check(node)
         pid = self.pids[node]
-        if pid is not None:
+        if pid is not None and pid_alive(pid):
             _signal_all(_children(pid), signal.SIGCONT)
             _signal_all([pid], signal.SIGCONT)
 

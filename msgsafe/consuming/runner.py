@@ -23,9 +23,10 @@ After a handler call the delivery is, in this order of preference:
   whatever the policy: no retry of the handler is spent on it, nor is it dead-lettered
   for it (a broker that counts redeliveries still counts this one).
 
-Stopping (``stop()``, SIGTERM, SIGINT) stops fetching, gives back what has not started,
-lets running handlers end within ``stop_timeout`` (then gives them back too), and closes
-the consumer, which commits what it may and leaves the group.
+Stopping (``stop()``, SIGTERM, SIGINT) stops fetching, gives back what has not started
+(``release()``: a broker that counts deliveries counts no attempt for it), lets running
+handlers end within ``stop_timeout`` (then gives them back too, with ``nack()``: they
+were tried), and closes the consumer, which commits what it may and leaves the group.
 """
 
 from __future__ import annotations
@@ -39,18 +40,19 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal
 
+from msgsafe.consuming.batching import BatchPolicy
 from msgsafe.consuming.clock import RunClock
 from msgsafe.consuming.dead_letter import dead_letter_headers
 from msgsafe.consuming.lanes import Lane, LanePool, Verdict
 from msgsafe.errors import ClosedError, InboxUnavailable, InvalidMessage, MsgsafeError
 from msgsafe.message import Delivery
-from msgsafe.ports import AttemptCounter, InboxStore
+from msgsafe.ports import AttemptCounter, BatchInboxStore, InboxStore, inbox_capabilities
 from msgsafe.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from msgsafe.producer import Producer
 
-__all__ = ["Handler", "InboxHandler", "OnExhausted", "Runner"]
+__all__ = ["BatchHandler", "Handler", "InboxHandler", "OnExhausted", "Runner"]
 
 log = logging.getLogger("msgsafe.consumer")
 
@@ -61,6 +63,10 @@ Handler = Callable[[Delivery], object]
 #: transaction; the handler writes its effects through it and neither commits nor rolls
 #: back.
 InboxHandler = Callable[[Delivery, Any], object]
+
+#: With an inbox and a :class:`~msgsafe.consuming.batching.BatchPolicy`: a run of
+#: deliveries (each new to the inbox) and the one transaction they are committed in.
+BatchHandler = Callable[[list[Delivery], Any], object]
 
 #: What to do with a message whose attempts are exhausted, without a dead-letter queue.
 OnExhausted = Literal["reject", "stop"]
@@ -82,7 +88,7 @@ class Runner:
 
     def __init__(
         self,
-        handler: Handler | InboxHandler,
+        handler: Handler | InboxHandler | BatchHandler,
         *,
         fetch: Callable[[int, float], list[Delivery]],
         close: Callable[[], None],
@@ -99,10 +105,19 @@ class Runner:
         clock: RunClock,
         inbox: InboxStore | None = None,
         count_in_inbox: bool = False,
+        batch: BatchPolicy | None = None,
         rng: Callable[[], float] = random.random,
     ) -> None:
         self._handler: Callable[..., object] = handler
         self._inbox = inbox
+        #: The inbox's batch methods (None: it has none; one call at a time).
+        self._batch_inbox: BatchInboxStore | None = (
+            inbox if inbox is not None and inbox_capabilities(inbox).batch else None  # type: ignore[assignment]
+        )
+        self._batch = batch
+        #: Deliveries whose attempt a batch counted in the inbox and whose handler was not
+        #: called for it (their key's earlier delivery failed first): not counted again.
+        self._counted_ahead: dict[Delivery, int] = {}
         self._count_in_inbox = count_in_inbox
         self._fetch = fetch
         self._close = close
@@ -122,7 +137,14 @@ class Runner:
         self._stopping = False
         self._error: BaseException | None = None
         self._pool = LanePool(
-            self._handle, concurrency=concurrency, clock=clock, give_back=_give_back
+            self._handle,
+            concurrency=concurrency,
+            clock=clock,
+            give_back=_give_back,
+            release=_release,
+            batch_work=self._handle_batch if batch is not None else None,
+            batch_size=batch.max_messages if batch is not None else 1,
+            batch_wait=batch.max_wait if batch is not None else 0.0,
         )
 
     def stop(self) -> None:
@@ -154,8 +176,7 @@ class Runner:
                 if not self._stopping:
                     log.info("consumer closed during run(); stopping")
                 return
-            for delivery in batch:
-                self._pool.submit(delivery)
+            self._pool.submit(*batch)
 
     def _shutdown(self) -> None:
         self._stopping = True
@@ -171,7 +192,9 @@ class Runner:
 
     # --- one handler call, on a worker thread --------------------------------------------
 
-    def _handle(self, lane: Lane) -> Verdict | float:
+    def _handle(self, lane: Lane, *, counted: int | None = None) -> Verdict | float:
+        """One handler call on ``lane``'s head; ``counted``: its attempt was counted in
+        the inbox already, by a batch (that count), and this call continues it."""
         delivery = lane.items[0]
         now = float(self._clock.now())
         first = lane.first_start is None
@@ -181,7 +204,9 @@ class Runner:
             delivery.attempt += 1
             if delivery.message_id is not None and not delivery.attempt_from_broker:
                 self._attempts.retried(delivery.message_id, delivery.attempt)
-        if self._beyond_max(self._count_attempt(delivery, first=first)):
+        if counted is None:
+            counted = self._count_attempt(delivery, first=first)
+        if self._beyond_max(counted):
             # NOTE: the inbox counts calls, not failures: calls beyond max_attempts mean
             # earlier ones ended with no outcome (the process died in the handler). Calling
             # it again would crash-loop the consumer on this message for ever.
@@ -240,14 +265,23 @@ class Runner:
             or delivery.attempt_from_broker
         ):
             return 0
+        if first and delivery in self._counted_ahead:
+            return self._counted_ahead.pop(delivery)  # a batch counted it
         # NOTE: Kafka counts no redeliveries, and a message that kills its consumer (or
         # meets SIGKILL) would start from attempt 1 in the next process without this.
         # Counted at the call, not at the fetch: a prefetched delivery given back at a
         # stop was never tried.
         try:
-            if first and inbox.handled([message_id]):
+            if first and self._batch_inbox is not None:
+                # One statement: the count, unless the id is handled (then skipped).
+                counts = self._batch_inbox.record_attempts([(message_id, delivery.destination)])
+                if message_id not in counts:
+                    return 0
+                counted = counts[message_id]
+            elif first and inbox.handled([message_id]):
                 return 0
-            counted = inbox.record_attempt(message_id, source=delivery.destination)
+            else:
+                counted = inbox.record_attempt(message_id, source=delivery.destination)
         except MsgsafeError as exc:  # the inbox's errors, or closed
             log.warning(
                 "attempt %d of %s counted in memory only: %s", delivery.attempt, message_id, exc
@@ -271,13 +305,162 @@ class Runner:
                 "exactly-once needs the id msgsafe's producers give every message"
             )
         handler = self._handler
+        if self._batch is not None:
+            # A batch handler's delivery handled alone: a list of one.
+            work: Callable[[Any], object] = lambda tx: handler([delivery], tx)  # noqa: E731
+        else:
+            work = lambda tx: handler(delivery, tx)  # noqa: E731
         processed = inbox.process(
             delivery.message_id,
-            lambda tx: handler(delivery, tx),
+            work,
             source=delivery.destination,
             attempt=delivery.attempt,
         )
         return processed.ran
+
+    # --- a batch, on a worker thread (run(batch=...)) ----------------------------------------
+
+    def _handle_batch(
+        self, taken: list[tuple[Lane, list[Delivery]]]
+    ) -> list[tuple[Lane, Verdict | float]]:
+        """One handler call for runs of the heads of ``taken``'s lanes, through one inbox
+        transaction; see :mod:`msgsafe.consuming.batching`. A delivery seen before, or
+        without an id, and what follows it on its lane, are handled one at a time after
+        the batch; so is everything of a batch whose handler raised."""
+        if self._stopping:  # stopped while the batch was gathered: no handler starts
+            return [(lane, Verdict.RELEASE) for lane, _ in taken]
+        counts = self._count_batch([d for _, run in taken for d in run])
+        plan: list[tuple[Lane, list[Delivery], list[Delivery]]] = []
+        batch: list[tuple[Lane, Delivery]] = []
+        for lane, run in taken:
+            cut = 0
+            while cut < len(run) and _batchable(run[cut], counts):
+                cut += 1
+            plan.append((lane, run[:cut], run[cut:]))
+            batch.extend((lane, delivery) for delivery in run[:cut])
+        error: Exception | None = None
+        if batch:
+            error = self._commit_batch(batch, [(lane, ran) for lane, ran, _ in plan if ran])
+        if isinstance(error, InboxUnavailable):
+            log.warning("inbox unavailable for a batch of %d, given back: %s", len(batch), error)
+            return [(lane, Verdict.GIVE_BACK) for lane, _ in taken]
+        if error is not None:
+            log.info(
+                "handler failed on a batch of %d, handled one by one: %s: %s",
+                len(batch),
+                type(error).__name__,
+                error,
+            )
+            self._count("batches_split", 1)
+        verdicts: list[tuple[Lane, Verdict | float]] = []
+        for lane, ran, rest in plan:
+            alone = ran + rest if error is not None else rest
+            verdicts.append((lane, self._one_by_one(lane, alone, counts)))
+        return verdicts
+
+    def _count_batch(self, deliveries: list[Delivery]) -> dict[str, int] | None:
+        """Count the attempt of each delivery the inbox counts (one statement), as
+        :meth:`_count_attempt` does one; the counts by id (a handled id: 0). None when
+        the inbox counts none of them."""
+        inbox = self._batch_inbox
+        if inbox is None or not self._count_in_inbox:
+            return None
+        counts: dict[str, int] = {}
+        asked: dict[str, str] = {}
+        for delivery in deliveries:
+            message_id = delivery.message_id
+            if message_id is None or delivery.attempt_from_broker:
+                continue
+            ahead = self._counted_ahead.pop(delivery, None)
+            if ahead is not None:
+                counts[message_id] = ahead
+            elif message_id not in counts:
+                asked.setdefault(message_id, delivery.destination)
+        if not asked:
+            return counts
+        try:
+            counted = inbox.record_attempts(list(asked.items()))
+        except MsgsafeError as exc:  # the inbox's errors, or closed
+            log.warning("attempts of a batch of %d counted in memory only: %s", len(asked), exc)
+            return counts
+        for message_id in asked:
+            counts[message_id] = counted.get(message_id, 0)
+        for delivery in deliveries:
+            message_id = delivery.message_id
+            count = counts.get(message_id, 0) if message_id is not None else 0
+            if count > delivery.attempt and message_id is not None:
+                delivery.attempt = count
+                self._attempts.retried(message_id, count)
+        return counts
+
+    def _commit_batch(
+        self, batch: list[tuple[Lane, Delivery]], runs: list[tuple[Lane, list[Delivery]]]
+    ) -> Exception | None:
+        """Call the handler with ``batch``'s deliveries new to the inbox and commit their
+        ids with its writes; then acknowledge every delivery and take ``runs`` (the same,
+        by lane) off their lanes. The error that rolled the batch back, if any (nothing
+        acknowledged then)."""
+        inbox = self._batch_inbox
+        assert inbox is not None
+        deliveries = [delivery for _, delivery in batch]
+        records = [(str(d.message_id), d.destination, d.attempt) for d in deliveries]
+        handler = self._handler
+
+        def work(fresh: list[int], tx: Any) -> object:
+            return handler([deliveries[i] for i in fresh], tx)
+
+        self._count("in_flight", len(batch))
+        try:
+            processed = inbox.process_batch(records, work)
+        except Exception as exc:
+            return exc
+        finally:
+            self._count("in_flight", -len(batch))
+        fresh = set(processed.fresh)
+        self._count("batches", 1)
+        # The ids and the handler's effects are committed: a crash before these acks
+        # redelivers messages the inbox then skips.
+        handled = skipped = 0
+        forget = self._attempts.forget
+        for index, (_, delivery) in enumerate(batch):
+            if delivery.settled is None and _settle(delivery.ack):
+                if index in fresh:
+                    handled += 1
+                else:
+                    skipped += 1
+            if not delivery.attempt_from_broker:
+                forget(str(delivery.message_id))
+        for lane, run in runs:
+            self._pool.finished(lane, *run)
+        if handled:
+            self._count("handled", handled)
+        if skipped:
+            self._count("skipped", skipped)
+        return None
+
+    def _one_by_one(
+        self, lane: Lane, deliveries: list[Delivery], counts: dict[str, int] | None
+    ) -> Verdict | float:
+        """Handle ``deliveries``, the first of ``lane``, alone each, in order, until one
+        is not done: the verdict on it (DONE: all were)."""
+        for index, delivery in enumerate(deliveries):
+            if not lane.items or lane.items[0] is not delivery:
+                return Verdict.DONE  # given back by a stop that did not wait for it
+            if self._stopping:
+                return Verdict.RELEASE  # no handler starts after stop(): never tried
+            lane.current = delivery
+            # Counted by the batch (or not counted in the inbox at all): not again.
+            message_id = delivery.message_id
+            counted = 0 if counts is None or message_id is None else counts.get(message_id, 0)
+            verdict = self._handle(lane, counted=counted)
+            if verdict is not Verdict.DONE:
+                if counts is not None:
+                    for later in deliveries[index + 1 :]:
+                        if later.message_id is not None and later.message_id in counts:
+                            self._counted_ahead[later] = counts[later.message_id]
+                return verdict
+            self._pool.finished(lane, delivery)
+        return Verdict.DONE
 
     def _failed(self, lane: Lane, delivery: Delivery, error: Exception) -> Verdict | float:
         if isinstance(error, InboxUnavailable):
@@ -369,6 +552,15 @@ class _NoMessageId(InvalidMessage):
     """A delivery without a message id met an inbox: no retry will give it one."""
 
 
+def _batchable(delivery: Delivery, counts: dict[str, int] | None) -> bool:
+    """Whether ``delivery`` may be handled in a batch: it has an id, is new to the inbox's
+    count (none was taken, or it is 0: handled, or 1) and has not been tried before."""
+    message_id = delivery.message_id
+    if message_id is None or delivery.attempt > 1:
+        return False
+    return counts is None or counts.get(message_id, 1) <= 1
+
+
 def _settle(settle: Callable[[], None]) -> bool:
     """Settle; False when the delivery cannot be settled any more (given back at a
     stop's deadline, or its connection is gone: the broker delivers it again)."""
@@ -381,7 +573,13 @@ def _settle(settle: Callable[[], None]) -> bool:
 
 
 def _give_back(delivery: Delivery) -> None:
+    """A delivery its handler ran on: the broker counts the attempt."""
     _settle(lambda: delivery.nack(requeue=True))
+
+
+def _release(delivery: Delivery) -> None:
+    """A delivery no handler ran on: given back without counting an attempt."""
+    _settle(delivery.release)
 
 
 @contextmanager

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from msgsafe.errors import ConfigurationError, InboxError, InvalidMessage
@@ -31,8 +32,10 @@ __all__ = [
     "InboxSql",
     "check_id",
     "check_older_than",
+    "check_records",
     "check_table",
     "check_version",
+    "fresh_indexes",
 ]
 
 DEFAULT_TABLE = "msgsafe_inbox"
@@ -60,6 +63,14 @@ def check_id(message_id: object, source: object) -> None:
         raise InvalidMessage(f"an inbox source is a str, not {type(source).__name__}")
 
 
+def check_records(records: Sequence[tuple[str, str, int]]) -> None:
+    """:func:`check_id` for each ``(id, source, attempt)`` of a batch."""
+    for message_id, source, _attempt in records:
+        # NOTE: the test check_id makes, inline: it runs once per message of a batch.
+        if type(message_id) is not str or not message_id or type(source) is not str:
+            check_id(message_id, source)
+
+
 def check_older_than(older_than_s: float) -> float:
     """``older_than_s``, or :class:`ConfigurationError` unless a number >= 0."""
     if not isinstance(older_than_s, (int, float)) or math.isnan(older_than_s):
@@ -76,6 +87,19 @@ def check_version(found: int | None, table: str) -> None:
             f"the inbox {table} has schema version {found}; this msgsafe knows "
             f"{SCHEMA_VERSION}: upgrade msgsafe"
         )
+
+
+def fresh_indexes(records: Sequence[tuple[str, str, int]], inserted: set[str]) -> list[int]:
+    """The indexes of ``records`` whose id a batch's insert returned (``inserted``,
+    consumed); an id given twice is fresh at its first index only."""
+    if len(inserted) == len(records):  # every id new (and none twice): the usual case
+        return list(range(len(records)))
+    fresh: list[int] = []
+    for index, record in enumerate(records):
+        if record[0] in inserted:
+            inserted.discard(record[0])
+            fresh.append(index)
+    return fresh
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from msgsafe.errors import ClosedError, ConfigurationError, InboxError, InboxUnavailable
 from msgsafe.inbox._schema import (
@@ -38,13 +38,15 @@ from msgsafe.inbox._schema import (
     InboxSql,
     check_id,
     check_older_than,
+    check_records,
     check_table,
     check_version,
+    fresh_indexes,
 )
 from msgsafe.outbox._pg_commit import PutAttempt, ServerIdentity, outcome, server_identity
 from msgsafe.outbox._pg_errors import first_cause
 from msgsafe.outbox._pg_url import parse_store_url, redact_conninfo
-from msgsafe.ports import Processed
+from msgsafe.ports import InboxCapabilities, Processed, ProcessedBatch
 
 try:
     import psycopg
@@ -106,6 +108,9 @@ class PostgresInbox:
     :class:`~msgsafe.errors.InboxUnavailable`. ``clock`` (epoch seconds) stamps records.
     """
 
+    #: Batches: :meth:`process_batch` and :meth:`record_attempts`.
+    capabilities: ClassVar[InboxCapabilities] = InboxCapabilities(batch=True)
+
     def __init__(
         self,
         conninfo: str,
@@ -122,6 +127,21 @@ class PostgresInbox:
         self._clock = clock
         self._sql = InboxSql(table, "%s", "double precision")
         self._handled_sql = f"SELECT message_id FROM {table} WHERE message_id = ANY(%s)"
+        self._record_many_sql = (
+            f"INSERT INTO {table} (message_id, source, attempt, handled_at)"
+            " SELECT m, s, a, %s FROM unnest(%s::text[], %s::text[], %s::integer[]) AS r(m, s, a)"
+            " ON CONFLICT (message_id) DO NOTHING RETURNING message_id"
+        )
+        self._forget_many_sql = f"DELETE FROM {table}_attempts WHERE message_id = ANY(%s)"
+        counters = f"{table}_attempts"
+        self._count_many_sql = (
+            f"INSERT INTO {counters} (message_id, source, attempts, updated_at)"
+            " SELECT m, s, 1, %s FROM unnest(%s::text[], %s::text[]) AS r(m, s)"
+            f" WHERE NOT EXISTS (SELECT 1 FROM {table} h WHERE h.message_id = r.m)"
+            f" ON CONFLICT (message_id) DO UPDATE SET attempts = {counters}.attempts + 1,"
+            " source = excluded.source, updated_at = excluded.updated_at"
+            " RETURNING message_id, attempts"
+        )
         self._local = threading.local()
         self._lock = threading.Lock()
         self._sessions: list[_Session] = []
@@ -284,6 +304,22 @@ class PostgresInbox:
         xid_row = xid_cur.fetchone()
         assert xid_row is not None
         put = PutAttempt(str(xid_row[0]), session.server, conn.info.backend_pid)
+        return Processed(
+            ran=True, value=self._work_and_commit(session, deadline, put, work, message_id)
+        )
+
+    def _work_and_commit(
+        self,
+        session: _Session,
+        deadline: float,
+        put: PutAttempt,
+        work: Callable[[Any], _R],
+        message_id: str,
+    ) -> _R:
+        """``work(tx)`` in the open transaction, then ``COMMIT``: its answer once the
+        commit is known to have happened; :class:`_Again` when it is not (or the
+        connection was lost in ``work``), :class:`_WorkFailed` when ``work`` raised."""
+        conn = session.conn
         try:
             value = work(conn)
         except Exception as exc:
@@ -318,9 +354,81 @@ class PostgresInbox:
                 "" if known == "committed" else ": processed again",
             )
             if known == "committed":
-                return Processed(ran=True, value=value)
+                return value
             raise _Again(f"COMMIT {known}") from exc
-        return Processed(ran=True, value=value)
+        return value
+
+    def process_batch(
+        self, records: Sequence[tuple[str, str, int]], work: Callable[[list[int], Any], _R]
+    ) -> ProcessedBatch[_R]:
+        """Record the ids of ``records`` (``(id, source, attempt)``) not recorded yet and
+        run ``work(fresh, tx)`` for them, in one transaction, with :meth:`process`'s
+        fail-over; see :class:`~msgsafe.ports.BatchInboxStore`."""
+        check_records(records)
+        if not records:
+            return ProcessedBatch(())
+        columns = (
+            [r[0] for r in records],
+            [r[1] for r in records],
+            [r[2] for r in records],
+        )
+
+        def once(session: _Session, deadline: float) -> ProcessedBatch[_R]:
+            return self._batch_once(session, deadline, records, columns, work)
+
+        try:
+            return self._retrying("process_batch", once)
+        except _WorkFailed as failed:
+            raise failed.error from failed.error.__cause__
+        except InboxError as exc:
+            raise exc.with_id(records[0][0]) from exc
+
+    def _batch_once(
+        self,
+        session: _Session,
+        deadline: float,
+        records: Sequence[tuple[str, str, int]],
+        columns: tuple[list[str], list[str], list[int]],
+        work: Callable[[list[int], Any], _R],
+    ) -> ProcessedBatch[_R]:
+        conn = session.conn
+        ids = columns[0]
+        # One round trip for BEGIN, the records, the attempt counters and the xid.
+        with conn.pipeline():
+            conn.execute("BEGIN")
+            recorded = conn.execute(self._record_many_sql, (self._clock(), *columns))
+            conn.execute(self._forget_many_sql, (ids,))
+            xid_cur = conn.execute("SELECT pg_current_xact_id()::text")
+        inserted = {str(row[0]) for row in recorded.fetchall()}
+        if not inserted:
+            conn.execute("ROLLBACK")
+            return ProcessedBatch(())
+        fresh = fresh_indexes(records, inserted)
+        xid_row = xid_cur.fetchone()
+        assert xid_row is not None
+        put = PutAttempt(str(xid_row[0]), session.server, conn.info.backend_pid)
+        value = self._work_and_commit(
+            session, deadline, put, lambda tx: work(fresh, tx), records[fresh[0]][0]
+        )
+        return ProcessedBatch(tuple(fresh), value)
+
+    def record_attempts(self, items: Sequence[tuple[str, str]]) -> dict[str, int]:
+        """One more attempt at each id of ``items`` (``(id, source)``) not handled yet,
+        in one statement (its own transaction); their counts (a handled id is absent).
+        As with :meth:`record_attempt`, a lost commit may count one too many."""
+        for message_id, source in items:
+            check_id(message_id, source)
+        if not items:
+            return {}
+        ids, sources = [i[0] for i in items], [i[1] for i in items]
+
+        def count(session: _Session, deadline: float) -> dict[str, int]:
+            rows = session.conn.execute(
+                self._count_many_sql, (self._clock(), ids, sources)
+            ).fetchall()
+            return {str(row[0]): int(row[1]) for row in rows}
+
+        return self._retrying("record_attempts", count)
 
     def handled(self, message_ids: Sequence[str]) -> set[str]:
         """Which of ``message_ids`` are recorded (one query)."""

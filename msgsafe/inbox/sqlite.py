@@ -19,7 +19,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl, unquote
 
 from msgsafe.errors import ClosedError, ConfigurationError, InboxError, InboxUnavailable
@@ -29,10 +29,12 @@ from msgsafe.inbox._schema import (
     InboxSql,
     check_id,
     check_older_than,
+    check_records,
     check_table,
     check_version,
+    fresh_indexes,
 )
-from msgsafe.ports import Processed
+from msgsafe.ports import InboxCapabilities, Processed, ProcessedBatch
 
 __all__ = ["SqliteInbox", "parse_sqlite_url"]
 
@@ -55,6 +57,9 @@ class SqliteInbox:
     seconds) stamps records and is what :meth:`prune` measures age by.
     """
 
+    #: Batches: :meth:`process_batch` and :meth:`record_attempts`.
+    capabilities: ClassVar[InboxCapabilities] = InboxCapabilities(batch=True)
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -70,6 +75,29 @@ class SqliteInbox:
         self._sql = InboxSql(table, "?", "REAL")
         self._handled_sql = (
             f"SELECT message_id FROM {table} WHERE message_id IN (SELECT value FROM json_each(?))"
+        )
+        # NOTE: one statement for many rows, its parameters one JSON array: sqlite3's
+        # executemany returns no rows (RETURNING), and a statement per row is a call
+        # into SQLite per row. "WHERE true": SQLite's parser reads "ON" after a bare
+        # "FROM" as a join's.
+        rows = "json_each(?) AS j"
+        first, second, third = "j.value ->> 0", "j.value ->> 1", "j.value ->> 2"
+        self._record_many_sql = (
+            f"INSERT INTO {table} (message_id, source, attempt, handled_at)"
+            f" SELECT {first}, {second}, {third}, ? FROM {rows} WHERE true"
+            " ON CONFLICT (message_id) DO NOTHING RETURNING message_id"
+        )
+        self._forget_many_sql = (
+            f"DELETE FROM {table}_attempts WHERE message_id IN (SELECT value FROM json_each(?))"
+        )
+        counters = f"{table}_attempts"
+        self._count_many_sql = (
+            f"INSERT INTO {counters} (message_id, source, attempts, updated_at)"
+            f" SELECT {first}, {second}, 1, ? FROM {rows}"
+            f" WHERE NOT EXISTS (SELECT 1 FROM {table} h WHERE h.message_id = {first})"
+            f" ON CONFLICT (message_id) DO UPDATE SET attempts = {counters}.attempts + 1,"
+            " source = excluded.source, updated_at = excluded.updated_at"
+            " RETURNING message_id, attempts"
         )
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -185,6 +213,65 @@ class SqliteInbox:
             _rollback(conn)
             raise self._failed("commit", exc).with_id(message_id) from exc
         return Processed(ran=True, value=value)
+
+    def process_batch(
+        self, records: Sequence[tuple[str, str, int]], work: Callable[[list[int], Any], _R]
+    ) -> ProcessedBatch[_R]:
+        """Record the ids of ``records`` (``(id, source, attempt)``) not recorded yet and
+        run ``work(fresh, tx)`` for them, in one transaction; see
+        :class:`~msgsafe.ports.BatchInboxStore`."""
+        check_records(records)
+        if not records:
+            return ProcessedBatch(())
+        conn = self._connection()
+        self._begin(conn)
+        try:
+            inserted = conn.execute(
+                self._record_many_sql, (self._clock(), json.dumps(records))
+            ).fetchall()
+            if not inserted:
+                conn.execute("ROLLBACK")
+                return ProcessedBatch(())
+            ids = json.dumps([row[0] for row in inserted])
+            conn.execute(self._forget_many_sql, (ids,))
+        except sqlite3.Error as exc:
+            _rollback(conn)
+            raise self._failed("record", exc).with_id(records[0][0]) from exc
+        fresh = fresh_indexes(records, {row[0] for row in inserted})
+        try:
+            value = work(fresh, conn)
+        except BaseException:
+            _rollback(conn)
+            raise
+        if not conn.in_transaction:
+            raise InboxError(
+                "work committed or rolled back the inbox's transaction: it must only write"
+                " through tx",
+                message_id=records[fresh[0]][0],
+            )
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            _rollback(conn)
+            raise self._failed("commit", exc).with_id(records[fresh[0]][0]) from exc
+        return ProcessedBatch(tuple(fresh), value)
+
+    def record_attempts(self, items: Sequence[tuple[str, str]]) -> dict[str, int]:
+        """One more attempt at each id of ``items`` (``(id, source)``) not handled yet,
+        committed in one statement; their counts (a handled id is absent)."""
+        for message_id, source in items:
+            check_id(message_id, source)
+        if not items:
+            return {}
+        conn = self._connection()
+        self._begin(conn)
+        try:
+            rows = conn.execute(self._count_many_sql, (self._clock(), json.dumps(items))).fetchall()
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            _rollback(conn)
+            raise self._failed("record_attempts", exc).with_id(items[0][0]) from exc
+        return {str(row[0]): int(row[1]) for row in rows}
 
     def handled(self, message_ids: Sequence[str]) -> set[str]:
         """Which of ``message_ids`` are recorded (one query)."""

@@ -17,7 +17,20 @@ connection:
   commit (and reached the standby: synchronous replication) is not doubled; only a row
   forwarded and deleted in between would be stored twice — a duplicate of a known id.
 
-``send()`` reports ``STORED`` only after ``committed`` or a put that committed again.
+``send()`` reports ``STORED`` only after a COMMIT answered (see below).
+
+A COMMIT that answers may still not be durable where the promise needs it: the server
+commits locally first, then waits for its synchronous standbys, and a wait that is
+cancelled (``pg_cancel_backend``, ``pg_terminate_backend``, a shutdown) ends with the
+transaction committed on the primary alone, a WARNING that says so, and for a
+cancel a COMMIT that answers success. :func:`standby_wait_cancelled` hears that
+warning; the store then puts the same rows again: the insert changes nothing, but the
+rows it finds are locked (a lock is written to the WAL, and a transaction that wrote
+nothing would not wait), so the new transaction's COMMIT waits for the standbys, and it
+can only be acknowledged once they hold everything before it, the first commit included. A lost
+COMMIT that :func:`outcome` finds ``committed`` is put again for the same reason (it
+may have been a terminated wait). ``STORED`` therefore never names a row that only the
+primary holds.
 
 A COMMIT may also never answer: a synchronous standby that does not acknowledge keeps
 the primary's backend waiting. :class:`Watchdog` shuts the connection's socket at the
@@ -33,12 +46,20 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
 
-__all__ = ["Outcome", "PutAttempt", "Watchdog", "outcome", "server_identity"]
+__all__ = [
+    "Outcome",
+    "PutAttempt",
+    "Watchdog",
+    "outcome",
+    "server_identity",
+    "standby_wait_cancelled",
+]
 
 Outcome = Literal["committed", "aborted", "unknown"]
 ServerIdentity = tuple[str, int, str]
@@ -139,3 +160,28 @@ class Watchdog:
         with self._lock:
             self._over = True
         self._timer.cancel()
+
+
+#: What PostgreSQL says when a COMMIT stops waiting for its synchronous standbys (the
+#: WARNING's detail; its headline names the cause: a cancel, a terminate, a shutdown).
+_NOT_REPLICATED = "might not have been replicated"
+
+
+@contextmanager
+def standby_wait_cancelled(conn: Any) -> Iterator[list[str]]:
+    """While the block runs (a COMMIT), collect the server's warnings that the
+    transaction committed locally without its synchronous standbys' acknowledgement;
+    the list yielded is empty when there were none."""
+    heard: list[str] = []
+
+    def notice(diag: Any) -> None:
+        detail = str(diag.message_detail or "")
+        primary = str(diag.message_primary or "")
+        if _NOT_REPLICATED in detail or "synchronous replication" in primary:
+            heard.append(primary)
+
+    conn.add_notice_handler(notice)
+    try:
+        yield heard
+    finally:
+        conn.remove_notice_handler(notice)

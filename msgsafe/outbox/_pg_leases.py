@@ -3,7 +3,7 @@
 The order promise across forwarders: messages of one key reach the consumer in key
 order by first arrival, however many producers and forwarders share the table. It rests
 on one rule — a key is forwarded by one forwarder at a time, always from its first
-waiting row — kept by two mechanisms:
+waiting row — kept by these mechanisms:
 
 - **the lease** of a key is the ``ready_at`` of its claimed rows: a claim sets it to
   ``now + lease``; while any earlier row of a key is leased, no claim takes a later one.
@@ -21,6 +21,43 @@ waiting row — kept by two mechanisms:
   uncommitted leases. A claim takes at most ``keys`` keys, so that forwarders share them,
   from four times as many candidates, so that claims racing for the first keys of the
   queue do not come back empty.
+  A claimer stopped inside that transaction holds its keys' locks while it is stopped:
+  the claim caps its transaction's idle time at about a lease
+  (``idle_in_transaction_session_timeout``, local to the transaction), after which the
+  server ends the session and the keys are free, as a dead claimer's are.
+- **the epoch** of a lease is the ``lease_epoch`` its claim writes on every row it
+  leases: the claim transaction's id (``pg_current_xact_id()``), so a later claim always
+  writes a greater one. The store remembers the epoch of each row it claimed, and
+  settles a row (deletes it once confirmed, releases it, quarantines it) only while the
+  row still carries that epoch: a forwarder paused past its lease (SIGSTOP, a stalled
+  VM) whose keys another forwarder took over meanwhile leaves those rows to their new
+  holder, logs once at WARNING, and claims again. Before it publishes a claim that has
+  grown old, a forwarder renews it (``renew``), on the same condition, and gives the
+  claim up unsent when it is lost.
+- **settling a key's rows back to ready** (a release, a retry, a renewal given up) takes
+  the key's advisory lock for its transaction first (``pg_try_advisory_xact_lock``): a
+  claim racing it skips the key, instead of skipping the row being released (``SKIP
+  LOCKED``) and taking a later row of the key ahead of it. Settling never waits: rows
+  of a key whose lock another transaction holds, or rows locked by one, are left as
+  they are (leased until their lease runs out). Deleting a confirmed row needs no key
+  lock: a claim that skips it skips a message already received.
+
+What a paused forwarder does to per-key order. The guarantee: for each key, the first
+copies of its messages that a consumer of the destination (one queue or partition, read
+in order) receives come in the order the rows were stored (``seq``); later copies are
+duplicates of known ids. Why it holds with a stale claimer too: every claim of a key
+starts at the key's first waiting row (the key locks above keep a claim from skipping
+an earlier row that is being released), and a row leaves the table only once a broker
+confirmed it (or it is quarantined). So whatever a claimer sends of a key is a run, in
+order on one channel and stopped at its first failure, whose predecessors were all in
+the destination before the claim; interleaving such runs, however many claimers sent
+the key and however late, can only add copies. The epoch bounds
+those copies: a forwarder that learns its lease is lost sends nothing more of that claim,
+and its late settling can neither delete rows another forwarder still sends nor make
+them ready for a third. What it had handed to the broker before the pause (the round in
+flight, or a round published in the instant between the renewal and the publish) may
+still arrive after the new holder's copies: duplicates of known ids, after their first
+arrival.
 
 :class:`Listener` is the wake-up: every put (and replay) ends with ``pg_notify`` on the
 table's channel, delivered when it commits; a forwarder's listener thread wakes it at
@@ -34,11 +71,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Listener", "claim_sql", "keys_sql", "lock_sql"]
+__all__ = ["Listener", "busy_keys_sql", "claim_sql", "keys_sql", "lock_sql"]
 
 log = logging.getLogger("msgsafe.outbox")
 
-_RETURNING = "RETURNING seq, id, destination, key, headers, body, created_at"
+_RETURNING = "RETURNING seq, id, destination, key, headers, body, created_at, lease_epoch"
 
 
 def keys_sql(table: str) -> str:
@@ -77,8 +114,8 @@ def lock_sql(table: str) -> str:
 
 
 def claim_sql(table: str) -> str:
-    """Lease ready rows of the locked keys (and keyless ones), key order kept (params:
-    now, until, keys, limit, per_key).
+    """Lease ready rows of the locked keys (and keyless ones), key order kept, under the
+    claim's epoch (params: now, until, keys, limit, per_key).
 
     Each part reads only what it may take, whatever the table's size: keyless rows
     through the ``(seq) WHERE key IS NULL`` index, and at most ``per_key`` rows of each
@@ -86,7 +123,8 @@ def claim_sql(table: str) -> str:
     leased (its fence, found through the ``(key, ready_at)`` index)."""
     t = table
     return f"""
-        UPDATE {t} SET ready_at = %(until)s, attempts = attempts + 1
+        UPDATE {t} SET ready_at = %(until)s, attempts = attempts + 1,
+            lease_epoch = pg_current_xact_id()::text::bigint
         WHERE seq IN (
             SELECT o.seq FROM {t} AS o WHERE o.seq IN (
                 SELECT f.seq FROM (
@@ -107,6 +145,17 @@ def claim_sql(table: str) -> str:
                 ORDER BY 1 LIMIT %(limit)s)
             FOR UPDATE SKIP LOCKED)
         {_RETURNING}"""
+
+
+def busy_keys_sql(table: str) -> str:
+    """Take the advisory lock of every key among the rows ``%(ids)s`` that is free, and
+    return the keys whose lock another transaction holds (param: ids)."""
+    t = table
+    return f"""
+        SELECT s.k FROM (
+            SELECT DISTINCT key AS k FROM {t} WHERE id = ANY(%(ids)s) AND key IS NOT NULL
+        ) AS s
+        WHERE NOT pg_try_advisory_xact_lock(hashtext('{t}'), hashtext(encode(s.k, 'hex')))"""
 
 
 class Listener:

@@ -28,6 +28,7 @@ from msgsafe.outbox._blocks import pack, plan
 
 __all__ = [
     "COLUMNS",
+    "COLUMNS_AT",
     "ClaimedRows",
     "INSERT",
     "INSERT_AT",

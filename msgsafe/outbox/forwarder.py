@@ -66,6 +66,14 @@ AMQP 1.0 ``released``) safe to overlap: nothing of the next round is on the wire
 before every answer of the last is in. The removal of a settled round commits on a
 thread of its own while the next round is handed over (:class:`_Removal`), and is
 waited for before the next claim.
+
+A paused forwarder: on a store whose leases carry epochs (it declares ``renew``: the
+PostgreSQL outbox, see :mod:`msgsafe.outbox._pg_leases`), a claim that grew older than
+half its lease before being published (the process was stopped in between) is renewed
+first; one the store reports lost (another forwarder took its rows over) is dropped,
+neither published nor settled, and the next step claims again. The store fences the
+settling of every round the same way, so a round that was on the wire during the pause
+deletes or releases nothing another forwarder holds.
 """
 
 from __future__ import annotations
@@ -99,6 +107,7 @@ from msgsafe.ports import (
     NotifyingStore,
     OutboxStore,
     ReleasingStore,
+    RenewingStore,
     RowClaimingStore,
     Transport,
     store_capabilities,
@@ -291,6 +300,8 @@ class Forwarder:
         self._releases: ReleasingStore | None = (
             cast(ReleasingStore, store) if caps.release else None
         )
+        #: The store, where it renews a claim's lease fenced by the claim's epoch.
+        self._renewing: RenewingStore | None = cast(RenewingStore, store) if caps.renew else None
         #: The store's cheap count of waiting rows.
         self._pending: Callable[[], int] | None = (
             cast(CountingStore, store).pending if caps.pending else None
@@ -422,6 +433,7 @@ class Forwarder:
             return 0
         limit = 1 if self._backoff.failures else self._limit
         ahead = self._flight
+        asked = time.monotonic()
         try:
             envelopes: Sequence[Envelope]
             if self._row_claims is None:
@@ -443,6 +455,8 @@ class Forwarder:
         # while this one was claimed.
         if ahead is not None:
             self._finish(ahead, behind=bool(envelopes))
+        if envelopes and not self._still_held(envelopes, asked):
+            return len(envelopes)
         if envelopes:
             keys = Counter(column(envelopes, "key"))
             keys.pop(None, None)
@@ -464,6 +478,23 @@ class Forwarder:
             else:
                 self._finish(flight)
         return len(envelopes)
+
+    def _still_held(self, envelopes: Sequence[Envelope], asked: float) -> bool:
+        """False when the claim asked at ``asked`` (time.monotonic()) was lost: it grew
+        older than half its lease before being published (the process was paused, or
+        the round ahead took that long) and the store, asked to renew it, found that
+        another claimer took some of its rows over. The store has given the claim up
+        (and logged it); nothing of it is published or settled here. A store that
+        cannot answer counts as lost too: the rows come back when the lease runs out."""
+        store = self._renewing
+        if store is None or time.monotonic() - asked <= self._lease_s / 2:
+            return True
+        try:
+            return store.renew(column(envelopes, "message_id"), lease_s=self._lease_s)
+        except MsgsafeError as exc:
+            self._note_error(f"lease renewal failed: {exc}")
+            self._backoff.failure()
+            return False
 
     def _land(self) -> None:
         """Settle the round in flight, if any."""

@@ -8,7 +8,8 @@ only if that transaction commits; a rollback leaves nothing to publish. Everythi
 Several processes may share the table (a fleet: every producer and any number of
 ``msgsafe outbox forward`` processes, see docs/fleet.md): claims take key-level leases
 (:mod:`msgsafe.outbox._pg_leases`: one forwarder per key at a time, taken over
-``lease_s`` after a forwarder dies) and ``has_key`` asks the database. Per-key order
+``lease_s`` after a forwarder dies; each claim's epoch fences a forwarder paused past its
+lease) and ``has_key`` asks the database. Per-key order
 follows the ``seq`` the rows got at insert; two transactions writing the same key at
 once commit in an order the database chooses, so callers that need strict order for a
 key write it from one transaction at a time.
@@ -51,7 +52,13 @@ from msgsafe.errors import (
     StoreOutcomeUnknown,
 )
 from msgsafe.message import Envelope
-from msgsafe.outbox._pg_commit import PutAttempt, Watchdog, outcome, server_identity
+from msgsafe.outbox._pg_commit import (
+    PutAttempt,
+    Watchdog,
+    outcome,
+    server_identity,
+    standby_wait_cancelled,
+)
 from msgsafe.outbox._pg_errors import (
     READ_ONLY_LOGIN,
     first_cause,
@@ -59,7 +66,7 @@ from msgsafe.outbox._pg_errors import (
     is_read_only,
     store_error,
 )
-from msgsafe.outbox._pg_leases import Listener, claim_sql, keys_sql, lock_sql
+from msgsafe.outbox._pg_leases import Listener, busy_keys_sql, claim_sql, keys_sql, lock_sql
 from msgsafe.outbox._pg_pooling import CONNECT_OPTIONS, PoolMode, pooling_mode
 from msgsafe.outbox._pg_url import parse_store_url, redact_conninfo
 from msgsafe.outbox._rows import (
@@ -92,6 +99,8 @@ _T = TypeVar("_T")
 _TABLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 _COLUMNS = "id, target, destination, key, headers, body, created_at, size"
 _ROW = tuple[str, str, str, bytes | None, str | None, bytes, float, int]
+#: The condition that fences settling by the claim's epoch (param: epoch, or None).
+_HELD = " AND (%(epoch)s::bigint IS NULL OR lease_epoch = %(epoch)s)"
 
 
 class PostgresOutbox:
@@ -145,6 +154,13 @@ class PostgresOutbox:
         #: (rows counted, when: time.monotonic()) for the max_rows check.
         self._counted: tuple[int, float] | None = None
         self._listeners: list[Listener] = []
+        #: The epoch of each row this store claimed and has not settled yet; the epochs
+        #: of claims lost or given up (their rows are forgotten at the next claim, so
+        #: that a late settling of them stays fenced until then), and those logged.
+        self._held: dict[str, int] = {}
+        self._fenced: set[int] = set()
+        self._reported: set[int] = set()
+        self._held_lock = threading.Lock()
         #: The server the store's connection talks to (for commit-unknown answers).
         self._server: tuple[str, int, str] | None = None
         t, q = table, f"{table}_quarantine"
@@ -153,18 +169,38 @@ class PostgresOutbox:
             " ON CONFLICT (id) DO NOTHING",
             "insert_returning": f"INSERT INTO {t} ({_COLUMNS})"
             " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING RETURNING id",
-            # The ids among %s whose stored row is another message than the one put.
-            "reused": f"SELECT o.id FROM {t} AS o JOIN unnest(%s::text[], %s::text[],"
+            # Every stored row among the ids %s, locked, and whether it is another
+            # message than the one put. The lock is written to the WAL: a put that
+            # finds its rows stored already (a retry) still writes, so its COMMIT waits
+            # for the synchronous standbys like any other (a put that wrote nothing
+            # would not wait, and could report rows that only the primary holds).
+            "reused": f"SELECT o.id, o.destination <> n.destination"
+            " OR o.key IS DISTINCT FROM n.key OR o.body <> n.body"
+            f" FROM {t} AS o JOIN unnest(%s::text[], %s::text[],"
             " %s::bytea[], %s::bytea[]) AS n(id, destination, key, body) ON o.id = n.id"
-            " WHERE o.destination <> n.destination OR o.key IS DISTINCT FROM n.key"
-            " OR o.body <> n.body",
-            "delivered": f"DELETE FROM {t} WHERE id = ANY(%s)",
-            "retry": f"UPDATE {t} SET ready_at = %s, last_error = %s WHERE id = %s",
+            " FOR KEY SHARE OF o",
+            # Settling is fenced by the claim's epoch (see msgsafe.outbox._pg_leases):
+            # a null epoch (rows this store did not claim) settles unconditionally.
+            "delivered": f"DELETE FROM {t} WHERE id = ANY(%(ids)s)" + _HELD,
+            "retry": f"UPDATE {t} SET ready_at = %(at)s, last_error = %(error)s WHERE id = %(id)s",
             "quarantine": f"""
-                WITH moved AS (DELETE FROM {t} WHERE id = %s RETURNING *)
-                INSERT INTO {q} ({_COLUMNS}, attempts, error, quarantined_at)
-                SELECT {_COLUMNS}, attempts, %s, %s FROM moved
-                ON CONFLICT (id) DO NOTHING""",
+                WITH moved AS (DELETE FROM {t} WHERE id = %(id)s{_HELD} RETURNING *),
+                kept AS (
+                    INSERT INTO {q} ({_COLUMNS}, attempts, error, quarantined_at)
+                    SELECT {_COLUMNS}, attempts, %(error)s, %(at)s FROM moved
+                    ON CONFLICT (id) DO NOTHING)
+                SELECT count(*) FROM moved""",
+            "busy": busy_keys_sql(t),
+            "idle_cap": "SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
+            "held": f"SELECT id FROM {t} WHERE id = ANY(%(ids)s){_HELD}"
+            " AND (key IS NULL OR key <> ALL(%(busy)s::bytea[])) FOR UPDATE SKIP LOCKED",
+            "ours": f"SELECT count(*) FROM {t} WHERE id = ANY(%(ids)s){_HELD}",
+            "renew": f"UPDATE {t} SET ready_at = %(at)s WHERE id = ANY(%(ids)s)",
+            "give_up": f"UPDATE {t} SET ready_at = %(at)s"
+            " WHERE id = ANY(%(ids)s) AND ready_at > %(at)s",
+            "has_epoch": "SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass"
+            " AND attname = 'lease_epoch' AND NOT attisdropped",
+            "add_epoch": f"ALTER TABLE {t} ADD COLUMN lease_epoch bigint NOT NULL DEFAULT 0",
             "keys": keys_sql(t),
             "lock": lock_sql(t),
             "claim_keys": claim_sql(t),
@@ -206,7 +242,8 @@ class PostgresOutbox:
                 size integer NOT NULL,
                 ready_at double precision NOT NULL DEFAULT 0,
                 attempts integer NOT NULL DEFAULT 0,
-                last_error text)""",
+                last_error text,
+                lease_epoch bigint NOT NULL DEFAULT 0)""",
             f"CREATE INDEX IF NOT EXISTS {t}_key_ready ON {t} (key, ready_at)"
             " WHERE key IS NOT NULL",
             # What a claim reads (see msgsafe.outbox._pg_leases.claim_sql): without them
@@ -247,6 +284,11 @@ class PostgresOutbox:
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (t,))
             for statement in self._schema:
                 conn.execute(statement)
+            # NOTE: a table made before leases had epochs gets the column (no rewrite: a
+            # constant default). Asked first: ALTER TABLE would lock the table against
+            # every producer and forwarder at each open, even with nothing to add.
+            if conn.execute(self._sql["has_epoch"], (t,)).fetchone() is None:
+                conn.execute(self._sql["add_epoch"])
 
     # --- connection ------------------------------------------------------------------------
 
@@ -394,9 +436,11 @@ class PostgresOutbox:
     # --- the OutboxStore protocol ------------------------------------------------------------
 
     #: Writes inside the caller's transaction (put_in), releases in one transaction, a
-    #: count without the rest of stats(), wake-ups by LISTEN/NOTIFY (listen; see
-    #: msgsafe.ports). Its claim makes envelopes.
-    capabilities = StoreCapabilities(transactional=True, release=True, pending=True, notify=True)
+    #: count without the rest of stats(), wake-ups by LISTEN/NOTIFY (listen), leases
+    #: fenced by epochs (renew; see msgsafe.ports). Its claim makes envelopes.
+    capabilities = StoreCapabilities(
+        transactional=True, release=True, pending=True, notify=True, renew=True
+    )
 
     @property
     def table(self) -> str:
@@ -517,15 +561,26 @@ class PostgresOutbox:
             assert xid_row is not None and server is not None
             attempt = PutAttempt(str(xid_row[0]), server, conn.info.backend_pid)
             try:
-                self._commit(conn)
-                return True
+                with standby_wait_cancelled(conn) as cancelled:
+                    self._commit(conn)
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 lost: BaseException = exc
                 cut = watchdog.fired
+            else:
+                if not cancelled:
+                    return True
+                log.warning(
+                    "outbox put on %s: %s; the rows are put again so that COMMIT waits "
+                    "for the synchronous standby",
+                    self.redacted,
+                    cancelled[0],
+                )
+                raise _Unknown(f"committed on the primary alone ({cancelled[0]})")
         conn.close()
         self._conn = None
-        # Cut at the deadline: asked once more (a commit that just happened is known);
-        # lost otherwise: asked until the deadline.
+        # Cut at the deadline: asked once, for the log (even a commit that just happened
+        # may have cancelled its standby wait: the put's outcome is unknown); lost
+        # otherwise: asked until the deadline, and put again unless it aborted.
         known = outcome(self._connect, attempt, deadline=time.monotonic() if cut else deadline)
         log.warning(
             "outbox put on %s: %s during COMMIT (%s); the transaction is %s",
@@ -534,24 +589,28 @@ class PostgresOutbox:
             lost,
             known,
         )
-        if known == "committed":
-            return True
         if cut:
             raise _Unanswered(
                 f"COMMIT did not return within write_timeout={self.write_timeout:g}s"
             ) from lost
         if known == "aborted":
             raise _Unknown("the COMMIT was lost and the transaction aborted")
+        if known == "committed":
+            # Perhaps a terminated standby wait (committed on the primary alone): put
+            # again, a COMMIT that waits for the standbys and stores nothing twice.
+            raise _Unknown("the COMMIT's answer was lost; the transaction committed")
         raise _Unknown("the connection was lost during COMMIT")
 
     def _refuse_reused(
         self, conn: psycopg.Connection[Any], rows: list[_ROW], inserted: set[str]
     ) -> None:
         """Some ids were stored already: :class:`MessageIdReused` (the transaction
-        rolled back) when any of them is stored as another message."""
+        rolled back) when any of them is stored as another message; otherwise they are
+        locked (see the ``reused`` query: the COMMIT then waits for the standbys)."""
         kept = [r for r in rows if r[0] not in inserted]
         columns = ([r[0] for r in kept], [r[2] for r in kept], [r[3] for r in kept])
-        found = conn.execute(self._sql["reused"], (*columns, [r[5] for r in kept])).fetchall()
+        stored = conn.execute(self._sql["reused"], (*columns, [r[5] for r in kept])).fetchall()
+        found = [r for r in stored if r[1]]
         if found:
             conn.execute("ROLLBACK")
             ids = sorted({str(r[0]) for r in found})
@@ -604,6 +663,11 @@ class PostgresOutbox:
         now = self._clock()
         lease = min(lease_s, self.lease_s)
         with self._session() as conn, conn.transaction():
+            # NOTE: a claimer stopped inside this transaction (SIGSTOP between two of its
+            # statements) would hold its keys' locks for as long as it stays stopped; the
+            # server ends its session once it has idled about a lease (a second at least),
+            # and the keys are free, as a dead claimer's are.
+            conn.execute(self._sql["idle_cap"], (f"{max(1000, int(lease * 1000))}ms",))
             found = conn.execute(
                 self._sql["keys"],
                 {"now": now, "scan": max(4 * limit, 10_000), "keys": 4 * self.max_keys},
@@ -629,28 +693,161 @@ class PostgresOutbox:
                 },
             ).fetchall()
         rows.sort(key=lambda r: r[0])
-        return [make_envelope(*r[1:]) for r in rows]
+        if rows:
+            self._hold([str(r[1]) for r in rows], int(rows[0][7]))
+        return [make_envelope(*r[1:7]) for r in rows]
 
     def delivered(self, ids: Sequence[str]) -> None:
-        """Remove envelopes the broker confirmed."""
-        if ids:
+        """Remove envelopes the broker confirmed, those of them this store still holds
+        (see :meth:`renew`): a row another claimer took over is left to it."""
+        if not ids:
+            return
+        for epoch, group in self._by_epoch(ids).items():
             with self._session() as conn:
-                conn.execute(self._sql["delivered"], (list(ids),))
+                done = conn.execute(self._sql["delivered"], {"ids": group, "epoch": epoch}).rowcount
+            self._settled(group, epoch, len(group) - done, "deletes")
 
     def failed(self, message_id: str, *, error: str, retry_at: float | None) -> None:
-        """Release until ``retry_at``, or quarantine with ``error`` when it is None."""
+        """Release until ``retry_at``, or quarantine with ``error`` when it is None (only
+        while this store still holds the row: see :meth:`renew`)."""
+        if retry_at is not None:
+            self.release([(message_id, error)], retry_at=retry_at)
+            return
+        epoch = self._epoch_of(message_id)
+        params = {"id": message_id, "epoch": epoch, "error": error, "at": self._clock()}
         with self._session() as conn:
-            if retry_at is not None:
-                conn.execute(self._sql["retry"], (retry_at, error, message_id))
-            else:
-                conn.execute(self._sql["quarantine"], (message_id, error, self._clock()))
+            row = conn.execute(self._sql["quarantine"], params).fetchone()
+        self._settled([message_id], epoch, 0 if row and row[0] else 1, "quarantines")
 
     def release(self, items: Sequence[tuple[str, str]], *, retry_at: float) -> None:
-        """Release many leased envelopes ``(id, error)`` until ``retry_at`` at once."""
+        """Release many leased envelopes ``(id, error)`` until ``retry_at`` at once: those
+        this store still holds (see :meth:`renew`), each key's under its advisory lock;
+        rows another transaction is settling or claiming are left leased (see
+        :mod:`msgsafe.outbox._pg_leases`)."""
         if not items:
             return
-        with self._session() as conn, conn.transaction(), conn.cursor() as cur:
-            cur.executemany(self._sql["retry"], [(retry_at, err, mid) for mid, err in items])
+        errors = dict(items)
+        for epoch, group in self._by_epoch(list(errors)).items():
+            with self._session() as conn, conn.transaction(), conn.cursor() as cur:
+                held, ours = self._held_rows(conn, group, epoch)
+                params = [{"id": mid, "error": errors[mid], "at": retry_at} for mid in held]
+                cur.executemany(self._sql["retry"], params)
+            self._settled(group, epoch, len(group) - ours, "releases")
+
+    def renew(self, ids: Sequence[str], *, lease_s: float) -> bool:
+        """Extend the lease of ``ids`` (rows this store claimed) to ``min(lease_s,
+        self.lease_s)`` from now when every one still carries its claim's epoch, and
+        return True. Otherwise another claimer took some of them over after the lease
+        ran out: the claim is given up (those this store still holds are ready again at
+        once), logged once at WARNING, and False is returned: send none of them."""
+        now = self._clock()
+        until = now + min(lease_s, self.lease_s)
+        renewed: builtins.list[tuple[int | None, builtins.list[str]]] = []
+        lost_any = False
+        for epoch, group in self._by_epoch(ids).items():
+            if lost_any:
+                self._give_up(epoch, group, now)
+                continue
+            with self._session() as conn, conn.transaction():
+                held, ours = self._held_rows(conn, group, epoch)
+                if len(held) == len(group):
+                    conn.execute(self._sql["renew"], {"ids": held, "at": until})
+                    renewed.append((epoch, group))
+                    continue
+                conn.execute(self._sql["give_up"], {"ids": held, "at": now})
+            lost_any = True
+            self._settled(group, epoch, len(group) - ours, "sends", given_up=True)
+        if lost_any:
+            # Groups renewed before the loss showed in a later one are given up too.
+            for epoch, group in renewed:
+                self._give_up(epoch, group, now)
+        return not lost_any
+
+    def _held_rows(
+        self, conn: psycopg.Connection[Any], ids: builtins.list[str], epoch: int | None
+    ) -> tuple[builtins.list[str], int]:
+        """(In an open transaction.) The rows of ``ids`` still under ``epoch`` that this
+        transaction could lock, with their keys' advisory locks, and how many of ``ids``
+        are still under ``epoch`` at all (the others were taken over). Never waits."""
+        busy = [bytes(r[0]) for r in conn.execute(self._sql["busy"], {"ids": ids}).fetchall()]
+        params = {"ids": ids, "epoch": epoch, "busy": busy}
+        held = [str(r[0]) for r in conn.execute(self._sql["held"], params).fetchall()]
+        if len(held) == len(ids):
+            return held, len(ids)
+        row = conn.execute(self._sql["ours"], params).fetchone()
+        return held, int(row[0]) if row else 0
+
+    def _give_up(self, epoch: int | None, ids: builtins.list[str], now: float) -> None:
+        """Make the rows of ``ids`` still under ``epoch`` ready at ``now``: the claim is
+        given up."""
+        with self._session() as conn, conn.transaction():
+            held, _ = self._held_rows(conn, ids, epoch)
+            conn.execute(self._sql["give_up"], {"ids": held, "at": now})
+        self._settled(ids, epoch, 0, "sends", given_up=True)
+
+    # --- the epochs of this store's claims (see msgsafe.outbox._pg_leases) ---------------
+
+    def _hold(self, ids: Sequence[str], epoch: int) -> None:
+        with self._held_lock:
+            held = self._held
+            if self._fenced:
+                for mid in [m for m, e in held.items() if e in self._fenced]:
+                    del held[mid]
+                self._fenced.clear()
+                self._reported.clear()
+            for mid in ids:
+                held[mid] = epoch
+
+    def _epoch_of(self, message_id: str) -> int | None:
+        with self._held_lock:
+            return self._held.get(message_id)
+
+    def _by_epoch(self, ids: Sequence[str]) -> dict[int | None, builtins.list[str]]:
+        """``ids`` grouped by the epoch of the claim that leased them here (None: not
+        claimed through this store, settled unconditionally)."""
+        groups: dict[int | None, builtins.list[str]] = {}
+        with self._held_lock:
+            held = self._held
+            for mid in ids:
+                groups.setdefault(held.get(mid), []).append(mid)
+        return groups
+
+    def _settled(
+        self,
+        ids: Sequence[str],
+        epoch: int | None,
+        lost: int,
+        what: str,
+        *,
+        given_up: bool = False,
+    ) -> None:
+        """``ids`` of the claim ``epoch`` are settled, or ``given_up``; ``lost`` of them
+        were no longer under its epoch: the claim is lost, logged once."""
+        if epoch is None:
+            return
+        with self._held_lock:
+            report = lost > 0 and epoch not in self._reported
+            if report:
+                self._reported.add(epoch)
+            if lost > 0 or given_up or epoch in self._fenced:
+                self._fenced.add(epoch)
+            else:
+                held = self._held
+                for mid in ids:
+                    if held.get(mid) == epoch:
+                        del held[mid]
+        if report:
+            log.warning(
+                "outbox lease lost on %s: %d rows of a claim (epoch %d) were taken over by"
+                " another forwarder after their lease (at most %gs) ran out, while this one"
+                " was paused or slow; it %s none of them and claims again (what it had"
+                " sent of them may reach consumers twice)",
+                self.redacted,
+                lost,
+                epoch,
+                self.lease_s,
+                what,
+            )
 
     def has_key(self, key: bytes) -> bool:
         """True while any envelope of ``key`` waits (asks the database: other processes

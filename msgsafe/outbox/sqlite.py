@@ -37,6 +37,7 @@ from typing import Any, Literal
 from msgsafe.errors import (
     ClosedError,
     ConfigurationError,
+    MessageIdReused,
     MsgsafeError,
     OutboxCorrupt,
     OutboxError,
@@ -48,6 +49,8 @@ from msgsafe.message import Batch, Envelope
 from msgsafe.outbox._blocks import split
 from msgsafe.outbox._claims import Claims
 from msgsafe.outbox._rows import (
+    COLUMNS,
+    COLUMNS_AT,
     INSERT,
     OutboxEntry,
     QuarantinedEntry,
@@ -524,6 +527,7 @@ class SqliteOutbox:
             if too_old or rows + batch.count > self.max_rows or size + batch.size > self.max_bytes:
                 results.append(self._full(too_old, rows + batch.count > self.max_rows))
                 continue
+            changed = conn.total_changes
             if batch.spans is not None:
                 # Blocks reserve their members' seq values above every row in the file.
                 (top,) = conn.execute("SELECT coalesce(max(seq), 0) FROM outbox").fetchone()
@@ -533,6 +537,14 @@ class SqliteOutbox:
                 conn.execute(INSERT, batch.params)
             else:
                 insert_rows(conn, batch.params)
+            added = conn.total_changes - changed
+            if added != batch.inserts:
+                # Some ids are stored already: a put repeated (kept as it is), or an id
+                # reused for another message (refused, and this put undone).
+                reused = _refuse_reused(conn, batch, added)
+                if reused is not None:
+                    results.append(reused)
+                    continue
             inserts += batch.inserts
             rows += batch.count
             size += batch.size
@@ -542,7 +554,8 @@ class SqliteOutbox:
         if not accepted:
             return HandlerResult(results)
         # Fewer changes than rows: some ids were already stored (a put repeated after an
-        # unknown outcome); the stored copies stay and the counters are rebuilt from the file.
+        # unknown outcome, or a put refused and undone); the stored copies stay and the
+        # counters are rebuilt from the file.
         if conn.total_changes - before != inserts:
             return HandlerResult(results, partial(tally.replaced, recount(conn)), self._verify)
         return HandlerResult(results, partial(tally.added, accepted), self._verify)
@@ -771,3 +784,49 @@ class SqliteOutbox:
 def _oldest(conn: sqlite3.Connection) -> float | None:
     row = conn.execute("SELECT created_at FROM outbox ORDER BY seq LIMIT 1").fetchone()
     return None if row is None else float(row[0])
+
+
+#: Ids per ``IN (...)`` list: under SQLite's default limit of 999 parameters.
+_IDS_PER_QUERY = 900
+
+
+def _refuse_reused(conn: sqlite3.Connection, batch: Rows, added: int) -> MessageIdReused | None:
+    """None when every id of ``batch`` that was stored already holds the same message
+    (destination, key, body), as the PostgreSQL store decides; otherwise the error, once
+    the ``added`` rows this batch just inserted are deleted again (the last ones in
+    ``seq`` order: one writer, one transaction), so that the put stores nothing."""
+    columns, first = (COLUMNS_AT, 1) if batch.spans is not None else (COLUMNS, 0)
+    params = batch.params
+    wanted: dict[object, tuple[object, object, object]] = {}
+    for at in range(first, len(params), columns):
+        # id, target, destination, key, headers, body: the message is the 3rd, 4th, 6th.
+        wanted[params[at]] = (params[at + 2], _plain(params[at + 3]), _plain(params[at + 5]))
+    ids = list(wanted)
+    differ: list[str] = []
+    for start in range(0, len(ids), _IDS_PER_QUERY):
+        chunk = ids[start : start + _IDS_PER_QUERY]
+        marks = ", ".join("?" * len(chunk))
+        for id, destination, key, body in conn.execute(
+            f"SELECT id, destination, key, body FROM outbox WHERE id IN ({marks})", chunk
+        ):
+            if wanted[id] != (destination, _plain(key), _plain(body)):
+                differ.append(str(id))
+    if not differ:
+        return None
+    if added:
+        conn.execute(
+            "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox ORDER BY seq DESC LIMIT ?)",
+            (added,),
+        )
+    differ.sort()
+    return MessageIdReused(
+        f"message id {differ[0]} is stored in the outbox with another destination, key or"
+        " body: an id may be reused only to send the same message again"
+        + (f" ({len(differ)} ids)" if len(differ) > 1 else ""),
+        message_id=differ[0],
+    )
+
+
+def _plain(value: object) -> object:
+    """Bytes as ``bytes`` whatever buffer held them (a stored BLOB reads as bytes)."""
+    return bytes(value) if isinstance(value, bytearray | memoryview) else value

@@ -39,6 +39,7 @@ from msgsafe.ports import (
     NotifyingStore,
     OutboxStore,
     ReleasingStore,
+    RenewingStore,
     RowClaimingStore,
     StoreCapabilities,
     TransactionalStore,
@@ -125,6 +126,21 @@ def test_nack_requeue_and_reject(case: BrokerCase) -> None:
         [again] = _collect(c, 1, case.patience)
         assert again.message_id == mid
         again.nack(requeue=False)
+        assert c.poll(max_messages=1, timeout=0.5) == []
+
+
+def test_release_gives_back_for_another_delivery(case: BrokerCase) -> None:
+    # Every receiver settles RELEASE (msgsafe/ports.py, Receiver): uncounted where the
+    # protocol can say so, a requeue elsewhere; never a reject, never an ack.
+    dest = case.new_destination()
+    with Producer(case.url, outbox=False, **case.producer_options) as p:
+        mid = p.send(dest, b"x").message_id
+    with _consumer(case, dest) as c:
+        [d] = _collect(c, 1, case.patience)
+        d.release()
+        [again] = _collect(c, 1, case.patience)
+        assert again.message_id == mid
+        again.ack()
         assert c.poll(max_messages=1, timeout=0.5) == []
 
 
@@ -407,6 +423,7 @@ _STORE_SEAMS: dict[str, type] = {
     "release": ReleasingStore,
     "pending": CountingStore,
     "notify": NotifyingStore,
+    "renew": RenewingStore,
 }
 
 
@@ -505,6 +522,47 @@ def test_release_as_declared(store: OutboxStore) -> None:
     seam.release([(sent[2].message_id, "now")], retry_at=0.0)
     assert _ids(store.claim(limit=3, lease_s=30)) == _ids(sent[2:])
     assert store.stats().depth == 3
+
+
+def test_renew_as_declared_fences_a_claim_another_claimer_took_over(
+    store_case: StoreCase, store: OutboxStore
+) -> None:
+    """``renew``: a claim still held is renewed. Once another claimer (another process of
+    a fleet) took its rows over after the lease ran out, renew says the claim is lost,
+    and the first claimer's late settling (a delete, a release) leaves the rows to the
+    new one: still there, still leased."""
+    if not store.capabilities.renew:
+        assert not isinstance(store, RenewingStore)
+        return
+    assert store_case.same is not None
+    seam = cast(RenewingStore, store)
+    sent = [Envelope.build("q", b"%d" % i, key="k") for i in range(4)]
+    store.put(sent)
+    mine = _ids(store.claim(limit=4, lease_s=0.3))
+    assert mine == _ids(sent)
+    assert seam.renew(mine, lease_s=0.3)
+    other = store_case.same(store)
+    try:
+        taken: list[str] = []
+
+        def take() -> bool:
+            taken.extend(_ids(other.claim(limit=4, lease_s=30)))
+            return bool(taken)
+
+        wait_until(take, 10, "the other claimer to take the key once the lease ran out")
+        assert taken == mine
+        assert not seam.renew(mine, lease_s=30)
+        store.delivered(mine)
+        seam_release = cast(ReleasingStore, store) if store.capabilities.release else None
+        if seam_release is not None:
+            seam_release.release([(i, "late") for i in mine], retry_at=0.0)
+        store.failed(mine[0], error="late", retry_at=None)
+        assert store.stats().depth == 4 and store.stats().quarantined == 0
+        assert other.claim(limit=4, lease_s=30) == []  # the other's lease still runs
+        other.delivered(taken)
+        assert store.stats().depth == 0
+    finally:
+        other.close()
 
 
 def test_pending_as_declared_counts_what_waits(store: OutboxStore) -> None:

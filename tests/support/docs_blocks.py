@@ -18,7 +18,9 @@ meant to run says so where a reader sees it, in its title:
 :data:`MAX_FRAGMENTS` keeps them rare.
 
 The blocks of one page that need the same thing run in order, in one process: a later
-block may use what an earlier one defined (the URL, a producer).
+block may use what an earlier one defined (the URL, a producer). Beside this checkout,
+:data:`GENERATED` is on their import path: the modules a reader generates from a file
+the page shows (``order_pb2`` from ``order.proto``), as the repository keeps them.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ SUBSTITUTIONS: Mapping[str, Sequence[tuple[str, str]]] = {
     "postgres": (('"postgresql://postgres@127.0.0.1:5432/test"', "{conninfo}"),),
     "integration": (),
 }
+
+#: Folders of generated modules a page imports (protoc's ``order_pb2.py``).
+GENERATED = (ROOT / "examples" / "protobuf",)
 
 #: Queue and topic names a page uses, given a fresh name per run on a shared broker.
 DESTINATIONS = ("orders", "events")
@@ -200,7 +205,7 @@ def run_blocks(
 ) -> Run:
     """Run :func:`program` of ``blocks`` in a fresh interpreter in ``cwd``, with a HOME of
     its own there (an outbox a block opens by default lands in the test's directory, not
-    the user's) and this checkout first on the import path."""
+    the user's) and this checkout first on the import path, then :data:`GENERATED`."""
     home = cwd / "home"
     home.mkdir()
     return run_python(
@@ -212,7 +217,7 @@ def run_blocks(
             "HOME": str(home),
             "XDG_DATA_HOME": str(home / ".local" / "share"),
             "PYTHONPATH": os.pathsep.join(
-                p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
+                p for p in (str(ROOT), *map(str, GENERATED), os.environ.get("PYTHONPATH")) if p
             ),
         },
         timeout=timeout,

@@ -60,6 +60,7 @@ CAPABILITY_NAMES = {
     "pending",
     "notify",
     "listen",
+    "renew",
 }
 #: The optional seams' Protocols: an isinstance against one is a probe.
 SEAM_PROTOCOLS = {
@@ -74,6 +75,7 @@ SEAM_PROTOCOLS = {
     "ReleasingStore",
     "CountingStore",
     "NotifyingStore",
+    "RenewingStore",
 }
 
 

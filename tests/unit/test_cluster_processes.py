@@ -4,6 +4,7 @@ of the JVM launchers."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -12,11 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from msgsafe import cluster as clusters
 from msgsafe.cluster._process import (
+    Pid,
+    adopt_births,
     kill_pid,
     pid_alive,
     pid_paused,
     signal_pid,
+    spawn,
     stop_pids,
     wait_for,
 )
@@ -87,3 +92,42 @@ def test_a_state_that_does_not_fit_is_refused(tmp_path: Path) -> None:
         KafkaCluster.from_state(tmp_path, state)
     with pytest.raises(ClusterError, match="no kafka node 3"):
         KafkaCluster(3, tmp_path, base_port=43000).kill(3)
+
+
+def test_a_pid_another_process_inherited_is_left_alone(
+    child: subprocess.Popen[bytes],
+) -> None:
+    """A cluster's saved pid whose node died long ago now names ``child`` (the kernel
+    hands pids out again): it counts as gone and no signal reaches ``child``."""
+    stale = Pid(child.pid, "1")  # the node it named started at tick 1
+    assert not pid_alive(stale)
+    assert not pid_paused(stale)
+    assert signal_pid(stale, signal.SIGKILL) is False
+    stop_pids([("node", stale)], grace=1.0)
+    kill_pid(stale, "node")
+    assert pid_alive(child.pid), "the process that has the pid now is alive"
+    assert child.poll() is None, "a process that merely inherited the pid was signalled"
+
+
+def test_cluster_json_keeps_each_pid_start_time(tmp_path: Path) -> None:
+    """``cluster down`` in another process, days later, knows each node by pid and start
+    time: a node that still runs is found; its pid on another process would not be."""
+    cluster = KafkaCluster(3, tmp_path, base_port=44000, detached=True)
+    pid = spawn(_IDLE, log=tmp_path / "node.log", detached=True)
+    try:
+        cluster.pids = [pid, None, None]
+        cluster.save_state()
+        saved = json.loads((tmp_path / "cluster.json").read_text())
+        assert saved["births"] == {str(pid): pid.born}
+        again = clusters.load(tmp_path)
+        assert again.state() == cluster.state()
+        found = again.pids[0]
+        assert found == pid and not isinstance(found, Pid)  # a plain int from the file
+        assert pid_alive(found)
+        adopt_births({str(pid): "1"})  # as if the node had died and its pid moved on
+        assert not pid_alive(found)
+        assert signal_pid(found, signal.SIGKILL) is False
+        adopt_births(saved["births"])
+        assert pid_alive(found)
+    finally:
+        kill_pid(pid, "node")

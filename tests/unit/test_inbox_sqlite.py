@@ -18,6 +18,7 @@ from msgsafe.errors import (
     InvalidMessage,
 )
 from msgsafe.inbox import InboxStore, Processed, SqliteInbox, open_inbox, parse_sqlite_url
+from msgsafe.ports import BatchInboxStore, ProcessedBatch, inbox_capabilities
 from tests.integration.inbox._child import die, race
 
 
@@ -268,3 +269,64 @@ def test_a_relative_sqlite_url_is_resolved_when_opened(
 def test_bad_inbox_urls_are_configuration_errors(url: str) -> None:
     with pytest.raises(ConfigurationError):
         open_inbox(url)
+
+
+# --- batches (capabilities.batch) -----------------------------------------------------------
+
+
+def test_a_batch_records_its_new_ids_with_one_work_and_skips_the_recorded(
+    inbox: SqliteInbox, db: Path
+) -> None:
+    assert isinstance(inbox, BatchInboxStore) and inbox_capabilities(inbox).batch
+    inbox.process("m1", write_effect("m1"), source="q")
+    records = [("m0", "q", 1), ("m1", "q", 1), ("m2", "q", 3), ("m2", "q", 3), ("m3", "q", 1)]
+
+    def work(fresh: list[int], tx: sqlite3.Connection) -> list[int]:
+        for index in fresh:
+            tx.execute("INSERT INTO effects (message_id) VALUES (?)", (records[index][0],))
+        return fresh
+
+    # m1 was recorded before; the second m2 is the first's copy.
+    assert inbox.process_batch(records, work) == ProcessedBatch((0, 2, 4), [0, 2, 4])
+    assert effects(db) == ["m0", "m1", "m2", "m3"]
+    assert inbox.handled([f"m{n}" for n in range(5)]) == {"m0", "m1", "m2", "m3"}
+    with sqlite3.connect(db) as conn:
+        attempts = dict(conn.execute("SELECT message_id, attempt FROM msgsafe_inbox"))
+    assert attempts == {"m0": 1, "m1": 1, "m2": 3, "m3": 1}
+
+    def must_not_run(fresh: list[int], tx: Any) -> None:
+        raise AssertionError("every id is recorded: work must not run")
+
+    assert inbox.process_batch(records[:3], must_not_run) == ProcessedBatch(())
+    assert inbox.process_batch([], must_not_run) == ProcessedBatch(())
+
+
+def test_a_batch_whose_work_raises_leaves_no_record_and_no_effect(
+    inbox: SqliteInbox, db: Path
+) -> None:
+    inbox.record_attempts([("m1", "q"), ("m2", "q")])
+
+    def work(fresh: list[int], tx: sqlite3.Connection) -> None:
+        tx.execute("INSERT INTO effects (message_id) VALUES ('m1')")
+        raise ValueError("the second message is poison")
+
+    with pytest.raises(ValueError, match="poison"):
+        inbox.process_batch([("m1", "q", 1), ("m2", "q", 1)], work)
+    assert effects(db) == [] and inbox.handled(["m1", "m2"]) == set()
+    # The counters stay with the rollback: 2 now, not 1 again.
+    assert inbox.record_attempts([("m1", "q"), ("m2", "q")]) == {"m1": 2, "m2": 2}
+    assert inbox.process_batch([("m2", "q", 2)], lambda fresh, tx: None).fresh == (0,)
+    # m2 handled: its counter went with the commit, and it is counted no more.
+    assert inbox.record_attempts([("m1", "q"), ("m2", "q")]) == {"m1": 3}
+
+
+def test_record_attempts_counts_the_unhandled_ids_in_one_statement(inbox: SqliteInbox) -> None:
+    inbox.process("done", lambda tx: None, source="q")
+    assert inbox.record_attempts([("a", "q"), ("done", "q"), ("b", "q")]) == {"a": 1, "b": 1}
+    assert inbox.record_attempts([("a", "q")]) == {"a": 2}
+    assert inbox.record_attempts([("done", "q")]) == {}
+    # record_attempt alone does not look at the handled ids (it is pinned above).
+    assert inbox.record_attempt("a", source="q") == 3
+    assert inbox.record_attempts([]) == {}
+    with pytest.raises(InvalidMessage):
+        inbox.record_attempts([("", "q")])

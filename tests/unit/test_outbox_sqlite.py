@@ -3,6 +3,7 @@ quarantine, restart, and the producer's ``outbox=`` argument."""
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from msgsafe.endpoints import parse_url
-from msgsafe.errors import ClosedError, ConfigurationError, OutboxFull
+from msgsafe.errors import ClosedError, ConfigurationError, MessageIdReused, OutboxFull
 from msgsafe.message import Batch, Envelope
 from msgsafe.outbox import SqliteOutbox, default_path, open_store
 from msgsafe.outbox._rows import batch_rows, envelope_rows
@@ -484,3 +485,41 @@ def test_a_shared_store_opened_while_its_last_user_closes_it_waits_for_the_file(
     second.put([Envelope.build("q", b"x")])
     assert second.pending() == 1
     second.close()
+
+
+@pytest.mark.parametrize("change", ["body", "key", "destination"])
+def test_an_id_reused_for_another_message_is_refused_and_its_put_stores_nothing(
+    store: SqliteOutbox, change: str
+) -> None:
+    """As the PostgreSQL store: an id is the message; reusing it for another one would
+    leave the second reported stored and never sent."""
+    first = env("k", body=b"one")
+    store.put([first])
+    changed = {"body": b"two", "key": b"k2", "destination": "q2"}[change]
+    other = dataclasses.replace(first, **{change: changed})
+    fresh = env("k")
+    with pytest.raises(MessageIdReused, match=first.message_id):
+        store.put([fresh, other])
+    assert store.stats().depth == 1, "the refused put left a row"
+    store.put([fresh, first])  # the same message again: kept once, no error
+    assert [e.message_id for e in store.claim(limit=10, lease_s=30)] == [
+        first.message_id,
+        fresh.message_id,
+    ]
+
+
+def test_a_refused_put_does_not_take_others_committed_with_it(store: SqliteOutbox) -> None:
+    first = env("k", body=b"one")
+    store.put([first])
+    others = [env("k") for _ in range(20)]
+    futures = [store.put_async([e]) for e in others[:10]]
+    refused = store.put_async([dataclasses.replace(first, body=b"two")])
+    futures += [store.put_async([e]) for e in others[10:]]
+    for future in futures:
+        future.result(10)
+    with pytest.raises(MessageIdReused):
+        refused.result(10)
+    assert store.stats().depth == 21
+    claimed = store.claim(limit=100, lease_s=30)
+    assert [e.message_id for e in claimed] == [first.message_id] + [e.message_id for e in others]
+    assert claimed[0].body == b"one"

@@ -13,6 +13,7 @@ def test_top_level_names() -> None:
         "AsyncConsumer",
         "AsyncDelivery",
         "AsyncProducer",
+        "BatchPolicy",
         "Consumer",
         "Delivery",
         "Envelope",

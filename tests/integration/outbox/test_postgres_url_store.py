@@ -1,8 +1,9 @@
 """The PostgreSQL outbox by URL on a real primary + synchronous standby
 (``msgsafe cluster``'s postgres pair): libpq's host list with
 ``target_session_attrs=read-write``, credentials never shown or stored, idempotent puts,
-and a COMMIT whose answer is lost — on the wire, and while the primary waits for its
-paused standby — reported STORED only when it did commit, and never stored twice."""
+and a COMMIT whose answer is lost on the wire, or whose wait for the paused standby an
+operator stopped, reported STORED only once the standby holds it, and never stored
+twice."""
 
 from __future__ import annotations
 
@@ -101,33 +102,59 @@ def test_a_commit_that_never_arrived_is_put_again_once(
     assert _ids(pg_pair.url, table) == [e.message_id for e in envelopes]
 
 
-def test_a_commit_cut_while_waiting_for_the_standby_is_known_committed(
-    pg_pair: PostgresCluster, table: str
+@pytest.mark.parametrize("stop_the_wait", ["pg_terminate_backend", "pg_cancel_backend"])
+def test_a_commit_whose_standby_wait_is_stopped_is_not_stored_until_the_standby_has_it(
+    pg_pair: PostgresCluster, table: str, stop_the_wait: str
 ) -> None:
-    """The standby is paused: the primary commits locally and waits for it; the backend
-    is terminated in that wait, so the client loses COMMIT's answer. The store asks the
-    server and reports the put stored — once, without putting it again."""
-    store = PostgresOutbox.from_url(f"{pg_pair.url}&table={table}")
+    """The standby is paused: the primary commits locally and waits for it. An operator
+    stops that wait (terminate: the client loses COMMIT's answer; cancel: COMMIT answers
+    success with a WARNING): the rows are on the primary alone, and a fail-over now would
+    lose them. The put must not return: it puts the rows again (no row twice) and that
+    COMMIT waits for the standby; once the standby is back the put returns, and the
+    standby holds every row."""
+    store = PostgresOutbox.from_url(f"{pg_pair.url}&table={table}&write_timeout=60")
     envelopes = [Envelope.build("q", b"%d" % i, key="k") for i in range(5)]
     outcome: list[BaseException | None] = []
+    done = threading.Event()
+
+    def put() -> None:
+        outcome.append(_put(store, envelopes))
+        done.set()
+
     pg_pair.pause(1)
     try:
-        worker = threading.Thread(target=lambda: outcome.append(_put(store, envelopes)))
+        worker = threading.Thread(target=put)
         worker.start()
         admin = psycopg.connect(pg_pair.node_url(0), autocommit=True)
         try:
-            waiting: list[int] = []
+            # A transaction, not a backend: after a cancel the same backend commits again.
+            stopped: set[tuple[int, str]] = set()
 
-            def in_syncrep() -> bool:
+            def waiting_for_the_standby() -> list[tuple[int, str]]:
                 rows = admin.execute(
-                    "SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+                    "SELECT pid, backend_xid::text FROM pg_stat_activity"
+                    " WHERE wait_event = 'SyncRep'"
                 ).fetchall()
-                waiting[:] = [r[0] for r in rows]
-                return bool(waiting)
+                return [(r[0], r[1]) for r in rows if (r[0], r[1]) not in stopped]
 
-            wait_until(in_syncrep, 20, "the put's COMMIT to wait for the paused standby")
-            for pid in waiting:
-                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            wait_until(
+                lambda: bool(waiting_for_the_standby()),
+                20,
+                "the put's COMMIT to wait for the paused standby",
+            )
+            first = waiting_for_the_standby()
+            for pid, xid in first:
+                admin.execute(f"SELECT {stop_the_wait}(%s)", (pid,))
+                stopped.add((pid, xid))
+            # The put commits again, and that COMMIT waits for the standby too.
+            wait_until(
+                lambda: bool(waiting_for_the_standby()) or done.is_set(),
+                20,
+                "the put's second COMMIT to wait for the paused standby",
+            )
+            assert not done.is_set(), (
+                f"the put returned {outcome} while only the primary held its rows"
+            )
         finally:
             admin.close()
         pg_pair.resume(1)
@@ -137,6 +164,12 @@ def test_a_commit_cut_while_waiting_for_the_standby_is_known_committed(
         pg_pair.resume(1)
         store.close()
     assert _ids(pg_pair.url, table) == [e.message_id for e in envelopes]
+    standby = pg_pair.node_url(1)
+    wait_until(
+        lambda: _ids(standby, table) == [e.message_id for e in envelopes],
+        20,
+        "the standby to show every row (replayed after its flush)",
+    )
 
 
 def _put(store: PostgresOutbox, envelopes: list[Envelope]) -> BaseException | None:
