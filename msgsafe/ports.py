@@ -552,6 +552,10 @@ class OutboxStats:
     #: True once the store's file is no longer at its path (removed, replaced): the
     #: messages counted are lost if the process ends before they are forwarded.
     gone: bool = False
+    #: True when ``depth`` and ``bytes`` are estimates, not counts: a PostgreSQL outbox
+    #: counts up to 100,000 waiting rows and estimates beyond (see
+    #: :meth:`msgsafe.outbox.postgres.PostgresOutbox.stats`).
+    estimated: bool = False
 
 
 @runtime_checkable
