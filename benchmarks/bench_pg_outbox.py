@@ -13,11 +13,19 @@ a real primary + synchronous standby pair (``msgsafe cluster``'s postgres launch
    row by row as the broker confirms them: ``DELETE ... WHERE id = ANY(...)`` per round,
    autovacuum at the server's defaults), then after a plain ``VACUUM``.
 
+4. Backlog size (``--only backlog``, not part of ``--readme``): a ``--backlog SMALL BIG``
+   pair of backlogs on 64 keys (the first 1,000 rows put through ``PostgresOutbox.put``,
+   the rest written by the server in one INSERT ... SELECT), each drained by one
+   forwarder to RabbitMQ; the big one's rate as a ratio of the small one's (goal >=
+   0.9), EXPLAIN (ANALYZE, BUFFERS) of the claim, stats and delete queries on each full
+   table, ``outbox status`` timed, and the table's size and dead tuples full, drained and
+   ``--settle`` seconds later, for each ``--vacuum`` set of autovacuum reloptions.
+
 Run: ``flock /tmp/msgsafe-bench.lock python3 benchmarks/bench_pg_outbox.py
 [--bloat 1000000] [--readme benchmarks/README.md]``; ``--only put`` (or ``forward``,
-``bloat``; repeatable) runs one part and prints its figures.
+``bloat``, ``backlog``; repeatable) runs one part and prints its figures.
 
-4. ``--scaling`` (alone): 1, 2 and 4 forwarders to RabbitMQ (3 nodes, a quorum queue)
+5. ``--scaling`` (alone): 1, 2 and 4 forwarders to RabbitMQ (3 nodes, a quorum queue)
    and to Kafka (3 nodes), with the CPU of each forwarder process, of PostgreSQL, of the
    broker and of the machine, the database's commits per second and the broker's own
    rate from its raw client, so that the table names what limits the rate.
@@ -45,7 +53,7 @@ from msgsafe.message import Envelope  # noqa: E402
 
 BODY = b"x" * 100
 KEYS = 64
-PARTS = ("put", "forward", "bloat")
+PARTS = ("put", "forward", "bloat", "backlog")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -61,6 +69,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--bloat", type=int, default=1_000_000, help="rows put and forwarded for the bloat part"
+    )
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        nargs=2,
+        default=[10_000, 1_000_000],
+        metavar=("SMALL", "BIG"),
+        help="backlog sizes of the backlog part (drained by one forwarder)",
+    )
+    parser.add_argument(
+        "--vacuum",
+        action="append",
+        default=None,
+        help="autovacuum reloptions tried on the big backlog, e.g."
+        " 'autovacuum_vacuum_scale_factor=0,autovacuum_vacuum_threshold=10000' (repeatable;"
+        " 'default' for the server's)",
+    )
+    parser.add_argument(
+        "--settle", type=float, default=60.0, help="seconds to watch autovacuum after a drain"
+    )
+    parser.add_argument(
+        "--naptime",
+        help="the server's autovacuum_naptime for the run (e.g. 5s; default: the server's)",
     )
     parser.add_argument("--readme", type=Path, help="update the '## PostgreSQL outbox' section")
     parser.add_argument(
@@ -533,6 +564,257 @@ def bloat(url: str, broker: str, rows: int) -> dict[str, Any]:
     }
 
 
+# --- 4. backlog size -----------------------------------------------------------------------
+
+#: The queries a claim, a stats question and a delivery run, explained on each backlog.
+EXPLAINED = ("keys", "claim", "claim, no key free", "stats", "delivered")
+
+
+def load(url: str, table: str, rows: int, queue: str, target: str, sample: int = 1000) -> None:
+    """``rows`` messages on 64 keys in ``table``: the first ``sample`` put through
+    ``PostgresOutbox.put`` (the store's own path), the rest written by the server in one
+    INSERT ... SELECT of the same columns (the same row shape: id, key k0..k63, a body
+    of 100 bytes, no headers), then ANALYZE."""
+    import psycopg
+
+    from msgsafe.outbox import PostgresOutbox
+
+    sample = min(sample, rows)
+    store = PostgresOutbox.from_url(f"{url}&table={table}", target=target)
+    try:
+        for start in range(0, sample, 1000):
+            store.put(_envelopes(min(1000, sample - start), queue))
+        conninfo = store._conninfo
+    finally:
+        store.close()
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(
+            f"INSERT INTO {table} (id, target, destination, key, headers, body, created_at,"
+            " size) SELECT %s || i, %s, %s, convert_to('k' || (i %% %s), 'UTF8'), NULL,"
+            " convert_to(repeat('x', %s), 'UTF8'), extract(epoch FROM clock_timestamp()), %s"
+            " FROM generate_series(1, %s) AS i",
+            (f"{table}-", target, queue, KEYS, len(BODY), len(BODY), rows - sample),
+        )
+        conn.execute(f"ANALYZE {table}")
+
+
+def explain(url: str, table: str) -> dict[str, tuple[float, int]]:
+    """(milliseconds, buffers touched) of each query of :data:`EXPLAINED` on ``table``
+    as ``EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`` reports it, each in a transaction
+    rolled back (the claim's leases are not kept)."""
+    import psycopg
+
+    from msgsafe.outbox import PostgresOutbox
+
+    store = PostgresOutbox.from_url(f"{url}&table={table}")
+    sql, conninfo = store._sql, store._conninfo
+    store.close()
+    now = time.time()
+    found: dict[str, tuple[float, int]] = {}
+    with psycopg.connect(conninfo) as conn:
+        keys = [
+            bytes(r[0]) for r in conn.execute(sql["keys"], {"now": now, "scan": 10_000, "keys": 16})
+        ]
+        conn.rollback()
+        first = conn.execute(f"SELECT id FROM {table} ORDER BY seq LIMIT 100").fetchall()
+        conn.rollback()
+        claim = {"now": now, "until": now + 10, "limit": 1000}
+        asked: dict[str, tuple[str, Any]] = {
+            "keys": (sql["keys"], {"now": now, "scan": 10_000, "keys": 16}),
+            "claim": (sql["claim_keys"], {**claim, "keys": keys, "per_key": 63}),
+            "claim, no key free": (sql["claim_keys"], {**claim, "keys": [], "per_key": 1000}),
+            "stats": (sql["stats"], (100_001,)),
+            "delivered": (sql["delivered"], {"ids": [r[0] for r in first], "epoch": None}),
+        }
+        for name, (query, params) in asked.items():
+            row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params)
+            plan = (row.fetchone() or [[{}]])[0][0]
+            top = plan["Plan"]
+            buffers = sum(int(top.get(f"Shared {k} Blocks", 0)) for k in ("Hit", "Read", "Dirtied"))
+            found[name] = (float(plan["Execution Time"]), buffers)
+            conn.rollback()
+    return found
+
+
+def status_time(url: str, table: str) -> tuple[float, float, float, bool]:
+    """Seconds of what ``outbox status`` asks the store (stats and the first row), of
+    the whole command (a new process, as an operator runs it) and of its ``--help`` (the
+    interpreter's start and imports, no database), and whether the depth it showed was
+    estimated."""
+    from msgsafe.outbox import PostgresOutbox
+
+    store = PostgresOutbox.from_url(f"{url}&table={table}")
+    try:
+        t0 = time.perf_counter()
+        stats = store.stats()
+        store.list(limit=1)
+        asked = time.perf_counter() - t0
+    finally:
+        store.close()
+    took = []
+    for args in (["--help"], [f"{url}&table={table}", "--json"]):
+        t0 = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "msgsafe", "outbox", "status", *args],
+            cwd=ROOT,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        took.append(time.perf_counter() - t0)
+    return asked, took[1], took[0], stats.estimated
+
+
+def drain(url: str, table: str, broker: str, rows: int) -> float:
+    """msg/s of one ``msgsafe outbox forward --until-empty`` draining ``table``: from the
+    first row gone to the table empty (both seen through the seq index: nothing that
+    reads the table while it drains)."""
+    import psycopg
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "msgsafe",
+            "outbox",
+            "forward",
+            f"{url}&table={table}",
+            "--url",
+            broker,
+            "-o",
+            "declare=quorum",
+            "--until-empty",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            head = f"SELECT seq FROM {table} ORDER BY seq LIMIT 1"
+            start = (conn.execute(head).fetchone() or (None,))[0]
+            first: float | None = None
+            while True:
+                time.sleep(0.02)  # a sampling period, not a wait for an event
+                row = conn.execute(head).fetchone()
+                if first is None and (row is None or row[0] != start):
+                    first = time.monotonic()
+                if row is None:
+                    break
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the forwarder exited with rows left in {table}")
+        done = time.monotonic()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait(60)
+    assert first is not None
+    return rows / max(done - first, 1e-6)
+
+
+def forget(broker: str, queue: str) -> None:
+    """Delete ``queue`` from the broker (a big backlog's messages would fill the node)."""
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(broker))
+    try:
+        conn.channel().queue_delete(queue)
+    finally:
+        conn.close()
+
+
+def total_size(url: str, table: str) -> dict[str, int]:
+    """Bytes of the table with its indexes and TOAST, and its dead tuples."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT pg_total_relation_size(%s::regclass), coalesce(n_dead_tup, 0),"
+            " coalesce(autovacuum_count, 0) FROM pg_stat_user_tables WHERE relname = %s",
+            (table, table),
+        ).fetchone() or (0, 0, 0)
+    return {"total": int(row[0]), "dead": int(row[1]), "autovacuums": int(row[2])}
+
+
+@dataclass
+class Backlog:
+    rows: int
+    vacuum: str  #: the table's autovacuum reloptions ("default": the server's)
+    rate: float  #: msg/s
+    explained: dict[str, tuple[float, int]]
+    status: tuple[float, float, float, bool]  #: store s, command s, its --help s, estimated
+    before: dict[str, int]  #: sizes when full
+    after: dict[str, int]  #: just drained
+    settled: dict[str, int]  #: after the settle period
+    settle_s: float
+
+
+def backlog(url: str, broker: str, rows: int, vacuum: str, settle_s: float) -> Backlog:
+    """Load ``rows``, explain the queries, time the status, drain with one forwarder,
+    and measure the sizes before, right after and ``settle_s`` after the drain."""
+    import psycopg
+
+    table = f"bench_backlog_{uuid.uuid4().hex[:8]}"
+    queue = f"bench-backlog-{uuid.uuid4().hex[:6]}"
+    load(url, table, rows, queue, broker)
+    if vacuum != "default":
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE {table} SET ({vacuum})")
+    explained = explain(url, table)
+    status = status_time(url, table)
+    before = total_size(url, table)
+    rate = drain(url, table, broker, rows)
+    forget(broker, queue)
+    after = total_size(url, table)
+    time.sleep(settle_s)  # the figure is what autovacuum did in this period
+    settled = total_size(url, table)
+    print(
+        f"  backlog {rows:,} ({vacuum}): {rate:,.0f} msg/s, total "
+        f"{_mib(before['total'])} -> {_mib(after['total'])} -> {_mib(settled['total'])}, "
+        f"dead {after['dead']:,} -> {settled['dead']:,}",
+        file=sys.stderr,
+    )
+    return Backlog(rows, vacuum, rate, explained, status, before, after, settled, settle_s)
+
+
+def backlog_lines(results: list[Backlog]) -> list[str]:
+    """The README rows of the backlog part."""
+    if not results:
+        return []
+    small = results[0]
+    lines = []
+    for r in results:
+        ratio = (
+            f" = {r.rate / small.rate:.2f} x the {small.rows:,}-row backlog"
+            if r is not small
+            else ""
+        )
+        lines.append(
+            f"| drain of {r.rows:,} rows ({KEYS} keys), 1 forwarder to RabbitMQ, autovacuum "
+            f"{r.vacuum} | {r.rate:,.0f} msg/s{ratio} | >= 0.9 |"
+        )
+    for r in results:
+        queries = ", ".join(
+            f"{n} {ms:.1f} ms / {b:,} buffers" for n, (ms, b) in r.explained.items()
+        )
+        lines.append(f"| EXPLAIN ANALYZE on {r.rows:,} rows ({r.vacuum}) | {queries} | flat |")
+    for r in results:
+        asked, whole, start, estimated = r.status
+        lines.append(
+            f"| outbox status on {r.rows:,} rows ({r.vacuum}) | store {asked * 1000:.0f} ms, "
+            f"whole command {whole:.2f} s (its --help alone: {start:.2f} s), waiting "
+            f"{'estimated' if estimated else 'exact'} | < 1 s |"
+        )
+    for r in results:
+        lines.append(
+            f"| {r.rows:,} rows ({r.vacuum}): total size full / drained / "
+            f"{r.settle_s:.0f} s later; dead "
+            f"tuples drained / later; autovacuums | {_mib(r.before['total'])} / "
+            f"{_mib(r.after['total'])} / {_mib(r.settled['total'])}; {r.after['dead']:,} / "
+            f"{r.settled['dead']:,}; {r.settled['autovacuums']} | bounded |"
+        )
+    return lines
+
+
 # --- the run --------------------------------------------------------------------------------
 
 
@@ -594,12 +876,26 @@ def main(argv: Sequence[str] | None = None) -> None:
         pair.start()
         try:
             url = pair.url
+            if args.naptime:
+                import psycopg
+                from psycopg import sql
+
+                # The superuser's login (ALTER SYSTEM): the cluster's own.
+                admin = pair._conninfo(pair.primary)
+                with psycopg.connect(admin, autocommit=True) as conn:
+                    conn.execute(
+                        sql.SQL("ALTER SYSTEM SET autovacuum_naptime = {}").format(
+                            sql.Literal(args.naptime)
+                        )
+                    )
+                    conn.execute("SELECT pg_reload_conf()")
             put_results = (
                 [puts(url, b, args.seconds) for b in (1, 100, 1000)] if "put" in parts else []
             )
             rates: dict[int, float] = {}
             bloated = None
-            if parts & {"forward", "bloat"}:
+            backlogs: list[Backlog] = []
+            if parts & {"forward", "bloat", "backlog"}:
                 rabbit = RabbitCluster(size=1, dir=Path(tmp) / "rabbit")
                 rabbit.start()
                 broker = rabbit.node_url(0)
@@ -611,6 +907,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                     print(f"  {n} forwarder(s): {rates[n]:,.0f} msg/s", file=sys.stderr)
             if "bloat" in parts:
                 bloated = bloat(url, broker, args.bloat)
+            if "backlog" in parts:
+                small, big = args.backlog
+                backlogs.append(backlog(url, broker, small, "default", args.settle))
+                for vacuum in args.vacuum or ["default"]:
+                    backlogs.append(backlog(url, broker, big, vacuum, args.settle))
         finally:
             if rabbit is not None:
                 rabbit.stop()
@@ -620,9 +921,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', started)} on {os.cpu_count()} cores, "
         f"load average {load:.1f} at the start and {load_end:.1f} at the end (the machine is "
         f"shared), PostgreSQL {postgres_bin().parent.parent.name} (primary + synchronous "
-        f"standby on the same machine), Python {sys.version.split()[0]}."
+        f"standby on the same machine), Python {sys.version.split()[0]}"
+        + (f", autovacuum_naptime {args.naptime}." if args.naptime else ".")
     )
     text = report(put_results, rates, bloated, args, header)
+    if backlogs:
+        text += "\n" + "\n".join(backlog_lines(backlogs))
     print(text)
     if args.readme is not None:
         update_readme(args.readme, text)

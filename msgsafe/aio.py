@@ -267,6 +267,11 @@ class AsyncDelivery:
         """Not processed: redeliver it, or (``requeue=False``) reject it."""
         await self.settle(Outcome.REQUEUE if requeue else Outcome.REJECT)
 
+    async def release(self) -> None:
+        """Not tried: redeliver it without counting a failed attempt (see
+        :meth:`msgsafe.message.Delivery.release`)."""
+        await self.settle(Outcome.RELEASE)
+
     def __repr__(self) -> str:
         return f"Async{self._delivery!r}"
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Self
 
+from msgsafe._observer import observing
 from msgsafe.adapters import open_receiver
 from msgsafe.checks import Inspector, inspector_for
 from msgsafe.consuming.batching import BatchPolicy
@@ -23,13 +24,13 @@ from msgsafe.ports import AttemptCounter, InboxStore, Receiver, inbox_capabiliti
 from msgsafe.producer import Producer
 from msgsafe.retry import RetryPolicy
 from msgsafe.schemas import Deserializer, Deserializers
-from msgsafe.telemetry._observer import observing
 from msgsafe.telemetry.consumer import ConsumerTelemetry
 from msgsafe.telemetry.stats import ConsumerStats
 
 __all__ = ["Consumer"]
 
 _REQUEUE = Outcome.REQUEUE
+_RELEASE = Outcome.RELEASE
 
 #: run()'s default prefetch: also the most one fetch asks the receiver for, so it is a
 #: batch's size (with 2 * concurrency, fetches of 8 messages cost more than the handling).
@@ -160,7 +161,7 @@ class Consumer:
             return
         with self._lock:
             held = self._open.pop(message_id, None)
-            if outcome is not _REQUEUE:
+            if outcome is not _REQUEUE and outcome is not _RELEASE:  # not given back
                 window.record(message_id)
         if held:
             for copy in held:

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from urllib.parse import parse_qsl, quote, unquote
 
+from msgsafe._observer import current as observer_now
 from msgsafe.errors import ConfigurationError
 from msgsafe.retry import Backoff, RetryPolicy
-from msgsafe.telemetry._observer import current as observer_now
 
 __all__ = [
     "BrokerUrl",
@@ -360,7 +360,7 @@ class EndpointList:
         self._set_order(list(self._configured))
         #: Advertised endpoints refused by policy (TLS downgrade, allow-list), for logs.
         self.refused: list[Endpoint] = []
-        #: Who hears of fail-overs (see msgsafe.telemetry._observer); None: nobody.
+        #: Who hears of fail-overs (see msgsafe._observer); None: nobody.
         self._observer = observer_now()
         #: The endpoint of the last good connection, and whether one was dialled since.
         self._served: Endpoint | None = None

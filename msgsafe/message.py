@@ -105,6 +105,9 @@ class Outcome(enum.Enum):
     ACCEPT = "accept"  #: processed; remove it
     REQUEUE = "requeue"  #: not processed; deliver again (possibly elsewhere)
     REJECT = "reject"  #: never deliver again (dead-letter where the broker is set up for it)
+    #: not tried: deliver again without counting a failed attempt, where the broker counts
+    #: (AMQP 1.0 ``released``); a receiver whose broker has no such give-back requeues it
+    RELEASE = "release"
 
 
 @dataclass(frozen=True, slots=True)
@@ -622,6 +625,15 @@ class Delivery:
     def nack(self, requeue: bool = True) -> None:
         """The message was not processed: redeliver it, or (``requeue=False``) reject it."""
         self.settle(Outcome.REQUEUE if requeue else Outcome.REJECT)
+
+    def release(self) -> None:
+        """The message was not tried: redeliver it without counting a failed attempt.
+
+        For a delivery held and given back unread (prefetched, peeked, not started before
+        a stop). Where the broker counts deliveries (AMQP 1.0) a :meth:`nack` raises
+        the count, and so the next ``attempt``, as a failure; this does not. Brokers
+        without such a give-back (AMQP 0-9-1, Kafka) requeue it as :meth:`nack` does."""
+        self.settle(Outcome.RELEASE)
 
     def __repr__(self) -> str:
         return (

@@ -490,6 +490,14 @@ class Receiver(Protocol):
     (at-least-once: an unsettled delivery is redelivered after a crash or fail-over).
     Deliveries carry ``message_id`` from the native id field or the ``msgsafe-id`` header.
     Thread-safe; ``close`` is idempotent and requeues what was not settled.
+
+    A delivery settles with every :class:`~msgsafe.message.Outcome`, the same on every
+    receiver (no flag to declare): ``REQUEUE`` (``nack()``) gives back a message that was
+    tried and failed, and raises the broker's delivery count where it keeps one;
+    ``RELEASE`` (``release()``) gives back a message that was not tried (prefetched,
+    peeked, not started before a stop) and raises no count where the protocol can say so
+    (AMQP 1.0 ``released``); elsewhere it is ``REQUEUE``. What ``close`` gives back
+    unread it releases.
     """
 
     def subscribe(self, destination: str) -> None:
@@ -544,6 +552,10 @@ class OutboxStats:
     #: True once the store's file is no longer at its path (removed, replaced): the
     #: messages counted are lost if the process ends before they are forwarded.
     gone: bool = False
+    #: True when ``depth`` and ``bytes`` are estimates, not counts: a PostgreSQL outbox
+    #: counts up to 100,000 waiting rows and estimates beyond (see
+    #: :meth:`msgsafe.outbox.postgres.PostgresOutbox.stats`).
+    estimated: bool = False
 
 
 @runtime_checkable

@@ -23,6 +23,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
 from typing import Any, Self, cast
 
+from msgsafe._observer import Observers, observing
 from msgsafe._receipts import BatchPart, BatchSend, OneOfBatch, Send, SubsetReport
 from msgsafe._recent_ids import RecentIds
 from msgsafe._settlement import Route, Settlement
@@ -75,7 +76,6 @@ from msgsafe.ports import (
 )
 from msgsafe.retry import RetryPolicy
 from msgsafe.schemas import Serializer, Serializers
-from msgsafe.telemetry._observer import Observers, observing
 from msgsafe.telemetry.producer import ProducerTelemetry
 from msgsafe.telemetry.stats import ProducerStats
 

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from msgsafe import __version__
+from msgsafe._help import reflow_help
 from msgsafe.cli import (
     deadletter,
     demo,
@@ -22,7 +23,6 @@ from msgsafe.cli import (
     shell,
     verify,
 )
-from msgsafe.cli._output import reflow_help
 from msgsafe.cluster import cli as cluster
 
 __all__ = ["app", "main"]

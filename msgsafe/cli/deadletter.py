@@ -2,9 +2,11 @@
 ``Consumer.run(dead_letter=DEST)`` sent (:mod:`msgsafe.consuming.dead_letter`).
 
 Reading never removes anything: the dead letters are received and given back (on
-RabbitMQ and AMQP 1.0 held unsettled, then requeued; on Kafka read from the beginning
-by a throwaway group that commits nothing). A dead letter is named by its original
-message id (``x-msgsafe-dlq-message-id``), or its own id when it has none.
+RabbitMQ and AMQP 1.0 held unsettled, then released: on AMQP 1.0 a read raises no
+delivery count, so reading often never makes a broker with a delivery limit move a dead
+letter on; on Kafka read from the beginning by a throwaway group that commits nothing).
+A dead letter is named by its original message id (``x-msgsafe-dlq-message-id``), or
+its own id when it has none.
 
 ``replay`` sends each chosen dead letter, with its ORIGINAL message id, through a
 msgsafe Producer to its origin (``x-msgsafe-dlq-source``) or ``--to``; the dead letter
@@ -151,8 +153,8 @@ def reading_options(protocol: str, limit: int) -> dict[str, str]:
 @contextmanager
 def _reading(url: str, destination: str, limit: int, wait: float, as_json: bool) -> Iterator[_Read]:
     """Read up to ``limit`` dead letters of ``destination``, held unsettled; on exit
-    every one not settled by the caller is given back (requeued; on Kafka nothing is
-    committed). Exits 3 when the broker cannot be reached or ``destination`` does not
+    every one not settled by the caller is given back (released, uncounted; on Kafka
+    nothing is committed). Exits 3 when the broker cannot be reached or ``destination`` does not
     exist."""
     broker = parse_url(url)
     kafka = broker.protocol == "kafka"
@@ -189,7 +191,7 @@ def _reading(url: str, destination: str, limit: int, wait: float, as_json: bool)
                 if not kafka:
                     for delivery in deliveries:
                         if delivery.settled is None:
-                            delivery.nack(requeue=True)
+                            delivery.release()
         finally:
             consumer.close()
 

@@ -167,6 +167,7 @@ def status(
         "bytes": stats.bytes,
         "oldest_age_s": stats.oldest_age_s,
         "quarantined": stats.quarantined,
+        "estimated": stats.estimated,
     }
     if as_json:
         print_json(data)
@@ -175,8 +176,9 @@ def status(
     table.add_column("what")
     table.add_column("value", justify="right")
     table.add_row("target", escape(target or "-"))
-    table.add_row("waiting", str(stats.depth))
-    table.add_row("bytes", str(stats.bytes))
+    about = "~" if stats.estimated else ""  # a big PostgreSQL table: estimated
+    table.add_row("waiting", f"{about}{stats.depth}")
+    table.add_row("bytes", f"{about}{stats.bytes}")
     age = "-" if stats.oldest_age_s is None else f"{stats.oldest_age_s:.1f} s"
     table.add_row("oldest waiting", age)
     table.add_row("quarantined", str(stats.quarantined))
@@ -477,7 +479,8 @@ def drain(
 def broker_for(store: OperatedStore, path: Path, url: str | None, as_json: bool) -> BrokerUrl:
     """Where ``store``'s messages go: ``url``, or the broker the rows were stored for
     (a note when the two differ; exit 3 when neither names one)."""
-    newest = store.list(limit=1, offset=max(0, store.pending() - 1))
+    # pending() is estimated beyond 100,000 rows (PostgreSQL): past the end, the first.
+    newest = store.list(limit=1, offset=max(0, store.pending() - 1)) or store.list(limit=1)
     stored_for = newest[0].target if newest else None
     if url is None and not stored_for:
         fail(f"the messages in {label(path)} name no broker; give --url", as_json=as_json)

@@ -42,6 +42,7 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from msgsafe._help import reflow_help
 from msgsafe.cluster import KINDS, create, launcher, load
 from msgsafe.cluster._process import pid_alive
 from msgsafe.cluster.base import STATE_FILE, ClusterError, LocalCluster, NodeInfo
@@ -512,9 +513,6 @@ def fetch(
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m msgsafe.cluster.cli``, the same commands as ``msgsafe cluster``."""
-    # Imported here: msgsafe.cli imports this module to mount it as `msgsafe cluster`.
-    from msgsafe.cli._output import reflow_help
-
     # Library loggers stay quiet unless something is wrong; progress shows INFO lines.
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     reflow_help(app)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Mapping
-from typing import Any, cast
+from typing import Any
 
 from msgsafe.errors import MissingExtra
 
@@ -52,6 +52,8 @@ from msgsafe.compat._kafka_report import PARTITION_UA
 from msgsafe.compat.confluent_kafka import Producer
 
 __all__ = ["DeserializingConsumer", "SerializingProducer"]
+
+_KEY, _VALUE = MessageField.KEY, MessageField.VALUE
 
 
 class SerializingProducer(Producer):
@@ -97,27 +99,22 @@ class SerializingProducer(Producer):
             raise RuntimeError("Producer has been closed")
         if not isinstance(topic, str):
             raise TypeError(f"topic must be a str, not {type(topic).__name__}")
-        ctx = SerializationContext(topic, MessageField.KEY, cast(Any, headers))
+        # confluent-kafka types ctx.headers narrower than produce() takes them; they are
+        # passed on as given, as its SerializingProducer does.
+        ctx = SerializationContext(topic, _KEY, headers)  # type: ignore[arg-type]
         if self._key_serializer is not None:
             try:
                 key = self._key_serializer(key, ctx)
             except Exception as exc:
                 raise KeySerializationError(exc) from exc
-        ctx.field = MessageField.VALUE
+        ctx.field = _VALUE
         if self._value_serializer is not None:
             try:
                 value = self._value_serializer(value, ctx)
             except Exception as exc:
                 raise ValueSerializationError(exc) from exc
-        super().produce(
-            topic,
-            value,
-            key,
-            headers=headers,
-            partition=partition,
-            timestamp=timestamp,
-            on_delivery=on_delivery,
-        )
+        # Positional, as Producer.produce declares them: this runs for every message.
+        Producer.produce(self, topic, value, key, partition, on_delivery, timestamp, headers)
 
     def close(self, timeout: float = 30.0) -> bool:
         """Close the producer (sends in flight get ``timeout`` to be confirmed, then are

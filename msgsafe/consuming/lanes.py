@@ -4,8 +4,11 @@ Each key has one lane: its deliveries in arrival order, handled one at a time, t
 only once the one before is finished (settled) — so a key's order holds however many
 workers there are. An unkeyed delivery is a lane of its own and runs freely. A lane
 waiting out a retry's backoff holds its key only: no worker waits with it, other lanes
-go on. Closing gives back (``give_back``: nack with requeue) everything not started,
-each key's deliveries in their order, and what is running once it ends.
+go on. Closing gives back everything not started, each key's deliveries in their order,
+and what is running once it ends. A delivery whose handler ran (and failed, or is still
+running at the deadline) goes back through ``give_back`` (``nack()``: the broker counts
+the attempt); one never started through ``release`` (``release()``: it counts none, or a
+stop with a full prefetch would spend an attempt of every message held).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class Verdict(enum.Enum):
 
     DONE = "done"  #: settled: the next delivery of the lane may start
     GIVE_BACK = "give_back"  #: to be given back, with the rest of its lane (their order kept)
+    #: not started (stopped first): given back uncounted, with the rest of its lane
+    RELEASE = "release"
 
 
 @dataclass(eq=False, slots=True)
@@ -71,6 +76,7 @@ class LanePool:
         concurrency: int,
         clock: RunClock,
         give_back: Callable[[Delivery], None],
+        release: Callable[[Delivery], None],
         batch_work: BatchWork | None = None,
         batch_size: int = 1,
         batch_wait: float = 0.0,
@@ -81,6 +87,7 @@ class LanePool:
         self._batch_wait = batch_wait
         self._clock = clock
         self._give_back = give_back
+        self._release = release
         #: Workers wait on it for a lane to handle.
         lock = threading.RLock()
         self._cond = threading.Condition(lock)
@@ -140,7 +147,7 @@ class LanePool:
                     self._cond.notify(made)
                 return
         for delivery in deliveries:
-            self._give_back(delivery)
+            self._release(delivery)
 
     def _take(self) -> Lane | None:
         """The next lane to work on (None once halted); called with the lock held."""
@@ -230,8 +237,7 @@ class LanePool:
             except BaseException:  # the work catches what handlers raise; this is a bug
                 log.exception("consumer worker failed; the delivery is given back")
                 verdict = Verdict.GIVE_BACK
-            for delivery in self._after(lane, verdict):
-                self._give_back(delivery)
+            self._return(*self._after(lane, verdict))
 
     def _serve_batch(self, batch: list[tuple[Lane, list[Delivery]]]) -> None:
         assert self._batch_work is not None
@@ -241,30 +247,43 @@ class LanePool:
             log.exception("consumer worker failed; the batch's deliveries are given back")
             verdicts = [(lane, Verdict.GIVE_BACK) for lane, _ in batch]
         for lane, verdict in verdicts:
-            for delivery in self._after(lane, verdict, pop=False):
-                self._give_back(delivery)
+            self._return(*self._after(lane, verdict, pop=False))
 
-    def _after(self, lane: Lane, verdict: Verdict | float, *, pop: bool = True) -> list[Delivery]:
+    def _return(self, tried: list[Delivery], untried: list[Delivery]) -> None:
+        """Give back ``tried`` (counted), then ``untried`` (released), each in order."""
+        for delivery in tried:
+            self._give_back(delivery)
+        for delivery in untried:
+            self._release(delivery)
+
+    def _after(
+        self, lane: Lane, verdict: Verdict | float, *, pop: bool = True
+    ) -> tuple[list[Delivery], list[Delivery]]:
         """Book the verdict on ``lane``'s current head (``pop``: DONE takes it off the
         lane; a batch took its finished deliveries off already); what to give back (in
-        order)."""
+        order): the head its handler ran on, and the rest of the lane, never tried."""
         with self._cond:
             self._running.discard(lane)
             current, lane.current = lane.current, None
-            back: list[Delivery] = []
             # An abandoned lane (close timed out) was emptied: its head is given back.
             still_held = bool(lane.items) and lane.items[0] is current
-            if still_held and verdict is Verdict.DONE and pop:
-                lane.items.popleft()
-                lane.first_start = None
-                self.held -= 1
-            elif verdict is Verdict.GIVE_BACK:
-                back.extend(lane.items)
-                lane.items.clear()
+            tried: list[Delivery] = []
+            if still_held and verdict is Verdict.DONE:
+                if pop:
+                    lane.items.popleft()
+                    lane.first_start = None
+                    self.held -= 1
+            elif still_held and (
+                verdict is Verdict.GIVE_BACK or (self._closing and verdict is not Verdict.RELEASE)
+            ):
+                # NOTE: failed (or due for a retry that a close cancels): the handler ran.
+                tried.append(lane.items.popleft())
             elif still_held and isinstance(verdict, float) and not self._closing:
                 heapq.heappush(self._timed, (verdict, next(self._order), lane))
                 self._cond.notify()  # an idle worker times its wait by the new deadline
-            if self._closing:  # what is left of the lane goes back after its head
+            back: list[Delivery] = []
+            if verdict is Verdict.GIVE_BACK or verdict is Verdict.RELEASE or self._closing:
+                # the rest, after the head
                 back.extend(lane.items)
                 lane.items.clear()
             if lane.items and not isinstance(verdict, float):
@@ -272,9 +291,9 @@ class LanePool:
                 self._cond.notify()
             elif not lane.items and lane.key is not None:
                 self._keyed.pop(lane.key, None)
-            self.held -= len(back)
+            self.held -= len(tried) + len(back)
             self._room.notify_all()
-            return back
+            return tried, back
 
     def close(self, timeout: float) -> list[Delivery]:
         """Stop taking work: give back every delivery not started (each key's in order),
@@ -286,27 +305,33 @@ class LanePool:
             idle = list(self._ready) + [lane for _, _, lane in self._timed]
             self._ready.clear()
             self._timed.clear()
-            back = [delivery for lane in idle for delivery in lane.items]
+            # A lane's head was tried when its first attempt began (a retry was due).
+            tried = [lane.items[0] for lane in idle if lane.first_start is not None]
+            back = [
+                delivery
+                for lane in idle
+                for delivery in itertools.islice(lane.items, lane.first_start is not None, None)
+            ]
             for lane in idle:
                 lane.items.clear()
                 if lane.key is not None:
                     self._keyed.pop(lane.key, None)
-            self.held -= len(back)
+            self.held -= len(tried) + len(back)
             self._cond.notify_all()
             self._room.notify_all()
-        for delivery in back:
-            self._give_back(delivery)
+        self._return(tried, back)
         deadline = time.monotonic() + timeout
         with self._room:
             self._room.wait_for(lambda: not self._running, max(0.0, deadline - time.monotonic()))
             running = [lane for lane in self._running if lane.items]
             late = [lane.items[0] for lane in running]
-            back = [delivery for lane in running for delivery in lane.items]
+            back = [
+                delivery for lane in running for delivery in itertools.islice(lane.items, 1, None)
+            ]
             for lane in running:
                 lane.items.clear()
-            self.held -= len(back)
-        for delivery in back:
-            self._give_back(delivery)
+            self.held -= len(late) + len(back)
+        self._return(late, back)
         for thread in self._threads:
             if thread.ident is not None and thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))

@@ -23,9 +23,10 @@ After a handler call the delivery is, in this order of preference:
   whatever the policy: no retry of the handler is spent on it, nor is it dead-lettered
   for it (a broker that counts redeliveries still counts this one).
 
-Stopping (``stop()``, SIGTERM, SIGINT) stops fetching, gives back what has not started,
-lets running handlers end within ``stop_timeout`` (then gives them back too), and closes
-the consumer, which commits what it may and leaves the group.
+Stopping (``stop()``, SIGTERM, SIGINT) stops fetching, gives back what has not started
+(``release()``: a broker that counts deliveries counts no attempt for it), lets running
+handlers end within ``stop_timeout`` (then gives them back too, with ``nack()``: they
+were tried), and closes the consumer, which commits what it may and leaves the group.
 """
 
 from __future__ import annotations
@@ -140,6 +141,7 @@ class Runner:
             concurrency=concurrency,
             clock=clock,
             give_back=_give_back,
+            release=_release,
             batch_work=self._handle_batch if batch is not None else None,
             batch_size=batch.max_messages if batch is not None else 1,
             batch_wait=batch.max_wait if batch is not None else 0.0,
@@ -326,7 +328,7 @@ class Runner:
         without an id, and what follows it on its lane, are handled one at a time after
         the batch; so is everything of a batch whose handler raised."""
         if self._stopping:  # stopped while the batch was gathered: no handler starts
-            return [(lane, Verdict.GIVE_BACK) for lane, _ in taken]
+            return [(lane, Verdict.RELEASE) for lane, _ in taken]
         counts = self._count_batch([d for _, run in taken for d in run])
         plan: list[tuple[Lane, list[Delivery], list[Delivery]]] = []
         batch: list[tuple[Lane, Delivery]] = []
@@ -445,7 +447,7 @@ class Runner:
             if not lane.items or lane.items[0] is not delivery:
                 return Verdict.DONE  # given back by a stop that did not wait for it
             if self._stopping:
-                return Verdict.GIVE_BACK  # no handler starts after stop()
+                return Verdict.RELEASE  # no handler starts after stop(): never tried
             lane.current = delivery
             # Counted by the batch (or not counted in the inbox at all): not again.
             message_id = delivery.message_id
@@ -571,7 +573,13 @@ def _settle(settle: Callable[[], None]) -> bool:
 
 
 def _give_back(delivery: Delivery) -> None:
+    """A delivery its handler ran on: the broker counts the attempt."""
     _settle(lambda: delivery.nack(requeue=True))
+
+
+def _release(delivery: Delivery) -> None:
+    """A delivery no handler ran on: given back without counting an attempt."""
+    _settle(delivery.release)
 
 
 @contextmanager

@@ -18,7 +18,9 @@ waiting row — kept by these mechanisms:
   ``FOR UPDATE SKIP LOCKED``) in a statement whose snapshot sees every lease committed
   before it got the locks. Two claims racing for one key cannot both take it, which a
   single ``SKIP LOCKED`` statement does not ensure: it does not see another claim's
-  uncommitted leases. A claim takes at most ``keys`` keys, so that forwarders share them.
+  uncommitted leases. A claim takes at most ``keys`` keys, so that forwarders share them,
+  from four times as many candidates, so that claims racing for the first keys of the
+  queue do not come back empty.
   A claimer stopped inside that transaction holds its keys' locks while it is stopped:
   the claim caps its transaction's idle time at about a lease
   (``idle_in_transaction_session_timeout``, local to the transaction), after which the
@@ -78,7 +80,11 @@ _RETURNING = "RETURNING seq, id, destination, key, headers, body, created_at, le
 
 def keys_sql(table: str) -> str:
     """Keys whose first waiting row is ready and not behind a leased row, in queue order,
-    found among the first ``scan`` ready rows (params: now, scan, keys)."""
+    found among the first ``scan`` ready rows (params: now, scan, keys). The keys are
+    put in queue order before the leased ones are left out (``OFFSET 0`` keeps the
+    planner from turning that round), so only the keys looked at until ``keys`` are
+    found are checked, each by one probe of the ``(key, ready_at)`` index: a window of
+    many keys costs a probe per key taken, not one per key in the window."""
     t = table
     return f"""
         SELECT h.key FROM (
@@ -86,35 +92,57 @@ def keys_sql(table: str) -> str:
                 SELECT key, seq FROM {t}
                 WHERE ready_at <= %(now)s AND key IS NOT NULL
                 ORDER BY seq LIMIT %(scan)s) AS w
-            GROUP BY w.key) AS h
-        WHERE NOT EXISTS (
-            SELECT 1 FROM {t} AS p
-            WHERE p.key = h.key AND p.ready_at > %(now)s AND p.seq < h.first)
-        ORDER BY h.first LIMIT %(keys)s"""
+            GROUP BY w.key ORDER BY first OFFSET 0) AS h
+        WHERE h.first < coalesce((
+            SELECT min(p.seq) FROM {t} AS p
+            WHERE p.key = h.key AND p.ready_at > %(now)s), 9223372036854775807)
+        LIMIT %(keys)s"""
 
 
 def lock_sql(table: str) -> str:
-    """The keys of ``%(keys)s`` whose advisory lock this transaction got (param: keys)."""
+    """The first ``take`` keys of ``%(keys)s``, in their order, whose advisory lock this
+    transaction got (params: keys, take). The candidates are more than ``take``: claims
+    racing for the same first keys each get other ones instead of none. Locks are tried
+    in order until ``take`` are held (``OFFSET 0`` keeps the order before the filter),
+    so no key is locked that the claim does not take."""
     return f"""
-        SELECT c.k FROM unnest(%(keys)s::bytea[]) WITH ORDINALITY AS c(k, i)
+        SELECT c.k FROM (
+            SELECT u.k, u.i FROM unnest(%(keys)s::bytea[]) WITH ORDINALITY AS u(k, i)
+            ORDER BY u.i OFFSET 0) AS c
         WHERE pg_try_advisory_xact_lock(hashtext('{table}'), hashtext(encode(c.k, 'hex')))
-        ORDER BY c.i"""
+        LIMIT %(take)s"""
 
 
 def claim_sql(table: str) -> str:
     """Lease ready rows of the locked keys (and keyless ones), key order kept, under the
-    claim's epoch (params: now, until, keys, limit)."""
+    claim's epoch (params: now, until, keys, limit, per_key).
+
+    Each part reads only what it may take, whatever the table's size: keyless rows
+    through the ``(seq) WHERE key IS NULL`` index, and at most ``per_key`` rows of each
+    locked key through the ``(key, seq)`` index, before the first row of the key that is
+    leased (its fence, found through the ``(key, ready_at)`` index)."""
     t = table
     return f"""
         UPDATE {t} SET ready_at = %(until)s, attempts = attempts + 1,
             lease_epoch = pg_current_xact_id()::text::bigint
         WHERE seq IN (
-            SELECT o.seq FROM {t} AS o
-            WHERE o.ready_at <= %(now)s
-              AND (o.key IS NULL OR (o.key = ANY(%(keys)s::bytea[]) AND NOT EXISTS (
-                  SELECT 1 FROM {t} AS p
-                  WHERE p.key = o.key AND p.ready_at > %(now)s AND p.seq < o.seq)))
-            ORDER BY o.seq LIMIT %(limit)s
+            SELECT o.seq FROM {t} AS o WHERE o.seq IN (
+                SELECT f.seq FROM (
+                    SELECT n.seq FROM {t} AS n
+                    WHERE n.key IS NULL AND n.ready_at <= %(now)s
+                    ORDER BY n.seq LIMIT %(limit)s
+                    FOR UPDATE SKIP LOCKED) AS f
+                UNION ALL
+                SELECT r.seq FROM unnest(%(keys)s::bytea[]) AS k(key)
+                CROSS JOIN LATERAL (
+                    SELECT w.seq FROM {t} AS w
+                    WHERE w.key = k.key AND w.ready_at <= %(now)s
+                      AND w.seq < coalesce((
+                          SELECT min(p.seq) FROM {t} AS p
+                          WHERE p.key = k.key AND p.ready_at > %(now)s),
+                          9223372036854775807)
+                    ORDER BY w.seq LIMIT %(per_key)s) AS r
+                ORDER BY 1 LIMIT %(limit)s)
             FOR UPDATE SKIP LOCKED)
         {_RETURNING}"""
 

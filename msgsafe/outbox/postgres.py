@@ -91,6 +91,8 @@ log = logging.getLogger("msgsafe.outbox")
 #: How long a count of the waiting rows (for max_rows) is reused: counting a large
 #: table on every put would cost more than the put.
 _COUNT_TTL_S = 5.0
+#: How many rows stats() counts before it estimates (see PostgresOutbox.stats).
+_EXACT_UP_TO = 100_000
 #: The answer type of PostgresOutbox._ask.
 _T = TypeVar("_T")
 
@@ -107,8 +109,9 @@ class PostgresOutbox:
 
     ``conninfo`` is a libpq connection string or URL; it is never shown in errors or
     ``repr``. ``max_rows`` bounds the waiting messages (checked on the store's own puts
-    against a count at most 5 s old plus this store's puts since; ``put_in`` follows the
-    caller's transaction and is not refused on the row bound). ``lease_s`` caps every
+    against a count at most 5 s old, estimated beyond 100,000 rows, plus this store's
+    puts since; ``put_in`` follows the caller's transaction and is not refused on the
+    row bound). ``lease_s`` caps every
     claim's lease: a key a dead forwarder held is taken over after at most that long.
     ``max_keys``: keys one claim takes at most (forwarders share the rest).
     ``write_timeout``: how long a put, or a question a send asks (``has_key``), keeps
@@ -204,9 +207,19 @@ class PostgresOutbox:
             "notify": f"SELECT pg_notify('{t}', '')",
             "xid": "SELECT pg_current_xact_id()::text",
             "has_key": f"SELECT EXISTS (SELECT 1 FROM {t} WHERE key = %s)",
-            "stats": f"SELECT count(*), coalesce(sum(size), 0), min(created_at) FROM {t}",
+            # Counts up to _EXACT_UP_TO rows, in queue order (the head of the queue):
+            # what a stats question reads does not grow with the table.
+            "stats": f"SELECT count(*), coalesce(sum(size), 0), min(created_at) FROM"
+            f" (SELECT size, created_at FROM {t} ORDER BY seq LIMIT %s) AS h",
+            # The server's estimate of the rows: the statistics' live rows (kept by every
+            # insert and delete), else the planner's (pages now x rows per page).
+            "estimate": "SELECT coalesce((SELECT nullif(n_live_tup, 0) FROM pg_stat_user_tables"
+            " WHERE relid = c.oid), CASE WHEN c.relpages > 0 AND c.reltuples > 0 THEN"
+            " c.reltuples / c.relpages * (pg_relation_size(c.oid)"
+            " / current_setting('block_size')::int) END, 0)::bigint"
+            " FROM pg_class AS c WHERE c.oid = %s::regclass",
             "count_q": f"SELECT count(*) FROM {q}",
-            "count": f"SELECT count(*) FROM {t}",
+            "count": f"SELECT count(*) FROM (SELECT 1 FROM {t} ORDER BY seq LIMIT %s) AS h",
             "list": f"SELECT id, destination, key, headers, body, created_at, target, attempts,"
             f" ready_at, last_error FROM {t} ORDER BY seq LIMIT %s OFFSET %s",
             "quarantined": f"SELECT id, destination, key, headers, body, created_at, target,"
@@ -233,6 +246,10 @@ class PostgresOutbox:
                 lease_epoch bigint NOT NULL DEFAULT 0)""",
             f"CREATE INDEX IF NOT EXISTS {t}_key_ready ON {t} (key, ready_at)"
             " WHERE key IS NOT NULL",
+            # What a claim reads (see msgsafe.outbox._pg_leases.claim_sql): without them
+            # a claim scans the table when its keys' rows do not fill it.
+            f"CREATE INDEX IF NOT EXISTS {t}_key_seq ON {t} (key, seq) WHERE key IS NOT NULL",
+            f"CREATE INDEX IF NOT EXISTS {t}_keyless ON {t} (seq) WHERE key IS NULL",
             f"""CREATE TABLE IF NOT EXISTS {q} (
                 seq bigserial PRIMARY KEY,
                 id text NOT NULL UNIQUE,
@@ -653,16 +670,27 @@ class PostgresOutbox:
             conn.execute(self._sql["idle_cap"], (f"{max(1000, int(lease * 1000))}ms",))
             found = conn.execute(
                 self._sql["keys"],
-                {"now": now, "scan": max(4 * limit, 10_000), "keys": self.max_keys},
+                {"now": now, "scan": max(4 * limit, 10_000), "keys": 4 * self.max_keys},
             ).fetchall()
             keys = [bytes(k[0]) for k in found]
             if keys:
                 keys = [
-                    bytes(k[0]) for k in conn.execute(self._sql["lock"], {"keys": keys}).fetchall()
+                    bytes(k[0])
+                    for k in conn.execute(
+                        self._sql["lock"], {"keys": keys, "take": self.max_keys}
+                    ).fetchall()
                 ]
             rows = conn.execute(
                 self._sql["claim_keys"],
-                {"now": now, "until": now + lease, "limit": limit, "keys": keys},
+                {
+                    "now": now,
+                    "until": now + lease,
+                    "limit": limit,
+                    "keys": keys,
+                    # The keys' share of the claim: what a key does not fill is left
+                    # for the next claim (reading more would grow with the backlog).
+                    "per_key": -(-limit // max(1, len(keys))),
+                },
             ).fetchall()
         rows.sort(key=lambda r: r[0])
         if rows:
@@ -828,25 +856,56 @@ class PostgresOutbox:
         return bool(row and row[0])
 
     def stats(self) -> OutboxStats:
-        """Depth, bytes, oldest age and quarantined count."""
+        """Depth, bytes, oldest age and quarantined count.
 
-        def ask(conn: psycopg.Connection[Any]) -> tuple[Any, Any, Any, Any]:
-            depth, size, oldest = conn.execute(self._sql["stats"]).fetchone() or (0, 0, None)
+        Up to 100,000 waiting rows, all four are exact. Beyond, what would read the whole
+        table is estimated (``estimated=True``): ``depth`` is the server's estimate of
+        the table's rows (its statistics' live rows, else the planner's), at least the
+        rows counted; ``bytes`` is that times the mean size of the first 100,000 rows;
+        the oldest age is the oldest among those first rows in queue order (exact
+        unless producers' clocks disagree). ``quarantined`` is a count (the quarantine
+        table holds what failed for good: few rows). :meth:`pending` follows the same
+        rule."""
+
+        def ask(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
+            depth, size, oldest = conn.execute(
+                self._sql["stats"], (_EXACT_UP_TO + 1,)
+            ).fetchone() or (0, 0, None)
+            estimate = None
+            if depth > _EXACT_UP_TO:
+                row = conn.execute(self._sql["estimate"], (self._table,)).fetchone()
+                estimate = int(row[0]) if row else 0
             quarantined = (conn.execute(self._sql["count_q"]).fetchone() or (0,))[0]
-            return depth, size, oldest, quarantined
+            return depth, size, oldest, quarantined, estimate
 
-        depth, size, oldest, quarantined = self._ask(ask)
+        depth, size, oldest, quarantined, estimate = self._ask(ask)
+        if estimate is not None:
+            counted = int(depth)
+            depth = max(estimate, counted)
+            size = int(int(size) / counted * depth)
         return OutboxStats(
             depth=int(depth),
             bytes=int(size),
             oldest_age_s=None if oldest is None else max(0.0, self._clock() - float(oldest)),
             quarantined=int(quarantined),
+            estimated=estimate is not None,
         )
 
     def pending(self) -> int:
-        """How many messages wait (quarantined ones not counted)."""
-        row = self._ask(lambda conn: conn.execute(self._sql["count"]).fetchone())
-        return int(row[0]) if row else 0
+        """How many messages wait (quarantined ones not counted): exact up to 100,000,
+        the server's estimate beyond, as :meth:`stats` says (0 is always exact). A
+        forwarder asks it after every round of a drain: counting a big table each time
+        would cost more than the round."""
+
+        def ask(conn: psycopg.Connection[Any]) -> int:
+            row = conn.execute(self._sql["count"], (_EXACT_UP_TO + 1,)).fetchone()
+            counted = int(row[0]) if row else 0
+            if counted <= _EXACT_UP_TO:
+                return counted
+            row = conn.execute(self._sql["estimate"], (self._table,)).fetchone()
+            return max(counted, int(row[0]) if row else 0)
+
+        return self._ask(ask)
 
     def close(self) -> None:
         """Close the store's own connection and stop its listeners. Idempotent."""

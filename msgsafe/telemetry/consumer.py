@@ -26,7 +26,7 @@ log = logging.getLogger("msgsafe.telemetry")
 
 class ConsumerTelemetry(TracedConnectionCounters, ConsumerCounters):
     """Counters for ``stats()``; with ``otel`` also OpenTelemetry spans and metrics.
-    It is the consumer's :class:`~msgsafe.telemetry._observer.ConnectionObserver`."""
+    It is the consumer's :class:`~msgsafe._observer.ConnectionObserver`."""
 
     def __init__(self, url: BrokerUrl, *, otel: bool) -> None:
         super().__init__()

@@ -38,7 +38,7 @@ log = logging.getLogger("msgsafe.telemetry")
 
 class ProducerTelemetry(TracedConnectionCounters, ProducerCounters):
     """Counters for ``stats()``; with ``otel`` also OpenTelemetry spans and metrics.
-    It is the producer's :class:`~msgsafe.telemetry._observer.ConnectionObserver`."""
+    It is the producer's :class:`~msgsafe._observer.ConnectionObserver`."""
 
     def __init__(self, url: BrokerUrl, *, otel: bool) -> None:
         super().__init__()

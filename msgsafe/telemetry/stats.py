@@ -88,6 +88,8 @@ class ConsumerStats:
     #: handled (a redelivery after a crash between commit and ack), acknowledged without
     #: calling the handler
     skipped: int = 0
+    #: settled with release() (given back untried: a stop's prefetched deliveries)
+    released: int = 0
     #: ``Consumer.run(batch=...)``: inbox transactions that committed a batch
     batches: int = 0
     #: ``Consumer.run(batch=...)``: batches rolled back because the handler raised, their
@@ -96,12 +98,12 @@ class ConsumerStats:
 
     @property
     def unsettled(self) -> int:
-        """Deliveries in the application's hands, neither acked nor nacked."""
-        return self.received - self.acked - self.requeued - self.rejected
+        """Deliveries in the application's hands, neither acked nor nacked nor released."""
+        return self.received - self.acked - self.requeued - self.rejected - self.released
 
 
 class ConnectionCounters:
-    """Fail-overs and redirects by reason: a connection observer (see ``_observer``)."""
+    """Fail-overs and redirects by reason: a connection observer (see ``msgsafe._observer``)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -325,6 +327,7 @@ class ConsumerCounters(ConnectionCounters):
                 dead_lettered=self.run["dead_lettered"],
                 in_flight=self.run["in_flight"],
                 skipped=self.run["skipped"],
+                released=self.settled["release"],
                 batches=self.run["batches"],
                 batches_split=self.run["batches_split"],
             )

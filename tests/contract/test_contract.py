@@ -129,6 +129,21 @@ def test_nack_requeue_and_reject(case: BrokerCase) -> None:
         assert c.poll(max_messages=1, timeout=0.5) == []
 
 
+def test_release_gives_back_for_another_delivery(case: BrokerCase) -> None:
+    # Every receiver settles RELEASE (msgsafe/ports.py, Receiver): uncounted where the
+    # protocol can say so, a requeue elsewhere; never a reject, never an ack.
+    dest = case.new_destination()
+    with Producer(case.url, outbox=False, **case.producer_options) as p:
+        mid = p.send(dest, b"x").message_id
+    with _consumer(case, dest) as c:
+        [d] = _collect(c, 1, case.patience)
+        d.release()
+        [again] = _collect(c, 1, case.patience)
+        assert again.message_id == mid
+        again.ack()
+        assert c.poll(max_messages=1, timeout=0.5) == []
+
+
 def test_oversize_is_refused_before_sending(case: BrokerCase) -> None:
     dest = case.new_destination()
     with Producer(case.url, outbox=False, max_message_size=1024, **case.producer_options) as p:

@@ -1,13 +1,27 @@
-"""docs/architecture.md lists every module of the package, one line each, and no other.
+"""docs/architecture.md says what is true of the package: its modules and its layers.
 
 The tree in its code block names a folder on an unindented line (``msgsafe/outbox/``)
 and each module of that folder on an indented line below it (``  sqlite.py  what it
 owns``). A module added, moved or removed without the page changing fails here, with
 the names to add or drop.
+
+The layer table lists the layers top to bottom; its "where" column names files
+(``msgsafe/ports.py``, or ``producer.py`` for one of ``msgsafe/``) and folders
+(``msgsafe/outbox/``). Every module belongs to exactly one row (the longest entry that
+names it), and every import of a ``msgsafe`` module, read with :mod:`ast`, points to
+the importer's layer or one below. Counted: module-level imports, imports inside
+functions (they are deferred, not absent), and ``if TYPE_CHECKING:`` imports: an
+annotation naming an upper layer's type is the same knowledge of that layer, only
+without the cycle at run time; the cure is a Protocol in a lower layer (``ports.py``),
+not a guard. An import names its target module (``from msgsafe.outbox import sqlite``
+names ``msgsafe/outbox/sqlite.py``), not the packages Python runs on the way. Imports
+by computed name (``importlib.import_module`` over the scheme or kind tables) stay
+inside their own layer and are not read.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -64,3 +78,142 @@ def test_the_send_path_names_files_that_exist() -> None:
     package = ROOT / "msgsafe"
     gone = sorted(name for name in named if not (package / name).is_file())
     assert not gone, f"the send path in docs/architecture.md names missing files: {gone}"
+
+
+# --- the layers -------------------------------------------------------------------------
+
+_TABLE_HEADER = "| layer | where | what it owns |"
+
+
+def _layer_rows(text: str) -> list[tuple[str, list[str]]]:
+    """The layer table of ``text``, top to bottom: (layer, the paths its row names)."""
+    lines = text.split(_TABLE_HEADER, 1)[1].splitlines()[2:]  # past the |---| line
+    rows: list[tuple[str, list[str]]] = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        layer, where = cells[0], cells[1]
+        entries = [
+            e if e.startswith("msgsafe/") else "msgsafe/" + e
+            for e in re.findall(r"`([^`]+)`", where)
+        ]
+        assert entries, f"the row of layer {layer!r} names no file or folder"
+        rows.append((layer, entries))
+    assert rows, "docs/architecture.md has no layer table"
+    return rows
+
+
+def _layer_of(modules: set[str], rows: list[tuple[str, list[str]]]) -> dict[str, int]:
+    """Module path -> the index of its layer (0 is the top); fails on a module in no row
+    or in two, and on an entry that names nothing."""
+    placed: dict[str, int] = {}
+    unplaced: list[str] = []
+    twice: list[str] = []
+    named: set[str] = set()
+    for module in sorted(modules):
+        matches = [
+            (len(entry), index, entry)
+            for index, (_, entries) in enumerate(rows)
+            for entry in entries
+            if module == entry or (entry.endswith("/") and module.startswith(entry))
+        ]
+        if not matches:
+            unplaced.append(module)
+            continue
+        matches.sort(reverse=True)
+        if len(matches) > 1 and matches[0][0] == matches[1][0]:
+            twice.append(module)
+        placed[module] = matches[0][1]
+        named.add(matches[0][2])
+    stale = sorted({entry for _, entries in rows for entry in entries} - named)
+    assert not unplaced, f"docs/architecture.md's layer table has no row for: {unplaced}"
+    assert not twice, f"docs/architecture.md's layer table names these twice: {twice}"
+    assert not stale, f"docs/architecture.md's layer table names what no module is: {stale}"
+    return placed
+
+
+def _file_of(name: str) -> str | None:
+    """``msgsafe.outbox.sqlite`` -> ``msgsafe/outbox/sqlite.py`` (a package: its
+    ``__init__.py``), or None when no such module exists."""
+    base = ROOT / name.replace(".", "/")
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path.relative_to(ROOT).as_posix()
+    return None
+
+
+def _imports(path: str, source: str) -> list[tuple[int, str]]:
+    """(line, module path) of every ``msgsafe`` module the module at ``path`` imports,
+    wherever the import statement is (module level, functions, ``if TYPE_CHECKING:``)."""
+    package = path.split("/")[:-1]  # a relative import starts from the module's folder
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source, filename=path)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package[: len(package) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            if base != "msgsafe" and not base.startswith("msgsafe."):
+                continue
+            # ``from package import submodule`` names the submodule; else the module.
+            subs = [_file_of(f"{base}.{alias.name}") for alias in node.names]
+            names = [base] if None in subs else []
+            found.extend((node.lineno, sub) for sub in subs if sub is not None)
+        for name in names:
+            if name == "msgsafe" or name.startswith("msgsafe."):
+                target = _file_of(name)
+                assert target is not None, f"{path}:{node.lineno} imports {name}: no such module"
+                found.append((node.lineno, target))
+    return found
+
+
+def _upward(
+    layers: dict[str, int], names: list[str], sources: dict[str, str]
+) -> dict[tuple[str, str], str]:
+    """(importer, imported) -> where and which layers, for every import that points up."""
+    upward: dict[tuple[str, str], str] = {}
+    for path, source in sorted(sources.items()):
+        for line, target in _imports(path, source):
+            if layers[target] < layers[path]:
+                below, above = names[layers[path]], names[layers[target]]
+                upward.setdefault(
+                    (path, target), f"{path}:{line} ({below}) imports {target} ({above})"
+                )
+    return upward
+
+
+def _package() -> tuple[dict[str, int], list[str], dict[str, str]]:
+    rows = _layer_rows(PAGE.read_text())
+    modules = _modules()
+    sources = {module: (ROOT / module).read_text(encoding="utf-8") for module in modules}
+    return _layer_of(modules, rows), [layer for layer, _ in rows], sources
+
+
+def test_every_import_points_down_the_layer_table() -> None:
+    layers, names, sources = _package()
+    upward = _upward(layers, names, sources)
+    assert not upward, "imports that point up a layer (docs/architecture.md):\n" + "\n".join(
+        sorted(upward.values())
+    )
+
+
+def test_an_upward_import_is_caught_wherever_it_is() -> None:
+    """The rule reads the imports it claims to: top level, deferred, type-only, relative."""
+    layers, names, sources = _package()
+    endpoints = "msgsafe/endpoints.py"
+    planted = {
+        "top level": "from msgsafe.telemetry import stats\n",
+        "in a function": "def f():\n    import msgsafe.producer\n",
+        "type only": "if TYPE_CHECKING:\n    from msgsafe.outbox.sqlite import SqliteOutbox\n",
+        "relative": "from .cli import _output\n",
+    }
+    for how, code in planted.items():
+        found = _upward(layers, names, {endpoints: sources[endpoints] + code})
+        assert len(found) == 1, f"{how}: {found}"
+    down = {endpoints: sources[endpoints] + "from msgsafe import errors\n"}
+    assert _upward(layers, names, down) == {}, "an import of the same layer is no finding"

@@ -269,3 +269,29 @@ def test_batch_needs_an_inbox_that_declares_it(memory_broker: MemoryBroker, tmp_
         with pytest.raises(ConfigurationError, match="BatchPolicy"):
             consumer.run(_apply, inbox=plain, batch=64)  # type: ignore[arg-type]
     plain.close()
+
+
+def test_a_batch_split_by_a_stop_is_released_uncounted(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    db = _database(tmp_path)
+    ids = send(memory_broker, [(f"k{i % 2}", b"%d" % i) for i in range(10)])
+    consumer = Consumer(url(memory_broker)).subscribe("q")
+    calls: list[int] = []
+
+    def handler(deliveries: list[Delivery], tx: Any) -> None:
+        calls.append(len(deliveries))
+        consumer.stop()
+        raise RuntimeError("the batch fails as the run stops")
+
+    consumer.run(
+        handler, inbox=f"sqlite:///{db}", batch=BatchPolicy(max_messages=64), concurrency=1
+    )
+    stats = consumer.stats()
+    assert len(calls) == stats.batches_split == 1
+    # Split after the batch failed, no delivery's own call began (stopped): each went back
+    # released, none counted as a failed attempt of its own.
+    assert (stats.acked, stats.requeued) == (0, 0)
+    assert stats.released == stats.received >= calls[0]
+    assert sorted(str(d.message_id) for d in leftover(memory_broker)) == sorted(ids)
+    assert _effects(db) == []

@@ -468,8 +468,10 @@ def test_stop_finishes_running_handlers_and_gives_back_the_rest(
     helper.join()
     stats = consumer.stats()
     assert len(started) == 2
-    # Every delivery was either acknowledged after its handler returned, or given back.
-    assert (stats.handled, stats.acked, stats.requeued, stats.in_flight) == (2, 2, 8, 0)
+    # Every delivery was either acknowledged after its handler returned, or given back
+    # untried: released, not requeued (a broker that counts would count no attempt).
+    assert (stats.handled, stats.acked, stats.in_flight) == (2, 2, 0)
+    assert (stats.released, stats.requeued) == (8, 0)
     back = leftover(memory_broker)
     assert sorted(str(d.message_id) for d in back) == sorted(set(ids) - set(started))
     assert all(d.redelivered and d.attempt == 2 for d in back)
@@ -501,6 +503,53 @@ def test_stop_timeout_gives_back_a_handler_that_does_not_end(
     release.set()
     wait_until(returned.is_set, 10, "the late handler to return")
     assert consumer.stats().acked == 0  # its late return acknowledged nothing
+    # Its handler ran: given back counted (nack), not released.
+    assert (consumer.stats().requeued, consumer.stats().released) == (1, 0)
+
+
+def test_a_failure_at_a_stop_gives_back_the_head_counted_and_its_key_released(
+    memory_broker: MemoryBroker,
+) -> None:
+    send(memory_broker, [("k", b"a"), ("k", b"b"), ("k", b"c")])
+    consumer = Consumer(url(memory_broker)).subscribe("q")
+    seen: list[bytes] = []
+
+    def handler(d: Delivery) -> None:
+        seen.append(d.body)
+        wait_until(lambda: consumer.stats().received == 3, 10, "the key's three fetched")
+        consumer.stop()
+        raise RuntimeError("fails while stopping")
+
+    consumer.run(handler, prefetch=10)
+    stats = consumer.stats()
+    assert seen == [b"a"]
+    # The head was tried (and failed): counted; the two behind it never ran (nor did
+    # what the last fetch may have brought back meanwhile): released.
+    assert (stats.requeued, stats.acked) == (1, 0)
+    assert stats.released == stats.received - 1 >= 2
+    assert sorted(d.body for d in leftover(memory_broker)) == [b"a", b"b", b"c"]
+
+
+def test_a_stop_during_a_backoff_gives_back_the_tried_head_counted(
+    memory_broker: MemoryBroker,
+) -> None:
+    send(memory_broker, [("k", b"a"), ("k", b"b")])
+    consumer = Consumer(url(memory_broker)).subscribe("q")
+
+    def handler(d: Delivery) -> None:
+        raise RuntimeError("always")
+
+    run_until(
+        consumer,
+        handler,
+        lambda: consumer.stats().retried == 1 and consumer.stats().received == 2,
+        retry=RetryPolicy(initial=30.0, maximum=30.0, max_attempts=5),
+        on_exhausted="reject",
+    )
+    stats = consumer.stats()
+    # "a" waits out its backoff (tried once); "b" waits behind it (never tried).
+    assert (stats.requeued, stats.released, stats.acked) == (1, 1, 0)
+    assert sorted(d.body for d in leftover(memory_broker)) == [b"a", b"b"]
 
 
 def test_poll_counts_attempts_across_redeliveries(memory_broker: MemoryBroker) -> None:
@@ -545,6 +594,7 @@ with Consumer("memory://signalled") as again:
 stats = consumer.stats()
 print(json.dumps({
     "ids": ids, "handled": handled, "acked": stats.acked, "requeued": stats.requeued,
+    "released": stats.released,
     "back": [d.message_id for d in back], "redelivered": sum(d.redelivered for d in back),
     "restored": restored,
 }))
@@ -560,5 +610,7 @@ def test_a_signal_stops_the_run_cleanly(tmp_path: Path, signum: int) -> None:
     assert 0 < len(handled) < 30 and report["acked"] == len(handled)
     # None lost, none acknowledged unhandled: each was handled then acked, or is back.
     assert sorted(handled + back) == sorted(report["ids"])
-    assert report["requeued"] == report["redelivered"] > 0
+    # Every handler ended within stop_timeout: what is back was never tried, so released.
+    assert report["requeued"] == 0
+    assert report["released"] == report["redelivered"] > 0
     assert report["restored"]

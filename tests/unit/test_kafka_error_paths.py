@@ -17,12 +17,12 @@ from pathlib import Path
 from confluent_kafka import KafkaError
 
 import msgsafe
+from msgsafe._observer import observing
 from msgsafe.adapters.kafka import KafkaTransport, open_transport
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConnectError, TransientError
 from msgsafe.message import Envelope
 from msgsafe.retry import RetryPolicy
-from msgsafe.telemetry._observer import observing
 from tests.support.kafka_ledger import consume_until, warm_up
 from tests.support.kafka_mock import MockKafkaCluster, _librdkafka
 from tests.support.ledger import Ledger

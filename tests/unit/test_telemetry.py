@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from msgsafe import Consumer, Producer, Status
+from msgsafe._observer import observing
 from msgsafe.endpoints import Endpoint, EndpointList
 from msgsafe.errors import Rejected
 from msgsafe.retry import RetryPolicy
-from msgsafe.telemetry._observer import observing
 from msgsafe.testing import MemoryBroker
 from tests.support.otel import SpanProcessor, install, metric_total, spans_of, trace
 

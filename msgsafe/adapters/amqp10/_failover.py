@@ -18,8 +18,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from msgsafe._observer import current as observer_now
 from msgsafe.endpoints import Endpoint
-from msgsafe.telemetry._observer import current as observer_now
 
 __all__ = [
     "FAILOVER_SERVER_LIST",

@@ -44,6 +44,7 @@ _SETTLE = {
     Outcome.ACCEPT: ProtonDelivery.ACCEPTED,
     Outcome.REQUEUE: ProtonDelivery.RELEASED,
     Outcome.REJECT: ProtonDelivery.REJECTED,
+    Outcome.RELEASE: ProtonDelivery.RELEASED,
 }
 
 
@@ -56,7 +57,10 @@ class Amqp10Receiver(EngineClient):
     memory whatever the application's pace. ``ack`` -> ``accepted``,
     ``nack()`` -> ``modified`` with delivery-failed (redelivered, its delivery-count
     raised; ``released`` on RabbitMQ, which marks redeliveries by first-acquirer),
-    ``nack(requeue=False)`` -> ``rejected``.
+    ``nack(requeue=False)`` -> ``rejected``, ``release()`` -> ``released`` (redelivered
+    with its delivery-count as it was: the message was not tried). Deliveries received
+    and not handed out when the receiver closes are released too, so prefetching counts
+    no attempt.
 
     After a fail-over every subscription is attached again on the new connection.
     Deliveries received on the lost connection are not settled there any more; their
@@ -85,6 +89,12 @@ class Amqp10Receiver(EngineClient):
         if max_messages < 1:
             raise ConfigurationError("max_messages must be >= 1")
         return self._subs.take(max_messages, timeout)
+
+    @property
+    def waiting(self) -> int:
+        """Deliveries received (within the credit window) and not handed out yet: what
+        :meth:`close` would release."""
+        return self._subs.waiting()
 
     def close(self, timeout: float | None = None) -> None:
         """Stop consuming; deliveries not yet handed out are released to the broker."""
@@ -146,6 +156,11 @@ class Subscriptions:
 
         if not self.engine.call(add):
             raise ClosedError("the receiver is closed", endpoint=self.engine.target)
+
+    def waiting(self) -> int:
+        """How many received deliveries wait to be handed out."""
+        with self._inbox_lock:
+            return len(self._inbox)
 
     def take(self, max_messages: int, timeout: float | None) -> list[Delivery]:
         """Up to ``max_messages`` received deliveries, waiting at most ``timeout``."""
@@ -213,14 +228,16 @@ class Subscriptions:
         pass  # nothing waits on the broker; receive() keeps returning what arrived
 
     def closing(self) -> None:
-        """Release the deliveries not handed out yet (their settlement commands run next)."""
+        """Release the deliveries not handed out yet (their settlement commands run next):
+        ``released``, not ``modified``, as they were never tried (a broker that counts
+        deliveries would count each one as a failure)."""
         with self._inbox_lock:
             items = list(self._inbox)
             self._inbox.clear()
         generation = self.engine.generation
         for item_generation, delivery in items:
             if item_generation == generation and delivery.settled is None:
-                delivery.nack(requeue=True)
+                delivery.release()
 
     def stopped(self) -> None:
         self._unsettled.clear()
@@ -312,5 +329,7 @@ class Subscriptions:
             dlv.update(_SETTLE[outcome])
         dlv.settle()
         link = dlv.link
-        if link.state & link.LOCAL_ACTIVE:
+        if link.state & link.LOCAL_ACTIVE and not engine.closing:
+            # NOTE: no credit once the receiver closes: what it would bring in arrives
+            # after the give-backs, unsettled when the connection ends.
             link.flow(1)

@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
+from msgsafe._observer import current as observer_now
 from msgsafe.adapters import _peer
 from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_confirmed, report_failed
 from msgsafe.adapters.kafka._errors import PRODUCER_STATE, certificate_refusal
@@ -48,7 +49,6 @@ from msgsafe.errors import (
 )
 from msgsafe.message import Batch
 from msgsafe.ports import BatchReport, PublishCallback
-from msgsafe.telemetry._observer import current as observer_now
 
 __all__ = ["BatchReports", "ProducerLink", "SendReport", "log"]
 

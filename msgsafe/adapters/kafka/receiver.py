@@ -57,6 +57,8 @@ _SLICE_S = 0.5
 _COMMIT_EVERY_S = 0.2
 
 _REQUEUE = Outcome.REQUEUE
+#: A release is a requeue here: Kafka counts no deliveries, so none is spared.
+_RELEASE = Outcome.RELEASE
 _REJECT = Outcome.REJECT
 
 #: Seconds between metadata checks while a subscribed topic is unknown to the broker
@@ -112,7 +114,7 @@ class _Track:
                 # The partition was revoked since: its new owner will deliver this
                 # message again; nothing to record here.
                 return
-            if outcome is _REQUEUE:
+            if outcome is _REQUEUE or outcome is _RELEASE:
                 self.rewind = offset if self.rewind is None else min(self.rewind, offset)
                 return
             if outcome is _REJECT:

@@ -11,6 +11,9 @@ from msgsafe.message import Delivery, Outcome
 
 __all__ = ["MemoryReceiver"]
 
+#: The memory broker counts no deliveries: a release is a requeue.
+_GIVE_BACK = (Outcome.REQUEUE, Outcome.RELEASE)
+
 
 class MemoryReceiver:
     """Consumes from a :class:`MemoryBroker` as one member of a group. Thread-safe."""
@@ -45,7 +48,7 @@ class MemoryReceiver:
 
     def _delivery(self, item: Leased) -> Delivery:
         def settle(outcome: Outcome) -> None:
-            self._broker.settle(item, requeue=outcome is Outcome.REQUEUE)
+            self._broker.settle(item, requeue=outcome in _GIVE_BACK)
 
         return delivery_of(
             item.envelope, item.destination, redelivered=item.redelivered, settle=settle

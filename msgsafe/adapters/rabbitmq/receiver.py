@@ -39,6 +39,8 @@ _RESUBSCRIBE_S = 1.0
 
 _ACCEPT = Outcome.ACCEPT
 _REQUEUE = Outcome.REQUEUE
+#: AMQP 0-9-1 has one give-back, ``basic.nack`` with requeue: a release is that too.
+_RELEASE = Outcome.RELEASE
 
 
 #: Set by RabbitMQ quorum queues on every redelivery: how many times it was delivered.
@@ -296,7 +298,7 @@ class RabbitReceiver:
                 continue  # NOTE: requeued with its channel; it comes back redelivered
             if outcome is _ACCEPT:
                 acked.add(tag)
-            elif outcome is _REQUEUE:
+            elif outcome is _REQUEUE or outcome is _RELEASE:
                 channel.basic_nack(tag, requeue=True)
                 self._acked_alone.add(tag)
             else:

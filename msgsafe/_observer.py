@@ -7,6 +7,11 @@ the seams carry no telemetry argument. Instead the owner opens its transport ins
 ``Redirects``) take :func:`current` when they are built — in the caller's thread, during
 ``open_transport`` — and report to it later from any thread. Outside :func:`observing`
 they get ``None`` and report nothing: no cost.
+
+It sits below every layer, beside ``endpoints.py``: the connection code (``endpoints``,
+the adapters) takes the observer from here, and what hears it (telemetry, the
+destination checks, the outbox's forwarder) only implements the Protocol, so nothing
+low imports telemetry.
 """
 
 from __future__ import annotations
