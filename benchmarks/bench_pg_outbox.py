@@ -273,8 +273,9 @@ def _busy_cores() -> tuple[float, float]:
 
 
 def _family(pid: int) -> list[int]:
-    """``pid`` and its live children (a postmaster's backends and helpers)."""
-    found = [pid]
+    """``pid`` and every live process under it: a postmaster's backends and helpers, and
+    the postmaster itself where ``pid`` is the wrapper that runs it as its own user."""
+    children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -282,8 +283,12 @@ def _family(pid: int) -> list[int]:
             fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(entry))
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo.extend(children.get(found[-1], []))
     return found
 
 
