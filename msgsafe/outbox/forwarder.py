@@ -344,7 +344,7 @@ class Forwarder:
         """New rows exist: look now instead of at the next poll."""
         self._wake.set()
 
-    # --- the transport's connection events (msgsafe.telemetry._observer) ----------------
+    # --- the transport's connection events (msgsafe._observer) ---------------------------
 
     def reachable(self, endpoint: str) -> None:
         """A broker answers again: probe now, not at the end of the current backoff.

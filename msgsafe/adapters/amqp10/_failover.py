@@ -124,7 +124,7 @@ class Redirects:
         self._allows = allows
         self._count = 0
         self._next: tuple[Endpoint, str | None] | None = None
-        #: Who hears of followed redirects (see msgsafe.telemetry._observer).
+        #: Who hears of followed redirects (see msgsafe._observer).
         self._observer = observer_now()
 
     def follow(self, condition: Any, current: Endpoint | None) -> bool:
