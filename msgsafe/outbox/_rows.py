@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import Any, overload
 
 from msgsafe.endpoints import parse_url
-from msgsafe.errors import ConfigurationError
+from msgsafe.errors import ConfigurationError, MessageIdReused
 from msgsafe.message import Batch, Envelope, new_envelope
 from msgsafe.outbox._blocks import pack, plan
 
@@ -44,6 +44,7 @@ __all__ = [
     "insert_rows",
     "column",
     "make_envelope",
+    "reused_ids_error",
     "redact_target",
 ]
 
@@ -392,3 +393,16 @@ def _block_rows(batch: Batch, target: str, units: list[tuple[bytes | None, list[
         total += size
     keys = [] if batch.keys is None else [key for key in batch.keys if key is not None]
     return Rows(params, len(batch), total, keys, spans)
+
+
+def reused_ids_error(ids: Iterable[str], endpoint: str | None = None) -> MessageIdReused:
+    """The error of a put refused because ``ids`` are stored as other messages (every
+    store says it the same way: the smallest id named, the count of the others)."""
+    found = sorted(set(ids))
+    return MessageIdReused(
+        f"message id {found[0]} is stored in the outbox with another destination, key"
+        " or body: an id may be reused only to send the same message again"
+        + (f" ({len(found)} ids)" if len(found) > 1 else ""),
+        endpoint=endpoint,
+        message_id=found[0],
+    )

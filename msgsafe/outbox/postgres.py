@@ -43,7 +43,6 @@ from typing import Any, Literal, TypeVar
 from msgsafe.errors import (
     ClosedError,
     ConfigurationError,
-    MessageIdReused,
     MissingExtra,
     OutboxError,
     OutboxFull,
@@ -74,6 +73,7 @@ from msgsafe.outbox._rows import (
     QuarantinedEntry,
     make_envelope,
     redact_target,
+    reused_ids_error,
     row_headers,
 )
 from msgsafe.ports import OutboxStats, StoreCapabilities
@@ -613,14 +613,7 @@ class PostgresOutbox:
         found = [r for r in stored if r[1]]
         if found:
             conn.execute("ROLLBACK")
-            ids = sorted({str(r[0]) for r in found})
-            raise MessageIdReused(
-                f"message id {ids[0]} is stored in the outbox with another destination, key"
-                " or body: an id may be reused only to send the same message again"
-                + (f" ({len(ids)} ids)" if len(ids) > 1 else ""),
-                endpoint=self.redacted,
-                message_id=ids[0],
-            )
+            raise reused_ids_error((str(r[0]) for r in found), self.redacted)
 
     def _commit(self, conn: psycopg.Connection[Any]) -> None:
         """Send COMMIT and wait for its answer (a seam for tests that lose it)."""

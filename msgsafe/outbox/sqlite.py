@@ -59,6 +59,7 @@ from msgsafe.outbox._rows import (
     envelope_rows,
     insert_rows,
     redact_target,
+    reused_ids_error,
 )
 from msgsafe.outbox._schema import (
     APPLICATION_ID,
@@ -818,13 +819,7 @@ def _refuse_reused(conn: sqlite3.Connection, batch: Rows, added: int) -> Message
             "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox ORDER BY seq DESC LIMIT ?)",
             (added,),
         )
-    differ.sort()
-    return MessageIdReused(
-        f"message id {differ[0]} is stored in the outbox with another destination, key or"
-        " body: an id may be reused only to send the same message again"
-        + (f" ({len(differ)} ids)" if len(differ) > 1 else ""),
-        message_id=differ[0],
-    )
+    return reused_ids_error(differ)
 
 
 def _plain(value: object) -> object:
