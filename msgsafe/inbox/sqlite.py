@@ -196,6 +196,13 @@ class SqliteInbox:
         except sqlite3.Error as exc:
             _rollback(conn)
             raise self._failed("record", exc).with_id(message_id) from exc
+        return Processed(ran=True, value=self._work_and_commit(conn, work, message_id))
+
+    def _work_and_commit(
+        self, conn: sqlite3.Connection, work: Callable[[Any], _R], message_id: str
+    ) -> _R:
+        """``work(tx)`` in the open transaction, then ``COMMIT``: its answer; rolled back
+        when ``work`` raises, refused when it ended the transaction itself."""
         try:
             value = work(conn)
         except BaseException:
@@ -212,7 +219,7 @@ class SqliteInbox:
         except sqlite3.Error as exc:
             _rollback(conn)
             raise self._failed("commit", exc).with_id(message_id) from exc
-        return Processed(ran=True, value=value)
+        return value
 
     def process_batch(
         self, records: Sequence[tuple[str, str, int]], work: Callable[[list[int], Any], _R]
@@ -238,22 +245,7 @@ class SqliteInbox:
             _rollback(conn)
             raise self._failed("record", exc).with_id(records[0][0]) from exc
         fresh = fresh_indexes(records, {row[0] for row in inserted})
-        try:
-            value = work(fresh, conn)
-        except BaseException:
-            _rollback(conn)
-            raise
-        if not conn.in_transaction:
-            raise InboxError(
-                "work committed or rolled back the inbox's transaction: it must only write"
-                " through tx",
-                message_id=records[fresh[0]][0],
-            )
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            _rollback(conn)
-            raise self._failed("commit", exc).with_id(records[fresh[0]][0]) from exc
+        value = self._work_and_commit(conn, lambda tx: work(fresh, tx), records[fresh[0]][0])
         return ProcessedBatch(tuple(fresh), value)
 
     def record_attempts(self, items: Sequence[tuple[str, str]]) -> dict[str, int]:
