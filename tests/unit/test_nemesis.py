@@ -258,10 +258,35 @@ def test_an_unsupported_kind_is_a_usage_error() -> None:
 
     from msgsafe.cli.app import app
 
-    result = CliRunner().invoke(app, ["nemesis", "qpid", "--seed", "1"])
+    result = CliRunner().invoke(app, ["nemesis", "nats", "--seed", "1"])
     assert result.exit_code == 2
     words = " ".join(result.output.replace("│", " ").split())
-    assert "qpid and artemis are not supported yet" in words
+    assert "unknown kind 'nats' (known: artemis, kafka, qpid, rabbitmq)" in words
+
+
+def test_the_description_is_carried_into_the_schedule_and_changes_no_fault() -> None:
+    plain = schedule.draw(77, 300, TARGETS)
+    described = schedule.draw(77, 300, TARGETS, description=["a pair: no third voter"])
+    assert described.windows == plain.windows and described.quiet == plain.quiet
+    assert described.to_json()["description"] == ["a pair: no third voter"]
+    assert plain.to_json()["description"] == []
+
+
+def test_every_kind_states_its_limits_and_the_amqp10_clients_keep_to_the_proxies() -> None:
+    from msgsafe.nemesis.runner import KINDS, Plan
+
+    assert set(KINDS) == {"rabbitmq", "kafka", "qpid", "artemis"}
+    for kind, setup in KINDS.items():
+        assert setup["limits"] and all(isinstance(line, str) for line in setup["limits"]), kind
+    for kind in ("qpid", "artemis"):
+        # An advertised node address would let a producer bypass its proxy.
+        assert KINDS[kind]["options"]["failover_merge"] == "ignore"
+    # Artemis's split brain under a long pause is stated, and no pause is drawn that long.
+    assert any("split brain" in line for line in KINDS["artemis"]["limits"])
+    assert schedule.LENGTHS["pause"][1] < 30.0
+    assert Plan(kind="artemis", minutes=1, seed=1, dir=Path("/x")).nodes == 2
+    assert Plan(kind="qpid", minutes=1, seed=1, dir=Path("/x")).nodes == 3
+    assert Plan(kind="qpid", minutes=1, seed=1, dir=Path("/x"), nodes=5).nodes == 5
 
 
 def test_the_replay_command_names_the_seed_and_what_differs() -> None:
