@@ -339,3 +339,27 @@ def test_the_command_exits_1_on_a_failed_invariant_and_prints_the_replay(
     report = json.loads(passed.output)
     assert report["ok"] and report["verdict"]["lost"] == 0
     assert report["replay"] == "msgsafe nemesis kafka --minutes 2 --seed 6"
+
+
+def test_the_evidence_table_has_a_row_per_report_and_says_no_on_a_loss() -> None:
+    from msgsafe.nemesis.runner import Outcome, Plan
+    from msgsafe.nemesis.table import HEADER, table
+
+    drawn = schedule.draw(3, 120, {"broker": 2, "producer": 3, "network": 2})
+    clean, _ = checker.check(_clean().events)
+    lossy = _clean()
+    lossy.sent("c0", "k3", 0)
+    lost, _ = checker.check(lossy.events)
+    reports = [
+        json.loads(json.dumps(Outcome(Plan("artemis", 2, seed, Path("/x")), v, drawn).report()))
+        for seed, v in ((3, clean), (4, lost))
+    ]
+    lines = table(reports).splitlines()
+    assert lines[:2] == HEADER.splitlines() and len(lines) == 4
+    roles = [sum(w.role == r for w in drawn.windows) for r in ("broker", "producer", "network")]
+    faults = f"{len(drawn.windows)} ({roles[0]} / {roles[1]} / {roles[2]})"
+    assert lines[2] == (
+        f"| artemis | 3 | 2 | {faults} | 6 (3 / 3) | 6 | 0 | 0 | 0 | 0 | 2.0 / 2.0 | yes |"
+    )
+    assert lines[3].startswith("| artemis | 4 |") and "| 7 (4 / 3) | 6 | 1 |" in lines[3]
+    assert lines[3].endswith("| NO |")
