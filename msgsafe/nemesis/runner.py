@@ -14,8 +14,10 @@ faults, then heal, drain, read back and check.
    sends) and one consumer process (:mod:`msgsafe.nemesis.worker`);
 4. applies each window of the schedule at its time: broker node SIGKILL and restart,
    SIGSTOP and SIGCONT; producer SIGKILL and a new process on the same outbox, producer
-   SIGSTOP and SIGCONT (its heartbeats stop, its confirms wait); a black hole, a slow
-   link (latency, bandwidth) or resets on one node's proxy. Actions run one after
+   SIGSTOP and SIGCONT (its heartbeats stop, its confirms wait); a black hole (both
+   ways, or one way: the producers' bytes to the node vanish while the node's still
+   arrive, or the reverse, so a send reaches the broker and its confirm does not), a
+   slow link (latency, bandwidth) or resets on one node's proxy. Actions run one after
    another on this thread (a cluster is driven from one thread), so a slow restart
    delays the next action: the history has the times they really happened;
 5. heals everything (proxies, paused and killed nodes), records ``heal``, stops the
@@ -347,6 +349,10 @@ class _Run:
                 proxy.heal()
             elif w.action == "blackhole":
                 proxy.blackhole()
+            elif w.action == "blackhole-to-broker":
+                proxy.blackhole(direction="upstream")
+            elif w.action == "blackhole-to-client":
+                proxy.blackhole(direction="downstream")
             elif w.action == "latency":
                 proxy.latency(0.5)
             elif w.action == "bandwidth":

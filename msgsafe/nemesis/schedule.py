@@ -27,7 +27,14 @@ __all__ = ["ACTIONS", "BOUNDS", "Schedule", "Window", "draw", "overlap"]
 ACTIONS: dict[str, tuple[str, ...]] = {
     "broker": ("kill", "pause"),
     "producer": ("kill", "pause"),
-    "network": ("blackhole", "latency", "bandwidth", "reset"),
+    "network": (
+        "blackhole",
+        "blackhole-to-broker",
+        "blackhole-to-client",
+        "latency",
+        "bandwidth",
+        "reset",
+    ),
 }
 
 #: How many faults of one role may be in effect at once. NOTE: one broker at a time
@@ -40,6 +47,8 @@ LENGTHS: dict[str, tuple[float, float]] = {
     "kill": (4.0, 15.0),
     "pause": (3.0, 12.0),
     "blackhole": (3.0, 10.0),
+    "blackhole-to-broker": (3.0, 10.0),
+    "blackhole-to-client": (3.0, 10.0),
     "latency": (4.0, 12.0),
     "bandwidth": (4.0, 12.0),
     "reset": (1.0, 3.0),

@@ -363,3 +363,33 @@ def test_the_evidence_table_has_a_row_per_report_and_says_no_on_a_loss() -> None
     )
     assert lines[3].startswith("| artemis | 4 |") and "| 7 (4 / 3) | 6 | 1 |" in lines[3]
     assert lines[3].endswith("| NO |")
+
+
+def test_every_network_action_is_its_own_proxy_fault(tmp_path: Path) -> None:
+    from msgsafe.nemesis.runner import Plan, _Run
+
+    class Proxy:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args, **kwargs: self.calls.append((name, args, kwargs))
+
+    r = _Run(Plan(kind="qpid", minutes=1, seed=1, dir=tmp_path), lambda _: None)
+    r.cluster = object()  # type: ignore[assignment]
+    r.proxies = [Proxy()]  # type: ignore[list-item]
+    applied = {}
+    with history.History(tmp_path / "runner.jsonl", "runner") as own:
+        r.own = own
+        for action in schedule.ACTIONS["network"]:
+            proxy = r.proxies[0]
+            proxy.calls.clear()  # type: ignore[attr-defined]
+            w = schedule.Window("network", action, 0, 1.0, 2.0)
+            r.apply(w, True)
+            applied[action] = proxy.calls[-1]  # type: ignore[attr-defined]
+            r.apply(w, False)
+            assert proxy.calls[-1][0] == "heal"  # type: ignore[attr-defined]
+    assert applied["blackhole"] == ("blackhole", (), {})
+    assert applied["blackhole-to-broker"] == ("blackhole", (), {"direction": "upstream"})
+    assert applied["blackhole-to-client"] == ("blackhole", (), {"direction": "downstream"})
+    assert len({repr(call) for call in applied.values()}) == len(applied)
