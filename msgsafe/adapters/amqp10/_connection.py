@@ -72,7 +72,7 @@ _TICK_S = 0.05
 #: for 30 s after the resume (measured in the chaos matrix). And no doubling while every
 #: other endpoint has failed too since the last open connection: then the silent one is
 #: the only hope, and is dialed again every 5 s (``msgsafe nemesis artemis``: a primary
-#: cut off one way while its backup was killed was held 20 s, then 30 s, after the heal).
+#: cut off one way while its backup was killed kept its sends STORED ~30 s after the heal).
 _MUTE_S = (5.0, 30.0)
 #: Seconds more a peer that already answered (its SASL frames) gets to finish the login:
 #: a broker may delay a refused login on purpose (RabbitMQ's AMQP 1.0 plugin: 3 s).
