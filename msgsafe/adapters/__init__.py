@@ -8,8 +8,14 @@ Every adapter package (``rabbitmq``, ``kafka``, ``amqp10``, ``memory``) exports:
 
 (the last, in its ``config.py``, raises :class:`~msgsafe.errors.InvalidDestination` for a
 name its protocol's rules refuse, whatever the broker: :func:`destination_check` serves
-it) and, when its client library is missing, raises :class:`~msgsafe.errors.MissingExtra`
-on import, naming the extra to install. Which adapter serves a URL is decided once, by
+it); the package of a protocol whose destinations are logs
+(:attr:`msgsafe.endpoints.ProtocolTraits.log`: Kafka) also exports::
+
+    start_group_at_beginning(url: BrokerUrl, destination: str, group: str) -> None
+
+(a new consumer group reads the destination from its first record). When its client
+library is missing, an adapter package raises :class:`~msgsafe.errors.MissingExtra` on
+import, naming the extra to install. Which adapter serves a URL is decided once, by
 :data:`msgsafe.endpoints.SCHEMES` (scheme -> protocol, and the protocol is the package
 name); this module imports that package lazily, so a user of one broker never needs the
 others' libraries.

@@ -10,6 +10,12 @@ frame says, and on RabbitMQ the queue behind the address) and reports
 asks :func:`inspector_for` for one destination's :class:`DestinationReport` before its
 first send there (see :class:`msgsafe.checks.gate.DestinationGate`).
 
+Every protocol of :data:`msgsafe.endpoints.PROTOCOLS` has its module here, named as the
+protocol, with the same two entry points: ``inspector(url, options)`` (the producer's
+check of one destination) and ``doctor_findings(url, destinations, management)`` (what
+``msgsafe doctor`` prints). :func:`inspector_for` and :func:`doctor_findings` find the
+module by the URL's protocol: nothing above names a protocol to choose its check.
+
 A check that could not reach the broker raises a
 :class:`~msgsafe.errors.TransientError`; one the broker answered without telling says
 :attr:`~msgsafe.message.Guarantee.UNKNOWN`, never "safe".
@@ -18,14 +24,16 @@ A check that could not reach the broker raises a
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 from msgsafe.checks.findings import Finding, Severity
-from msgsafe.endpoints import BrokerUrl
+from msgsafe.endpoints import PROTOCOLS, BrokerUrl
+from msgsafe.errors import ConfigurationError
 from msgsafe.message import Guarantee
 
-__all__ = ["DestinationReport", "Inspector", "inspector_for"]
+__all__ = ["DestinationReport", "Inspector", "doctor_findings", "inspector_for"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +68,27 @@ class DestinationReport:
 #: not be reached, PermanentError for bad credentials.
 Inspector = Callable[[str], DestinationReport]
 
-_MODULES = {"rabbitmq": "rabbitmq", "kafka": "kafka", "amqp10": "amqp10", "memory": "memory"}
+
+def _module(protocol: str) -> ModuleType:
+    """The check module of ``protocol`` (``msgsafe.checks.PROTOCOL``)."""
+    if protocol not in PROTOCOLS:
+        raise ConfigurationError(f"no destination check for protocol {protocol!r}")
+    return importlib.import_module(f"{__name__}.{protocol}")
 
 
 def inspector_for(url: BrokerUrl, options: Mapping[str, object]) -> Inspector:
     """The check of ``url``'s protocol, connecting with the client options the
     transport gets (credentials, TLS, ``connect_timeout``, ``declare=``), so that a
     check reaches the broker exactly when the transport does."""
-    module = importlib.import_module(f"{__name__}.{_MODULES[url.protocol]}")
-    inspector: Inspector = module.inspector(url, options)
+    inspector: Inspector = _module(url.protocol).inspector(url, options)
     return inspector
+
+
+def doctor_findings(
+    url: BrokerUrl, destinations: Sequence[str], management: str | None
+) -> list[Finding]:
+    """What ``msgsafe doctor`` reports of the broker at ``url`` and ``destinations``
+    (every one the broker lists when empty, where it can list them): the check of
+    ``url``'s protocol. ``management``: RabbitMQ's management API, when given."""
+    findings: list[Finding] = _module(url.protocol).doctor_findings(url, destinations, management)
+    return findings

@@ -4,7 +4,7 @@ stores or replicates a queue, so that is reported as unknown, never assumed."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +20,7 @@ from msgsafe.message import Guarantee
 if TYPE_CHECKING:
     from msgsafe.checks import Inspector
 
-__all__ = ["check_amqp10", "inspect_destination", "inspector"]
+__all__ = ["check_amqp10", "doctor_findings", "inspect_destination", "inspector"]
 
 _TIMEOUT_S = 5.0
 #: How long an opened connection is watched for a close that follows the open.
@@ -118,6 +118,23 @@ def _probe(
 
     Container(Probe()).run()
     return answer
+
+
+def doctor_findings(
+    url: BrokerUrl, destinations: Sequence[str], management: str | None
+) -> list[Finding]:
+    """``msgsafe doctor``'s findings: :func:`check_amqp10`, then the producer's own check
+    of each named address (on RabbitMQ: the queue). ``management`` is RabbitMQ's."""
+    del management
+    findings = check_amqp10(url)
+    for name in destinations:
+        report = inspect_destination(url, name)
+        findings.extend(report.findings)
+        if not report.findings:
+            findings.append(
+                Finding(Severity.OK, f"address {name}", "guarantee", report.guarantee.value)
+            )
+    return findings
 
 
 def check_amqp10(url: BrokerUrl) -> list[Finding]:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from msgsafe.checks import Inspector
 from msgsafe.message import Guarantee
 
-__all__ = ["check_kafka", "inspect_destination", "inspector"]
+__all__ = ["check_kafka", "doctor_findings", "inspect_destination", "inspector"]
 
 _TIMEOUT_S = 5.0
 
@@ -137,6 +137,14 @@ def _raise_unfixable(url: BrokerUrl, failures: list[str]) -> None:
                     f"this port speaks {spoken}, not Kafka: {_peer.KAFKA_ADVICE[spoken]}",
                     endpoint=url.redacted(),
                 )
+
+
+def doctor_findings(
+    url: BrokerUrl, destinations: Sequence[str], management: str | None
+) -> list[Finding]:
+    """``msgsafe doctor``'s findings: :func:`check_kafka` (``management`` is RabbitMQ's)."""
+    del management
+    return check_kafka(url, destinations)
 
 
 def check_kafka(url: BrokerUrl, topics: Sequence[str]) -> list[Finding]:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_rabbitmq",
+    "doctor_findings",
     "guarantee_of",
     "inspect_address",
     "inspect_destination",
@@ -41,6 +42,13 @@ __all__ = [
 
 _TIMEOUT_S = 5.0
 _CURRENT = re.compile(r"current is the value '([^']*)'")
+
+
+def doctor_findings(
+    url: BrokerUrl, destinations: Sequence[str], management: str | None
+) -> list[Finding]:
+    """``msgsafe doctor``'s findings: :func:`check_rabbitmq`."""
+    return check_rabbitmq(url, destinations, management)
 
 
 def check_rabbitmq(url: BrokerUrl, queues: Sequence[str], management: str | None) -> list[Finding]:
