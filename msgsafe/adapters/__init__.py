@@ -29,6 +29,9 @@ Every adapter package has the same files:
 - ``_connection.py``: what owns the connection (its I/O thread) and fails over;
 - ``_wire.py``: bytes on the wire and header names;
 - ``_errors.py``: the client library's errors translated into :mod:`msgsafe.errors`;
+- ``check.py``: the destination check, what the broker does with a confirmed message
+  there (``inspector`` for the producer, ``doctor_findings`` for ``msgsafe doctor``,
+  found by :mod:`msgsafe.checks`);
 - at most one module of its own, named for what it is: ``rabbitmq/_confirms.py`` (the
   publisher-confirm ledger and the sender that puts messages in flight on it),
   ``kafka/positions.py`` (where a checking group starts),

@@ -2,8 +2,8 @@
 
 :data:`msgsafe.endpoints.SCHEMES` names the protocols, :func:`msgsafe.endpoints.traits`
 says what the code above the adapters needs to know of each as data, and each protocol's
-code lives in its own places, found by the protocol's name: ``msgsafe/adapters/NAME/``,
-``msgsafe/checks/NAME.py`` (and the cluster kinds' launchers, ``msgsafe.cluster.KINDS``,
+code lives in one folder, found by the protocol's name: ``msgsafe/adapters/NAME/``,
+its destination check included (and the cluster kinds' launchers, ``msgsafe.cluster.KINDS``,
 with what differs between kinds on the launcher class). So no module outside the registry
 branches on a protocol's or a cluster kind's name: no ``protocol == "kafka"``, ``kind !=
 "rabbitmq"``, ``url.protocol in ("amqp10", ...)``. A protocol's own module may name
@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 import msgsafe.adapters
-import msgsafe.checks
 from msgsafe.cluster import KINDS
 from msgsafe.endpoints import _TRAITS, PROTOCOLS, SCHEMES, ProtocolTraits, traits
 from msgsafe.errors import ConfigurationError
@@ -77,10 +76,7 @@ def _literals(node: ast.expr) -> set[str]:
 
 def _own(path: str, name: str) -> bool:
     """Whether ``path`` is one of ``name``'s own modules (it may name itself)."""
-    return path.startswith(f"msgsafe/adapters/{name}/") or path in (
-        f"msgsafe/checks/{name}.py",
-        f"msgsafe/cluster/{name}.py",
-    )
+    return path.startswith(f"msgsafe/adapters/{name}/") or path == f"msgsafe/cluster/{name}.py"
 
 
 def _branches(path: str, source: str) -> dict[tuple[str, str], list[int]]:
@@ -151,13 +147,13 @@ def test_a_protocols_own_module_may_name_itself_and_others_are_not_branches() ->
     assert _branches("msgsafe/x.py", 'ok = url.scheme in ("amqp", "amqps")\n') == {}
 
 
-def test_every_protocol_has_its_traits_adapter_and_check() -> None:
+def test_every_protocol_has_its_traits_and_its_adapter_with_its_check() -> None:
     assert set(_TRAITS) == set(PROTOCOLS)
     assert {spec.protocol for spec in SCHEMES.values()} == set(PROTOCOLS)
     for protocol in PROTOCOLS:
         assert isinstance(traits(protocol), ProtocolTraits)
-        assert (Path(msgsafe.adapters.__file__).parent / protocol / "__init__.py").is_file()
-        assert (Path(msgsafe.checks.__file__).parent / f"{protocol}.py").is_file()
+        package = Path(msgsafe.adapters.__file__).parent / protocol
+        assert (package / "__init__.py").is_file() and (package / "check.py").is_file()
     with pytest.raises(ConfigurationError, match="unknown protocol"):
         traits("smtp")
 

@@ -11,14 +11,13 @@ from typing import TYPE_CHECKING, Any
 from msgsafe.adapters.amqp10._errors import condition_text
 from msgsafe.adapters.amqp10._failover import parse_failover_list, parse_redirect
 from msgsafe.adapters.amqp10.config import Amqp10Options, load_options
-from msgsafe.checks import DestinationReport
-from msgsafe.checks.findings import Finding, Severity
+from msgsafe.checks.findings import DestinationReport, Finding, Severity
 from msgsafe.endpoints import BrokerUrl, Endpoint, EndpointList
 from msgsafe.errors import AuthenticationError, ConnectError, MissingExtra
 from msgsafe.message import Guarantee
 
 if TYPE_CHECKING:
-    from msgsafe.checks import Inspector
+    from msgsafe.checks.findings import Inspector
 
 __all__ = ["check_amqp10", "doctor_findings", "inspect_destination", "inspector"]
 
@@ -171,7 +170,7 @@ def inspect_destination(
     """The guarantee of ``address``. AMQP 1.0 does not say how a node stores what it
     accepted, so it is :attr:`Guarantee.UNKNOWN` unless the peer is one whose own
     protocol tells: RabbitMQ (the queue behind the address, over AMQP 0-9-1 on the same
-    port; see :func:`msgsafe.checks.rabbitmq.inspect_address`).
+    port; see :func:`msgsafe.adapters.rabbitmq.check.inspect_address`).
 
     A refused login, a certificate that does not verify or a peer of another protocol
     raise their permanent error (the transport would meet the same); otherwise
@@ -201,7 +200,7 @@ def inspect_destination(
         )
     product = str(answer.properties.get("product", ""))
     if product.lower() == "rabbitmq":
-        from msgsafe.checks.rabbitmq import inspect_address
+        from msgsafe.adapters.rabbitmq.check import inspect_address
 
         return inspect_address(url, address, options, declare=options.declare)
     finding = Finding(

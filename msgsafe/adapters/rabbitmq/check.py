@@ -20,8 +20,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from msgsafe.checks import DestinationReport
-from msgsafe.checks.findings import Finding, Severity
+from msgsafe.checks.findings import DestinationReport, Finding, Severity
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import MissingExtra
 from msgsafe.message import Guarantee
@@ -29,7 +28,7 @@ from msgsafe.message import Guarantee
 if TYPE_CHECKING:
     from msgsafe.adapters._config import TransportOptions
     from msgsafe.adapters.rabbitmq import RabbitOptions
-    from msgsafe.checks import Inspector
+    from msgsafe.checks.findings import Inspector
 
 __all__ = [
     "check_rabbitmq",

@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from msgsafe.adapters.memory import MemoryBroker
-from msgsafe.checks import DestinationReport, Inspector
-from msgsafe.checks.findings import Finding, Severity
+from msgsafe.checks.findings import DestinationReport, Finding, Inspector, Severity
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import ConnectError
 from msgsafe.message import Guarantee

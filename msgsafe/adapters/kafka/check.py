@@ -10,8 +10,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from msgsafe.checks import DestinationReport
-from msgsafe.checks.findings import Finding, Severity
+from msgsafe.checks.findings import DestinationReport, Finding, Severity
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import (
     AuthenticationError,
@@ -23,7 +22,7 @@ from msgsafe.errors import (
 
 if TYPE_CHECKING:
     from msgsafe.adapters.kafka import KafkaOptions
-    from msgsafe.checks import Inspector
+    from msgsafe.checks.findings import Inspector
 from msgsafe.message import Guarantee
 
 __all__ = ["check_kafka", "doctor_findings", "inspect_destination", "inspector"]
