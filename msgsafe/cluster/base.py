@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -104,6 +105,12 @@ class LocalCluster(ABC):
     @abstractmethod
     def stop(self) -> None:
         """Stop every node (SIGTERM, then SIGKILL after a grace period); idempotent."""
+
+    def delete_data(self) -> None:
+        """Remove the cluster's dir with its data and logs (``msgsafe cluster down
+        --delete``); the cluster must be stopped. A cluster that keeps data elsewhere
+        removes that too."""
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     @abstractmethod
     def kill(self, node: int) -> None:
