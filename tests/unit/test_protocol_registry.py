@@ -51,9 +51,6 @@ REMAINING: dict[tuple[str, str], str] = {
         "the confluent-kafka drop-in passes its client options to Kafka only (memory:// "
         "in tests takes the common ones)"
     ),
-    ("msgsafe/compat/pika/_connection.py", "rabbitmq"): (
-        "the pika drop-in speaks to RabbitMQ alone and refuses another URL"
-    ),
 }
 
 
