@@ -18,9 +18,10 @@ import os
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Any, ClassVar, Self
 
 __all__ = ["STATE_FILE", "ClusterError", "LocalCluster", "NodeInfo", "TlsFiles"]
@@ -70,6 +71,9 @@ class LocalCluster(ABC):
     #: --pooler``): a connection pooler in front of the cluster, a ``pooler`` object
     #: (its ``url``, ``mode``) in :meth:`describe`, stopped with the nodes.
     supports_pooler: ClassVar[bool] = False
+    #: What ``msgsafe cluster up KIND`` gives the constructor besides the command's own
+    #: options (RabbitMQ: the management API, which ``msgsafe doctor`` reads).
+    up_options: ClassVar[Mapping[str, object]] = MappingProxyType({})
 
     dir: Path
     detached: bool

@@ -322,9 +322,7 @@ def up(
                     known = ", ".join(k for k in sorted(KINDS) if launcher(k).supports_pooler)
                     raise ClusterError(f"{kind} has no --pooler (kinds with a pooler: {known})")
                 options["pooler"] = True
-            if kind == "rabbitmq":
-                # What doctor reads for the nodes, partitions and queue types.
-                options["management"] = True
+            options.update(launcher(kind).up_options)
             dir.mkdir(parents=True, exist_ok=True)
             cluster = create(kind, **options)
         started = time.monotonic()
