@@ -14,7 +14,14 @@ from msgsafe.adapters import open_receiver
 from msgsafe.checks import Inspector, inspector_for
 from msgsafe.consuming.batching import BatchPolicy
 from msgsafe.consuming.clock import MonotonicClock, RunClock
-from msgsafe.consuming.runner import BatchHandler, Handler, InboxHandler, OnExhausted, Runner
+from msgsafe.consuming.runner import (
+    BatchHandler,
+    Handler,
+    InboxHandler,
+    OnExhausted,
+    Runner,
+    RunTally,
+)
 from msgsafe.dedup import AttemptMemory, DedupWindow
 from msgsafe.endpoints import BrokerUrl, parse_url
 from msgsafe.errors import ClosedError, ConfigurationError, ConnectError, TransientError
@@ -389,6 +396,11 @@ class Consumer:
             fetch=lambda room, wait: self.poll(wait, max_messages=room),
             close=self.close,
             count=self._telemetry.add_run,
+            tally=RunTally(
+                started=self._telemetry.handler_started,
+                ended=self._telemetry.handler_ended,
+                handled=self._telemetry.count_handled,
+            ),
             attempts=self._attempts,
             concurrency=concurrency,
             prefetch=prefetch,

@@ -302,6 +302,14 @@ class ConsumerCounters(ConnectionCounters):
         }
         #: ``Consumer.run``'s figures: handled, retried, dead_lettered, in_flight.
         self.run: Counter[str] = Counter()
+        self._started = itertools.count()
+        self._ended = itertools.count()
+        self._handled = itertools.count()
+        #: ``Consumer.run``'s figures counted on every handler call, as C calls (no
+        #: lock): a call starts, ends, and its delivery was handled (added to ``run``'s).
+        self.handler_started = functools.partial(next, self._started)
+        self.handler_ended = functools.partial(next, self._ended)
+        self.count_handled = functools.partial(next, self._handled)
 
     def add_received(self, count: int) -> None:
         with self.lock:
@@ -324,6 +332,10 @@ class ConsumerCounters(ConnectionCounters):
     def snapshot(self, target: str, *, duplicates_dropped: int) -> ConsumerStats:
         failovers, redirects = self.connection_figures()
         settled = self.settled
+        # Ended before started: a call counted ended is counted started, so never < 0.
+        ended = count_value(self._ended)
+        in_flight = count_value(self._started) - ended
+        handled = count_value(self._handled)
         with self.lock:
             return ConsumerStats(
                 target=target,
@@ -334,10 +346,10 @@ class ConsumerCounters(ConnectionCounters):
                 duplicates_dropped=duplicates_dropped,
                 failovers=failovers,
                 redirects=redirects,
-                handled=self.run["handled"],
+                handled=self.run["handled"] + handled,
                 retried=self.run["retried"],
                 dead_lettered=self.run["dead_lettered"],
-                in_flight=self.run["in_flight"],
+                in_flight=self.run["in_flight"] + in_flight,
                 skipped=self.run["skipped"],
                 released=settled["release"],
                 batches=self.run["batches"],
