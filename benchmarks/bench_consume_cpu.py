@@ -73,10 +73,20 @@ class FakeConsumer:
     next prebuilt batch (an empty list once they are out)."""
 
     def __init__(self, batches: list[list[Message]]) -> None:
-        self._batches = iter(batches)
+        self._batches = batches
+        self._next = 0
+        self._at = 0
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
-        return next(self._batches, [])
+        if self._next >= len(self._batches):
+            time.sleep(max(0.0, timeout))  # nothing more: a real consume() blocks
+            return []
+        batch = self._batches[self._next]
+        out = batch[self._at : self._at + num_messages]
+        self._at += len(out)
+        if self._at >= len(batch):
+            self._next, self._at = self._next + 1, 0
+        return out
 
     def store_offsets(self, message: Message | None = None, offsets: Any = None) -> None:
         return None

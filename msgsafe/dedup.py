@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import TypeVar
 
 __all__ = ["AttemptMemory", "DedupWindow"]
@@ -87,10 +87,14 @@ class AttemptMemory:
         self.capacity = capacity
         self._counts: OrderedDict[str, int] = OrderedDict()
         self._lock = threading.Lock()
+        #: Ids forgotten and not dropped from ``_counts`` yet (see :meth:`forget`).
+        self._forgotten: deque[str] = deque()
 
     def delivered(self, message_id: str, *, redelivered: bool) -> int:
         counts = self._counts
         with self._lock:
+            if self._forgotten:
+                self._drop_forgotten()
             before = counts.get(message_id)
             if before is None:
                 # The common case, a first delivery: the new id goes to the end as is.
@@ -111,6 +115,8 @@ class AttemptMemory:
         The common batch, counted with one lock and no Python call per id."""
         counts = self._counts
         with self._lock:
+            if self._forgotten:
+                self._drop_forgotten()
             if not counts.keys().isdisjoint(message_ids) or len(set(message_ids)) != len(
                 message_ids
             ):
@@ -123,12 +129,23 @@ class AttemptMemory:
 
     def retried(self, message_id: str, attempt: int) -> None:
         with self._lock:
+            if self._forgotten:
+                self._drop_forgotten()
             attempt = max(attempt, self._counts.get(message_id, 0))
             _put_newest(self._counts, message_id, attempt, self.capacity)
 
     def forget(self, message_id: str) -> None:
-        with self._lock:
-            self._counts.pop(message_id, None)
+        # NOTE: queued (a deque's append is atomic: no lock), dropped by the next call
+        # that takes the lock, before it looks: one lock per batch, not per message.
+        self._forgotten.append(message_id)
+
+    def _drop_forgotten(self) -> None:
+        """Drop the ids :meth:`forget` queued (with ``_lock`` held)."""
+        forgotten, pop = self._forgotten, self._counts.pop
+        while forgotten:
+            pop(forgotten.popleft(), None)
 
     def __len__(self) -> int:
-        return len(self._counts)
+        with self._lock:
+            self._drop_forgotten()
+            return len(self._counts)

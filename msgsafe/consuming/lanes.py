@@ -94,6 +94,9 @@ class LanePool:
         self._release = release
         #: Workers wait on it for a lane to handle.
         lock = threading.RLock()
+        #: The lock of both conditions, taken directly on the paths of every delivery:
+        #: a Condition's own ``with`` is two Python calls around it.
+        self._mutex = lock
         self._cond = threading.Condition(lock)
         #: The fetcher (for room) and close (for the running handlers) wait on it, under
         #: the same lock: a finished delivery wakes them, not every idle worker.
@@ -150,7 +153,7 @@ class LanePool:
     def submit(self, *deliveries: Delivery) -> None:
         """Queue each of ``deliveries`` on its key's lane, in order (given back at once
         after close)."""
-        with self._cond:
+        with self._mutex:
             if not self._closing:
                 self.held += len(deliveries)
                 keyed, ready = self._keyed, self._ready
@@ -226,7 +229,7 @@ class LanePool:
     def finished(self, lane: Lane, *deliveries: Delivery) -> None:
         """``deliveries``, the first of ``lane`` (taken in a batch), are settled: the
         lane goes on with the next (nothing happens for those close gave back)."""
-        with self._cond:
+        with self._mutex:
             items = lane.items
             done = 0
             for delivery in deliveries:
@@ -248,7 +251,7 @@ class LanePool:
                 lane: Lane | None = kept
                 batch = None
             else:
-                with self._cond:
+                with self._mutex:
                     lane = self._take()
                     batch = (
                         self._gather(lane)
@@ -286,7 +289,7 @@ class LanePool:
         and a wake-up per delivery (each a lock, a deque and a Condition.notify); the
         bound keeps a key from waiting behind another's for more than ``_STREAK``
         handler calls."""
-        with self._cond:
+        with self._mutex:
             items = lane.items
             if (
                 len(items) < 2
@@ -326,7 +329,7 @@ class LanePool:
         """Book the verdict on ``lane``'s current head (``pop``: DONE takes it off the
         lane; a batch took its finished deliveries off already); what to give back (in
         order): the head its handler ran on, and the rest of the lane, never tried."""
-        with self._cond:
+        with self._mutex:
             self._running.discard(lane)
             current, lane.current = lane.current, None
             # An abandoned lane (close timed out) was emptied: its head is given back.
