@@ -613,14 +613,15 @@ def explain(url: str, table: str) -> dict[str, tuple[float, int]]:
     found: dict[str, tuple[float, int]] = {}
     with psycopg.connect(conninfo) as conn:
         keys = [
-            bytes(r[0]) for r in conn.execute(sql["keys"], {"now": now, "scan": 10_000, "keys": 16})
+            bytes(r[0])
+            for r in conn.execute(sql["keys"], {"now": now, "scan": 10_000, "keys": 16, "after": 0})
         ]
         conn.rollback()
         first = conn.execute(f"SELECT id FROM {table} ORDER BY seq LIMIT 100").fetchall()
         conn.rollback()
         claim = {"now": now, "until": now + 10, "limit": 1000}
         asked: dict[str, tuple[str, Any]] = {
-            "keys": (sql["keys"], {"now": now, "scan": 10_000, "keys": 16}),
+            "keys": (sql["keys"], {"now": now, "scan": 10_000, "keys": 16, "after": 0}),
             "claim": (sql["claim_keys"], {**claim, "keys": keys, "per_key": 63}),
             "claim, no key free": (sql["claim_keys"], {**claim, "keys": [], "per_key": 1000}),
             "stats": (sql["stats"], (100_001,)),
