@@ -922,6 +922,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             if rabbit is not None:
                 rabbit.stop()
             pair.stop()
+            pair.delete_data()  # data kept outside tmp (run as root) goes too
     load_end = os.getloadavg()[0]
     header = (
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', started)} on {os.cpu_count()} cores, "
@@ -951,6 +952,7 @@ def scaling_main(args: argparse.Namespace) -> None:
             runs = scaling(pair, args.forwarders, args.forward_rows, Path(tmp))
         finally:
             pair.stop()
+            pair.delete_data()  # data kept outside tmp (run as root) goes too
     header = (
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', started)} on {os.cpu_count()} cores, "
         f"load average {load:.1f} at the start and {os.getloadavg()[0]:.1f} at the end (the "

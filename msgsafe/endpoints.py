@@ -39,8 +39,10 @@ __all__ = [
     "Endpoint",
     "EndpointList",
     "MergePolicy",
+    "ProtocolTraits",
     "Secret",
     "parse_url",
+    "traits",
 ]
 
 
@@ -69,6 +71,58 @@ SCHEMES: Mapping[str, _Scheme] = MappingProxyType(
 
 #: Every protocol a scheme names: the adapter packages under msgsafe.adapters.
 PROTOCOLS: frozenset[str] = frozenset(spec.protocol for spec in SCHEMES.values())
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolTraits:
+    """What the code above the adapters needs to know of a protocol, as data: it asks
+    :func:`traits` instead of comparing the protocol's name (a test keeps it so). What a
+    protocol does is its adapter's (``msgsafe/adapters/NAME/``) and its check's
+    (``msgsafe/checks/NAME.py``), both found by the name."""
+
+    #: False for a broker in this process (``memory://NAME``): no hosts, the URL's path
+    #: names the broker.
+    networked: bool = True
+    #: Where a destination's virtual host comes from: the URL's path (``/`` when empty),
+    #: the ``virtual_host`` option, or nowhere ("").
+    vhost: str = ""
+    #: A destination is a log (Kafka): its records stay until retention removes them
+    #: (none is deleted one by one) and a new consumer group picks where it starts.
+    log: bool = False
+    #: The adapter option that lets a receiver hold that many deliveries unsettled at
+    #: once, and its largest value (None: no limit); "": the receiver needs none.
+    unsettled_option: str = ""
+    unsettled_max: int | None = None
+    #: The ``declare=`` value that makes a destination keep confirmed messages through a
+    #: node's loss ("": the adapter declares nothing, or not by this option).
+    safe_declare: str = ""
+    #: ``msgsafe doctor`` reads the broker's management API too (``--management``).
+    management_api: bool = False
+
+
+_TRAITS: Mapping[str, ProtocolTraits] = MappingProxyType(
+    {
+        "rabbitmq": ProtocolTraits(
+            vhost="path",
+            unsettled_option="prefetch",
+            unsettled_max=65535,
+            safe_declare="quorum",
+            management_api=True,
+        ),
+        # NOTE: the AMQP 1.0 receiver tops its credit up only as deliveries are settled.
+        "amqp10": ProtocolTraits(vhost="option", unsettled_option="credit"),
+        "kafka": ProtocolTraits(log=True),
+        "memory": ProtocolTraits(networked=False),
+    }
+)
+
+
+def traits(protocol: str) -> ProtocolTraits:
+    """The :class:`ProtocolTraits` of ``protocol`` (one of :data:`PROTOCOLS`)."""
+    try:
+        return _TRAITS[protocol]
+    except KeyError:
+        raise ConfigurationError(f"unknown protocol {protocol!r}") from None
 
 
 class Secret:
@@ -128,9 +182,10 @@ class BrokerUrl:
 
     def redacted(self) -> str:
         """The URL without credentials: what logs, errors and the outbox may hold."""
-        hosts = ",".join(str(e) for e in self.endpoints) if self.protocol != "memory" else ""
+        networked = traits(self.protocol).networked
+        hosts = ",".join(str(e) for e in self.endpoints) if networked else ""
         text = f"{self.scheme}://{hosts}"
-        if self.protocol == "memory":
+        if not networked:
             text += self.path
         elif self.path:
             text += "/" + quote(self.path, safe="")
@@ -238,7 +293,7 @@ def parse_url(url: str) -> BrokerUrl:
                 raise _fail(f"option {name!r} given twice")
             options[name] = value
 
-    if spec.protocol == "memory":
+    if not traits(spec.protocol).networked:
         if "@" in rest:
             raise _fail("memory:// URLs take no credentials")
         name = rest.strip("/")

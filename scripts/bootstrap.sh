@@ -8,8 +8,16 @@
 # missing), never into the machine's interpreter: an editable install there would repoint
 # every other checkout's `import msgsafe` at this one. The other scripts run inside it
 # (`scripts/venv.sh`); so can you: `. .venv/bin/activate`.
+#
+# The install runs only when it would change something: when the venv's `msgsafe` does not
+# resolve to this checkout, or pyproject.toml changed since the last install of these
+# extras (the stamp in .venv/msgsafe-installed). A `.venv` that is not this checkout's own
+# (a symlink to another checkout's) is used as it is and never installed into: that would
+# repoint the other checkout's `import msgsafe` at this one. scripts/venv.sh puts this
+# checkout first on PYTHONPATH instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/venv.sh
 
 log() { printf '[bootstrap] %s\n' "$*"; }
 want_apt=()
@@ -28,13 +36,31 @@ case "$mode" in
   *) extras="all,dev,docs" ;;  # fast and all: the docs build is part of the fast tier
 esac
 
-if [ ! -x .venv/bin/python ]; then
-  log "python3 -m venv .venv"
-  python3 -m venv .venv
-fi
 py=.venv/bin/python
-log "pip install -e .[$extras] (into .venv)"
-"$py" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e ".[$extras]"
+if ! msgsafe_venv_is_own; then
+  log ".venv is $(cd .venv && pwd -P), not this checkout's own: nothing installed into it (this checkout is imported through PYTHONPATH)"
+  [ -x "$py" ] || { log "no python in $(cd .venv && pwd -P)/bin"; exit 1; }
+else
+  if [ ! -x "$py" ]; then
+    log "python3 -m venv .venv"
+    python3 -m venv .venv
+  fi
+  # Where the venv itself imports msgsafe from: isolated (-I), so neither the current
+  # directory nor PYTHONPATH answers for it.
+  resolved="$("$py" -I -c 'import importlib.util, os; s = importlib.util.find_spec("msgsafe"); print(os.path.realpath(s.origin) if s and s.origin else "")' 2>/dev/null || true)"
+  stamp=.venv/msgsafe-installed
+  pyproject="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+  # Extras installed before with this pyproject.toml; all,dev,docs holds every other set.
+  if [ "$resolved" = "$(pwd -P)/msgsafe/__init__.py" ] && [ -f "$stamp" ] \
+      && grep -qxE "$pyproject ($extras|all,dev,docs)" "$stamp"; then
+    log "msgsafe[$extras] already installed from this checkout into .venv"
+  else
+    log "pip install -e .[$extras] (into .venv)"
+    "$py" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e ".[$extras]"
+    { grep -s "^$pyproject " "$stamp" || true; echo "$pyproject $extras"; } > "$stamp.new"
+    mv "$stamp.new" "$stamp"
+  fi
+fi
 
 if [ "$mode" = all ]; then
   command -v rabbitmq-server >/dev/null 2>&1 || [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || want_apt+=(rabbitmq-server)

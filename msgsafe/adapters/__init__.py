@@ -8,8 +8,14 @@ Every adapter package (``rabbitmq``, ``kafka``, ``amqp10``, ``memory``) exports:
 
 (the last, in its ``config.py``, raises :class:`~msgsafe.errors.InvalidDestination` for a
 name its protocol's rules refuse, whatever the broker: :func:`destination_check` serves
-it) and, when its client library is missing, raises :class:`~msgsafe.errors.MissingExtra`
-on import, naming the extra to install. Which adapter serves a URL is decided once, by
+it); the package of a protocol whose destinations are logs
+(:attr:`msgsafe.endpoints.ProtocolTraits.log`: Kafka) also exports::
+
+    start_group_at_beginning(url: BrokerUrl, destination: str, group: str) -> None
+
+(a new consumer group reads the destination from its first record). When its client
+library is missing, an adapter package raises :class:`~msgsafe.errors.MissingExtra` on
+import, naming the extra to install. Which adapter serves a URL is decided once, by
 :data:`msgsafe.endpoints.SCHEMES` (scheme -> protocol, and the protocol is the package
 name); this module imports that package lazily, so a user of one broker never needs the
 others' libraries.
@@ -23,6 +29,9 @@ Every adapter package has the same files:
 - ``_connection.py``: what owns the connection (its I/O thread) and fails over;
 - ``_wire.py``: bytes on the wire and header names;
 - ``_errors.py``: the client library's errors translated into :mod:`msgsafe.errors`;
+- ``check.py``: the destination check, what the broker does with a confirmed message
+  there (``inspector`` for the producer, ``doctor_findings`` for ``msgsafe doctor``,
+  found by :mod:`msgsafe.checks`);
 - at most one module of its own, named for what it is: ``rabbitmq/_confirms.py`` (the
   publisher-confirm ledger and the sender that puts messages in flight on it),
   ``kafka/positions.py`` (where a checking group starts),

@@ -1,13 +1,20 @@
 """What a check of a broker reports: findings with a severity, the setting, why it
 matters (the failure story that shows it) and the fix. ``msgsafe doctor`` prints them;
-the producer turns a destination's findings into a :class:`~msgsafe.message.Guarantee`."""
+the producer turns a destination's findings into a :class:`~msgsafe.message.Guarantee`
+(a :class:`DestinationReport`).
+
+Plain values, below the adapters: each protocol's check lives in its adapter package
+(``msgsafe/adapters/NAME/check.py``) and reports in these terms."""
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["STORIES", "Finding", "Severity"]
+from msgsafe.message import Guarantee
+
+__all__ = ["STORIES", "DestinationReport", "Finding", "Inspector", "Severity"]
 
 
 class Severity(enum.IntEnum):
@@ -52,3 +59,36 @@ class Finding:
             "fix": self.fix,
             "story": STORIES.get(self.story or ""),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationReport:
+    """One destination, checked: its guarantee, and the findings that decided it (the
+    settings below :attr:`Guarantee.REPLICATED`, each with why and the fix)."""
+
+    destination: str
+    guarantee: Guarantee
+    findings: tuple[Finding, ...] = ()
+    #: Seconds this answer may be kept; shorter for a state that changes on its own
+    #: (a queue that does not exist yet).
+    keep_s: float | None = None
+
+    @property
+    def reasons(self) -> str:
+        """The findings below OK, as one line each: setting = value: why."""
+        lines = [
+            f"{f.setting} = {f.value}: {f.why}" if f.why else f"{f.setting} = {f.value}"
+            for f in self.findings
+            if f.severity >= Severity.UNKNOWN
+        ]
+        return "; ".join(lines)
+
+    @property
+    def fix(self) -> str:
+        """The fixes of the findings below OK, joined."""
+        return "; ".join(f.fix for f in self.findings if f.fix and f.severity >= Severity.UNKNOWN)
+
+
+#: A protocol's check of one destination: raises TransientError when the broker could
+#: not be reached, PermanentError for bad credentials.
+Inspector = Callable[[str], DestinationReport]

@@ -8,7 +8,8 @@ AMQP 1.0 addresses need nothing: a consumer reads what the queue holds.
 
 from __future__ import annotations
 
-from msgsafe.endpoints import parse_url
+from msgsafe.adapters import adapter_module
+from msgsafe.endpoints import parse_url, traits
 
 __all__ = ["start_at_beginning"]
 
@@ -19,7 +20,5 @@ def start_at_beginning(url: str, destination: str, group: str) -> None:
     Raises :class:`~msgsafe.errors.ConnectError` when the broker could not be asked.
     """
     parsed = parse_url(url)
-    if parsed.protocol == "kafka":
-        from msgsafe.adapters.kafka.positions import start_group_at_beginning
-
-        start_group_at_beginning(parsed, destination, group)
+    if traits(parsed.protocol).log:
+        adapter_module(parsed.protocol).start_group_at_beginning(parsed, destination, group)

@@ -59,7 +59,7 @@ from msgsafe.consuming.dead_letter import (
     DLQ_MESSAGE_ID,
     DLQ_SOURCE,
 )
-from msgsafe.endpoints import parse_url
+from msgsafe.endpoints import parse_url, traits
 from msgsafe.errors import MsgsafeError
 from msgsafe.message import Delivery, Status
 from msgsafe.producer import Producer
@@ -126,7 +126,8 @@ class _Read:
 
     deliveries: list[Delivery]
     complete: bool
-    kafka: bool
+    #: The destination is a log (Kafka): nothing read is removed or given back.
+    log: bool
 
 
 def _id_of(delivery: Delivery) -> str:
@@ -141,13 +142,13 @@ def _matches(delivery: Delivery, wanted: str) -> bool:
 def reading_options(protocol: str, limit: int) -> dict[str, str]:
     """The adapter options of a read of up to ``limit`` dead letters: every message read
     is held unsettled until the end, so the broker must hand out as many at once."""
-    if protocol == "rabbitmq":
-        return {"prefetch": str(min(limit, 65535))}
-    if protocol == "amqp10":
-        # NOTE: the AMQP 1.0 receiver tops its credit up only as deliveries are settled:
-        # with the default window a read stopped at 100 and passed for "that is all".
-        return {"credit": str(limit)}
-    return {}
+    # NOTE: the AMQP 1.0 receiver tops its credit up only as deliveries are settled:
+    # with the default window a read stopped at 100 and passed for "that is all".
+    known = traits(protocol)
+    if not known.unsettled_option:
+        return {}
+    most = limit if known.unsettled_max is None else min(limit, known.unsettled_max)
+    return {known.unsettled_option: str(most)}
 
 
 @contextmanager
@@ -157,7 +158,7 @@ def _reading(url: str, destination: str, limit: int, wait: float, as_json: bool)
     nothing is committed). Exits 3 when the broker cannot be reached or ``destination`` does not
     exist."""
     broker = parse_url(url)
-    kafka = broker.protocol == "kafka"
+    log = traits(broker.protocol).log
     with translate_errors(as_json=as_json):
         report = inspector_for(broker, {})(destination)
     if any(f.setting == "exists" and f.value == "no" for f in report.findings):
@@ -165,7 +166,7 @@ def _reading(url: str, destination: str, limit: int, wait: float, as_json: bool)
     options = reading_options(broker.protocol, limit)
     # NOTE: a throwaway group on Kafka starts at the earliest offset and, never
     # acknowledging, commits nothing; a queue's own consumers are not disturbed.
-    group = f"msgsafe-deadletter-{uuid.uuid4()}" if kafka else None
+    group = f"msgsafe-deadletter-{uuid.uuid4()}" if log else None
     deliveries: list[Delivery] = []
     complete = False
     with translate_errors(as_json=as_json):
@@ -174,7 +175,7 @@ def _reading(url: str, destination: str, limit: int, wait: float, as_json: bool)
             consumer.subscribe(destination)
             # A new Kafka group is first assigned its partitions (a rebalance, seconds):
             # an empty first poll must not pass for an empty topic.
-            first_wait = max(wait, _KAFKA_JOIN_S) if kafka else wait
+            first_wait = max(wait, _KAFKA_JOIN_S) if log else wait
             while len(deliveries) < limit:
                 batch = consumer.poll(
                     wait if deliveries else first_wait,
@@ -184,11 +185,11 @@ def _reading(url: str, destination: str, limit: int, wait: float, as_json: bool)
                     complete = True
                     break
                 deliveries.extend(batch)
-            read = _Read(deliveries, complete, kafka)
+            read = _Read(deliveries, complete, log)
             try:
                 yield read
             finally:
-                if not kafka:
+                if not log:
                     for delivery in deliveries:
                         if delivery.settled is None:
                             delivery.release()
@@ -379,7 +380,7 @@ def replay(
                 records.append(_replay_one(producer, delivery, destination, to, who, counts))
         finally:
             producer.close()
-        if read.kafka:
+        if read.log:
             for record in records:
                 record["dead_letter"] = "kept (Kafka: recorded here, not removed)"
     _append_audit(audit_file, records)
@@ -481,7 +482,7 @@ def purge(
     """Delete chosen dead letters (RabbitMQ, AMQP 1.0) for good; needs --yes. On Kafka
     it refuses (exit 2): a record cannot be deleted, the topic's retention removes it."""
     wanted = _selection(ids, all_)
-    if parse_url(url).protocol == "kafka":
+    if traits(parse_url(url).protocol).log:
         fail(
             "a Kafka topic's records cannot be deleted one by one: retention.ms removes "
             "them. Replay what must be handled (deadletter replay), and let the topic's "

@@ -17,6 +17,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from msgsafe.checks import doctor_findings
 from msgsafe.checks.findings import STORIES, Finding, Severity
 from msgsafe.cli._output import (
     URL_FORMS,
@@ -28,7 +29,7 @@ from msgsafe.cli._output import (
     translate_errors,
     url_param,
 )
-from msgsafe.endpoints import BrokerUrl, parse_url
+from msgsafe.endpoints import BrokerUrl, parse_url, traits
 
 __all__ = ["doctor", "exit_code"]
 
@@ -94,9 +95,9 @@ def doctor(
     names = list(destinations or [])
     with translate_errors(as_json=as_json):
         broker = parse_url(url)
-        if broker.protocol == "rabbitmq" and management is None:
+        if traits(broker.protocol).management_api and management is None:
             management = _cluster_management(broker, cluster, as_json)
-        findings = _check(broker.protocol, broker, names, management)
+        findings = doctor_findings(broker, names, management)
         if outbox is not None:
             from msgsafe.checks.store import check_store
             from msgsafe.cli.outbox_forward import store_spec
@@ -151,45 +152,6 @@ def exit_code(findings: list[Finding]) -> ExitCode:
         Severity.WARNING: ExitCode.WARNING,
         Severity.CRITICAL: ExitCode.CRITICAL,
     }[worst]
-
-
-def _check(
-    protocol: str, broker: object, names: list[str], management: str | None
-) -> list[Finding]:
-    from msgsafe.endpoints import BrokerUrl
-
-    if not isinstance(broker, BrokerUrl):  # pragma: no cover - parse_url returns one
-        return []
-    if protocol == "kafka":
-        from msgsafe.checks.kafka import check_kafka
-
-        return check_kafka(broker, names)
-    if protocol == "rabbitmq":
-        from msgsafe.checks.rabbitmq import check_rabbitmq
-
-        return check_rabbitmq(broker, names, management)
-    if protocol == "amqp10":
-        from msgsafe.checks.amqp10 import check_amqp10, inspect_destination
-
-        findings = check_amqp10(broker)
-        for name in names:
-            # The producer's own check of each named address (on RabbitMQ: the queue).
-            report = inspect_destination(broker, name)
-            findings.extend(report.findings)
-            if not report.findings:
-                findings.append(
-                    Finding(Severity.OK, f"address {name}", "guarantee", report.guarantee.value)
-                )
-        return findings
-    return [
-        Finding(
-            Severity.INFO,
-            "broker",
-            "kind",
-            protocol,
-            "the in-process memory broker keeps messages only in this process",
-        )
-    ]
 
 
 def _check_subjects(registry: str, names: list[str]) -> list[Finding]:

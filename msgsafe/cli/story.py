@@ -17,18 +17,18 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Any, Protocol, Self
 
 from msgsafe.cli._output import with_options
 from msgsafe.cli._readback import start_at_beginning
 from msgsafe.consumer import Consumer
-from msgsafe.endpoints import BrokerUrl, parse_url
+from msgsafe.endpoints import BrokerUrl, parse_url, traits
 from msgsafe.errors import ConfigurationError, MsgsafeError
 from msgsafe.message import Receipt, Status
 from msgsafe.producer import Producer
@@ -114,13 +114,27 @@ def open_fault(url: BrokerUrl, kill_cmd: str | None, restart_cmd: str | None) ->
     """The fault for a broker the user named."""
     if kill_cmd:
         return CommandFault(kill_cmd, restart_cmd)
-    if url.protocol == "memory":
+    if not traits(url.protocol).networked:
         return MemoryFault(url.path)
     return NoFault()
 
 
-#: The clusters ``msgsafe demo --cluster`` can start (through :mod:`msgsafe.cluster`).
-DEMO_CLUSTERS = ("tansu", "kafka")
+@dataclass(frozen=True, slots=True)
+class _DemoKind:
+    nodes: int
+    description: str
+    #: Replicated partitions: the kill aims at partition 0's leader, and the restart
+    #: waits until the topic's replicas are back in sync.
+    replicated: bool = False
+
+
+#: The clusters ``msgsafe demo --cluster`` can start (kinds of :mod:`msgsafe.cluster`).
+DEMO_CLUSTERS: Mapping[str, _DemoKind] = MappingProxyType(
+    {
+        "tansu": _DemoKind(1, "SIGKILL of the embedded Kafka-protocol broker (tansu)"),
+        "kafka": _DemoKind(3, "SIGKILL of the Apache Kafka node leading partition 0", True),
+    }
+)
 
 
 class DemoCluster:
@@ -138,18 +152,13 @@ class DemoCluster:
     def __init__(self, kind: str = "tansu") -> None:
         if kind not in DEMO_CLUSTERS:
             raise ConfigurationError(f"--cluster {kind!r}: one of {', '.join(DEMO_CLUSTERS)}")
+        from msgsafe.cluster import create
+
         self.kind = kind
-        self._cluster: Any
-        if kind == "kafka":
-            from msgsafe.cluster.kafka import KafkaCluster
-
-            self._cluster = KafkaCluster(nodes=3)
-            self.description = "SIGKILL of the Apache Kafka node leading partition 0"
-        else:
-            from msgsafe.cluster.tansu import TansuCluster
-
-            self._cluster = TansuCluster(nodes=1)
-            self.description = "SIGKILL of the embedded Kafka-protocol broker (tansu)"
+        demo = DEMO_CLUSTERS[kind]
+        self._replicated = demo.replicated
+        self._cluster: Any = create(kind, nodes=demo.nodes)
+        self.description = demo.description
         self._topic: str | None = None
         self._killed = 0
         self.start_s = 0.0
@@ -166,7 +175,7 @@ class DemoCluster:
 
     def _aim(self) -> None:
         # The node to kill: the one leading partition 0 now (leaders move on restarts).
-        if self.kind == "kafka" and self._topic is not None:
+        if self._replicated and self._topic is not None:
             with _harness():
                 self._killed = self._cluster.leader_of(self._topic, 0)
             self.description = (
@@ -181,7 +190,7 @@ class DemoCluster:
     def restart(self) -> None:
         with _harness():
             self._cluster.restart(self._killed)
-            if self.kind == "kafka" and self._topic is not None:
+            if self._replicated and self._topic is not None:
                 self._cluster.wait_in_sync(self._topic)
 
     def __enter__(self) -> Self:
@@ -291,11 +300,12 @@ def run_story(
     run = secrets.token_hex(4)
     tally = _Tally()
     options: dict[str, str] = {"confirm_timeout": str(config.confirm_timeout)}
-    if parse_url(config.url).protocol == "rabbitmq":
+    safe_declare = traits(parse_url(config.url).protocol).safe_declare
+    if safe_declare:
         # NOTE: RabbitMQ acks unroutable messages unless they are mandatory; the adapter
         # publishes mandatory, so the demo's queue must exist: a quorum queue, the type
         # that keeps confirmed messages through a node's loss.
-        options["declare"] = "quorum"
+        options["declare"] = safe_declare
     options.update(config.options)
     url = with_options(config.url, options)
     workdir = Path(tempfile.mkdtemp(prefix="msgsafe-demo-"))

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Any, ClassVar, Self
 
 __all__ = ["STATE_FILE", "ClusterError", "LocalCluster", "NodeInfo", "TlsFiles"]
@@ -69,6 +71,9 @@ class LocalCluster(ABC):
     #: --pooler``): a connection pooler in front of the cluster, a ``pooler`` object
     #: (its ``url``, ``mode``) in :meth:`describe`, stopped with the nodes.
     supports_pooler: ClassVar[bool] = False
+    #: What ``msgsafe cluster up KIND`` gives the constructor besides the command's own
+    #: options (RabbitMQ: the management API, which ``msgsafe doctor`` reads).
+    up_options: ClassVar[Mapping[str, object]] = MappingProxyType({})
 
     dir: Path
     detached: bool
@@ -100,6 +105,12 @@ class LocalCluster(ABC):
     @abstractmethod
     def stop(self) -> None:
         """Stop every node (SIGTERM, then SIGKILL after a grace period); idempotent."""
+
+    def delete_data(self) -> None:
+        """Remove the cluster's dir with its data and logs (``msgsafe cluster down
+        --delete``); the cluster must be stopped. A cluster that keeps data elsewhere
+        removes that too."""
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     @abstractmethod
     def kill(self, node: int) -> None:

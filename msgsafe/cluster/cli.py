@@ -322,9 +322,7 @@ def up(
                     known = ", ".join(k for k in sorted(KINDS) if launcher(k).supports_pooler)
                     raise ClusterError(f"{kind} has no --pooler (kinds with a pooler: {known})")
                 options["pooler"] = True
-            if kind == "rabbitmq":
-                # What doctor reads for the nodes, partitions and queue types.
-                options["management"] = True
+            options.update(launcher(kind).up_options)
             dir.mkdir(parents=True, exist_ok=True)
             cluster = create(kind, **options)
         started = time.monotonic()
@@ -357,7 +355,19 @@ def status(dir: DirOption, as_json: JsonOption = False) -> None:
 
 
 @app.command()
-def down(dir: DirOption) -> None:
+def down(
+    dir: DirOption,
+    delete: Annotated[
+        bool,
+        typer.Option(
+            "--delete",
+            help=(
+                "Also remove DIR with the cluster's data and logs (and data it keeps "
+                "elsewhere): it cannot be started again."
+            ),
+        ),
+    ] = False,
+) -> None:
     """Stop every node of the cluster in DIR and check that no process is left."""
     with _errors():
         cluster = load(dir)
@@ -370,6 +380,13 @@ def down(dir: DirOption) -> None:
             left.append(pooled["pid"])
         if left:
             raise ClusterError(f"processes still running after down: {left}")
+        if delete:
+            cluster.delete_data()
+            out.print(
+                f"{cluster.kind} in {dir}: {len(before)} node(s) stopped, none left running; "
+                "its data deleted"
+            )
+            return
         cluster.save_state()
         out.print(f"{cluster.kind} in {dir}: {len(before)} node(s) stopped, none left running")
 

@@ -67,7 +67,7 @@ from msgsafe.cluster._process import (
     tail,
     wait_for,
 )
-from msgsafe.cluster.base import ClusterError, LocalCluster, NodeInfo
+from msgsafe.cluster.base import STATE_FILE, ClusterError, LocalCluster, NodeInfo
 
 __all__ = ["INSTALL_HINT", "PostgresCluster", "postgres_bin"]
 
@@ -79,6 +79,8 @@ _STOP_GRACE = 20.0
 _SUPERUSER = "postgres"
 #: Where data goes when the run-as user cannot reach the cluster's dir.
 _SPARE_ROOT = Path("/var/tmp/msgsafe-postgres")
+#: In a cluster's dir whose data lives under the spare root: that data is this dir's.
+_SPARE_MARKER = "postgres-data"
 
 #: Settings every node shares (written into postgresql.conf, which pg_basebackup copies).
 #: Durable ones explicit: the outbox's promise rests on them (msgsafe doctor checks them).
@@ -370,6 +372,8 @@ class PostgresCluster(LocalCluster):
     def _initdb(self) -> None:
         data = self._data(0)
         self._own(data.parent)
+        if self.data_root != self.dir:
+            (self.dir / _SPARE_MARKER).write_text(f"{self.data_root}\n")
         account = self._account()
         with tempfile.NamedTemporaryFile("w", dir=data.parent, delete=False) as pw:
             pw.write(self.password + "\n")
@@ -480,20 +484,29 @@ class PostgresCluster(LocalCluster):
             f"pg_basebackup of {self.names[node]}",
             env={"PGPASSWORD": self.password},
         )
+        (data / "standby.signal").write_text("")
+        self._own_file(data / "standby.signal")
+        self._point_at_primary(node)
+
+    def _point_at_primary(self, node: int) -> None:
+        """Write standby ``node``'s ``primary_conninfo`` for the primary's port now: a
+        cluster started again may have other ports than the one its copy was made from."""
+        data = self._data(node)
         conninfo = (
             f"host={_HOST} port={self.ports[self.primary]} user={_SUPERUSER} "
             f"password={self.password} application_name={self.names[node]}"
         )
         # Replaces whatever ALTER SYSTEM left in the copy (a relaxed primary's settings).
         (data / "postgresql.auto.conf").write_text(
-            f"primary_conninfo = '{conninfo}'\nprimary_slot_name = '{slot}'\n"
+            f"primary_conninfo = '{conninfo}'\nprimary_slot_name = '{self.names[node]}'\n"
         )
-        (data / "standby.signal").write_text("")
+        self._own_file(data / "postgresql.auto.conf")
+
+    def _own_file(self, path: Path) -> None:
         account = self._account()
         if account is not None:
-            for name in ("postgresql.auto.conf", "standby.signal"):
-                os.chown(data / name, account.pw_uid, account.pw_gid)
-                (data / name).chmod(0o600)
+            os.chown(path, account.pw_uid, account.pw_gid)
+            path.chmod(0o600)
 
     def start(self, timeout: float | None = None) -> None:
         """Start the primary, then every standby (made from it on the first start); return
@@ -506,6 +519,7 @@ class PostgresCluster(LocalCluster):
         if self._own_dir and self.run_as is not None:
             self._own(self.dir)
         try:
+            self._forget_stale_data()
             fresh = not (self._data(self.primary) / "PG_VERSION").exists()
             if fresh:
                 self.primary = 0
@@ -525,6 +539,8 @@ class PostgresCluster(LocalCluster):
                     continue
                 if not (self._data(node) / "PG_VERSION").exists() or self._left_behind(node):
                     self._make_standby(node)
+                else:
+                    self._point_at_primary(node)
                 self._spawn(node)
             for node in range(len(self.names)):
                 if node != self.primary:
@@ -541,6 +557,18 @@ class PostgresCluster(LocalCluster):
             raise
         if self.detached:
             self.save_state()
+
+    def _forget_stale_data(self) -> None:
+        """Remove data under the spare root that no cluster in this dir made: a dir of
+        that name held a cluster once and was deleted (a test's temp dir, a user's
+        ``rm -r``) while its data stayed behind, keyed by the dir's path. A new cluster
+        there must not start on the old one's rows, nor on its ports."""
+        if self.data_root == self.dir or not self.data_root.exists():
+            return
+        if (self.dir / _SPARE_MARKER).exists() or (self.dir / STATE_FILE).exists():
+            return
+        _log.info("removing %s: data of an earlier cluster in %s", self.data_root, self.dir)
+        shutil.rmtree(self.data_root, ignore_errors=True)
 
     def _left_behind(self, node: int) -> bool:
         """True when ``node``'s data is a former primary's (no standby.signal)."""
@@ -601,6 +629,11 @@ class PostgresCluster(LocalCluster):
                 shutil.rmtree(self.data_root, ignore_errors=True)
         elif self.detached and self.dir.exists():
             self.save_state()
+
+    def delete_data(self) -> None:
+        super().delete_data()
+        if self.data_root != self.dir:
+            shutil.rmtree(self.data_root, ignore_errors=True)
 
     def kill(self, node: int) -> None:
         """SIGKILL node ``node``'s postmaster and its processes (its data stays, as after a

@@ -42,8 +42,9 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar, Self, TypeVar
 
 from msgsafe.cluster import tls as cluster_tls
@@ -100,6 +101,8 @@ class RabbitCluster(LocalCluster):
 
     kind: ClassVar[str] = "rabbitmq"
     supports_tls: ClassVar[bool] = True
+    #: What doctor reads for the nodes, partitions and queue types.
+    up_options: ClassVar[Mapping[str, object]] = MappingProxyType({"management": True})
 
     def __init__(
         self,

@@ -68,10 +68,10 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtra("compat", "celery") from exc
 
 from msgsafe.adapters.rabbitmq import RabbitOptions
+from msgsafe.adapters.rabbitmq.check import inspect_destination
 from msgsafe.adapters.rabbitmq.config import QUEUE_TYPES
 from msgsafe.adapters.rabbitmq.declarations import DECLARE_HEADER, Declaration, encode
 from msgsafe.checks.gate import DestinationGate
-from msgsafe.checks.rabbitmq import inspect_destination
 from msgsafe.compat._celery_direct import DirectTaskPublisher
 from msgsafe.compat._celery_message import (
     TaskMessage,

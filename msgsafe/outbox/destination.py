@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from msgsafe.endpoints import BrokerUrl, parse_url
+from msgsafe.endpoints import SCHEMES, BrokerUrl, parse_url, traits
 from msgsafe.errors import ConfigurationError
 
 __all__ = ["Destination", "destination_of", "destination_of_target"]
@@ -49,10 +49,16 @@ class Destination:
     vhost: str = ""  #: the virtual host, or the memory broker's name
 
     @property
+    def networked(self) -> bool:
+        """False for a broker in this process (``memory://``): no hosts, the virtual
+        host names the broker."""
+        return traits(SCHEMES[self.scheme].protocol).networked
+
+    @property
     def key(self) -> str:
         """The canonical text: hosts sorted, no credentials, no options. Two URLs
         reach the same destination exactly when their keys are equal."""
-        if self.scheme == "memory":
+        if not self.networked:
             return f"memory://{self.vhost}"
         hosts = ",".join(_hostport(host, port) for host, port in sorted(self.hosts))
         vhost = "/" + quote(self.vhost, safe="") if self.vhost else ""
@@ -74,13 +80,14 @@ class Destination:
 
 def destination_of(url: BrokerUrl, options: Mapping[str, object] | None = None) -> Destination:
     """The destination ``url`` (and the keyword ``options`` given with it) reaches."""
-    if url.protocol == "memory":
+    known = traits(url.protocol)
+    if not known.networked:
         return Destination(url.scheme, frozenset(), url.path)
     hosts = frozenset((canonical_host(e.host), e.port) for e in url.endpoints)
     vhost = ""
-    if url.protocol == "rabbitmq":
+    if known.vhost == "path":
         vhost = url.path or "/"
-    elif url.protocol == "amqp10":
+    elif known.vhost == "option":
         given = (options or {}).get("virtual_host", url.options.get("virtual_host"))
         vhost = "" if given is None else str(given)
     return Destination(url.scheme, hosts, vhost)

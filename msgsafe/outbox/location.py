@@ -62,7 +62,7 @@ _adopted: weakref.WeakSet[SqliteOutbox] = weakref.WeakSet()
 def slot_path(destination: Destination, slot: int = 0, directory: Path | None = None) -> Path:
     """The default outbox file of ``destination`` for ``slot`` (0: the first process)."""
     digest = hashlib.sha256(destination.key.encode()).hexdigest()[:16]
-    if destination.scheme == "memory":
+    if not destination.networked:
         label = f"memory_{destination.vhost}"
     else:
         hosts = ",".join(f"{host}:{port}" for host, port in sorted(destination.hosts))

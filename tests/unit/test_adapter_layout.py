@@ -18,6 +18,7 @@ SAME_FILES = {
     "_connection.py",
     "_wire.py",
     "_errors.py",
+    "check.py",
 }
 #: The modules an adapter has beyond the common ones: one each, and Kafka's lane, the
 #: librdkafka producer the drop-in and the Spark sink put on their own paths too, and

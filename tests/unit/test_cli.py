@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 
 import pytest
 
+from msgsafe.adapters.rabbitmq.check import _cluster, _Management, _queue_from_api
 from msgsafe.checks.findings import Finding, Severity
-from msgsafe.checks.rabbitmq import _cluster, _Management, _queue_from_api
 from msgsafe.cli._output import ExitCode, with_options
 from msgsafe.cli.doctor import exit_code
 from msgsafe.endpoints import parse_url
@@ -225,7 +225,7 @@ def test_management_api_findings() -> None:
 
 
 def test_kafka_rules_follow_the_failure_stories() -> None:
-    from msgsafe.checks.kafka import _broker_defaults, _replication, _topic_configs
+    from msgsafe.adapters.kafka.check import _broker_defaults, _replication, _topic_configs
 
     assert _replication("t", 1).severity is Severity.CRITICAL
     assert _replication("t", 2).severity is Severity.WARNING

@@ -603,7 +603,7 @@ class EngineClient:
 def ssl_domain(opts: Amqp10Options) -> Any:
     """proton's client TLS settings from the options: the CA, a client certificate, and
     the peer's name verified unless ``tls_verify`` is off. The destination checks
-    (:mod:`msgsafe.checks.amqp10`) connect with the same."""
+    (:mod:`msgsafe.adapters.amqp10.check`) connect with the same."""
     domain = SSLDomain(SSLDomain.MODE_CLIENT)
     if opts.tls_ca_file:
         domain.set_trusted_ca_db(opts.tls_ca_file)

@@ -22,6 +22,7 @@ from msgsafe.adapters._config import build_config
 from msgsafe.adapters.kafka._errors import certificate_refusal
 from msgsafe.adapters.kafka.config import KafkaOptions, check_destination
 from msgsafe.adapters.kafka.lane import KafkaLane
+from msgsafe.adapters.kafka.positions import start_group_at_beginning
 from msgsafe.adapters.kafka.receiver import KafkaReceiver
 from msgsafe.adapters.kafka.transport import KafkaTransport
 from msgsafe.endpoints import BrokerUrl
@@ -35,6 +36,7 @@ __all__ = [
     "check_destination",
     "open_receiver",
     "open_transport",
+    "start_group_at_beginning",
 ]
 
 

@@ -159,7 +159,7 @@ def _message_timeout_ms(options: KafkaOptions) -> int:
 def client_settings(url: BrokerUrl, options: KafkaOptions) -> dict[str, object]:
     """The settings every librdkafka client of ``url`` shares (servers, timeouts, SASL,
     TLS): the producer's, the consumer's, and the destination checks' AdminClient
-    (:mod:`msgsafe.checks.kafka`), so a check reaches the cluster exactly when they do."""
+    (:mod:`msgsafe.adapters.kafka.check`), so a check reaches the cluster exactly when they do."""
     settings: dict[str, object] = {
         "bootstrap.servers": ",".join(str(e) for e in url.endpoints),
         "client.id": options.client_id,

@@ -326,7 +326,7 @@ def connection_parameters(
 ) -> pika.ConnectionParameters:
     """pika's parameters for one attempt at ``endpoint``: credentials, virtual host, TLS
     (verified unless ``tls_verify`` is off), timeouts. The destination checks
-    (:mod:`msgsafe.checks.rabbitmq`) connect with the same, so a check reaches the broker
+    (:mod:`msgsafe.adapters.rabbitmq.check`) connect with the same, so a check reaches the broker
     exactly when the transport does."""
     user = url.username or "guest"
     password = url.password.reveal() if url.password else "guest"

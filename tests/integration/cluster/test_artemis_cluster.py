@@ -452,7 +452,7 @@ def test_doctor_reports_roles_and_what_the_client_does_with_the_list(
     backup, which the client adds to its rotation (REPLACE keeps the live); the backup
     does not listen while its live runs. With ``failover_allow`` naming only the live,
     the advertised backup is reported as not followed."""
-    from msgsafe.checks.amqp10 import check_amqp10
+    from msgsafe.adapters.amqp10.check import check_amqp10
     from msgsafe.endpoints import parse_url
 
     live, backup = (f"127.0.0.1:{p}" for p in pair.ports)

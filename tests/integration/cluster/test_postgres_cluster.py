@@ -32,9 +32,7 @@ def cluster_dir(tmp_path: Path) -> Iterator[Path]:
     if (folder / "cluster.json").exists():
         found = load(folder)
         found.stop()
-        assert isinstance(found, PostgresCluster)
-        if found.data_root != folder:
-            shutil.rmtree(found.data_root, ignore_errors=True)
+        found.delete_data()
 
 
 def _roles(described: dict[str, Any]) -> dict[str, str | None]:
@@ -107,6 +105,51 @@ def test_up_kill_promote_restart_down_through_the_command(cluster_dir: Path) -> 
     assert again.code == 0, again.stderr
     assert _roles(again.json()) == {"pg0": "standby", "pg1": "primary"}
     assert _count(url) == 202
+
+
+def test_a_new_cluster_in_a_deleted_dirs_path_starts_empty(cluster_dir: Path) -> None:
+    """A dir deleted with its cluster stopped (a test's temp dir, a user's ``rm -r``), then
+    ``up`` again at the same path: a new, empty cluster whose standby streams, although
+    the old data (kept under the spare root when the server's user cannot reach the dir)
+    names other ports."""
+    first = msgsafe(
+        "cluster", "up", "postgres", "--nodes", "2", "--dir", str(cluster_dir), "--json"
+    )
+    assert first.code == 0, f"{first.stderr}\n{INSTALL_HINT}"
+    old = load(cluster_dir)
+    assert isinstance(old, PostgresCluster)
+    with psycopg.connect(first.json()["url"], autocommit=True) as conn:
+        conn.execute("CREATE TABLE left_behind (n int)")
+    assert msgsafe("cluster", "down", "--dir", str(cluster_dir)).code == 0
+    shutil.rmtree(cluster_dir)
+
+    again = msgsafe(
+        "cluster", "up", "postgres", "--nodes", "2", "--dir", str(cluster_dir), "--json"
+    )
+    assert again.code == 0, again.stderr
+    assert _roles(again.json()) == {"pg0": "primary", "pg1": "standby"}
+    with psycopg.connect(again.json()["url"]) as conn:
+        row = conn.execute("SELECT to_regclass('left_behind') IS NULL").fetchone()
+    assert row == (True,), "the new cluster started on the deleted one's data"
+
+
+def test_a_standby_follows_its_primary_to_new_ports(cluster_dir: Path) -> None:
+    """Started again on other ports than its copy was made from (a state file edited, a
+    library user's ``base_port`` changed), the standby streams from where the primary
+    listens now."""
+    first = PostgresCluster(nodes=2, dir=cluster_dir, detached=True)
+    first.start()
+    moved_from = list(first.ports)
+    first.stop()
+    again = PostgresCluster(nodes=2, dir=cluster_dir, detached=True)
+    assert again.ports != moved_from
+    try:
+        again.start()  # returns once the standby streams synchronously
+        with psycopg.connect(again.url, autocommit=True) as conn:
+            # A synchronous commit: it returns only once the standby has it.
+            conn.execute("CREATE TABLE moved (n int)")
+    finally:
+        again.stop()
 
 
 def test_the_session_pair_heals(pg_pair: PostgresCluster) -> None:

@@ -350,7 +350,7 @@ def test_doctor_reports_each_node_role(qpid: QpidCluster) -> None:
     """``msgsafe doctor`` on every node: the master serves, each replica opens and closes
     at once (not serving, with Broker-J's reason); Broker-J advertises no fail-over list,
     so the client's rotation is the URL's."""
-    from msgsafe.checks.amqp10 import check_amqp10
+    from msgsafe.adapters.amqp10.check import check_amqp10
     from msgsafe.endpoints import parse_url
 
     # NOTE: every node attached first: the master paused by the test before may still be

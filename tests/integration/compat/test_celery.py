@@ -414,7 +414,7 @@ def test_tasks_sent_while_their_classic_queues_node_is_down_are_kept_and_all_run
 def _queue_state(port: int, queue: str) -> tuple[str, int]:
     """What the broker holds for ``queue``: its type (as msgsafe doctor reads it) and its
     message count; ("missing", 0) when it does not exist."""
-    from msgsafe.checks.rabbitmq import inspect_destination
+    from msgsafe.adapters.rabbitmq.check import inspect_destination
     from msgsafe.endpoints import parse_url
 
     conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))

@@ -21,7 +21,7 @@ def test_kafka_keys(kafka_url: str, tmp_path: Path) -> None:
     assert lines[1] == "sent 200: CONFIRMED 200"
     # The topic it creates is one doctor rates safe: three replicas on three brokers.
     topic = lines[0].removeprefix("created topic ")
-    from msgsafe.checks.kafka import inspect_destination
+    from msgsafe.adapters.kafka.check import inspect_destination
     from msgsafe.endpoints import parse_url
     from msgsafe.message import Guarantee
 

@@ -27,6 +27,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from msgsafe.cluster import load
 from msgsafe.cluster._process import free_ports, pid_alive
 from msgsafe.cluster.postgres import PostgresCluster
 from msgsafe.inbox import open_inbox
@@ -71,8 +72,13 @@ def pooled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pooled]:
         assert pooler["mode"] == "transaction" and pooler["running"], pooler
         yield Pooled(dir, described["url"], pooler["url"], int(pooler["pid"]))
     finally:
-        down = msgsafe("cluster", "down", "--dir", str(dir))
+        # --delete: the data too, wherever the cluster kept it (a temp dir's path comes
+        # back in the next run; its data must not).
+        found = load(dir) if (dir / "cluster.json").exists() else None
+        data = found.data_root if isinstance(found, PostgresCluster) else None
+        down = msgsafe("cluster", "down", "--delete", "--dir", str(dir))
     assert down.code == 0, down.stderr[-3000:]
+    assert not dir.exists() and (data is None or not data.exists()), "down --delete kept data"
     if up.code == 0:
         assert not pid_alive(int(up.json()["pooler"]["pid"])), "pgbouncer outlived down"
 

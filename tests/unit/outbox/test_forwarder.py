@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -87,18 +87,6 @@ class ScriptedTransport:
 
     def close(self, timeout: float | None = None) -> None:
         pass
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def store(tmp_path: Path, clock: Clock) -> Iterator[SqliteOutbox]:
-    s = SqliteOutbox(tmp_path / "outbox.db", clock=clock)
-    yield s
-    s.close()
 
 
 def envs(n: int, keys: int = 0) -> list[Envelope]:

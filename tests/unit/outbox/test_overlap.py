@@ -3,30 +3,15 @@ the forwarder's rule that a key released in a round stops in the round behind it
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from itertools import pairwise
-from pathlib import Path
-
-import pytest
 
 from msgsafe.errors import OutboxError, Refused
 from msgsafe.message import Batch, Envelope
 from msgsafe.outbox import Forwarder, SqliteOutbox
 from msgsafe.ports import BatchReport, TransportCapabilities
 from tests.support.clock import Clock
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def store(tmp_path: Path, clock: Clock) -> Iterator[SqliteOutbox]:
-    s = SqliteOutbox(tmp_path / "outbox.db", clock=clock)
-    yield s
-    s.close()
 
 
 def keyed(n: int, keys: int) -> list[Envelope]:

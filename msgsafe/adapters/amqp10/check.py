@@ -4,23 +4,22 @@ stores or replicates a queue, so that is reported as unknown, never assumed."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from msgsafe.adapters.amqp10._errors import condition_text
 from msgsafe.adapters.amqp10._failover import parse_failover_list, parse_redirect
 from msgsafe.adapters.amqp10.config import Amqp10Options, load_options
-from msgsafe.checks import DestinationReport
-from msgsafe.checks.findings import Finding, Severity
+from msgsafe.checks.findings import DestinationReport, Finding, Severity
 from msgsafe.endpoints import BrokerUrl, Endpoint, EndpointList
 from msgsafe.errors import AuthenticationError, ConnectError, MissingExtra
 from msgsafe.message import Guarantee
 
 if TYPE_CHECKING:
-    from msgsafe.checks import Inspector
+    from msgsafe.checks.findings import Inspector
 
-__all__ = ["check_amqp10", "inspect_destination", "inspector"]
+__all__ = ["check_amqp10", "doctor_findings", "inspect_destination", "inspector"]
 
 _TIMEOUT_S = 5.0
 #: How long an opened connection is watched for a close that follows the open.
@@ -120,6 +119,23 @@ def _probe(
     return answer
 
 
+def doctor_findings(
+    url: BrokerUrl, destinations: Sequence[str], management: str | None
+) -> list[Finding]:
+    """``msgsafe doctor``'s findings: :func:`check_amqp10`, then the producer's own check
+    of each named address (on RabbitMQ: the queue). ``management`` is RabbitMQ's."""
+    del management
+    findings = check_amqp10(url)
+    for name in destinations:
+        report = inspect_destination(url, name)
+        findings.extend(report.findings)
+        if not report.findings:
+            findings.append(
+                Finding(Severity.OK, f"address {name}", "guarantee", report.guarantee.value)
+            )
+    return findings
+
+
 def check_amqp10(url: BrokerUrl) -> list[Finding]:
     """Each node's role as it answers an open, then findings from the first node that
     serves: its open frame, its ``failover-server-list`` and what the client does with
@@ -154,7 +170,7 @@ def inspect_destination(
     """The guarantee of ``address``. AMQP 1.0 does not say how a node stores what it
     accepted, so it is :attr:`Guarantee.UNKNOWN` unless the peer is one whose own
     protocol tells: RabbitMQ (the queue behind the address, over AMQP 0-9-1 on the same
-    port; see :func:`msgsafe.checks.rabbitmq.inspect_address`).
+    port; see :func:`msgsafe.adapters.rabbitmq.check.inspect_address`).
 
     A refused login, a certificate that does not verify or a peer of another protocol
     raise their permanent error (the transport would meet the same); otherwise
@@ -184,7 +200,7 @@ def inspect_destination(
         )
     product = str(answer.properties.get("product", ""))
     if product.lower() == "rabbitmq":
-        from msgsafe.checks.rabbitmq import inspect_address
+        from msgsafe.adapters.rabbitmq.check import inspect_address
 
         return inspect_address(url, address, options, declare=options.declare)
     finding = Finding(

@@ -23,11 +23,6 @@ from tests.support.clock import Clock
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
 def store(tmp_path: Path, clock: Clock) -> Iterator[SqliteOutbox]:
     s = SqliteOutbox(tmp_path / "outbox.db", target="amqp://user:secret@h1:5672/", clock=clock)
     yield s
@@ -429,7 +424,7 @@ def test_purging_a_leased_row_ends_its_lease_and_frees_its_key(
 def test_a_batch_put_stores_the_messages_of_its_envelopes(store: SqliteOutbox, keyed: bool) -> None:
     """put_batch_async stores from a batch's columns the very messages put() stores of
     its envelopes (ids, keys, headers, ages, sizes), each key's in batch order (as
-    blocks: tests/unit/test_outbox_blocks.py), and counts them alike."""
+    blocks: tests/unit/outbox/test_blocks.py), and counts them alike."""
     keys = [None if i % 2 else f"k{i % 5}" for i in range(40)] if keyed else None
     batch = Batch.build("q", [b"x" * i for i in range(40)], keys=keys, headers={"h": "v"})
     envelopes = [batch.envelope(i) for i in range(len(batch))]

@@ -20,8 +20,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from msgsafe.checks import DestinationReport
-from msgsafe.checks.findings import Finding, Severity
+from msgsafe.checks.findings import DestinationReport, Finding, Severity
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import MissingExtra
 from msgsafe.message import Guarantee
@@ -29,10 +28,11 @@ from msgsafe.message import Guarantee
 if TYPE_CHECKING:
     from msgsafe.adapters._config import TransportOptions
     from msgsafe.adapters.rabbitmq import RabbitOptions
-    from msgsafe.checks import Inspector
+    from msgsafe.checks.findings import Inspector
 
 __all__ = [
     "check_rabbitmq",
+    "doctor_findings",
     "guarantee_of",
     "inspect_address",
     "inspect_destination",
@@ -41,6 +41,13 @@ __all__ = [
 
 _TIMEOUT_S = 5.0
 _CURRENT = re.compile(r"current is the value '([^']*)'")
+
+
+def doctor_findings(
+    url: BrokerUrl, destinations: Sequence[str], management: str | None
+) -> list[Finding]:
+    """``msgsafe doctor``'s findings: :func:`check_rabbitmq`."""
+    return check_rabbitmq(url, destinations, management)
 
 
 def check_rabbitmq(url: BrokerUrl, queues: Sequence[str], management: str | None) -> list[Finding]:

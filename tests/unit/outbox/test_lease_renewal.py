@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ from msgsafe.message import Envelope
 from msgsafe.outbox import Forwarder, SqliteOutbox
 from msgsafe.ports import RenewingStore, store_capabilities
 from tests.support.clock import Clock
-from tests.unit.test_outbox_forwarder import ScriptedTransport, envs
+from tests.unit.outbox.test_forwarder import ScriptedTransport, envs
 
 LEASE_S = 0.05
 
@@ -80,15 +79,9 @@ class PausingStore:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def store(tmp_path: Path, clock: Clock) -> Iterator[PausingStore]:
-    s = PausingStore(SqliteOutbox(tmp_path / "outbox.db", clock=clock))
-    yield s
-    s.close()
+def store(store: SqliteOutbox) -> PausingStore:
+    """The outbox's store (conftest.py), taken for a renewing one."""
+    return PausingStore(store)
 
 
 def test_the_store_is_taken_for_a_renewing_one(store: PausingStore) -> None:

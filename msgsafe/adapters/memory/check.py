@@ -4,16 +4,31 @@ down cannot be asked, as a real one."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from msgsafe.adapters.memory import MemoryBroker
-from msgsafe.checks import DestinationReport, Inspector
-from msgsafe.checks.findings import Finding, Severity
+from msgsafe.checks.findings import DestinationReport, Finding, Inspector, Severity
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import ConnectError
 from msgsafe.message import Guarantee
 
-__all__ = ["inspect_destination", "inspector"]
+__all__ = ["doctor_findings", "inspect_destination", "inspector"]
+
+
+def doctor_findings(
+    url: BrokerUrl, destinations: Sequence[str], management: str | None
+) -> list[Finding]:
+    """``msgsafe doctor``'s one finding: the memory broker keeps messages only here."""
+    del url, destinations, management
+    return [
+        Finding(
+            Severity.INFO,
+            "broker",
+            "kind",
+            "memory",
+            "the in-process memory broker keeps messages only in this process",
+        )
+    ]
 
 
 def inspector(url: BrokerUrl, options: Mapping[str, object]) -> Inspector:

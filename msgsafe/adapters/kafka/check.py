@@ -10,8 +10,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from msgsafe.checks import DestinationReport
-from msgsafe.checks.findings import Finding, Severity
+from msgsafe.checks.findings import DestinationReport, Finding, Severity
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import (
     AuthenticationError,
@@ -23,10 +22,10 @@ from msgsafe.errors import (
 
 if TYPE_CHECKING:
     from msgsafe.adapters.kafka import KafkaOptions
-    from msgsafe.checks import Inspector
+    from msgsafe.checks.findings import Inspector
 from msgsafe.message import Guarantee
 
-__all__ = ["check_kafka", "inspect_destination", "inspector"]
+__all__ = ["check_kafka", "doctor_findings", "inspect_destination", "inspector"]
 
 _TIMEOUT_S = 5.0
 
@@ -137,6 +136,14 @@ def _raise_unfixable(url: BrokerUrl, failures: list[str]) -> None:
                     f"this port speaks {spoken}, not Kafka: {_peer.KAFKA_ADVICE[spoken]}",
                     endpoint=url.redacted(),
                 )
+
+
+def doctor_findings(
+    url: BrokerUrl, destinations: Sequence[str], management: str | None
+) -> list[Finding]:
+    """``msgsafe doctor``'s findings: :func:`check_kafka` (``management`` is RabbitMQ's)."""
+    del management
+    return check_kafka(url, destinations)
 
 
 def check_kafka(url: BrokerUrl, topics: Sequence[str]) -> list[Finding]:

@@ -6,7 +6,6 @@ each key in batch order."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +20,6 @@ from msgsafe.outbox.salvage import salvage
 from tests.support.clock import Clock
 
 KEYS = [b"k0", b"k1", b"k2", b"k3"]
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def store(tmp_path: Path, clock: Clock) -> Iterator[SqliteOutbox]:
-    s = SqliteOutbox(tmp_path / "o.db", clock=clock)
-    yield s
-    s.close()
 
 
 def keyed_batch(count: int, keys: list[bytes] = KEYS) -> Batch:
