@@ -613,14 +613,15 @@ def explain(url: str, table: str) -> dict[str, tuple[float, int]]:
     found: dict[str, tuple[float, int]] = {}
     with psycopg.connect(conninfo) as conn:
         keys = [
-            bytes(r[0]) for r in conn.execute(sql["keys"], {"now": now, "scan": 10_000, "keys": 16})
+            bytes(r[0])
+            for r in conn.execute(sql["keys"], {"now": now, "scan": 10_000, "keys": 16, "after": 0})
         ]
         conn.rollback()
         first = conn.execute(f"SELECT id FROM {table} ORDER BY seq LIMIT 100").fetchall()
         conn.rollback()
         claim = {"now": now, "until": now + 10, "limit": 1000}
         asked: dict[str, tuple[str, Any]] = {
-            "keys": (sql["keys"], {"now": now, "scan": 10_000, "keys": 16}),
+            "keys": (sql["keys"], {"now": now, "scan": 10_000, "keys": 16, "after": 0}),
             "claim": (sql["claim_keys"], {**claim, "keys": keys, "per_key": 63}),
             "claim, no key free": (sql["claim_keys"], {**claim, "keys": [], "per_key": 1000}),
             "stats": (sql["stats"], (100_001,)),
@@ -690,16 +691,21 @@ def drain(url: str, table: str, broker: str, rows: int) -> float:
     )
     try:
         with psycopg.connect(url, autocommit=True) as conn:
-            head = f"SELECT seq FROM {table} ORDER BY seq LIMIT 1"
-            start = (conn.execute(head).fetchone() or (None,))[0]
+            # From the last head seen: nothing is put during the drain, so no row comes
+            # below it, and the sampling does not walk the rows deleted since the last
+            # vacuum 50 times a second (6 s of a core in a drain of 1,000,000 rows).
+            head = f"SELECT seq FROM {table} WHERE seq >= %s ORDER BY seq LIMIT 1"
+            start = (conn.execute(head, (0,)).fetchone() or (None,))[0]
             first: float | None = None
+            seen = start or 0
             while True:
                 time.sleep(0.02)  # a sampling period, not a wait for an event
-                row = conn.execute(head).fetchone()
+                row = conn.execute(head, (seen,)).fetchone()
                 if first is None and (row is None or row[0] != start):
                     first = time.monotonic()
                 if row is None:
                     break
+                seen = row[0]
                 if proc.poll() is not None:
                     raise RuntimeError(f"the forwarder exited with rows left in {table}")
         done = time.monotonic()

@@ -238,7 +238,7 @@ def validate_body(body: object) -> bytes:
 
 
 #: The headers of every envelope without any: read-only, so one object serves all.
-_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 
 def _encodable(text: str, what: str) -> str:
@@ -254,7 +254,7 @@ def _encodable(text: str, what: str) -> str:
 
 def _freeze_headers(headers: Mapping[str, str] | None) -> Mapping[str, str]:
     if not headers:
-        return _NO_HEADERS
+        return NO_HEADERS
     # NOTE: a dict skips ``isinstance`` against the Mapping ABC, and an ASCII header the
     # call that encodes it: both cost more than the rest of its way to the wire.
     if type(headers) is not dict and not isinstance(headers, Mapping):
@@ -283,7 +283,7 @@ class Envelope:
     body: bytes
     message_id: str = field(default_factory=new_message_id)
     key: bytes | None = None
-    headers: Mapping[str, str] = field(default_factory=lambda: _NO_HEADERS)
+    headers: Mapping[str, str] = field(default_factory=lambda: NO_HEADERS)
     created_at: float = field(default_factory=time.time)
     tombstone: bool = False
 
@@ -310,7 +310,7 @@ class Envelope:
             # beyond the key and the headers (a traced application's ``traceparent``).
             if key is not None and type(key) is not bytes:
                 key = _key_bytes(key)
-            frozen = _freeze_headers(headers) if headers else _NO_HEADERS
+            frozen = _freeze_headers(headers) if headers else NO_HEADERS
             if cls is Envelope:
                 return new_envelope(destination, body, new_message_id(), key, time.time(), frozen)
             return cls(destination, body, new_message_id(), key, frozen, time.time())
@@ -363,7 +363,7 @@ def new_envelope(
     message_id: str,
     key: bytes | None,
     created_at: float,
-    headers: Mapping[str, str] = _NO_HEADERS,
+    headers: Mapping[str, str] = NO_HEADERS,
     tombstone: bool = False,
 ) -> Envelope:
     """An envelope from values already checked, ``headers`` read-only (see
@@ -412,7 +412,7 @@ class Batch:
     bodies: Sequence[bytes]
     message_ids: Sequence[str]
     keys: Sequence[bytes | None] | None = None
-    headers: Mapping[str, str] = field(default_factory=lambda: _NO_HEADERS)
+    headers: Mapping[str, str] = field(default_factory=lambda: NO_HEADERS)
     created_at: float = field(default_factory=time.time)
 
     @classmethod
@@ -492,7 +492,7 @@ SettleFn = Callable[[Outcome], None]
 
 
 #: Not deserialized yet (a value may be None).
-_UNSET: Any = object()
+UNSET: Any = object()
 
 
 class Delivery:
@@ -548,9 +548,7 @@ class Delivery:
         self.destination = destination
         self.message_id = message_id
         self.key = key
-        self.headers: Mapping[str, str] = (
-            MappingProxyType(dict(headers)) if headers else _NO_HEADERS
-        )
+        self.headers: Mapping[str, str] = MappingProxyType(dict(headers)) if headers else NO_HEADERS
         self.redelivered = redelivered
         #: True when ``attempt`` is the broker's own count (see the class docstring).
         self.attempt_from_broker = attempt is not None
@@ -566,8 +564,8 @@ class Delivery:
         self._after: Callable[[Delivery, Outcome], None] | None = None
         #: The consumer's deserializers (set by the consumer), None without any.
         self.deserializers: Deserializers | None = None
-        self._value: Any = _UNSET
-        self._key_value: Any = _UNSET
+        self._value: Any = UNSET
+        self._key_value: Any = UNSET
 
     def observe(self, after: Callable[[Delivery, Outcome], None]) -> None:
         """Have ``after(delivery, outcome)`` called once this delivery was settled (after
@@ -575,13 +573,18 @@ class Delivery:
         consumer that handed the delivery out."""
         self._after = after
 
+    def _wrap_settle(self, wrap: Callable[[SettleFn], SettleFn]) -> None:
+        """Have the receiver's settling go through ``wrap(settle)`` from now on (the
+        telemetry's span end); :meth:`settle` keeps its exactly-once check."""
+        self._settle = wrap(self._settle)
+
     @property
     def value(self) -> Any:
         """The body through the consumer's ``deserializer``, run on first use and kept
         (the body itself without one). Raises a :class:`~msgsafe.errors.SchemaError`
         when it does not decode (``body`` still holds the bytes)."""
         found = self._value
-        if found is _UNSET:
+        if found is UNSET:
             decode = self.deserializers
             found = self._value = self._decode(decode.value if decode else None, self.body, VALUE)
         return found
@@ -590,7 +593,7 @@ class Delivery:
     def key_value(self) -> Any:
         """The key through the consumer's ``key_deserializer``, as :attr:`value`."""
         found = self._key_value
-        if found is _UNSET:
+        if found is UNSET:
             decode = self.deserializers
             found = self._key_value = self._decode(decode.key if decode else None, self.key, KEY)
         return found

@@ -31,6 +31,10 @@ __all__ = ["Lane", "LanePool", "Verdict"]
 log = logging.getLogger("msgsafe.consumer")
 
 
+#: Deliveries of one lane a worker handles in a row while other lanes wait for a worker.
+_STREAK = 16
+
+
 class Verdict(enum.Enum):
     """What became of a lane's head after one handler call (or a retry: a deadline)."""
 
@@ -90,6 +94,9 @@ class LanePool:
         self._release = release
         #: Workers wait on it for a lane to handle.
         lock = threading.RLock()
+        #: The lock of both conditions, taken directly on the paths of every delivery:
+        #: a Condition's own ``with`` is two Python calls around it.
+        self._mutex = lock
         self._cond = threading.Condition(lock)
         #: The fetcher (for room) and close (for the running handlers) wait on it, under
         #: the same lock: a finished delivery wakes them, not every idle worker.
@@ -103,6 +110,11 @@ class LanePool:
         # Set without the lock (from a signal handler too): checked before each take.
         self._halted = False
         self.held = 0
+        #: Threads waiting on ``_room`` (the fetcher, close): a finished delivery wakes
+        #: them only when there are any, and the fetcher only once ``held`` is down to
+        #: ``_low`` (half its limit: one fetch of many, not one per delivery finished).
+        self._room_waiters = 0
+        self._low = 0
         self._threads = [
             threading.Thread(target=self._serve, name=f"msgsafe-run-{n}", daemon=True)
             for n in range(concurrency)
@@ -121,13 +133,27 @@ class LanePool:
         """How many more deliveries may be submitted before ``limit`` are held, waiting up
         to ``timeout`` seconds for there to be any."""
         with self._room:
-            self._room.wait_for(lambda: self.held < limit or self._closing, timeout)
+            if self.held >= limit:
+                # NOTE: woken at half the limit, not at each delivery finished: waking for
+                # one free place made a fetch (a poll) per delivery.
+                low = self._low = (limit - 1) // 2
+                self._room_waiters += 1
+                try:
+                    self._room.wait_for(lambda: self.held <= low or self._closing, timeout)
+                finally:
+                    self._room_waiters -= 1
             return 0 if self._closing else max(0, limit - self.held)
+
+    def _freed(self) -> None:
+        """Deliveries left ``held``: wake who waits for room, if anyone does and there is
+        enough (called with the lock held)."""
+        if self._room_waiters and (self.held <= self._low or self._closing):
+            self._room.notify_all()
 
     def submit(self, *deliveries: Delivery) -> None:
         """Queue each of ``deliveries`` on its key's lane, in order (given back at once
         after close)."""
-        with self._cond:
+        with self._mutex:
             if not self._closing:
                 self.held += len(deliveries)
                 keyed, ready = self._keyed, self._ready
@@ -203,7 +229,7 @@ class LanePool:
     def finished(self, lane: Lane, *deliveries: Delivery) -> None:
         """``deliveries``, the first of ``lane`` (taken in a batch), are settled: the
         lane goes on with the next (nothing happens for those close gave back)."""
-        with self._cond:
+        with self._mutex:
             items = lane.items
             done = 0
             for delivery in deliveries:
@@ -214,19 +240,26 @@ class LanePool:
             if done:
                 lane.first_start = None
                 self.held -= done
-                self._room.notify_all()
+                self._freed()
 
     def _serve(self) -> None:
+        kept: Lane | None = None
+        streak = 0
         while True:
-            with self._cond:
-                lane = self._take()
-                batch = (
-                    self._gather(lane)
-                    if lane is not None
-                    and self._batch_work is not None
-                    and lane.first_start is None
-                    else None
-                )
+            if kept is not None:
+                # The lane's next delivery, right after the one before (see _after).
+                lane: Lane | None = kept
+                batch = None
+            else:
+                with self._mutex:
+                    lane = self._take()
+                    batch = (
+                        self._gather(lane)
+                        if lane is not None
+                        and self._batch_work is not None
+                        and lane.first_start is None
+                        else None
+                    )
             if lane is None:
                 return
             if batch is not None:
@@ -237,7 +270,41 @@ class LanePool:
             except BaseException:  # the work catches what handlers raise; this is a bug
                 log.exception("consumer worker failed; the delivery is given back")
                 verdict = Verdict.GIVE_BACK
+            if verdict is Verdict.DONE and self._batch_work is None:
+                kept = self._next_of(lane, streak)
+                if kept is not None:
+                    streak += 1
+                    continue
+            kept, streak = None, 0
             self._return(*self._after(lane, verdict))
+
+    def _next_of(self, lane: Lane, streak: int) -> Lane | None:
+        """After ``lane``'s head was handled (DONE): take it off and keep the lane for
+        this worker when its next delivery is there (``lane``, its ``current`` the
+        next; it stays running: per-key order holds) — at most ``_STREAK`` in a row
+        while another lane waits for a worker. None otherwise, and nothing changed:
+        :meth:`_after` books the verdict.
+
+        A worker going on with its lane spares the lane a trip through the ready queue
+        and a wake-up per delivery (each a lock, a deque and a Condition.notify); the
+        bound keeps a key from waiting behind another's for more than ``_STREAK``
+        handler calls."""
+        with self._mutex:
+            items = lane.items
+            if (
+                len(items) < 2
+                or items[0] is not lane.current
+                or (self._ready and streak >= _STREAK)
+                or self._closing
+                or self._halted
+            ):
+                return None
+            items.popleft()
+            lane.first_start = None
+            lane.current = items[0]
+            self.held -= 1
+            self._freed()
+            return lane
 
     def _serve_batch(self, batch: list[tuple[Lane, list[Delivery]]]) -> None:
         assert self._batch_work is not None
@@ -262,7 +329,7 @@ class LanePool:
         """Book the verdict on ``lane``'s current head (``pop``: DONE takes it off the
         lane; a batch took its finished deliveries off already); what to give back (in
         order): the head its handler ran on, and the rest of the lane, never tried."""
-        with self._cond:
+        with self._mutex:
             self._running.discard(lane)
             current, lane.current = lane.current, None
             # An abandoned lane (close timed out) was emptied: its head is given back.
@@ -292,7 +359,7 @@ class LanePool:
             elif not lane.items and lane.key is not None:
                 self._keyed.pop(lane.key, None)
             self.held -= len(tried) + len(back)
-            self._room.notify_all()
+            self._freed()
             return tried, back
 
     def close(self, timeout: float) -> list[Delivery]:
@@ -322,7 +389,13 @@ class LanePool:
         self._return(tried, back)
         deadline = time.monotonic() + timeout
         with self._room:
-            self._room.wait_for(lambda: not self._running, max(0.0, deadline - time.monotonic()))
+            self._room_waiters += 1
+            try:
+                self._room.wait_for(
+                    lambda: not self._running, max(0.0, deadline - time.monotonic())
+                )
+            finally:
+                self._room_waiters -= 1
             running = [lane for lane in self._running if lane.items]
             late = [lane.items[0] for lane in running]
             back = [

@@ -37,6 +37,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -52,7 +53,7 @@ from msgsafe.retry import RetryPolicy
 if TYPE_CHECKING:
     from msgsafe.producer import Producer
 
-__all__ = ["BatchHandler", "Handler", "InboxHandler", "OnExhausted", "Runner"]
+__all__ = ["BatchHandler", "Handler", "InboxHandler", "OnExhausted", "RunTally", "Runner"]
 
 log = logging.getLogger("msgsafe.consumer")
 
@@ -75,6 +76,17 @@ OnExhausted = Literal["reject", "stop"]
 _FETCH_WAIT = 0.2
 
 
+@dataclass(frozen=True, slots=True)
+class RunTally:
+    """What ``Runner`` counts on every handler call, as calls taking nothing: the
+    consumer's are C calls (``itertools.count``), with no lock
+    (:class:`~msgsafe.telemetry.stats.ConsumerCounters`)."""
+
+    started: Callable[[], object]  #: a handler call begins (in flight: started - ended)
+    ended: Callable[[], object]  #: a handler call ended, however
+    handled: Callable[[], object]  #: a delivery whose handler returned was acknowledged
+
+
 class HandlerDidNotReturn(RuntimeError):
     """What a message is dead-lettered (or ``on_exhausted`` applied) with when the inbox
     counted more handler calls than ``max_attempts`` allows and none of them ended: the
@@ -93,6 +105,7 @@ class Runner:
         fetch: Callable[[int, float], list[Delivery]],
         close: Callable[[], None],
         count: Callable[[str, int], None],
+        tally: RunTally | None = None,
         attempts: AttemptCounter,
         concurrency: int,
         prefetch: int,
@@ -122,6 +135,16 @@ class Runner:
         self._fetch = fetch
         self._close = close
         self._count = count
+        #: Per handler call: started, ended (in flight: the difference) and handled.
+        if tally is None:
+            tally = RunTally(
+                started=lambda: count("in_flight", 1),
+                ended=lambda: count("in_flight", -1),
+                handled=lambda: count("handled", 1),
+            )
+        self._started = tally.started
+        self._ended = tally.ended
+        self._handled = tally.handled
         self._attempts = attempts
         self._prefetch = prefetch
         self._retry = retry
@@ -196,17 +219,18 @@ class Runner:
         """One handler call on ``lane``'s head; ``counted``: its attempt was counted in
         the inbox already, by a batch (that count), and this call continues it."""
         delivery = lane.items[0]
-        now = float(self._clock.now())
         first = lane.first_start is None
         if first:
-            lane.first_start = now
+            # NOTE: the run's clock is read only where a retry policy will use the time:
+            # without one, first_start only marks the head as tried (0.0).
+            lane.first_start = float(self._clock.now()) if self._retry is not None else 0.0
         else:
             delivery.attempt += 1
             if delivery.message_id is not None and not delivery.attempt_from_broker:
                 self._attempts.retried(delivery.message_id, delivery.attempt)
         if counted is None:
-            counted = self._count_attempt(delivery, first=first)
-        if self._beyond_max(counted):
+            counted = self._count_attempt(delivery, first=first) if self._inbox is not None else 0
+        if counted and self._beyond_max(counted):
             # NOTE: the inbox counts calls, not failures: calls beyond max_attempts mean
             # earlier ones ended with no outcome (the process died in the handler). Calling
             # it again would crash-loop the consumer on this message for ever.
@@ -217,25 +241,37 @@ class Runner:
                     " earlier attempts ended with no outcome (the process stopped in them)"
                 ),
             )
-        self._count("in_flight", 1)
+        self._started()
         ran = True
         try:
-            ran = self._call(delivery)
+            if self._inbox is None:
+                self._handler(delivery)
+            else:
+                ran = self._call(delivery)
         except Exception as exc:
             error: Exception | None = exc
         else:
             error = None
         finally:
-            self._count("in_flight", -1)
+            self._ended()
         if delivery.settled is not None:
             self._forget(delivery)
             return Verdict.DONE  # the handler settled it itself
         if error is None:
             # With an inbox the id and the handler's effects are committed by now: a
             # crash before this ack redelivers a message the inbox then skips.
-            if _settle(delivery.ack):
-                self._count("handled" if ran else "skipped", 1)
-                self._forget(delivery)
+            try:
+                delivery.ack()
+            except MsgsafeError as exc:
+                log.info("cannot settle a delivery (it will be delivered again): %s", exc)
+                return Verdict.DONE
+            if ran:
+                self._handled()
+            else:
+                self._count("skipped", 1)
+            message_id = delivery.message_id
+            if message_id is not None and not delivery.attempt_from_broker:
+                self._attempts.forget(message_id)
             return Verdict.DONE
         return self._failed(lane, delivery, error)
 

@@ -71,7 +71,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Listener", "busy_keys_sql", "claim_sql", "keys_sql", "lock_sql"]
+__all__ = ["ClaimCursor", "Listener", "busy_keys_sql", "claim_sql", "keys_sql", "lock_sql"]
 
 log = logging.getLogger("msgsafe.outbox")
 
@@ -80,22 +80,27 @@ _RETURNING = "RETURNING seq, id, destination, key, headers, body, created_at, le
 
 def keys_sql(table: str) -> str:
     """Keys whose first waiting row is ready and not behind a leased row, in queue order,
-    found among the first ``scan`` ready rows (params: now, scan, keys). The keys are
+    found among the first ``scan`` ready rows from seq ``after`` on (params: now, scan,
+    keys, after), each with the seq of the window's first row (its head). The keys are
     put in queue order before the leased ones are left out (``OFFSET 0`` keeps the
     planner from turning that round), so only the keys looked at until ``keys`` are
-    found are checked, each by one probe of the ``(key, ready_at)`` index: a window of
-    many keys costs a probe per key taken, not one per key in the window."""
+    found are checked, each by one probe of the ``(key, seq)`` index (is the key's first
+    row ready?): a window of many keys costs a probe per key taken, not one per key in
+    the window.
+
+    ``after`` only bounds where keys are looked for (see :class:`ClaimCursor`): a claim
+    of a key found there still starts at the key's first waiting row, however low."""
     t = table
     return f"""
-        SELECT h.key FROM (
-            SELECT w.key, min(w.seq) AS first FROM (
+        SELECT h.key, h.head FROM (
+            SELECT w.key, min(w.seq) AS first, min(min(w.seq)) OVER () AS head FROM (
                 SELECT key, seq FROM {t}
-                WHERE ready_at <= %(now)s AND key IS NOT NULL
+                WHERE ready_at <= %(now)s AND key IS NOT NULL AND seq >= %(after)s
                 ORDER BY seq LIMIT %(scan)s) AS w
             GROUP BY w.key ORDER BY first OFFSET 0) AS h
-        WHERE h.first < coalesce((
-            SELECT min(p.seq) FROM {t} AS p
-            WHERE p.key = h.key AND p.ready_at > %(now)s), 9223372036854775807)
+        WHERE (
+            SELECT p.ready_at FROM {t} AS p
+            WHERE p.key = h.key ORDER BY p.seq LIMIT 1) <= %(now)s
         LIMIT %(keys)s"""
 
 
@@ -118,9 +123,14 @@ def claim_sql(table: str) -> str:
     claim's epoch (params: now, until, keys, limit, per_key).
 
     Each part reads only what it may take, whatever the table's size: keyless rows
-    through the ``(seq) WHERE key IS NULL`` index, and at most ``per_key`` rows of each
-    locked key through the ``(key, seq)`` index, before the first row of the key that is
-    leased (its fence, found through the ``(key, ready_at)`` index)."""
+    through the ``(seq) WHERE key IS NULL`` index, and the first ``per_key`` rows of
+    each locked key through the ``(key, seq)`` index, kept up to the first that is not
+    ready (leased, or released until later: its fence).
+
+    No index holds ``ready_at``, and the table leaves half of each page free
+    (``fillfactor``): the lease is a HOT update, written on the row's own page with no
+    new index entry (a lease that changed an indexed column would add one to every
+    index of the table for each row claimed, and a dead one to walk until a vacuum)."""
     t = table
     return f"""
         UPDATE {t} SET ready_at = %(until)s, attempts = attempts + 1,
@@ -135,13 +145,12 @@ def claim_sql(table: str) -> str:
                 UNION ALL
                 SELECT r.seq FROM unnest(%(keys)s::bytea[]) AS k(key)
                 CROSS JOIN LATERAL (
-                    SELECT w.seq FROM {t} AS w
-                    WHERE w.key = k.key AND w.ready_at <= %(now)s
-                      AND w.seq < coalesce((
-                          SELECT min(p.seq) FROM {t} AS p
-                          WHERE p.key = k.key AND p.ready_at > %(now)s),
-                          9223372036854775807)
-                    ORDER BY w.seq LIMIT %(per_key)s) AS r
+                    SELECT x.seq FROM (
+                        SELECT w.seq, bool_or(w.ready_at > %(now)s)
+                            OVER (ORDER BY w.seq) AS fenced
+                        FROM {t} AS w WHERE w.key = k.key
+                        ORDER BY w.seq LIMIT %(per_key)s) AS x
+                    WHERE NOT x.fenced) AS r
                 ORDER BY 1 LIMIT %(limit)s)
             FOR UPDATE SKIP LOCKED)
         {_RETURNING}"""
@@ -156,6 +165,59 @@ def busy_keys_sql(table: str) -> str:
             SELECT DISTINCT key AS k FROM {t} WHERE id = ANY(%(ids)s) AND key IS NOT NULL
         ) AS s
         WHERE NOT pg_try_advisory_xact_lock(hashtext('{t}'), hashtext(encode(s.k, 'hex')))"""
+
+
+class ClaimCursor:
+    """Where a store's claims start looking for keys: the head of the ready rows the
+    last claim found, so that the next one does not walk again what lies below it (the
+    rows it deleted since, dead in the ``seq`` index until a vacuum, and the rows it
+    holds). Below the head, when the claim found it, were rows not ready: leased,
+    deleted, or not committed yet.
+
+    It only bounds where keys are found: a key found above the cursor is claimed from
+    its first waiting row, however low (per-key order does not depend on it). A row
+    that becomes ready below it is found once the cursor is back at 0: when rows this
+    store released are ready (:meth:`reset`), or when a claim found no key ready above
+    it; within ``every_s`` when another process made it ready (a lease run out, a
+    release, a producer's transaction that committed late). A claim that raced a reset
+    leaves the cursor at 0. Times are the store's clock."""
+
+    def __init__(self, every_s: float = 5.0) -> None:
+        self.every_s = every_s
+        self._lock = threading.Lock()
+        self._after = 0
+        self._since = 0.0
+        #: When rows this store released are ready again (the cursor goes back then).
+        self._due = float("inf")
+        self._resets = 0
+
+    def start(self, now: float) -> tuple[int, int]:
+        """(The seq a claim at ``now`` starts from, a token for :meth:`found`)."""
+        with self._lock:
+            if now >= self._due:
+                self._due = float("inf")
+                self._after = 0
+                self._resets += 1
+            if self._after and now - self._since >= self.every_s:
+                self._after = 0
+            if not self._after:
+                self._since = now
+            return self._after, self._resets
+
+    def found(self, head: int | None, token: int) -> None:
+        """The claim started with ``token`` found the ready rows' head at ``head``
+        (None: no key ready from its start: look from 0 next time)."""
+        with self._lock:
+            if token == self._resets:
+                self._after = 0 if head is None else max(self._after, head)
+
+    def reset(self, ready_at: float) -> None:
+        """Rows below the cursor are ready again at ``ready_at`` (this store released
+        them): the cursor goes back to 0 now and at that time."""
+        with self._lock:
+            self._after = 0
+            self._resets += 1
+            self._due = min(self._due, ready_at)
 
 
 class Listener:

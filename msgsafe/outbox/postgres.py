@@ -65,7 +65,14 @@ from msgsafe.outbox._pg_errors import (
     is_read_only,
     store_error,
 )
-from msgsafe.outbox._pg_leases import Listener, busy_keys_sql, claim_sql, keys_sql, lock_sql
+from msgsafe.outbox._pg_leases import (
+    ClaimCursor,
+    Listener,
+    busy_keys_sql,
+    claim_sql,
+    keys_sql,
+    lock_sql,
+)
 from msgsafe.outbox._pg_pooling import CONNECT_OPTIONS, PoolMode, pooling_mode
 from msgsafe.outbox._pg_url import parse_store_url, redact_conninfo
 from msgsafe.outbox._rows import (
@@ -158,9 +165,13 @@ class PostgresOutbox:
         #: of claims lost or given up (their rows are forgotten at the next claim, so
         #: that a late settling of them stays fenced until then), and those logged.
         self._held: dict[str, int] = {}
+        #: The seq of each of those rows: a delete finds them through the primary key.
+        self._seqs: dict[str, int] = {}
         self._fenced: set[int] = set()
         self._reported: set[int] = set()
         self._held_lock = threading.Lock()
+        #: Where claims start looking for keys (see ClaimCursor).
+        self._cursor = ClaimCursor()
         #: The server the store's connection talks to (for commit-unknown answers).
         self._server: tuple[str, int, str] | None = None
         t, q = table, f"{table}_quarantine"
@@ -182,6 +193,8 @@ class PostgresOutbox:
             # Settling is fenced by the claim's epoch (see msgsafe.outbox._pg_leases):
             # a null epoch (rows this store did not claim) settles unconditionally.
             "delivered": f"DELETE FROM {t} WHERE id = ANY(%(ids)s)" + _HELD,
+            "delivered_seqs": f"DELETE FROM {t} WHERE seq = ANY(%(seqs)s)"
+            " AND lease_epoch = %(epoch)s",
             "retry": f"UPDATE {t} SET ready_at = %(at)s, last_error = %(error)s WHERE id = %(id)s",
             "quarantine": f"""
                 WITH moved AS (DELETE FROM {t} WHERE id = %(id)s{_HELD} RETURNING *),
@@ -243,9 +256,7 @@ class PostgresOutbox:
                 ready_at double precision NOT NULL DEFAULT 0,
                 attempts integer NOT NULL DEFAULT 0,
                 last_error text,
-                lease_epoch bigint NOT NULL DEFAULT 0)""",
-            f"CREATE INDEX IF NOT EXISTS {t}_key_ready ON {t} (key, ready_at)"
-            " WHERE key IS NOT NULL",
+                lease_epoch bigint NOT NULL DEFAULT 0) WITH (fillfactor = 50)""",
             # What a claim reads (see msgsafe.outbox._pg_leases.claim_sql): without them
             # a claim scans the table when its keys' rows do not fill it.
             f"CREATE INDEX IF NOT EXISTS {t}_key_seq ON {t} (key, seq) WHERE key IS NOT NULL",
@@ -661,10 +672,17 @@ class PostgresOutbox:
             # server ends its session once it has idled about a lease (a second at least),
             # and the keys are free, as a dead claimer's are.
             conn.execute(self._sql["idle_cap"], (f"{max(1000, int(lease * 1000))}ms",))
+            after, token = self._cursor.start(now)
             found = conn.execute(
                 self._sql["keys"],
-                {"now": now, "scan": max(4 * limit, 10_000), "keys": 4 * self.max_keys},
+                {
+                    "now": now,
+                    "scan": max(limit, 10_000),
+                    "keys": 4 * self.max_keys,
+                    "after": after,
+                },
             ).fetchall()
+            self._cursor.found(int(found[0][1]) if found else None, token)
             keys = [bytes(k[0]) for k in found]
             if keys:
                 keys = [
@@ -687,7 +705,7 @@ class PostgresOutbox:
             ).fetchall()
         rows.sort(key=lambda r: r[0])
         if rows:
-            self._hold([str(r[1]) for r in rows], int(rows[0][7]))
+            self._hold([(str(r[1]), int(r[0])) for r in rows], int(rows[0][7]))
         return [make_envelope(*r[1:7]) for r in rows]
 
     def delivered(self, ids: Sequence[str]) -> None:
@@ -696,8 +714,17 @@ class PostgresOutbox:
         if not ids:
             return
         for epoch, group in self._by_epoch(ids).items():
+            params: dict[str, Any] = {"ids": group, "epoch": epoch}
+            query = "delivered"
+            if epoch is not None:
+                # Rows claimed here: found through the primary key, whose entries for
+                # one claim lie together (a text id's lie anywhere in its index).
+                with self._held_lock:
+                    seqs = [self._seqs.get(mid) for mid in group]
+                if None not in seqs:
+                    params, query = {"seqs": seqs, "epoch": epoch}, "delivered_seqs"
             with self._session() as conn:
-                done = conn.execute(self._sql["delivered"], {"ids": group, "epoch": epoch}).rowcount
+                done = conn.execute(self._sql[query], params).rowcount
             self._settled(group, epoch, len(group) - done, "deletes")
 
     def failed(self, message_id: str, *, error: str, retry_at: float | None) -> None:
@@ -725,6 +752,7 @@ class PostgresOutbox:
                 held, ours = self._held_rows(conn, group, epoch)
                 params = [{"id": mid, "error": errors[mid], "at": retry_at} for mid in held]
                 cur.executemany(self._sql["retry"], params)
+            self._cursor.reset(retry_at)
             self._settled(group, epoch, len(group) - ours, "releases")
 
     def renew(self, ids: Sequence[str], *, lease_s: float) -> bool:
@@ -748,6 +776,7 @@ class PostgresOutbox:
                     renewed.append((epoch, group))
                     continue
                 conn.execute(self._sql["give_up"], {"ids": held, "at": now})
+            self._cursor.reset(now)
             lost_any = True
             self._settled(group, epoch, len(group) - ours, "sends", given_up=True)
         if lost_any:
@@ -776,20 +805,24 @@ class PostgresOutbox:
         with self._session() as conn, conn.transaction():
             held, _ = self._held_rows(conn, ids, epoch)
             conn.execute(self._sql["give_up"], {"ids": held, "at": now})
+        self._cursor.reset(now)
         self._settled(ids, epoch, 0, "sends", given_up=True)
 
     # --- the epochs of this store's claims (see msgsafe.outbox._pg_leases) ---------------
 
-    def _hold(self, ids: Sequence[str], epoch: int) -> None:
+    def _hold(self, rows: Sequence[tuple[str, int]], epoch: int) -> None:
+        """The rows ``(id, seq)`` were claimed under ``epoch``."""
         with self._held_lock:
-            held = self._held
+            held, seqs = self._held, self._seqs
             if self._fenced:
                 for mid in [m for m, e in held.items() if e in self._fenced]:
                     del held[mid]
+                    seqs.pop(mid, None)
                 self._fenced.clear()
                 self._reported.clear()
-            for mid in ids:
+            for mid, seq in rows:
                 held[mid] = epoch
+                seqs[mid] = seq
 
     def _epoch_of(self, message_id: str) -> int | None:
         with self._held_lock:
@@ -829,6 +862,7 @@ class PostgresOutbox:
                 for mid in ids:
                     if held.get(mid) == epoch:
                         del held[mid]
+                        self._seqs.pop(mid, None)
         if report:
             log.warning(
                 "outbox lease lost on %s: %d rows of a claim (epoch %d) were taken over by"

@@ -13,7 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from msgsafe.endpoints import BrokerUrl
-from msgsafe.message import Delivery, Outcome
+from msgsafe.message import Delivery, Outcome, SettleFn
 from msgsafe.telemetry.stats import ConsumerCounters, ConsumerStats, TracedConnectionCounters
 
 if TYPE_CHECKING:
@@ -57,27 +57,29 @@ class ConsumerTelemetry(TracedConnectionCounters, ConsumerCounters):
         except Exception:
             log.warning("telemetry: cannot start a receive span", exc_info=True)
             return
-        inner = delivery._settle
 
-        def settle(outcome: Outcome) -> None:
-            inner(outcome)
-            try:
-                otel.settled(span, outcome.value)
-            except Exception:
-                log.warning("telemetry: cannot end a receive span", exc_info=True)
+        def wrap(inner: SettleFn) -> SettleFn:
+            def settle(outcome: Outcome) -> None:
+                inner(outcome)
+                try:
+                    otel.settled(span, outcome.value)
+                except Exception:
+                    log.warning("telemetry: cannot end a receive span", exc_info=True)
+
+            return settle
 
         # NOTE: the delivery's own settle function is wrapped in place rather than the
         # delivery copied: a copy (headers and lock made again) cost more than the rest
         # of the consumer's work per message. Delivery.settle keeps its exactly-once check.
-        delivery._settle = settle
+        delivery._wrap_settle(wrap)
 
     # --- ConnectionObserver ----------------------------------------------------------------
 
     def _figures(self) -> Figures:
         """The metrics' values at a collection (see msgsafe.telemetry._otel)."""
+        settled = self.settled
         with self.lock:
             received = self.received
-            settled = dict(self.settled)
             failovers, redirects = dict(self.failovers), dict(self.redirects)
         return {
             "msgsafe.consumer.received": [(received, {})],

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
-from msgsafe.message import Receipt, Status
+from msgsafe.message import Outcome, Receipt, Status
 
 log = logging.getLogger("msgsafe.telemetry")
 
@@ -293,17 +293,36 @@ class ConsumerCounters(ConnectionCounters):
     def __init__(self) -> None:
         super().__init__()
         self.received = 0
-        self.settled: Counter[str] = Counter()
+        self._settled = {outcome.value: itertools.count() for outcome in Outcome}
+        #: Count one settling by its outcome's value: a C call (no Python frame, no
+        #: lock), made once per delivery settled. NOTE: keyed by the value, a str, as
+        #: an Enum member's hash is a Python call.
+        self.count_settled = {
+            value: functools.partial(next, counter) for value, counter in self._settled.items()
+        }
         #: ``Consumer.run``'s figures: handled, retried, dead_lettered, in_flight.
         self.run: Counter[str] = Counter()
+        self._started = itertools.count()
+        self._ended = itertools.count()
+        self._handled = itertools.count()
+        #: ``Consumer.run``'s figures counted on every handler call, as C calls (no
+        #: lock): a call starts, ends, and its delivery was handled (added to ``run``'s).
+        self.handler_started = functools.partial(next, self._started)
+        self.handler_ended = functools.partial(next, self._ended)
+        self.count_handled = functools.partial(next, self._handled)
 
     def add_received(self, count: int) -> None:
         with self.lock:
             self.received += count
 
     def add_settled(self, outcome: str) -> None:
-        with self.lock:
-            self.settled[outcome] += 1
+        """Count one settling with ``outcome`` (an :class:`~msgsafe.message.Outcome`'s value)."""
+        self.count_settled[outcome]()
+
+    @property
+    def settled(self) -> dict[str, int]:
+        """Settlings so far by outcome value (``accept``, ``requeue``, ...)."""
+        return {value: count_value(counter) for value, counter in self._settled.items()}
 
     def add_run(self, figure: str, count: int = 1) -> None:
         """Add ``count`` (may be negative for ``in_flight``) to one of run()'s figures."""
@@ -312,22 +331,27 @@ class ConsumerCounters(ConnectionCounters):
 
     def snapshot(self, target: str, *, duplicates_dropped: int) -> ConsumerStats:
         failovers, redirects = self.connection_figures()
+        settled = self.settled
+        # Ended before started: a call counted ended is counted started, so never < 0.
+        ended = count_value(self._ended)
+        in_flight = count_value(self._started) - ended
+        handled = count_value(self._handled)
         with self.lock:
             return ConsumerStats(
                 target=target,
                 received=self.received,
-                acked=self.settled["accept"],
-                requeued=self.settled["requeue"],
-                rejected=self.settled["reject"],
+                acked=settled["accept"],
+                requeued=settled["requeue"],
+                rejected=settled["reject"],
                 duplicates_dropped=duplicates_dropped,
                 failovers=failovers,
                 redirects=redirects,
-                handled=self.run["handled"],
+                handled=self.run["handled"] + handled,
                 retried=self.run["retried"],
                 dead_lettered=self.run["dead_lettered"],
-                in_flight=self.run["in_flight"],
+                in_flight=self.run["in_flight"] + in_flight,
                 skipped=self.run["skipped"],
-                released=self.settled["release"],
+                released=settled["release"],
                 batches=self.run["batches"],
                 batches_split=self.run["batches_split"],
             )

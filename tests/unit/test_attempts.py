@@ -53,3 +53,15 @@ def test_a_delivery_without_a_broker_count_starts_at_one_or_two() -> None:
     assert (again.attempt, again.attempt_from_broker) == (2, False)
     assert (counted.attempt, counted.attempt_from_broker) == (4, True)
     assert "attempt=4" in repr(counted)
+
+
+def test_attempt_memory_counts_a_batch_of_first_deliveries_at_once() -> None:
+    memory = AttemptMemory(capacity=3)
+    assert memory.delivered_first(["a", "b"])
+    assert memory.delivered("a", redelivered=True) == 2  # counted 1 by the batch
+    # A known id, or one twice in the batch: nothing counted, one by one instead.
+    assert not memory.delivered_first(["c", "a"])
+    assert not memory.delivered_first(["c", "c"])
+    assert memory.delivered("c", redelivered=False) == 1
+    assert memory.delivered_first(["d", "e"])  # bounded: the oldest go
+    assert len(memory) == 3 and memory.delivered("b", redelivered=False) == 1

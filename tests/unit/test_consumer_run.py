@@ -614,3 +614,21 @@ def test_a_signal_stops_the_run_cleanly(tmp_path: Path, signum: int) -> None:
     assert report["requeued"] == 0
     assert report["released"] == report["redelivered"] > 0
     assert report["restored"]
+
+
+def test_a_key_waits_behind_a_busy_key_for_a_bounded_run(memory_broker: MemoryBroker) -> None:
+    # One worker, 40 deliveries of "a" then one of "b", all fetched at once: the worker
+    # goes on with "a"'s lane while it has deliveries, but no more than 16 in a row after
+    # the first while "b" waits for a worker.
+    items: list[tuple[str | None, bytes]] = [("a", b"%d" % i) for i in range(40)]
+    ids = send(memory_broker, [*items, ("b", b"b")])
+    handled: list[str] = []
+
+    def handler(d: Delivery) -> None:
+        handled.append(str(d.message_id))
+
+    consumer = Consumer(url(memory_broker)).subscribe("q")
+    run_until(consumer, handler, lambda: len(handled) == len(ids), concurrency=1)
+    assert [i for i in handled if i != ids[-1]] == ids[:-1]  # "a" in its order
+    assert 1 <= handled.index(ids[-1]) <= 17
+    assert consumer.stats().handled == len(ids)

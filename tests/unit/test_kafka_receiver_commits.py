@@ -6,6 +6,7 @@ the receiver's bookkeeping, which no broker could show as directly)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,7 +15,8 @@ from confluent_kafka import TopicPartition
 from msgsafe.adapters.kafka import open_receiver
 from msgsafe.adapters.kafka import receiver as kafka_receiver
 from msgsafe.endpoints import parse_url
-from msgsafe.message import Delivery
+from msgsafe.errors import ClosedError
+from msgsafe.message import Delivery, Outcome
 
 
 class _Record:
@@ -178,3 +180,54 @@ def test_commits_from_receive_wait_for_their_interval(
     assert consumer.commits == []  # the first receive() was the interval's commit
     receiver.close()
     assert consumer.commits == [(False, [(0, 5)])]
+
+
+class _Headed(_Record):
+    def __init__(self, offset: int, headers: list[tuple[str, bytes]] | None) -> None:
+        super().__init__("t", 0, offset)
+        self._headers = headers
+
+    def headers(self) -> list[tuple[str, bytes]] | None:  # type: ignore[override]
+        return self._headers
+
+
+def test_a_delivery_settles_once_either_way_and_its_headers_are_read(
+    stand_in: list[_StandIn],
+) -> None:
+    receiver = open_receiver(parse_url("kafka://127.0.0.1:9"), {}, group="g")
+    receiver.subscribe("t")
+    consumer = stand_in[0]
+    consumer.queued = [
+        _Headed(0, [("msgsafe-id", b"a")]),
+        _Headed(1, [("msgsafe-id", b"b"), ("trace", b"t1"), ("msgsafe-id", b"other")]),
+        _Headed(2, None),
+        _Headed(3, [("msgsafe-id", b"d")]),
+    ]
+    plain, headed, bare, wrapped = receiver.receive(max_messages=4, timeout=0)
+    assert (plain.message_id, dict(plain.headers)) == ("a", {})
+    assert (headed.message_id, dict(headed.headers)) == ("b", {"trace": "t1"})
+    assert (bare.message_id, dict(bare.headers)) == (None, {})
+    with pytest.raises(TypeError):
+        headed.headers["x"] = "y"  # type: ignore[index]
+    seen: list[Outcome] = []
+
+    def wrap(inner: Callable[[Outcome], None]) -> Callable[[Outcome], None]:
+        def settle(outcome: Outcome) -> None:
+            inner(outcome)
+            seen.append(outcome)
+
+        return settle
+
+    wrapped._wrap_settle(wrap)  # as the telemetry does: the general way
+    wrapped.ack()
+    bare.nack(requeue=False)  # Kafka skips a reject: it counts as settled
+    plain.ack()
+    for delivery in (plain, wrapped):
+        with pytest.raises(ClosedError):
+            delivery.ack()
+    assert seen == [Outcome.ACCEPT]
+    receiver.receive(max_messages=1, timeout=0)
+    assert _committed(consumer) == {0: 1}  # offset 1 holds the partition back
+    headed.ack()
+    receiver.close()
+    assert _committed(consumer) == {0: 4}

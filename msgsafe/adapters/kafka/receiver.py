@@ -22,16 +22,18 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from functools import partial
+from types import MappingProxyType
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from msgsafe.adapters.kafka._errors import translate
-from msgsafe.adapters.kafka._wire import read_headers
+from msgsafe.adapters.kafka._wire import ID_HEADER, read_headers
 from msgsafe.adapters.kafka.config import KafkaOptions, consumer_settings
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import ClosedError, ConfigurationError, ConnectionLost
-from msgsafe.message import Delivery, Outcome, new_message_id
+from msgsafe.message import NO_HEADERS, UNSET, Delivery, Outcome, SettleFn, new_message_id
 
 __all__ = ["KafkaReceiver"]
 
@@ -56,6 +58,7 @@ _SLICE_S = 0.5
 #: Seconds between the asynchronous commits of ``receive`` (at most one per call).
 _COMMIT_EVERY_S = 0.2
 
+_ACCEPT = Outcome.ACCEPT
 _REQUEUE = Outcome.REQUEUE
 #: A release is a requeue here: Kafka counts no deliveries, so none is spared.
 _RELEASE = Outcome.RELEASE
@@ -110,30 +113,128 @@ class _Track:
 
     def settle(self, offset: int, outcome: Outcome) -> None:
         with self.lock:
-            if not self.live:
-                # The partition was revoked since: its new owner will deliver this
-                # message again; nothing to record here.
-                return
-            if outcome is _REQUEUE or outcome is _RELEASE:
-                self.rewind = offset if self.rewind is None else min(self.rewind, offset)
-                return
-            if outcome is _REJECT:
-                log.warning(
-                    "kafka has no broker-side reject: skipping %s[%d]@%d",
-                    self.topic,
-                    self.partition,
-                    offset,
-                )
-            pending, settled = self.pending, self.settled
-            if not settled and pending and pending[0] == offset:
+            self.settle_locked(offset, outcome)
+
+    def settle_locked(self, offset: int, outcome: Outcome) -> None:
+        """:meth:`settle` with ``lock`` held."""
+        if not self.live:
+            # The partition was revoked since: its new owner will deliver this
+            # message again; nothing to record here.
+            return
+        if outcome is _REQUEUE or outcome is _RELEASE:
+            self.rewind = offset if self.rewind is None else min(self.rewind, offset)
+            return
+        if outcome is _REJECT:
+            log.warning(
+                "kafka has no broker-side reject: skipping %s[%d]@%d",
+                self.topic,
+                self.partition,
+                offset,
+            )
+        pending, settled = self.pending, self.settled
+        if not settled and pending and pending[0] == offset:
+            pending.popleft()
+            self.commit = offset + 1
+            return
+        settled.add(offset)
+        while pending and pending[0] in settled:
+            done = pending.popleft()
+            settled.discard(done)
+            self.commit = done + 1
+
+
+class _KafkaDelivery(Delivery):
+    """A delivery of one record: settled straight into its partition's :class:`_Track`.
+
+    Made positionally by :meth:`KafkaReceiver._wrap` (no keyword parsing, no settle
+    closure per message). :meth:`ack` takes one lock, the track's, for both the
+    exactly-once check and the commit point: the common ack — the partition's oldest
+    pending offset, nothing settled out of order — pops it and moves the commit point
+    there and then. Once the telemetry wraps the settling (:meth:`_wrap_settle`), the
+    delivery settles the general way, through the wrapper.
+    """
+
+    __slots__ = ("_offset", "_track")
+
+    def __init__(
+        self,
+        body: bytes,
+        topic: str,
+        message_id: str | None,
+        key: bytes | None,
+        headers: Mapping[str, str],
+        redelivered: bool,
+        track: _Track,
+        offset: int,
+    ) -> None:
+        # NOTE: every slot set here, positionally, as Delivery.__init__ would: that
+        # constructor's keyword parsing and checks cost more than the stores.
+        self.body = body
+        self.destination = topic
+        self.message_id = message_id
+        self.key = key
+        self.headers = headers
+        self.redelivered = redelivered
+        self.attempt_from_broker = False
+        self.attempt = 2 if redelivered else 1
+        self._settle = None  # type: ignore[assignment]  # settled through the track
+        self._settled = None
+        self._lock = track.lock
+        self._after = None
+        self.deserializers = None
+        self._value = UNSET
+        self._key_value = UNSET
+        self._track = track
+        self._offset = offset
+
+    def _wrap_settle(self, wrap: Callable[[SettleFn], SettleFn]) -> None:
+        inner = self._settle
+        if inner is None:
+            inner = partial(self._track.settle, self._offset)
+        self._settle = wrap(inner)
+
+    def settle(self, outcome: Outcome) -> None:
+        if self._settle is not None:
+            Delivery.settle(self, outcome)
+            return
+        track = self._track
+        with track.lock:
+            if self._settled is not None:
+                raise _settled_twice(self)
+            self._settled = outcome
+            track.settle_locked(self._offset, outcome)
+        after = self._after
+        if after is not None:
+            after(self, outcome)
+
+    def ack(self) -> None:
+        if self._settle is not None:
+            Delivery.settle(self, _ACCEPT)
+            return
+        track = self._track
+        with track.lock:
+            if self._settled is not None:
+                raise _settled_twice(self)
+            self._settled = _ACCEPT
+            pending = track.pending
+            offset = self._offset
+            # settle_locked's common case, inline: the oldest pending offset, in order.
+            if track.live and not track.settled and pending and pending[0] == offset:
                 pending.popleft()
-                self.commit = offset + 1
-                return
-            settled.add(offset)
-            while pending and pending[0] in settled:
-                done = pending.popleft()
-                settled.discard(done)
-                self.commit = done + 1
+                track.commit = offset + 1
+            else:
+                track.settle_locked(offset, _ACCEPT)
+        after = self._after
+        if after is not None:
+            after(self, _ACCEPT)
+
+
+def _settled_twice(delivery: Delivery) -> ClosedError:
+    settled = delivery.settled
+    return ClosedError(
+        f"delivery already settled ({settled.value if settled else None})",
+        message_id=delivery.message_id,
+    )
 
 
 class KafkaReceiver:
@@ -156,8 +257,6 @@ class KafkaReceiver:
         self._io = threading.RLock()
         #: Guards the tracks: settle() comes from any thread.
         self._lock = threading.Lock()
-        #: Shared by the deliveries for their exactly-once check (see Delivery).
-        self._delivery_lock = threading.Lock()
         self._tracks: dict[_Partition, _Track] = {}
         #: When ``receive`` commits next (monotonic seconds).
         self._commit_at = 0.0
@@ -254,40 +353,70 @@ class KafkaReceiver:
         deliveries: list[Delivery] = []
         append = deliveries.append
         tracks = self._tracks
-        lock = self._delivery_lock
         track: _Track | None = None
+        topic: str | None = None
+        partition: int | None = None
+        high = -1
         with self._lock:
-            for msg in messages:
-                if msg.error() is not None:
-                    self._consume_error(msg)
-                    continue
-                topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-                if topic is None or partition is None or offset is None:
-                    continue
-                # A batch holds runs of one partition: look its track up once per run.
-                if track is None or track.partition != partition or track.topic != topic:
-                    track = tracks.get((topic, partition))
-                    if track is None:
-                        track = tracks[(topic, partition)] = _Track(topic, partition, self._lock)
-                redelivered = offset <= track.high
-                if redelivered:
-                    self.redelivered += 1
-                else:
-                    track.high = offset
-                track.pending.append(offset)
-                message_id, headers = read_headers(msg)
-                append(
-                    Delivery(
-                        body=msg.value() or b"",
-                        destination=topic,
-                        message_id=message_id,
-                        key=msg.key(),
-                        headers=headers,
-                        redelivered=redelivered,
-                        settle=partial(track.settle, offset),
-                        lock=lock,
+            try:
+                for msg in messages:
+                    if msg.error() is not None:
+                        self._consume_error(msg)
+                        continue
+                    offset = msg.offset()
+                    # A batch holds runs of one partition: look its track up once per run.
+                    if msg.partition() != partition or msg.topic() != topic or track is None:
+                        if track is not None:
+                            track.high = high
+                        topic, partition = msg.topic(), msg.partition()
+                        if topic is None or partition is None:
+                            track = None
+                            continue
+                        track = tracks.get((topic, partition))
+                        if track is None:
+                            track = tracks[(topic, partition)] = _Track(
+                                topic, partition, self._lock
+                            )
+                        high = track.high
+                    if offset is None or track is None or topic is None:
+                        continue
+                    if offset <= high:
+                        redelivered = True
+                        self.redelivered += 1
+                    else:
+                        redelivered = False
+                        high = offset
+                    track.pending.append(offset)
+                    raw = msg.headers()
+                    # The common record: msgsafe's id header alone (read_headers' fast case).
+                    if (
+                        type(raw) is list
+                        and len(raw) == 1
+                        and raw[0][0] == ID_HEADER
+                        and type(raw[0][1]) is bytes
+                    ):
+                        message_id: str | None = raw[0][1].decode("utf-8", "replace")
+                        headers = NO_HEADERS
+                    elif raw:
+                        message_id, parsed = read_headers(msg)
+                        headers = MappingProxyType(parsed) if parsed else NO_HEADERS
+                    else:
+                        message_id, headers = None, NO_HEADERS
+                    append(
+                        _KafkaDelivery(
+                            msg.value() or b"",
+                            topic,
+                            message_id,
+                            msg.key(),
+                            headers,
+                            redelivered,
+                            track,
+                            offset,
+                        )
                     )
-                )
+            finally:
+                if track is not None:
+                    track.high = high
         return deliveries
 
     def _consume_error(self, msg: Message) -> None:

@@ -157,3 +157,35 @@ def test_two_stores_share_the_table_without_double_claims(
         assert not {e.message_id for e in mine} & {e.message_id for e in theirs}
     finally:
         other.close()
+
+
+def test_claims_find_rows_made_ready_below_where_the_last_claim_looked(
+    postgres_conninfo: str, table: str
+) -> None:
+    """Claims look for keys from the head the last claim found (below it lay only
+    rows not ready then): a row released, or committed late with a lower seq, below
+    that head is still claimed, and in its key's order."""
+    now = [1000.0]
+    store = PostgresOutbox(postgres_conninfo, table=table, max_keys=1, clock=lambda: now[0])
+    a0, b0, c0, d0, x1 = (Envelope.build("q", b"%d" % i, key=k) for i, k in enumerate("abcdx"))
+    x0, y0 = Envelope.build("q", b"x0", key="x"), Envelope.build("q", b"y0", key="y")
+    try:
+        with psycopg.connect(postgres_conninfo) as app:
+            # x0 and y0 get their seqs first and commit after the others were claimed.
+            store.put_in(app, [x0, y0])
+            store.put([a0, b0, x1, c0, d0])
+            assert store.claim(limit=10, lease_s=30) == [a0]
+            assert store.claim(limit=10, lease_s=30) == [b0]
+            # Released below the head the last claim found (b0): found again at once.
+            store.release([(a0.message_id, "later")], retry_at=now[0])
+            assert store.claim(limit=10, lease_s=30) == [a0]
+            app.commit()
+        # x is found above the head (x1) and claimed from its first row, x0.
+        assert store.claim(limit=10, lease_s=30) == [x0, x1]
+        # y0 has no row above the head: found once the cursor went back, within every_s.
+        assert store.claim(limit=10, lease_s=30) == [c0]
+        now[0] += 5.0
+        assert store.claim(limit=10, lease_s=30) == [y0]
+        assert store.claim(limit=10, lease_s=30) == [d0]
+    finally:
+        store.close()

@@ -99,12 +99,13 @@ def test_many_keys_three_forwarders_keep_every_key_in_order(
         )
         now = time.time()
         keys = [
-            bytes(r[0]) for r in conn.execute(sql["keys"], {"now": now, "scan": 10_000, "keys": 16})
+            bytes(r[0])
+            for r in conn.execute(sql["keys"], {"now": now, "scan": 10_000, "keys": 16, "after": 0})
         ]
         conn.rollback()
         claim = {"now": now, "until": now + 10, "limit": 1000}
         read = {
-            "keys": _pages(conn, sql["keys"], {"now": now, "scan": 10_000, "keys": 16}),
+            "keys": _pages(conn, sql["keys"], {"now": now, "scan": 10_000, "keys": 16, "after": 0}),
             "claim": _pages(conn, sql["claim_keys"], {**claim, "keys": keys, "per_key": 63}),
             "claim, no key": _pages(conn, sql["claim_keys"], {**claim, "keys": [], "per_key": 1}),
         }
