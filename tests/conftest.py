@@ -75,7 +75,9 @@ def _fast_tier_starts_no_server() -> Iterator[None]:
 #: A module belongs to the Kafka lane when its path names Kafka or Spark or one of its
 #: tests uses the session Kafka cluster or a Spark fixture; every other module is in the
 #: "other" lane (RabbitMQ, AMQP 1.0 brokers, PostgreSQL, network labs). Whole modules
-#: move together so a module's own clusters start once.
+#: move together so a module's own clusters start once. A test (or a module, through
+#: ``pytestmark``) that starts only clusters of its own may choose its lane with
+#: ``@pytest.mark.lane("kafka")``, to even out the two lanes' wall time.
 LANES = ("kafka", "other")
 
 
@@ -93,6 +95,17 @@ def _kafka_lane(item: pytest.Item) -> bool:
     if "kafka" in path or "spark" in path:
         return True
     return any(name == "kafka_cluster" or "spark" in name for name in item.fixturenames)
+
+
+def _chosen_lane(item: pytest.Item) -> str | None:
+    """The lane a ``lane`` marker on the test, its class or its module names, if any."""
+    marker = item.get_closest_marker("lane")
+    if marker is None:
+        return None
+    (name,) = marker.args
+    if name not in LANES:
+        raise pytest.UsageError(f"{item.nodeid}: lane({name!r}) is not one of {LANES}")
+    return str(name)
 
 
 def _kafka_case(item: pytest.Item) -> bool:
@@ -114,7 +127,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     kafka_modules = {item.nodeid.split("::", 1)[0] for item in items if _kafka_lane(item)}
     keep, drop = [], []
     for item in items:
-        in_kafka = item.nodeid.split("::", 1)[0] in kafka_modules or _kafka_case(item)
+        chosen = _chosen_lane(item)
+        if chosen is not None:
+            in_kafka = chosen == "kafka"
+        else:
+            in_kafka = item.nodeid.split("::", 1)[0] in kafka_modules or _kafka_case(item)
         (keep if in_kafka == (lane == "kafka") else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

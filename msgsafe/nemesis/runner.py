@@ -14,8 +14,10 @@ faults, then heal, drain, read back and check.
    sends) and one consumer process (:mod:`msgsafe.nemesis.worker`);
 4. applies each window of the schedule at its time: broker node SIGKILL and restart,
    SIGSTOP and SIGCONT; producer SIGKILL and a new process on the same outbox, producer
-   SIGSTOP and SIGCONT (its heartbeats stop, its confirms wait); a black hole, a slow
-   link (latency, bandwidth) or resets on one node's proxy. Actions run one after
+   SIGSTOP and SIGCONT (its heartbeats stop, its confirms wait); a black hole (both
+   ways, or one way: the producers' bytes to the node vanish while the node's still
+   arrive, or the reverse, so a send reaches the broker and its confirm does not), a
+   slow link (latency, bandwidth) or resets on one node's proxy. Actions run one after
    another on this thread (a cluster is driven from one thread), so a slow restart
    delays the next action: the history has the times they really happened;
 5. heals everything (proxies, paused and killed nodes), records ``heal``, stops the
@@ -53,8 +55,22 @@ from msgsafe.testing.faultproxy import FaultProxy
 
 __all__ = ["KINDS", "Outcome", "Plan", "replay_command", "run"]
 
-#: Kinds the nemesis can run, with the options their clients use. NOTE: timeouts are
-#: short so that a fault is noticed within seconds, as in the chaos matrix.
+#: The AMQP 1.0 clients' options (as the chaos matrix's). ``failover_merge=ignore``: the
+#: clients use only the URL's hosts, the proxies, and never a node's own address that an
+#: Artemis primary advertises (``failover-server-list``), so every byte between a producer
+#: and a node passes a proxy.
+_AMQP10: dict[str, Any] = {
+    "connect_timeout": 1.0,
+    "confirm_timeout": 2.0,
+    "heartbeat": 2.0,
+    "reconnect_maximum": 1.0,
+    "failover_merge": "ignore",
+}
+
+#: Kinds the nemesis can run: the options their clients use, how many nodes, and what
+#: the faults mean on that broker's shape (``limits``: what the schedule's description
+#: states). NOTE: timeouts are short so that a fault is noticed within seconds, as in the
+#: chaos matrix.
 KINDS: dict[str, dict[str, Any]] = {
     "rabbitmq": {
         "options": {
@@ -64,10 +80,54 @@ KINDS: dict[str, dict[str, Any]] = {
             "heartbeat": 2,
         },
         "proxied": True,
+        "nodes": 3,
+        "limits": (
+            "RabbitMQ: 3 nodes, a quorum queue; one broker fault at a time keeps a majority.",
+            "Network faults are between the producers and one node (a proxy per node), "
+            "not between the nodes.",
+        ),
     },
     "kafka": {
         "options": {"connect_timeout": 1.0, "confirm_timeout": 3.0},
         "proxied": True,
+        "nodes": 3,
+        "limits": (
+            "Kafka: 3 KRaft nodes, replication factor 3, min.insync.replicas 2; one broker "
+            "fault at a time keeps a majority.",
+            "Network faults are between the producers and one node (each node advertises "
+            "its proxy), not between the nodes.",
+        ),
+    },
+    "qpid": {
+        "options": dict(_AMQP10),
+        "proxied": True,
+        "nodes": 3,
+        "limits": (
+            "Qpid Broker-J: a BDB HA group of 3 (one master, two replicas; a commit needs "
+            "2 of 3); one broker fault at a time keeps a quorum. A master killed makes the "
+            "others elect a new one.",
+            "A pause (3-12 s) stays under Berkeley DB JE's replica timeout (30 s): a paused "
+            "master keeps its role, its clients wait (sends end stored and are forwarded).",
+            "Network faults are between the producers and one node (the URL names every "
+            "node's proxy; replicas refuse connections), not between the nodes: a partition "
+            "of the group itself is tests/chaos/test_qpid_partition.py (network namespaces).",
+        ),
+    },
+    "artemis": {
+        "options": dict(_AMQP10),
+        "proxied": True,
+        "nodes": 2,
+        "limits": (
+            "ActiveMQ Artemis: a primary/backup pair with replication (node 0 primary, "
+            "node 1 backup); one broker fault at a time. A primary killed is a fail-over to "
+            "the backup, its restart a fail-back.",
+            "A pause (3-12 s) stays under the pair's failure check (30 s): a paused primary "
+            "keeps its role. A longer one is not drawn: a pair has no third voter, the "
+            "backup takes over and both stay active once the primary resumes (split brain, "
+            "AMQ222294), which Artemis replication without a quorum cannot prevent.",
+            "Network faults are between the producers and one node; the clients ignore the "
+            "primary's failover-server-list so that no connection bypasses the proxies.",
+        ),
     },
 }
 
@@ -82,9 +142,14 @@ class Plan:
     dir: Path
     #: One per node by default: each starts on its own node (see producer_url).
     producers: int = 3
-    nodes: int = 3
+    #: 0: the kind's own (``KINDS[kind]["nodes"]``: 3; an Artemis pair: 2).
+    nodes: int = 0
     rate: float = 40.0
     readback_timeout: float = 180.0
+
+    def __post_init__(self) -> None:
+        if self.nodes == 0 and self.kind in KINDS:
+            object.__setattr__(self, "nodes", KINDS[self.kind]["nodes"])
 
 
 @dataclass
@@ -284,6 +349,10 @@ class _Run:
                 proxy.heal()
             elif w.action == "blackhole":
                 proxy.blackhole()
+            elif w.action == "blackhole-to-broker":
+                proxy.blackhole(direction="upstream")
+            elif w.action == "blackhole-to-client":
+                proxy.blackhole(direction="downstream")
             elif w.action == "latency":
                 proxy.latency(0.5)
             elif w.action == "bandwidth":
@@ -397,7 +466,7 @@ def run(plan: Plan, say: Callable[[str], None] = lambda _: None) -> Outcome:
         "producer": plan.producers,
         "network": plan.nodes if KINDS[plan.kind]["proxied"] else 0,
     }
-    drawn = schedule.draw(plan.seed, duration, targets)
+    drawn = schedule.draw(plan.seed, duration, targets, description=KINDS[plan.kind]["limits"])
     for sub in ("history", "logs", "outboxes"):
         (plan.dir / sub).mkdir(parents=True, exist_ok=True)
     (plan.dir / "schedule.json").write_text(json.dumps(drawn.to_json(), indent=1))
@@ -405,6 +474,8 @@ def run(plan: Plan, say: Callable[[str], None] = lambda _: None) -> Outcome:
         f"seed {plan.seed}: {len(drawn.windows)} faults in {duration:.0f} s; replay: "
         f"{replay_command(plan)}"
     )
+    for line in drawn.description:
+        say(f"  {line}")
     r = _Run(plan, say)
     try:
         with history.History(r.hist_dir / "runner.jsonl", "runner") as own:

@@ -27,7 +27,14 @@ __all__ = ["ACTIONS", "BOUNDS", "Schedule", "Window", "draw", "overlap"]
 ACTIONS: dict[str, tuple[str, ...]] = {
     "broker": ("kill", "pause"),
     "producer": ("kill", "pause"),
-    "network": ("blackhole", "latency", "bandwidth", "reset"),
+    "network": (
+        "blackhole",
+        "blackhole-to-broker",
+        "blackhole-to-client",
+        "latency",
+        "bandwidth",
+        "reset",
+    ),
 }
 
 #: How many faults of one role may be in effect at once. NOTE: one broker at a time
@@ -40,6 +47,8 @@ LENGTHS: dict[str, tuple[float, float]] = {
     "kill": (4.0, 15.0),
     "pause": (3.0, 12.0),
     "blackhole": (3.0, 10.0),
+    "blackhole-to-broker": (3.0, 10.0),
+    "blackhole-to-client": (3.0, 10.0),
     "latency": (4.0, 12.0),
     "bandwidth": (4.0, 12.0),
     "reset": (1.0, 3.0),
@@ -71,6 +80,9 @@ class Schedule:
     windows: tuple[Window, ...]
     quiet: tuple[tuple[float, float], ...]
     bounds: Mapping[str, int] = field(default_factory=lambda: dict(BOUNDS))
+    #: What the faults mean on the cluster's shape, and the faults it cannot take (and
+    #: why they are not drawn), one sentence a line: the report states them.
+    description: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (``report.json``'s ``schedule``)."""
@@ -78,6 +90,7 @@ class Schedule:
             "seed": self.seed,
             "duration": self.duration,
             "bounds": dict(self.bounds),
+            "description": list(self.description),
             "quiet": [list(q) for q in self.quiet],
             "windows": [asdict(w) for w in self.windows],
         }
@@ -114,6 +127,7 @@ def draw(
     warmup: float = 5.0,
     tail: float = 5.0,
     quiet_share: float = 0.2,
+    description: Sequence[str] = (),
 ) -> Schedule:
     """A schedule of ``duration`` seconds for the roles in ``targets`` (role -> how many
     targets: nodes, producers, proxied links; a role with 0 targets gets no fault).
@@ -121,7 +135,8 @@ def draw(
     ``actions``: the actions allowed per role (default :data:`ACTIONS`); ``bounds``: the
     most overlapping windows per role (default :data:`BOUNDS`). No fault in the first
     ``warmup`` or last ``tail`` seconds, nor in the quiet periods (about ``quiet_share``
-    of the time, in pieces of 5-20 s).
+    of the time, in pieces of 5-20 s). ``description`` is carried into the schedule
+    as it is (it does not change the draw).
     """
     if duration <= warmup + tail:
         raise ValueError(f"duration {duration} s leaves no time between warmup and tail")
@@ -140,7 +155,7 @@ def draw(
     kept = [w for w in windows if not any(_meets(w, q) for q in quiet)]
     kept = _no_shared_target(kept)
     kept.sort(key=lambda w: (w.start, w.role, w.target))
-    return Schedule(seed, duration, tuple(kept), tuple(quiet), limit)
+    return Schedule(seed, duration, tuple(kept), tuple(quiet), limit, tuple(description))
 
 
 def _quiet_periods(

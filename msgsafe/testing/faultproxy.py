@@ -8,7 +8,9 @@ only once the fault is in effect on the proxy's loop.
 Faults (each replaces the previous *mode*; latency, bandwidth and cut combine with it):
 
 - :meth:`FaultProxy.blackhole` — connections stay open, bytes (and FINs) vanish in both
-  directions. Clients hang until their own heartbeat or timeout notices.
+  directions. Clients hang until their own heartbeat or timeout notices. With
+  ``direction`` ``upstream`` or ``downstream`` only that way is cut (a one-way
+  partition): the other keeps flowing, and new connections are still made.
 - :meth:`FaultProxy.stall` — bytes are held, not lost: like a partition that TCP survives;
   on :meth:`~FaultProxy.heal` the held bytes flow on and streams stay intact.
 - :meth:`FaultProxy.reset` — RST every current connection (``SO_LINGER`` 0) and every new
@@ -123,6 +125,8 @@ class FaultProxy:
         self._upstream_socket = upstream_socket
         self._connect_timeout = connect_timeout
         self._mode = Mode.PASS
+        #: Per direction: bytes vanish (a one-way black hole; both: Mode.BLACKHOLE).
+        self._holed = [False, False]
         self._latency = [0.0, 0.0]
         self._buckets: list[TokenBucket | None] = [None, None]
         self._cut_after: int | None = None
@@ -167,9 +171,14 @@ class FaultProxy:
         """``(host, port)`` the proxy forwards to."""
         return self._upstream
 
-    def blackhole(self) -> None:
-        """Keep connections open but drop every byte and FIN, both directions."""
-        self._call(self._set_mode, Mode.BLACKHOLE)
+    def blackhole(self, *, direction: Direction = "both") -> None:
+        """Keep connections open but drop every byte and FIN in ``direction`` (``both``:
+        each way, and new connections are not even dialled upstream; ``upstream`` or
+        ``downstream``: a one-way partition, the other direction flows on)."""
+        if direction == "both":
+            self._call(self._set_mode, Mode.BLACKHOLE)
+        else:
+            self._call(self._set_hole, direction)
 
     def stall(self) -> None:
         """Hold every byte (TCP back-pressure) until :meth:`heal`; nothing is lost."""
@@ -286,6 +295,10 @@ class FaultProxy:
             for conn in list(self._conns):
                 self._reset_conn(conn)
 
+    async def _set_hole(self, direction: Direction) -> None:
+        for d in directions(direction):
+            self._holed[d] = True
+
     async def _set_latency(self, seconds: float, direction: Direction) -> None:
         for d in directions(direction):
             self._latency[d] = seconds
@@ -301,6 +314,7 @@ class FaultProxy:
 
     async def _heal(self) -> None:
         await self._set_mode(Mode.PASS)
+        self._holed = [False, False]
         self._latency = [0.0, 0.0]
         self._buckets = [None, None]
         self._cut_after = None
@@ -434,7 +448,7 @@ class FaultProxy:
                 if delay > 0:
                     await asyncio.sleep(delay)
                 await self._gate[d].wait()
-                if self._mode is Mode.BLACKHOLE or sink is None:
+                if self._mode is Mode.BLACKHOLE or self._holed[d] or sink is None:
                     conn.gapped = True
                     self._dropped[d] += len(data)
                     continue
@@ -459,7 +473,7 @@ class FaultProxy:
             cut = d == DOWN and conn.cut_budget is not None and len(piece) >= conn.cut_budget
             if cut and conn.cut_budget is not None:
                 piece = piece[: conn.cut_budget]
-            if self._mode is Mode.BLACKHOLE:
+            if self._mode is Mode.BLACKHOLE or self._holed[d]:
                 conn.gapped = True
                 self._dropped[d] += len(data)
                 return

@@ -167,6 +167,43 @@ def test_blackhole_swallows_the_servers_fin(proxy: FaultProxy, echo: _EchoServer
         assert echo.open == 1
 
 
+def test_a_one_way_blackhole_cuts_one_direction_and_the_other_flows(
+    proxy: FaultProxy, echo: _EchoServer
+) -> None:
+    with connect(proxy) as sock:
+        assert roundtrip(sock) == b"ping"
+        proxy.blackhole(direction="downstream")
+        sock.settimeout(0.5)
+        sock.sendall(b"heard")
+        # The server got it and answered (upstream flows); the answer vanished.
+        wait_until(lambda: proxy.stats().dropped_downstream == 5, 5, "5 answer bytes dropped")
+        assert proxy.stats().bytes_upstream == 4 + 5 and proxy.stats().dropped_upstream == 0
+        with pytest.raises(TimeoutError):
+            sock.recv(10)
+        assert still_open(sock)
+        # A new connection is still dialled upstream (a one-way cut, not a dead node).
+        with connect(proxy, timeout=0.5) as fresh:
+            wait_until(lambda: echo.open == 2, 5, "the new connection reaches the server")
+            fresh.sendall(b"x")
+            with pytest.raises(TimeoutError):
+                fresh.recv(1)
+        proxy.heal()
+        sock.settimeout(5)
+        with pytest.raises((ConnectionResetError, ConnectionError)):
+            roundtrip(sock)  # its stream has a gap: reset, not resumed corrupt
+
+    with connect(proxy) as sock:
+        proxy.blackhole(direction="upstream")
+        sock.settimeout(0.5)
+        sock.sendall(b"lost")
+        wait_until(lambda: proxy.stats().dropped_upstream == 4, 5, "4 bytes dropped upstream")
+        with pytest.raises(TimeoutError):
+            sock.recv(10)
+        proxy.heal()
+    with connect(proxy) as sock:
+        assert roundtrip(sock) == b"ping"
+
+
 def test_reset_sends_rst_to_current_and_new_connections(proxy: FaultProxy) -> None:
     with connect(proxy) as sock:
         assert roundtrip(sock) == b"ping"

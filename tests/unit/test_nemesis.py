@@ -258,10 +258,35 @@ def test_an_unsupported_kind_is_a_usage_error() -> None:
 
     from msgsafe.cli.app import app
 
-    result = CliRunner().invoke(app, ["nemesis", "qpid", "--seed", "1"])
+    result = CliRunner().invoke(app, ["nemesis", "nats", "--seed", "1"])
     assert result.exit_code == 2
     words = " ".join(result.output.replace("│", " ").split())
-    assert "qpid and artemis are not supported yet" in words
+    assert "unknown kind 'nats' (known: artemis, kafka, qpid, rabbitmq)" in words
+
+
+def test_the_description_is_carried_into_the_schedule_and_changes_no_fault() -> None:
+    plain = schedule.draw(77, 300, TARGETS)
+    described = schedule.draw(77, 300, TARGETS, description=["a pair: no third voter"])
+    assert described.windows == plain.windows and described.quiet == plain.quiet
+    assert described.to_json()["description"] == ["a pair: no third voter"]
+    assert plain.to_json()["description"] == []
+
+
+def test_every_kind_states_its_limits_and_the_amqp10_clients_keep_to_the_proxies() -> None:
+    from msgsafe.nemesis.runner import KINDS, Plan
+
+    assert set(KINDS) == {"rabbitmq", "kafka", "qpid", "artemis"}
+    for kind, setup in KINDS.items():
+        assert setup["limits"] and all(isinstance(line, str) for line in setup["limits"]), kind
+    for kind in ("qpid", "artemis"):
+        # An advertised node address would let a producer bypass its proxy.
+        assert KINDS[kind]["options"]["failover_merge"] == "ignore"
+    # Artemis's split brain under a long pause is stated, and no pause is drawn that long.
+    assert any("split brain" in line for line in KINDS["artemis"]["limits"])
+    assert schedule.LENGTHS["pause"][1] < 30.0
+    assert Plan(kind="artemis", minutes=1, seed=1, dir=Path("/x")).nodes == 2
+    assert Plan(kind="qpid", minutes=1, seed=1, dir=Path("/x")).nodes == 3
+    assert Plan(kind="qpid", minutes=1, seed=1, dir=Path("/x"), nodes=5).nodes == 5
 
 
 def test_the_replay_command_names_the_seed_and_what_differs() -> None:
@@ -314,3 +339,57 @@ def test_the_command_exits_1_on_a_failed_invariant_and_prints_the_replay(
     report = json.loads(passed.output)
     assert report["ok"] and report["verdict"]["lost"] == 0
     assert report["replay"] == "msgsafe nemesis kafka --minutes 2 --seed 6"
+
+
+def test_the_evidence_table_has_a_row_per_report_and_says_no_on_a_loss() -> None:
+    from msgsafe.nemesis.runner import Outcome, Plan
+    from msgsafe.nemesis.table import HEADER, table
+
+    drawn = schedule.draw(3, 120, {"broker": 2, "producer": 3, "network": 2})
+    clean, _ = checker.check(_clean().events)
+    lossy = _clean()
+    lossy.sent("c0", "k3", 0)
+    lost, _ = checker.check(lossy.events)
+    reports = [
+        json.loads(json.dumps(Outcome(Plan("artemis", 2, seed, Path("/x")), v, drawn).report()))
+        for seed, v in ((3, clean), (4, lost))
+    ]
+    lines = table(reports).splitlines()
+    assert lines[:2] == HEADER.splitlines() and len(lines) == 4
+    roles = [sum(w.role == r for w in drawn.windows) for r in ("broker", "producer", "network")]
+    faults = f"{len(drawn.windows)} ({roles[0]} / {roles[1]} / {roles[2]})"
+    assert lines[2] == (
+        f"| artemis | 3 | 2 | {faults} | 6 (3 / 3) | 6 | 0 | 0 | 0 | 0 | 2.0 / 2.0 | yes |"
+    )
+    assert lines[3].startswith("| artemis | 4 |") and "| 7 (4 / 3) | 6 | 1 |" in lines[3]
+    assert lines[3].endswith("| NO |")
+
+
+def test_every_network_action_is_its_own_proxy_fault(tmp_path: Path) -> None:
+    from msgsafe.nemesis.runner import Plan, _Run
+
+    class Proxy:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args, **kwargs: self.calls.append((name, args, kwargs))
+
+    r = _Run(Plan(kind="qpid", minutes=1, seed=1, dir=tmp_path), lambda _: None)
+    r.cluster = object()  # type: ignore[assignment]
+    r.proxies = [Proxy()]  # type: ignore[list-item]
+    applied = {}
+    with history.History(tmp_path / "runner.jsonl", "runner") as own:
+        r.own = own
+        for action in schedule.ACTIONS["network"]:
+            proxy = r.proxies[0]
+            proxy.calls.clear()  # type: ignore[attr-defined]
+            w = schedule.Window("network", action, 0, 1.0, 2.0)
+            r.apply(w, True)
+            applied[action] = proxy.calls[-1]  # type: ignore[attr-defined]
+            r.apply(w, False)
+            assert proxy.calls[-1][0] == "heal"  # type: ignore[attr-defined]
+    assert applied["blackhole"] == ("blackhole", (), {})
+    assert applied["blackhole-to-broker"] == ("blackhole", (), {"direction": "upstream"})
+    assert applied["blackhole-to-client"] == ("blackhole", (), {"direction": "downstream"})
+    assert len({repr(call) for call in applied.values()}) == len(applied)

@@ -69,7 +69,10 @@ _TICK_S = 0.05
 #: timeout, doubling up to 30 s while it stays silent. NOTE: not 30 s at once: an
 #: Artemis live paused for less than its backup's failure check is, once resumed, the
 #: only node that serves (the backup keeps refusing); a 30 s hold kept every send STORED
-#: for 30 s after the resume (measured in the chaos matrix).
+#: for 30 s after the resume (measured in the chaos matrix). And no doubling while every
+#: other endpoint has failed too since the last open connection: then the silent one is
+#: the only hope, and is dialed again every 5 s (``msgsafe nemesis artemis``: a primary
+#: cut off one way while its backup was killed kept its sends STORED ~30 s after the heal).
 _MUTE_S = (5.0, 30.0)
 #: Seconds more a peer that already answered (its SASL frames) gets to finish the login:
 #: a broker may delay a refused login on purpose (RabbitMQ's AMQP 1.0 plugin: 3 s).
@@ -180,6 +183,8 @@ class Engine(MessagingHandler):
         #: Endpoints that timed out connecting, and until when they are passed over.
         self._mute: dict[Endpoint, float] = {}
         self._mute_hold: dict[Endpoint, float] = {}
+        #: Endpoints whose latest attempt failed since the last open connection.
+        self._failed: set[Endpoint] = set()
         self._redirects = Redirects(options.allows)
         #: Attempts that failed before opening since the last open connection (or start).
         self._failures = 0
@@ -355,7 +360,12 @@ class Engine(MessagingHandler):
             self.schedule(LOGIN_GRACE_S, lambda: self._connect_timeout(generation, graced=True))
             return
         if self._current is not None:
-            hold = min(_MUTE_S[1], 2 * self._mute_hold.get(self._current, _MUTE_S[0] / 2))
+            current = self._current
+            others = [e for e in self._endpoints.endpoints if e != current]
+            if others and self._failed.issuperset(others):
+                hold = _MUTE_S[0]  # no other endpoint serves either (see _MUTE_S)
+            else:
+                hold = min(_MUTE_S[1], 2 * self._mute_hold.get(current, _MUTE_S[0] / 2))
             self._mute_hold[self._current] = hold
             self._mute[self._current] = time.monotonic() + hold
         self._lost(conn, TimedOut())
@@ -384,6 +394,7 @@ class Engine(MessagingHandler):
         self._mute.pop(current, None)
         self._mute_hold.pop(current, None)
         self._failures = 0
+        self._failed.clear()
         self.history.append(current)
         log.info("connected to %s", current)
         properties = event.connection.remote_properties
@@ -504,6 +515,8 @@ class Engine(MessagingHandler):
         elif not redirected:
             # One WARNING per outage (the first failed attempt), the retries at DEBUG.
             self._failures += 1
+            if endpoint is not None:
+                self._failed.add(endpoint)
             self.last_failure = f"cannot connect to {endpoint}: {failure_cause(condition)}"
             log.log(
                 logging.WARNING if self._failures == 1 else logging.DEBUG,

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import socket
 import threading
+import time
 
 import pytest
 
@@ -276,6 +277,41 @@ def test_a_paused_node_costs_connect_timeout_once_not_on_every_pass(
         assert len(mute.accepted) == 1, "the paused node was dialed again within its hold"
     finally:
         mute.close()
+
+
+def test_a_silent_node_is_dialed_every_5_s_while_every_other_node_refuses(
+    amqp10_peers: PeerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The only node that can serve goes silent (a one-way cut, a pause) while the other
+    refuses (an Artemis backup, a Broker-J replica): the silent one is dialed again every
+    5 s, not after a hold doubling to 30 s, so the client is back within seconds of the
+    heal (``msgsafe nemesis artemis``: 30 s of STORED sends after a heal)."""
+    from msgsafe.cluster._process import free_ports
+    from msgsafe.testing.faultproxy import FaultProxy
+
+    caplog.set_level(logging.DEBUG, logger="msgsafe.adapters.amqp10")
+    peer = amqp10_peers.start()
+    (refusing,) = free_ports(1)  # nothing listens: connection refused
+    with FaultProxy("127.0.0.1", peer.port, connect_timeout=2.0) as proxy:
+        timed_out = f"cannot connect to 127.0.0.1:{proxy.port}: timed out"
+
+        def timeouts() -> int:
+            return sum(timed_out in r.getMessage() for r in list(caplog.records))
+
+        url = f"amqp10://127.0.0.1:{proxy.port},127.0.0.1:{refusing}"
+        with transport_for(url, confirm_timeout=2.0, connect_timeout=0.5) as transport:
+            transport.publish(Envelope.build("orders", b"1")).result(15)
+            proxy.reset()  # the connection drops ...
+            proxy.blackhole()  # ... and every new one is accepted and never answered
+            # Three timeouts, the refusing node failing all along: a doubling hold was 5,
+            # 10, then 20 s after the third; healed at its start.
+            wait_until(lambda: timeouts() >= 3, 40, "three timed-out dials")
+            proxy.heal()
+            healed = time.monotonic()
+            wait_until(lambda: len(transport.history) == 2, 30, "a connection after the heal")
+            back = time.monotonic() - healed
+            transport.publish(Envelope.build("orders", b"2")).result(15)
+    assert back < 8.0, f"back {back:.1f} s after the heal"
 
 
 def test_connection_redirect_is_followed(

@@ -1,0 +1,41 @@
+"""The evidence table of nemesis runs, one Markdown row per run's ``report.json``
+(what docs/evidence/reliability.md shows; ``scripts/nemesis_table.py`` runs the seeds
+and prints it)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["HEADER", "row", "table"]
+
+HEADER = (
+    "| kind | seed | minutes | faults (broker / producer / network) | receipted "
+    "(confirmed / stored) | received | lost | unexpected | duplicates | order violations "
+    "| recovery s (last / slowest) | ok |\n"
+    "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"
+)
+
+
+def _seconds(value: float | None) -> str:
+    return "never" if value is None else f"{value:.1f}"
+
+
+def row(report: dict[str, Any]) -> str:
+    """One table row from a run's ``report.json``."""
+    plan, v = report["plan"], report["verdict"]
+    roles = Counter(w["role"] for w in report["schedule"]["windows"])
+    faults = f"{report['faults']} ({roles['broker']} / {roles['producer']} / {roles['network']})"
+    return (
+        f"| {plan['kind']} | {plan['seed']} | {plan['minutes']:g} | {faults} | "
+        f"{v['receipted']} ({v['confirmed']} / {v['stored']}) | {v['received']} | "
+        f"{v['lost']} | {v['unexpected']} | {v['duplicates']} | {v['order_violations']} | "
+        f"{_seconds(v['recovery_s'])} / {_seconds(v['worst_recovery_s'])} | "
+        f"{'yes' if report['ok'] else 'NO'} |"
+    )
+
+
+def table(reports: Iterable[dict[str, Any]]) -> str:
+    """The Markdown table of ``reports``."""
+    return "\n".join([HEADER, *(row(r) for r in reports)])
