@@ -67,14 +67,38 @@ _AMQP10: dict[str, Any] = {
     "failover_merge": "ignore",
 }
 
+
+def _ordered_rabbitmq_queue(cluster: LocalCluster, queue: str) -> None:
+    """Declare ``queue`` a quorum queue with a single active consumer. Per-key order by
+    first arrival needs it on RabbitMQ: a consumer whose node is paused or cut off keeps
+    what the queue handed it until that node is back or declared down, and without it
+    the consumer's next connection, on another node, is handed later messages of the
+    same keys first (seed 1796604344: 100 out of order, none lost)."""
+    import pika
+
+    from msgsafe.cluster.rabbitmq import RabbitCluster
+
+    assert isinstance(cluster, RabbitCluster)
+    conn = pika.BlockingConnection(pika.URLParameters(cluster.node_url(0)))
+    try:
+        conn.channel().queue_declare(
+            queue,
+            durable=True,
+            arguments={"x-queue-type": "quorum", "x-single-active-consumer": True},
+        )
+    finally:
+        conn.close()
+
+
 #: Kinds the nemesis can run: the options their clients use, how many nodes, and what
 #: the faults mean on that broker's shape (``limits``: what the schedule's description
 #: states). NOTE: timeouts are short so that a fault is noticed within seconds, as in the
 #: chaos matrix.
 KINDS: dict[str, dict[str, Any]] = {
     "rabbitmq": {
+        # The queue is declared before any client starts (``prepare``), by no client.
+        "prepare": _ordered_rabbitmq_queue,
         "options": {
-            "declare": "quorum",
             "connect_timeout": 1.0,
             "confirm_timeout": 2.0,
             "heartbeat": 2,
@@ -82,7 +106,8 @@ KINDS: dict[str, dict[str, Any]] = {
         "proxied": True,
         "nodes": 3,
         "limits": (
-            "RabbitMQ: 3 nodes, a quorum queue; one broker fault at a time keeps a majority.",
+            "RabbitMQ: 3 nodes, a quorum queue with a single active consumer; one broker "
+            "fault at a time keeps a majority.",
             "Network faults are between the producers and one node (a proxy per node), "
             "not between the nodes.",
         ),
@@ -267,6 +292,9 @@ class _Run:
             cluster.create_topic(self.destination, partitions=3)
             # The consumer's new group reads from offset 0: none of the run is skipped.
             start_group_at_beginning(parse_url(cluster.url), self.destination, self.group)
+        prepare = self.setup.get("prepare")
+        if prepare is not None:
+            prepare(cluster, self.destination)
         return cluster
 
     def producer_url(self, index: int) -> str:
