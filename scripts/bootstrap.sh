@@ -95,6 +95,8 @@ if [ "$mode" = all ]; then
   fi
   if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
     log "starting PostgreSQL"
-    pg_ctlcluster --skip-systemctl-redirect "$pgver" main start || true
+    # Marked, so that scripts/test.sh stops what it started (and nothing it did not).
+    pg_ctlcluster --skip-systemctl-redirect "$pgver" main start \
+      && echo "$pgver" > "${TMPDIR:-/tmp}/msgsafe-started-postgres" || true
   fi
 fi
