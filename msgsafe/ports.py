@@ -85,6 +85,7 @@ __all__ = [
     "ReleasingStore",
     "RenewingStore",
     "RowClaimingStore",
+    "SafePath",
     "StoreCapabilities",
     "TransactionalStore",
     "Transport",
@@ -343,6 +344,20 @@ class ErrorListeningTransport(Transport, Protocol):
 
     def listen_errors(self, listener: ErrorListener | None) -> None:
         """Tell ``listener`` each connection event from now on; ``None`` stops."""
+        ...
+
+
+class SafePath(Protocol):
+    """What a fast path (:class:`msgsafe.fastpath.FastPath`) needs of the safe path behind
+    it, msgsafe's :class:`~msgsafe.Producer`: its destination check, and its backlog."""
+
+    def guarantee(self, destination: str) -> Any:
+        """What ``destination`` does with a confirmed message (checked once, cached by the
+        fast path); raises the safe path's refusal or its ``TransientError``."""
+        ...
+
+    def pending(self) -> int:
+        """How many messages wait in the outbox (0: none a fast send could overtake)."""
         ...
 
 
