@@ -7,7 +7,7 @@ tasks has a real pika connection of its own (opened on its first task, with the
 transport's parameters) and a channel in confirm mode, and the task message goes out
 ``mandatory``, with the properties msgsafe's RabbitMQ adapter would publish (persistent,
 the task id as ``message_id``, the send time as ``timestamp`` where none was set;
-:func:`msgsafe.compat.pika._direct.direct_properties`). A confirm means the broker has
+:func:`msgsafe.compat.pika._fast.fast_properties`). A confirm means the broker has
 the message: the promise holds and nothing else is done.
 
 Only a destination msgsafe's check admitted goes this way (checked once, as the producer
@@ -34,7 +34,7 @@ from pika import exceptions as pe
 
 from msgsafe.adapters.rabbitmq import open_blocking_connection
 from msgsafe.compat._celery_message import TaskMessage
-from msgsafe.compat.pika._direct import direct_properties
+from msgsafe.compat.pika._fast import fast_properties
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import MsgsafeError, TransientError
 from msgsafe.fastpath import FastPath
@@ -79,7 +79,7 @@ class FastTaskPublisher:
         except MsgsafeError:
             path.refused()
             return None  # refused: msgsafe's path raises it
-        props = direct_properties(message.properties, envelope.message_id, time.time())
+        props = fast_properties(message.properties, envelope.message_id, time.time())
         local = self._local
         try:
             channel = self._channel()

@@ -15,7 +15,7 @@ from msgsafe.adapters.rabbitmq._wire import carried_properties
 from msgsafe.compat import pika
 from msgsafe.compat._pika_config import connection_url, publish_error
 from msgsafe.compat.pika._channel import encode_properties
-from msgsafe.compat.pika._direct import direct_properties
+from msgsafe.compat.pika._fast import fast_properties
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError, MessageTooLarge, Rejected, Unroutable
 from msgsafe.message import AMQP_PROPERTIES_HEADER, Envelope
@@ -86,7 +86,7 @@ def test_the_direct_path_publishes_the_properties_the_adapter_would(
         headers={AMQP_PROPERTIES_HEADER: encode_properties(props)},
         message_id="m-1",
     )
-    direct = direct_properties(props, "m-1", envelope.created_at)
+    direct = fast_properties(props, "m-1", envelope.created_at)
     assert direct.__dict__ == carried_properties(envelope).__dict__
     assert props.message_id in (None, "theirs") and props.delivery_mode in (None, 1)  # unchanged
 
