@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 from msgsafe._futures import LightFuture
-from msgsafe.errors import MsgsafeError
+from msgsafe.errors import MsgsafeError, OutboxError
 from msgsafe.message import Batch, Delivery, Envelope
 
 __all__ = [
@@ -372,8 +372,15 @@ class LaneHost(Protocol):
     """What a :class:`Lane` needs from the producer that opened it."""
 
     @property
-    def store(self) -> OutboxStore | None:
-        """The outbox (None: failures are the caller's errors, nothing is stored)."""
+    def stores(self) -> bool:
+        """Whether an outbox takes what the lane cannot deliver (False: failures are the
+        caller's errors, nothing is stored). The lane never holds the store itself."""
+        ...
+
+    def store_refused(self, envelopes: Sequence[Envelope]) -> OutboxError | None:
+        """Write ``envelopes`` (the lane's undelivered sends, in send order) to the outbox
+        in one put (:func:`msgsafe.fastpath.store_refused`); None when stored, otherwise
+        the error each of them fails with."""
         ...
 
     @property
