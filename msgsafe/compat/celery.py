@@ -93,6 +93,7 @@ from msgsafe.errors import (
     Unroutable,
     UnsafeDestination,
 )
+from msgsafe.fastpath import store_refused
 from msgsafe.message import AMQP_PROPERTIES_HEADER, Envelope, Guarantee, Receipt, Status
 from msgsafe.producer import Producer
 
@@ -121,22 +122,22 @@ class _Declarer:
     """Declares the queues and exchanges Celery names with each task (``declare=``), once
     each, on a short-lived kombu connection, as kombu's ``maybe_declare`` would.
 
-    After a declare failed (no broker answered) it rests until msgsafe confirms a
+    After a declare failed (no broker answered) it skips declaring until msgsafe confirms a
     message again, so an outage costs no connection attempt per task: those messages go
     to the outbox, and one the broker later returns as unroutable stays there too."""
 
     def __init__(self, connect: Callable[[], Any]) -> None:
         self._connect = connect
         self._done: set[Any] = set()
-        self._resting = False
+        self._skipping = False
         self._lock = threading.Lock()
 
     def declare(self, entities: Any) -> None:
-        if not entities or self._resting:
+        if not entities or self._skipping:
             return
         with self._lock:
             todo = [e for e in entities if e not in self._done]
-            if not todo or self._resting:
+            if not todo or self._skipping:
                 return
             conn = self._connect()
             try:
@@ -155,12 +156,12 @@ class _Declarer:
                     self._done.add(entity)
             except Exception as exc:  # any other failure: msgsafe's path decides
                 log.info("declaring %s failed (%r); publishing without it", todo, exc)
-                self._resting = True
+                self._skipping = True
             finally:
                 conn.release()
 
     def resume(self) -> None:
-        self._resting = False
+        self._skipping = False
 
 
 class CeleryPublisher:
@@ -337,10 +338,8 @@ class CeleryPublisher:
         outbox = producer.outbox
         if outbox is None:  # pragma: no cover - no outage without an outbox
             raise OperationalError(f"task {envelope.message_id} not published: no outbox")
-        try:
-            outbox.put([envelope])
-        except OutboxError as exc:
-            raise OperationalError(f"task {envelope.message_id} not stored: {exc}") from exc
+        if (error := store_refused(outbox, [envelope])) is not None:
+            raise OperationalError(f"task {envelope.message_id} not stored: {error}") from error
         return Receipt(envelope.message_id, Status.STORED, envelope.destination)
 
     def _send_timeout(self) -> float:
@@ -355,7 +354,8 @@ class CeleryPublisher:
         outbox = producer.outbox
         if outbox is None:
             raise exc
-        outbox.put([envelope])
+        if (error := store_refused(outbox, [envelope])) is not None:
+            raise error
         log.warning(
             "task %s to %r/%r is unroutable (no queue bound); kept in the outbox",
             envelope.message_id,

@@ -34,6 +34,7 @@ from msgsafe.compat._common import ClosesOnExit
 from msgsafe.compat._pika_config import destination_of, publish_error, returned_message
 from msgsafe.compat.pika._fast import FastPublisher, fast_properties
 from msgsafe.errors import ClosedError, InvalidMessage, MsgsafeError
+from msgsafe.fastpath import store_refused
 from msgsafe.message import AMQP_PROPERTIES_HEADER, Envelope, Receipt, Status, new_message_id
 
 if TYPE_CHECKING:
@@ -244,7 +245,8 @@ class BlockingChannel(ClosesOnExit, _blocking.BlockingChannel):  # type: ignore[
         outbox = self._conn.producer.outbox
         if outbox is None:
             return False
-        outbox.put([held.envelope])
+        if (error := store_refused(outbox, [held.envelope])) is not None:
+            raise error
         log.warning(
             "unroutable message %s to %r/%r (published without mandatory) kept in the outbox",
             held.envelope.message_id,
