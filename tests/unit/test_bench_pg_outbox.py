@@ -63,6 +63,7 @@ def test_the_report_and_its_readme_section(tmp_path: Path) -> None:
     text = bench_pg_outbox.report(
         [PutResult(1, 900.0, 1000.0, [0.8, 0.9, 1.0])],
         {1: 2000.0, 2: 3000.0},
+        {1: 2500.0, 2: 2000.0},
         {
             "rows": 200_000,
             "seconds": 100.0,
@@ -74,7 +75,8 @@ def test_the_report_and_its_readme_section(tmp_path: Path) -> None:
         "Measured now.",
     )
     assert "= 0.90 (slice pairs: median 0.90, range 0.80 to 1.00) | >= 0.8 |" in text
-    assert "3,000 msg/s (1.50 x 1 forwarder)" in text
+    assert "3,000 msg/s (1.50 x 1 forwarder); counted from the first row gone" in text
+    assert "meanwhile: 2,000 msg/s (0.80 x 1)" in text
     assert "after 200,000 rows put and forwarded" in text and "12.0 MiB" in text
     readme = tmp_path / "README.md"
     readme.write_text("# Benchmarks\n\n## Kafka\n\nkafka body\n")
@@ -82,3 +84,42 @@ def test_the_report_and_its_readme_section(tmp_path: Path) -> None:
     written = readme.read_text()
     assert written.startswith("# Benchmarks\n\n## Kafka\n\nkafka body\n\n## PostgreSQL outbox\n")
     assert "Measured now." in written
+
+
+def _drained(rate: float) -> bench_pg_outbox.Drained:
+    return bench_pg_outbox.Drained(
+        rate=rate,
+        seconds=1.0,
+        start_cpu=[0.5],
+        cores={"backends": rate * 20e-6, "bench": 0.0, "primary": 0.0, "standby": 0.0},
+        forwarder_cores=[rate * 10e-6],
+        machine_cores=1.5,
+        commits=30.0,
+    )
+
+
+def _backlog(rows: int, *rates: float) -> bench_pg_outbox.Backlog:
+    sizes = {"total": 1 << 20, "dead": 0, "autovacuums": 0}
+    return bench_pg_outbox.Backlog(
+        rows,
+        "default",
+        rates[0],
+        {"keys": (1.0, 10)},
+        (0.01, 0.5, 0.4, False),
+        sizes,
+        sizes,
+        sizes,
+        10.0,
+        _drained(rates[0]),
+        [_drained(r) for r in rates[1:]],
+    )
+
+
+def test_the_big_backlog_is_measured_against_the_median_of_the_small_drains() -> None:
+    lines = bench_pg_outbox.backlog_lines(
+        [_backlog(10_000, 30_000, 10_000, 20_000), _backlog(1_000_000, 18_000)]
+    )
+    assert "median 20,000 msg/s of 3 drains (10,000, 20,000, 30,000)" in lines[0]
+    assert "18,000 msg/s = 0.90 x the 10,000-row backlog's median" in lines[1]
+    # CPU per message of each drain (the small one's median run): 10 + 20 µs
+    assert "the forwarder 10.0, its backend 20.0" in lines[2] and "all 30.0" in lines[2]
