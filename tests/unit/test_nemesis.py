@@ -393,3 +393,103 @@ def test_every_network_action_is_its_own_proxy_fault(tmp_path: Path) -> None:
     assert applied["blackhole-to-broker"] == ("blackhole", (), {"direction": "upstream"})
     assert applied["blackhole-to-client"] == ("blackhole", (), {"direction": "downstream"})
     assert len({repr(call) for call in applied.values()}) == len(applied)
+
+
+# --- the shared PostgreSQL outbox ---------------------------------------------------------
+
+
+def test_a_postgres_outbox_adds_database_and_forwarder_faults_within_their_bounds() -> None:
+    from msgsafe.nemesis.runner import PG_LEASE_S, Plan, fault_targets
+
+    plan = Plan("rabbitmq", 5, 11, Path("/x"), outbox="postgres", forwarders=3)
+    targets = fault_targets(plan)
+    assert targets == {"broker": 3, "producer": 3, "network": 3, "database": 1, "forwarder": 3}
+    drawn = schedule.draw(plan.seed, 300, targets)
+    assert drawn == schedule.draw(plan.seed, 300, targets)  # replayable
+    roles = {w.role for w in drawn.windows}
+    assert {"database", "forwarder"} <= roles
+    for role in ("database", "forwarder"):
+        assert schedule.overlap(drawn.windows, role) <= schedule.BOUNDS[role] == 1
+    failovers = [w for w in drawn.windows if w.role == "database"]
+    assert {w.action for w in failovers} == {"failover"} and {w.target for w in failovers} == {0}
+    forwarders = [w for w in drawn.windows if w.role == "forwarder"]
+    assert {w.action for w in forwarders} == {"kill", "pause"}
+    assert {w.target for w in forwarders} <= {0, 1, 2}
+    # Every forwarder pause outlasts the lease: its keys are taken over meanwhile.
+    assert all(w.end - w.start > PG_LEASE_S for w in forwarders if w.action == "pause")
+    assert schedule.LENGTHS["pause"][0] > PG_LEASE_S
+
+
+def test_an_sqlite_run_draws_no_database_or_forwarder_fault() -> None:
+    from msgsafe.nemesis.runner import Plan, fault_targets
+
+    plan = Plan("kafka", 5, 11, Path("/x"))
+    assert fault_targets(plan) == {"broker": 3, "producer": 3, "network": 3}
+    drawn = schedule.draw(plan.seed, 300, fault_targets(plan))
+    assert not {w.role for w in drawn.windows} & {"database", "forwarder"}
+
+
+def test_a_plan_refuses_an_unknown_outbox_and_a_postgres_one_without_forwarders() -> None:
+    from msgsafe.nemesis.runner import Plan
+
+    with pytest.raises(ValueError, match="unknown outbox 'redis'"):
+        Plan("rabbitmq", 1, 1, Path("/x"), outbox="redis")
+    with pytest.raises(ValueError, match="at least one forwarder"):
+        Plan("rabbitmq", 1, 1, Path("/x"), outbox="postgres", forwarders=0)
+
+
+def test_the_replay_command_names_the_outbox_its_forwarders_and_the_nodes() -> None:
+    from msgsafe.nemesis.runner import Plan, replay_command
+
+    plan = Plan("rabbitmq", 1, 9, Path("/x"), outbox="postgres")
+    assert replay_command(plan) == "msgsafe nemesis rabbitmq --minutes 1 --seed 9 --outbox postgres"
+    plan = Plan("rabbitmq", 1, 9, Path("/x"), nodes=1, outbox="postgres", forwarders=3)
+    assert replay_command(plan) == (
+        "msgsafe nemesis rabbitmq --minutes 1 --seed 9 --nodes 1 --outbox postgres --forwarders 3"
+    )
+
+
+def test_the_command_passes_the_outbox_forwarders_and_nodes_to_the_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from msgsafe.cli import nemesis as command
+    from msgsafe.cli.app import app
+    from msgsafe.nemesis.runner import Outcome, Plan, fault_targets
+
+    plans: list[Plan] = []
+
+    def fake_run(plan: Plan, say: Any) -> Outcome:
+        plans.append(plan)
+        verdict, _ = checker.check(_clean().events)
+        return Outcome(plan, verdict, schedule.draw(plan.seed, 60, fault_targets(plan)))
+
+    monkeypatch.setattr(command, "run", fake_run)
+    argv = ["nemesis", "rabbitmq", "--seed", "4", "--dir", str(tmp_path), "--json"]
+    result = CliRunner().invoke(
+        app, [*argv, "--outbox", "postgres", "--forwarders", "3", "--nodes", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    assert (plans[0].outbox, plans[0].forwarders, plans[0].nodes) == ("postgres", 3, 1)
+    report = json.loads(result.output)
+    assert report["replay"].endswith("--nodes 1 --outbox postgres --forwarders 3")
+    refused = CliRunner().invoke(app, [*argv, "--outbox", "redis"])
+    assert refused.exit_code == 2
+    assert "unknown outbox 'redis'" in " ".join(refused.output.replace("│", " ").split())
+
+
+def test_the_evidence_table_names_a_postgres_outbox_and_its_faults() -> None:
+    from msgsafe.nemesis.runner import Outcome, Plan, fault_targets
+    from msgsafe.nemesis.table import row
+
+    plan = Plan("rabbitmq", 5, 11, Path("/x"), outbox="postgres")
+    drawn = schedule.draw(plan.seed, 300, fault_targets(plan))
+    clean, _ = checker.check(_clean().events)
+    line = row(json.loads(json.dumps(Outcome(plan, clean, drawn).report())))
+    count = {r: sum(w.role == r for w in drawn.windows) for r in fault_targets(plan)}
+    assert line.startswith("| rabbitmq + postgres outbox | 11 | 5 | ")
+    assert (
+        f"({count['broker']} / {count['producer']} / {count['network']}; "
+        f"database {count['database']}, forwarder {count['forwarder']}) |"
+    ) in line
