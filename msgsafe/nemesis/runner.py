@@ -525,6 +525,8 @@ class _Run:
             **os.environ,
             "NEMESIS_OUTBOX_URL": self.store_url,
             "NEMESIS_BROKER_URL": self.producer_url(int(name[1:])),
+            # Its warnings in its log, as the workers': a lease lost, a connection lost.
+            "MSGSAFE_LOG_LEVEL": "WARNING",
         }
         log: IO[bytes]
         with (self.log_dir / f"{name}.log").open("ab") as log:
