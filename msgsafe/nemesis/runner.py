@@ -19,7 +19,11 @@ faults, then heal, drain, read back and check.
    arrive, or the reverse, so a send reaches the broker and its confirm does not), a
    slow link (latency, bandwidth) or resets on one node's proxy. Actions run one after
    another on this thread (a cluster is driven from one thread), so a slow restart
-   delays the next action: the history has the times they really happened;
+   delays the next action; the rest of the schedule is then delayed as much (its clock
+   waits for the runner), so that every window lasts at least as long as drawn and keeps
+   its order with the others (a forwarder's pause stays longer than its lease however
+   late it began), and the run lasts that much longer. The history has the times the
+   actions really happened;
 5. heals everything (proxies, paused and killed nodes), records ``heal``, stops the
    producers with SIGTERM (each drains its outbox first), waits until the consumer has
    received every receipted id (or ``readback_timeout``), stops it;
@@ -55,7 +59,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -587,6 +591,22 @@ class _Run:
                 if not node.running:
                     self.pg.restart(i)
 
+    def play(self, events: Sequence[tuple[float, bool, schedule.Window]]) -> float:
+        """Apply ``events`` (:meth:`~msgsafe.nemesis.schedule.Schedule.events`) in
+        order, each at its time plus how far behind the runner has fallen (an action
+        that took long delays the rest, so no window is cut short); return that delay."""
+        behind = 0.0
+        for t, on, window in events:
+            self.wait_until(t + behind)
+            late = self.elapsed() - t - behind
+            if late > 1.0:
+                self.say(f"[{self.elapsed():6.1f}s] the schedule waits {late:.1f} s for the runner")
+            behind += max(0.0, late)
+            self.say(f"[{self.elapsed():6.1f}s] {window.name} {'on' if on else 'off'}")
+            with _noted(self, window.name):
+                self.apply(window, on)
+        return behind
+
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
 
@@ -788,16 +808,8 @@ def run(plan: Plan, say: Callable[[str], None] = lambda _: None) -> Outcome:
             for i in range(plan.forwarders if plan.outbox == "postgres" else 0):
                 r.spawn(f"f{i}")
             r.spawn("c")
-            for t, on, window in drawn.events():
-                r.wait_until(t)
-                late = r.elapsed() - t
-                say(
-                    f"[{r.elapsed():6.1f}s] {window.name} {'on' if on else 'off'}"
-                    + (f" ({late:.1f} s late)" if late > 1.0 else "")
-                )
-                with _noted(r, window.name):
-                    r.apply(window, on)
-            r.wait_until(duration)
+            behind = r.play(drawn.events())
+            r.wait_until(duration + behind)
             with _noted(r, "heal"):
                 r.heal()
             r.drain_and_read_back()

@@ -493,3 +493,113 @@ def test_the_evidence_table_names_a_postgres_outbox_and_its_faults() -> None:
         f"({count['broker']} / {count['producer']} / {count['network']}; "
         f"database {count['database']}, forwarder {count['forwarder']}) |"
     ) in line
+
+
+def test_a_late_action_delays_the_rest_so_no_window_is_cut_short(tmp_path: Path) -> None:
+    from msgsafe.nemesis.runner import Plan, _Run
+
+    r = _Run(Plan(kind="rabbitmq", minutes=1, seed=1, dir=tmp_path), lambda _: None)
+    clock = [0.0]
+    done: list[tuple[float, str, bool]] = []
+
+    def wait_until(t: float) -> None:
+        clock[0] = max(clock[0], t)
+
+    def apply(w: schedule.Window, on: bool) -> None:
+        done.append((clock[0], w.name, on))
+        if w.role == "broker" and not on:
+            clock[0] += 6.0  # a restart that takes 6 s
+
+    r.wait_until = wait_until  # type: ignore[method-assign]
+    r.elapsed = lambda: clock[0]  # type: ignore[method-assign]
+    r.apply = apply  # type: ignore[method-assign]
+    kill = schedule.Window("broker", "kill", 0, 5.0, 10.0)
+    pause = schedule.Window("forwarder", "pause", 1, 12.0, 15.0)
+    reset = schedule.Window("network", "reset", 0, 13.0, 14.0)
+    behind = r.play(schedule.Schedule(1, 60, (kill, pause, reset), ()).events())
+    # The restart ended at 16 s, 4 s after the pause was due: what follows waits 4 s,
+    # and the pause and the reset keep their lengths and their order.
+    assert behind == 4.0
+    assert done == [
+        (5.0, "broker-kill 0", True),
+        (10.0, "broker-kill 0", False),
+        (16.0, "forwarder-pause 1", True),
+        (17.0, "network-reset 0", True),
+        (18.0, "network-reset 0", False),
+        (19.0, "forwarder-pause 1", False),
+    ]
+
+
+def test_database_and_forwarder_windows_fail_over_and_signal_the_forwarder(
+    tmp_path: Path,
+) -> None:
+    import signal
+
+    from msgsafe.nemesis.runner import Plan, _Run
+
+    class Pg:
+        primary = 0
+
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, int]] = []
+            self.down: set[int] = set()
+
+        def kill(self, node: int) -> None:
+            self.calls.append(("kill", node))
+            self.down.add(node)
+
+        def promote(self, node: int) -> None:
+            self.calls.append(("promote", node))
+            self.primary = node
+
+        def restart(self, node: int) -> None:
+            self.calls.append(("restart", node))
+            self.down.discard(node)
+
+        def nodes(self) -> list[Any]:
+            from msgsafe.cluster.base import NodeInfo
+
+            return [
+                NodeInfo(f"pg{i}", None, "127.0.0.1", 1, i not in self.down, None) for i in range(2)
+            ]
+
+    class Proc:
+        def __init__(self) -> None:
+            self.signals: list[int] = []
+
+        def send_signal(self, sig: int) -> None:
+            self.signals.append(sig)
+
+        def wait(self) -> int:
+            return -9
+
+    plan = Plan(kind="rabbitmq", minutes=1, seed=1, dir=tmp_path, outbox="postgres")
+    r = _Run(plan, lambda _: None)
+    r.cluster = object()  # type: ignore[assignment]
+    pg = Pg()
+    r.pg = pg  # type: ignore[assignment]
+    spawned: list[str] = []
+    r.spawn = spawned.append  # type: ignore[method-assign]
+    f1 = Proc()
+    r.workers["f1"] = f1  # type: ignore[assignment]
+    with history.History(tmp_path / "runner.jsonl", "runner") as own:
+        r.own = own
+        failover = schedule.Window("database", "failover", 0, 1.0, 2.0)
+        r.apply(failover, True)
+        r.apply(failover, False)
+        r.apply(failover, True)  # the second fail-over goes back to pg0
+        assert pg.calls == [
+            ("kill", 0),
+            ("promote", 1),
+            ("restart", 0),
+            ("kill", 1),
+            ("promote", 0),
+        ]
+        pause = schedule.Window("forwarder", "pause", 1, 1.0, 5.0)
+        r.apply(pause, True)
+        r.apply(pause, False)
+        assert f1.signals == [signal.SIGSTOP, signal.SIGCONT]
+        kill = schedule.Window("forwarder", "kill", 1, 1.0, 5.0)
+        r.apply(kill, True)
+        r.apply(kill, False)
+        assert f1.signals[-1] == signal.SIGKILL and spawned == ["f1"]
