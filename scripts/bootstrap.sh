@@ -96,7 +96,15 @@ if [ "$mode" = all ]; then
   if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
     log "starting PostgreSQL"
     # Marked, so that scripts/test.sh stops what it started (and nothing it did not).
-    pg_ctlcluster --skip-systemctl-redirect "$pgver" main start \
-      && echo "$pgver" > "${TMPDIR:-/tmp}/msgsafe-started-postgres" || true
+    # Started with only stdin, stdout and stderr: the server outlives this script and
+    # would otherwise keep every descriptor it inherited open (a caller's flock lock,
+    # a pipe a CI runner reads to its end).
+    (
+      for fd in /proc/$BASHPID/fd/*; do
+        fd="${fd##*/}"
+        [ "$fd" -gt 2 ] && eval "exec $fd>&-"
+      done
+      pg_ctlcluster --skip-systemctl-redirect "$pgver" main start
+    ) && echo "$pgver" > "${TMPDIR:-/tmp}/msgsafe-started-postgres" || true
   fi
 fi

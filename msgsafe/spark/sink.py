@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from msgsafe.endpoints import parse_url
+from msgsafe.endpoints import parse_url, traits
 from msgsafe.errors import ConfigurationError, InvalidMessage, MissingExtra, MsgsafeError
 from msgsafe.spark import arrow, kafka_lane
 from msgsafe.spark.partition import PartitionPlan, PartitionResult, publish_partition
@@ -33,17 +33,6 @@ from msgsafe.spark.producers import SinkOutbox
 __all__ = ["SparkBatchFailed", "SparkBatchReport", "ForeachBatchSink", "foreach_batch_sink"]
 
 log = logging.getLogger("msgsafe.spark")
-
-#: Kafka's linger.ms for the sink unless producer_options say otherwise. NOTE: with
-#: the adapter's 5 ms a partition's rows left in requests of ~1,600 and the brokers
-#: (which share the machine with Spark in the benchmark) spent 2-3 µs per row; 50 ms
-#: measured 0.8-1.3 µs. A task waits for its receipts anyway, and its last batch is
-#: sent without the linger (Producer.hurry).
-_KAFKA_LINGER_MS = 50.0
-#: The sink's Kafka producers' batch.num.messages unless given: librdkafka's batch.size
-#: (1 MB) bounds a request instead, so small rows fill it (about 15,000 rows of ~6
-#: bytes with their id header instead of 10,000): fewer requests for the brokers.
-_KAFKA_BATCH_MESSAGES = 100_000
 
 #: Rows per Producer.submit_batch call at most.
 _CHUNK_ROWS = 10_000
@@ -231,10 +220,9 @@ class ForeachBatchSink:
         self._header_cols = tuple(header_cols)
         self._id_cols = None if id_cols is None else tuple(id_cols)
         self._outbox = outbox
-        self._options = dict(producer_options or {})
-        if target.protocol == "kafka":
-            self._options.setdefault("linger_ms", _KAFKA_LINGER_MS)
-            self._options.setdefault("batch_num_messages", _KAFKA_BATCH_MESSAGES)
+        # The protocol's measured bulk defaults (Kafka: a longer linger, bigger
+        # batches), under what the caller gave.
+        self._options = {**traits(target.protocol).bulk_options, **(producer_options or {})}
         self._max_in_flight = max_in_flight
         self._receipt_timeout = receipt_timeout
         self._lock = threading.Lock()

@@ -43,10 +43,6 @@ REMAINING: dict[tuple[str, str], str] = {
     ("msgsafe/spark/kafka_lane.py", "kafka"): (
         "the Spark writer's Kafka-only fast path; the one fast-path concept replaces it"
     ),
-    ("msgsafe/spark/sink.py", "kafka"): (
-        "the Spark writer's librdkafka batching defaults (linger, batch size), measured "
-        "for the sink"
-    ),
     ("msgsafe/compat/_kafka_config.py", "kafka"): (
         "the confluent-kafka drop-in passes its client options to Kafka only (memory:// "
         "in tests takes the common ones)"

@@ -364,6 +364,13 @@ def test_bad_configuration_is_refused_at_once(kwargs: dict[str, object]) -> None
         foreach_batch_sink(**args)  # type: ignore[arg-type]
 
 
+def test_the_protocols_bulk_defaults_apply_under_the_callers_options() -> None:
+    kafka = foreach_batch_sink("kafka://b:9092", "t", linger_ms=5.0)
+    assert kafka.plan(SCHEMA)[1].options == {"linger_ms": 5.0, "batch_num_messages": 100_000}
+    rabbit = foreach_batch_sink("amqp://h1/%2F", "q", heartbeat=2)
+    assert rabbit.plan(SCHEMA)[1].options == {"heartbeat": 2}
+
+
 def test_sink_repr_and_plan_hide_credentials() -> None:
     sink = foreach_batch_sink("amqp://user:s3cret@h1:5672/%2F", "q")
     assert "s3cret" not in repr(sink)
