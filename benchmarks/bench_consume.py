@@ -26,7 +26,9 @@ started here through ``msgsafe.cluster`` (``--url`` names a running one instead)
     does per message. ``floor x4``: the raw loop putting every message on a
     ``queue.SimpleQueue`` that 4 threads read (each stores the offset and counts under
     a lock): the least a run() of worker threads does. Not goals: the limits the goals
-    are read against where they are not met.
+    are read against where they are not met. Both floors take msgsafe's consumer
+    setting ``fetch.queue.backoff.ms=20`` (see ``msgsafe.adapters.kafka.config``): with
+    librdkafka's 1000 ms a loop that falls behind the fetch stalls for up to a second.
 
 - **RabbitMQ** (``RabbitCluster(nodes=1)``, a durable quorum queue per run, filled with
   ``--rabbit-messages`` messages before the run):
@@ -271,11 +273,12 @@ LOOPS: dict[tuple[str, str], str] = {
     ("kafka", "run x4"): f"msgsafe.Consumer.run(handler, concurrency={WORKERS}); no-op handler",
     ("kafka", "floor"): (
         f"the raw loop, a slotted object per message (its value() read) made for each "
-        f"consume({BATCH}, 1.0), then obj.ack() each: store_offsets(message)"
+        f"consume({BATCH}, 1.0), then obj.ack() each: store_offsets(message); "
+        "fetch.queue.backoff.ms=20 as msgsafe's"
     ),
     ("kafka", "floor x4"): (
         f"the raw loop, every message put on a queue.SimpleQueue read by {WORKERS} threads: "
-        "store_offsets(message), count under a lock"
+        "store_offsets(message), count under a lock; fetch.queue.backoff.ms=20 as msgsafe's"
     ),
     ("rabbitmq", "raw"): (
         f"pika.BlockingConnection; basic_qos(prefetch_count={BATCH}); basic_consume(callback "
@@ -418,9 +421,10 @@ def fill(url: str, destination: str, count: int) -> None:
 # --- Kafka ------------------------------------------------------------------------------
 
 
-def _raw_consumer(bootstrap: str) -> Any:
+def _raw_consumer(bootstrap: str, **settings: object) -> Any:
     """A raw consumer in a new group, subscribed to nothing yet: auto commit of the
-    offsets stored (``enable.auto.offset.store=false``), from the earliest offset."""
+    offsets stored (``enable.auto.offset.store=false``), from the earliest offset;
+    ``settings`` (librdkafka names with ``_`` for ``.``) added."""
     from confluent_kafka import Consumer
 
     return Consumer(
@@ -431,8 +435,16 @@ def _raw_consumer(bootstrap: str) -> Any:
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
             "log_level": 0,
+            **{name.replace("_", "."): value for name, value in settings.items()},
         }
     )
+
+
+def _floor_consumer(bootstrap: str) -> Any:
+    """The floors' raw consumer: msgsafe's prefetch backoff, as its consumer has."""
+    from msgsafe.adapters.kafka.config import FETCH_QUEUE_BACKOFF_MS
+
+    return _raw_consumer(bootstrap, fetch_queue_backoff_ms=FETCH_QUEUE_BACKOFF_MS)
 
 
 def kafka_raw(bootstrap: str) -> Run:
@@ -482,7 +494,7 @@ def kafka_floor(bootstrap: str) -> Run:
     acknowledged one by one: the floor under ``poll`` + ``ack()``."""
 
     def run(topic: str, count: int) -> Tally:
-        consumer = _raw_consumer(bootstrap)
+        consumer = _floor_consumer(bootstrap)
         consumer.subscribe([topic])
         clock, seen = Clock(), 0
         consume, store = consumer.consume, consumer.store_offsets
@@ -509,7 +521,7 @@ def kafka_floor_workers(bootstrap: str) -> Run:
     lock, as the ``run x4`` handler counts: the floor under a run() of worker threads."""
 
     def run(topic: str, count: int) -> Tally:
-        consumer = _raw_consumer(bootstrap)
+        consumer = _floor_consumer(bootstrap)
         consumer.subscribe([topic])
         clock, lock = Clock(), threading.Lock()
         handed: queue.SimpleQueue[Any] = queue.SimpleQueue()

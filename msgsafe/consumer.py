@@ -199,7 +199,12 @@ class Consumer:
         with self._lock:
             held = self._open.pop(message_id, None)
             if outcome is not _REQUEUE and outcome is not _RELEASE:  # not given back
-                window.record(message_id)
+                # NOTE: DedupWindow.record inline (its common case, a store in the
+                # newer generation): the method call cost more than the store.
+                new = window._new
+                new[message_id] = None
+                if len(new) >= window.capacity:
+                    window.record(message_id)
         if held is not None:
             for copy in held:
                 copy.settle(outcome)
@@ -231,7 +236,19 @@ class Consumer:
         duplicates: list[Delivery] = []
         opened = self._open
         seen = window.seen
+        ids = [delivery.message_id for delivery in deliveries]
         with self._lock:
+            # The common batch: ids all new (not open, not in the window) and distinct,
+            # opened at once with set operations, no Python step per delivery.
+            if (
+                None not in ids
+                and opened.keys().isdisjoint(ids)
+                and window._new.keys().isdisjoint(ids)
+                and window._old.keys().isdisjoint(ids)
+                and len(set(ids)) == len(ids)
+            ):
+                opened.update(dict.fromkeys(ids))  # type: ignore[arg-type]  # no None
+                return deliveries
             for delivery in deliveries:
                 message_id = delivery.message_id
                 if message_id is None:

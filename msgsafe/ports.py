@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 from msgsafe._futures import LightFuture
-from msgsafe.errors import MsgsafeError
+from msgsafe.errors import MsgsafeError, OutboxError
 from msgsafe.message import Batch, Delivery, Envelope
 
 __all__ = [
@@ -85,6 +85,7 @@ __all__ = [
     "ReleasingStore",
     "RenewingStore",
     "RowClaimingStore",
+    "SafePath",
     "StoreCapabilities",
     "TransactionalStore",
     "Transport",
@@ -346,6 +347,20 @@ class ErrorListeningTransport(Transport, Protocol):
         ...
 
 
+class SafePath(Protocol):
+    """What a fast path (:class:`msgsafe.fastpath.FastPath`) needs of the safe path behind
+    it, msgsafe's :class:`~msgsafe.Producer`: its destination check, and its backlog."""
+
+    def guarantee(self, destination: str) -> Any:
+        """What ``destination`` does with a confirmed message (checked once, cached by the
+        fast path); raises the safe path's refusal or its ``TransientError``."""
+        ...
+
+    def pending(self) -> int:
+        """How many messages wait in the outbox (0: none a fast send could overtake)."""
+        ...
+
+
 #: Where a :class:`Lane` takes new single sends (its ``state``). Ordered: a lane whose
 #: state is below LANE_SAFE may still hold messages of its own.
 LANE_DIRECT = 0  #: straight to the client library (``Lane.send``)
@@ -357,8 +372,15 @@ class LaneHost(Protocol):
     """What a :class:`Lane` needs from the producer that opened it."""
 
     @property
-    def store(self) -> OutboxStore | None:
-        """The outbox (None: failures are the caller's errors, nothing is stored)."""
+    def stores(self) -> bool:
+        """Whether an outbox takes what the lane cannot deliver (False: failures are the
+        caller's errors, nothing is stored). The lane never holds the store itself."""
+        ...
+
+    def store_refused(self, envelopes: Sequence[Envelope]) -> OutboxError | None:
+        """Write ``envelopes`` (the lane's undelivered sends, in send order) to the outbox
+        in one put (:func:`msgsafe.fastpath.store_refused`); None when stored, otherwise
+        the error each of them fails with."""
         ...
 
     @property

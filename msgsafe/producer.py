@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
@@ -38,11 +38,13 @@ from msgsafe.errors import (
     InvalidDestination,
     InvalidMessage,
     MsgsafeError,
+    OutboxError,
     SendTimeout,
     StoreOutcomeUnknown,
     TransientError,
     UnsafeDestination,
 )
+from msgsafe.fastpath import store_refused
 from msgsafe.message import (
     Batch,
     BatchReceipt,
@@ -917,17 +919,19 @@ class _LaneHost:
     __slots__ = (
         "_outcomes",
         "_producer",
+        "_store",
         "count_confirmed",
         "guarantees",
         "pause",
-        "store",
         "store_guarantee",
+        "stores",
     )
 
     def __init__(self, producer: Producer, settle: Settlement) -> None:
         self._producer = weakref.ref(producer)
         self._outcomes = settle.outcomes
-        self.store = producer.outbox
+        self._store = producer.outbox
+        self.stores = self._store is not None
         self.guarantees = settle.guarantees
         self.store_guarantee = settle.store_guarantee
         self.count_confirmed = settle.outcomes.count_confirmed
@@ -935,6 +939,9 @@ class _LaneHost:
 
     def count_outcomes(self, units: int, error: BaseException | None) -> None:
         self._outcomes.stored(units, error)
+
+    def store_refused(self, envelopes: Sequence[Envelope]) -> OutboxError | None:
+        return store_refused(self._store, envelopes)
 
     def replay(self, item: object) -> None:
         producer = self._producer()

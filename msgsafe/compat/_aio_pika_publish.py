@@ -23,7 +23,7 @@ After such a miss, publishes go straight to the outbox for :data:`MISS_PAUSE_S`
 (the broker just failed to answer in time: asking it again at once would only make
 every publish wait the whole deadline).
 
-The direct path. While the broker answers, a publish to a destination msgsafe's check
+The fast path. While the broker answers, a publish to a destination msgsafe's check
 admitted goes out on the caller's own aio-pika channel (publisher confirms, on the event
 loop, as aio-pika publishes), ``mandatory`` and persistent with the properties msgsafe's
 RabbitMQ adapter would give it (the ``message_id`` that is msgsafe's id, the send time
@@ -32,13 +32,13 @@ deadline less the reserve. An ack means the broker has the message: the promise 
 and nothing else is done. A return is the caller's, as in aio-pika (the channel's return
 callbacks, or ``PublishError``). Anything else (a nack, the channel or connection lost,
 a robust connection reconnecting) and the message takes msgsafe's path above with the
-time left, and the direct path rests until msgsafe confirms a message again with its
-outbox empty (:class:`~msgsafe.compat._common.DirectPath`): an outage costs no wait per
+time left, and the fast path rests until msgsafe confirms a message again with its
+outbox empty (:class:`~msgsafe.fastpath.FastPath`): an outage costs no wait per
 publish on a dead channel, and no publish overtakes one the outbox holds. No confirm by
 the deadline: the message is stored, as above. A message whose confirm was lost may
 reach the broker twice, with one ``message_id``. :class:`Publisher` decides when a
-publish takes the direct path and what the broker's answer means
-(:meth:`Publisher.direct_deadline`, :meth:`Publisher.direct_answer`); the exchange
+publish takes the fast path and what the broker's answer means
+(:meth:`Publisher.fast_deadline`, :meth:`Publisher.fast_answer`); the exchange
 awaits the publish itself, so that a publish's every resume crosses one frame less.
 """
 
@@ -67,7 +67,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtra("compat", "aio-pika") from exc
 
 from msgsafe.adapters.rabbitmq.config import RabbitOptions
-from msgsafe.compat._common import DirectPath
 from msgsafe.compat._pika_config import destination_of
 from msgsafe.errors import (
     AuthenticationError,
@@ -78,6 +77,7 @@ from msgsafe.errors import (
     Unroutable,
     UnsafeDestination,
 )
+from msgsafe.fastpath import FastPath
 from msgsafe.message import (
     AMQP_PROPERTIES_HEADER,
     Envelope,
@@ -328,7 +328,7 @@ def publish_error(exc: BaseException, vhost: str = "/") -> Exception:
 
 class Publisher:
     """One connection's way to msgsafe: the producer, the deadline, the window, and
-    the direct path on the caller's own channel (see the module docstring).
+    the fast path on the caller's own channel (see the module docstring).
 
     Used from one event loop; the producer's futures resolve on its I/O thread and
     wake the loop. ``window`` bounds the publishes waiting in the producer at once
@@ -338,13 +338,13 @@ class Publisher:
 
     def __init__(self, producer: Producer, *, deadline: float, window: int) -> None:
         self.producer = producer
-        #: The direct path's state: resting after a failure, messages confirmed on it.
-        self.direct = DirectPath(producer)
+        #: The fast path's state: resting after a failure, messages confirmed on it.
+        self.fast = FastPath(producer)
         #: The deadlines of publishes awaited on the caller's channel.
         self.deadlines = Deadlines()
         # A larger message takes msgsafe's path, which refuses it (MessageTooLarge)
         # whichever path it would have taken.
-        self._direct_limit = RabbitOptions().size_limit
+        self._fast_limit = RabbitOptions().size_limit
         self.deadline = deadline
         self._window = window
         self._room: asyncio.Semaphore | None = None
@@ -371,16 +371,16 @@ class Publisher:
         reserve = min(_RESERVE_MAX_S, max(_RESERVE_MIN_S, limit * _RESERVE_SHARE))
         return limit, end, end - reserve
 
-    def direct_deadline(
+    def fast_deadline(
         self, outgoing: Outgoing, timeout: float | None, channel: Any
     ) -> tuple[float, float] | None:
-        """When ``outgoing`` may go out on the caller's ``channel`` (the direct path):
+        """When ``outgoing`` may go out on the caller's ``channel`` (the fast path):
         (start, confirm_by) in loop time, with its properties made as msgsafe's adapter
         would publish them; None when it takes msgsafe's path (:meth:`publish`)."""
         if (
-            self.direct.resting
+            self.fast.resting
             or outgoing.destination not in self._admitted
-            or len(outgoing.body) > self._direct_limit
+            or len(outgoing.body) > self._fast_limit
             or not channel.can_publish()
             or (self._missed_until and time.monotonic() < self._missed_until)
         ):
@@ -396,30 +396,30 @@ class Publisher:
             props.timestamp = stamp[1]
         return start, self._deadlines(timeout, start)[2]
 
-    def direct_answer(self, outgoing: Outgoing, answer: Any) -> Receipt | DeliveredMessage | None:
+    def fast_answer(self, outgoing: Outgoing, answer: Any) -> Receipt | DeliveredMessage | None:
         """What the broker's ``answer`` on the caller's channel means: a CONFIRMED
         receipt for an ack, the returned message for a return; None otherwise (the path
         rests; msgsafe's path takes the message)."""
         if isinstance(answer, spec.Basic.Ack):
-            self.direct.count_accepted()
+            self.fast.confirmed()
             return new_receipt(outgoing.message_id, Status.CONFIRMED, outgoing.destination)
         if isinstance(answer, DeliveredMessage):
             return answer
-        self.direct.resting = True  # pragma: no cover - aiormq answers ack, nack or return
+        self.fast.failed()  # pragma: no cover - aiormq answers ack, nack or return
         return None
 
-    def direct_failed(self, outgoing: Outgoing, exc: BaseException) -> None:
+    def fast_failed(self, outgoing: Outgoing, exc: BaseException) -> None:
         """The publish on the caller's channel failed (a nack, the channel or connection
-        lost, no confirm by the deadline): the direct path rests, msgsafe's path takes
+        lost, no confirm by the deadline): the fast path rests, msgsafe's path takes
         the message (:meth:`publish` with the publish's ``start``)."""
-        self.direct.resting = True
-        log.debug("direct publish of %s not confirmed (%r)", outgoing.message_id, exc)
+        self.fast.failed()
+        log.debug("fast publish of %s not confirmed (%r)", outgoing.message_id, exc)
 
     async def publish(
         self, outgoing: Outgoing, timeout: float | None, start: float | None = None
     ) -> Receipt:
         """msgsafe's path: confirmed or stored within ``timeout`` (None: :attr:`deadline`)
-        seconds from ``start`` (loop time; None: now; given after a failed direct
+        seconds from ``start`` (loop time; None: now; given after a failed fast
         publish, whose time counts).
 
         Raises the msgsafe error of a message that failed for good; ``TimeoutError``
@@ -467,8 +467,8 @@ class Publisher:
             if outbox is None:
                 raise
         else:
-            if self.direct.resting and receipt.status is Status.CONFIRMED:
-                self.direct.confirmed_elsewhere()
+            if self.fast.resting and receipt.status is Status.CONFIRMED:
+                self.fast.confirmed_safe()
             return receipt
         self._missed_until = time.monotonic() + MISS_PAUSE_S
         log.debug("no confirm for %s in time: storing it", envelope.message_id)

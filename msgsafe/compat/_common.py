@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import threading
 import warnings
 from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 from msgsafe.errors import InvalidMessage
-from msgsafe.message import Guarantee
-
-if TYPE_CHECKING:
-    from msgsafe.producer import Producer
 
 __all__ = [
     "ClosesOnExit",
     "CompatWarning",
-    "DirectPath",
     "header_text",
     "headers_dict",
     "warn",
@@ -48,39 +42,6 @@ class ClosesOnExit:
     ) -> None:
         if self.is_open:
             self.close()
-
-
-class DirectPath:
-    """What the drop-ins' direct paths share (a send on the caller's own connection while
-    the broker confirms, msgsafe's producer on any failure): the producer's destination
-    check, asked once per destination; resting after a failure until msgsafe confirms a
-    message again with its outbox empty; the count of messages confirmed this way."""
-
-    def __init__(self, producer: Producer, *, resting: bool = False) -> None:
-        self._producer = producer
-        self._guarantees: dict[str, Guarantee] = {}
-        self._count_lock = threading.Lock()
-        #: True while sends take msgsafe's path (after a failure, or until a first confirm).
-        self.resting = resting
-        #: Messages the broker confirmed on this path so far.
-        self.accepted = 0
-
-    def guarantee(self, destination: str) -> Guarantee:
-        """The producer's check of ``destination``, asked once; raises what it raises."""
-        found = self._guarantees.get(destination)
-        if found is None:
-            found = self._guarantees[destination] = self._producer.guarantee(destination)
-        return found
-
-    def count_accepted(self) -> None:
-        with self._count_lock:
-            self.accepted += 1
-
-    def confirmed_elsewhere(self) -> None:
-        """msgsafe confirmed a message: when its outbox is empty too, the broker answers
-        and nothing waits that a direct send could overtake; try the direct path again."""
-        if self.resting and self._producer.pending() == 0:
-            self.resting = False
 
 
 def warn(message: str, *, depth: int = 1) -> None:

@@ -40,7 +40,8 @@ from msgsafe.compat._kafka_report import (
     kafka_error,
     record_headers,
 )
-from msgsafe.errors import OutboxError, TransientError
+from msgsafe.errors import TransientError
+from msgsafe.fastpath import store_refused
 from msgsafe.message import MESSAGE_ID_HEADER, Envelope, Status
 from msgsafe.ports import OutboxStore
 
@@ -308,21 +309,17 @@ class DirectPath:
                 send_parked(item)
 
     def _store_failures(self) -> None:
-        """Put the failed messages in the outbox, in produce order, and queue their
-        callbacks: stored, or the error the wrapper maps from OutboxError."""
+        """Put the failed messages in the outbox, in produce order
+        (:func:`msgsafe.fastpath.store_refused`), and queue their callbacks: stored, or
+        the error the wrapper maps from OutboxError."""
         with self.lock:
             failures, self.failures = self.failures, []
         if not failures:
             return
         failures.sort(key=_seq)
         stored = [(report, _envelope(report)) for report in failures]
-        error: OutboxError | None = None
-        try:
-            if self.store is None:  # pragma: no cover - failures are kept only with a store
-                raise OutboxError("no outbox")
-            self.store.put([envelope for _, envelope in stored])
-        except Exception as exc:  # a store's own error too: the callback gets it as _FS
-            error = OutboxError.of(exc)
+        # A store's own error too: the callback gets it as _FS.
+        error = store_refused(self.store, [envelope for _, envelope in stored])
         for report, envelope in stored:
             kerr = None if error is None else kafka_error(error)
             msg = DeliveredMessage(

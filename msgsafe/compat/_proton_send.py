@@ -37,6 +37,7 @@ from msgsafe.errors import (
     InvalidMessage,
     PermanentError,
 )
+from msgsafe.fastpath import store_refused
 from msgsafe.message import Envelope, Receipt, Status, new_message_id, new_receipt
 from msgsafe.producer import Producer
 
@@ -186,5 +187,6 @@ def send_within(producer: Producer, envelope: Envelope, timeout: float | None) -
         if outbox is None:
             raise proton.Timeout(f"not confirmed within {timeout} s") from None
     log.debug("no confirm for %s in time: storing it", envelope.message_id)
-    outbox.put([envelope])
+    if (error := store_refused(outbox, [envelope])) is not None:
+        raise error
     return new_receipt(envelope.message_id, Status.STORED, envelope.destination)

@@ -14,7 +14,7 @@ forwards it later. The publish never hangs for an outage (aio-pika's
 ``connect_robust`` publish waits for the reconnection, then sends everything at once):
 while the broker confirms, the message goes out on the caller's own channel; anything
 else goes to msgsafe's producer, which has its own connection, fails over across the
-hosts given (``failover=``), and stores what no broker confirms in time (the direct
+hosts given (``failover=``), and stores what no broker confirms in time (the fast
 path: :mod:`msgsafe.compat._aio_pika_publish`).
 
 What changes for the caller (``docs/migration.md`` has the full list):
@@ -151,16 +151,16 @@ class _Publishing:
         outgoing = Outgoing(self.name, routing_key, message)
         seconds = _seconds(timeout)
         # The caller's own channel goes first where aio-pika would wait for a confirm and
-        # take a return (mandatory): see _aio_pika_publish's direct path. NOTE: awaited
+        # take a return (mandatory): see _aio_pika_publish's fast path. NOTE: awaited
         # here, not in a helper coroutine: one frame less on every resume of a publish.
-        direct = (
-            publisher.direct_deadline(outgoing, seconds, channel)
+        fast = (
+            publisher.fast_deadline(outgoing, seconds, channel)
             if mandatory and channel.publisher_confirms
             else None
         )
         start = None
-        if direct is not None:
-            start, confirm_by = direct
+        if fast is not None:
+            start, confirm_by = fast
             # The deadline: one timer for every publish in flight (Deadlines), not
             # aiormq's timer per publish.
             deadlines = publisher.deadlines
@@ -177,13 +177,13 @@ class _Publishing:
             except aiormq.exceptions.PublishError:
                 raise  # returned, on a channel with on_return_raises: aio-pika's answer
             except DIRECT_FAILURES as exc:
-                publisher.direct_failed(outgoing, exc)
+                publisher.fast_failed(outgoing, exc)
             except asyncio.CancelledError:
                 if not deadlines.expired(watched):
                     raise  # the caller's cancellation
-                publisher.direct_failed(outgoing, TimeoutError("no confirm by the deadline"))
+                publisher.fast_failed(outgoing, TimeoutError("no confirm by the deadline"))
             else:
-                outcome = publisher.direct_answer(outgoing, answer)
+                outcome = publisher.fast_answer(outgoing, answer)
                 if isinstance(outcome, DeliveredMessage):
                     return outcome  # returned: the channel's return callbacks have run
                 if outcome is not None:

@@ -26,7 +26,7 @@ Options come from ``install(app, ...)`` keywords, else from the app setting
 :class:`msgsafe.Producer` takes (``outbox``, ``send_timeout``, ``connect_timeout``,
 ``confirm_timeout``, ``require``, ...), and ``direct`` (default True: while RabbitMQ
 confirms, a task is published and confirmed on the caller's thread, see
-:mod:`msgsafe.compat._celery_direct`; False: always through the Producer).
+:mod:`msgsafe.compat._celery_fast`; False: always through the Producer).
 ``docs/migration.md`` ("Celery") lists what changes.
 
 Declarations. Celery declares a task's queue (its exchange, the queue, the binding) each
@@ -72,7 +72,7 @@ from msgsafe.adapters.rabbitmq.check import inspect_destination
 from msgsafe.adapters.rabbitmq.config import QUEUE_TYPES
 from msgsafe.adapters.rabbitmq.declarations import DECLARE_HEADER, Declaration, encode
 from msgsafe.checks.gate import DestinationGate
-from msgsafe.compat._celery_direct import DirectTaskPublisher
+from msgsafe.compat._celery_fast import FastTaskPublisher
 from msgsafe.compat._celery_message import (
     TaskMessage,
     broker_url,
@@ -93,6 +93,7 @@ from msgsafe.errors import (
     Unroutable,
     UnsafeDestination,
 )
+from msgsafe.fastpath import store_refused
 from msgsafe.message import AMQP_PROPERTIES_HEADER, Envelope, Guarantee, Receipt, Status
 from msgsafe.producer import Producer
 
@@ -121,22 +122,22 @@ class _Declarer:
     """Declares the queues and exchanges Celery names with each task (``declare=``), once
     each, on a short-lived kombu connection, as kombu's ``maybe_declare`` would.
 
-    After a declare failed (no broker answered) it rests until msgsafe confirms a
+    After a declare failed (no broker answered) it skips declaring until msgsafe confirms a
     message again, so an outage costs no connection attempt per task: those messages go
     to the outbox, and one the broker later returns as unroutable stays there too."""
 
     def __init__(self, connect: Callable[[], Any]) -> None:
         self._connect = connect
         self._done: set[Any] = set()
-        self._resting = False
+        self._skipping = False
         self._lock = threading.Lock()
 
     def declare(self, entities: Any) -> None:
-        if not entities or self._resting:
+        if not entities or self._skipping:
             return
         with self._lock:
             todo = [e for e in entities if e not in self._done]
-            if not todo or self._resting:
+            if not todo or self._skipping:
                 return
             conn = self._connect()
             try:
@@ -155,12 +156,12 @@ class _Declarer:
                     self._done.add(entity)
             except Exception as exc:  # any other failure: msgsafe's path decides
                 log.info("declaring %s failed (%r); publishing without it", todo, exc)
-                self._resting = True
+                self._skipping = True
             finally:
                 conn.release()
 
     def resume(self) -> None:
-        self._resting = False
+        self._skipping = False
 
 
 class CeleryPublisher:
@@ -182,9 +183,10 @@ class CeleryPublisher:
         self._declarer = _Declarer(self._declare_connection)
         #: Queues are declared on the app's broker only when msgsafe publishes there.
         self._declares = self._url.partition("://")[0] in ("amqp", "amqps")
-        #: Tasks go on the caller's thread while the broker confirms them (RabbitMQ only).
-        self._direct_enabled = direct and self._declares
-        self._direct: DirectTaskPublisher | None = None
+        #: The fast path: tasks go on the caller's thread while the broker confirms them
+        #: (RabbitMQ only).
+        self._fast_enabled = direct and self._declares
+        self._fast: FastTaskPublisher | None = None
         self._original: Callable[..., Any] | None = None
         #: The forwarder's ``drained`` count when an outage began; None: no outage.
         self._outage_drained: int | None = None
@@ -206,21 +208,21 @@ class CeleryPublisher:
                 self._producer = Producer(self._url, **self._options)
                 self._pid = os.getpid()
                 self._declarer = _Declarer(self._declare_connection)
-                self._direct = None
-                if self._direct_enabled:
-                    self._direct = DirectTaskPublisher(
+                self._fast = None
+                if self._fast_enabled:
+                    self._fast = FastTaskPublisher(
                         self._url,
                         self._producer,
-                        blocked_timeout=_direct_blocked_s(self._options),
+                        blocked_timeout=_fast_blocked_s(self._options),
                     )
             return self._producer
 
     @property
     def direct_sends(self) -> int:
         """How many tasks of this process the broker confirmed on the caller's thread,
-        over the direct path (the others went through :attr:`producer`)."""
-        direct = self._direct
-        return 0 if direct is None else direct.accepted
+        over the fast path (the others went through :attr:`producer`)."""
+        fast = self._fast
+        return 0 if fast is None else fast.path.accepted
 
     def _declare_connection(self) -> Any:
         conn = self._app.connection_for_write()
@@ -231,10 +233,10 @@ class CeleryPublisher:
         """Close this process's producer (what waits in the outbox stays there)."""
         with self._lock:
             producer, self._producer = self._producer, None
-            direct, self._direct = self._direct, None
+            fast, self._fast = self._fast, None
         if producer is not None and self._pid == os.getpid():
-            if direct is not None:
-                direct.close()
+            if fast is not None:
+                fast.close()
             producer.close(timeout)
 
     # --- publishing ------------------------------------------------------------------
@@ -264,8 +266,8 @@ class CeleryPublisher:
             return self._store(producer, envelope)
         if self._declares:
             self._declarer.declare(declare)
-        direct = self._direct
-        if direct is not None and (confirmed := direct.publish(message, envelope)) is not None:
+        fast = self._fast
+        if fast is not None and (confirmed := fast.publish(message, envelope)) is not None:
             return confirmed  # the broker confirmed it, on this thread, as Celery's own
         future = producer.send_envelope(envelope)
         try:
@@ -280,8 +282,8 @@ class CeleryPublisher:
             ) from SendTimeout("send_timeout passed", message_id=envelope.message_id)
         if receipt.status is Status.CONFIRMED:
             self._declarer.resume()
-            if direct is not None:
-                direct.confirmed_elsewhere()
+            if fast is not None:
+                fast.path.confirmed_safe()
         elif self._forwarding:
             self._outage_drained = producer.stats().drained
             self._outage_polled = time.monotonic()
@@ -336,10 +338,8 @@ class CeleryPublisher:
         outbox = producer.outbox
         if outbox is None:  # pragma: no cover - no outage without an outbox
             raise OperationalError(f"task {envelope.message_id} not published: no outbox")
-        try:
-            outbox.put([envelope])
-        except OutboxError as exc:
-            raise OperationalError(f"task {envelope.message_id} not stored: {exc}") from exc
+        if (error := store_refused(outbox, [envelope])) is not None:
+            raise OperationalError(f"task {envelope.message_id} not stored: {error}") from error
         return Receipt(envelope.message_id, Status.STORED, envelope.destination)
 
     def _send_timeout(self) -> float:
@@ -354,7 +354,8 @@ class CeleryPublisher:
         outbox = producer.outbox
         if outbox is None:
             raise exc
-        outbox.put([envelope])
+        if (error := store_refused(outbox, [envelope])) is not None:
+            raise error
         log.warning(
             "task %s to %r/%r is unroutable (no queue bound); kept in the outbox",
             envelope.message_id,
@@ -467,8 +468,8 @@ class CeleryPublisher:
         return f"CeleryPublisher(app={self._app.main!r}, url={_redacted(self._url)!r})"
 
 
-def _direct_blocked_s(options: Mapping[str, Any]) -> float:
-    """How long a direct publish may wait on a blocked connection: half the confirm wait,
+def _fast_blocked_s(options: Mapping[str, Any]) -> float:
+    """How long a fast publish may wait on a blocked connection: half the confirm wait,
     between 0.5 and 2 s (msgsafe's path then has the rest to store the task)."""
     confirm = float(options.get("confirm_timeout", _DEFAULT_CONFIRM_S))
     return max(0.5, min(2.0, confirm / 2))

@@ -55,7 +55,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtra("amqp10", "python-qpid-proton") from exc
 
 from msgsafe.compat._common import ClosesOnExit, warn
-from msgsafe.compat._proton_direct import DirectSender
+from msgsafe.compat._proton_fast import FastSender
 from msgsafe.compat._proton_send import (
     envelope_of,
     msgsafe_url,
@@ -165,10 +165,10 @@ class BlockingSender(ClosesOnExit):
         envelope = envelope_of(self.address, msg)
         limit = self.connection.timeout if timeout is False else timeout
         seconds = None if limit is None else float(limit)
-        direct = self.connection._direct
-        if direct is not None:
+        fast = self.connection._fast
+        if fast is not None:
             started = time.monotonic()
-            if (accepted := direct.send(envelope, seconds)) is not None:
+            if (accepted := fast.send(envelope, seconds)) is not None:
                 return Sent(self, envelope.message_id, accepted)  # on this thread
             if seconds is not None:
                 seconds = max(0.0, seconds - (time.monotonic() - started))
@@ -183,8 +183,8 @@ class BlockingSender(ClosesOnExit):
                 # proton returns such a delivery: its remote_state says what happened.
                 return Sent(self, envelope.message_id, None, error.state)
             raise error from exc
-        if direct is not None and receipt.status is Status.CONFIRMED:
-            direct.confirmed_elsewhere()
+        if fast is not None and receipt.status is Status.CONFIRMED:
+            fast.path.confirmed_safe()
         return Sent(self, envelope.message_id, receipt)
 
     def close(self) -> None:
@@ -206,7 +206,7 @@ class BlockingConnection(ClosesOnExit):
     ``require`` (``"durable"`` or ``"any"``), ``lazy`` (no real proton connection
     until a receiver needs one: the constructor does not fail while the brokers are
     down), ``direct`` (False: every send through msgsafe's producer, none on the
-    caller's thread; see :mod:`msgsafe.compat._proton_direct`) and ``_url`` (replaces
+    caller's thread; see :mod:`msgsafe.compat._proton_fast`) and ``_url`` (replaces
     msgsafe's URL; tests use ``memory://``).
 
     As proton's, the constructor connects (the real connection receivers use) and
@@ -270,12 +270,12 @@ class BlockingConnection(ClosesOnExit):
             raise
         # Sends go on the caller's thread while the broker accepts them (its own real
         # connection, opened on the first send); not with a test's URL, or when asked.
-        self._direct: DirectSender | None = None
+        self._fast: FastSender | None = None
         if direct and _url is None:
-            self._direct = DirectSender(
+            self._fast = FastSender(
                 lambda: _utils.BlockingConnection(**self._real_args), self._producer
             )
-        self._finalizer = weakref.finalize(self, _close_quietly, self._producer, self._direct)
+        self._finalizer = weakref.finalize(self, _close_quietly, self._producer, self._fast)
 
     # --- senders, receivers ------------------------------------------------------------
 
@@ -324,8 +324,8 @@ class BlockingConnection(ClosesOnExit):
     @property
     def direct_sends(self) -> int:
         """msgsafe addition: how many sends the broker accepted on the caller's thread,
-        over the direct path (the others went through :attr:`producer`)."""
-        return 0 if self._direct is None else self._direct.accepted
+        over the fast path (the others went through :attr:`producer`)."""
+        return 0 if self._fast is None else self._fast.path.accepted
 
     @property
     def producer(self) -> Producer:
@@ -373,8 +373,8 @@ class BlockingConnection(ClosesOnExit):
         return f"<msgsafe.compat.proton.BlockingConnection {self._producer.target} {state}>"
 
 
-def _close_quietly(producer: Producer, direct: DirectSender | None) -> None:
-    if direct is not None:
-        direct.close()
+def _close_quietly(producer: Producer, fast: FastSender | None) -> None:
+    if fast is not None:
+        fast.close()
     with contextlib.suppress(MsgsafeError):
         producer.close(CLOSE_WAIT_S)

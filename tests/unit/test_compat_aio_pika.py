@@ -488,7 +488,7 @@ def test_a_confirmed_publish_goes_out_on_the_callers_channel_once_admitted(
         assert (exchange, routing_key, mandatory) == ("", "q", True)
         assert props.delivery_mode == 2 and props.message_id == second.message_id
         assert props.timestamp is not None
-        assert publisher.direct.accepted == 1
+        assert publisher.fast.accepted == 1
 
     _direct_scenario(memory_broker, tmp_path, pamqp_commands.Basic.Ack(delivery_tag=1), scenario)
     assert [m.body for m in memory_broker.messages("q")] == [b"one"]
@@ -503,10 +503,10 @@ def test_a_nack_on_the_callers_channel_goes_through_msgsafe_with_the_same_id(
         assert second.status is Status.CONFIRMED
         assert underlay.published[0][3].message_id == second.message_id
         # msgsafe confirmed it with nothing in the outbox: the direct path is back.
-        assert not publisher.direct.resting
+        assert not publisher.fast.resting
         underlay.answer = pamqp_commands.Basic.Ack(delivery_tag=2)
         await publish(b"three")
-        assert publisher.direct.accepted == 1
+        assert publisher.fast.accepted == 1
 
     nack = aiormq.exceptions.DeliveryError(None, pamqp_commands.Basic.Nack())
     _direct_scenario(memory_broker, tmp_path, nack, scenario)
@@ -521,7 +521,7 @@ def test_a_lost_channel_rests_the_direct_path_while_the_outbox_holds_messages(
         memory_broker.refuse_writes()
         stored = await publish(b"two")
         assert stored.status is Status.STORED
-        assert publisher.direct.resting
+        assert publisher.fast.resting
         underlay.answer = pamqp_commands.Basic.Ack(delivery_tag=2)
         third = await publish(b"three")  # resting: msgsafe's path, stored behind two
         assert third.status is Status.STORED
@@ -571,7 +571,7 @@ def test_the_deadline_keeps_each_publish_and_leaves_the_callers_cancellation_alo
         assert done_at[b"soon"] < 1.2 <= done_at[b"late"] < 3.0
         assert not publisher.deadlines._watched  # nothing left watched
         # The caller's own cancellation propagates (nothing of it is taken back).
-        publisher.direct.resting = False
+        publisher.fast.resting = False
         publisher._missed_until = 0.0
         sent = len(underlay.published)
         task = asyncio.ensure_future(exchange_publish(b"cancelled", 5.0))
@@ -607,7 +607,7 @@ def test_a_return_on_the_callers_channel_is_the_callers_as_in_aio_pika(
         underlay.answer = aiormq.exceptions.PublishError(returned, returned.delivery)
         with pytest.raises(aiormq.exceptions.PublishError):
             await publish(b"three")
-        assert not publisher.direct.resting
+        assert not publisher.fast.resting
 
     _direct_scenario(memory_broker, tmp_path, returned, scenario)
     assert [m.body for m in memory_broker.messages("q")] == [b"one"]

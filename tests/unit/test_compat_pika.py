@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import time
 from pathlib import Path
+from typing import Any
 
 import pika as real_pika
 import pytest
@@ -15,7 +16,7 @@ from msgsafe.adapters.rabbitmq._wire import carried_properties
 from msgsafe.compat import pika
 from msgsafe.compat._pika_config import connection_url, publish_error
 from msgsafe.compat.pika._channel import encode_properties
-from msgsafe.compat.pika._direct import direct_properties
+from msgsafe.compat.pika._fast import FastPublisher, fast_properties
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError, MessageTooLarge, Rejected, Unroutable
 from msgsafe.message import AMQP_PROPERTIES_HEADER, Envelope
@@ -86,7 +87,7 @@ def test_the_direct_path_publishes_the_properties_the_adapter_would(
         headers={AMQP_PROPERTIES_HEADER: encode_properties(props)},
         message_id="m-1",
     )
-    direct = direct_properties(props, "m-1", envelope.created_at)
+    direct = fast_properties(props, "m-1", envelope.created_at)
     assert direct.__dict__ == carried_properties(envelope).__dict__
     assert props.message_id in (None, "theirs") and props.delivery_mode in (None, 1)  # unchanged
 
@@ -282,3 +283,69 @@ def test_a_queue_that_loses_confirmed_messages_is_refused_unless_require_any(
     channel.basic_publish("", "hello", b"one")
     assert memory_broker.count("hello") == 1
     relaxed.close()
+
+
+# --- the fast path (the caller's own channel) ------------------------------------------------
+
+
+class _FastChannel:
+    """A real pika channel as FastPublisher uses it: ``answer`` says how it publishes."""
+
+    def __init__(self) -> None:
+        self.is_open = True
+        self.answer: BaseException | None = None
+        self.published: list[bytes] = []
+
+    def confirm_delivery(self) -> None:
+        pass
+
+    def basic_publish(self, exchange: str, key: str, body: bytes, props: Any, **_: Any) -> None:
+        if self.answer is not None:
+            raise self.answer
+        self.published.append(body)
+
+
+class _FastConnection:
+    """What FastPublisher reads of the wrapper connection: its real connection's thread,
+    its real connection, and msgsafe's producer (here only its backlog)."""
+
+    def __init__(self) -> None:
+        self._real_thread = None
+        self.channel_made = _FastChannel()
+        self.backlog = 0
+        self.producer = self
+
+    def _real_connection(self) -> Any:
+        return self
+
+    def channel(self) -> _FastChannel:
+        return self.channel_made
+
+    def pending(self) -> int:
+        return self.backlog
+
+    def guarantee(self, destination: str) -> None:
+        raise AssertionError("the pika fast path does not check destinations itself")
+
+
+def test_the_fast_path_rests_after_a_failure_until_msgsafe_confirms_with_nothing_stored() -> None:
+    conn = _FastConnection()
+    fast = FastPublisher(conn)  # type: ignore[arg-type]
+    channel = conn.channel_made
+    props = real_pika.BasicProperties()
+    assert fast.publish("", "q", b"1", props)
+    channel.answer = real_pika.exceptions.UnroutableError([])
+    assert not fast.publish("", "q", b"2", props)
+    assert not fast.path.resting  # a return: that message only, the broker answered
+    channel.answer = real_pika.exceptions.AMQPConnectionError("gone")
+    assert not fast.publish("", "q", b"3", props)
+    assert fast.path.resting
+    channel.answer = None
+    assert not fast.publish("", "q", b"4", props)  # resting: msgsafe's producer takes it
+    conn.backlog = 2
+    fast.path.confirmed_safe()  # msgsafe confirmed, but two messages wait in the outbox
+    assert not fast.publish("", "q", b"5", props)
+    conn.backlog = 0
+    fast.path.confirmed_safe()
+    assert fast.publish("", "q", b"6", props)
+    assert channel.published == [b"1", b"6"] and fast.path.accepted == 2

@@ -54,7 +54,6 @@ from msgsafe.errors import (
     ClosedError,
     ConfirmTimeout,
     MsgsafeError,
-    OutboxError,
     Refused,
     TransientError,
 )
@@ -229,7 +228,8 @@ class DirectLane:
     def __init__(self, link: ProducerLink, host: LaneHost, *, timeout: float, size_limit: int):
         self.link = link
         self.host = host
-        self.store = host.store
+        #: Whether the producer has an outbox for what the lane cannot deliver.
+        self.stores = host.stores
         self.guarantees = host.guarantees
         self.store_guarantee = host.store_guarantee
         self.count_confirmed = host.count_confirmed
@@ -292,7 +292,7 @@ class DirectLane:
         # ProducerLink.down, read with the caller's clock (no second clock read).
         if link.mismatch is not None or now < link.down_until:
             # Every broker is down (or speaks another protocol): not at message.timeout.ms.
-            if self.store is None:
+            if not self.stores:
                 return self._refused(
                     destination,
                     body,
@@ -370,7 +370,7 @@ class DirectLane:
             if isinstance(refused, MsgsafeError)
             else link.produce_error(refused, send.message_id)
         )
-        if isinstance(error, TransientError) and self.store is not None:
+        if isinstance(error, TransientError) and self.stores:
             # The safe way takes it to the outbox, behind what the lane holds.
             self._leave(purge=not isinstance(error, Refused))
             return None
@@ -482,7 +482,7 @@ class DirectLane:
         if send.done():
             return  # already stored after the drain's bound
         error = self.link.delivery_error(err, send.message_id)
-        if self.store is None or not isinstance(error, TransientError):
+        if not self.stores or not isinstance(error, TransientError):
             self._fail(send, error)
             return
         with self.lock:
@@ -510,7 +510,7 @@ class DirectLane:
                 continue
             if head.born + timeout > now:
                 return
-            if self.store is None:
+            if not self.stores:
                 watch.popleft()
                 self._fail(head, self._overdue(head))
                 continue
@@ -590,16 +590,12 @@ class DirectLane:
         if not failures:
             return
         failures.sort(key=_seq)
-        store = self.store
-        error: OutboxError | None = None
-        if store is None:
+        if not self.stores:
             for send in failures:
                 self._fail(send, self._overdue(send))
             return
-        try:
-            store.put([send.envelope() for send in failures])
-        except Exception as exc:  # a store's own error too: the sends fail with it
-            error = OutboxError.of(exc)
+        # The producer writes them (msgsafe.fastpath.store_refused): the lane has no store.
+        error = self.host.store_refused([send.envelope() for send in failures])
         guarantees = self.guarantees
         settled = 0
         for send in failures:

@@ -2,7 +2,7 @@
 
 It *is* a ``pika.adapters.blocking_connection.BlockingChannel`` (``isinstance`` holds) and
 overrides every public name of it: a blocking publish is confirmed on the caller's thread
-through the real connection while that works (:mod:`msgsafe.compat.pika._direct`) and
+through the real connection while that works (the fast path, :mod:`msgsafe.compat.pika._fast`) and
 goes through msgsafe's producer otherwise, as do pipelined publishes and transactions;
 everything else (declares, binds, ``basic_qos``, consuming, ``consume()``) runs unchanged
 on a real pika channel of the real connection to the same hosts.
@@ -32,8 +32,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from msgsafe.compat._common import ClosesOnExit
 from msgsafe.compat._pika_config import destination_of, publish_error, returned_message
-from msgsafe.compat.pika._direct import DirectPublisher, direct_properties
+from msgsafe.compat.pika._fast import FastPublisher, fast_properties
 from msgsafe.errors import ClosedError, InvalidMessage, MsgsafeError
+from msgsafe.fastpath import store_refused
 from msgsafe.message import AMQP_PROPERTIES_HEADER, Envelope, Receipt, Status, new_message_id
 
 if TYPE_CHECKING:
@@ -101,8 +102,8 @@ class BlockingChannel(ClosesOnExit, _blocking.BlockingChannel):  # type: ignore[
         self._confirming = False
         self._closed = False
         self._real: Any = None  # the pika channel for everything but publishing
-        # A lazy connection may have no broker yet: direct publishing waits for a confirm.
-        self._direct = DirectPublisher(connection, resting=connection._real is None)
+        # A lazy connection may have no broker yet: the fast path waits for a confirm.
+        self._fast = FastPublisher(connection, resting=connection._real is None)
 
     # --- state -------------------------------------------------------------------------
 
@@ -171,8 +172,8 @@ class BlockingChannel(ClosesOnExit, _blocking.BlockingChannel):  # type: ignore[
         props = properties if properties is not None else BasicProperties()
         message_id = props.message_id or new_message_id()
         blocking = not pipelined and self._held is None
-        if blocking and self._direct.publish(
-            exchange, routing_key, body, direct_properties(props, message_id, time.time())
+        if blocking and self._fast.publish(
+            exchange, routing_key, body, fast_properties(props, message_id, time.time())
         ):
             return  # the broker confirmed it, on this thread, as pika's own publish
         held = _Held(
@@ -194,7 +195,7 @@ class BlockingChannel(ClosesOnExit, _blocking.BlockingChannel):  # type: ignore[
             return
         self._await(future, held)
         if future.exception() is None and future.result().status is Status.CONFIRMED:
-            self._direct.resume()
+            self._fast.path.confirmed_safe()
 
     def _send(self, held: _Held) -> Future[Receipt]:
         try:
@@ -244,7 +245,8 @@ class BlockingChannel(ClosesOnExit, _blocking.BlockingChannel):  # type: ignore[
         outbox = self._conn.producer.outbox
         if outbox is None:
             return False
-        outbox.put([held.envelope])
+        if (error := store_refused(outbox, [held.envelope])) is not None:
+            raise error
         log.warning(
             "unroutable message %s to %r/%r (published without mandatory) kept in the outbox",
             held.envelope.message_id,
@@ -439,7 +441,7 @@ class BlockingChannel(ClosesOnExit, _blocking.BlockingChannel):  # type: ignore[
         if self._conn.pipelined:
             self._conn.producer.flush(CLOSE_WAIT_S)
         self._closed = True
-        self._direct.close()
+        self._fast.close()
         real, self._real = self._real, None
         if real is not None and real.is_open:
             real.close(reply_code, reply_text)
@@ -447,7 +449,7 @@ class BlockingChannel(ClosesOnExit, _blocking.BlockingChannel):  # type: ignore[
 
     def _mark_closed(self) -> None:
         self._closed = True
-        self._direct.close()
+        self._fast.close()
         self._real = None
 
     def __int__(self) -> int:

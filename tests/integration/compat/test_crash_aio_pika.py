@@ -116,7 +116,7 @@ def test_kill_the_connected_node_mid_run_loses_nothing_acknowledged(
                     await asyncio.to_thread(rabbit.kill, victim)
 
         await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-        direct[0] = connection.publisher.direct.accepted
+        direct[0] = connection.publisher.fast.accepted
         # close() forwards what the outbox holds (up to its wait); the count then reads
         # the file for what is left.
         await asyncio.wait_for(connection.close(), 60)

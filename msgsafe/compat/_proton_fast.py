@@ -1,9 +1,10 @@
-"""The blocking send on the caller's thread: proton's own round trip to ``accepted``.
+"""The blocking send on the caller's thread: proton's own round trip to ``accepted``
+(the proton drop-in's fast path, :mod:`msgsafe.fastpath`).
 
 ``proton.utils.BlockingSender.send`` writes the message and waits on the calling thread
 until the broker settles it. The wrapper does the same while it can: on the thread that
 made the wrapper connection, a message goes out over a real proton connection of the
-direct path's own (opened on the first send), on a sender link to the same address,
+fast path's own (opened on the first send), on a sender link to the same address,
 shaped as msgsafe's AMQP 1.0 adapter sends it (durable, msgsafe's id as ``message-id``
 and ``msgsafe-id``, the application properties as text, one data section), with the
 adapter's link options (at-least-once, the ``queue`` capability). An ``accepted``
@@ -15,9 +16,10 @@ half the send's time, the link or connection lost, an outcome other than ``accep
 and the message goes to msgsafe's producer instead, which decides what the caller sees
 (fail-over, the outbox, proton's exception): the same outcome as without this path, one
 round trip later. A message whose outcome was lost with the connection may then reach
-the broker twice, with the same id. After a failure the direct path rests until msgsafe
-confirms a message again with nothing left in its outbox, so a broker outage costs no
-reconnect attempt per send and no message overtakes one the outbox still holds.
+the broker twice, with the same id. After a failure the fast path rests until msgsafe
+confirms a message again with nothing left in its outbox
+(:class:`~msgsafe.fastpath.FastPath`), so a broker outage costs no reconnect attempt per
+send and no message overtakes one the outbox still holds.
 """
 
 from __future__ import annotations
@@ -30,29 +32,30 @@ from typing import TYPE_CHECKING, Any
 from proton import Delivery, ProtonException
 
 from msgsafe.adapters.amqp10 import link_options, wire_message
-from msgsafe.compat._common import DirectPath
 from msgsafe.errors import MsgsafeError
+from msgsafe.fastpath import FastPath
 from msgsafe.message import Envelope, Receipt, Status, new_receipt
 
 if TYPE_CHECKING:
     from msgsafe.producer import Producer
 
-__all__ = ["DirectSender"]
+__all__ = ["FastSender"]
 
 log = logging.getLogger("msgsafe.compat.proton")
 
-#: Share of a send's time the direct path may wait for the outcome: the rest is
+#: Share of a send's time the fast path may wait for the outcome: the rest is
 #: msgsafe's, to fail over or store the message.
 _DIRECT_SHARE = 0.5
 
 
-class DirectSender(DirectPath):
-    """A wrapper connection's direct path (see the module docstring): its own real
+class FastSender:
+    """A wrapper connection's fast path (see the module docstring): its own real
     proton connection, opened on first use by the thread that made the wrapper, with one
     link per address."""
 
     def __init__(self, open_connection: Callable[[], Any], producer: Producer) -> None:
-        super().__init__(producer)
+        #: The fast path's state.
+        self.path = FastPath(producer)
         self._open = open_connection
         self._owner = threading.get_ident()
         self._conn: Any = None  # a real proton.utils.BlockingConnection
@@ -63,11 +66,12 @@ class DirectSender(DirectPath):
         """Send ``envelope`` and wait for its outcome; a CONFIRMED receipt when the broker
         accepted it. None when it was not sent this way or not accepted: msgsafe's
         producer takes over."""
-        if self.resting or self._owner != threading.get_ident():
+        path = self.path
+        if path.resting or self._owner != threading.get_ident():
             return None
         destination = envelope.destination
         try:
-            guarantee = self.guarantee(destination)
+            guarantee = path.guarantee(destination)
             conn = self._conn
             if conn is None:
                 conn = self._conn = self._open()
@@ -83,24 +87,26 @@ class DirectSender(DirectPath):
             limit = None if timeout is None else max(0.001, timeout * _DIRECT_SHARE)
             conn.wait(lambda: delivery.settled, timeout=limit)
         except MsgsafeError:
+            path.refused()
             return None  # the check refused or could not run: msgsafe's path says so
         except ProtonException as exc:
-            log.debug("direct send failed (%r); msgsafe's producer takes over", exc)
-            self.resting = True
+            log.debug("fast send failed (%r); msgsafe's producer takes over", exc)
+            path.failed()
             self.close()
             return None
         state = delivery.remote_state
         delivery.settle()
         if state != Delivery.ACCEPTED:
+            path.refused()
             return None  # released, modified or rejected: msgsafe's path decides
-        self.count_accepted()
+        path.confirmed()
         return new_receipt(envelope.message_id, Status.CONFIRMED, destination, guarantee)
 
     def close(self) -> None:
-        """Close the direct connection (nothing is in flight: a send waits for its outcome)."""
+        """Close the fast path's connection (nothing is in flight: a send waits for its outcome)."""
         conn, self._conn, self._links = self._conn, None, {}
         if conn is not None:
             try:
                 conn.close()
             except ProtonException as exc:  # the peer may be gone: closing anyway
-                log.debug("closing the direct connection: %r", exc)
+                log.debug("closing the fast path's connection: %r", exc)

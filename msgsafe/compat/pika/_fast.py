@@ -1,4 +1,5 @@
-"""The blocking publish on the caller's thread: pika's own confirm round trip.
+"""The blocking publish on the caller's thread: pika's own confirm round trip (the pika
+drop-in's fast path, :mod:`msgsafe.fastpath`).
 
 pika in confirm mode publishes on the calling thread and waits there for the broker's
 confirm. The wrapper does the same while it can: on the thread that owns its real pika
@@ -12,8 +13,9 @@ message goes to msgsafe's producer instead, which decides what the caller sees (
 to the next host, the outbox, pika's exception): the same outcome as without this path,
 one round trip later. A message whose confirm was lost with the connection may then reach
 the broker twice, with the same ``message_id``. After a failure other than a return, the
-direct path rests until msgsafe confirms a message again (the brokers answer), so a
-broker outage costs no reconnect attempt per publish.
+fast path rests until msgsafe confirms a message again with nothing left in its outbox
+(:class:`~msgsafe.fastpath.FastPath`), so a broker outage costs no reconnect attempt per
+publish and no publish overtakes one the outbox still holds.
 """
 
 from __future__ import annotations
@@ -25,15 +27,17 @@ from typing import TYPE_CHECKING, Any
 from pika import exceptions as pe
 from pika.spec import BasicProperties
 
+from msgsafe.fastpath import FastPath
+
 if TYPE_CHECKING:
     from msgsafe.compat.pika._connection import BlockingConnection
 
-__all__ = ["DirectPublisher", "direct_properties"]
+__all__ = ["FastPublisher", "fast_properties"]
 
 log = logging.getLogger("msgsafe.compat.pika")
 
 
-def direct_properties(props: BasicProperties, message_id: str, sent_at: float) -> BasicProperties:
+def fast_properties(props: BasicProperties, message_id: str, sent_at: float) -> BasicProperties:
     """``props`` as msgsafe's RabbitMQ adapter publishes a pika publisher's properties
     (``carried_properties`` there): persistent, ``message_id`` set, ``timestamp`` the send
     time where ``props`` has none; the headers as given."""
@@ -46,19 +50,21 @@ def direct_properties(props: BasicProperties, message_id: str, sent_at: float) -
     return out
 
 
-class DirectPublisher:
-    """One wrapper channel's direct path (see the module docstring)."""
+class FastPublisher:
+    """One wrapper channel's fast path (see the module docstring)."""
 
     def __init__(self, connection: BlockingConnection, *, resting: bool = False) -> None:
         self._conn = connection
         self._channel: Any = None  # a real pika channel in confirm mode
-        self._resting = resting
+        #: The fast path's state.
+        self.path = FastPath(connection.producer, resting=resting)
 
     def publish(self, exchange: str, routing_key: str, body: bytes, props: BasicProperties) -> bool:
         """Publish ``body`` and wait for the broker's confirm; True when confirmed. False
         when it was not sent this way or not confirmed: msgsafe's producer takes over."""
         owner = self._conn._real_thread
-        if self._resting or (owner is not None and owner != threading.get_ident()):
+        path = self.path
+        if path.resting or (owner is not None and owner != threading.get_ident()):
             return False
         try:
             channel = self._channel
@@ -68,17 +74,15 @@ class DirectPublisher:
                 self._channel = channel
             channel.basic_publish(exchange, routing_key, body, props, mandatory=True)
         except pe.UnroutableError:
+            path.refused()
             return False  # this message only: msgsafe's path reports the return
         except (pe.AMQPError, OSError) as exc:
-            log.debug("direct publish failed (%r); msgsafe's producer takes over", exc)
+            log.debug("fast publish failed (%r); msgsafe's producer takes over", exc)
             self._channel = None
-            self._resting = True
+            path.failed()
             return False
+        path.confirmed()
         return True
-
-    def resume(self) -> None:
-        """msgsafe confirmed a message: the brokers answer, try the direct path again."""
-        self._resting = False
 
     def close(self) -> None:
         channel, self._channel = self._channel, None
@@ -86,4 +90,4 @@ class DirectPublisher:
             try:
                 channel.close()
             except (pe.AMQPError, OSError) as exc:  # closing anyway: nothing is in flight
-                log.debug("closing the direct channel: %r", exc)
+                log.debug("closing the fast path's channel: %r", exc)
