@@ -6,6 +6,11 @@ back and checks (:mod:`msgsafe.nemesis.runner`). Progress on stderr; the report 
 (``--json``: one object). Exit 0 only when every invariant holds (lost = 0, unexpected =
 0, per-key order, outboxes empty after the heal, and no fault action or worker failed);
 1 when one does not; 3 when the run could not start (a broker not installed).
+
+``--outbox postgres``: the producers share one PostgreSQL outbox (a primary and a
+synchronous standby) drained by ``--forwarders`` ``msgsafe outbox forward`` processes,
+and the schedule adds the primary's SIGKILL with the standby's promotion, and forwarder
+SIGKILL and SIGSTOP past its lease.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from rich.markup import escape
 
 from msgsafe.cli._output import ExitCode, err, exit_with, fail, out, print_json
 from msgsafe.cluster.base import ClusterError
-from msgsafe.nemesis.runner import KINDS, Plan, run
+from msgsafe.nemesis.runner import KINDS, OUTBOXES, Plan, run
 
 __all__ = ["nemesis"]
 
@@ -28,6 +33,12 @@ __all__ = ["nemesis"]
 def _kind(value: str) -> str:
     if value not in KINDS:
         raise typer.BadParameter(f"unknown kind {value!r} (known: {', '.join(sorted(KINDS))})")
+    return value
+
+
+def _outbox(value: str) -> str:
+    if value not in OUTBOXES:
+        raise typer.BadParameter(f"unknown outbox {value!r} (known: {', '.join(OUTBOXES)})")
     return value
 
 
@@ -46,11 +57,34 @@ def nemesis(
         typer.Option("--dir", help="Where the history, report and picture go (a new temp dir)."),
     ] = None,
     producers: Annotated[int, typer.Option("--producers", min=1, help="Producer processes.")] = 3,
+    nodes: Annotated[
+        int | None,
+        typer.Option("--nodes", min=1, help="Broker nodes (default: 3; Artemis: a pair)."),
+    ] = None,
+    outbox: Annotated[
+        str,
+        typer.Option(
+            "--outbox",
+            callback=_outbox,
+            help="sqlite: an outbox file per producer; postgres: one shared PostgreSQL "
+            "outbox (primary + standby) drained by forwarder processes, with database "
+            "and forwarder faults.",
+        ),
+    ] = "sqlite",
+    forwarders: Annotated[
+        int,
+        typer.Option("--forwarders", min=1, help="Forwarder processes (--outbox postgres)."),
+    ] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Run producers and a consumer against a KIND cluster under randomized, composed
     faults (broker SIGKILL/SIGSTOP, producer SIGKILL/SIGSTOP, network faults through a proxy),
     then heal, drain, read back and check that no receipted message was lost.
+
+    --outbox postgres: the producers share a PostgreSQL outbox (primary + synchronous
+    standby) that --forwarders `msgsafe outbox forward` processes drain; faults add the
+    primary's SIGKILL with the standby promoted, and a forwarder SIGKILLed or SIGSTOPped
+    past its lease.
 
     The same --seed replays the same schedule; the report prints the command. The run's
     directory keeps the history (history/*.jsonl), report.json, picture.svg (send rate,
@@ -58,7 +92,16 @@ def nemesis(
     the run fails, the brokers' logs and data (cluster/) and the workers' logs (logs/)."""
     chosen = seed if seed is not None else secrets.randbelow(2**31)
     where = dir if dir is not None else Path(tempfile.mkdtemp(prefix=f"msgsafe-nemesis-{kind}-"))
-    plan = Plan(kind=kind, minutes=minutes, seed=chosen, dir=where.resolve(), producers=producers)
+    plan = Plan(
+        kind=kind,
+        minutes=minutes,
+        seed=chosen,
+        dir=where.resolve(),
+        producers=producers,
+        nodes=nodes or 0,
+        outbox=outbox,
+        forwarders=forwarders,
+    )
     try:
         outcome = run(plan, say=lambda line: err.print(line, markup=False, highlight=False))
     except ClusterError as exc:
@@ -71,7 +114,7 @@ def nemesis(
         recovery = "never" if v.recovery_s is None else f"{v.recovery_s:.1f} s"
         worst = "never" if v.worst_recovery_s is None else f"{v.worst_recovery_s:.1f} s"
         out.print(
-            f"{kind} seed {chosen}: {len(outcome.schedule.windows)} faults; "
+            f"{kind} seed {chosen} ({outbox} outbox): {len(outcome.schedule.windows)} faults; "
             f"attempted={v.attempted} receipted={v.receipted} (confirmed {v.confirmed}, "
             f"stored {v.stored}) failed={v.failed} cut_short={v.cut_short} "
             f"received={v.received}",

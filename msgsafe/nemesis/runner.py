@@ -19,13 +19,30 @@ faults, then heal, drain, read back and check.
    arrive, or the reverse, so a send reaches the broker and its confirm does not), a
    slow link (latency, bandwidth) or resets on one node's proxy. Actions run one after
    another on this thread (a cluster is driven from one thread), so a slow restart
-   delays the next action: the history has the times they really happened;
+   delays the next action; the rest of the schedule is then delayed as much (its clock
+   waits for the runner), so that every window lasts at least as long as drawn and keeps
+   its order with the others (a forwarder's pause stays longer than its lease however
+   late it began), and the run lasts that much longer. The history has the times the
+   actions really happened;
 5. heals everything (proxies, paused and killed nodes), records ``heal``, stops the
    producers with SIGTERM (each drains its outbox first), waits until the consumer has
    received every receipted id (or ``readback_timeout``), stops it;
 6. checks the history (:func:`msgsafe.nemesis.checker.check`), writes ``report.json``
    and ``picture.svg``, stops the cluster. A failing run keeps the cluster's directory
    (broker logs, data) in ``DIR``; a passing one removes it and keeps the history.
+
+With ``outbox="postgres"`` (``msgsafe nemesis KIND --outbox postgres``) the producers
+share one PostgreSQL outbox instead: a primary and its synchronous standby
+(:class:`~msgsafe.cluster.postgres.PostgresCluster`, what ``msgsafe cluster up postgres
+--nodes 2`` runs) in ``DIR/pg``, a table of the run's own with a short lease
+(:data:`PG_LEASE_S`). The producers store into it and do not forward it
+(``Producer(forward=False)``); ``forwarders`` ``msgsafe outbox forward`` processes (each
+through the proxies, as a producer) drain it to the broker. The schedule adds two roles:
+``database`` (the primary SIGKILLed and the standby promoted; at the window's end the old
+primary is rebuilt as the new one's standby) and ``forwarder`` (SIGKILL and a new
+process; SIGSTOP past its lease and SIGCONT). The runner records the table's depth
+(``history/outbox.jsonl``); at the end it stops the producers, waits until the
+forwarders have emptied the table, then stops them.
 
 Progress goes to the ``say`` callback, one line at a time; the library itself prints
 nothing.
@@ -35,15 +52,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from msgsafe import cluster as clusters
 from msgsafe.cluster.base import ClusterError, LocalCluster
@@ -53,7 +72,19 @@ from msgsafe.nemesis.proxied_kafka import ProxiedKafka
 from msgsafe.nemesis.worker import Spec
 from msgsafe.testing.faultproxy import FaultProxy
 
-__all__ = ["KINDS", "Outcome", "Plan", "replay_command", "run"]
+if TYPE_CHECKING:
+    from msgsafe.cluster.postgres import PostgresCluster
+
+__all__ = [
+    "KINDS",
+    "OUTBOXES",
+    "PG_LEASE_S",
+    "Outcome",
+    "Plan",
+    "fault_targets",
+    "replay_command",
+    "run",
+]
 
 #: The AMQP 1.0 clients' options (as the chaos matrix's). ``failover_merge=ignore``: the
 #: clients use only the URL's hosts, the proxies, and never a node's own address that an
@@ -157,6 +188,44 @@ KINDS: dict[str, dict[str, Any]] = {
 }
 
 
+#: The shared PostgreSQL outbox's lease (``lease=`` in its URL): a forwarder paused for
+#: longer (every pause the schedule draws: 3-12 s) has its keys taken over.
+PG_LEASE_S = 2.0
+#: How long a put rides out a fail-over of the database before it fails
+#: (``write_timeout=``), and the producers' ``send_timeout`` above it, as docs/fleet.md
+#: advises.
+PG_WRITE_TIMEOUT_S = 20.0
+PG_SEND_TIMEOUT_S = 40.0
+
+#: The outboxes a run can use, with what their faults mean (the report states it).
+OUTBOXES: dict[str, tuple[str, ...]] = {
+    "sqlite": (),
+    "postgres": (
+        "Outbox: one PostgreSQL table shared by every producer (they store and do not "
+        "forward), a primary and a synchronous standby; a database fault kills the "
+        "primary and promotes the standby (its end rebuilds the old primary as the new "
+        "one's standby), one at a time.",
+        f"Forwarders: `msgsafe outbox forward` processes through the proxies, lease "
+        f"{PG_LEASE_S:g} s: a forwarder paused (3-12 s) is paused past its lease, and "
+        "another takes its keys over; a killed one is started again at the window's end.",
+    ),
+}
+
+
+def fault_targets(plan: Plan) -> dict[str, int]:
+    """What each role of the schedule can hit in ``plan``'s run (role -> how many)."""
+    targets = {
+        "broker": plan.nodes,
+        "producer": plan.producers,
+        "network": plan.nodes if KINDS[plan.kind]["proxied"] else 0,
+    }
+    if plan.outbox == "postgres":
+        # One target: whichever node is the primary at the time.
+        targets["database"] = 1
+        targets["forwarder"] = plan.forwarders
+    return targets
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """What to run: ``kind`` for ``minutes`` of faults from ``seed``, in ``dir``."""
@@ -171,10 +240,18 @@ class Plan:
     nodes: int = 0
     rate: float = 40.0
     readback_timeout: float = 180.0
+    #: ``sqlite``: an outbox file per producer, forwarded by the producer; ``postgres``:
+    #: one shared PostgreSQL outbox drained by ``forwarders`` forwarder processes.
+    outbox: str = "sqlite"
+    forwarders: int = 2
 
     def __post_init__(self) -> None:
         if self.nodes == 0 and self.kind in KINDS:
             object.__setattr__(self, "nodes", KINDS[self.kind]["nodes"])
+        if self.outbox not in OUTBOXES:
+            raise ValueError(f"unknown outbox {self.outbox!r} (known: {', '.join(OUTBOXES)})")
+        if self.outbox == "postgres" and self.forwarders < 1:
+            raise ValueError("a PostgreSQL outbox needs at least one forwarder")
 
 
 @dataclass
@@ -210,6 +287,12 @@ class Outcome:
 def replay_command(plan: Plan) -> str:
     """The command that draws the same schedule again."""
     extra = "" if plan.producers == 3 else f" --producers {plan.producers}"
+    if plan.nodes != KINDS.get(plan.kind, {}).get("nodes", plan.nodes):
+        extra += f" --nodes {plan.nodes}"
+    if plan.outbox != "sqlite":
+        extra += f" --outbox {plan.outbox}"
+        if plan.forwarders != 2:
+            extra += f" --forwarders {plan.forwarders}"
     return f"msgsafe nemesis {plan.kind} --minutes {plan.minutes:g} --seed {plan.seed}{extra}"
 
 
@@ -261,6 +344,15 @@ class _Run:
         self.t0 = 0.0
         self.tally = _Tally(self.hist_dir)
         self.own: history.History | None = None
+        #: The shared outbox's database (``outbox="postgres"``), its table and URL.
+        self.pg: PostgresCluster | None = None
+        self.table = f"nemesis_{plan.seed}"
+        self.store_url = ""
+        self.depth_stop = threading.Event()
+        self.depth_thread: threading.Thread | None = None
+        self.depth_seen: int | None = None
+        #: Workers stopped on purpose at the end: not started again when they exit.
+        self.stopped: set[str] = set()
 
     # --- set up ------------------------------------------------------------------------
 
@@ -297,6 +389,53 @@ class _Run:
             prepare(cluster, self.destination)
         return cluster
 
+    def start_outbox(self) -> None:
+        """The shared PostgreSQL outbox (``outbox="postgres"``): a primary and its
+        synchronous standby, and a thread that records the table's depth."""
+        from msgsafe.cluster.postgres import PostgresCluster
+
+        self.say(f"starting PostgreSQL (primary + standby) in {self.dir / 'pg'}")
+        started = time.monotonic()
+        self.pg = PostgresCluster(nodes=2, dir=self.dir / "pg")
+        self.pg.start()
+        self.store_url = (
+            f"{self.pg.url}&table={self.table}&lease={PG_LEASE_S:g}"
+            f"&write_timeout={PG_WRITE_TIMEOUT_S:g}"
+        )
+        self.say(f"PostgreSQL up in {time.monotonic() - started:.1f} s: table {self.table}")
+        self.depth_thread = threading.Thread(
+            target=self.record_depth, name="nemesis-outbox-depth", daemon=True
+        )
+        self.depth_thread.start()
+
+    def record_depth(self) -> None:
+        """Every half second, the shared table's row count in ``history/outbox.jsonl``
+        (none while no primary answers, nor before a producer made the table)."""
+        import psycopg
+
+        assert self.pg is not None
+        url = self.pg.url
+        conn: Any = None
+        with history.History(self.hist_dir / "outbox.jsonl", "outbox") as own:
+            while not self.depth_stop.wait(0.5):
+                try:
+                    if conn is None:
+                        conn = psycopg.connect(url, connect_timeout=2, autocommit=True)
+                    row = conn.execute(f"SELECT count(*) FROM {self.table}").fetchone()
+                except psycopg.errors.UndefinedTable:
+                    continue
+                except psycopg.Error:
+                    with contextlib.suppress(psycopg.Error):
+                        if conn is not None:
+                            conn.close()
+                    conn = None
+                    continue
+                self.depth_seen = int(row[0])
+                own.write("depth", outbox="pg", n=self.depth_seen)
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+
     def producer_url(self, index: int) -> str:
         """The URL of producer ``index``: through the proxies where the kind allows, its
         host list rotated so that the producers start on different nodes."""
@@ -313,10 +452,13 @@ class _Run:
         return f"{scheme}://{creds}@{rotated}{tail}" if creds else f"{scheme}://{rotated}{tail}"
 
     def spawn(self, name: str) -> None:
-        """Start (or start again) the worker ``name``: ``p0``.. or ``c``."""
+        """Start (or start again) the worker ``name``: ``p0``.., ``f0``.. or ``c``."""
         assert self.cluster is not None
         n = self.incarnations.get(name, -1) + 1
         self.incarnations[name] = n
+        if name.startswith("f"):
+            self.spawn_forwarder(name)
+            return
         before = [str(self.hist_dir / f"{name}.{i}.jsonl") for i in range(n)]
         options = dict(self.setup["options"])
         if name == "c":
@@ -328,6 +470,20 @@ class _Run:
                 history=str(self.hist_dir / f"{name}.{n}.jsonl"),
                 options=options,
                 group=self.group,
+            )
+        elif self.pg is not None:
+            spec = Spec(
+                role="produce",
+                name=name,
+                url=self.producer_url(int(name[1:])),
+                destination=self.destination,
+                history=str(self.hist_dir / f"{name}.{n}.jsonl"),
+                options=options,
+                outbox=self.store_url,
+                rate=self.plan.rate,
+                send_timeout=PG_SEND_TIMEOUT_S,
+                before=before,
+                forward=False,
             )
         else:
             spec = Spec(
@@ -350,6 +506,38 @@ class _Run:
                 stdin=subprocess.DEVNULL,
             )
 
+    def spawn_forwarder(self, name: str) -> None:
+        """``msgsafe outbox forward`` on the shared table, as a service runs it: the
+        URLs from its environment (never on its command line), through the proxies (its
+        host list rotated as a producer's), the kind's client options."""
+        args = [
+            sys.executable,
+            "-m",
+            "msgsafe",
+            "outbox",
+            "forward",
+            "env:NEMESIS_OUTBOX_URL",
+            "--url",
+            "env:NEMESIS_BROKER_URL",
+            "--json",
+            "--interval",
+            "5",
+        ]
+        for option, value in self.setup["options"].items():
+            args += ["-o", f"{option}={value}"]
+        env = {
+            **os.environ,
+            "NEMESIS_OUTBOX_URL": self.store_url,
+            "NEMESIS_BROKER_URL": self.producer_url(int(name[1:])),
+            # Its warnings in its log, as the workers': a lease lost, a connection lost.
+            "MSGSAFE_LOG_LEVEL": "WARNING",
+        }
+        log: IO[bytes]
+        with (self.log_dir / f"{name}.log").open("ab") as log:
+            self.workers[name] = subprocess.Popen(
+                args, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env
+            )
+
     # --- faults ------------------------------------------------------------------------
 
     def apply(self, w: schedule.Window, on: bool) -> None:
@@ -362,8 +550,10 @@ class _Run:
                 self.cluster.pause(w.target)
             else:
                 self.cluster.resume(w.target)
-        elif w.role == "producer":
-            name = f"p{w.target}"
+        elif w.role == "database":
+            self.fail_over(on)
+        elif w.role in ("producer", "forwarder"):
+            name = f"{w.role[0]}{w.target}"
             if w.action == "pause":
                 self.workers[name].send_signal(signal.SIGSTOP if on else signal.SIGCONT)
             elif on:
@@ -387,6 +577,35 @@ class _Run:
                 proxy.bandwidth(20_000)
             else:
                 proxy.reset()
+
+    def fail_over(self, on: bool) -> None:
+        """On: SIGKILL the primary, promote the standby. Off: start the old primary
+        again, rebuilt as the new primary's synchronous standby."""
+        assert self.pg is not None
+        if on:
+            old = self.pg.primary
+            self.pg.kill(old)
+            self.pg.promote(1 - old)
+        else:
+            for i, node in enumerate(self.pg.nodes()):
+                if not node.running:
+                    self.pg.restart(i)
+
+    def play(self, events: Sequence[tuple[float, bool, schedule.Window]]) -> float:
+        """Apply ``events`` (:meth:`~msgsafe.nemesis.schedule.Schedule.events`) in
+        order, each at its time plus how far behind the runner has fallen (an action
+        that took long delays the rest, so no window is cut short); return that delay."""
+        behind = 0.0
+        for t, on, window in events:
+            self.wait_until(t + behind)
+            late = self.elapsed() - t - behind
+            if late > 1.0:
+                self.say(f"[{self.elapsed():6.1f}s] the schedule waits {late:.1f} s for the runner")
+            behind += max(0.0, late)
+            self.say(f"[{self.elapsed():6.1f}s] {window.name} {'on' if on else 'off'}")
+            with _noted(self, window.name):
+                self.apply(window, on)
+        return behind
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
@@ -413,7 +632,7 @@ class _Run:
         assert self.own is not None
         for name, proc in list(self.workers.items()):
             code = proc.poll()
-            if code is not None and code != -signal.SIGKILL:
+            if code is not None and code != -signal.SIGKILL and name not in self.stopped:
                 note = f"worker {name} exited with {code} by itself (log: logs/{name}.log)"
                 self.notes.append(note)
                 self.own.write("note", text=note)
@@ -440,17 +659,75 @@ class _Run:
         for name, proc in list(self.workers.items()):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)  # a no-op unless a window left it paused
-            elif name.startswith("p"):
-                self.spawn(name)  # a producer killed by the last window
+            elif name.startswith(("p", "f")):
+                self.spawn(name)  # a producer or forwarder killed by the last window
+        if self.pg is not None:
+            self.heal_database()
         self.own.write("heal")
+
+    def heal_database(self) -> None:
+        """Both PostgreSQL nodes running, one of them the primary."""
+        assert self.pg is not None
+        nodes = self.pg.nodes()
+        if not nodes[self.pg.primary].running:
+            standby = 1 - self.pg.primary
+            if nodes[standby].running:
+                self.pg.promote(standby)
+        for i, node in enumerate(self.pg.nodes()):
+            if node.role == "paused":
+                self.pg.resume(i)
+            elif not node.running:
+                self.pg.restart(i)
+
+    def drain_shared_outbox(self, producers: dict[str, subprocess.Popen[bytes]]) -> None:
+        """The producers stopped (they do not drain a shared outbox), wait until the
+        forwarders have emptied the table, then stop them."""
+        for name, proc in producers.items():
+            try:
+                code = proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+            if code != 0:
+                self.notes.append(f"producer {name} did not stop cleanly (exit {code})")
+        self.say("waiting for the forwarders to empty the shared outbox")
+        deadline = time.monotonic() + 240.0
+        self.depth_seen = None
+        while self.depth_seen != 0 and time.monotonic() < deadline:
+            time.sleep(0.5)  # polling the depth the sampler records, against the deadline
+            self.watch_workers()
+        if self.depth_seen != 0:
+            self.notes.append(f"the shared outbox still held {self.depth_seen} rows after 240 s")
+        forwarders = {n: p for n, p in self.workers.items() if n.startswith("f")}
+        self.stopped.update(forwarders)
+        for proc in forwarders.values():
+            proc.send_signal(signal.SIGTERM)
+        for name, proc in forwarders.items():
+            try:
+                code = proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+            if code != 0:
+                self.notes.append(f"forwarder {name} did not stop cleanly (exit {code})")
+        time.sleep(1.0)  # the clock of the depth series: one more sample of the empty table
+        self.depth_stop.set()
+        if self.depth_thread is not None:
+            self.depth_thread.join(10)
 
     def drain_and_read_back(self) -> None:
         assert self.own is not None
         producers = {n: p for n, p in self.workers.items() if n.startswith("p")}
-        self.say(f"draining {len(producers)} outboxes (SIGTERM: stop sending, drain, exit)")
+        if self.pg is not None:
+            self.say(f"stopping {len(producers)} producers of the shared outbox (SIGTERM)")
+        else:
+            self.say(f"draining {len(producers)} outboxes (SIGTERM: stop sending, drain, exit)")
+        self.stopped.update(producers)
         for proc in producers.values():
             proc.send_signal(signal.SIGTERM)
-        for name, proc in producers.items():
+        if self.pg is not None:
+            self.drain_shared_outbox(producers)
+        for name, proc in producers.items() if self.pg is None else ():
             try:
                 code = proc.wait(timeout=240)
             except subprocess.TimeoutExpired:
@@ -478,10 +755,24 @@ class _Run:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        self.depth_stop.set()
+        if self.depth_thread is not None:
+            self.depth_thread.join(10)
         for proxy in self.proxies:
             proxy.close()
         if self.cluster is not None:
             self.cluster.stop()
+        if self.pg is not None:
+            self.pg.stop()
+
+
+def _shape(plan: Plan) -> tuple[str, ...]:
+    """A line saying the run's cluster is not the kind's usual one (the kind's lines
+    below speak of that one)."""
+    usual = KINDS[plan.kind]["nodes"]
+    if plan.nodes == usual:
+        return ()
+    return (f"This run: {plan.nodes} broker node(s), not the {usual} the lines below describe.",)
 
 
 def run(plan: Plan, say: Callable[[str], None] = lambda _: None) -> Outcome:
@@ -489,12 +780,12 @@ def run(plan: Plan, say: Callable[[str], None] = lambda _: None) -> Outcome:
     if plan.kind not in KINDS:
         raise ValueError(f"unknown kind {plan.kind!r} (known: {', '.join(sorted(KINDS))})")
     duration = plan.minutes * 60.0
-    targets = {
-        "broker": plan.nodes,
-        "producer": plan.producers,
-        "network": plan.nodes if KINDS[plan.kind]["proxied"] else 0,
-    }
-    drawn = schedule.draw(plan.seed, duration, targets, description=KINDS[plan.kind]["limits"])
+    drawn = schedule.draw(
+        plan.seed,
+        duration,
+        fault_targets(plan),
+        description=_shape(plan) + KINDS[plan.kind]["limits"] + OUTBOXES[plan.outbox],
+    )
     for sub in ("history", "logs", "outboxes"):
         (plan.dir / sub).mkdir(parents=True, exist_ok=True)
     (plan.dir / "schedule.json").write_text(json.dumps(drawn.to_json(), indent=1))
@@ -509,20 +800,16 @@ def run(plan: Plan, say: Callable[[str], None] = lambda _: None) -> Outcome:
         with history.History(r.hist_dir / "runner.jsonl", "runner") as own:
             r.own = own
             r.start_cluster()
+            if plan.outbox == "postgres":
+                r.start_outbox()
             r.t0 = time.monotonic()
             for i in range(plan.producers):
                 r.spawn(f"p{i}")
+            for i in range(plan.forwarders if plan.outbox == "postgres" else 0):
+                r.spawn(f"f{i}")
             r.spawn("c")
-            for t, on, window in drawn.events():
-                r.wait_until(t)
-                late = r.elapsed() - t
-                say(
-                    f"[{r.elapsed():6.1f}s] {window.name} {'on' if on else 'off'}"
-                    + (f" ({late:.1f} s late)" if late > 1.0 else "")
-                )
-                with _noted(r, window.name):
-                    r.apply(window, on)
-            r.wait_until(duration)
+            behind = r.play(drawn.events())
+            r.wait_until(duration + behind)
             with _noted(r, "heal"):
                 r.heal()
             r.drain_and_read_back()
@@ -538,6 +825,8 @@ def run(plan: Plan, say: Callable[[str], None] = lambda _: None) -> Outcome:
     if outcome.ok:
         shutil.rmtree(plan.dir / "cluster", ignore_errors=True)
         shutil.rmtree(plan.dir / "outboxes", ignore_errors=True)
+        if r.pg is not None:
+            r.pg.delete_data()
     return outcome
 
 

@@ -3,9 +3,11 @@
 A schedule is a list of :class:`Window`: one fault (``action``) on one ``target`` from
 ``start`` to ``end`` seconds after the run began. Faults are grouped by the **role** they
 hit (``broker``: a node of the cluster; ``producer``: a producer process; ``network``: the
-link between the clients and one node). Within a role at most ``bound`` windows overlap
-(:data:`BOUNDS`); windows of different roles overlap freely, which is the point: a node
-killed while a producer restarts on a slow link. Some periods are **quiet** (no fault at
+link between the clients and one node; with a PostgreSQL outbox, ``database``: its
+primary, killed and replaced by its standby, and ``forwarder``: a forwarder process).
+Within a role at most ``bound`` windows overlap (:data:`BOUNDS`); windows of different
+roles overlap freely, which is the point: a node killed while a producer restarts on a
+slow link. Some periods are **quiet** (no fault at
 all) so that a run shows recovery between storms, and the last ``tail`` seconds are quiet
 too, before the runner heals and checks.
 
@@ -35,12 +37,22 @@ ACTIONS: dict[str, tuple[str, ...]] = {
         "bandwidth",
         "reset",
     ),
+    # A run with a PostgreSQL outbox: the primary SIGKILLed and the standby promoted (its
+    # end: the old primary rebuilt as the new one's standby).
+    "database": ("failover",),
+    "forwarder": ("kill", "pause"),
 }
 
 #: How many faults of one role may be in effect at once. NOTE: one broker at a time
 #: keeps a majority of a 3-node cluster up (quorum queues and a KRaft quorum need two of
 #: three); the promise under a lost majority is STORED, which the other roles already show.
-BOUNDS: dict[str, int] = {"broker": 1, "producer": 1, "network": 1}
+BOUNDS: dict[str, int] = {
+    "broker": 1,
+    "producer": 1,
+    "network": 1,
+    "database": 1,
+    "forwarder": 1,
+}
 
 #: Seconds each fault lasts (drawn uniformly in this range), by action.
 LENGTHS: dict[str, tuple[float, float]] = {
@@ -52,6 +64,7 @@ LENGTHS: dict[str, tuple[float, float]] = {
     "latency": (4.0, 12.0),
     "bandwidth": (4.0, 12.0),
     "reset": (1.0, 3.0),
+    "failover": (8.0, 20.0),
 }
 
 

@@ -26,9 +26,15 @@ def row(report: dict[str, Any]) -> str:
     """One table row from a run's ``report.json``."""
     plan, v = report["plan"], report["verdict"]
     roles = Counter(w["role"] for w in report["schedule"]["windows"])
-    faults = f"{report['faults']} ({roles['broker']} / {roles['producer']} / {roles['network']})"
+    faults = f"{report['faults']} ({roles['broker']} / {roles['producer']} / {roles['network']}"
+    kind = plan["kind"]
+    if plan.get("outbox", "sqlite") != "sqlite":
+        # The shared outbox's own roles, and the outbox named with the kind.
+        faults += f"; database {roles['database']}, forwarder {roles['forwarder']}"
+        kind += f" + {plan['outbox']} outbox"
+    faults += ")"
     return (
-        f"| {plan['kind']} | {plan['seed']} | {plan['minutes']:g} | {faults} | "
+        f"| {kind} | {plan['seed']} | {plan['minutes']:g} | {faults} | "
         f"{v['receipted']} ({v['confirmed']} / {v['stored']}) | {v['received']} | "
         f"{v['lost']} | {v['unexpected']} | {v['duplicates']} | {v['order_violations']} | "
         f"{_seconds(v['recovery_s'])} / {_seconds(v['worst_recovery_s'])} | "

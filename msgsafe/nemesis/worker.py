@@ -6,7 +6,9 @@ msgsafe.nemesis.worker SPEC`` where SPEC is a JSON object (see :class:`Spec`).
   attempt, receipt and failure; every half second it records its outbox's depth. A
   producer killed and started again takes up its keys where its history left them
   (the next sequence number of each key) and its outbox where the dead one left it.
-  SIGTERM: stop sending, drain the outbox, record the last depth, exit.
+  SIGTERM: stop sending, drain the outbox, record the last depth, exit. With a shared
+  PostgreSQL outbox (``forward`` false) it neither forwards nor drains: the run's
+  ``msgsafe outbox forward`` processes do, and the runner records the table's depth.
 - ``consume``: a :class:`msgsafe.Consumer` (no dedup: duplicates are counted) records
   every delivery it receives and acks it; on an error it opens a new consumer.
   SIGTERM: close and exit.
@@ -61,6 +63,9 @@ class Spec:
     group: str = ""
     #: Earlier history files of this slot (a restarted producer's predecessors).
     before: Sequence[str] = ()
+    #: False: a shared outbox that other processes forward (``Producer(forward=False)``);
+    #: the producer then records no depth and does not drain at SIGTERM.
+    forward: bool = True
 
 
 def next_seqs(paths: Sequence[str | Path]) -> dict[str, int]:
@@ -95,6 +100,7 @@ def _open_producer(spec: Spec, history: History, stop: threading.Event) -> msgsa
                 send_timeout=spec.send_timeout,
                 retry=RETRY,
                 require="durable",
+                forward=spec.forward,
                 **spec.options,
             )
         except MsgsafeError as exc:
@@ -115,7 +121,8 @@ def produce(spec: Spec) -> int:
                 history.write("depth", outbox=spec.name, n=producer.pending())
 
         sampler = threading.Thread(target=sample, name="nemesis-depth", daemon=True)
-        sampler.start()
+        if spec.forward:
+            sampler.start()
         interval = 1.0 / spec.rate
         i = 0
         while not stop.is_set():
@@ -142,6 +149,9 @@ def produce(spec: Spec) -> int:
             # Pacing (a traffic rate), not synchronisation.
             stop.wait(interval)
         depth_stop.set()
+        if not spec.forward:
+            producer.close()
+            return 0
         sampler.join()
         deadline = time.monotonic() + spec.drain_timeout
         left = producer.pending()

@@ -4,18 +4,22 @@ command that replays it), then the checker: lost = 0, unexpected = 0, per-key or
 every outbox empty, no fault action or worker failure.
 
 The AMQP 1.0 slices (Qpid Broker-J, Artemis) start only clusters of their own, so they
-run in the Kafka lane of ``make test`` (``lane`` marker), the shorter one.
+run in the Kafka lane of ``make test`` (``lane`` marker), the shorter one, and so does the
+slice of the shared PostgreSQL outbox: producers storing into a primary + synchronous
+standby, ``msgsafe outbox forward`` processes draining it to a RabbitMQ node, the
+primary killed and the standby promoted, forwarders killed and paused past their lease.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 import pytest
 
 from msgsafe.nemesis import history, schedule
-from msgsafe.nemesis.runner import KINDS, Plan, replay_command, run
+from msgsafe.nemesis.runner import KINDS, Plan, fault_targets, replay_command, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -62,3 +66,44 @@ def test_a_minute_of_composed_faults_loses_nothing(kind: str, tmp_path: Path) ->
     )
     assert (plan.dir / "picture.svg").read_text().startswith("<svg")
     assert not (plan.dir / "cluster").exists(), "a passing run removes the cluster's files"
+
+
+def _pg_seed(plan: Plan) -> int:
+    """A seed from the clock whose minute holds a fail-over of the database, a forwarder
+    fault and a broker fault."""
+    seed = time.time_ns() % 2**31
+    while True:
+        roles = {w.role for w in schedule.draw(seed, MINUTES * 60, fault_targets(plan)).windows}
+        if {"database", "forwarder", "broker"} <= roles:
+            return seed
+        seed += 1
+
+
+@pytest.mark.lane("kafka")
+def test_a_minute_of_composed_faults_through_a_shared_postgres_outbox_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    # One RabbitMQ node: a broker fault is an outage, so the forwarders carry the
+    # backlog the producers stored; the database and forwarder faults land on it.
+    shape = Plan(
+        kind="rabbitmq", minutes=MINUTES, seed=0, dir=tmp_path / "run", nodes=1, outbox="postgres"
+    )
+    plan = dataclasses.replace(shape, seed=_pg_seed(shape))
+    print(f"nemesis rabbitmq + postgres outbox: seed {plan.seed}; replay: {replay_command(plan)}")
+    outcome = run(plan, say=print)
+    v = outcome.verdict
+    print(outcome.report()["verdict"])
+    events = history.read_dir(plan.dir / "history")
+    applied = [e for e in events if e["e"] == "fault"]
+    assert len(applied) == 2 * len(outcome.schedule.windows)
+    assert {e["name"].split("-")[0] for e in applied} >= {"database", "forwarder", "broker"}
+    assert v.receipted >= 1000, f"only {v.receipted} receipted in a minute"
+    assert v.stored > 0, "nothing went through the shared outbox"
+    # The runner sampled the shared table: the recovery is measured on it.
+    assert any(e["e"] == "depth" and e["outbox"] == "pg" for e in events)
+    assert outcome.ok, (
+        f"{v.problems() + outcome.notes}; examples {v.examples}; "
+        f"replay: {replay_command(plan)}; files kept in {plan.dir}"
+    )
+    assert v.recovery_s is not None
+    assert not (plan.dir / "pg").exists(), "a passing run removes the database's files"

@@ -393,3 +393,213 @@ def test_every_network_action_is_its_own_proxy_fault(tmp_path: Path) -> None:
     assert applied["blackhole-to-broker"] == ("blackhole", (), {"direction": "upstream"})
     assert applied["blackhole-to-client"] == ("blackhole", (), {"direction": "downstream"})
     assert len({repr(call) for call in applied.values()}) == len(applied)
+
+
+# --- the shared PostgreSQL outbox ---------------------------------------------------------
+
+
+def test_a_postgres_outbox_adds_database_and_forwarder_faults_within_their_bounds() -> None:
+    from msgsafe.nemesis.runner import PG_LEASE_S, Plan, fault_targets
+
+    plan = Plan("rabbitmq", 5, 11, Path("/x"), outbox="postgres", forwarders=3)
+    targets = fault_targets(plan)
+    assert targets == {"broker": 3, "producer": 3, "network": 3, "database": 1, "forwarder": 3}
+    drawn = schedule.draw(plan.seed, 300, targets)
+    assert drawn == schedule.draw(plan.seed, 300, targets)  # replayable
+    roles = {w.role for w in drawn.windows}
+    assert {"database", "forwarder"} <= roles
+    for role in ("database", "forwarder"):
+        assert schedule.overlap(drawn.windows, role) <= schedule.BOUNDS[role] == 1
+    failovers = [w for w in drawn.windows if w.role == "database"]
+    assert {w.action for w in failovers} == {"failover"} and {w.target for w in failovers} == {0}
+    forwarders = [w for w in drawn.windows if w.role == "forwarder"]
+    assert {w.action for w in forwarders} == {"kill", "pause"}
+    assert {w.target for w in forwarders} <= {0, 1, 2}
+    # Every forwarder pause outlasts the lease: its keys are taken over meanwhile.
+    assert all(w.end - w.start > PG_LEASE_S for w in forwarders if w.action == "pause")
+    assert schedule.LENGTHS["pause"][0] > PG_LEASE_S
+
+
+def test_an_sqlite_run_draws_no_database_or_forwarder_fault() -> None:
+    from msgsafe.nemesis.runner import Plan, fault_targets
+
+    plan = Plan("kafka", 5, 11, Path("/x"))
+    assert fault_targets(plan) == {"broker": 3, "producer": 3, "network": 3}
+    drawn = schedule.draw(plan.seed, 300, fault_targets(plan))
+    assert not {w.role for w in drawn.windows} & {"database", "forwarder"}
+
+
+def test_a_plan_refuses_an_unknown_outbox_and_a_postgres_one_without_forwarders() -> None:
+    from msgsafe.nemesis.runner import Plan
+
+    with pytest.raises(ValueError, match="unknown outbox 'redis'"):
+        Plan("rabbitmq", 1, 1, Path("/x"), outbox="redis")
+    with pytest.raises(ValueError, match="at least one forwarder"):
+        Plan("rabbitmq", 1, 1, Path("/x"), outbox="postgres", forwarders=0)
+
+
+def test_the_replay_command_names_the_outbox_its_forwarders_and_the_nodes() -> None:
+    from msgsafe.nemesis.runner import Plan, replay_command
+
+    plan = Plan("rabbitmq", 1, 9, Path("/x"), outbox="postgres")
+    assert replay_command(plan) == "msgsafe nemesis rabbitmq --minutes 1 --seed 9 --outbox postgres"
+    plan = Plan("rabbitmq", 1, 9, Path("/x"), nodes=1, outbox="postgres", forwarders=3)
+    assert replay_command(plan) == (
+        "msgsafe nemesis rabbitmq --minutes 1 --seed 9 --nodes 1 --outbox postgres --forwarders 3"
+    )
+
+
+def test_the_command_passes_the_outbox_forwarders_and_nodes_to_the_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from msgsafe.cli import nemesis as command
+    from msgsafe.cli.app import app
+    from msgsafe.nemesis.runner import Outcome, Plan, fault_targets
+
+    plans: list[Plan] = []
+
+    def fake_run(plan: Plan, say: Any) -> Outcome:
+        plans.append(plan)
+        verdict, _ = checker.check(_clean().events)
+        return Outcome(plan, verdict, schedule.draw(plan.seed, 60, fault_targets(plan)))
+
+    monkeypatch.setattr(command, "run", fake_run)
+    argv = ["nemesis", "rabbitmq", "--seed", "4", "--dir", str(tmp_path), "--json"]
+    result = CliRunner().invoke(
+        app, [*argv, "--outbox", "postgres", "--forwarders", "3", "--nodes", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    assert (plans[0].outbox, plans[0].forwarders, plans[0].nodes) == ("postgres", 3, 1)
+    report = json.loads(result.output)
+    assert report["replay"].endswith("--nodes 1 --outbox postgres --forwarders 3")
+    refused = CliRunner().invoke(app, [*argv, "--outbox", "redis"])
+    assert refused.exit_code == 2
+    assert "unknown outbox 'redis'" in " ".join(refused.output.replace("│", " ").split())
+
+
+def test_the_evidence_table_names_a_postgres_outbox_and_its_faults() -> None:
+    from msgsafe.nemesis.runner import Outcome, Plan, fault_targets
+    from msgsafe.nemesis.table import row
+
+    plan = Plan("rabbitmq", 5, 11, Path("/x"), outbox="postgres")
+    drawn = schedule.draw(plan.seed, 300, fault_targets(plan))
+    clean, _ = checker.check(_clean().events)
+    line = row(json.loads(json.dumps(Outcome(plan, clean, drawn).report())))
+    count = {r: sum(w.role == r for w in drawn.windows) for r in fault_targets(plan)}
+    assert line.startswith("| rabbitmq + postgres outbox | 11 | 5 | ")
+    assert (
+        f"({count['broker']} / {count['producer']} / {count['network']}; "
+        f"database {count['database']}, forwarder {count['forwarder']}) |"
+    ) in line
+
+
+def test_a_late_action_delays_the_rest_so_no_window_is_cut_short(tmp_path: Path) -> None:
+    from msgsafe.nemesis.runner import Plan, _Run
+
+    r = _Run(Plan(kind="rabbitmq", minutes=1, seed=1, dir=tmp_path), lambda _: None)
+    clock = [0.0]
+    done: list[tuple[float, str, bool]] = []
+
+    def wait_until(t: float) -> None:
+        clock[0] = max(clock[0], t)
+
+    def apply(w: schedule.Window, on: bool) -> None:
+        done.append((clock[0], w.name, on))
+        if w.role == "broker" and not on:
+            clock[0] += 6.0  # a restart that takes 6 s
+
+    r.wait_until = wait_until  # type: ignore[method-assign]
+    r.elapsed = lambda: clock[0]  # type: ignore[method-assign]
+    r.apply = apply  # type: ignore[method-assign]
+    kill = schedule.Window("broker", "kill", 0, 5.0, 10.0)
+    pause = schedule.Window("forwarder", "pause", 1, 12.0, 15.0)
+    reset = schedule.Window("network", "reset", 0, 13.0, 14.0)
+    behind = r.play(schedule.Schedule(1, 60, (kill, pause, reset), ()).events())
+    # The restart ended at 16 s, 4 s after the pause was due: what follows waits 4 s,
+    # and the pause and the reset keep their lengths and their order.
+    assert behind == 4.0
+    assert done == [
+        (5.0, "broker-kill 0", True),
+        (10.0, "broker-kill 0", False),
+        (16.0, "forwarder-pause 1", True),
+        (17.0, "network-reset 0", True),
+        (18.0, "network-reset 0", False),
+        (19.0, "forwarder-pause 1", False),
+    ]
+
+
+def test_database_and_forwarder_windows_fail_over_and_signal_the_forwarder(
+    tmp_path: Path,
+) -> None:
+    import signal
+
+    from msgsafe.nemesis.runner import Plan, _Run
+
+    class Pg:
+        primary = 0
+
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, int]] = []
+            self.down: set[int] = set()
+
+        def kill(self, node: int) -> None:
+            self.calls.append(("kill", node))
+            self.down.add(node)
+
+        def promote(self, node: int) -> None:
+            self.calls.append(("promote", node))
+            self.primary = node
+
+        def restart(self, node: int) -> None:
+            self.calls.append(("restart", node))
+            self.down.discard(node)
+
+        def nodes(self) -> list[Any]:
+            from msgsafe.cluster.base import NodeInfo
+
+            return [
+                NodeInfo(f"pg{i}", None, "127.0.0.1", 1, i not in self.down, None) for i in range(2)
+            ]
+
+    class Proc:
+        def __init__(self) -> None:
+            self.signals: list[int] = []
+
+        def send_signal(self, sig: int) -> None:
+            self.signals.append(sig)
+
+        def wait(self) -> int:
+            return -9
+
+    plan = Plan(kind="rabbitmq", minutes=1, seed=1, dir=tmp_path, outbox="postgres")
+    r = _Run(plan, lambda _: None)
+    r.cluster = object()  # type: ignore[assignment]
+    pg = Pg()
+    r.pg = pg  # type: ignore[assignment]
+    spawned: list[str] = []
+    r.spawn = spawned.append  # type: ignore[method-assign]
+    f1 = Proc()
+    r.workers["f1"] = f1  # type: ignore[assignment]
+    with history.History(tmp_path / "runner.jsonl", "runner") as own:
+        r.own = own
+        failover = schedule.Window("database", "failover", 0, 1.0, 2.0)
+        r.apply(failover, True)
+        r.apply(failover, False)
+        r.apply(failover, True)  # the second fail-over goes back to pg0
+        assert pg.calls == [
+            ("kill", 0),
+            ("promote", 1),
+            ("restart", 0),
+            ("kill", 1),
+            ("promote", 0),
+        ]
+        pause = schedule.Window("forwarder", "pause", 1, 1.0, 5.0)
+        r.apply(pause, True)
+        r.apply(pause, False)
+        assert f1.signals == [signal.SIGSTOP, signal.SIGCONT]
+        kill = schedule.Window("forwarder", "kill", 1, 1.0, 5.0)
+        r.apply(kill, True)
+        r.apply(kill, False)
+        assert f1.signals[-1] == signal.SIGKILL and spawned == ["f1"]
