@@ -679,17 +679,23 @@ class _Run:
             elif not node.running:
                 self.pg.restart(i)
 
-    def drain_shared_outbox(self, producers: dict[str, subprocess.Popen[bytes]]) -> None:
-        """The producers stopped (they do not drain a shared outbox), wait until the
-        forwarders have emptied the table, then stop them."""
-        for name, proc in producers.items():
+    def reap(self, procs: dict[str, subprocess.Popen[bytes]], timeout: float, failed: str) -> None:
+        """Wait for each of ``procs`` (signalled already) up to ``timeout`` seconds, then
+        SIGKILL it; a non-zero exit is noted as ``{role} {name} {failed} (exit N)``."""
+        for name, proc in procs.items():
             try:
-                code = proc.wait(timeout=60)
+                code = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 code = proc.wait()
             if code != 0:
-                self.notes.append(f"producer {name} did not stop cleanly (exit {code})")
+                role = "forwarder" if name.startswith("f") else "producer"
+                self.notes.append(f"{role} {name} {failed} (exit {code})")
+
+    def drain_shared_outbox(self, producers: dict[str, subprocess.Popen[bytes]]) -> None:
+        """The producers stopped (they do not drain a shared outbox), wait until the
+        forwarders have emptied the table, then stop them."""
+        self.reap(producers, 60, "did not stop cleanly")
         self.say("waiting for the forwarders to empty the shared outbox")
         deadline = time.monotonic() + 240.0
         self.depth_seen = None
@@ -702,14 +708,7 @@ class _Run:
         self.stopped.update(forwarders)
         for proc in forwarders.values():
             proc.send_signal(signal.SIGTERM)
-        for name, proc in forwarders.items():
-            try:
-                code = proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait()
-            if code != 0:
-                self.notes.append(f"forwarder {name} did not stop cleanly (exit {code})")
+        self.reap(forwarders, 90, "did not stop cleanly")
         time.sleep(1.0)  # the clock of the depth series: one more sample of the empty table
         self.depth_stop.set()
         if self.depth_thread is not None:
@@ -727,14 +726,8 @@ class _Run:
             proc.send_signal(signal.SIGTERM)
         if self.pg is not None:
             self.drain_shared_outbox(producers)
-        for name, proc in producers.items() if self.pg is None else ():
-            try:
-                code = proc.wait(timeout=240)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait()
-            if code != 0:
-                self.notes.append(f"producer {name} did not drain (exit {code})")
+        else:
+            self.reap(producers, 240, "did not drain")
         deadline = time.monotonic() + self.plan.readback_timeout
         self.tally.poll()
         while self.tally.unseen and time.monotonic() < deadline:
