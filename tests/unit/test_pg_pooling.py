@@ -146,17 +146,22 @@ def test_the_pooler_is_configured_for_transaction_pooling_on_loopback(tmp_path: 
     cluster = PostgresCluster(nodes=2, dir=tmp_path, base_port=47100, pooler=True)
     assert cluster.ports == [47100, 47101]
     assert cluster.pooler is not None and cluster.pooler.port == 47102
-    cluster.pooler.run_as = None  # written as this user: nothing to chown to
-    cluster.pooler.repoint(47101)  # what a promotion does; nothing runs to reload
-    ini = cluster.pooler.ini.read_text()
-    assert "pool_mode = transaction\n" in ini
-    assert "listen_addr = 127.0.0.1\n" in ini and "listen_port = 47102\n" in ini
-    assert "msgsafe = host=127.0.0.1 port=47101 dbname=msgsafe\n" in ini
-    assert "unix_socket_dir =\n" in ini and "server_login_retry = 1\n" in ini
-    users = cluster.pooler.files / "userlist.txt"
-    assert users.read_text() == '"msgsafe" "msgsafe"\n"postgres" "msgsafe"\n'
-    assert users.stat().st_mode & 0o077 == 0
-    assert cluster.pooler_url == "postgresql://msgsafe:msgsafe@127.0.0.1:47102/msgsafe"
+    try:
+        cluster.pooler.run_as = None  # written as this user: nothing to chown to
+        cluster.pooler.repoint(47101)  # what a promotion does; nothing runs to reload
+        ini = cluster.pooler.ini.read_text()
+        assert "pool_mode = transaction\n" in ini
+        assert "listen_addr = 127.0.0.1\n" in ini and "listen_port = 47102\n" in ini
+        assert "msgsafe = host=127.0.0.1 port=47101 dbname=msgsafe\n" in ini
+        assert "unix_socket_dir =\n" in ini and "server_login_retry = 1\n" in ini
+        users = cluster.pooler.files / "userlist.txt"
+        assert users.read_text() == '"msgsafe" "msgsafe"\n"postgres" "msgsafe"\n'
+        assert users.stat().st_mode & 0o077 == 0
+        assert cluster.pooler_url == "postgresql://msgsafe:msgsafe@127.0.0.1:47102/msgsafe"
+    finally:
+        # Run as root, the files live under the spare data root (outside tmp_path).
+        cluster.delete_data()
+    assert not cluster.pooler.files.exists()
 
 
 def test_the_pooler_is_found_again_from_cluster_json(tmp_path: Path) -> None:
