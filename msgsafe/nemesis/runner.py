@@ -60,7 +60,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -471,20 +471,6 @@ class _Run:
                 options=options,
                 group=self.group,
             )
-        elif self.pg is not None:
-            spec = Spec(
-                role="produce",
-                name=name,
-                url=self.producer_url(int(name[1:])),
-                destination=self.destination,
-                history=str(self.hist_dir / f"{name}.{n}.jsonl"),
-                options=options,
-                outbox=self.store_url,
-                rate=self.plan.rate,
-                send_timeout=PG_SEND_TIMEOUT_S,
-                before=before,
-                forward=False,
-            )
         else:
             spec = Spec(
                 role="produce",
@@ -497,6 +483,11 @@ class _Run:
                 rate=self.plan.rate,
                 before=before,
             )
+            if self.pg is not None:
+                # The shared table: stored, never forwarded by the producer itself.
+                spec = replace(
+                    spec, outbox=self.store_url, send_timeout=PG_SEND_TIMEOUT_S, forward=False
+                )
         log: IO[bytes]
         with (self.log_dir / f"{name}.log").open("ab") as log:
             self.workers[name] = subprocess.Popen(
