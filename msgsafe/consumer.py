@@ -199,12 +199,7 @@ class Consumer:
         with self._lock:
             held = self._open.pop(message_id, None)
             if outcome is not _REQUEUE and outcome is not _RELEASE:  # not given back
-                # NOTE: DedupWindow.record inline (its common case, a store in the
-                # newer generation): the method call cost more than the store.
-                new = window._new
-                new[message_id] = None
-                if len(new) >= window.capacity:
-                    window.record(message_id)
+                window.record(message_id)
         if held is not None:
             for copy in held:
                 copy.settle(outcome)
@@ -243,8 +238,7 @@ class Consumer:
             if (
                 None not in ids
                 and opened.keys().isdisjoint(ids)
-                and window._new.keys().isdisjoint(ids)
-                and window._old.keys().isdisjoint(ids)
+                and window.knows_none(ids)
                 and len(set(ids)) == len(ids)
             ):
                 opened.update(dict.fromkeys(ids))  # type: ignore[arg-type]  # no None
