@@ -578,9 +578,7 @@ class _Run:
             self.pg.kill(old)
             self.pg.promote(1 - old)
         else:
-            for i, node in enumerate(self.pg.nodes()):
-                if not node.running:
-                    self.pg.restart(i)
+            self.heal_database()
 
     def play(self, events: Sequence[tuple[float, bool, schedule.Window]]) -> float:
         """Apply ``events`` (:meth:`~msgsafe.nemesis.schedule.Schedule.events`) in
@@ -701,6 +699,10 @@ class _Run:
             proc.send_signal(signal.SIGTERM)
         self.reap(forwarders, 90, "did not stop cleanly")
         time.sleep(1.0)  # the clock of the depth series: one more sample of the empty table
+        self.stop_recording_depth()
+
+    def stop_recording_depth(self) -> None:
+        """End :meth:`record_depth` (idempotent; nothing when it never started)."""
         self.depth_stop.set()
         if self.depth_thread is not None:
             self.depth_thread.join(10)
@@ -739,9 +741,7 @@ class _Run:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        self.depth_stop.set()
-        if self.depth_thread is not None:
-            self.depth_thread.join(10)
+        self.stop_recording_depth()
         for proxy in self.proxies:
             proxy.close()
         if self.cluster is not None:
