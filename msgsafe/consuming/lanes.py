@@ -293,9 +293,10 @@ class LanePool:
             done, lane.done = lane.done, 0
             items = lane.items
             if done and items and items[0] is run[0]:  # else close gave the lane back
+                # NOTE: first_start is the work's (reset after each delivery it finished):
+                # the one it stopped at may be tried already, a retry due.
                 for _ in range(done):
                     items.popleft()
-                lane.first_start = None
                 self.held -= done
                 if (
                     verdict is Verdict.DONE
