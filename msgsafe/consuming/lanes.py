@@ -90,6 +90,7 @@ class LanePool:
         clock: RunClock,
         give_back: Callable[[Delivery], None],
         release: Callable[[Delivery], None],
+        acknowledge: Callable[[list[Delivery]], None] = lambda finished: None,
         batch_work: BatchWork | None = None,
         batch_size: int = 1,
         batch_wait: float = 0.0,
@@ -101,6 +102,8 @@ class LanePool:
         self._clock = clock
         self._give_back = give_back
         self._release = release
+        #: Settles what a worker finished (its handler returned) and had not settled yet.
+        self._acknowledge = acknowledge
         #: Workers wait on it for a lane to handle.
         lock = threading.RLock()
         #: The lock of both conditions, taken directly on the paths of every delivery:
@@ -412,10 +415,17 @@ class LanePool:
                 for lane in running
                 for delivery in itertools.islice(lane.items, lane.done + 1, None)
             ]
-            finished = sum(lane.done for lane in running)
+            finished = [
+                delivery
+                for lane in running
+                for delivery in itertools.islice(lane.items, 0, lane.done)
+            ]
             for lane in running:
                 lane.items.clear()
-            self.held -= len(late) + len(back) + finished
+            self.held -= len(late) + len(back) + len(finished)
+        # Their handlers returned; their worker, still in a handler of its run, has not
+        # acknowledged them yet.
+        self._acknowledge(finished)
         self._return(late, back)
         for thread in self._threads:
             if thread.ident is not None and thread is not threading.current_thread():

@@ -165,6 +165,7 @@ class Runner:
             clock=clock,
             give_back=_give_back,
             release=_release,
+            acknowledge=_acknowledge,
             batch_work=self._handle_batch if batch is not None else None,
             batch_size=batch.max_messages if batch is not None else 1,
             batch_wait=batch.max_wait if batch is not None else 0.0,
@@ -230,15 +231,20 @@ class Runner:
                 lane.done += 1
             return Verdict.DONE
         # NOTE: _handle without an inbox, inlined for the common first attempt: a Python
-        # call and its checks per delivery were a fifth of run()'s own cost.
+        # call and its checks per delivery were a fifth of run()'s own cost. The run's
+        # returned handlers are acknowledged together (one receiver lock, not one a
+        # delivery), before the run's verdict is booked and before anything else is
+        # settled: never before their handler returned.
         handler = self._handler
-        started, ended, handled = self._started, self._ended, self._handled
-        forget = self._attempts.forget
+        started, ended = self._started, self._ended
         clock = self._clock if self._retry is not None else None
+        returned: list[Delivery] = []
         for delivery in run:
             if self._stopping:
+                self._ack_returned(returned)
                 return Verdict.RELEASE if lane.first_start is None else Verdict.GIVE_BACK
             if lane.first_start is not None:  # a retry: attempt counts, clock kept
+                self._ack_returned(returned)
                 verdict = self._handle(lane, delivery)
                 if verdict is not Verdict.DONE:
                     return verdict
@@ -251,29 +257,41 @@ class Runner:
                 except Exception as exc:
                     ended()
                     if delivery.settled is None:
+                        self._ack_returned(returned)
                         verdict = self._failed(lane, delivery, exc)
                         if verdict is not Verdict.DONE:
-                            return verdict  # dead-lettered or rejected: DONE
-                        lane.first_start = None
-                        lane.done += 1
-                        continue
+                            return verdict
+                    else:  # settled by the handler itself
+                        self._forget(delivery)
                 else:
                     ended()
                     if delivery.settled is None:
-                        try:
-                            delivery.ack()
-                        except MsgsafeError as exc:
-                            log.info(
-                                "cannot settle a delivery (it will be delivered again): %s", exc
-                            )
-                        else:
-                            handled()
-                message_id = delivery.message_id
-                if message_id is not None and not delivery.attempt_from_broker:
-                    forget(message_id)
+                        returned.append(delivery)
+                    else:
+                        self._forget(delivery)
             lane.first_start = None
             lane.done += 1
+        self._ack_returned(returned)
         return Verdict.DONE
+
+    def _ack_returned(self, returned: list[Delivery]) -> None:
+        """Acknowledge ``returned`` (deliveries whose handler returned), counted handled,
+        their attempts forgotten; emptied."""
+        if not returned:
+            return
+        failed = type(returned[0])._ack_run(returned)
+        for _, exc in failed:
+            log.info("cannot settle a delivery (it will be delivered again): %s", exc)
+        lost = {id(delivery) for delivery, _ in failed} if failed else ()
+        handled, forget = self._handled, self._attempts.forget
+        for delivery in returned:
+            if lost and id(delivery) in lost:
+                continue
+            handled()
+            message_id = delivery.message_id
+            if message_id is not None and not delivery.attempt_from_broker:
+                forget(message_id)
+        returned.clear()
 
     def _handle(
         self, lane: Lane, delivery: Delivery, *, counted: int | None = None
@@ -673,6 +691,14 @@ def _settle(settle: Callable[[], None]) -> bool:
 def _give_back(delivery: Delivery) -> None:
     """A delivery its handler ran on: the broker counts the attempt."""
     _settle(lambda: delivery.nack(requeue=True))
+
+
+def _acknowledge(finished: list[Delivery]) -> None:
+    """Deliveries whose handler returned, not settled yet (a worker acknowledges its
+    run's together, after the run): acknowledged now (at a stop's deadline)."""
+    for delivery in finished:
+        if delivery.settled is None:
+            _settle(delivery.ack)
 
 
 def _release(delivery: Delivery) -> None:
