@@ -1,8 +1,13 @@
 """Per-key lanes over a pool of worker threads.
 
 Each key has one lane: its deliveries in arrival order, handled one at a time, the next
-only once the one before is finished (settled) — so a key's order holds however many
-workers there are. An unkeyed delivery is a lane of its own and runs freely. A lane
+only once the one before is finished (its handler returned, or it was settled) — so a
+key's order holds however many workers there are. A worker takes a run of a lane's
+first deliveries at once (up to ``_RUN``) and hands the lane back after it, taking the
+pool's lock once a run rather than once a delivery; the work settles a run's finished
+deliveries before the worker books the run (a stop whose deadline passes inside a run
+has them settled by ``acknowledge``, and gives back only the rest). An unkeyed delivery
+is a lane of its own and runs freely. A lane
 waiting out a retry's backoff holds its key only: no worker waits with it, other lanes
 go on. Closing gives back everything not started, each key's deliveries in their order,
 and what is running once it ends. A delivery whose handler ran (and failed, or is still

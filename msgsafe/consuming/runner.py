@@ -4,6 +4,9 @@ handler did, stop cleanly.
 After a handler call the delivery is, in this order of preference:
 
 - acknowledged, when the handler returned (or left alone, when it settled it itself);
+  a worker handles a run of a key's deliveries in order and acknowledges those of the
+  run whose handler returned together, after the run (or before anything else of it is
+  settled: a failure's retry, dead letter or give-back), never before;
   with an inbox (:class:`~msgsafe.ports.InboxStore`) the handler runs as
   ``handler(delivery, tx)`` inside the inbox's transaction, which records the message id
   and commits before the acknowledgement; a message the inbox has recorded already is
@@ -146,6 +149,8 @@ class Runner:
         self._ended = tally.ended
         self._handled = tally.handled
         self._attempts = attempts
+        #: The attempt memory's forget of many ids at once, where it has one.
+        self._forget_all: Callable[[list[str]], None] | None = getattr(attempts, "forget_all", None)
         self._prefetch = prefetch
         self._retry = retry
         self._permanent = permanent
@@ -217,9 +222,10 @@ class Runner:
     # --- one handler call, on a worker thread --------------------------------------------
 
     def _handle_run(self, lane: Lane, run: list[Delivery]) -> Verdict | float:
-        """Handle ``run``, the first deliveries of ``lane``, in order, each settled before
+        """Handle ``run``, the first deliveries of ``lane``, in order, each finished before
         the next starts (``lane.done`` counts them), until one is not done: the verdict
-        on it (DONE: all were). No lock of the pool's is taken between two of them."""
+        on it (DONE: all were). No lock of the pool's is taken between two of them; the
+        finished ones are settled before this returns."""
         if self._inbox is not None:
             for delivery in run:
                 if self._stopping:  # no handler starts after stop()
@@ -283,14 +289,20 @@ class Runner:
         for _, exc in failed:
             log.info("cannot settle a delivery (it will be delivered again): %s", exc)
         lost = {id(delivery) for delivery, _ in failed} if failed else ()
-        handled, forget = self._handled, self._attempts.forget
+        handled = self._handled
+        forgotten: list[str] = []
         for delivery in returned:
             if lost and id(delivery) in lost:
                 continue
             handled()
             message_id = delivery.message_id
             if message_id is not None and not delivery.attempt_from_broker:
-                forget(message_id)
+                forgotten.append(message_id)
+        if self._forget_all is not None:
+            self._forget_all(forgotten)
+        else:
+            for message_id in forgotten:
+                self._attempts.forget(message_id)
         returned.clear()
 
     def _handle(
