@@ -37,7 +37,7 @@ from msgsafe.outbox import SqliteOutbox, open_store
 from msgsafe.testing import MemoryBroker
 from tests.support.commands import msgsafe as run
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 USAGE, ERROR, STORED, QUARANTINED = 2, 3, 7, 8
 
 
