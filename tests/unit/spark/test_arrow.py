@@ -124,7 +124,7 @@ def test_column_ids_equal_row_ids() -> None:
     assert ContentIds("events", 7, 1).column_ids(values, None) == [
         plain.next_id(v, None, {}) for v in values
     ]
-    # The pinned id of the row path (tests/unit/test_spark_sink.py).
+    # The pinned id of the row path (tests/unit/spark/test_sink.py).
     assert ContentIds("events", 7, 1).column_ids([b"a"], None) == [
         "42ca3673-15ad-8670-bc08-6f2ba242ff19"
     ]
