@@ -30,7 +30,7 @@ from msgsafe.outbox.discovery import default_dir, find_outboxes
 from msgsafe.outbox.location import slot_path
 from msgsafe.testing import MemoryBroker
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(autouse=True)
