@@ -9,7 +9,6 @@ function directly; tests/integration/spark runs it through a real SparkSession.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -24,19 +23,11 @@ from pyspark.sql.types import (
 )
 
 from msgsafe.errors import InvalidMessage, Refused
-from msgsafe.spark import PartitionPlan, close_all, foreach_batch_sink, producers
+from msgsafe.spark import PartitionPlan, foreach_batch_sink, producers
 from msgsafe.spark.arrow import RESULT_SCHEMA, publish_batches, run_partition
 from msgsafe.spark.ids import ContentIds
 from msgsafe.spark.partition import publish_partition
 from msgsafe.testing import MemoryBroker
-
-
-@pytest.fixture
-def broker(memory_broker: MemoryBroker) -> Iterator[MemoryBroker]:
-    """The shared ``memory_broker``; the sink's cached producers are closed before it is
-    forgotten, so none outlives the test connected to a broker that is gone."""
-    yield memory_broker
-    close_all(5)
 
 
 def plan_for(broker: MemoryBroker, **changes: object) -> PartitionPlan:
