@@ -15,7 +15,7 @@ from msgsafe.adapters.kafka import receiver as kafka_receiver
 from msgsafe.endpoints import parse_url
 from msgsafe.errors import ClosedError
 from msgsafe.message import Delivery, Outcome
-from tests.unit.test_kafka_receiver_commits import _committed, _Record, _StandIn
+from tests.unit.adapters.kafka.test_receiver_commits import _committed, _Record, _StandIn
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_a_settled_delivery_in_a_run_is_reported_and_the_rest_acked(
     assert [(d, type(exc)) for d, exc in failed] == [(batch[2], ClosedError)]
     assert [d.settled for d in batch] == [Outcome.ACCEPT] * 5
     # Each observer told once: the one acked alone before, the others by the run.
-    assert sorted(told) == sorted(d.message_id for d in batch)
+    assert sorted(map(str, told)) == sorted(str(d.message_id) for d in batch)
     receiver.receive(max_messages=1, timeout=0)
     assert _committed(consumer) == {0: 5}
     receiver.close()

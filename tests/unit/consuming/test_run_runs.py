@@ -12,7 +12,7 @@ from msgsafe import Consumer, Delivery, Outcome, RetryPolicy
 from msgsafe.testing import MemoryBroker
 from tests.support.clock import LeapingClock
 from tests.support.waiting import wait_until
-from tests.unit.test_consumer_run import leftover, run_until, send, url
+from tests.unit.consuming.test_run import leftover, run_until, send, url
 
 
 def test_each_key_keeps_its_order_over_many_runs(memory_broker: MemoryBroker) -> None:
