@@ -227,14 +227,20 @@ class Runner:
         on it (DONE: all were). No lock of the pool's is taken between two of them; the
         finished ones are settled before this returns."""
         if self._inbox is not None:
+            # The ids are committed as each handler returns; their acknowledgements wait
+            # for the run's end, as below (a redelivery before them is skipped).
+            committed: list[Delivery] = []
             for delivery in run:
                 if self._stopping:  # no handler starts after stop()
+                    self._ack_returned(committed)
                     return Verdict.RELEASE if lane.first_start is None else Verdict.GIVE_BACK
-                verdict = self._handle(lane, delivery)
+                verdict = self._handle(lane, delivery, returned=committed)
                 if verdict is not Verdict.DONE:
+                    self._ack_returned(committed)
                     return verdict
                 lane.first_start = None
                 lane.done += 1
+            self._ack_returned(committed)
             return Verdict.DONE
         # NOTE: _handle without an inbox, inlined for the common first attempt: a Python
         # call and its checks per delivery were a fifth of run()'s own cost. The run's
@@ -306,11 +312,18 @@ class Runner:
         returned.clear()
 
     def _handle(
-        self, lane: Lane, delivery: Delivery, *, counted: int | None = None
+        self,
+        lane: Lane,
+        delivery: Delivery,
+        *,
+        counted: int | None = None,
+        returned: list[Delivery] | None = None,
     ) -> Verdict | float:
         """One handler call on ``delivery``, ``lane``'s first not finished; ``counted``:
         its attempt was counted in the inbox already, by a batch (that count), and this
-        call continues it."""
+        call continues it. ``returned``: a handler that returned (and ran) puts its
+        delivery there to be acknowledged with the rest of the run, which is
+        acknowledged before anything else is settled here."""
         first = lane.first_start is None
         if first:
             # NOTE: the run's clock is read only where a retry policy will use the time:
@@ -323,6 +336,8 @@ class Runner:
         if counted is None:
             counted = self._count_attempt(delivery, first=first) if self._inbox is not None else 0
         if counted and self._beyond_max(counted):
+            if returned:
+                self._ack_returned(returned)
             # NOTE: the inbox counts calls, not failures: calls beyond max_attempts mean
             # earlier ones ended with no outcome (the process died in the handler). Calling
             # it again would crash-loop the consumer on this message for ever.
@@ -352,6 +367,9 @@ class Runner:
         if error is None:
             # With an inbox the id and the handler's effects are committed by now: a
             # crash before this ack redelivers a message the inbox then skips.
+            if ran and returned is not None:
+                returned.append(delivery)
+                return Verdict.DONE
             try:
                 delivery.ack()
             except MsgsafeError as exc:
@@ -365,6 +383,8 @@ class Runner:
             if message_id is not None and not delivery.attempt_from_broker:
                 self._attempts.forget(message_id)
             return Verdict.DONE
+        if returned:
+            self._ack_returned(returned)
         return self._failed(lane, delivery, error)
 
     def _beyond_max(self, calls: int) -> bool:

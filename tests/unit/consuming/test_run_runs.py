@@ -5,8 +5,11 @@ of a run gives back exactly what was not settled."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections import defaultdict
+from pathlib import Path
+from typing import Any
 
 from msgsafe import Consumer, Delivery, Outcome, RetryPolicy
 from msgsafe.testing import MemoryBroker
@@ -147,3 +150,50 @@ def test_a_stop_timeout_inside_a_run_gives_back_only_what_was_not_settled(
     wait_until(lambda: consumer.stats().in_flight == 0, 10, "the late handler to return")
     assert consumer.stats().acked == 4
     assert seen == [b"%d" % i for i in range(5)]
+
+
+def test_with_an_inbox_no_delivery_of_a_run_is_acked_before_its_commit(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    db = tmp_path / "app.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE effects (message_id TEXT NOT NULL)")
+    send(memory_broker, [("a", b"%d" % i) for i in range(40)])
+    consumer = Consumer(url(memory_broker)).subscribe("q")
+    handed: list[Delivery] = []
+    acked_uncommitted: list[str] = []
+    failed_once: list[str] = []
+
+    def handler(d: Delivery, tx: Any) -> None:
+        if not handed:
+            wait_until(lambda: consumer.stats().received == 40, 10, "the key fetched")
+        with sqlite3.connect(db) as look:  # what is committed, seen from outside
+            committed = {row[0] for row in look.execute("SELECT message_id FROM effects")}
+        acked_uncommitted.extend(
+            str(e.message_id)
+            for e in handed
+            if e.settled is Outcome.ACCEPT and e.message_id not in committed
+        )
+        if d.body == b"20" and not failed_once:
+            failed_once.append(str(d.message_id))
+            raise RuntimeError("once")
+        tx.execute("INSERT INTO effects VALUES (?)", (d.message_id,))
+        if d not in handed:
+            handed.append(d)
+
+    run_until(
+        consumer,
+        handler,
+        lambda: consumer.stats().acked == 40,
+        inbox=f"sqlite:///{db}",
+        retry=RetryPolicy(initial=0.5, max_attempts=3, jitter=False),
+        on_exhausted="reject",
+        clock=LeapingClock(),
+    )
+    assert acked_uncommitted == []
+    assert [d.body for d in handed] == [b"%d" % i for i in range(40)]
+    assert all(d.settled is Outcome.ACCEPT for d in handed)
+    stats = consumer.stats()
+    assert (stats.handled, stats.retried, stats.skipped) == (40, 1, 0)
+    with sqlite3.connect(db) as look:
+        assert look.execute("SELECT count(*) FROM effects").fetchone() == (40,)
