@@ -21,8 +21,8 @@ and may offer, each behind a flag of its record that promises it:
   blocked on one message;
 - ``listen_errors``: :class:`ErrorListeningTransport`, the client library's connection
   events as they happen;
-- ``lane``: :class:`LaneTransport`, a :class:`Lane` that takes single sends straight
-  to the client library while nothing is wrong, and steps aside (to the producer's
+- ``fast_path``: :class:`FastPathTransport`, a :class:`FastSender` that takes single sends
+  straight to the client library while nothing is wrong, and steps aside (to the producer's
   per-key bookkeeping) at the first sign of trouble;
 
 and declare two properties of its wire: ``tombstones`` (an envelope with a null body is
@@ -68,12 +68,12 @@ __all__ = [
     "BatchInboxStore",
     "InboxCapabilities",
     "InboxStore",
-    "LANE_DIRECT",
-    "LANE_LEAVING",
-    "LANE_SAFE",
-    "Lane",
-    "LaneHost",
-    "LaneTransport",
+    "FAST_OPEN",
+    "FAST_SWITCHING",
+    "FAST_RESTING",
+    "FastSender",
+    "FastPathHost",
+    "FastPathTransport",
     "NotifyingStore",
     "OutboxStats",
     "OutboxStore",
@@ -145,10 +145,10 @@ class TransportCapabilities:
     #: An :class:`ErrorListeningTransport`: ``listen_errors(listener)`` reports the client
     #: library's connection events (``Producer.listen_errors`` forwards to it).
     listen_errors: bool = False
-    #: A :class:`LaneTransport`: ``open_lane(host)`` gives the producer a :class:`Lane`
-    #: for its single sends (see there). Only where the wire keeps each key's order
-    #: across a failure the lane can see (Kafka with idempotence).
-    lane: bool = False
+    #: A :class:`FastPathTransport`: ``open_fast_path(host)`` gives the producer a
+    #: :class:`FastSender` for its single sends (see there). Only where the wire keeps
+    #: each key's order across a failure the fast path can see (Kafka with idempotence).
+    fast_path: bool = False
 
     def publish_only(self) -> TransportCapabilities:
         """The record of a wrapper that forwards only ``publish`` to a transport declaring
@@ -361,24 +361,24 @@ class SafePath(Protocol):
         ...
 
 
-#: Where a :class:`Lane` takes new single sends (its ``state``). Ordered: a lane whose
-#: state is below LANE_SAFE may still hold messages of its own.
-LANE_DIRECT = 0  #: straight to the client library (``Lane.send``)
-LANE_LEAVING = 1  #: parked (``Lane.park``) while the lane empties; replayed in order
-LANE_SAFE = 2  #: through the producer's per-key bookkeeping and ``publish_callback``
+#: Where a :class:`FastSender` takes new single sends (its ``state``). Ordered: a fast path whose
+#: state is below FAST_RESTING may still hold messages of its own.
+FAST_OPEN = 0  #: straight to the client library (``FastSender.send``)
+FAST_SWITCHING = 1  #: parked (``FastSender.park``) while the fast path empties; replayed in order
+FAST_RESTING = 2  #: through the producer's per-key bookkeeping and ``publish_callback``
 
 
-class LaneHost(Protocol):
-    """What a :class:`Lane` needs from the producer that opened it."""
+class FastPathHost(Protocol):
+    """What a :class:`FastSender` needs from the producer that opened it."""
 
     @property
     def stores(self) -> bool:
-        """Whether an outbox takes what the lane cannot deliver (False: failures are the
-        caller's errors, nothing is stored). The lane never holds the store itself."""
+        """Whether an outbox takes what the fast path cannot deliver (False: failures are the
+        caller's errors, nothing is stored). The fast path never holds the store itself."""
         ...
 
     def store_refused(self, envelopes: Sequence[Envelope]) -> OutboxError | None:
-        """Write ``envelopes`` (the lane's undelivered sends, in send order) to the outbox
+        """Write ``envelopes`` (the fast path's undelivered sends, in send order) to the outbox
         in one put (:func:`msgsafe.fastpath.store_refused`); None when stored, otherwise
         the error each of them fails with."""
         ...
@@ -402,8 +402,8 @@ class LaneHost(Protocol):
         ...
 
     def replay(self, item: object) -> None:
-        """Send ``item`` (what :meth:`Lane.park` took) the safe way, as if it were sent
-        now: called in park order, once every message the lane held is settled."""
+        """Send ``item`` (what :meth:`FastSender.park` took) the safe way, as if it were sent
+        now: called in park order, once every message the fast path held is settled."""
         ...
 
     def pause(self) -> None:
@@ -412,22 +412,22 @@ class LaneHost(Protocol):
 
 
 @runtime_checkable
-class Lane(Protocol):
+class FastSender(Protocol):
     """Single sends straight to the client library while nothing is wrong
-    (``capabilities.lane``); the producer's way while :attr:`state` is LANE_DIRECT.
+    (``capabilities.fast_path``); the producer's way while :attr:`state` is FAST_OPEN.
 
     The contract, for per-key order and the promise:
 
     - :meth:`send` hands a message over and returns its receipt future, or None when
-      the lane is not DIRECT (any more): the caller then parks it or takes the safe way.
+      the fast path is not DIRECT (any more): the caller then parks it or takes the safe way.
     - Every failure the outbox takes (a transient error with a store), every sign that
-      the brokers are down, and :meth:`leave` make the lane leave: state LANE_LEAVING,
+      the brokers are down, and :meth:`leave` make the fast path leave: state FAST_SWITCHING,
       new sends are parked (:meth:`park`), what the client library holds is settled
       (failures purge the rest: it may have been written, so it may come twice, with
       its id), the failed messages go to the store in send order in one put, then the
-      parked items go to ``host.replay`` in park order, then state LANE_SAFE. No
+      parked items go to ``host.replay`` in park order, then state FAST_RESTING. No
       message of a stored key was confirmed after it (the wire's order guarantee).
-    - :meth:`reopen` (LANE_SAFE to LANE_DIRECT) is the host's to call, only while
+    - :meth:`reopen` (FAST_RESTING to FAST_OPEN) is the host's to call, only while
       nothing of its own is unsettled and the store holds nothing.
     """
 
@@ -444,25 +444,25 @@ class Lane(Protocol):
     ) -> Future[Any] | None:
         """Hand one message over (``body`` None: a tombstone) at ``now`` (the caller's
         ``time.monotonic()``, read once per send); its receipt future, or None when the
-        lane is not DIRECT. Raises ``ClosedError`` after :meth:`shut`."""
+        fast path is not DIRECT. Raises ``ClosedError`` after :meth:`shut`."""
         ...
 
     def park(self, item: object) -> bool:
-        """Keep ``item`` for ``host.replay`` while LANE_LEAVING; False in another state.
+        """Keep ``item`` for ``host.replay`` while FAST_SWITCHING; False in another state.
         Raises ``ClosedError`` after :meth:`shut`."""
         ...
 
     def leave(self) -> None:
-        """Leave DIRECT without a failure (the host has a send the lane cannot take)."""
+        """Leave DIRECT without a failure (the host has a send the fast path cannot take)."""
         ...
 
     def reopen(self) -> bool:
-        """LANE_SAFE to LANE_DIRECT, unless the lane itself sees trouble (call under
+        """FAST_RESTING to FAST_OPEN, unless the fast path itself sees trouble (call under
         the host's own lock, with nothing of the host's unsettled)."""
         ...
 
     def wait(self, timeout: float | None) -> bool:
-        """Wait until every send handed over so far is settled and the lane is not
+        """Wait until every send handed over so far is settled and the fast path is not
         leaving; False if ``timeout`` passed first."""
         ...
 
@@ -471,16 +471,16 @@ class Lane(Protocol):
         ...
 
     def close(self, timeout: float | None) -> None:
-        """Give what the lane holds ``timeout`` to settle, then store the rest."""
+        """Give what the fast path holds ``timeout`` to settle, then store the rest."""
         ...
 
 
 @runtime_checkable
-class LaneTransport(Transport, Protocol):
-    """A transport that offers the producer a :class:`Lane` (``capabilities.lane``)."""
+class FastPathTransport(Transport, Protocol):
+    """A transport that offers the producer a :class:`FastSender` (``capabilities.fast_path``)."""
 
-    def open_lane(self, host: LaneHost) -> Lane:
-        """A new lane over this transport's connection (the same ordered channel its
+    def open_fast_path(self, host: FastPathHost) -> FastSender:
+        """A new fast path over this transport's connection (the same ordered channel its
         ``publish_callback`` and ``publish_batch`` use)."""
         ...
 

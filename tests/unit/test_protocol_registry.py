@@ -40,7 +40,7 @@ REMAINING: dict[tuple[str, str], str] = {
         "the nemesis puts fault proxies between Kafka's nodes by its own launcher "
         "(ProxiedKafka); the nemesis is being reworked elsewhere"
     ),
-    ("msgsafe/spark/kafka_lane.py", "kafka"): (
+    ("msgsafe/spark/kafka_fast.py", "kafka"): (
         "the Spark writer's Kafka-only fast path; the one fast-path concept replaces it"
     ),
     ("msgsafe/compat/_kafka_config.py", "kafka"): (
