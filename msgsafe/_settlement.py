@@ -58,7 +58,7 @@ from msgsafe.errors import (
     TransientError,
 )
 from msgsafe.message import Batch, Guarantee, Receipt, Status, new_receipt
-from msgsafe.ports import FAST_OPEN, FAST_RESTING, FastSender, OutboxStore
+from msgsafe.ports import FastSender, OutboxStore
 from msgsafe.telemetry.stats import OutcomeCounts, count_value
 
 __all__ = ["Route", "Settlement"]
@@ -152,7 +152,7 @@ class Settlement:
         #: How many messages the writer's last put carried (see _GATHER_S).
         self._last_round = 1
         #: The transport's fast path for single sends (msgsafe.ports.FastSender), when it has one:
-        #: while its state is not FAST_RESTING, keyed sends and keyed batches belong there
+        #: while it holds messages (FastSender.holds), keyed sends and keyed batches belong there
         #: (it keeps their order itself), and route()/route_batch() say so.
         self.fast: FastSender | None = None
 
@@ -373,7 +373,7 @@ class Settlement:
         :data:`Route.PUBLISH_COUNTED` when its key is counted there (what a later
         message of the key bound for the outbox waits for, see :meth:`hold`) and
         :data:`Route.PUBLISH` when there is nothing to count. A keyed send while the
-        fast path is not FAST_RESTING: :data:`Route.LANE` (not counted). ``replayed``: a send
+        fast path holds messages (``holds``): :data:`Route.LANE` (not counted). ``replayed``: a send
         the fast path parked and hands over now (accepted before any close; the fast path waits
         for it).
         """
@@ -409,9 +409,9 @@ class Settlement:
         detouring = self._detouring
         fast = None if replayed else self.fast
         with self._lock:
-            if fast is not None and fast.state != FAST_RESTING:
+            if fast is not None and fast.holds:
                 # NOTE: read under the lock that orders it: the fast path reopens only under
-                # it (reopen_fast_path), and a keyed send counted here while it is direct could
+                # it (reopen_fast_path), and a keyed send counted here while it is open could
                 # fail into the outbox behind its key's later sends on the fast path.
                 self._settled_now(1)
                 return _FAST
@@ -450,7 +450,7 @@ class Settlement:
         their keys are counted on the way to the outbox): every one during the pause,
         else those whose key has a message in or on its way to the outbox; the rest go
         to the transport. :data:`Route.LANE` (not counted) for a keyed batch while the
-        fast path is not FAST_RESTING; ``replayed`` as for :meth:`route`.
+        fast path holds messages (``holds``); ``replayed`` as for :meth:`route`.
         """
         batch = send.batch
         store = self.store
@@ -462,7 +462,7 @@ class Settlement:
         fast = None if replayed or batch.keys is None else self.fast
         if fast is not None:
             with self._lock:
-                if fast.state != FAST_RESTING:
+                if fast.holds:
                     self._settled_now(1)
                     return _FAST
         if paused and put_whole is not None and self.store_batch(send, put_whole):
@@ -530,11 +530,11 @@ class Settlement:
     def pause(self, seconds: float = _REFUSAL_PAUSE_S) -> None:
         """Send to the outbox for ``seconds`` from now (default: the short pause after a
         refusal, as when the broker could not be reached to check a destination); a
-        later failure renews the pause from its own time. The fast path, if direct, leaves:
+        later failure renews the pause from its own time. The fast path, if open, leaves:
         its sends ask for no pause (the pause is kept here, on the safe way)."""
         self._refused_until = time.monotonic() + seconds
         fast = self.fast
-        if fast is not None and fast.state == FAST_OPEN:
+        if fast is not None and fast.holds and not fast.switching:
             fast.leave()
 
     def resume(self) -> None:

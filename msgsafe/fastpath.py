@@ -59,11 +59,14 @@ class FastPath:
         "_not_before",
         "_safe",
         "accepted",
+        "holds",
         "resting",
         "switching",
     )
 
-    def __init__(self, safe: SafePath, *, resting: bool = False) -> None:
+    def __init__(self, safe: SafePath | None, *, resting: bool = False) -> None:
+        #: None: the owner reopens the path itself (:meth:`reopen`) and asks its checks
+        #: elsewhere (the producer's own fast path).
         self._safe = safe
         self._guarantees: dict[str, Any] = {}
         self._count_lock = threading.Lock()
@@ -71,6 +74,8 @@ class FastPath:
         self.resting = resting
         #: True while a fast path that holds messages empties them (sends are parked).
         self.switching = False
+        #: True from an opening until a switch emptied the path: it may hold messages.
+        self.holds = not resting
         #: ``time.monotonic()`` before which the path does not reopen (inf: never).
         self._not_before = 0.0
         #: Messages the broker confirmed on the fast path so far.
@@ -81,6 +86,8 @@ class FastPath:
         (a refusal: the message takes the safe path, which raises it to the caller)."""
         found = self._guarantees.get(destination)
         if found is None:
+            if self._safe is None:
+                raise TypeError("this fast path has no safe path to ask")
             found = self._guarantees[destination] = self._safe.guarantee(destination)
         return found
 
@@ -97,6 +104,7 @@ class FastPath:
         """The fast path failed (connection lost, nack, no answer, brokers down): rest
         until :meth:`confirmed_safe` finds the safe path answering with nothing stored."""
         self.resting = True
+        self.holds = False
 
     def confirmed_safe(self) -> None:
         """The safe path confirmed a message: when nothing waits in its outbox either,
@@ -106,9 +114,11 @@ class FastPath:
             self.resting
             and not self.switching
             and self._not_before <= time.monotonic()
+            and self._safe is not None
             and self._safe.pending() == 0
         ):
             self.resting = False
+            self.holds = True
 
     # --- a fast path that holds messages of its own (librdkafka's queue) ----------------
 
@@ -117,8 +127,9 @@ class FastPath:
         this call left it (the caller then settles what the path holds, stores what was
         not delivered with :func:`store_refused`, sends the parked messages the safe
         path, and calls :meth:`switched`); False when it was resting already. Call under
-        the lock the sends read :attr:`resting` under: no send enters the path after."""
-        if self.resting:
+        the lock the sends read :attr:`resting` under: no send enters the path after.
+        A path shut while it held messages can still switch, to empty them."""
+        if self.switching or not self.holds:
             return False
         self.resting = True
         self.switching = True
@@ -128,6 +139,7 @@ class FastPath:
         """The switch is over: nothing is held or parked any more; sends take the safe
         path until the path reopens."""
         self.switching = False
+        self.holds = False
 
     def hold(self, seconds: float | None) -> None:
         """Do not reopen within ``seconds`` from now (None: never again, the path's
@@ -150,11 +162,12 @@ class FastPath:
         if not self.may_reopen(time.monotonic()):
             return False
         self.resting = False
+        self.holds = True
         return True
 
     def shut(self) -> None:
         """Rest for good (the owner is closed): every send takes the safe path, which
-        refuses it."""
+        refuses it. What the path still holds is the owner's to empty (:meth:`switch`)."""
         self.hold(None)
         self.resting = True
 

@@ -68,9 +68,6 @@ __all__ = [
     "BatchInboxStore",
     "InboxCapabilities",
     "InboxStore",
-    "FAST_OPEN",
-    "FAST_SWITCHING",
-    "FAST_RESTING",
     "FastSender",
     "FastPathHost",
     "FastPathTransport",
@@ -361,13 +358,6 @@ class SafePath(Protocol):
         ...
 
 
-#: Where a :class:`FastSender` takes new single sends (its ``state``). Ordered: a fast path whose
-#: state is below FAST_RESTING may still hold messages of its own.
-FAST_OPEN = 0  #: straight to the client library (``FastSender.send``)
-FAST_SWITCHING = 1  #: parked (``FastSender.park``) while the fast path empties; replayed in order
-FAST_RESTING = 2  #: through the producer's per-key bookkeeping and ``publish_callback``
-
-
 class FastPathHost(Protocol):
     """What a :class:`FastSender` needs from the producer that opened it."""
 
@@ -414,24 +404,31 @@ class FastPathHost(Protocol):
 @runtime_checkable
 class FastSender(Protocol):
     """Single sends straight to the client library while nothing is wrong
-    (``capabilities.fast_path``); the producer's way while :attr:`state` is FAST_OPEN.
+    (``capabilities.fast_path``); the producer's way while it is not :attr:`resting`.
+    Its states are :class:`msgsafe.fastpath.FastPath`'s (open, switching, resting).
 
     The contract, for per-key order and the promise:
 
     - :meth:`send` hands a message over and returns its receipt future, or None when
-      the fast path is not DIRECT (any more): the caller then parks it or takes the safe way.
+      the fast path rests (now): the caller then parks it or takes the safe way.
     - Every failure the outbox takes (a transient error with a store), every sign that
-      the brokers are down, and :meth:`leave` make the fast path leave: state FAST_SWITCHING,
-      new sends are parked (:meth:`park`), what the client library holds is settled
-      (failures purge the rest: it may have been written, so it may come twice, with
-      its id), the failed messages go to the store in send order in one put, then the
-      parked items go to ``host.replay`` in park order, then state FAST_RESTING. No
-      message of a stored key was confirmed after it (the wire's order guarantee).
-    - :meth:`reopen` (FAST_RESTING to FAST_OPEN) is the host's to call, only while
-      nothing of its own is unsettled and the store holds nothing.
+      the brokers are down, and :meth:`leave` make the fast path switch (resting and
+      :attr:`switching`): new sends are parked (:meth:`park`), what the client library
+      holds is settled (failures purge the rest: it may have been written, so it may
+      come twice, with its id), the failed messages go to the store in send order in
+      one put, then the parked items go to ``host.replay`` in park order, then it
+      rests, switching and :attr:`holds` False. No message of a stored key was
+      confirmed after it (the wire's order guarantee).
+    - :meth:`reopen` (resting to open) is the host's to call, only while nothing of
+      its own is unsettled and the store holds nothing.
     """
 
-    state: int
+    #: Sends take the safe way (switching, resting, or shut).
+    resting: bool
+    #: The fast path empties what it holds: sends are parked.
+    switching: bool
+    #: It may hold messages of its own (open, or switching): keyed sends belong to it.
+    holds: bool
 
     def send(
         self,
@@ -444,20 +441,20 @@ class FastSender(Protocol):
     ) -> Future[Any] | None:
         """Hand one message over (``body`` None: a tombstone) at ``now`` (the caller's
         ``time.monotonic()``, read once per send); its receipt future, or None when the
-        fast path is not DIRECT. Raises ``ClosedError`` after :meth:`shut`."""
+        fast path rests. Raises ``ClosedError`` after :meth:`shut`."""
         ...
 
     def park(self, item: object) -> bool:
-        """Keep ``item`` for ``host.replay`` while FAST_SWITCHING; False in another state.
+        """Keep ``item`` for ``host.replay`` while switching; False in another state.
         Raises ``ClosedError`` after :meth:`shut`."""
         ...
 
     def leave(self) -> None:
-        """Leave DIRECT without a failure (the host has a send the fast path cannot take)."""
+        """Switch without a failure (the host has a send the fast path cannot take)."""
         ...
 
     def reopen(self) -> bool:
-        """FAST_RESTING to FAST_OPEN, unless the fast path itself sees trouble (call under
+        """Resting to open, unless the fast path itself sees trouble (call under
         the host's own lock, with nothing of the host's unsettled)."""
         ...
 

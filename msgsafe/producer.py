@@ -58,8 +58,6 @@ from msgsafe.message import (
 from msgsafe.outbox import Forwarder
 from msgsafe.outbox.location import OutboxSpec, open_store
 from msgsafe.ports import (
-    FAST_OPEN,
-    FAST_SWITCHING,
     BatchPutStore,
     BatchReport,
     BatchTransport,
@@ -91,8 +89,6 @@ _PUBLISH_COUNTED = Route.PUBLISH_COUNTED
 _HOLD = Route.HOLD
 _TRANSACTION = Route.TRANSACTION
 _FAST = Route.FAST
-_FAST_OPEN = FAST_OPEN
-_FAST_SWITCHING = FAST_SWITCHING
 _monotonic = time.monotonic
 
 #: Seconds between two attempts, at most, to have the transport's fast path take single sends
@@ -364,7 +360,7 @@ class Producer:
         fast = self._fast
         if (
             fast is not None
-            and fast.state == _FAST_OPEN
+            and not fast.resting
             and type(body) is bytes
             and headers is None
             and message_id is None
@@ -538,11 +534,10 @@ class Producer:
             if fast is not None and batch.keys is not None:
                 # A keyed batch takes the safe way: the fast path leaves first (what it holds
                 # is answered), and keeps the batch until then, in order with its sends.
-                state = fast.state
-                if state == _FAST_OPEN:
+                if not fast.resting:
                     fast.leave()
                     continue
-                if state == _FAST_SWITCHING:
+                if fast.switching:
                     if fast.park(send):
                         return send
                     continue
@@ -697,7 +692,7 @@ class Producer:
         """Hand ``envelope`` to the transport's fast path (:class:`msgsafe.ports.FastSender`): its
         receipt future, or None when it takes the safe way.
 
-        While the fast path is direct it takes the message unless its key has rows in the
+        While the fast path is open it takes the message unless its key has rows in the
         outbox: then the fast path leaves first (what it holds is answered before anything of
         the key goes the safe way; a refusal pause makes it leave as it starts). While
         it leaves, the message is parked there and replayed in order (:meth:`_replay`).
@@ -706,8 +701,7 @@ class Producer:
         """
         settle = self._settle
         while True:
-            state = fast.state
-            if state == _FAST_OPEN:
+            if not fast.resting:
                 key = envelope.key
                 if key is not None and self._has_key(key):
                     fast.leave()
@@ -722,7 +716,7 @@ class Producer:
                 )
                 if future is not None:
                     return future
-            elif state == _FAST_SWITCHING:
+            elif fast.switching:
                 send = Send(settle, envelope)
                 if fast.park(send):
                     return send

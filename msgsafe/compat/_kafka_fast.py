@@ -264,11 +264,6 @@ class KafkaFastPath(FastPath):
         return True
 
     @property
-    def holds(self) -> bool:
-        """Whether rk may hold messages of the wrapper (fast, or switching)."""
-        return not self.resting or self.switching
-
-    @property
     def wants_switch(self) -> bool:
         return not self.resting and (bool(self.failures) or self.down)
 

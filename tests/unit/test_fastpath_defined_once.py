@@ -4,7 +4,7 @@ Read with :mod:`ast` over the package:
 
 - only ``msgsafe/fastpath.py`` sets a fast path's state: no other module assigns an
   attribute named ``resting`` (or ``_resting``), the flag every copy of the rule kept,
-  or ``switching`` (a fast path that holds messages, emptying them);
+  or ``switching`` and ``holds`` (a fast path that holds messages, emptying them);
 - where the fast paths live (the drop-ins, the adapters, the Spark writer), no module
   writes to an outbox itself: no ``.put(...)`` on something named ``...store...`` or
   ``...outbox...``; what a fast path could not deliver goes through
@@ -31,7 +31,7 @@ RETIRED = frozenset(
     {"DirectLane", "DirectPath", "DirectPublisher", "DirectSender", "DirectTaskPublisher"}
 )
 #: The state attributes only FastPath sets.
-STATE = ("resting", "_resting", "switching")
+STATE = ("resting", "_resting", "switching", "holds")
 
 #: (module, what) -> why it is still there. Remove an entry with what it names.
 REMAINING: dict[tuple[str, str], str] = {}

@@ -24,7 +24,6 @@ from msgsafe.adapters.kafka.fast import FastSend, KafkaFastSender
 from msgsafe.errors import TransientError
 from msgsafe.message import Envelope
 from msgsafe.outbox import SqliteOutbox
-from msgsafe.ports import FAST_OPEN, FAST_RESTING
 from tests.support.kafka_ledger import consume_until
 from tests.support.kafka_mock import MockKafkaCluster
 from tests.support.ledger import Ledger
@@ -95,7 +94,7 @@ def test_healthy_single_sends_take_the_lane_confirmed_in_key_order(
             ledger.add_receipt(receipt.message_id, receipt.status)
         assert ledger.statuses["confirmed"] == 2200
         fast = _fast(p)
-        assert fast.state == FAST_OPEN and fast.leaves == 0
+        assert not fast.resting and fast.leaves == 0
         assert fast.sent == 2200, "every single send went through the fast path"
         stats = p.stats()
         assert (stats.sent, stats.confirmed, stats.in_flight) == (2200, 2200, 0)
@@ -157,12 +156,12 @@ def test_a_failure_leaves_the_lane_stores_in_send_order_and_it_comes_back(
     ) as p:
         _settle(ledger, _send(p, ledger, 200))
         fast = _fast(p)
-        assert fast.state == FAST_OPEN
+        assert not fast.resting
 
         kafka_mock.fail_produce(KafkaError.NOT_ENOUGH_REPLICAS)
         during = _send(p, ledger, 800, start=200)
         _settle(ledger, during)
-        assert fast.leaves >= 1 and fast.state == FAST_RESTING
+        assert fast.leaves >= 1 and (fast.resting and not fast.switching)
         assert ledger.statuses["stored"] > 0
         assert p.pending() == ledger.statuses["stored"]
 
@@ -174,7 +173,7 @@ def test_a_failure_leaves_the_lane_stores_in_send_order_and_it_comes_back(
 
         def reopened() -> bool:
             after.extend(_send(p, ledger, KEYS, start=1000 + len(after)))
-            return fast.state == FAST_OPEN
+            return not fast.resting
 
         wait_until(reopened, 15, "the fast path to take sends again", interval=0.1)
         after += _send(p, ledger, 400, start=1000 + len(after))
@@ -207,7 +206,7 @@ def test_a_keyed_batch_makes_the_lane_leave_unpurged_in_order(
             ledger.add_receipt(message_id)
         _settle(ledger, last)
         fast = _fast(p)
-        assert fast.leaves == 1 and fast.state == FAST_RESTING
+        assert fast.leaves == 1 and (fast.resting and not fast.switching)
         assert ledger.statuses["stored"] == 0, "a leave without a failure stores nothing"
     _check_arrivals(kafka_mock.url, ledger, "fast path leaves for a keyed batch")
 
@@ -278,7 +277,7 @@ def test_without_an_outbox_a_failure_fails_the_send_and_the_lane_stays(
         kafka_mock.heal_produce()
         assert p.send(TOPIC, b"again", key="k").status is msgsafe.Status.CONFIRMED
         fast = _fast(p)
-        assert fast.leaves == 0 and fast.state == FAST_OPEN
+        assert fast.leaves == 0 and not fast.resting
 
 
 def test_the_lane_refuses_what_the_safe_way_refuses(kafka_mock: MockKafkaCluster) -> None:

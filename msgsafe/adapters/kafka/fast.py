@@ -11,10 +11,12 @@ confirmation that resolves it and counts it, nothing else.
 
 That is safe only while nothing can fail into the outbox behind a message of the same
 key: the per-key counts exist for that case. So the fast path leaves at the first sign of it
-(:meth:`KafkaFastSender._leave`), as the confluent-kafka drop-in's direct path does:
+(:meth:`KafkaFastSender._leave`), as the confluent-kafka drop-in's fast path does. The
+states are :class:`~msgsafe.fastpath.FastPath`'s, which this is:
 
-1. state FAST_SWITCHING under the fast path's lock; every produce runs under that lock after
-   reading FAST_OPEN, so no message enters librdkafka for the fast path from here on, and
+1. :meth:`~msgsafe.fastpath.FastPath.switch` under the fast path's lock; every produce
+   runs under that lock after reading ``resting`` False, so no message enters librdkafka
+   for the fast path from here on, and
    new sends are parked (:meth:`KafkaFastSender.park`: the producer hands them over);
 2. after a failure (or a lost broker, or a report overdue at ``confirm_timeout``)
    librdkafka's queue and what it has in flight are purged (an in-flight message may
@@ -26,7 +28,8 @@ key: the per-key counts exist for that case. So the fast path leaves at the firs
    librdkafka's idempotent producer fails or purges a message together with every later
    one of the partition, so no later message of a stored key was confirmed;
 5. the parked sends go to the producer's safe way in order (``host.replay``), where a
-   key with rows in the outbox queues behind them; then state FAST_RESTING.
+   key with rows in the outbox queues behind them; then
+   :meth:`~msgsafe.fastpath.FastPath.switched`: resting.
 
 The producer reopens the fast path (:meth:`KafkaFastSender.reopen`) once its own bookkeeping has
 nothing unsettled and the outbox is empty.
@@ -57,6 +60,7 @@ from msgsafe.errors import (
     Refused,
     TransientError,
 )
+from msgsafe.fastpath import FastPath
 from msgsafe.message import (
     Envelope,
     Guarantee,
@@ -65,7 +69,7 @@ from msgsafe.message import (
     new_envelope,
     new_receipt,
 )
-from msgsafe.ports import FAST_OPEN, FAST_RESTING, FAST_SWITCHING, FastPathHost
+from msgsafe.ports import FastPathHost
 
 if TYPE_CHECKING:
     from msgsafe.adapters.kafka._connection import ProducerLink
@@ -195,7 +199,7 @@ class FastSend(LightFuture[Receipt]):
                 self._run_callbacks()
             fast.count_confirmed()
             return
-        fast.failed(self, err)
+        fast.failed_send(self, err)
 
     def envelope(self) -> Envelope:
         """The envelope the safe way would have stored: same id, value (None: a
@@ -217,15 +221,18 @@ def _seq(send: FastSend) -> int:
     return send.seq
 
 
-class KafkaFastSender:
-    """The Kafka transport's :class:`msgsafe.ports.FastSender` (see the module docstring).
+class KafkaFastSender(FastPath):
+    """The Kafka transport's :class:`msgsafe.ports.FastSender` (see the module docstring),
+    a :class:`~msgsafe.fastpath.FastPath` whose owner, the producer's settlement, decides
+    when it reopens.
 
-    ``lock`` orders every produce with the state: a send reads FAST_OPEN and produces
-    under it. :attr:`failures` and :attr:`parked` are changed under it too. What is
+    ``lock`` orders every produce with the state: a send reads ``resting`` False and
+    produces under it. :attr:`failures` and :attr:`parked` are changed under it too. What is
     settled is read from the sends themselves (:attr:`watch`): a report counts nothing.
     """
 
     def __init__(self, link: ProducerLink, host: FastPathHost, *, timeout: float, size_limit: int):
+        FastPath.__init__(self, None)
         self.link = link
         self.host = host
         #: Whether the producer has an outbox for what the fast path cannot deliver.
@@ -241,17 +248,15 @@ class KafkaFastSender:
         #: one per message, which the cyclic GC would walk while it is in flight. Re-entrant:
         #: concurrent.futures.wait() holds the locks of all the futures it waits for.
         self.send_mutex = RLock()
-        self.state = FAST_OPEN
+        #: Set by shut(): sends raise ClosedError (the path rests for good, too).
         self.closed = False
-        #: state is FAST_OPEN and not closed: what send() reads (one load, not two).
-        self._takes = True
         #: The link's KafkaClient (fixed; its producer is renewed after a fatal error).
         self._kafka = link.client
         #: Sends handed to librdkafka so far (each one's seq), under lock.
         self.sent = 0
         #: Handed-over sends that failed into the outbox, kept for the leave (under lock).
         self.failures: list[FastSend] = []
-        #: What the producer parked while FAST_SWITCHING, for host.replay (under lock).
+        #: What the producer parked while switching, for host.replay (under lock).
         self.parked: list[object] = []
         #: Handed-over sends in send order, until the watchdog sees them settled.
         self.watch: deque[FastSend] = deque()
@@ -274,8 +279,8 @@ class KafkaFastSender:
         message_id: str,
         now: float,
     ) -> FastSend | None:
-        """Hand one message to librdkafka; its receipt future, or None when the fast path is
-        not DIRECT (any more). A message librdkafka refuses for good (too large, bad
+        """Hand one message to librdkafka; its receipt future, or None when the fast path
+        rests (now). A message librdkafka refuses for good (too large, bad
         input) comes back as a future failed with that error. ``now``: the caller's
         ``time.monotonic()``."""
         link = self.link
@@ -311,7 +316,7 @@ class KafkaFastSender:
         send = FastSend(self, destination, body, key, headers, message_id, now)
         refused: Exception | None = None
         with self.lock:
-            if not self._takes:
+            if self.resting:
                 if self.closed:
                     raise ClosedError("producer is closed", message_id=message_id)
                 return None
@@ -343,7 +348,7 @@ class KafkaFastSender:
             while _monotonic() < deadline:
                 link.serve(_ROOM_POLL_S)
                 with self.lock:
-                    if not self._takes:
+                    if self.resting:
                         if self.closed:
                             raise ClosedError("producer is closed", message_id=send.message_id)
                         return None
@@ -397,30 +402,30 @@ class KafkaFastSender:
         with self.lock:
             if self.closed:
                 raise ClosedError("producer is closed")
-            if self.state != FAST_SWITCHING:
+            if not self.switching:
                 return False
             self.parked.append(item)
             return True
 
     def leave(self) -> None:
-        """Leave DIRECT: what librdkafka holds is answered, not purged."""
+        """Switch to the safe way without a failure: what librdkafka holds is answered,
+        not purged."""
         self._leave(purge=False)
 
     def reopen(self) -> bool:
-        """FAST_RESTING to FAST_OPEN unless the brokers count as down (the host calls it
-        under its own lock, with nothing of its own unsettled)."""
+        """Open again (:meth:`msgsafe.fastpath.FastPath.reopen`) unless the brokers count
+        as down (the host calls it under its own lock, with nothing of its own unsettled
+        and nothing stored)."""
         link = self.link
         with self.lock:
             # A failure reported after its send was stored (past the drain's bound) is
             # settled already: only one still unsettled keeps the fast path off.
             self.failures = [send for send in self.failures if not send.done()]
-            if self.state != FAST_RESTING or self.closed or self.parked or self.failures:
+            if self.closed or self.parked or self.failures or link.down:
                 return False
-            if link.down:
+            if not FastPath.reopen(self):
                 return False
-            self.state = FAST_OPEN
-            self._takes = True
-        log.debug("kafka fast path to %s: direct again", self.target)
+        log.debug("kafka fast path to %s: open again", self.target)
         return True
 
     def wait(self, timeout: float | None) -> bool:
@@ -429,7 +434,7 @@ class KafkaFastSender:
         deadline = None if timeout is None else _monotonic() + timeout
         target = self.sent
         while True:
-            leaving = self.state == FAST_SWITCHING
+            leaving = self.switching
             if not leaving and self._settled_upto(target):
                 return True
             left = None if deadline is None else deadline - _monotonic()
@@ -461,14 +466,14 @@ class KafkaFastSender:
         """Refuse every send from now on (the producer is closing)."""
         with self.lock:
             self.closed = True
-            self._takes = False
+            FastPath.shut(self)
 
     def close(self, timeout: float | None) -> None:
         """After :meth:`shut`: give what the fast path holds ``timeout`` to be answered, then
         store (or fail, without an outbox) what is still unanswered."""
         if self.wait(timeout):
             return
-        # Unsettled sends outside a leave: the fast path is direct (a leave settles every one).
+        # Unsettled sends outside a leave: the path held them (a leave settles every one).
         if self._start_leave(purge=True):
             self._leave_now()
         else:
@@ -476,7 +481,7 @@ class KafkaFastSender:
 
     # --- reports --------------------------------------------------------------------------
 
-    def failed(self, send: FastSend, err: KafkaError) -> None:
+    def failed_send(self, send: FastSend, err: KafkaError) -> None:
         """A failed delivery report: kept for the outbox (and the fast path leaves) when the
         safe way would store it, otherwise its future fails with the error now."""
         if send.done():
@@ -527,21 +532,20 @@ class KafkaFastSender:
     # --- leaving ------------------------------------------------------------------------------
 
     def _leave(self, *, purge: bool) -> None:
-        """Start leaving DIRECT (see the module docstring) on the fast path's own thread:
+        """Start the switch (see the module docstring) on the fast path's own thread:
         this may run inside librdkafka's poll, which must not wait for a drain."""
         if self._start_leave(purge=purge):
             threading.Thread(target=self._leave_now, name="msgsafe-kafka-fast", daemon=True).start()
 
     def _start_leave(self, *, purge: bool) -> bool:
-        """FAST_OPEN to FAST_SWITCHING (True: the caller runs :meth:`_leave_now`), or,
-        in another state, only note ``purge`` for the leave under way or the next."""
+        """Switch (True: the caller runs :meth:`_leave_now`), or, when the path holds
+        nothing or is switching already, only note ``purge`` for the leave under way or
+        the next."""
         with self.lock:
             if purge:
                 self._purge = True
-            if self.state != FAST_OPEN:
+            if not self.switch():
                 return False
-            self.state = FAST_SWITCHING
-            self._takes = False
             self._settled.clear()
             self.leaves += 1
         log.info("kafka fast path to %s: leaving for the safe way", self.target)
@@ -627,12 +631,12 @@ class KafkaFastSender:
             self.host.pause()
 
     def _replay_parked(self) -> None:
-        """Hand the parked sends to the safe way, in order, then state FAST_RESTING."""
+        """Hand the parked sends to the safe way, in order, then end the switch."""
         while True:
             with self.lock:
                 parked, self.parked = self.parked, []
                 if not parked:
-                    self.state = FAST_RESTING
+                    self.switched()
                     self._purge = False
                     self._settled.set()
                     return
@@ -643,5 +647,5 @@ class KafkaFastSender:
                     log.exception("kafka fast path to %s: a parked send failed", self.target)
 
     def __repr__(self) -> str:
-        state = {FAST_OPEN: "direct", FAST_SWITCHING: "leaving", FAST_RESTING: "safe"}[self.state]
+        state = "switching" if self.switching else "resting" if self.resting else "open"
         return f"KafkaFastSender({self.target!r}, {state}, {self.sent} sent)"
