@@ -1,4 +1,5 @@
-"""How a sink without an outbox publishes Arrow batches on a Kafka client.
+"""The Spark writer's fast path: a sink without an outbox publishes Arrow batches on a
+Kafka client.
 
 Without an outbox the sink's promise is the broker's confirm of every row before the
 task returns, or a failed task (Spark retries it with the same ids). That needs no
@@ -20,6 +21,11 @@ options, so consumers see the same records as from the Producer path. What is th
 sink's own is here: the window of unconfirmed rows, the per-partition counts, and which
 clients are kept for the next task.
 
+Unlike the other fast paths this one never falls back to the outbox, so it has no
+:class:`~msgsafe.fastpath.FastPath` state: without an outbox a failure is the task's
+(a sink with one takes the Producer, whose own fast path that is). Which protocols
+have it is their trait (:attr:`msgsafe.endpoints.ProtocolTraits.bulk_fast_path`).
+
 One client is used by one task at a time (a Python worker runs one task at a time);
 clients are cached per process like the producers (:mod:`.producers`). A client whose task
 failed is dropped, with whatever it still held: a retried attempt starts clean.
@@ -33,7 +39,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from msgsafe.endpoints import parse_url
+from msgsafe.endpoints import parse_url, traits
 from msgsafe.errors import MessageTooLarge, MsgsafeError, SendTimeout
 from msgsafe.spark.ids import ContentIds, key_id
 from msgsafe.spark.partition import PartitionPlan, PartitionResult, empty_result, task_failed
@@ -60,12 +66,13 @@ _idle: dict[ClientKey, list[KafkaClient]] = {}
 
 
 def eligible(url: str, outbox: object, options: Mapping[str, object]) -> bool:
-    """Whether a sink with these settings publishes through a client: Kafka, no outbox
-    (with one, failed rows must be stored one by one: the Producer does that), and no
-    option that only :class:`~msgsafe.Producer` understands (e.g. ``telemetry``)."""
+    """Whether a sink with these settings publishes through the fast path: a protocol
+    that has one (``bulk_fast_path``: Kafka), no outbox (with one, failed rows must be
+    stored one by one: the Producer does that), and no option that only
+    :class:`~msgsafe.Producer` understands (e.g. ``telemetry``)."""
     if outbox is not None and outbox is not False:
         return False
-    return parse_url(url).protocol == "kafka" and not (_PRODUCER_ONLY & set(options))
+    return traits(parse_url(url).protocol).bulk_fast_path and not (_PRODUCER_ONLY & set(options))
 
 
 def _key(url: str, options: Mapping[str, object]) -> ClientKey:
