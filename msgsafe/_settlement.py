@@ -373,7 +373,7 @@ class Settlement:
         :data:`Route.PUBLISH_COUNTED` when its key is counted there (what a later
         message of the key bound for the outbox waits for, see :meth:`hold`) and
         :data:`Route.PUBLISH` when there is nothing to count. A keyed send while the
-        fast path holds messages (``holds``): :data:`Route.LANE` (not counted). ``replayed``: a send
+        fast path holds messages (``holds``): :data:`Route.FAST` (not counted). ``replayed``: a send
         the fast path parked and hands over now (accepted before any close; the fast path waits
         for it).
         """
@@ -449,7 +449,7 @@ class Settlement:
         indexes of the messages to :meth:`hold` (as :class:`~msgsafe._receipts.BatchPart`;
         their keys are counted on the way to the outbox): every one during the pause,
         else those whose key has a message in or on its way to the outbox; the rest go
-        to the transport. :data:`Route.LANE` (not counted) for a keyed batch while the
+        to the transport. :data:`Route.FAST` (not counted) for a keyed batch while the
         fast path holds messages (``holds``); ``replayed`` as for :meth:`route`.
         """
         batch = send.batch

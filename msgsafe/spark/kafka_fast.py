@@ -195,9 +195,9 @@ def give_back(key: ClientKey, client: KafkaClient, ok: bool) -> None:
 def close_clients(timeout: float = 30.0) -> None:
     """Close every idle client of this process (at exit; they hold nothing)."""
     with _lock:
-        lanes = [client for idle in _idle.values() for client in idle]
+        clients = [client for idle in _idle.values() for client in idle]
         _idle.clear()
-    for client in lanes:
+    for client in clients:
         try:
             client.drain(timeout)
         except Exception:

@@ -323,9 +323,9 @@ def test_listen_errors_as_declared(case: BrokerCase, transport: Transport) -> No
         assert p.listen_errors(None) is declared
 
 
-def test_lane_as_declared(case: BrokerCase, transport: Transport, tmp_path: Path) -> None:
-    """``fast_path``: the producer's single sends go through the transport's fast path (True) or the
-    safe way (False); either way every one is confirmed, and each key keeps its order
+def test_fast_path_as_declared(case: BrokerCase, transport: Transport, tmp_path: Path) -> None:
+    """``fast_path``: the producer's single sends go through the transport's fast path
+    (True) or the safe way (False); either way every one is confirmed, and each key keeps its order
     across single sends and a keyed batch between them (which the fast path leaves for)."""
     declared = transport.capabilities.fast_path
     dest = case.new_destination()

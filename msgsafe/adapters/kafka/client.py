@@ -7,7 +7,7 @@ Three users keep their own policy on top of a :class:`KafkaClient`:
   (:class:`~msgsafe.adapters.kafka._connection.ProducerLink`): a poll thread serves the
   reports, a watchdog bounds every outcome by ``confirm_timeout``, a fatal error has the
   producer renewed;
-- the confluent-kafka drop-in's direct path (:mod:`msgsafe.compat._kafka_direct`): the
+- the confluent-kafka drop-in's fast path (:mod:`msgsafe.compat._kafka_fast`): the
   caller's ``poll()``/``flush()`` serve the reports, the first failure switches the
   wrapper to the outbox;
 - the Spark sink without an outbox (:mod:`msgsafe.spark.kafka_fast`): reports of failed
