@@ -1,4 +1,4 @@
-"""The Spark sink's Kafka client (:mod:`msgsafe.spark.kafka_fast`) on the suite's Apache
+"""The Spark sink's Kafka fast path (:mod:`msgsafe.spark.kafka_fast`) on the suite's Apache
 Kafka, without Spark: the executor function is called in this process with Arrow record
 batches, as ``mapInArrow`` calls it.
 
@@ -90,7 +90,7 @@ def _read(url: str, topic: str, rows: list[tuple[str, str | None, int]]) -> Any:
     return consume(url, topic, {r[0].encode() for r in rows}, deadline_s=60, group=group)
 
 
-def test_lane_rows_arrive_under_the_row_paths_ids_and_a_replay_repeats_them(
+def test_fast_path_rows_arrive_under_the_row_paths_ids_and_a_replay_repeats_them(
     kafka_url: str, kafka_topic: str
 ) -> None:
     rows = _rows(5_000)
@@ -128,7 +128,7 @@ def test_lane_rows_arrive_under_the_row_paths_ids_and_a_replay_repeats_them(
     ],
     ids=["window", "queue-bytes"],
 )
-def test_lane_with_id_cols_and_a_small_queue_publishes_every_row(
+def test_fast_path_with_id_cols_and_a_small_queue_publishes_every_row(
     kafka_url: str, kafka_topic: str, small: dict[str, Any]
 ) -> None:
     rows = _rows(3_000)
@@ -149,7 +149,7 @@ def test_lane_with_id_cols_and_a_small_queue_publishes_every_row(
     assert counts.wrong_rows == 0
 
 
-def test_lane_without_a_broker_fails_the_task_in_time_and_is_dropped() -> None:
+def test_fast_path_without_a_broker_fails_the_task_in_time_and_is_dropped() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again: nothing listens there
