@@ -40,9 +40,6 @@ REMAINING: dict[tuple[str, str], str] = {
         "the nemesis puts fault proxies between Kafka's nodes by its own launcher "
         "(ProxiedKafka); the nemesis is being reworked elsewhere"
     ),
-    ("msgsafe/spark/kafka_lane.py", "kafka"): (
-        "the Spark writer's Kafka-only fast path; the one fast-path concept replaces it"
-    ),
     ("msgsafe/compat/_kafka_config.py", "kafka"): (
         "the confluent-kafka drop-in passes its client options to Kafka only (memory:// "
         "in tests takes the common ones)"
