@@ -22,7 +22,12 @@ a real primary + synchronous standby pair (``msgsafe cluster``'s postgres launch
    forwarder to RabbitMQ; the big one's rate as a ratio of the small one's (goal >=
    0.9), EXPLAIN (ANALYZE, BUFFERS) of the claim, stats and delete queries on each full
    table, ``outbox status`` timed, and the table's size and dead tuples full, drained and
-   ``--settle`` seconds later, for each ``--vacuum`` set of autovacuum reloptions.
+   ``--settle`` seconds later, for each ``--vacuum`` set of autovacuum reloptions. The
+   destination queue is purged during every drain (``--queue``), ``--big-runs`` big
+   drains interleave with ``--small-runs`` small ones before, between and after them
+   (each big one against the small ones around it), and each drain counts the WAL bytes
+   a message, the checkpoints and the pages the backends wrote out themselves.
+   ``--pg-nodes 1`` runs the primary alone, ``--pg-set NAME=VALUE`` a server setting.
 
 Run: ``flock /tmp/msgsafe-bench.lock python3 benchmarks/bench_pg_outbox.py
 [--bloat 1000000] [--readme benchmarks/README.md]``; ``--only put`` (or ``forward``,
