@@ -234,12 +234,17 @@ def _part(module: str) -> str:
     return f"msgsafe/{parts[1]}/" if len(parts) > 2 else module
 
 
-def _loops(sources: dict[str, str]) -> list[str]:
+def _import_map(sources: dict[str, str]) -> dict[str, list[tuple[int, str]]]:
+    """Module path -> (line, module path) of every ``msgsafe`` module it imports."""
+    return {path: _imports(path, source) for path, source in sources.items()}
+
+
+def _loops(imports: dict[str, list[tuple[int, str]]]) -> list[str]:
     """Every import from one part to another that the other part reaches back from:
     ``path:line imports target``, and the way back, one line per arrow."""
     arrows: dict[tuple[str, str], str] = {}
-    for path, source in sorted(sources.items()):
-        for line, target in _imports(path, source):
+    for path, targets in sorted(imports.items()):
+        for line, target in targets:
             if _part(path) != _part(target):
                 arrows.setdefault((_part(path), _part(target)), f"{path}:{line} imports {target}")
     below: dict[str, set[str]] = {}
@@ -272,21 +277,18 @@ def test_no_part_of_the_package_is_imported_back_by_what_it_imports() -> None:
     ``consumer.py`` and ``aio.py``); one way only, so that the arrows between the parts of
     the package, folders and top-level modules, make no loop."""
     _, _, sources = _package()
-    loops = _loops(sources)
+    loops = _loops(_import_map(sources))
     assert not loops, "parts of the package that import each other:\n" + "\n".join(loops)
 
 
 def test_a_loop_is_caught_across_a_layer_and_inside_one() -> None:
     _, _, sources = _package()
-    across = {
-        **sources,
-        "msgsafe/cluster/cli.py": sources["msgsafe/cluster/cli.py"]
-        + "from msgsafe.cli import _output\n",
+    imports = _import_map(sources)
+    planted = {
+        "across": ("msgsafe/cluster/cli.py", "from msgsafe.cli import _output\n"),
+        "inside": ("msgsafe/errors.py", "from msgsafe import endpoints\n"),
     }
-    inside = {
-        **sources,
-        "msgsafe/errors.py": sources["msgsafe/errors.py"] + "from msgsafe import endpoints\n",
-    }
-    assert _loops(sources) == []
-    assert any(line.startswith("msgsafe/cluster/cli.py:") for line in _loops(across))
-    assert any(line.startswith("msgsafe/errors.py:") for line in _loops(inside))
+    assert _loops(imports) == []
+    for how, (path, code) in planted.items():
+        changed = {**imports, path: _imports(path, sources[path] + code)}
+        assert any(line.startswith(f"{path}:") for line in _loops(changed)), how
