@@ -10,7 +10,9 @@ Invariants (each must hold for the run to pass):
 - **recovered**: after the last heal, every outbox became empty;
 - **receipted** > 0: a run that receipted nothing checked nothing.
 
-Also counted, not judged: duplicates (deliveries beyond the first), sends that raised,
+Also counted, not judged: duplicates (deliveries beyond the first), sends that raised
+(among them **refused**: ``OutboxFull``, a full disk or a bound, nothing stored, so
+never receipted and never lost),
 sends cut short by a producer's death (attempted, neither receipted nor failed), and the
 series the picture draws (:class:`Series`).
 """
@@ -23,7 +25,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Series", "Verdict", "check"]
+__all__ = ["REFUSALS", "Series", "Verdict", "check"]
+
+#: The errors of a send() that stored nothing on purpose (a full disk, a bound).
+REFUSALS = frozenset({"OutboxFull"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +66,8 @@ class Verdict:
     worst_recovery_s: float | None
     errors: dict[str, int]
     examples: dict[str, list[str]] = field(default_factory=dict)
+    #: Sends that raised OutboxFull (of :attr:`failed`): the outbox stored nothing.
+    refused: int = 0
 
     @property
     def ok(self) -> bool:
@@ -122,6 +129,7 @@ def check(events: Sequence[dict[str, Any]], *, step: float = 1.0) -> tuple[Verdi
         worst_recovery_s=_worst_recovery(events),
         errors=dict(Counter(failed.values())),
         examples={"lost": lost[:10], "unexpected": unexpected[:10], "order": violations[:10]},
+        refused=sum(1 for error in failed.values() if error in REFUSALS),
     )
     return verdict, _series(events, step)
 

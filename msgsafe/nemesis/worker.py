@@ -66,6 +66,9 @@ class Spec:
     #: False: a shared outbox that other processes forward (``Producer(forward=False)``);
     #: the producer then records no depth and does not drain at SIGTERM.
     forward: bool = True
+    #: The producer's ``require=``: ``any`` for an outbox on the run's size-limited
+    #: tmpfs (memory on purpose, for a real full disk).
+    require: str = "durable"
 
 
 def next_seqs(paths: Sequence[str | Path]) -> dict[str, int]:
@@ -99,7 +102,7 @@ def _open_producer(spec: Spec, history: History, stop: threading.Event) -> msgsa
                 outbox=spec.outbox,
                 send_timeout=spec.send_timeout,
                 retry=RETRY,
-                require="durable",
+                require=spec.require,
                 forward=spec.forward,
                 **spec.options,
             )

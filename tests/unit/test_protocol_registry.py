@@ -36,10 +36,6 @@ NAMES = frozenset(PROTOCOLS) | frozenset(KINDS)
 
 #: (module, name compared) -> why it is still there. Remove an entry with its branch.
 REMAINING: dict[tuple[str, str], str] = {
-    ("msgsafe/nemesis/runner.py", "kafka"): (
-        "the nemesis puts fault proxies between Kafka's nodes by its own launcher "
-        "(ProxiedKafka); the nemesis is being reworked elsewhere"
-    ),
     ("msgsafe/spark/kafka_lane.py", "kafka"): (
         "the Spark writer's Kafka-only fast path; the one fast-path concept replaces it"
     ),
