@@ -17,6 +17,9 @@ and :meth:`~Mover.heal` (the run's end: no node left in a moved state). Each rai
   the leadership of every quorum queue off the drained node, and ``revive`` ends it. The
   mover drains the node that leads the run's queue at the window's start (the target,
   drawn among one, means "whichever node leads"); back revives it.
+- :class:`QpidMover`: Broker-J's BDB HA "transfer mastership": the target node's virtual
+  host node ``role`` set to MASTER through the REST API; back: the master before the
+  move made master again.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from msgsafe.cluster.base import ClusterError
 
 if TYPE_CHECKING:
     from msgsafe.cluster.kafka import KafkaCluster
+    from msgsafe.cluster.qpid import QpidCluster
     from msgsafe.cluster.rabbitmq import RabbitCluster
 
-__all__ = ["KafkaMover", "Mover", "RabbitMover"]
+__all__ = ["KafkaMover", "Mover", "QpidMover", "RabbitMover"]
 
 
 class Mover(Protocol):
@@ -148,3 +152,27 @@ class RabbitMover:
 
     def heal(self) -> None:
         self.back(-1)
+
+
+class QpidMover:
+    """Mastership of the BDB HA group transferred to the target node (module doc)."""
+
+    def __init__(self, cluster: QpidCluster) -> None:
+        self.cluster = cluster
+        #: The master before the last move: where :meth:`back` hands it again.
+        self.before: int | None = None
+
+    def move(self, target: int) -> str:
+        self.before = self.cluster.master()
+        self.cluster.transfer_master(target)
+        return f"node {target} master (was {self.before})"
+
+    def back(self, target: int) -> str:
+        before, self.before = self.before, None
+        if before is None or before == target:
+            return "no move to undo"
+        self.cluster.transfer_master(before)
+        return f"node {before} master again"
+
+    def heal(self) -> None:
+        self.before = None  # any master will do once the group is whole

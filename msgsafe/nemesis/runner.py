@@ -136,6 +136,13 @@ def _rabbit_mover(cluster: LocalCluster, queue: str) -> leaders.Mover:
     return leaders.RabbitMover(cluster, queue)
 
 
+def _qpid_mover(cluster: LocalCluster, queue: str) -> leaders.Mover:
+    from msgsafe.cluster.qpid import QpidCluster
+
+    assert isinstance(cluster, QpidCluster)
+    return leaders.QpidMover(cluster)
+
+
 def _ordered_rabbitmq_queue(cluster: LocalCluster, queue: str) -> None:
     """Declare ``queue`` a quorum queue with a single active consumer. Per-key order by
     first arrival needs it on RabbitMQ: a consumer whose node is paused or cut off keeps
@@ -207,6 +214,8 @@ KINDS: dict[str, dict[str, Any]] = {
         ),
     },
     "qpid": {
+        # The leader role: a target per node, the node mastership is handed to.
+        "leader": (_qpid_mover, 0),
         "options": dict(_AMQP10),
         "proxied": True,
         "nodes": 3,
@@ -219,6 +228,9 @@ KINDS: dict[str, dict[str, Any]] = {
             "Network faults are between the producers and one node (the URL names every "
             "node's proxy; replicas refuse connections), not between the nodes: a partition "
             "of the group itself is tests/chaos/test_qpid_partition.py (network namespaces).",
+            "A leader move to node N transfers the group's mastership to N (its virtual host "
+            "node's role set to MASTER through the REST API); its end hands it back to the "
+            "master before. A move to a node a broker fault hits at the time is not drawn.",
         ),
     },
     "artemis": {

@@ -511,9 +511,10 @@ def test_the_evidence_table_names_a_postgres_outbox_and_its_faults() -> None:
     line = row(json.loads(json.dumps(Outcome(plan, clean, drawn).report())))
     count = {r: sum(w.role == r for w in drawn.windows) for r in fault_targets(plan)}
     assert line.startswith("| rabbitmq + postgres outbox | 11 | 5 | ")
+    leader = f", leader {count['leader']}" if count["leader"] else ""
     assert (
         f"({count['broker']} / {count['producer']} / {count['network']}; "
-        f"database {count['database']}, forwarder {count['forwarder']}) |"
+        f"database {count['database']}, forwarder {count['forwarder']}{leader}) |"
     ) in line
 
 
@@ -680,7 +681,8 @@ def test_which_kinds_and_outboxes_take_disk_and_leader_faults(
 
     assert targets("kafka")["leader"] == 3 and targets("kafka")["disk"] == 3
     assert targets("rabbitmq")["leader"] == 1  # whichever node leads the queue
-    assert "leader" not in targets("qpid") and "leader" not in targets("artemis")
+    assert targets("qpid")["leader"] == 3  # the node mastership is handed to
+    assert "leader" not in targets("artemis")  # a pair: a fail-over is a broker kill
     assert "leader" not in targets("kafka", nodes=1)  # nowhere to move it to
     assert targets("qpid", producers=2)["disk"] == 2
     assert "disk" not in targets("kafka", outbox="postgres")
@@ -891,3 +893,43 @@ def test_the_rabbit_mover_drains_the_queues_leader_and_revives_it() -> None:
         ("rabbitmq-upgrade", 2, ("drain",)),
         ("rabbitmq-upgrade", 2, ("revive",)),
     ]
+
+
+def test_the_evidence_table_counts_disk_and_leader_faults() -> None:
+    from msgsafe.nemesis.runner import Outcome, Plan, fault_targets
+    from msgsafe.nemesis.table import row
+
+    plan = Plan("kafka", 5, 100, Path("/x"))
+    drawn = schedule.draw(plan.seed, 300, fault_targets(plan))
+    clean, _ = checker.check(_clean().events)
+    line = row(json.loads(json.dumps(Outcome(plan, clean, drawn).report())))
+    count = {r: sum(w.role == r for w in drawn.windows) for r in fault_targets(plan)}
+    assert count["disk"] and count["leader"]
+    assert (
+        f"({count['broker']} / {count['producer']} / {count['network']}; "
+        f"disk {count['disk']}, leader {count['leader']}) |"
+    ) in line
+
+
+def test_the_qpid_mover_hands_mastership_over_and_back() -> None:
+    from msgsafe.nemesis.leaders import QpidMover
+
+    class Qpid:
+        def __init__(self) -> None:
+            self.now = 0
+            self.calls: list[int] = []
+
+        def master(self) -> int:
+            return self.now
+
+        def transfer_master(self, node: int) -> None:
+            self.calls.append(node)
+            self.now = node
+
+    qpid = Qpid()
+    mover = QpidMover(qpid)  # type: ignore[arg-type]
+    assert mover.move(2) == "node 2 master (was 0)"
+    assert mover.back(2) == "node 0 master again"
+    assert qpid.calls == [2, 0]
+    mover.move(0)  # already master: the back has nothing to undo
+    assert mover.back(0) == "no move to undo" and qpid.calls == [2, 0, 0]
