@@ -112,9 +112,10 @@ def elect_preferred(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[i
     ck = confluent()
     admin = ck.admin.AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
     wanted = [ck.TopicPartition(topic, p) for p in partitions(bootstrap, topic)]
-    future = admin.elect_leaders(
-        ck.ElectionType.PREFERRED, wanted, request_timeout=timeout, operation_timeout=timeout
-    )
+    # NOTE: no request_timeout/operation_timeout: confluent-kafka 2.16's elect_leaders
+    # fails on any keyword argument (its C call's keyword list is one short, a
+    # SystemError or TypeError); the future's own timeout bounds the wait instead.
+    future = admin.elect_leaders(ck.ElectionType.PREFERRED, wanted)
     try:
         results = future.result(timeout)
     except ck.KafkaException as exc:

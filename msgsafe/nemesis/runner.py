@@ -548,8 +548,8 @@ class _Run:
         """Start the move (``on``) or the move back on a thread of its own: the tools
         take seconds (a JVM, an Erlang VM), which must not delay the schedule. A move
         waits for the previous one. A move the brokers refuse while a broker fault is in
-        effect is declined (noted in the history, not a failure); otherwise it fails the
-        run, as any fault action that fails."""
+        effect is declined (noted in the history, not a failure); otherwise, or any
+        other exception (a defect), it fails the run, as any fault action that fails."""
         assert self.mover is not None and self.own is not None
         previous, mover, own = self.moving, self.mover, self.own
 
@@ -558,10 +558,12 @@ class _Run:
                 previous.join()
             try:
                 done = mover.move(w.target) if on else mover.back(w.target)
-            except (ClusterError, MsgsafeError, OSError) as exc:
+            # Any exception: one escaping this thread would end it unseen, the run passing.
+            except Exception as exc:
                 text = f"{w.name} {'on' if on else 'off'}: {type(exc).__name__}: {exc}"
                 text = text.splitlines()[0]
-                if any(a.role == "broker" for a in self.active):
+                refused = isinstance(exc, (ClusterError, MsgsafeError, OSError))
+                if refused and any(a.role == "broker" for a in self.active):
                     own.write("note", text=f"declined under a broker fault: {text}")
                     self.say(f"declined under a broker fault: {text}")
                 else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -933,3 +934,74 @@ def test_the_qpid_mover_hands_mastership_over_and_back() -> None:
     assert qpid.calls == [2, 0]
     mover.move(0)  # already master: the back has nothing to undo
     assert mover.back(0) == "no move to undo" and qpid.calls == [2, 0, 0]
+
+
+def test_a_defect_in_a_move_fails_the_run_even_under_a_broker_fault(tmp_path: Path) -> None:
+    """Seed 100 on Kafka: the election raised TypeError on the mover's thread, which
+    ended unseen and the run would have passed without its leader moves."""
+    from msgsafe.nemesis.runner import Plan, _Run
+
+    class Broken(_Mover):
+        def move(self, target: int) -> str:
+            raise TypeError("function takes at most 4 arguments (5 given)")
+
+    r = _Run(Plan(kind="kafka", minutes=1, seed=1, dir=tmp_path), lambda _: None)
+    r.cluster = object()  # type: ignore[assignment]
+    r.mover = Broken()
+    r.active.add(schedule.Window("broker", "kill", 0, 0.0, 9.0))
+    with history.History(tmp_path / "runner.jsonl", "runner") as own:
+        r.own = own
+        r.move_leader(schedule.Window("leader", "move", 1, 1.0, 5.0), True)
+        assert r.moving is not None
+        r.moving.join(10)
+    assert r.notes and "TypeError" in r.notes[0]
+
+
+@dataclass(frozen=True)
+class _Part:
+    topic: str
+    partition: int
+
+
+def test_the_preferred_election_passes_no_keyword_the_client_rejects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """confluent-kafka 2.16's elect_leaders fails on any keyword argument (seed 100 on
+    Kafka: TypeError, then SystemError); the election bounds its wait on the future."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from msgsafe.cluster import kafka_admin
+
+    class Error:
+        def __init__(self, code: int) -> None:
+            self._code = code
+
+        def code(self) -> int:
+            return self._code
+
+        def str(self) -> str:
+            return f"error {self._code}"
+
+    class Admin:
+        def __init__(self, config: dict[str, Any]) -> None:
+            pass
+
+        def elect_leaders(self, kind: str, partitions: list[Any], **kwargs: Any) -> Future[Any]:
+            if kwargs:
+                raise TypeError("function takes at most 4 arguments (5 given)")
+            done: Future[Any] = Future()
+            done.set_result({p: (Error(84) if p.partition else None) for p in partitions})
+            return done
+
+    ck = SimpleNamespace(
+        admin=SimpleNamespace(AdminClient=Admin),
+        TopicPartition=_Part,
+        ElectionType=SimpleNamespace(PREFERRED="preferred"),
+        KafkaError=SimpleNamespace(ELECTION_NOT_NEEDED=84),
+        KafkaException=RuntimeError,
+    )
+    monkeypatch.setattr(kafka_admin, "confluent", lambda: ck)
+    monkeypatch.setattr(kafka_admin, "partitions", lambda *a, **k: {0: None, 1: None})
+    # Partition 1's election was not needed (led by its preferred replica already).
+    assert kafka_admin.elect_preferred("127.0.0.1:1", "t") == {}
