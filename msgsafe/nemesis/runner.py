@@ -123,9 +123,10 @@ def _kafka_topic(cluster: LocalCluster, topic: str) -> None:
 
 
 def _kafka_mover(cluster: LocalCluster, topic: str) -> leaders.Mover:
-    from msgsafe.cluster.kafka import KafkaCluster
+    from msgsafe.cluster.kafka import KafkaCluster, fetch_tools
 
     assert isinstance(cluster, KafkaCluster)
+    fetch_tools()  # kafka-reassign-partitions: fetched once, as the brokers' own jars
     return leaders.KafkaMover(cluster, topic)
 
 
