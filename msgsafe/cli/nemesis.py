@@ -136,13 +136,15 @@ def nemesis(
         out.print(
             f"{kind} seed {chosen} ({outbox} outbox): {len(outcome.schedule.windows)} faults; "
             f"attempted={v.attempted} receipted={v.receipted} (confirmed {v.confirmed}, "
-            f"stored {v.stored}) failed={v.failed} (refused {v.refused}) "
+            f"stored {v.stored}) failed={v.failed} (refused {v.refused}, in doubt "
+            f"{v.in_doubt}, of which arrived {v.in_doubt_arrived}) "
             f"cut_short={v.cut_short} "
             f"received={v.received}",
             markup=False,
         )
         out.print(
-            f"lost={v.lost} unexpected={v.unexpected} duplicates={v.duplicates} "
+            f"lost={v.lost} unexpected={v.unexpected} denied={v.denied} "
+            f"duplicates={v.duplicates} "
             f"order_violations={v.order_violations} recovery={recovery} "
             f"(the slowest after any fault: {worst})",
             markup=False,

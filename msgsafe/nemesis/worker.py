@@ -141,7 +141,9 @@ def produce(spec: Spec) -> int:
                     spec.destination, f"{key}:{seq}".encode(), key=key, message_id=mid
                 )
             except MsgsafeError as exc:
-                history.write("failed", id=mid, error=type(exc).__name__)
+                # maybe: the error says the broker may hold the message all the same.
+                maybe = bool(getattr(exc, "maybe_delivered", False))
+                history.write("failed", id=mid, error=type(exc).__name__, maybe=maybe)
             else:
                 history.write(
                     "receipted",

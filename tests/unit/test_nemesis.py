@@ -722,7 +722,7 @@ def test_the_command_passes_no_disk_faults_and_refuses_them_with_postgres(
     assert json.loads(result.output)["replay"].endswith("--seed 4 --no-disk-faults")
     result = CliRunner().invoke(app, [*argv])
     assert result.exit_code == 0 and plans[-1].disk_faults is True
-    assert "(refused 0)" in result.output
+    assert "(refused 0, in doubt 0, of which arrived 0)" in result.output
     refused = CliRunner().invoke(app, [*argv, "--outbox", "postgres", "--disk-faults"])
     assert refused.exit_code == 2
     assert "not with --outbox postgres" in " ".join(refused.output.replace("│", " ").split())
@@ -1005,3 +1005,38 @@ def test_the_preferred_election_passes_no_keyword_the_client_rejects(
     monkeypatch.setattr(kafka_admin, "partitions", lambda *a, **k: {0: None, 1: None})
     # Partition 1's election was not needed (led by its preferred replica already).
     assert kafka_admin.elect_preferred("127.0.0.1:1", "t") == {}
+
+
+def test_a_send_failed_in_doubt_may_arrive_late_and_one_denied_may_not() -> None:
+    """Qpid seed 100: a send whose confirm timed out (a paused master) went to a full
+    outbox and raised OutboxFull; the master, resumed, delivered it 30 s later, after
+    later messages of its key. In doubt (the error says the broker may have it): its
+    arrival is counted, not judged for order. Denied (the error says it could not): its
+    arrival fails the run."""
+    run = _clean()
+    run.add("attempted", id="late", key="k1", seq=3)
+    run.add("failed", id="late", error="OutboxFull", maybe=True)
+    run.sent("a4", "k1", 4)
+    run.add("received", id="a4").add("received", id="late")
+    verdict, _ = checker.check(run.events)
+    assert verdict.ok, verdict.problems()
+    assert (verdict.in_doubt, verdict.in_doubt_arrived, verdict.refused) == (1, 1, 0)
+    assert verdict.order_violations == 0
+    denied = _clean()
+    denied.add("attempted", id="no", key="k2", seq=3)
+    denied.add("failed", id="no", error="OutboxFull", maybe=False)
+    denied.add("received", id="no")
+    verdict, _ = checker.check(denied.events)
+    assert verdict.denied == 1 and verdict.examples["denied"] == ["no"]
+    assert any("denied=1" in p for p in verdict.problems())
+
+
+def test_a_history_without_the_doubt_of_each_failure_takes_its_error_class() -> None:
+    run = _clean()
+    run.add("attempted", id="t", key="k9", seq=0).add("failed", id="t", error="SendTimeout")
+    run.add("attempted", id="f", key="k9", seq=1).add("failed", id="f", error="OutboxFull")
+    run.add("received", id="t")
+    verdict, _ = checker.check(run.events)
+    assert verdict.ok and (verdict.in_doubt, verdict.refused) == (1, 1)
+    run.add("received", id="f")
+    assert checker.check(run.events)[0].denied == 1
