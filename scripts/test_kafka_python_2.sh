@@ -19,6 +19,6 @@ printf 'import site; site.addsitedir(%s)\n' "'$main_site'" >"$own_site/msgsafe-m
 "$venv/bin/python" -m pip install -q 'kafka-python>=2.3,<3'
 "$venv/bin/python" -c 'import kafka; print("kafka-python", kafka.__version__)'
 "$venv/bin/python" -m pytest -ra \
-  tests/unit/test_compat_kafka_python.py \
+  tests/unit/compat/test_kafka_python.py \
   tests/integration/compat/test_differential_kafka_python.py \
   tests/integration/compat/test_crash_kafka_python.py "$@"

@@ -123,7 +123,7 @@ def inject(carrier: dict[str, str], span: Span) -> None:
 
     With the default propagators, no baggage in the current context and no trace state,
     that is one ``traceparent`` header, written here directly (the same text the W3C
-    propagator writes; ``tests/unit/test_telemetry_send_path.py`` compares them). Anything
+    propagator writes; ``tests/unit/telemetry/test_send_path.py`` compares them). Anything
     else goes through ``propagate.inject``.
     """
     global _seen

@@ -13,6 +13,7 @@
 - :mod:`.lane_ledger` — the ledger fed by the Kafka wrapper's delivery callbacks;
 - :mod:`.waiting` — ``wait_until``: polling a condition against a deadline;
 - :mod:`.commands` — ``msgsafe``, an example or any Python run in a child process.
+- :mod:`.ports` — ``refused_port``: a loopback port nothing listens on.
 
 The real brokers are launched by :mod:`msgsafe.cluster`; the in-process doubles users
 get are in :mod:`msgsafe.testing`.

@@ -24,6 +24,7 @@ import pytest
 from msgsafe import Producer, Status
 from msgsafe.errors import ConnectError
 from msgsafe.outbox.sqlite import SqliteOutbox
+from tests.support.ports import refused_port
 
 SCHEMES = ["amqp", "amqp10", "kafka"]
 #: Documented (measured by benchmarks/bench_failfast.py): every host refusing ->
@@ -33,14 +34,6 @@ CONNECT_TIMEOUT_S = 2.0
 MARGIN = 3.0
 #: What "at once" is asserted as: well inside connect_timeout, whatever the machine's load.
 REFUSED_BOUND_S = CONNECT_TIMEOUT_S / 2
-
-
-def _refusing_port() -> int:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = int(sock.getsockname()[1])
-    sock.close()  # nothing listens there now: connects are refused
-    return port
 
 
 @pytest.fixture
@@ -64,7 +57,7 @@ def _timed_send(producer: Producer) -> tuple[float, object]:
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_every_host_refusing_fails_the_first_send_at_once(scheme: str) -> None:
-    url = f"{scheme}://127.0.0.1:{_refusing_port()},127.0.0.1:{_refusing_port()}/"
+    url = f"{scheme}://127.0.0.1:{refused_port()},127.0.0.1:{refused_port()}/"
     producer = Producer(url, outbox=False)
     try:
         took = []
@@ -85,7 +78,7 @@ def test_every_host_refusing_fails_the_first_send_at_once(scheme: str) -> None:
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_every_host_refusing_stores_at_once(scheme: str, tmp_path: Path) -> None:
-    url = f"{scheme}://127.0.0.1:{_refusing_port()}/"
+    url = f"{scheme}://127.0.0.1:{refused_port()}/"
     producer = Producer(url, outbox=tmp_path / "outbox.db")
     try:
         took = []
@@ -136,7 +129,7 @@ def test_ctrl_c_during_an_outage_exits_at_once_and_loses_nothing(
     scheme: str, tmp_path: Path
 ) -> None:
     path = tmp_path / "outbox.db"
-    url = f"{scheme}://127.0.0.1:{_refusing_port()}/"
+    url = f"{scheme}://127.0.0.1:{refused_port()}/"
     child = subprocess.Popen(
         [sys.executable, "-c", SEND_LOOP, url, str(path)], stdout=subprocess.PIPE, text=True
     )

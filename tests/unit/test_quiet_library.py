@@ -8,12 +8,13 @@ nothing listens on, sending for a few seconds so that every adapter retries many
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from tests.support.ports import refused_port
 
 SCHEMES = ["amqp", "amqp10", "kafka"]
 #: Seconds of outage each child sends through: several reconnect rounds.
@@ -43,18 +44,10 @@ CHILD = textwrap.dedent(
 )
 
 
-def _refusing_port() -> int:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = int(sock.getsockname()[1])
-    sock.close()
-    return port
-
-
 def _run(scheme: str, mode: str, *extra: str) -> tuple[str, str]:
     """Run CHILD against a refusing port: ``mode`` is ``none`` (no logging configured)
     or the level logging is configured at; ``extra``: librdkafka's ``debug`` setting."""
-    url = f"{scheme}://127.0.0.1:{_refusing_port()}/"
+    url = f"{scheme}://127.0.0.1:{refused_port()}/"
     done = subprocess.run(
         [sys.executable, "-c", CHILD, url, mode, str(OUTAGE_S), *extra],
         capture_output=True,

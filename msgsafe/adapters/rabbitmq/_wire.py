@@ -11,7 +11,7 @@ only in body, id and key, so :class:`FrameWriter` encodes the properties once pe
 length and key (with pika's own encoder, from a template whose id is a sentinel), then
 splices each message's id in; a single envelope's own text headers (a ``traceparent``)
 go in front of the table's msgsafe entries (:func:`header_entries`). The bytes are the
-ones ``Channel.basic_publish`` writes (``tests/unit/test_rabbitmq_frames.py`` compares).
+ones ``Channel.basic_publish`` writes (``tests/unit/adapters/rabbitmq/test_frames.py`` compares).
 
 Writing: :func:`pika_emit` finds the connection's raw write, :func:`write_frames` writes
 encoded frames with one call (keeping pika's counters; on a plain TCP connection whose

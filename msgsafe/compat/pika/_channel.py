@@ -6,7 +6,7 @@ through the real connection while that works (the fast path, :mod:`msgsafe.compa
 goes through msgsafe's producer otherwise, as do pipelined publishes and transactions;
 everything else (declares, binds, ``basic_qos``, consuming, ``consume()``) runs unchanged
 on a real pika channel of the real connection to the same hosts.
-``tests/unit/test_compat_pika.py`` pins that no public name is left inherited.
+``tests/unit/compat/test_pika.py`` pins that no public name is left inherited.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from msgsafe.aio import AsyncTransaction
 from msgsafe.cluster.postgres import PostgresCluster
 from msgsafe.inbox import open_inbox
 from msgsafe.testing import MemoryBroker
-from tests.unit.test_aio_consumer_inbox import run_until
-from tests.unit.test_consumer_run import leftover, send
+from tests.unit.consuming.test_run import leftover, send
+from tests.unit.inbox.test_aio_consumer import run_until
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """Producer.send_batch on Kafka: the batch path keeps every rule of send(), counted, on
 the session's Apache Kafka cluster (the error paths it cannot produce on demand are unit
-tests on librdkafka's mock: tests/unit/test_kafka_batch_error_paths.py).
+tests on librdkafka's mock: tests/unit/adapters/kafka/test_batch_error_paths.py).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from msgsafe.errors import OutboxCorrupt
 from msgsafe.outbox import SqliteOutbox
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 _MAGIC = b"SQLite format 3\x00"
 
 

@@ -30,14 +30,11 @@ from msgsafe.outbox.discovery import default_dir, find_outboxes
 from msgsafe.outbox.location import slot_path
 from msgsafe.testing import MemoryBroker
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture(autouse=True)
-def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Default outboxes of these tests live under tmp_path."""
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-    return tmp_path / "data"
+# Default outboxes of these tests live under tmp_path (tests/unit/conftest.py).
+pytestmark = pytest.mark.usefixtures("data_home")
 
 
 def path_of(url: str, **options: object) -> Path:

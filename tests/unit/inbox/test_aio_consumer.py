@@ -36,7 +36,7 @@ from msgsafe.testing import MemoryBroker
 from tests.support.clock import LeapingClock
 from tests.support.commands import signalled
 from tests.support.waiting import wait_until
-from tests.unit.test_consumer_run import leftover, send, url
+from tests.unit.consuming.test_run import leftover, send, url
 
 _R = TypeVar("_R")
 

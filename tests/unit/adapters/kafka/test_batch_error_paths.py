@@ -24,7 +24,7 @@ from msgsafe.message import Batch
 from tests.support.kafka_ledger import consume_until, warm_up
 from tests.support.kafka_mock import MockKafkaCluster
 from tests.support.ledger import Ledger
-from tests.unit.test_kafka_error_paths import _raise_fatal
+from tests.unit.adapters.kafka.test_error_paths import _raise_fatal
 
 TOPIC = "orders"
 

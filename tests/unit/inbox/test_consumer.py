@@ -19,7 +19,7 @@ from msgsafe.errors import ConfigurationError, InboxUnavailable
 from msgsafe.inbox import InboxStore, open_inbox
 from msgsafe.testing import MemoryBroker
 from tests.support.clock import LeapingClock
-from tests.unit.test_consumer_run import leftover, run_until, send, url
+from tests.unit.consuming.test_run import leftover, run_until, send, url
 
 
 def _database(tmp_path: Path) -> Path:

@@ -20,7 +20,7 @@ from msgsafe.inbox.sqlite import SqliteInbox
 from msgsafe.ports import InboxCapabilities
 from msgsafe.testing import MemoryBroker
 from tests.support.clock import LeapingClock
-from tests.unit.test_consumer_run import leftover, run_until, send, url
+from tests.unit.consuming.test_run import leftover, run_until, send, url
 
 
 def _database(tmp_path: Path) -> Path:

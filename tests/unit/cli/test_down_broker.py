@@ -4,11 +4,10 @@ never says ``lost = 0`` about messages that were never accepted."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from tests.support.commands import msgsafe
+from tests.support.ports import refused_port
 
 SCHEMES = ["amqp", "amqp10", "kafka"]
 #: Documented: against a down broker verify answers within connect_timeout (2 s) plus
@@ -16,17 +15,9 @@ SCHEMES = ["amqp", "amqp10", "kafka"]
 LIMIT_S = 30.0
 
 
-def _refusing_port() -> int:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = int(sock.getsockname()[1])
-    sock.close()
-    return port
-
-
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_verify_against_a_down_broker_names_the_cause(scheme: str) -> None:
-    url = f"{scheme}://127.0.0.1:{_refusing_port()}/"
+    url = f"{scheme}://127.0.0.1:{refused_port()}/"
     done = msgsafe("verify", url, "orders", "--count", "20")
     text = done.stdout + done.stderr
     assert done.code == 3, text
@@ -38,7 +29,7 @@ def test_verify_against_a_down_broker_names_the_cause(scheme: str) -> None:
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_doctor_against_a_down_broker_names_the_cause(scheme: str) -> None:
-    url = f"{scheme}://127.0.0.1:{_refusing_port()}/"
+    url = f"{scheme}://127.0.0.1:{refused_port()}/"
     done = msgsafe("doctor", url)
     text = done.stdout + done.stderr
     assert done.code == 3, text

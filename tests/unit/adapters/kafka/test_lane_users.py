@@ -14,7 +14,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "msgsafe"
+PACKAGE = Path(__file__).resolve().parents[4] / "msgsafe"
 USERS = ("compat", "spark")
 
 

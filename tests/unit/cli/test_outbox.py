@@ -37,15 +37,8 @@ from msgsafe.outbox import SqliteOutbox, open_store
 from msgsafe.testing import MemoryBroker
 from tests.support.commands import msgsafe as run
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 USAGE, ERROR, STORED, QUARANTINED = 2, 3, 7, 8
-
-
-@pytest.fixture
-def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    home = tmp_path / "data"
-    monkeypatch.setenv("XDG_DATA_HOME", str(home))
-    return home
 
 
 # --- finding 6: send says when something was only stored ------------------------------------

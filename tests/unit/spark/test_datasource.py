@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from msgsafe.errors import ConfigurationError, InvalidMessage, Rejected, TransientError
-from msgsafe.spark import ContentIds, MsgsafeDataSource, close_all, datasource, key_id, read_reports
+from msgsafe.spark import ContentIds, MsgsafeDataSource, datasource, key_id, read_reports
 from msgsafe.spark.datasource import (
     MsgsafeStreamWriter,
     MsgsafeWriter,
@@ -35,12 +34,6 @@ SCHEMA = StructType(
         StructField("value", StringType()),
     ]
 )
-
-
-@pytest.fixture
-def broker(memory_broker: MemoryBroker) -> Iterator[MemoryBroker]:
-    yield memory_broker
-    close_all(5)
 
 
 def source(**options: str) -> MsgsafeDataSource:

@@ -9,7 +9,6 @@ function directly; tests/integration/spark runs it through a real SparkSession.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -24,19 +23,11 @@ from pyspark.sql.types import (
 )
 
 from msgsafe.errors import InvalidMessage, Refused
-from msgsafe.spark import PartitionPlan, close_all, foreach_batch_sink, producers
+from msgsafe.spark import PartitionPlan, foreach_batch_sink, producers
 from msgsafe.spark.arrow import RESULT_SCHEMA, publish_batches, run_partition
 from msgsafe.spark.ids import ContentIds
 from msgsafe.spark.partition import publish_partition
 from msgsafe.testing import MemoryBroker
-
-
-@pytest.fixture
-def broker(memory_broker: MemoryBroker) -> Iterator[MemoryBroker]:
-    """The shared ``memory_broker``; the sink's cached producers are closed before it is
-    forgotten, so none outlives the test connected to a broker that is gone."""
-    yield memory_broker
-    close_all(5)
 
 
 def plan_for(broker: MemoryBroker, **changes: object) -> PartitionPlan:
@@ -124,7 +115,7 @@ def test_column_ids_equal_row_ids() -> None:
     assert ContentIds("events", 7, 1).column_ids(values, None) == [
         plain.next_id(v, None, {}) for v in values
     ]
-    # The pinned id of the row path (tests/unit/test_spark_sink.py).
+    # The pinned id of the row path (tests/unit/spark/test_sink.py).
     assert ContentIds("events", 7, 1).column_ids([b"a"], None) == [
         "42ca3673-15ad-8670-bc08-6f2ba242ff19"
     ]

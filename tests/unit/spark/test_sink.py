@@ -13,7 +13,6 @@ import pickle
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,21 +38,12 @@ from msgsafe.spark import (
     PartitionResult,
     SparkBatchFailed,
     SparkBatchReport,
-    close_all,
     foreach_batch_sink,
     key_id,
     producers,
     publish_partition,
 )
 from msgsafe.testing import MemoryBroker
-
-
-@pytest.fixture
-def broker(memory_broker: MemoryBroker) -> Iterator[MemoryBroker]:
-    """The shared ``memory_broker``; the sink's cached producers are closed before it is
-    forgotten, so none outlives the test connected to a broker that is gone."""
-    yield memory_broker
-    close_all(5)
 
 
 def plan_for(broker: MemoryBroker, **changes: object) -> PartitionPlan:

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 _RECORDER = """#!/usr/bin/env bash
 echo "{name} $*" >> "$BOOTSTRAP_CALLS"
