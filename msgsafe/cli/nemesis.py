@@ -13,9 +13,9 @@ and the schedule adds the primary's SIGKILL with the standby's promotion, and fo
 SIGKILL and SIGSTOP past its lease.
 
 Run as root with the SQLite outbox, each producer's outbox is on a tmpfs of its own and
-the schedule adds a full disk under one (``--no-disk-faults``: not). On Kafka and
-RabbitMQ it adds leadership moved on purpose (a reassignment and a preferred election;
-a drained node).
+the schedule adds a full disk under one (``--no-disk-faults``: not). On Kafka, RabbitMQ
+and Qpid it adds leadership moved on purpose (a reassignment and a preferred election; a
+drained node; a transfer of mastership).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def nemesis(
     faults (broker SIGKILL/SIGSTOP, producer SIGKILL/SIGSTOP, network faults through a proxy),
     then heal, drain, read back and check that no receipted message was lost; as root,
     a full disk under a producer's outbox (a size-limited tmpfs), and where the brokers
-    allow it (Kafka, RabbitMQ) leadership moved on purpose.
+    allow it (Kafka, RabbitMQ, Qpid) leadership moved on purpose.
 
     --outbox postgres: the producers share a PostgreSQL outbox (primary + synchronous
     standby) that --forwarders `msgsafe outbox forward` processes drain; faults add the
