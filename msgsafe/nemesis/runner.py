@@ -17,7 +17,12 @@ faults, then heal, drain, read back and check.
    SIGSTOP and SIGCONT (its heartbeats stop, its confirms wait); a black hole (both
    ways, or one way: the producers' bytes to the node vanish while the node's still
    arrive, or the reverse, so a send reaches the broker and its confirm does not), a
-   slow link (latency, bandwidth) or resets on one node's proxy. Actions run one after
+   slow link (latency, bandwidth) or resets on one node's proxy; as root, a full disk
+   under one producer's outbox (each on a tmpfs of its own, :data:`DISK_SIZE`, filled
+   by a ballast file, freed at the window's end); on kinds whose brokers allow it
+   (``KINDS[kind]["leader"]``), leadership moved on purpose
+   (:mod:`msgsafe.nemesis.leaders`, on a thread of its own: the tools take seconds to
+   start, which must not delay the schedule). Actions run one after
    another on this thread (a cluster is driven from one thread), so a slow restart
    delays the next action; the rest of the schedule is then delayed as much (its clock
    waits for the runner), so that every window lasts at least as long as drawn and keeps
@@ -288,7 +293,8 @@ DISK_LINES = (
     f"Disk: each producer's SQLite outbox is on a tmpfs of its own ({DISK_SIZE}; memory, "
     "so the producers take require='any'); a disk fault fills it with a ballast file "
     "and its end deletes the file. A send() that cannot be stored raises OutboxFull "
-    "(refused: never receipted, so never lost); the outbox keeps whatever space it "
+    "(refused: never receipted, so never lost; in doubt, maybe_delivered, when the "
+    "broker did not answer the send before it); the outbox keeps whatever space it "
     "already holds, so a full disk bites when the outbox grows (during an outage).",
 )
 #: What a run without them says.
