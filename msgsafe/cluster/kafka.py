@@ -676,8 +676,10 @@ class KafkaCluster(JvmCluster):
         except subprocess.TimeoutExpired as exc:
             raise ClusterError(f"kafka-reassign-partitions timed out after {timeout} s") from exc
         if done.returncode != 0:
-            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-            raise ClusterError(f"kafka-reassign-partitions failed: {' '.join(tail)}")
+            # The JVM's notice of JDK_JAVA_OPTIONS on stderr is not the tool's error.
+            lines = (done.stdout + "\n" + done.stderr).strip().splitlines()
+            said = [line for line in lines if "JDK_JAVA_OPTIONS" not in line][-3:]
+            raise ClusterError(f"kafka-reassign-partitions failed: {' '.join(said)}")
         wanted = {p: list(r) for p, r in replicas.items()}
 
         def reported() -> bool:

@@ -473,8 +473,9 @@ class _Run:
         #: The kind's leadership mover (a leader role), and its move under way.
         self.mover: leaders.Mover | None = None
         self.moving: threading.Thread | None = None
-        #: The windows in effect now.
+        #: The windows in effect now, and how many broker windows have begun so far.
         self.active: set[schedule.Window] = set()
+        self.broker_faults_begun = 0
 
     # --- set up ------------------------------------------------------------------------
 
@@ -555,14 +556,20 @@ class _Run:
         """Start the move (``on``) or the move back on a thread of its own: the tools
         take seconds (a JVM, an Erlang VM), which must not delay the schedule. A move
         waits for the previous one. A move the brokers refuse while a broker fault is in
-        effect is declined (noted in the history, not a failure); otherwise, or any
-        other exception (a defect), it fails the run, as any fault action that fails."""
+        effect (at any time during the move) is declined (noted in the history, not a
+        failure); otherwise, or any other exception (a defect), it fails the run, as any
+        fault action that fails."""
         assert self.mover is not None and self.own is not None
         previous, mover, own = self.moving, self.mover, self.own
 
         def work() -> None:
             if previous is not None:
                 previous.join()
+            # A broker fault in effect at any time during the move: at its start, at its
+            # failure, or one that began and ended meanwhile (seed 1449592700: a
+            # reassignment that waited on a paused node failed just after its resume).
+            began = self.broker_faults_begun
+            under = any(a.role == "broker" for a in self.active)
             try:
                 done = mover.move(w.target) if on else mover.back(w.target)
             # Any exception: one escaping this thread would end it unseen, the run passing.
@@ -570,7 +577,12 @@ class _Run:
                 text = f"{w.name} {'on' if on else 'off'}: {type(exc).__name__}: {exc}"
                 text = text.splitlines()[0]
                 refused = isinstance(exc, (ClusterError, MsgsafeError, OSError))
-                if refused and any(a.role == "broker" for a in self.active):
+                under = (
+                    under
+                    or self.broker_faults_begun != began
+                    or any(a.role == "broker" for a in self.active)
+                )
+                if refused and under:
                     own.write("note", text=f"declined under a broker fault: {text}")
                     self.say(f"declined under a broker fault: {text}")
                 else:
@@ -737,6 +749,8 @@ class _Run:
         assert self.cluster is not None and self.own is not None
         self.own.write("fault", name=w.name, on=on)
         (self.active.add if on else self.active.discard)(w)
+        if on and w.role == "broker":
+            self.broker_faults_begun += 1
         if w.role == "disk":
             if on:
                 self.own.write("ballast", name=w.name, bytes=self.fill_disk(w.target))

@@ -1040,3 +1040,41 @@ def test_a_history_without_the_doubt_of_each_failure_takes_its_error_class() -> 
     assert verdict.ok and (verdict.in_doubt, verdict.refused) == (1, 1)
     run.add("received", id="f")
     assert checker.check(run.events)[0].denied == 1
+
+
+def test_a_move_refused_after_a_broker_fault_ended_during_it_is_declined(
+    tmp_path: Path,
+) -> None:
+    """Kafka seed 1449592700 (the suite's slice): the move back began while node 2 was
+    paused; the reassignment waited on it and failed just after its resume, when no
+    broker fault was in effect any more."""
+    import threading
+
+    from msgsafe.nemesis.runner import Plan, _Run
+
+    started, go = threading.Event(), threading.Event()
+
+    class Slow(_Mover):
+        def back(self, target: int) -> str:
+            started.set()
+            go.wait(10)
+            from msgsafe.cluster.base import ClusterError
+
+            raise ClusterError("kafka-reassign-partitions failed")
+
+    r = _Run(Plan(kind="kafka", minutes=1, seed=1, dir=tmp_path), lambda _: None)
+    r.cluster = type("C", (), {"pause": lambda s, n: None, "resume": lambda s, n: None})()  # type: ignore[assignment]
+    r.mover = Slow()
+    pause = schedule.Window("broker", "pause", 2, 0.0, 9.0)
+    with history.History(tmp_path / "runner.jsonl", "runner") as own:
+        r.own = own
+        r.apply(pause, True)
+        r.move_leader(schedule.Window("leader", "move", 0, 1.0, 5.0), False)
+        assert started.wait(10)
+        r.apply(pause, False)  # the node resumes; then the move fails
+        go.set()
+        assert r.moving is not None
+        r.moving.join(10)
+    notes = [e["text"] for e in history.read_dir(tmp_path) if e["e"] == "note"]
+    assert len(notes) == 1 and notes[0].startswith("declined"), notes
+    assert not r.notes
