@@ -676,9 +676,11 @@ class KafkaCluster(JvmCluster):
         except subprocess.TimeoutExpired as exc:
             raise ClusterError(f"kafka-reassign-partitions timed out after {timeout} s") from exc
         if done.returncode != 0:
-            # The JVM's notice of JDK_JAVA_OPTIONS on stderr is not the tool's error.
+            # The tool's error, not its INFO logging nor the JVM's notice of
+            # JDK_JAVA_OPTIONS; its last lines when no line names an error.
             lines = (done.stdout + "\n" + done.stderr).strip().splitlines()
-            said = [line for line in lines if "JDK_JAVA_OPTIONS" not in line][-3:]
+            errors = [line for line in lines if "rror" in line or "xception" in line]
+            said = (errors or [line for line in lines if "JDK_JAVA_OPTIONS" not in line])[-3:]
             raise ClusterError(f"kafka-reassign-partitions failed: {' '.join(said)}")
         wanted = {p: list(r) for p, r in replicas.items()}
 
