@@ -364,21 +364,21 @@ def notes(runs: dict[str, list[Run]], found: dict[str, Ratio]) -> list[str]:
 
 #: What the measured send path does per message (true of the code, not of a run).
 _PATH = (
-    "- The Kafka wrapper's path per `produce` while nothing fails (the direct lane, "
-    "`msgsafe/compat/_kafka_direct.py`): the argument checks in one expression, a msgsafe "
+    "- The Kafka wrapper's path per `produce` while nothing fails (the fast path, "
+    "`msgsafe/compat/_kafka_fast.py`): the argument checks in one expression, a msgsafe "
     "id in a one-entry header dict, the wrapper's lock around `rk.produce` (a switch to "
     "the outbox must see no message enter rk once it began), and one slotted "
-    "`DirectReport` that is both the delivery callable and the callback's `msg`. rk is "
+    "`FastReport` that is both the delivery callable and the callback's `msg`. rk is "
     "the wrapper's own librdkafka producer with the Kafka adapter's settings and no poll "
     "thread: its reports are served in the caller's `poll()`/`flush()`, as with the raw "
     "client.",
     "- Left per message against the raw client: the wrapper's Python `produce` frame, "
-    "the id (`new_message_id`), the lock, and the `DirectReport` built and called before "
+    "the id (`new_message_id`), the lock, and the `FastReport` built and called before "
     "the user's callback. From the first failure msgsafe would store until the outbox "
     "has drained, messages go through `msgsafe.Producer` (envelope, receipt future, "
-    "per-key outbox barrier): the path this table measured before the lane, 20.5 µs "
+    "per-key outbox barrier): the path this table measured before the fast path, 20.5 µs "
     "per message at 16:08.",
-    "- The `DirectReport` is built when the message is produced because it cannot be "
+    "- The `FastReport` is built when the message is produced because it cannot be "
     "built later: librdkafka's delivery report carries no headers (confluent-kafka "
     "2.16.1: `msg.headers()` is None in a delivery callback), so a report made at "
     "delivery would not know the message's id, neither for the callback's "

@@ -22,7 +22,12 @@ a real primary + synchronous standby pair (``msgsafe cluster``'s postgres launch
    forwarder to RabbitMQ; the big one's rate as a ratio of the small one's (goal >=
    0.9), EXPLAIN (ANALYZE, BUFFERS) of the claim, stats and delete queries on each full
    table, ``outbox status`` timed, and the table's size and dead tuples full, drained and
-   ``--settle`` seconds later, for each ``--vacuum`` set of autovacuum reloptions.
+   ``--settle`` seconds later, for each ``--vacuum`` set of autovacuum reloptions. The
+   destination queue is purged during every drain (``--queue``), ``--big-runs`` big
+   drains interleave with ``--small-runs`` small ones before, between and after them
+   (each big one against the small ones around it), and each drain counts the WAL bytes
+   a message, the checkpoints and the pages the backends wrote out themselves.
+   ``--pg-nodes 1`` runs the primary alone, ``--pg-set NAME=VALUE`` a server setting.
 
 Run: ``flock /tmp/msgsafe-bench.lock python3 benchmarks/bench_pg_outbox.py
 [--bloat 1000000] [--readme benchmarks/README.md]``; ``--only put`` (or ``forward``,
@@ -40,6 +45,7 @@ Run: ``flock /tmp/msgsafe-bench.lock python3 benchmarks/bench_pg_outbox.py
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -47,7 +53,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +68,8 @@ BODY = b"x" * 100
 KEYS = 64
 PARTS = ("put", "forward", "bloat", "backlog")
 SCALING_TARGETS = ("rabbitmq1", "rabbitmq3", "kafka3")
+#: Seconds between two purges of the backlog part's destination queue (``--queue emptied``).
+PURGE_EVERY = 0.25
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -97,8 +105,38 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--small-runs",
         type=int,
-        default=5,
-        help="drains of the small backlog (their median is the baseline of the ratio)",
+        default=2,
+        help="drains of the small backlog before, between and after the big ones (each big "
+        "one's ratio is to the median of the small drains just before and just after it)",
+    )
+    parser.add_argument(
+        "--big-runs",
+        type=int,
+        default=1,
+        help="drains of the big backlog, each between two groups of --small-runs small ones",
+    )
+    parser.add_argument(
+        "--queue",
+        choices=("emptied", "kept"),
+        default="emptied",
+        help="the backlog part's destination queue during each drain: purged every "
+        f"{PURGE_EVERY} s (the broker in the same state for every backlog size) or kept "
+        "(every drained message stays in it)",
+    )
+    parser.add_argument(
+        "--pg-nodes",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="PostgreSQL nodes: 2 (primary + synchronous standby) or 1 (the primary alone)",
+    )
+    parser.add_argument(
+        "--pg-set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a postgresql.conf setting of every node for the run, e.g. shared_buffers=1GB "
+        "(repeatable; the rest as msgsafe cluster sets them)",
     )
     parser.add_argument(
         "--settle", type=float, default=60.0, help="seconds to watch autovacuum after a drain"
@@ -128,6 +166,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--seconds, --forward-rows and --bloat must be > 0")
     if any(n < 1 for n in args.forwarders):
         parser.error("--forwarders must be >= 1")
+    if any("=" not in item or not item.split("=", 1)[0] for item in args.pg_set):
+        parser.error("--pg-set takes NAME=VALUE")
+    if args.big_runs < 1 or args.small_runs < 1:
+        parser.error("--big-runs and --small-runs must be >= 1")
     return args
 
 
@@ -330,6 +372,11 @@ class Drained:
     forwarder_cores: list[float]  #: each forwarder process's, in cores
     machine_cores: float  #: the whole machine's busy CPU (other users' too), in cores
     commits: float  #: the database's commits per second
+    #: over the drain: WAL bytes written per message, checkpoints, and buffers the server
+    #: backends had to write out themselves (``pg_stat_bgwriter.buffers_backend``)
+    wal_per_message: float = 0.0
+    checkpoints: int = 0
+    backend_writes: int = 0
 
 
 def forward_sampled(
@@ -445,6 +492,7 @@ def forward_sampled(
                 raise RuntimeError("the forwarders did not all reach the table in 120 s")
             time.sleep(0.1)  # polling the server's view of the waiters, with a deadline
         start_cpu = [_cpu_of(p.pid) or 0.0 for p in started]
+        server0 = _server_counters(watch)
         first = sample()
         book.start()
         if gated:
@@ -467,6 +515,7 @@ def forward_sampled(
                 if all(p.poll() is not None for p in started):
                     raise RuntimeError(f"the forwarders exited with rows left in {table}")
         last = sample()
+        server1 = _server_counters(watch)
     finally:
         for p in started:
             if p.poll() is None:
@@ -489,7 +538,19 @@ def forward_sampled(
         ],
         machine_cores=(last[1] - first[1]) / cpu_seconds,
         commits=(last[2] - first[2]) / cpu_seconds,
+        wal_per_message=(server1[0] - server0[0]) / rows,
+        checkpoints=server1[1] - server0[1],
+        backend_writes=server1[2] - server0[2],
     )
+
+
+def _server_counters(conn: Any) -> tuple[int, int, int]:
+    """(WAL position in bytes, checkpoints so far, buffers written by backends so far)."""
+    row = conn.execute(
+        "SELECT pg_current_wal_lsn() - '0/0', checkpoints_timed + checkpoints_req,"
+        " buffers_backend FROM pg_stat_bgwriter"
+    ).fetchone()
+    return (int(row[0]), int(row[1]), int(row[2])) if row else (0, 0, 0)
 
 
 def store_alone(url: str, rows: int, limit: int = 2_000) -> float:
@@ -886,6 +947,8 @@ class Backlog:
     settle_s: float
     drained: Drained  #: the drain's rate and the CPU of each process group over it
     more: list[Drained] = field(default_factory=list)  #: drains of the same size after it
+    #: a big backlog's drains each against the median of the small drains around it
+    ratios: list[float] = field(default_factory=list)
 
     @property
     def rates(self) -> list[float]:
@@ -897,23 +960,129 @@ class Backlog:
         return statistics.median(self.rates)
 
 
+def round_ratios(bigs: Sequence[float], gaps: Sequence[Sequence[float]]) -> list[float]:
+    """Each big drain's rate over the median of the small drains just before and just
+    after it: ``gaps[i]`` are the small drains before ``bigs[i]``, ``gaps[i + 1]`` those
+    after it (the rounds interleave, so both sides of a ratio see the same moments of a
+    shared machine)."""
+    if len(gaps) != len(bigs) + 1:
+        raise ValueError(f"{len(bigs)} big drains need {len(bigs) + 1} groups of small ones")
+    return [big / statistics.median([*gaps[i], *gaps[i + 1]]) for i, big in enumerate(bigs)]
+
+
+class Purger:
+    """``--queue emptied``: the destination ``queue`` purged every :data:`PURGE_EVERY` s
+    from a thread while a drain runs, so the broker holds at most a fraction of a second
+    of messages whatever the backlog's size (as under a consumer that keeps up, without
+    a consumer's CPU on the shared cores). The queue is declared first as the forwarder
+    declares it (durable, quorum: the forwarder's declare is then a no-op). ``purged``
+    counts the messages the purges removed."""
+
+    def __init__(self, broker: str, queue: str) -> None:
+        import threading
+
+        self.broker, self.queue = broker, queue
+        self.purged = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-purger", daemon=True)
+        self._error: BaseException | None = None
+
+    def _run(self) -> None:
+        import pika
+
+        try:
+            conn = pika.BlockingConnection(pika.URLParameters(self.broker))
+            try:
+                channel = conn.channel()
+                while not self._stop.wait(PURGE_EVERY):  # the purge period
+                    frame = channel.queue_purge(self.queue)
+                    self.purged += int(frame.method.message_count)
+                frame = channel.queue_purge(self.queue)
+                self.purged += int(frame.method.message_count)
+            finally:
+                conn.close()
+        except BaseException as exc:  # reported by __exit__
+            self._error = exc
+
+    def __enter__(self) -> Purger:
+        import pika
+
+        conn = pika.BlockingConnection(pika.URLParameters(self.broker))
+        try:
+            conn.channel().queue_declare(
+                self.queue, durable=True, arguments={"x-queue-type": "quorum"}
+            )
+        finally:
+            conn.close()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+        if self._error is not None:
+            raise RuntimeError(f"purging {self.queue}: {self._error!r}") from self._error
+
+
 def drain_sampled(
-    url: str, table: str, broker: str, rows: int, groups: dict[str, int | None]
+    url: str,
+    table: str,
+    broker: str,
+    rows: int,
+    groups: dict[str, int | None],
+    queue: str | None = None,
 ) -> Drained:
     """One ``msgsafe outbox forward --until-empty`` draining ``table``, started before the
-    first row may go, with the CPU of ``groups`` sampled (:func:`forward_sampled`)."""
-    return forward_sampled(url, table, broker, ["declare=quorum"], 1, rows, groups)
+    first row may go, with the CPU of ``groups`` sampled (:func:`forward_sampled`);
+    ``queue`` given: that destination queue purged meanwhile (:class:`Purger`)."""
+    if queue is None:
+        got = forward_sampled(url, table, broker, ["declare=quorum"], 1, rows, groups)
+    else:
+        with Purger(broker, queue) as purger:
+            got = forward_sampled(url, table, broker, ["declare=quorum"], 1, rows, groups)
+        print(f"  {queue}: {purger.purged:,} messages purged", file=sys.stderr)
+    per = {k: round(v / got.rate * 1e6, 1) for k, v in got.cores.items()}
+    print(
+        f"  drained {rows:,}: {got.rate:,.0f} msg/s, forwarder "
+        f"{sum(got.forwarder_cores) / got.rate * 1e6:.1f} µs, {per}, machine "
+        f"{got.machine_cores:.2f}, WAL {got.wal_per_message:,.0f} B/msg, "
+        f"{got.checkpoints} checkpoints, {got.backend_writes:,} backend writes",
+        file=sys.stderr,
+    )
+    return got
 
 
-def drain_again(url: str, broker: str, rows: int, groups: dict[str, int | None]) -> Drained:
+def drain_again(
+    url: str,
+    broker: str,
+    rows: int,
+    groups: dict[str, int | None],
+    *,
+    vacuum: str = "default",
+    emptied: bool = False,
+) -> Drained:
     """A further drain of a fresh ``rows``-row backlog: loaded, drained, its queue gone."""
+    import psycopg
+
     table = f"bench_backlog_{uuid.uuid4().hex[:8]}"
     queue = f"bench-backlog-{uuid.uuid4().hex[:6]}"
     load(url, table, rows, queue, broker)
-    got = drain_sampled(url, table, broker, rows, groups)
+    if vacuum != "default":
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE {table} SET ({vacuum})")
+    got = drain_sampled(url, table, broker, rows, groups, queue if emptied else None)
     forget(broker, queue)
+    drop(url, table)
     print(f"  backlog {rows:,} again: {got.rate:,.0f} msg/s", file=sys.stderr)
     return got
+
+
+def drop(url: str, table: str) -> None:
+    """Drop a drained backlog's table (the next ones start on a database as small)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {table}")
 
 
 def backlog(
@@ -923,10 +1092,12 @@ def backlog(
     vacuum: str,
     settle_s: float,
     groups: dict[str, int | None] | None = None,
+    *,
+    emptied: bool = False,
 ) -> Backlog:
     """Load ``rows``, explain the queries, time the status, drain with one forwarder
-    (the CPU of ``groups`` sampled), and measure the sizes before, right after and
-    ``settle_s`` after the drain."""
+    (the CPU of ``groups`` sampled; ``emptied``: the destination queue purged meanwhile),
+    and measure the sizes before, right after and ``settle_s`` after the drain."""
     import psycopg
 
     table = f"bench_backlog_{uuid.uuid4().hex[:8]}"
@@ -938,12 +1109,13 @@ def backlog(
     explained = explain(url, table)
     status = status_time(url, table)
     before = total_size(url, table)
-    drained = drain_sampled(url, table, broker, rows, groups or {})
+    drained = drain_sampled(url, table, broker, rows, groups or {}, queue if emptied else None)
     rate = drained.rate
     forget(broker, queue)
     after = total_size(url, table)
     time.sleep(settle_s)  # the figure is what autovacuum did in this period
     settled = total_size(url, table)
+    drop(url, table)
     print(
         f"  backlog {rows:,} ({vacuum}): {rate:,.0f} msg/s, total "
         f"{_mib(before['total'])} -> {_mib(after['total'])} -> {_mib(settled['total'])}, "
@@ -960,7 +1132,7 @@ def backlog_lines(results: list[Backlog]) -> list[str]:
     small = results[0]
     lines = []
     for r in results:
-        if r is small and len(r.rates) > 1:
+        if len(r.rates) > 1:
             value = (
                 f"median {r.median:,.0f} msg/s of {len(r.rates)} drains ("
                 + ", ".join(f"{x:,.0f}" for x in r.rates)
@@ -968,7 +1140,15 @@ def backlog_lines(results: list[Backlog]) -> list[str]:
             )
         else:
             value = f"{r.rate:,.0f} msg/s"
-        if r is not small:
+        if r is not small and r.ratios:
+            ratios = sorted(r.ratios)
+            value += (
+                f" = {statistics.median(ratios):.2f} x the {small.rows:,}-row drains around "
+                "each (the median of the per-round ratios"
+                + (": " + ", ".join(f"{x:.2f}" for x in ratios) if len(ratios) > 1 else "")
+                + f"); {r.median / small.median:.2f} median to median"
+            )
+        elif r is not small:
             value += f" = {r.rate / small.median:.2f} x the {small.rows:,}-row backlog"
             if len(small.rates) > 1:
                 value += "'s median"
@@ -992,7 +1172,9 @@ def backlog_lines(results: list[Backlog]) -> list[str]:
             f"| CPU µs per message, drain of {r.rows:,} rows ({r.vacuum})"
             + (" (its median run)" if len(runs) > 1 else "")
             + f" | {cost}; all {sum(per.values()) / d.rate * 1e6:.1f}; machine busy "
-            f"{d.machine_cores:.2f} of {os.cpu_count()} cores over {d.seconds:.1f} s | |"
+            f"{d.machine_cores:.2f} of {os.cpu_count()} cores over {d.seconds:.1f} s; WAL "
+            f"{d.wal_per_message:,.0f} bytes a message, {d.checkpoints} checkpoint(s), "
+            f"{d.backend_writes:,} buffers written by backends | |"
         )
     for r in results:
         queries = ", ".join(
@@ -1015,6 +1197,68 @@ def backlog_lines(results: list[Backlog]) -> list[str]:
             f"{r.settled['dead']:,}; {r.settled['autovacuums']} | bounded |"
         )
     return lines
+
+
+@contextlib.contextmanager
+def pg_settings(items: Sequence[str]) -> Iterator[None]:
+    """``msgsafe cluster``'s postgresql.conf settings with ``items`` (``NAME=VALUE``)
+    added or replaced while a cluster is made, as they were after."""
+    from msgsafe.cluster import postgres
+
+    kept = dict(postgres._SETTINGS)
+    for item in items:
+        name, value = item.split("=", 1)
+        postgres._SETTINGS[name] = value
+    try:
+        yield
+    finally:
+        postgres._SETTINGS.clear()
+        postgres._SETTINGS.update(kept)
+
+
+def backlog_rounds(
+    url: str, broker: str, pids: Sequence[int | None], rabbit: Any, args: argparse.Namespace
+) -> list[Backlog]:
+    """The backlog part: ``--small-runs`` drains of the small backlog, then for each
+    ``--vacuum`` setting ``--big-runs`` rounds of one big drain followed by
+    ``--small-runs`` small ones (the first drain of each size with its EXPLAINs, status
+    time and sizes); each big drain's ratio is to the small drains just before and just
+    after it (:func:`round_ratios`)."""
+    small, big = args.backlog
+    emptied = args.queue == "emptied"
+    groups: dict[str, int | None] = {
+        "primary": pids[0],
+        "standby": pids[1] if len(pids) > 1 else None,
+        "broker 0": rabbit.pid(0) if rabbit is not None else None,
+    }
+    first = backlog(url, broker, small, "default", args.settle, groups, emptied=emptied)
+    found = [first]
+    gap = [first.drained] + [
+        drain_again(url, broker, small, groups, emptied=emptied) for _ in range(args.small_runs - 1)
+    ]
+    first.more.extend(gap[1:])
+    for vacuum in args.vacuum or ["default"]:
+        gaps, bigs = [[d.rate for d in gap]], []
+        big_one: Backlog | None = None
+        for _ in range(args.big_runs):
+            if big_one is None:
+                big_one = backlog(url, broker, big, vacuum, args.settle, groups, emptied=emptied)
+                bigs.append(big_one.rate)
+            else:
+                got = drain_again(url, broker, big, groups, vacuum=vacuum, emptied=emptied)
+                big_one.more.append(got)
+                bigs.append(got.rate)
+            gap = [
+                drain_again(url, broker, small, groups, emptied=emptied)
+                for _ in range(args.small_runs)
+            ]
+            first.more.extend(gap)
+            gaps.append([d.rate for d in gap])
+        assert big_one is not None  # --big-runs >= 1
+        big_one.ratios = round_ratios(bigs, gaps)
+        print(f"  backlog {big:,} ({vacuum}): ratios {big_one.ratios}", file=sys.stderr)
+        found.append(big_one)
+    return found
 
 
 # --- the run --------------------------------------------------------------------------------
@@ -1082,9 +1326,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     load = os.getloadavg()[0]
     started = time.gmtime()
     with tempfile.TemporaryDirectory(prefix="bench-pg-") as tmp:
-        pair = PostgresCluster(nodes=2, dir=Path(tmp) / "pg")
+        pair = PostgresCluster(nodes=args.pg_nodes, dir=Path(tmp) / "pg")
         rabbit: RabbitCluster | None = None
-        pair.start()
+        with pg_settings(args.pg_set):
+            pair.start()
         try:
             url = pair.url
             if args.naptime:
@@ -1130,23 +1375,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             if "bloat" in parts:
                 bloated = bloat(url, broker, args.bloat)
             if "backlog" in parts:
-                small, big = args.backlog
-                groups: dict[str, int | None] = {
-                    "primary": pair.pids[0],
-                    "standby": pair.pids[1],
-                    "broker 0": rabbit.pid(0) if rabbit is not None else None,
-                }
-                # The small drains lasts about a second: several of them, half before the
-                # big ones and half after, and their median is the baseline.
-                first = backlog(url, broker, small, "default", args.settle, groups)
-                backlogs.append(first)
-                before = (args.small_runs - 1) // 2
-                for _ in range(before):
-                    first.more.append(drain_again(url, broker, small, groups))
-                for vacuum in args.vacuum or ["default"]:
-                    backlogs.append(backlog(url, broker, big, vacuum, args.settle, groups))
-                for _ in range(args.small_runs - 1 - before):
-                    first.more.append(drain_again(url, broker, small, groups))
+                backlogs = backlog_rounds(url, broker, pair.pids, rabbit, args)
         finally:
             if rabbit is not None:
                 rabbit.stop()
@@ -1156,9 +1385,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     header = (
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', started)} on {os.cpu_count()} cores, "
         f"load average {load:.1f} at the start and {load_end:.1f} at the end (the machine is "
-        f"shared), PostgreSQL {postgres_bin().parent.parent.name} (primary + synchronous "
-        f"standby on the same machine), Python {sys.version.split()[0]}"
-        + (f", autovacuum_naptime {args.naptime}." if args.naptime else ".")
+        f"shared), PostgreSQL {postgres_bin().parent.parent.name} ("
+        + (
+            "primary + synchronous standby on the same machine"
+            if args.pg_nodes == 2
+            else "the primary alone, no standby"
+        )
+        + f"), Python {sys.version.split()[0]}"
+        + (f", autovacuum_naptime {args.naptime}" if args.naptime else "")
+        + (f", {', '.join(args.pg_set)}" if args.pg_set else "")
+        + (
+            f"; the backlog part's destination queue purged every {PURGE_EVERY} s during "
+            "each drain."
+            if "backlog" in parts and args.queue == "emptied"
+            else "."
+        )
     )
     text = report(put_results, rates, starting, bloated, args, header)
     if backlogs:

@@ -342,7 +342,7 @@ class KafkaFloor(Variant):
             headers: dict[str, str | bytes | None] = {"msgsafe-id": message_id}
             while True:
                 try:
-                    # Positional, as msgsafe's lane calls it: partition -1, timestamp 0.
+                    # Positional, as msgsafe's fast path calls it: partition -1, timestamp 0.
                     produce(topic, BODY, keys[i & 15], -1, report, None, 0, headers)
                     break
                 except BufferError:

@@ -22,7 +22,7 @@ hand-written foreachPartition.
   a deterministic message id per row and the per-batch report.
 - ``via Producer`` — the same sink with an option only the Producer takes
   (``send_timeout``): it publishes through :class:`msgsafe.Producer` (receipts per chunk
-  of rows) instead of the Kafka lane, as a sink with an outbox does.
+  of rows) instead of the Kafka fast path, as a sink with an outbox does.
 - ``data source`` — ``df.write.format("msgsafe")`` (:class:`msgsafe.spark.MsgsafeDataSource`,
   Spark 4's Python writer API, Arrow record batches): the sink's ids and promise through
   Spark's own writer; goal data source/spark >= 0.95.
@@ -378,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 raise RuntimeError(f"the sink confirmed {report.confirmed} of {args.rows}")
 
             # send_timeout is an option only the Producer takes: this sink skips the
-            # Kafka lane, as a sink with an outbox or telemetry does.
+            # Kafka fast path, as a sink with an outbox or telemetry does.
             sink = foreach_batch_sink(url, topic, send_timeout=30.0)
             started = time.perf_counter()
             with via_cpu:
@@ -476,7 +476,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     print(f"  msgsafe foreach_batch_sink              {figures['sink_best']:>10,.0f} rows/s (best)")
     print(
-        f"  the sink through the Producer (no lane) {figures['via_producer_best']:>10,.0f} rows/s "
+        f"  the sink through the Producer (no fast path) "
+        f"{figures['via_producer_best']:>10,.0f} rows/s "
         f"(best; / Spark's sink {figures['ratio_via_producer']:.2f})"
     )
     print(

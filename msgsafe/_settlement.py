@@ -58,7 +58,7 @@ from msgsafe.errors import (
     TransientError,
 )
 from msgsafe.message import Batch, Guarantee, Receipt, Status, new_receipt
-from msgsafe.ports import LANE_DIRECT, LANE_SAFE, Lane, OutboxStore
+from msgsafe.ports import FastSender, OutboxStore
 from msgsafe.telemetry.stats import OutcomeCounts, count_value
 
 __all__ = ["Route", "Settlement"]
@@ -99,16 +99,16 @@ class Route(enum.Enum):
     TRANSACTION = "transaction"
     #: The producer is closed: the send is already settled; raise ``ClosedError``.
     CLOSED = "closed"
-    #: The transport's lane (msgsafe.ports.Lane) takes single sends again, or is
-    #: leaving: the send is not counted here; hand it to the lane (or park it there).
-    LANE = "lane"
+    #: The transport's fast path (msgsafe.ports.FastSender) takes single sends again, or is
+    #: leaving: the send is not counted here; hand it to the fast path (or park it there).
+    FAST = "fast"
 
 
 # Module globals: read faster than Route.HOLD on every send.
 _PUBLISH = Route.PUBLISH
 _PUBLISH_COUNTED = Route.PUBLISH_COUNTED
 _HOLD = Route.HOLD
-_LANE = Route.LANE
+_FAST = Route.FAST
 
 
 class Settlement:
@@ -151,10 +151,10 @@ class Settlement:
         self._writer: threading.Thread | None = None
         #: How many messages the writer's last put carried (see _GATHER_S).
         self._last_round = 1
-        #: The transport's lane for single sends (msgsafe.ports.Lane), when it has one:
-        #: while its state is not LANE_SAFE, keyed sends and keyed batches belong there
+        #: The transport's fast path for single sends (msgsafe.ports.FastSender), when it has one:
+        #: while it holds messages (FastSender.holds), keyed sends and keyed batches belong there
         #: (it keeps their order itself), and route()/route_batch() say so.
-        self.lane: Lane | None = None
+        self.fast: FastSender | None = None
 
     # --- the outbox writer -----------------------------------------------------------------
 
@@ -373,8 +373,8 @@ class Settlement:
         :data:`Route.PUBLISH_COUNTED` when its key is counted there (what a later
         message of the key bound for the outbox waits for, see :meth:`hold`) and
         :data:`Route.PUBLISH` when there is nothing to count. A keyed send while the
-        lane is not LANE_SAFE: :data:`Route.LANE` (not counted). ``replayed``: a send
-        the lane parked and hands over now (accepted before any close; the lane waits
+        fast path holds messages (``holds``): :data:`Route.FAST` (not counted). ``replayed``: a send
+        the fast path parked and hands over now (accepted before any close; the fast path waits
         for it).
         """
         # NOTE: no Python-level call inside the lock: the interpreter may hand the GIL to
@@ -407,14 +407,14 @@ class Settlement:
         # must be under the same lock: a message of this key leaves _detouring only once
         # it is in the store, and only the lock orders that hand-over with this look.
         detouring = self._detouring
-        lane = None if replayed else self.lane
+        fast = None if replayed else self.fast
         with self._lock:
-            if lane is not None and lane.state != LANE_SAFE:
-                # NOTE: read under the lock that orders it: the lane reopens only under
-                # it (reopen_lane), and a keyed send counted here while it is direct could
-                # fail into the outbox behind its key's later sends on the lane.
+            if fast is not None and fast.holds:
+                # NOTE: read under the lock that orders it: the fast path reopens only under
+                # it (reopen_fast_path), and a keyed send counted here while it is open could
+                # fail into the outbox behind its key's later sends on the fast path.
                 self._settled_now(1)
-                return _LANE
+                return _FAST
             held = paused or key in detouring
             if held:
                 detouring[key] = detouring.get(key, 0) + 1
@@ -449,8 +449,8 @@ class Settlement:
         indexes of the messages to :meth:`hold` (as :class:`~msgsafe._receipts.BatchPart`;
         their keys are counted on the way to the outbox): every one during the pause,
         else those whose key has a message in or on its way to the outbox; the rest go
-        to the transport. :data:`Route.LANE` (not counted) for a keyed batch while the
-        lane is not LANE_SAFE; ``replayed`` as for :meth:`route`.
+        to the transport. :data:`Route.FAST` (not counted) for a keyed batch while the
+        fast path holds messages (``holds``); ``replayed`` as for :meth:`route`.
         """
         batch = send.batch
         store = self.store
@@ -459,12 +459,12 @@ class Settlement:
         if self._closed and not replayed:
             self.settled(1)
             raise ClosedError("producer is closed")
-        lane = None if replayed or batch.keys is None else self.lane
-        if lane is not None:
+        fast = None if replayed or batch.keys is None else self.fast
+        if fast is not None:
             with self._lock:
-                if lane.state != LANE_SAFE:
+                if fast.holds:
                     self._settled_now(1)
-                    return _LANE
+                    return _FAST
         if paused and put_whole is not None and self.store_batch(send, put_whole):
             return None
         keys = batch.keys
@@ -495,16 +495,16 @@ class Settlement:
             return []
         return [i for i, key in enumerate(keys) if key in barred]
 
-    def reopen_lane(self, lane: Lane) -> bool:
-        """Have ``lane`` take single sends again (:meth:`~msgsafe.ports.Lane.reopen`) if
+    def reopen_fast_path(self, fast: FastSender) -> bool:
+        """Have ``fast_path`` take single sends again (:meth:`~msgsafe.ports.FastSender.reopen`) if
         nothing here could be overtaken by them: the store holds nothing, no send is
         unsettled (a batch in the transport could still fail into the outbox), no key
         is on its way to the outbox or counted in the transport, no refusal pause.
-        Under the lock keyed routes read the lane's state under. True if it reopened."""
+        Under the lock keyed routes read the fast path's state under. True if it reopened."""
         store = self.store
         # NOTE: asked outside the lock (a read of the store); a row that arrives after
         # it comes from a send settled after it, which the count below sees unsettled,
-        # or from another process, which the lane's has_key catches per send.
+        # or from another process, which the fast path's has_key catches per send.
         if store is not None and store.stats().depth:
             return False
         with self._lock:
@@ -515,7 +515,7 @@ class Settlement:
             issued = count_value(self._tickets) - 1 - self._spent
             if self._settled_total < issued:
                 return False
-            return lane.reopen()
+            return fast.reopen()
 
     def paused(self) -> bool:
         """True while new sends go straight to the outbox (the refusal pause)."""
@@ -530,12 +530,12 @@ class Settlement:
     def pause(self, seconds: float = _REFUSAL_PAUSE_S) -> None:
         """Send to the outbox for ``seconds`` from now (default: the short pause after a
         refusal, as when the broker could not be reached to check a destination); a
-        later failure renews the pause from its own time. The lane, if direct, leaves:
+        later failure renews the pause from its own time. The fast path, if open, leaves:
         its sends ask for no pause (the pause is kept here, on the safe way)."""
         self._refused_until = time.monotonic() + seconds
-        lane = self.lane
-        if lane is not None and lane.state == LANE_DIRECT:
-            lane.leave()
+        fast = self.fast
+        if fast is not None and fast.holds and not fast.switching:
+            fast.leave()
 
     def resume(self) -> None:
         """End the refusal pause now: the next send tries the broker again."""

@@ -324,7 +324,9 @@ class Consumer:
         ``concurrency`` worker threads call it; deliveries of one key are handled one at
         a time in arrival order, unkeyed ones freely. At most ``prefetch`` deliveries
         (default 500, or ``2 * concurrency`` when more) are held at once. The handler returning
-        acknowledges the delivery; raising is a failure:
+        acknowledges the delivery (a worker takes up to 16 of a key's deliveries at once and
+        acknowledges those whose handler returned together, after the last of them or
+        before anything else of them is settled); raising is a failure:
 
         - with ``retry`` (a :class:`~msgsafe.retry.RetryPolicy` with ``max_attempts``)
           the handler is called again after the policy's backoff, ``delivery.attempt``

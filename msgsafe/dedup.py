@@ -145,6 +145,10 @@ class AttemptMemory:
         # that takes the lock, before it looks: one lock per batch, not per message.
         self._forgotten.append(message_id)
 
+    def forget_all(self, message_ids: list[str]) -> None:
+        """:meth:`forget` each of ``message_ids`` (one call for a run of them)."""
+        self._forgotten.extend(message_ids)
+
     def _drop_forgotten(self) -> None:
         """Drop the ids :meth:`forget` queued (with ``_lock`` held)."""
         forgotten, pop = self._forgotten, self._counts.pop

@@ -101,6 +101,10 @@ class ProtocolTraits:
     #: Adapter options a bulk writer (the Spark sink: many rows a task, every receipt
     #: awaited at the task's end) sets unless its caller gave them, measured for it.
     bulk_options: Mapping[str, float | int] = field(default_factory=lambda: MappingProxyType({}))
+    #: A bulk writer without an outbox (the Spark sink) may put its rows straight on the
+    #: adapter's client and count the confirms instead of receipts per row: its fast
+    #: path (:mod:`msgsafe.spark.kafka_fast`, which the adapter's client serves).
+    bulk_fast_path: bool = False
 
 
 _TRAITS: Mapping[str, ProtocolTraits] = MappingProxyType(
@@ -116,6 +120,7 @@ _TRAITS: Mapping[str, ProtocolTraits] = MappingProxyType(
         "amqp10": ProtocolTraits(vhost="option", unsettled_option="credit"),
         "kafka": ProtocolTraits(
             log=True,
+            bulk_fast_path=True,
             bulk_options=MappingProxyType(
                 {
                     # NOTE: with the adapter's 5 ms a partition's rows left in requests

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from msgsafe.errors import ClosedError, InvalidMessage
+from msgsafe.errors import ClosedError, InvalidMessage, MsgsafeError
 from msgsafe.message_ids import new_message_id, new_message_ids
 from msgsafe.schemas import KEY, VALUE, Deserializer, Deserializers
 
@@ -624,6 +624,19 @@ class Delivery:
     def ack(self) -> None:
         """The message was processed: remove it from the broker."""
         self.settle(Outcome.ACCEPT)
+
+    @classmethod
+    def _ack_run(cls, deliveries: list[Delivery]) -> list[tuple[Delivery, MsgsafeError]]:
+        """Acknowledge each of ``deliveries`` (handed out by one consumer); those that
+        could not be, with the error :meth:`ack` raised. A receiver's class may take its
+        lock once for the run rather than once a delivery."""
+        failed: list[tuple[Delivery, MsgsafeError]] = []
+        for delivery in deliveries:
+            try:
+                delivery.ack()
+            except MsgsafeError as exc:
+                failed.append((delivery, exc))
+        return failed
 
     def nack(self, requeue: bool = True) -> None:
         """The message was not processed: redeliver it, or (``requeue=False``) reject it."""

@@ -21,8 +21,8 @@ and may offer, each behind a flag of its record that promises it:
   blocked on one message;
 - ``listen_errors``: :class:`ErrorListeningTransport`, the client library's connection
   events as they happen;
-- ``lane``: :class:`LaneTransport`, a :class:`Lane` that takes single sends straight
-  to the client library while nothing is wrong, and steps aside (to the producer's
+- ``fast_path``: :class:`FastPathTransport`, a :class:`FastSender` that takes single sends
+  straight to the client library while nothing is wrong, and steps aside (to the producer's
   per-key bookkeeping) at the first sign of trouble;
 
 and declare two properties of its wire: ``tombstones`` (an envelope with a null body is
@@ -68,12 +68,9 @@ __all__ = [
     "BatchInboxStore",
     "InboxCapabilities",
     "InboxStore",
-    "LANE_DIRECT",
-    "LANE_LEAVING",
-    "LANE_SAFE",
-    "Lane",
-    "LaneHost",
-    "LaneTransport",
+    "FastSender",
+    "FastPathHost",
+    "FastPathTransport",
     "NotifyingStore",
     "OutboxStats",
     "OutboxStore",
@@ -145,10 +142,10 @@ class TransportCapabilities:
     #: An :class:`ErrorListeningTransport`: ``listen_errors(listener)`` reports the client
     #: library's connection events (``Producer.listen_errors`` forwards to it).
     listen_errors: bool = False
-    #: A :class:`LaneTransport`: ``open_lane(host)`` gives the producer a :class:`Lane`
-    #: for its single sends (see there). Only where the wire keeps each key's order
-    #: across a failure the lane can see (Kafka with idempotence).
-    lane: bool = False
+    #: A :class:`FastPathTransport`: ``open_fast_path(host)`` gives the producer a
+    #: :class:`FastSender` for its single sends (see there). Only where the wire keeps
+    #: each key's order across a failure the fast path can see (Kafka with idempotence).
+    fast_path: bool = False
 
     def publish_only(self) -> TransportCapabilities:
         """The record of a wrapper that forwards only ``publish`` to a transport declaring
@@ -361,24 +358,17 @@ class SafePath(Protocol):
         ...
 
 
-#: Where a :class:`Lane` takes new single sends (its ``state``). Ordered: a lane whose
-#: state is below LANE_SAFE may still hold messages of its own.
-LANE_DIRECT = 0  #: straight to the client library (``Lane.send``)
-LANE_LEAVING = 1  #: parked (``Lane.park``) while the lane empties; replayed in order
-LANE_SAFE = 2  #: through the producer's per-key bookkeeping and ``publish_callback``
-
-
-class LaneHost(Protocol):
-    """What a :class:`Lane` needs from the producer that opened it."""
+class FastPathHost(Protocol):
+    """What a :class:`FastSender` needs from the producer that opened it."""
 
     @property
     def stores(self) -> bool:
-        """Whether an outbox takes what the lane cannot deliver (False: failures are the
-        caller's errors, nothing is stored). The lane never holds the store itself."""
+        """Whether an outbox takes what the fast path cannot deliver (False: failures are the
+        caller's errors, nothing is stored). The fast path never holds the store itself."""
         ...
 
     def store_refused(self, envelopes: Sequence[Envelope]) -> OutboxError | None:
-        """Write ``envelopes`` (the lane's undelivered sends, in send order) to the outbox
+        """Write ``envelopes`` (the fast path's undelivered sends, in send order) to the outbox
         in one put (:func:`msgsafe.fastpath.store_refused`); None when stored, otherwise
         the error each of them fails with."""
         ...
@@ -402,8 +392,8 @@ class LaneHost(Protocol):
         ...
 
     def replay(self, item: object) -> None:
-        """Send ``item`` (what :meth:`Lane.park` took) the safe way, as if it were sent
-        now: called in park order, once every message the lane held is settled."""
+        """Send ``item`` (what :meth:`FastSender.park` took) the safe way, as if it were sent
+        now: called in park order, once every message the fast path held is settled."""
         ...
 
     def pause(self) -> None:
@@ -412,26 +402,33 @@ class LaneHost(Protocol):
 
 
 @runtime_checkable
-class Lane(Protocol):
+class FastSender(Protocol):
     """Single sends straight to the client library while nothing is wrong
-    (``capabilities.lane``); the producer's way while :attr:`state` is LANE_DIRECT.
+    (``capabilities.fast_path``); the producer's way while it is not :attr:`resting`.
+    Its states are :class:`msgsafe.fastpath.FastPath`'s (open, switching, resting).
 
     The contract, for per-key order and the promise:
 
     - :meth:`send` hands a message over and returns its receipt future, or None when
-      the lane is not DIRECT (any more): the caller then parks it or takes the safe way.
+      the fast path rests (now): the caller then parks it or takes the safe way.
     - Every failure the outbox takes (a transient error with a store), every sign that
-      the brokers are down, and :meth:`leave` make the lane leave: state LANE_LEAVING,
-      new sends are parked (:meth:`park`), what the client library holds is settled
-      (failures purge the rest: it may have been written, so it may come twice, with
-      its id), the failed messages go to the store in send order in one put, then the
-      parked items go to ``host.replay`` in park order, then state LANE_SAFE. No
-      message of a stored key was confirmed after it (the wire's order guarantee).
-    - :meth:`reopen` (LANE_SAFE to LANE_DIRECT) is the host's to call, only while
-      nothing of its own is unsettled and the store holds nothing.
+      the brokers are down, and :meth:`leave` make the fast path switch (resting and
+      :attr:`switching`): new sends are parked (:meth:`park`), what the client library
+      holds is settled (failures purge the rest: it may have been written, so it may
+      come twice, with its id), the failed messages go to the store in send order in
+      one put, then the parked items go to ``host.replay`` in park order, then it
+      rests, switching and :attr:`holds` False. No message of a stored key was
+      confirmed after it (the wire's order guarantee).
+    - :meth:`reopen` (resting to open) is the host's to call, only while nothing of
+      its own is unsettled and the store holds nothing.
     """
 
-    state: int
+    #: Sends take the safe way (switching, resting, or shut).
+    resting: bool
+    #: The fast path empties what it holds: sends are parked.
+    switching: bool
+    #: It may hold messages of its own (open, or switching): keyed sends belong to it.
+    holds: bool
 
     def send(
         self,
@@ -444,25 +441,25 @@ class Lane(Protocol):
     ) -> Future[Any] | None:
         """Hand one message over (``body`` None: a tombstone) at ``now`` (the caller's
         ``time.monotonic()``, read once per send); its receipt future, or None when the
-        lane is not DIRECT. Raises ``ClosedError`` after :meth:`shut`."""
+        fast path rests. Raises ``ClosedError`` after :meth:`shut`."""
         ...
 
     def park(self, item: object) -> bool:
-        """Keep ``item`` for ``host.replay`` while LANE_LEAVING; False in another state.
+        """Keep ``item`` for ``host.replay`` while switching; False in another state.
         Raises ``ClosedError`` after :meth:`shut`."""
         ...
 
     def leave(self) -> None:
-        """Leave DIRECT without a failure (the host has a send the lane cannot take)."""
+        """Switch without a failure (the host has a send the fast path cannot take)."""
         ...
 
     def reopen(self) -> bool:
-        """LANE_SAFE to LANE_DIRECT, unless the lane itself sees trouble (call under
+        """Resting to open, unless the fast path itself sees trouble (call under
         the host's own lock, with nothing of the host's unsettled)."""
         ...
 
     def wait(self, timeout: float | None) -> bool:
-        """Wait until every send handed over so far is settled and the lane is not
+        """Wait until every send handed over so far is settled and the fast path is not
         leaving; False if ``timeout`` passed first."""
         ...
 
@@ -471,16 +468,16 @@ class Lane(Protocol):
         ...
 
     def close(self, timeout: float | None) -> None:
-        """Give what the lane holds ``timeout`` to settle, then store the rest."""
+        """Give what the fast path holds ``timeout`` to settle, then store the rest."""
         ...
 
 
 @runtime_checkable
-class LaneTransport(Transport, Protocol):
-    """A transport that offers the producer a :class:`Lane` (``capabilities.lane``)."""
+class FastPathTransport(Transport, Protocol):
+    """A transport that offers the producer a :class:`FastSender` (``capabilities.fast_path``)."""
 
-    def open_lane(self, host: LaneHost) -> Lane:
-        """A new lane over this transport's connection (the same ordered channel its
+    def open_fast_path(self, host: FastPathHost) -> FastSender:
+        """A new fast path over this transport's connection (the same ordered channel its
         ``publish_callback`` and ``publish_batch`` use)."""
         ...
 

@@ -58,17 +58,15 @@ from msgsafe.message import (
 from msgsafe.outbox import Forwarder
 from msgsafe.outbox.location import OutboxSpec, open_store
 from msgsafe.ports import (
-    LANE_DIRECT,
-    LANE_LEAVING,
     BatchPutStore,
     BatchReport,
     BatchTransport,
     CallbackTransport,
     ErrorListener,
     ErrorListeningTransport,
+    FastPathTransport,
+    FastSender,
     HurryingTransport,
-    Lane,
-    LaneTransport,
     OutboxStore,
     PublishCallback,
     TransactionalStore,
@@ -90,14 +88,12 @@ _PUBLISH = Route.PUBLISH
 _PUBLISH_COUNTED = Route.PUBLISH_COUNTED
 _HOLD = Route.HOLD
 _TRANSACTION = Route.TRANSACTION
-_LANE = Route.LANE
-_LANE_DIRECT = LANE_DIRECT
-_LANE_LEAVING = LANE_LEAVING
+_FAST = Route.FAST
 _monotonic = time.monotonic
 
-#: Seconds between two attempts, at most, to have the transport's lane take single sends
+#: Seconds between two attempts, at most, to have the transport's fast path take single sends
 #: again once it left (each asks the store for its depth).
-_LANE_RETRY_S = 1.0
+_FAST_RETRY_S = 1.0
 
 
 class Producer:
@@ -213,12 +209,12 @@ class Producer:
         )
         #: Whether the transport sends a null value (Kafka): tombstones are refused if not.
         self._tombstones = caps.tombstones
-        #: The transport's lane for single sends (msgsafe.ports.Lane), opened below when
+        #: The transport's fast path for single sends (msgsafe.ports.FastSender), opened below when
         #: it declares one and no span is made per message (OpenTelemetry takes the
         #: safe way, where each send's span is carried).
-        self._lane: Lane | None = None
-        #: When the lane, once left, may be asked to take single sends again.
-        self._lane_retry_at = 0.0
+        self._fast: FastSender | None = None
+        #: When the fast path, once left, may be asked to take single sends again.
+        self._fast_retry_at = 0.0
         #: One single send accepted, for stats() (a C call).
         self._count_sent = self._telemetry.count_sent
         #: Remembers what each recent id named: an id reused for another message is
@@ -246,9 +242,11 @@ class Producer:
             store = self._store
             #: The key barrier's question to the store (False without one).
             self._has_key: Callable[[bytes], bool] = store.has_key if store is not None else _no_key
-            if caps.lane and not self._telemetry.tracing:
-                self._lane = cast(LaneTransport, transport).open_lane(_LaneHost(self, self._settle))
-                self._settle.lane = self._lane
+            if caps.fast_path and not self._telemetry.tracing:
+                self._fast = cast(FastPathTransport, transport).open_fast_path(
+                    _FastPathHost(self, self._settle)
+                )
+                self._settle.fast = self._fast
             if self._store is not None:
                 # NOTE: fresh: a probe checks when it probes (its backoff paces it), not
                 # a second after the last failed check.
@@ -359,20 +357,20 @@ class Producer:
         """
         if self._serialize is not None:
             body, key = self._serialize(destination, body, key, headers, message_id)
-        lane = self._lane
+        fast = self._fast
         if (
-            lane is not None
-            and lane.state == _LANE_DIRECT
+            fast is not None
+            and not fast.resting
             and type(body) is bytes
             and headers is None
             and message_id is None
             and transaction is None
             and type(destination) is str
         ):
-            # NOTE: the lane's common case, inline (every other case, and every send the
-            # lane does not take now, goes the whole way: Envelope.build, _lane_take):
+            # NOTE: the fast path's common case, inline (every other case, and every send the
+            # fast path does not take now, goes the whole way: Envelope.build, _fast_take):
             # a destination checked and not due, bytes, an ASCII or bytes key with
-            # nothing of it in the outbox (a refusal pause makes the lane leave: see
+            # nothing of it in the outbox (a refusal pause makes the fast path leave: see
             # Settlement.pause). A frame here costs a tenth of what the raw client
             # spends on a message.
             due = self._admitted.get(destination)
@@ -383,7 +381,7 @@ class Producer:
                 if key is None or (type(key) is bytes and not self._has_key(key)):
                     fresh = new_message_id()
                     self._remember(fresh, destination, key, body)
-                    future = lane.send(destination, body, key, None, fresh, now)
+                    future = fast.send(destination, body, key, None, fresh, now)
                     if future is not None:
                         self._count_sent()
                         return future
@@ -531,31 +529,30 @@ class Producer:
         if not len(batch):
             send.set_result(BatchReceipt(batch.destination, ()))
             return send
-        lane = self._lane
+        fast = self._fast
         while True:
-            if lane is not None and batch.keys is not None:
-                # A keyed batch takes the safe way: the lane leaves first (what it holds
+            if fast is not None and batch.keys is not None:
+                # A keyed batch takes the safe way: the fast path leaves first (what it holds
                 # is answered), and keeps the batch until then, in order with its sends.
-                state = lane.state
-                if state == _LANE_DIRECT:
-                    lane.leave()
+                if not fast.resting:
+                    fast.leave()
                     continue
-                if state == _LANE_LEAVING:
-                    if lane.park(send):
+                if fast.switching:
+                    if fast.park(send):
                         return send
                     continue
             if self._route_batch(send):
                 return send
 
     def _route_batch(self, send: BatchSend, *, replayed: bool = False) -> bool:
-        """Route ``send`` and carry the route out; False when the lane took single sends
+        """Route ``send`` and carry the route out; False when the fast path took single sends
         again meanwhile (nothing was done: :meth:`_submit_batch` goes round again)."""
         settle = self._settle
         batch = send.batch
         count = len(batch)
         # During the refusal pause the batch may go to the store whole (None here).
         held = settle.route_batch(send, self._put_batch_async, replayed=replayed)
-        if held is _LANE:
+        if held is _FAST:
             return False
         if held is None:
             return True
@@ -676,41 +673,40 @@ class Producer:
             raise ConfigurationError(
                 "send(transaction=...) needs a transactional outbox (msgsafe.outbox.PostgresOutbox)"
             )
-        lane = self._lane
-        if lane is not None and transaction is None:
-            taken = self._lane_take(lane, envelope)
+        fast = self._fast
+        if fast is not None and transaction is None:
+            taken = self._fast_take(fast, envelope)
             if taken is not None:
                 return taken
         result = Send(settle, envelope)
         # The settlement decides (per-key order, the refusal pause, closing); this carries
         # it out.
         route = settle.route(result, transactional=transaction is not None)
-        if route is _LANE:
-            # The lane took single sends again meanwhile (or is leaving): to it.
+        if route is _FAST:
+            # The fast path took single sends again meanwhile (or is leaving): to it.
             return self._submit(envelope, transaction)
         self._carry_out(route, result, transaction)
         return result
 
-    def _lane_take(self, lane: Lane, envelope: Envelope) -> Future[Receipt] | None:
-        """Hand ``envelope`` to the transport's lane (:class:`msgsafe.ports.Lane`): its
+    def _fast_take(self, fast: FastSender, envelope: Envelope) -> Future[Receipt] | None:
+        """Hand ``envelope`` to the transport's fast path (:class:`msgsafe.ports.FastSender`): its
         receipt future, or None when it takes the safe way.
 
-        While the lane is direct it takes the message unless its key has rows in the
-        outbox: then the lane leaves first (what it holds is answered before anything of
+        While the fast path is open it takes the message unless its key has rows in the
+        outbox: then the fast path leaves first (what it holds is answered before anything of
         the key goes the safe way; a refusal pause makes it leave as it starts). While
         it leaves, the message is parked there and replayed in order (:meth:`_replay`).
-        Once it left, now and then (:data:`_LANE_RETRY_S`) the settlement is asked to
+        Once it left, now and then (:data:`_FAST_RETRY_S`) the settlement is asked to
         reopen it.
         """
         settle = self._settle
         while True:
-            state = lane.state
-            if state == _LANE_DIRECT:
+            if not fast.resting:
                 key = envelope.key
                 if key is not None and self._has_key(key):
-                    lane.leave()
+                    fast.leave()
                     continue
-                future = lane.send(
+                future = fast.send(
                     envelope.destination,
                     None if envelope.tombstone else envelope.body,
                     key,
@@ -720,20 +716,20 @@ class Producer:
                 )
                 if future is not None:
                     return future
-            elif state == _LANE_LEAVING:
+            elif fast.switching:
                 send = Send(settle, envelope)
-                if lane.park(send):
+                if fast.park(send):
                     return send
             else:
                 now = _monotonic()
-                if now < self._lane_retry_at or settle.closed:
+                if now < self._fast_retry_at or settle.closed:
                     return None
-                self._lane_retry_at = now + _LANE_RETRY_S
-                if not settle.reopen_lane(lane):
+                self._fast_retry_at = now + _FAST_RETRY_S
+                if not settle.reopen_fast_path(fast):
                     return None
 
     def _replay(self, item: object) -> None:
-        """Send what the lane parked while it left (a single send or a keyed batch) the
+        """Send what the fast path parked while it left (a single send or a keyed batch) the
         safe way, now that it holds nothing; its receipt reports every outcome."""
         if isinstance(item, BatchSend):
             try:
@@ -814,12 +810,12 @@ class Producer:
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every ``send_async`` so far is settled (confirmed, stored or
         failed). Returns False if ``timeout`` passed first."""
-        lane = self._lane
-        if lane is None:
+        fast = self._fast
+        if fast is None:
             return self._settle.wait(timeout)
-        # The lane first: what it parked while leaving joins the settlement's count.
+        # The fast path first: what it parked while leaving joins the settlement's count.
         deadline = None if timeout is None else _monotonic() + timeout
-        if not lane.wait(timeout):
+        if not fast.wait(timeout):
             return False
         return self._settle.wait(None if deadline is None else max(0.0, deadline - _monotonic()))
 
@@ -879,12 +875,12 @@ class Producer:
         def left() -> float | None:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-        if self._lane is not None:
-            self._lane.shut()
+        if self._fast is not None:
+            self._fast.shut()
         self.flush(left())
-        if self._lane is not None:
-            # What the lane still holds goes to the outbox while the writer still runs.
-            self._lane.close(left())
+        if self._fast is not None:
+            # What the fast path still holds goes to the outbox while the writer still runs.
+            self._fast.close(left())
         if self._forwarder is not None:
             self._forwarder.stop(left())
         self._settle.stop(left())
@@ -909,10 +905,10 @@ class Producer:
         return f"Producer({self._url.redacted()!r}, {state})"
 
 
-class _LaneHost:
-    """What the transport's lane needs of a producer (:class:`msgsafe.ports.LaneHost`).
+class _FastPathHost:
+    """What the transport's fast path needs of a producer (:class:`msgsafe.ports.FastPathHost`).
 
-    Holds the producer weakly: the lane lives on the transport's threads, which must not
+    Holds the producer weakly: the fast path lives on the transport's threads, which must not
     keep a producer nobody closed alive.
     """
 

@@ -40,7 +40,7 @@ if [ $fast -eq 1 ]; then
   # The fast tier mostly waits (timeouts, backoffs, fsync): four workers on two cores
   # bring it from about 190 s to about 80 s.
   if [ $paths -eq 0 ]; then
-    # The slow unit tests (generated input at scale) run in the full suite, or by path.
+    # The slow unit tests (work at scale) run in the full suite, or by path.
     set -- -n 4 -m "not integration and not chaos and not slow" tests/unit tests/contract "$@"
   else
     set -- -m "not integration and not chaos" "$@"

@@ -36,9 +36,9 @@ Every adapter package has the same files:
   publisher-confirm ledger and the sender that puts messages in flight on it),
   ``kafka/positions.py`` (where a checking group starts),
   ``amqp10/_failover.py`` (the advertised fail-over list), ``memory/broker.py`` (the
-  in-process broker); Kafka also has ``kafka/lane.py`` (the librdkafka producer the
-  transport, the drop-in and the Spark sink share) and ``kafka/direct.py`` (the
-  producer's single sends straight into it: :class:`msgsafe.ports.Lane`).
+  in-process broker); Kafka also has ``kafka/client.py`` (the librdkafka producer the
+  transport, the drop-in and the Spark sink share) and ``kafka/fast.py`` (the
+  producer's single sends straight into it: :class:`msgsafe.ports.FastSender`).
 
 Shared by all of them: :mod:`~msgsafe.adapters._config` (options from URL and keywords,
 numbers, the one size check) and :mod:`~msgsafe.adapters._reports` (calling back into

@@ -3,7 +3,7 @@
 
 It is built on the wrapper's own :class:`~msgsafe.compat.confluent_kafka.Producer`:
 ``produce()`` hands the message to it at once (no Python-side batch buffer: the
-librdkafka queue of its direct lane is the buffer) and returns an ``asyncio.Future``
+librdkafka queue of its fast path is the buffer) and returns an ``asyncio.Future``
 that resolves to the delivered message, or fails with ``KafkaException``. A thread of
 the producer serves the delivery reports (the sync producer's ``poll()``) and hands
 them to the event loop in one ``call_soon_threadsafe`` per batch of reports, so the

@@ -17,7 +17,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from msgsafe.adapters.kafka.lane import exceeds_size_limit
+from msgsafe.adapters.kafka.client import exceeds_size_limit
 from msgsafe.compat._kafka_config import DeliveryCallback, ProducerConfig
 from msgsafe.compat._kafka_report import (
     DeliveredMessage,
@@ -156,7 +156,7 @@ class SafeReports:
 
     def _send_safe(self, item: Parked) -> None:
         """Send one counted message on the safe path (msgsafe's Producer); it is
-        reported through the receipt future. NOTE: a message the lane's rk refused
+        reported through the receipt future. NOTE: a message the client's rk refused
         (too large for librdkafka, an unknown topic) also comes here: the safe path
         fails it as it always did."""
         topic, body, key_bytes, record, header_map, cb = item

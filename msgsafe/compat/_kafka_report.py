@@ -96,8 +96,8 @@ class DeliveredMessage:
 
     ``partition()`` is ``PARTITION_UA`` (-1) and ``offset()`` ``OFFSET_INVALID`` (-1001):
     msgsafe confirms a message without reporting where the broker put it, and a stored
-    message has no offset yet (a message confirmed on the direct lane gets a
-    :class:`~msgsafe.compat._kafka_direct.DirectReport`, with librdkafka's).
+    message has no offset yet (a message confirmed on the fast path gets a
+    :class:`~msgsafe.compat._kafka_fast.FastReport`, with librdkafka's).
     ``stored()`` / the ``msgsafe-status`` header say which; ``message_id()`` is the id
     the consumer sees in the ``msgsafe-id`` header.
     """

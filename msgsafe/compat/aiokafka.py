@@ -16,7 +16,7 @@ is the whole migration. The producer keeps aiokafka's API: ``start()``, ``stop()
   (msgsafe places a message by its key: same key, same partition, order kept).
 
 Underneath is the confluent-kafka drop-in's producer
-(:class:`msgsafe.compat.confluent_kafka.Producer`: its direct librdkafka lane while
+(:class:`msgsafe.compat.confluent_kafka.Producer`: its librdkafka fast path while
 nothing fails, msgsafe's outbox path after a failure), its reports settled on the event
 loop by :class:`~msgsafe.compat._confluent_aio.LoopReports`. How the arguments
 translate is in :mod:`._aiokafka_config`; ``docs/migration.md`` lists every difference.

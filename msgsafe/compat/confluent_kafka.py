@@ -17,8 +17,8 @@ changes:
   ``stored()`` is True and whose headers carry ``("msgsafe-status", b"stored")``;
 - a permanent failure reaches the callback as a ``KafkaError`` (never a silent loss).
 
-Messages go to the wrapper's own Kafka lane while nothing fails (the direct path,
-:mod:`._kafka_direct`), else through msgsafe's Producer (:mod:`._kafka_queue`),
+Messages go to the wrapper's own librdkafka client while nothing fails (the fast path,
+:mod:`._kafka_fast`), else through msgsafe's Producer (:mod:`._kafka_queue`),
 per-key order kept. ``SerializingProducer`` is this producer with confluent-kafka's
 serializers in front (:mod:`._confluent_serializing`). ``docs/migration.md`` lists
 every difference. Other names of
@@ -60,7 +60,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtra("kafka", "confluent-kafka") from exc
 
-from msgsafe.adapters.kafka.lane import BY_KEY, NOW, message_headers
+from msgsafe.adapters.kafka.client import BY_KEY, NOW, message_headers
 from msgsafe.compat._common import ClosesOnExit, warn
 from msgsafe.compat._kafka_config import (
     DeliveryCallback,
@@ -69,14 +69,7 @@ from msgsafe.compat._kafka_config import (
     options_for,
     translate_config,
 )
-from msgsafe.compat._kafka_direct import (
-    CLOSED,
-    DIRECT,
-    SAFE,
-    SWITCHING,
-    DirectPath,
-    DirectReport,
-)
+from msgsafe.compat._kafka_fast import FastReport, KafkaFastPath
 from msgsafe.compat._kafka_queue import (
     FLUSH_SLICE_S,
     Parked,
@@ -137,20 +130,20 @@ _CLOSED = "Producer has been closed"
 
 
 def _close_quietly(
-    producer: _SafeProducer | None, direct: DirectPath | None, timeout: float
+    producer: _SafeProducer | None, fast: KafkaFastPath | None, timeout: float
 ) -> None:
     # Sends in flight get ``timeout`` to be confirmed, then are stored; what is stored
     # stays in the outbox for the next run. librdkafka's handles and the threads are
     # released here.
-    if direct is not None:
+    if fast is not None:
         with contextlib.suppress(Exception):
-            direct.close(timeout)
+            fast.close(timeout)
     if producer is not None:
         with contextlib.suppress(MsgsafeError):
             producer.close(timeout)
 
 
-def _release(producer: _SafeProducer | None, direct: DirectPath | None, timeout: float) -> None:
+def _release(producer: _SafeProducer | None, fast: KafkaFastPath | None, timeout: float) -> None:
     """The finalizer of a producer nobody closed: what it holds goes to be confirmed or
     stored, and its threads and librdkafka handles are released, as the real client
     frees a dropped producer at once (confluent-kafka's tests drop hundreds; each
@@ -162,8 +155,8 @@ def _release(producer: _SafeProducer | None, direct: DirectPath | None, timeout:
     :class:`_Releases`' threads, which hold nothing of it. While the interpreter exits
     (the main thread has stopped: a thread started now might never finish) it closes
     here, with the full ``timeout``, as :meth:`Producer.close` would."""
-    if not threading.main_thread().is_alive() or not _RELEASES.hand(producer, direct):
-        _close_quietly(producer, direct, timeout)
+    if not threading.main_thread().is_alive() or not _RELEASES.hand(producer, fast):
+        _close_quietly(producer, fast, timeout)
 
 
 class _Releases:
@@ -177,7 +170,7 @@ class _Releases:
     closing keeps up with producers dropped in a loop while the brokers refuse.
 
     After each run of closings the garbage is collected: msgsafe's producer and the
-    lanes hold their librdkafka clients in reference cycles, which Python's collector
+    fast paths hold their librdkafka clients in reference cycles, which Python's collector
     would otherwise free only at some later full collection; until then every client
     keeps its threads and its thread-local key. The threads are not daemons: an exiting
     interpreter waits for the closings handed over."""
@@ -188,14 +181,14 @@ class _Releases:
         # NOTE: reentrant: a collection inside hand() (it allocates) may run another
         # dropped producer's finalizer on the same thread.
         self._lock = threading.RLock()
-        #: (producer, its lane, monotonic() when its grace ends), in drop order.
-        self._queue: deque[tuple[_SafeProducer | None, DirectPath | None, float]] = deque()
+        #: (producer, its fast path, monotonic() when its grace ends), in drop order.
+        self._queue: deque[tuple[_SafeProducer | None, KafkaFastPath | None, float]] = deque()
         self._running = 0
 
-    def hand(self, producer: _SafeProducer | None, direct: DirectPath | None) -> bool:
+    def hand(self, producer: _SafeProducer | None, fast: KafkaFastPath | None) -> bool:
         """Queue the closing of a dropped producer; False if no thread can take it."""
         with self._lock:
-            self._queue.append((producer, direct, time.monotonic() + self._grace))
+            self._queue.append((producer, fast, time.monotonic() + self._grace))
             if self._running >= min(self._workers, len(self._queue)):
                 return True
             self._running += 1
@@ -215,9 +208,9 @@ class _Releases:
                 if not self._queue:
                     self._running -= 1
                     return
-                producer, direct, until = self._queue.popleft()
-            _close_quietly(producer, direct, max(0.0, until - time.monotonic()))
-            del producer, direct  # this frame's references: the cycles become garbage
+                producer, fast, until = self._queue.popleft()
+            _close_quietly(producer, fast, max(0.0, until - time.monotonic()))
+            del producer, fast  # this frame's references: the cycles become garbage
             if not self._queue:
                 gc.collect()
 
@@ -294,7 +287,7 @@ class Producer(ClosesOnExit, SafeReports):
         listener = None
         if translated.error_cb is not None:
             listener = error_listener(self._errors, self._reports)
-        self._direct: DirectPath | None = None
+        self._fast: KafkaFastPath | None = None
         #: Without brokers: librdkafka's client as confluent-kafka makes it, connecting
         #: nowhere; poll()/flush() serve its log lines, statistics and error events.
         self._idle: Any = None
@@ -308,32 +301,38 @@ class Producer(ClosesOnExit, SafeReports):
             self._idle = _Librdkafka(idle)
         if producer is not None and _url is None:
             try:
-                self._direct = DirectPath(
-                    target, options, producer.outbox, self._lock, listener, logger
+                self._fast = KafkaFastPath(
+                    producer,
+                    target,
+                    options,
+                    producer.outbox,
+                    self._lock,
+                    listener,
+                    logger,
+                    # Rows of an earlier run: not to be overtaken.
+                    resting=producer.pending() > 0,
                 )
             except BaseException:
                 producer.close(0)
                 raise
-            if producer.pending() > 0:  # rows of an earlier run: not to be overtaken
-                self._direct.state = SAFE
         elif listener is not None and producer is not None:
             # NOTE: the transport's librdkafka client sees the same connection events
             # as confluent-kafka's would; error_cb gets them from poll()/flush(). A
             # transport without them (memory://, in tests) declares so: nothing to hear.
             producer.listen_errors(listener)
-        self._safe_sent = 0  #: safe-path produces so far (under _lock; see _maybe_direct)
-        self._next_check = 0.0  #: monotonic() of the next look at going back to the lane
+        self._safe_sent = 0  #: safe-path produces so far (under _lock; see _maybe_reopen)
+        self._next_check = 0.0  #: monotonic() of the next look at reopening the fast path
         self._closed = False
         self._admin: Any = None
         self._warned: set[str] = set()
         self._finalizer = weakref.finalize(
-            self, _release, producer, self._direct, self._confirm_timeout
+            self, _release, producer, self._fast, self._confirm_timeout
         )
 
     # --- producing ----------------------------------------------------------------------
 
-    def _checked_for_direct(self, topic: str) -> bool:
-        """Whether the direct path may produce to ``topic``: the safe producer's
+    def _checked_for_fast(self, topic: str) -> bool:
+        """Whether the fast path may produce to ``topic``: the safe producer's
         destination check (see :mod:`msgsafe.checks.gate`) admitted it, once. A topic
         below ``require=`` raises ``KafkaException(POLICY_VIOLATION)`` before anything
         is queued; one that could not be checked (no broker answers) goes the safe path,
@@ -368,35 +367,35 @@ class Producer(ClosesOnExit, SafeReports):
         and ``RuntimeError`` after :meth:`close`. An explicit ``partition`` is ignored with a
         warning (msgsafe places messages by key).
         """
-        direct = self._direct
+        fast = self._fast
         if (
-            direct is not None
+            fast is not None
             and not headers
             and partition == -1
             and not timestamp
             and type(value) is bytes
             and (key is None or type(key) is bytes)
             and type(topic) is str
-            and topic in direct.topics
-            and len(value) + (0 if key is None else len(key)) <= direct.size_limit
+            and topic in fast.topics
+            and len(value) + (0 if key is None else len(key)) <= fast.size_limit
         ):
-            # The common message on the lane (bytes, no headers, a known topic); the
-            # rest takes _produce's general path. Its headers: the lane's dict form
+            # The common message on the fast path (bytes, no headers, a known topic);
+            # the rest takes _produce's general path. Its headers: the dict form
             # (message_headers), built inline.
             produced: dict[str, str | bytes | None] = {MESSAGE_ID_HEADER: new_message_id()}
             cb = on_delivery or callback or self._on_delivery
             with self._lock:
-                if direct.state == DIRECT:
-                    direct.seq = seq = direct.seq + 1
+                if not fast.resting:
+                    fast.seq = seq = fast.seq + 1
                     try:
                         # (topic, value, key, partition, on_delivery, callback, timestamp,
-                        # headers): positional, as the lane calls it (faster).
-                        direct.produce(
+                        # headers): positional, as the client calls it (faster).
+                        fast.produce(
                             topic,
                             value,
                             key,
                             BY_KEY,
-                            DirectReport(direct, cb, seq, produced),
+                            FastReport(fast, cb, seq, produced),
                             None,
                             NOW,
                             produced,
@@ -417,7 +416,7 @@ class Producer(ClosesOnExit, SafeReports):
         headers: Mapping[str, object] | Iterable[tuple[str, object]] | None,
         callback: DeliveryCallback | None,
     ) -> None:
-        """:meth:`produce`, every case: the checks, then the lane or the safe path."""
+        """:meth:`produce`, every case: the checks, then the fast or the safe path."""
         if self._closed:  # _check_open, inlined: this runs for every message
             raise RuntimeError(_CLOSED)
         if partition not in (PARTITION_UA, None):
@@ -444,31 +443,30 @@ class Producer(ClosesOnExit, SafeReports):
         cb = on_delivery or callback or self._on_delivery
         if type(topic) is str:
             self._check_size(topic, body, key_bytes, record, header_map)
-        direct = self._direct
+        fast = self._fast
         if (
-            direct is not None
+            fast is not None
             and type(topic) is str
-            and (topic in direct.topics or self._checked_for_direct(topic))
-            and direct.takes(topic)
+            and (topic in fast.topics or self._checked_for_fast(topic))
+            and fast.takes(topic)
         ):
-            # The direct path (see _kafka_direct): the lane's record headers, the id first.
+            # The fast path (see _kafka_fast): the client's record headers, the id first.
             produced = message_headers(
                 new_message_id(), [h for h in record if h[0] != MESSAGE_ID_HEADER]
             )
             refused: KafkaError | None = None
             with self._lock:
-                state = direct.state
-                if state == DIRECT:
-                    direct.seq = seq = direct.seq + 1
+                if not fast.resting:
+                    fast.seq = seq = fast.seq + 1
                     # produce(topic, value, key, partition, on_delivery, callback,
-                    # timestamp, headers): positional, as the lane calls it.
+                    # timestamp, headers): positional, as the client calls it.
                     try:
-                        direct.produce(
+                        fast.produce(
                             topic,
                             body,
                             key_bytes,
                             BY_KEY,
-                            DirectReport(direct, cb, seq, produced),
+                            FastReport(fast, cb, seq, produced),
                             None,
                             NOW,
                             produced,
@@ -476,17 +474,17 @@ class Producer(ClosesOnExit, SafeReports):
                         return
                     except KafkaException as exc:
                         refused = exc.args[0]
-                elif state == SWITCHING:
+                elif fast.switching:
                     if self._unreported >= self._config.queue_max:
                         raise BufferError("Local: Queue full (serve delivery reports with poll())")
                     self._unreported += 1
                     self._safe_sent += 1
-                    direct.parked.append((topic, body, key_bytes, record, header_map, cb))
+                    fast.parked.append((topic, body, key_bytes, record, header_map, cb))
                     return
             if refused is not None and refused.fatal():
                 # rk is done for: its messages go to the outbox before this one goes on.
-                direct.broken = direct.down = True
-                direct.switch(self._send_parked)
+                fast.broke()
+                fast.leave(self._send_parked)
         with self._lock:
             if self._unreported >= self._config.queue_max:
                 raise BufferError("Local: Queue full (serve delivery reports with poll())")
@@ -500,8 +498,8 @@ class Producer(ClosesOnExit, SafeReports):
             self._send_safe(item)
         except (KafkaException, MsgsafeError) as exc:
             err = exc.args[0] if isinstance(exc, KafkaException) else kafka_error(exc)
-            if self._direct is not None:
-                self._direct.fail_local(item, err)
+            if self._fast is not None:
+                self._fast.fail_local(item, err)
 
     def produce_batch(
         self,
@@ -559,27 +557,27 @@ class Producer(ClosesOnExit, SafeReports):
         """Serve delivery callbacks, waiting up to ``timeout`` seconds for the first
         (None or a negative value: until one arrives). Returns how many were served."""
         self._check_open()
-        direct = self._direct
-        if direct is None:
+        fast = self._fast
+        if fast is None:
             if self._idle is not None:
                 return self._poll_idle(timeout)
             return self._poll_queue(timeout)
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         wait = 0.0
         while True:
-            if direct.state == DIRECT and not self._unreported:
+            if not fast.resting and not self._unreported:
                 # Only rk has reports to come: wait in librdkafka, as the real client.
-                served = self._direct_round(wait)
+                served = self._fast_round(wait)
                 served += self._poll_queue(0) if self._errors else 0
             else:
-                served = self._direct_round(0)
+                served = self._fast_round(0)
                 served += self._poll_queue(wait)
             if served:
                 return served
             left = FLUSH_SLICE_S if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 return 0
-            wait = min(left, _DIRECT_SLICE_S)
+            wait = min(left, _FAST_SLICE_S)
 
     def _poll_idle(self, timeout: float | None) -> int:
         """:meth:`poll` without brokers: the held messages' reports and the idle
@@ -593,47 +591,48 @@ class Producer(ClosesOnExit, SafeReports):
             if served or left <= 0:
                 return served
 
-    def _direct_round(self, timeout: float) -> int:
+    def _fast_round(self, timeout: float) -> int:
         """rk's reports (waiting up to ``timeout``), the switch when one failed, the
-        callbacks of stored messages, and now and then a look at going back to the
-        direct path. Returns the number served."""
-        direct = self._direct
-        assert direct is not None
-        served = direct.lane.producer.poll(timeout) if direct.state != SAFE or timeout == 0 else 0
-        if direct.wants_switch:
-            direct.switch(self._send_parked)
-        if direct.ready:
-            served += direct.serve_ready()
+        callbacks of stored messages, and now and then a look at reopening the fast
+        path. Returns the number served."""
+        fast = self._fast
+        assert fast is not None
+        holds = fast.holds
+        served = fast.client.producer.poll(timeout) if holds or timeout == 0 else 0
+        if fast.wants_switch:
+            fast.leave(self._send_parked)
+        if fast.ready:
+            served += fast.serve_ready()
             self._notify_served()
-        if direct.state == SAFE:
-            self._maybe_direct(direct)
-        direct.reraise()
+        if not fast.holds:
+            self._maybe_reopen(fast)
+        fast.reraise()
         return int(served)
 
-    def _maybe_direct(self, direct: DirectPath) -> None:
-        """Back to the direct path once the safe path holds nothing of this wrapper and the
+    def _maybe_reopen(self, fast: KafkaFastPath) -> None:
+        """Back to the fast path once the safe path holds nothing of this wrapper and the
         outbox is empty (looked at every _BACK_EVERY_S, not per message).
 
         NOTE: the outbox is asked between two looks under the lock that see no
         unreported message and no new safe-path produce. A stored message is reported
         only after its row was committed, so every row of ours was in the store before
         the first look; ``pending() == 0`` after it means all were forwarded. A produce
-        after the switch back goes to rk, and cannot overtake a row of its key."""
+        after the reopening goes to rk, and cannot overtake a row of its key."""
         now = time.monotonic()
-        if now < self._next_check or direct.broken or now < direct.down_until:
+        if now < self._next_check or not fast.may_reopen(now):
             return
         self._next_check = now + _BACK_EVERY_S
         safe = self._producer
         with self._lock:
-            if self._unreported or direct.deferred or safe is None:
+            if self._unreported or fast.deferred or safe is None:
                 return
             sent = self._safe_sent
         if safe.pending() > 0:
             return
         with self._lock:
-            if not self._unreported and not direct.deferred and self._safe_sent == sent:
-                direct.down = False  # an outage's events, read while off the lane
-                direct.state = DIRECT
+            if not self._unreported and not fast.deferred and self._safe_sent == sent:
+                fast.down = False  # an outage's events, read while resting
+                fast.reopen()
 
     def flush(self, timeout: float | None = None) -> int:
         """Serve callbacks until every produced message is reported, or ``timeout``.
@@ -649,23 +648,23 @@ class Producer(ClosesOnExit, SafeReports):
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         if self._errors:
             self._serve_errors()
-        direct = self._direct
+        fast = self._fast
         # librdkafka's flush() serves the client's queued events (log lines, error
         # events) even when no message waits: so does this.
-        if direct is not None:
-            self._direct_round(0)
+        if fast is not None:
+            self._fast_round(0)
         elif self._idle is not None:
             self._idle.poll(0)
         while len(self) > 0:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return len(self)
-            if direct is not None and len(direct.lane.producer):
+            if fast is not None and len(fast.client.producer):
                 # rk sends what lingers now and serves its reports here.
-                direct.lane.producer.flush(
-                    _DIRECT_SLICE_S if left is None else min(left, _DIRECT_SLICE_S)
+                fast.client.producer.flush(
+                    _FAST_SLICE_S if left is None else min(left, _FAST_SLICE_S)
                 )
-                self._direct_round(0)
+                self._fast_round(0)
                 continue
             if self.poll(0) == 0:
                 # Another thread may hold the last reports: wait for a report to be
@@ -673,7 +672,7 @@ class Producer(ClosesOnExit, SafeReports):
                 with self._served:
                     self._flushing += 1
                     try:
-                        waiting = self._unreported + (0 if direct is None else direct.deferred)
+                        waiting = self._unreported + (0 if fast is None else fast.deferred)
                         if waiting > 0 and self._reports.empty():
                             self._served.wait(min(left or FLUSH_SLICE_S, FLUSH_SLICE_S))
                     finally:
@@ -681,8 +680,8 @@ class Producer(ClosesOnExit, SafeReports):
         left = self._confirm_timeout if deadline is None else deadline - time.monotonic()
         if left > 0 and self._producer is not None and self._producer.pending() > 0:
             self._producer.drain(left)
-            if direct is not None:
-                self._direct_round(0)  # rk's events of the wait, and the switch back
+            if fast is not None:
+                self._fast_round(0)  # rk's events of the wait, and the reopening
         if self._errors:
             self._serve_errors()
         return len(self)
@@ -719,14 +718,14 @@ class Producer(ClosesOnExit, SafeReports):
         closed)."""
         if self._closed:
             return 0
-        direct = self._direct
+        fast = self._fast
         with self._lock:
-            if direct is None:
+            if fast is None:
                 return self._unreported
-            # NOTE: len(rk) also counts librdkafka's queued error events; off the lane
+            # NOTE: len(rk) also counts librdkafka's queued error events; while resting
             # rk holds no message, and its events are not messages to report.
-            held = len(direct.lane.producer) if direct.state <= SWITCHING else 0
-            return self._unreported + direct.deferred + held
+            held = len(fast.client.producer) if fast.holds else 0
+            return self._unreported + fast.deferred + held
 
     def __bool__(self) -> bool:  # ``if producer:`` would be False whenever len() is 0
         return True
@@ -796,10 +795,10 @@ class Producer(ClosesOnExit, SafeReports):
             self.flush(timeout)
             with self._lock:
                 self._closed = True
-                if self._direct is not None:
-                    self._direct.state = CLOSED  # produce() then takes the path that raises
+                if self._fast is not None:
+                    self._fast.shut()  # produce() then takes the path that raises
             self._finalizer.detach()
-            _close_quietly(self._producer, self._direct, timeout)
+            _close_quietly(self._producer, self._fast, timeout)
         return True
 
     @property
@@ -815,11 +814,11 @@ class Producer(ClosesOnExit, SafeReports):
     # test_uninitialized_producer_methods) gets a closed producer: its methods raise
     # RuntimeError("Producer has been closed") and len() is 0, as the real client's do.
     _closed = True
-    _direct: DirectPath | None = None
+    _fast: KafkaFastPath | None = None
     _producer: _SafeProducer | None = None
 
 
-#: Where the destination checks of _checked_for_direct run (one thread, made on use).
+#: Where the destination checks of _checked_for_fast run (one thread, made on use).
 _CHECKS = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="msgsafe-compat-check")
 
 
@@ -834,8 +833,8 @@ def _guarantee(producer: _SafeProducer, topic: str) -> MsgsafeError | None:
 
 
 #: Longest single wait in rk (poll, flush) between looks at the switch and the queue.
-_DIRECT_SLICE_S = 0.1
-#: Seconds between looks at going back to the direct path.
+_FAST_SLICE_S = 0.1
+#: Seconds between looks at reopening the fast path.
 _BACK_EVERY_S = 0.5
 
 # NOTE: imported last: the asyncio producer is built on Producer above.

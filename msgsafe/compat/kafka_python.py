@@ -22,7 +22,7 @@ kafka-python's constructor (keyword settings, see :func:`._kafka_python_config.t
   order holds through the outbox.
 
 Underneath is :class:`msgsafe.compat.confluent_kafka.Producer` (librdkafka on msgsafe's
-Kafka lane while nothing fails, msgsafe's Producer and outbox otherwise); a reporting
+Kafka fast path while nothing fails, msgsafe's Producer and outbox otherwise); a reporting
 thread serves its delivery reports and resolves the futures, as kafka-python's sender
 thread does. ``docs/migration.md`` lists every difference.
 """

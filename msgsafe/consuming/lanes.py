@@ -1,8 +1,13 @@
 """Per-key lanes over a pool of worker threads.
 
 Each key has one lane: its deliveries in arrival order, handled one at a time, the next
-only once the one before is finished (settled) — so a key's order holds however many
-workers there are. An unkeyed delivery is a lane of its own and runs freely. A lane
+only once the one before is finished (its handler returned, or it was settled) — so a
+key's order holds however many workers there are. A worker takes a run of a lane's
+first deliveries at once (up to ``_RUN``) and hands the lane back after it, taking the
+pool's lock once a run rather than once a delivery; the work settles a run's finished
+deliveries before the worker books the run (a stop whose deadline passes inside a run
+has them settled by ``acknowledge``, and gives back only the rest). An unkeyed delivery
+is a lane of its own and runs freely. A lane
 waiting out a retry's backoff holds its key only: no worker waits with it, other lanes
 go on. Closing gives back everything not started, each key's deliveries in their order,
 and what is running once it ends. A delivery whose handler ran (and failed, or is still
@@ -31,8 +36,10 @@ __all__ = ["Lane", "LanePool", "Verdict"]
 log = logging.getLogger("msgsafe.consumer")
 
 
-#: Deliveries of one lane a worker handles in a row while other lanes wait for a worker.
-_STREAK = 16
+#: Deliveries of one lane a worker takes at once (a run): handled in order with no lock of
+#: the pool's between them, taken off the lane together after the last. Also how many a
+#: worker handles in a row while other lanes wait for one.
+_RUN = 16
 
 
 class Verdict(enum.Enum):
@@ -55,10 +62,17 @@ class Lane:
     first_start: float | None = None
     #: The delivery a worker is handling now (None while none is).
     current: Delivery | None = None
+    #: How many of ``items``, from the head, the worker running the lane has finished
+    #: (settled) in its current run and not taken off yet: written by that worker only.
+    done: int = 0
 
 
-#: Handles the head of a lane: DONE, GIVE_BACK, or the clock time to try it again at.
-Work = Callable[[Lane], "Verdict | float"]
+#: Handles a run of a lane's first deliveries, in order, each only after the one before
+#: it was finished (``lane.done`` counts them); returns the verdict on the one it stopped
+#: at: DONE once all are (the run's every delivery settled), else GIVE_BACK, RELEASE or
+#: the clock time to try that one again at (those before it settled, ``lane.done`` of
+#: them).
+Work = Callable[[Lane, list[Delivery]], "Verdict | float"]
 
 #: Handles a batch: runs of the heads of lanes (each lane's first deliveries, in order),
 #: finishing each delivery it is done with through :meth:`LanePool.finished`; returns,
@@ -81,6 +95,7 @@ class LanePool:
         clock: RunClock,
         give_back: Callable[[Delivery], None],
         release: Callable[[Delivery], None],
+        acknowledge: Callable[[list[Delivery]], None] = lambda finished: None,
         batch_work: BatchWork | None = None,
         batch_size: int = 1,
         batch_wait: float = 0.0,
@@ -92,6 +107,8 @@ class LanePool:
         self._clock = clock
         self._give_back = give_back
         self._release = release
+        #: Settles what a worker finished (its handler returned) and had not settled yet.
+        self._acknowledge = acknowledge
         #: Workers wait on it for a lane to handle.
         lock = threading.RLock()
         #: The lock of both conditions, taken directly on the paths of every delivery:
@@ -243,68 +260,66 @@ class LanePool:
                 self._freed()
 
     def _serve(self) -> None:
-        kept: Lane | None = None
-        streak = 0
+        lane: Lane | None = None
+        run: list[Delivery] = []
         while True:
-            if kept is not None:
-                # The lane's next delivery, right after the one before (see _after).
-                lane: Lane | None = kept
-                batch = None
-            else:
+            if lane is None:
                 with self._mutex:
                     lane = self._take()
-                    batch = (
-                        self._gather(lane)
-                        if lane is not None
-                        and self._batch_work is not None
-                        and lane.first_start is None
-                        else None
-                    )
-            if lane is None:
-                return
-            if batch is not None:
-                self._serve_batch(batch)
-                continue
+                    if lane is None:
+                        return
+                    batch = None
+                    if self._batch_work is None:
+                        run = list(itertools.islice(lane.items, _RUN))
+                    elif lane.first_start is None:
+                        batch = self._gather(lane)
+                    else:  # a retry, in a batched run: handled alone
+                        run = [lane.items[0]]
+                if batch is not None:
+                    self._serve_batch(batch)
+                    lane = None
+                    continue
             try:
-                verdict = self._work(lane)
+                verdict = self._work(lane, run)
             except BaseException:  # the work catches what handlers raise; this is a bug
                 log.exception("consumer worker failed; the delivery is given back")
                 verdict = Verdict.GIVE_BACK
-            if verdict is Verdict.DONE and self._batch_work is None:
-                kept = self._next_of(lane, streak)
-                if kept is not None:
-                    streak += 1
-                    continue
-            kept, streak = None, 0
-            self._return(*self._after(lane, verdict))
+            lane, run = self._after_run(lane, run, verdict)
 
-    def _next_of(self, lane: Lane, streak: int) -> Lane | None:
-        """After ``lane``'s head was handled (DONE): take it off and keep the lane for
-        this worker when its next delivery is there (``lane``, its ``current`` the
-        next; it stays running: per-key order holds) — at most ``_STREAK`` in a row
-        while another lane waits for a worker. None otherwise, and nothing changed:
-        :meth:`_after` books the verdict.
+    def _after_run(
+        self, lane: Lane, run: list[Delivery], verdict: Verdict | float
+    ) -> tuple[Lane | None, list[Delivery]]:
+        """Take ``run``'s finished deliveries (``lane.done``) off ``lane`` and book the
+        verdict on the one it stopped at. After a run all done, the worker keeps the lane
+        with its next run when there is one and no other lane waits for a worker (the
+        lane, the run); otherwise (None, []).
 
-        A worker going on with its lane spares the lane a trip through the ready queue
-        and a wake-up per delivery (each a lock, a deque and a Condition.notify); the
-        bound keeps a key from waiting behind another's for more than ``_STREAK``
-        handler calls."""
+        One lock per run, not per delivery: a worker going on with its lane spares the
+        lane a trip through the ready queue and a wake-up (each a lock, a deque and a
+        Condition.notify); a key waits behind another's for at most one run."""
         with self._mutex:
+            done, lane.done = lane.done, 0
             items = lane.items
-            if (
-                len(items) < 2
-                or items[0] is not lane.current
-                or (self._ready and streak >= _STREAK)
-                or self._closing
-                or self._halted
-            ):
-                return None
-            items.popleft()
-            lane.first_start = None
-            lane.current = items[0]
-            self.held -= 1
-            self._freed()
-            return lane
+            if done and items and items[0] is run[0]:  # else close gave the lane back
+                # NOTE: first_start is the work's (reset after each delivery it finished):
+                # the one it stopped at may be tried already, a retry due.
+                for _ in range(done):
+                    items.popleft()
+                self.held -= done
+                if (
+                    verdict is Verdict.DONE
+                    and items
+                    and self._batch_work is None
+                    and not self._ready
+                    and not (self._closing or self._halted)
+                ):
+                    lane.current = items[0]
+                    self._freed()
+                    return lane, list(itertools.islice(items, _RUN))
+            lane.current = run[done] if done < len(run) else None
+            tried, back = self._after(lane, verdict, pop=False)
+        self._return(tried, back)
+        return None, []
 
     def _serve_batch(self, batch: list[tuple[Lane, list[Delivery]]]) -> None:
         assert self._batch_work is not None
@@ -396,14 +411,26 @@ class LanePool:
                 )
             finally:
                 self._room_waiters -= 1
-            running = [lane for lane in self._running if lane.items]
-            late = [lane.items[0] for lane in running]
+            # NOTE: the first ``done`` of a running lane's items are settled (its worker
+            # takes them off after its run): not given back, only dropped.
+            running = [lane for lane in self._running if len(lane.items) > lane.done]
+            late = [lane.items[lane.done] for lane in running]
             back = [
-                delivery for lane in running for delivery in itertools.islice(lane.items, 1, None)
+                delivery
+                for lane in running
+                for delivery in itertools.islice(lane.items, lane.done + 1, None)
+            ]
+            finished = [
+                delivery
+                for lane in running
+                for delivery in itertools.islice(lane.items, 0, lane.done)
             ]
             for lane in running:
                 lane.items.clear()
-            self.held -= len(late) + len(back)
+            self.held -= len(late) + len(back) + len(finished)
+        # Their handlers returned; their worker, still in a handler of its run, has not
+        # acknowledged them yet.
+        self._acknowledge(finished)
         self._return(late, back)
         for thread in self._threads:
             if thread.ident is not None and thread is not threading.current_thread():

@@ -4,6 +4,9 @@ handler did, stop cleanly.
 After a handler call the delivery is, in this order of preference:
 
 - acknowledged, when the handler returned (or left alone, when it settled it itself);
+  a worker handles a run of a key's deliveries in order and acknowledges those of the
+  run whose handler returned together, after the run (or before anything else of it is
+  settled: a failure's retry, dead letter or give-back), never before;
   with an inbox (:class:`~msgsafe.ports.InboxStore`) the handler runs as
   ``handler(delivery, tx)`` inside the inbox's transaction, which records the message id
   and commits before the acknowledgement; a message the inbox has recorded already is
@@ -146,6 +149,8 @@ class Runner:
         self._ended = tally.ended
         self._handled = tally.handled
         self._attempts = attempts
+        #: The attempt memory's forget of many ids at once, where it has one.
+        self._forget_all: Callable[[list[str]], None] | None = getattr(attempts, "forget_all", None)
         self._prefetch = prefetch
         self._retry = retry
         self._permanent = permanent
@@ -160,11 +165,12 @@ class Runner:
         self._stopping = False
         self._error: BaseException | None = None
         self._pool = LanePool(
-            self._handle,
+            self._handle_run,
             concurrency=concurrency,
             clock=clock,
             give_back=_give_back,
             release=_release,
+            acknowledge=_acknowledge,
             batch_work=self._handle_batch if batch is not None else None,
             batch_size=batch.max_messages if batch is not None else 1,
             batch_wait=batch.max_wait if batch is not None else 0.0,
@@ -215,10 +221,109 @@ class Runner:
 
     # --- one handler call, on a worker thread --------------------------------------------
 
-    def _handle(self, lane: Lane, *, counted: int | None = None) -> Verdict | float:
-        """One handler call on ``lane``'s head; ``counted``: its attempt was counted in
-        the inbox already, by a batch (that count), and this call continues it."""
-        delivery = lane.items[0]
+    def _handle_run(self, lane: Lane, run: list[Delivery]) -> Verdict | float:
+        """Handle ``run``, the first deliveries of ``lane``, in order, each finished before
+        the next starts (``lane.done`` counts them), until one is not done: the verdict
+        on it (DONE: all were). No lock of the pool's is taken between two of them; the
+        finished ones are settled before this returns."""
+        if self._inbox is not None:
+            # The ids are committed as each handler returns; their acknowledgements wait
+            # for the run's end, as below (a redelivery before them is skipped).
+            committed: list[Delivery] = []
+            for delivery in run:
+                if self._stopping:  # no handler starts after stop()
+                    self._ack_returned(committed)
+                    return Verdict.RELEASE if lane.first_start is None else Verdict.GIVE_BACK
+                verdict = self._handle(lane, delivery, returned=committed)
+                if verdict is not Verdict.DONE:
+                    self._ack_returned(committed)
+                    return verdict
+                lane.first_start = None
+                lane.done += 1
+            self._ack_returned(committed)
+            return Verdict.DONE
+        # NOTE: _handle without an inbox, inlined for the common first attempt: a Python
+        # call and its checks per delivery were a fifth of run()'s own cost. The run's
+        # returned handlers are acknowledged together (one receiver lock, not one a
+        # delivery), before the run's verdict is booked and before anything else is
+        # settled: never before their handler returned.
+        handler = self._handler
+        started, ended = self._started, self._ended
+        clock = self._clock if self._retry is not None else None
+        returned: list[Delivery] = []
+        for delivery in run:
+            if self._stopping:
+                self._ack_returned(returned)
+                return Verdict.RELEASE if lane.first_start is None else Verdict.GIVE_BACK
+            if lane.first_start is not None:  # a retry: attempt counts, clock kept
+                self._ack_returned(returned)
+                verdict = self._handle(lane, delivery)
+                if verdict is not Verdict.DONE:
+                    return verdict
+            else:
+                # The run's clock is read only where a retry policy will use the time.
+                lane.first_start = float(clock.now()) if clock is not None else 0.0
+                started()
+                try:
+                    handler(delivery)
+                except Exception as exc:
+                    ended()
+                    if delivery.settled is None:
+                        self._ack_returned(returned)
+                        verdict = self._failed(lane, delivery, exc)
+                        if verdict is not Verdict.DONE:
+                            return verdict
+                    else:  # settled by the handler itself
+                        self._forget(delivery)
+                else:
+                    ended()
+                    if delivery.settled is None:
+                        returned.append(delivery)
+                    else:
+                        self._forget(delivery)
+            lane.first_start = None
+            lane.done += 1
+        self._ack_returned(returned)
+        return Verdict.DONE
+
+    def _ack_returned(self, returned: list[Delivery]) -> None:
+        """Acknowledge ``returned`` (deliveries whose handler returned), counted handled,
+        their attempts forgotten; emptied."""
+        if not returned:
+            return
+        failed = type(returned[0])._ack_run(returned)
+        for _, exc in failed:
+            log.info("cannot settle a delivery (it will be delivered again): %s", exc)
+        lost = {id(delivery) for delivery, _ in failed} if failed else ()
+        handled = self._handled
+        forgotten: list[str] = []
+        for delivery in returned:
+            if lost and id(delivery) in lost:
+                continue
+            handled()
+            message_id = delivery.message_id
+            if message_id is not None and not delivery.attempt_from_broker:
+                forgotten.append(message_id)
+        if self._forget_all is not None:
+            self._forget_all(forgotten)
+        else:
+            for message_id in forgotten:
+                self._attempts.forget(message_id)
+        returned.clear()
+
+    def _handle(
+        self,
+        lane: Lane,
+        delivery: Delivery,
+        *,
+        counted: int | None = None,
+        returned: list[Delivery] | None = None,
+    ) -> Verdict | float:
+        """One handler call on ``delivery``, ``lane``'s first not finished; ``counted``:
+        its attempt was counted in the inbox already, by a batch (that count), and this
+        call continues it. ``returned``: a handler that returned (and ran) puts its
+        delivery there to be acknowledged with the rest of the run, which is
+        acknowledged before anything else is settled here."""
         first = lane.first_start is None
         if first:
             # NOTE: the run's clock is read only where a retry policy will use the time:
@@ -231,6 +336,8 @@ class Runner:
         if counted is None:
             counted = self._count_attempt(delivery, first=first) if self._inbox is not None else 0
         if counted and self._beyond_max(counted):
+            if returned:
+                self._ack_returned(returned)
             # NOTE: the inbox counts calls, not failures: calls beyond max_attempts mean
             # earlier ones ended with no outcome (the process died in the handler). Calling
             # it again would crash-loop the consumer on this message for ever.
@@ -260,6 +367,9 @@ class Runner:
         if error is None:
             # With an inbox the id and the handler's effects are committed by now: a
             # crash before this ack redelivers a message the inbox then skips.
+            if ran and returned is not None:
+                returned.append(delivery)
+                return Verdict.DONE
             try:
                 delivery.ack()
             except MsgsafeError as exc:
@@ -273,6 +383,8 @@ class Runner:
             if message_id is not None and not delivery.attempt_from_broker:
                 self._attempts.forget(message_id)
             return Verdict.DONE
+        if returned:
+            self._ack_returned(returned)
         return self._failed(lane, delivery, error)
 
     def _beyond_max(self, calls: int) -> bool:
@@ -488,7 +600,7 @@ class Runner:
             # Counted by the batch (or not counted in the inbox at all): not again.
             message_id = delivery.message_id
             counted = 0 if counts is None or message_id is None else counts.get(message_id, 0)
-            verdict = self._handle(lane, counted=counted)
+            verdict = self._handle(lane, delivery, counted=counted)
             if verdict is not Verdict.DONE:
                 if counts is not None:
                     for later in deliveries[index + 1 :]:
@@ -611,6 +723,14 @@ def _settle(settle: Callable[[], None]) -> bool:
 def _give_back(delivery: Delivery) -> None:
     """A delivery its handler ran on: the broker counts the attempt."""
     _settle(lambda: delivery.nack(requeue=True))
+
+
+def _acknowledge(finished: list[Delivery]) -> None:
+    """Deliveries whose handler returned, not settled yet (a worker acknowledges its
+    run's together, after the run): acknowledged now (at a stop's deadline)."""
+    for delivery in finished:
+        if delivery.settled is None:
+            _settle(delivery.ack)
 
 
 def _release(delivery: Delivery) -> None:

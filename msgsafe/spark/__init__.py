@@ -18,7 +18,7 @@ on the driver; executors need msgsafe and the broker's extra.
   (:class:`MsgsafeDataSource`, imported on first use: it needs PySpark 4);
 - :mod:`.partition` — what runs in an executor: publish one partition, wait for receipts;
 - :mod:`.arrow` — the same over Arrow record batches (``mapInArrow``), the fast route;
-- :mod:`.kafka_lane` — Arrow batches to Kafka without an outbox: rows counted, not receipted;
+- :mod:`.kafka_fast` — Arrow batches to Kafka without an outbox: rows counted, not receipted;
 - :mod:`.producers` — the producer (and outbox file) cached per executor process;
 - :mod:`.ids` — message ids derived from the batch id and the row.
 

@@ -28,7 +28,7 @@ from typing import Any
 from msgsafe.errors import ClosedError, InvalidMessage
 from msgsafe.spark import producers
 from msgsafe.spark.ids import ContentIds, key_id
-from msgsafe.spark.kafka_lane import publish_lane
+from msgsafe.spark.kafka_fast import publish_fast
 from msgsafe.spark.partition import (
     PartitionPlan,
     PartitionResult,
@@ -129,7 +129,7 @@ def publish_batches(
     if plan.headers:
         return publish_partition(plan, batch_id, partition, _rows(batches), attempt=attempt)
     value_what = f"column {plan.value_name!r}"
-    if plan.kafka_lane:
+    if plan.kafka_fast:
 
         def binary_columns(batch: Any, offset: int) -> tuple[Any, Any | None]:
             values = _binary_column(batch.column(plan.value_index), value_what, offset, False)
@@ -138,7 +138,7 @@ def publish_batches(
             keys = _binary_column(batch.column(plan.key_index), "the key column", offset, True)
             return values, keys
 
-        return publish_lane(plan, batch_id, partition, batches, binary_columns, attempt)
+        return publish_fast(plan, batch_id, partition, batches, binary_columns, attempt)
     sender: PartitionSender | None = None
     destination = plan.destination
     content_ids = (

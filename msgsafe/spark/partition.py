@@ -73,8 +73,8 @@ class PartitionPlan:
     chunk_rows: int = 1_000
     #: Longest wait for one receipt once the partition is read (then SendTimeout).
     receipt_timeout: float = 120.0
-    #: Publish Arrow batches through :mod:`msgsafe.spark.kafka_lane` (Kafka, no outbox).
-    kafka_lane: bool = False
+    #: Publish Arrow batches through :mod:`msgsafe.spark.kafka_fast` (Kafka, no outbox).
+    kafka_fast: bool = False
 
 
 @dataclass(frozen=True, slots=True)

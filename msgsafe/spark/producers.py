@@ -120,9 +120,9 @@ def close_all(timeout: float | None = 30.0) -> None:
     for producer in producers:
         # At interpreter exit: one failing must not keep the others open.
         call_logged(log, f"closing {producer!r}", producer.close, timeout)
-    from msgsafe.spark.kafka_lane import close_lanes
+    from msgsafe.spark.kafka_fast import close_clients
 
-    close_lanes(30.0 if timeout is None else timeout)
+    close_clients(30.0 if timeout is None else timeout)
 
 
 atexit.register(close_all)

@@ -9,7 +9,7 @@ attempts. Partitions are read as Arrow record batches (``df.mapInArrow``,
 :func:`~.arrow.publish_batches`) when PySpark's pandas and pyarrow are installed, and as
 pickled rows (``mapPartitionsWithIndex``, :func:`~.partition.publish_partition`)
 otherwise; both give every row the same id. Arrow batches to Kafka without an outbox go
-through :mod:`~.kafka_lane` instead of the Producer.
+through :mod:`~.kafka_fast` instead of the Producer.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from msgsafe.endpoints import parse_url, traits
 from msgsafe.errors import ConfigurationError, InvalidMessage, MissingExtra, MsgsafeError
-from msgsafe.spark import arrow, kafka_lane
+from msgsafe.spark import arrow, kafka_fast
 from msgsafe.spark.partition import PartitionPlan, PartitionResult, publish_partition
 from msgsafe.spark.producers import SinkOutbox
 
@@ -308,7 +308,7 @@ class ForeachBatchSink:
             # A handful of chunks in flight: each receipt waits for its whole chunk.
             chunk_rows=max(1, min(_CHUNK_ROWS, self._max_in_flight // 5)),
             receipt_timeout=self._receipt_timeout,
-            kafka_lane=not headers and kafka_lane.eligible(self._url, self._outbox, self._options),
+            kafka_fast=not headers and kafka_fast.eligible(self._url, self._outbox, self._options),
         )
         return names, plan
 
@@ -414,9 +414,9 @@ def foreach_batch_sink(
     ``producer_options`` go to :class:`~msgsafe.Producer` in each executor (and from
     there to the adapter, which refuses unknown ones on the first task). To Kafka
     without an outbox (and without ``telemetry`` or other options only the Producer
-    takes), Arrow batches skip the Producer: a lane with the adapter's librdkafka
+    takes), Arrow batches skip the Producer: a client with the adapter's librdkafka
     settings counts confirms instead of resolving a receipt per row
-    (:mod:`~msgsafe.spark.kafka_lane`), the same records at a third less CPU.
+    (:mod:`~msgsafe.spark.kafka_fast`), the same records at a third less CPU.
 
     A replayed batch repeats up to a whole batch of ids: consumers should use a dedup
     window at least as large as a batch (``Consumer(url, dedup=rows_per_batch)``).

@@ -172,7 +172,7 @@ class OutcomeCounts:
     def __init__(self) -> None:
         self._confirmed = itertools.count()
         self._stored = itertools.count()
-        #: Count one send confirmed: a C call (no Python frame), for a transport's lane.
+        #: Count one send confirmed: a C call (no Python frame), for a transport's fast path.
         self.count_confirmed = functools.partial(next, self._confirmed)
         self.lock = threading.Lock()
         self.failed: Counter[str] = Counter()
@@ -228,7 +228,7 @@ class ProducerCounters(ConnectionCounters):
 
     @property
     def count_sent(self) -> functools.partial[int]:
-        """:meth:`sent_one` as a C call (no Python frame), for the producer's lane."""
+        """:meth:`sent_one` as a C call (no Python frame), for the producer's fast path."""
         return functools.partial(next, self._sent)
 
     def add_batch(self, count: int) -> None:

@@ -34,8 +34,8 @@ from msgsafe.ports import (
     CallbackTransport,
     CountingStore,
     ErrorListeningTransport,
+    FastPathTransport,
     HurryingTransport,
-    LaneTransport,
     NotifyingStore,
     OutboxStore,
     ReleasingStore,
@@ -167,7 +167,7 @@ _TRANSPORT_SEAMS: dict[str, type] = {
     "batch": BatchTransport,
     "hurry": HurryingTransport,
     "listen_errors": ErrorListeningTransport,
-    "lane": LaneTransport,
+    "fast_path": FastPathTransport,
 }
 
 
@@ -323,14 +323,14 @@ def test_listen_errors_as_declared(case: BrokerCase, transport: Transport) -> No
         assert p.listen_errors(None) is declared
 
 
-def test_lane_as_declared(case: BrokerCase, transport: Transport, tmp_path: Path) -> None:
-    """``lane``: the producer's single sends go through the transport's lane (True) or the
-    safe way (False); either way every one is confirmed, and each key keeps its order
-    across single sends and a keyed batch between them (which the lane leaves for)."""
-    declared = transport.capabilities.lane
+def test_fast_path_as_declared(case: BrokerCase, transport: Transport, tmp_path: Path) -> None:
+    """``fast_path``: the producer's single sends go through the transport's fast path
+    (True) or the safe way (False); either way every one is confirmed, and each key keeps its order
+    across single sends and a keyed batch between them (which the fast path leaves for)."""
+    declared = transport.capabilities.fast_path
     dest = case.new_destination()
     with Producer(case.url, outbox=tmp_path / "o.db", **case.producer_options) as p:
-        assert (p._lane is not None) is declared
+        assert (p._fast is not None) is declared
         first = [p.send_async(dest, b"%d" % i, key=f"k{i % 3}") for i in range(60)]
         batch = p.send_batch_async(
             dest, [b"%d" % i for i in range(60, 120)], keys=[f"k{i % 3}" for i in range(60, 120)]

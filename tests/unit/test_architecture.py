@@ -17,6 +17,11 @@ not a guard. An import names its target module (``from msgsafe.outbox import sql
 names ``msgsafe/outbox/sqlite.py``), not the packages Python runs on the way. Imports
 by computed name (``importlib.import_module`` over the scheme or kind tables) stay
 inside their own layer and are not read.
+
+Inside a layer the parts of the package (a top folder, ``msgsafe/compat/``, or a module
+of ``msgsafe/``) import each other one way only: an import from one part to another
+that leads back to the first, directly or through others, fails too. A module's own
+folder may hold such loops (a package's modules deferring imports of each other).
 """
 
 from __future__ import annotations
@@ -217,3 +222,73 @@ def test_an_upward_import_is_caught_wherever_it_is() -> None:
         assert len(found) == 1, f"{how}: {found}"
     down = {endpoints: sources[endpoints] + "from msgsafe import errors\n"}
     assert _upward(layers, names, down) == {}, "an import of the same layer is no finding"
+
+
+# --- no arrow back up, inside a layer either ------------------------------------------
+
+
+def _part(module: str) -> str:
+    """The part of the package a module is in: its top folder (``msgsafe/outbox/``), or
+    the module itself for one of ``msgsafe/`` (``msgsafe/producer.py``)."""
+    parts = module.split("/")
+    return f"msgsafe/{parts[1]}/" if len(parts) > 2 else module
+
+
+def _import_map(sources: dict[str, str]) -> dict[str, list[tuple[int, str]]]:
+    """Module path -> (line, module path) of every ``msgsafe`` module it imports."""
+    return {path: _imports(path, source) for path, source in sources.items()}
+
+
+def _loops(imports: dict[str, list[tuple[int, str]]]) -> list[str]:
+    """Every import from one part to another that the other part reaches back from:
+    ``path:line imports target``, and the way back, one line per arrow."""
+    arrows: dict[tuple[str, str], str] = {}
+    for path, targets in sorted(imports.items()):
+        for line, target in targets:
+            if _part(path) != _part(target):
+                arrows.setdefault((_part(path), _part(target)), f"{path}:{line} imports {target}")
+    below: dict[str, set[str]] = {}
+    for start, end in arrows:
+        below.setdefault(start, set()).add(end)
+
+    def path_back(start: str, goal: str) -> list[str] | None:
+        """The parts from ``start`` to ``goal`` along the arrows, if any."""
+        seen, todo = {start}, [[start]]
+        while todo:
+            way = todo.pop()
+            if way[-1] == goal:
+                return way
+            for step in sorted(below.get(way[-1], ())):
+                if step not in seen:
+                    seen.add(step)
+                    todo.append([*way, step])
+        return None
+
+    found: list[str] = []
+    for (start, end), where in sorted(arrows.items()):
+        back = path_back(end, start)
+        if back is not None:
+            found.append(f"{where}, and back: {' -> '.join(back)}")
+    return found
+
+
+def test_no_part_of_the_package_is_imported_back_by_what_it_imports() -> None:
+    """The layer rule lets a row's parts import each other (``compat/`` and ``spark/``,
+    ``consumer.py`` and ``aio.py``); one way only, so that the arrows between the parts of
+    the package, folders and top-level modules, make no loop."""
+    _, _, sources = _package()
+    loops = _loops(_import_map(sources))
+    assert not loops, "parts of the package that import each other:\n" + "\n".join(loops)
+
+
+def test_a_loop_is_caught_across_a_layer_and_inside_one() -> None:
+    _, _, sources = _package()
+    imports = _import_map(sources)
+    planted = {
+        "across": ("msgsafe/cluster/cli.py", "from msgsafe.cli import _output\n"),
+        "inside": ("msgsafe/errors.py", "from msgsafe import endpoints\n"),
+    }
+    assert _loops(imports) == []
+    for how, (path, code) in planted.items():
+        changed = {**imports, path: _imports(path, sources[path] + code)}
+        assert any(line.startswith(f"{path}:") for line in _loops(changed)), how

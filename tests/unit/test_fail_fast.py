@@ -32,8 +32,12 @@ SCHEMES = ["amqp", "amqp10", "kafka"]
 #: Documented default connect_timeout.
 CONNECT_TIMEOUT_S = 2.0
 MARGIN = 3.0
-#: What "at once" is asserted as: well inside connect_timeout, whatever the machine's load.
-REFUSED_BOUND_S = CONNECT_TIMEOUT_S / 2
+#: The refused-host tests set a long connect_timeout, so that "at once" (not waiting for
+#: it) is asserted with room for a loaded machine: proton's container start alone took
+#: 1.0-1.4 s for amqp10's first send at load 9 on 2 cores.
+REFUSED_CONNECT_TIMEOUT_S = 10.0
+#: What "at once" is asserted as: well inside that connect_timeout.
+REFUSED_BOUND_S = REFUSED_CONNECT_TIMEOUT_S / 2
 
 
 @pytest.fixture
@@ -58,7 +62,7 @@ def _timed_send(producer: Producer) -> tuple[float, object]:
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_every_host_refusing_fails_the_first_send_at_once(scheme: str) -> None:
     url = f"{scheme}://127.0.0.1:{refused_port()},127.0.0.1:{refused_port()}/"
-    producer = Producer(url, outbox=False)
+    producer = Producer(url, outbox=False, connect_timeout=REFUSED_CONNECT_TIMEOUT_S)
     try:
         took = []
         for _ in range(5):
@@ -67,8 +71,7 @@ def test_every_host_refusing_fails_the_first_send_at_once(scheme: str) -> None:
             assert outcome.maybe_delivered is False
             took.append(elapsed)
         # NOTE: the claim is "without waiting for connect_timeout"; the 100 ms figure is
-        # the benchmark's. A loaded 2-core machine took 0.31-0.43 s for amqp10's first
-        # send (proton's container start), so the bound is half of connect_timeout.
+        # the benchmark's, so the bound here is half of a connect_timeout set long.
         assert max(took) < REFUSED_BOUND_S, took
     finally:
         start = time.monotonic()
@@ -79,7 +82,9 @@ def test_every_host_refusing_fails_the_first_send_at_once(scheme: str) -> None:
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_every_host_refusing_stores_at_once(scheme: str, tmp_path: Path) -> None:
     url = f"{scheme}://127.0.0.1:{refused_port()}/"
-    producer = Producer(url, outbox=tmp_path / "outbox.db")
+    producer = Producer(
+        url, outbox=tmp_path / "outbox.db", connect_timeout=REFUSED_CONNECT_TIMEOUT_S
+    )
     try:
         took = []
         for _ in range(5):

@@ -204,3 +204,38 @@ def test_the_model_sees_a_path_that_opens_with_a_backlog() -> None:
             got = [n for k, n in model.delivered if k == key]
             reordered += got != [n for k, n in sent if k == key]
     assert reordered
+
+
+def test_a_path_that_holds_messages_switches_before_it_rests() -> None:
+    """switch() leaves the fast path once (sends park while switching); switched() ends
+    the switch with the path resting; reopen() opens it only then."""
+    path = FastPath(Safe())
+    assert path.switch()
+    assert path.resting and path.switching
+    assert not path.switch()  # a second failure joins the switch under way
+    assert not path.reopen()  # nothing reopens a path still emptying its messages
+    path.confirmed_safe()
+    assert path.resting
+    path.switched()
+    assert path.resting and not path.switching
+    assert path.reopen()
+    assert not path.resting
+
+
+def test_a_hold_keeps_it_resting_and_shut_for_good(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [100.0]
+    monkeypatch.setattr("msgsafe.fastpath.time.monotonic", lambda: now[0])
+    path = FastPath(Safe(), resting=True)
+    path.hold(2.0)
+    path.hold(1.0)  # a shorter hold does not shorten the longer one
+    now[0] = 101.5
+    assert not path.may_reopen(now[0]) and not path.reopen()
+    path.confirmed_safe()
+    assert path.resting
+    now[0] = 102.5
+    assert path.reopen()
+    path.shut()
+    now[0] = 1e9
+    assert path.resting and not path.reopen()
+    path.confirmed_safe()
+    assert path.resting

@@ -3,16 +3,17 @@
 Read with :mod:`ast` over the package:
 
 - only ``msgsafe/fastpath.py`` sets a fast path's state: no other module assigns an
-  attribute named ``resting`` (or ``_resting``), the flag every copy of the rule kept;
+  attribute named ``resting`` (or ``_resting``), the flag every copy of the rule kept,
+  or ``switching`` and ``holds`` (a fast path that holds messages, emptying them);
 - where the fast paths live (the drop-ins, the adapters, the Spark writer), no module
   writes to an outbox itself: no ``.put(...)`` on something named ``...store...`` or
   ``...outbox...``; what a fast path could not deliver goes through
   :func:`msgsafe.fastpath.store_refused`;
 - no class is named after the retired copies (``DirectPath``, ``DirectPublisher``,
-  ``DirectSender``, ``DirectTaskPublisher``) outside ``REMAINING``.
+  ``DirectSender``, ``DirectTaskPublisher``, ``DirectLane``) outside ``REMAINING``.
 
-The few that remain are listed in ``REMAINING`` with why; the list only shrinks (an
-entry that no longer occurs fails too).
+None remains: ``REMAINING`` (an exception, with why) is empty, and stays so; an entry
+that no longer occurs fails too.
 """
 
 from __future__ import annotations
@@ -26,16 +27,14 @@ PACKAGE = ROOT / "msgsafe"
 HOME = "msgsafe/fastpath.py"
 #: Where fast paths live: no module here writes to an outbox itself.
 FAST_PATH_HOMES = ("msgsafe/compat/", "msgsafe/adapters/", "msgsafe/spark/")
-RETIRED = frozenset({"DirectPath", "DirectPublisher", "DirectSender", "DirectTaskPublisher"})
+RETIRED = frozenset(
+    {"DirectLane", "DirectPath", "DirectPublisher", "DirectSender", "DirectTaskPublisher"}
+)
+#: The state attributes only FastPath sets.
+STATE = ("resting", "_resting", "switching", "holds")
 
 #: (module, what) -> why it is still there. Remove an entry with what it names.
-REMAINING: dict[tuple[str, str], str] = {
-    ("msgsafe/compat/_kafka_direct.py", "class DirectPath"): (
-        "the confluent-kafka drop-in's own switch (purge, park, store in produce order, "
-        "reopen on a timer) keeps its states under the wrapper's lock; it stores through "
-        "store_refused but is not yet a FastPath"
-    ),
-}
+REMAINING: dict[tuple[str, str], str] = {}
 
 
 @functools.cache
@@ -63,7 +62,7 @@ def _findings(path: str, tree: ast.Module) -> set[str]:
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
             targets = [node.target]
         for target in targets:
-            if isinstance(target, ast.Attribute) and target.attr in ("resting", "_resting"):
+            if isinstance(target, ast.Attribute) and target.attr in STATE:
                 found.add(f"sets .{target.attr}")
         if (
             path.startswith(FAST_PATH_HOMES)
@@ -107,6 +106,7 @@ def test_the_guard_sees_what_it_claims_to() -> None:
         "class DirectPath:\n"
         "    def failed(self):\n"
         "        self.resting = True\n"
+        "        self.switching = False\n"
         "def park(producer, envelope):\n"
         "    producer.outbox.put([envelope])\n"
         "    store.put([envelope])\n"
@@ -115,6 +115,7 @@ def test_the_guard_sees_what_it_claims_to() -> None:
     assert _findings("msgsafe/compat/new.py", tree) == {
         "class DirectPath",
         "sets .resting",
+        "sets .switching",
         "outbox.put",
         "store.put",
     }

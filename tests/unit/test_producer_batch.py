@@ -293,7 +293,7 @@ def test_batch_receipt_repr_is_short_however_big_the_batch() -> None:
 def test_a_replayed_batch_whose_route_fails_still_resolves(
     memory_broker: MemoryBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A batch a lane parked is replayed on the lane's thread, where no caller can be
+    """A batch a fast path parked is replayed on the fast path's thread, where no caller can be
     raised to: when its route fails before anything of it was routed, every message is
     failed (the outbox taking what it can), and its future resolves."""
     from msgsafe._receipts import BatchSend

@@ -36,9 +36,6 @@ NAMES = frozenset(PROTOCOLS) | frozenset(KINDS)
 
 #: (module, name compared) -> why it is still there. Remove an entry with its branch.
 REMAINING: dict[tuple[str, str], str] = {
-    ("msgsafe/spark/kafka_lane.py", "kafka"): (
-        "the Spark writer's Kafka-only fast path; the one fast-path concept replaces it"
-    ),
     ("msgsafe/compat/_kafka_config.py", "kafka"): (
         "the confluent-kafka drop-in passes its client options to Kafka only (memory:// "
         "in tests takes the common ones)"

@@ -1,7 +1,7 @@
 """``kafka://`` and ``kafka+ssl://``: the Kafka adapter (confluent-kafka / librdkafka).
 
 Publishing uses ``acks=all`` with the idempotent producer, on a
-:class:`~msgsafe.adapters.kafka.lane.KafkaLane` (which the confluent-kafka drop-in and
+:class:`~msgsafe.adapters.kafka.client.KafkaClient` (which the confluent-kafka drop-in and
 the Spark sink use too); consuming commits offsets only after the application
 acknowledged. The broker side completes the chain: topics with replication factor 3 or
 more, ``min.insync.replicas=2`` and ``unclean.leader.election.enable=false``.
@@ -20,15 +20,15 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
 
 from msgsafe.adapters._config import build_config
 from msgsafe.adapters.kafka._errors import certificate_refusal
+from msgsafe.adapters.kafka.client import KafkaClient
 from msgsafe.adapters.kafka.config import KafkaOptions, check_destination
-from msgsafe.adapters.kafka.lane import KafkaLane
 from msgsafe.adapters.kafka.positions import start_group_at_beginning
 from msgsafe.adapters.kafka.receiver import KafkaReceiver
 from msgsafe.adapters.kafka.transport import KafkaTransport
 from msgsafe.endpoints import BrokerUrl
 
 __all__ = [
-    "KafkaLane",
+    "KafkaClient",
     "KafkaOptions",
     "KafkaReceiver",
     "KafkaTransport",

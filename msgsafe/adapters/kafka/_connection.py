@@ -1,8 +1,8 @@
-"""The transport's policy on its Kafka lane: the poll thread, the watchdog, and every
+"""The transport's policy on its Kafka client: the poll thread, the watchdog, and every
 delivery report it owes.
 
 The producer itself, its settings, the record headers, reports in runs and error
-translation are the lane's (:class:`~msgsafe.adapters.kafka.lane.KafkaLane`); librdkafka
+translation are the client's (:class:`~msgsafe.adapters.kafka.client.KafkaClient`); librdkafka
 owns the connections to the brokers and fails over by itself. On top of that, for the
 transport (what callers call) as the part that outlives a producer:
 
@@ -15,7 +15,7 @@ transport (what callers call) as the part that outlives a producer:
 - librdkafka's error events tell when every broker is down (publishes then fail at
   once) and when the peer speaks another protocol or refuses the certificate;
 - :class:`SendReport` is one message's delivery callable; :class:`BatchReports` settles
-  a :class:`~msgsafe.message.Batch` from the :class:`~msgsafe.adapters.kafka.lane.ReportRun`
+  a :class:`~msgsafe.message.Batch` from the :class:`~msgsafe.adapters.kafka.client.ReportRun`
   of each chunk of it.
 """
 
@@ -34,8 +34,8 @@ from msgsafe._observer import current as observer_now
 from msgsafe.adapters import _peer
 from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_confirmed, report_failed
 from msgsafe.adapters.kafka._errors import PRODUCER_STATE, certificate_refusal
+from msgsafe.adapters.kafka.client import KafkaClient, ReportRun
 from msgsafe.adapters.kafka.config import KafkaOptions
-from msgsafe.adapters.kafka.lane import KafkaLane, ReportRun
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import (
     AuthenticationError,
@@ -118,7 +118,7 @@ class BatchReports:
     """Everything the transport tracks for one batch: its chunks, its deadline, and
     which indexes are settled. Reports ``confirmed`` once per finished chunk.
 
-    Each chunk of the batch is a :class:`~msgsafe.adapters.kafka.lane.ReportRun`, whose
+    Each chunk of the batch is a :class:`~msgsafe.adapters.kafka.client.ReportRun`, whose
     failures this matches to indexes by ``(key, value)``, exactly where that content is
     unique in the chunk. Where identical messages both failed and succeeded, all of them
     are failed as possibly delivered: they go to the outbox, and the ones the broker had
@@ -232,11 +232,11 @@ class BatchReports:
 
 
 class ProducerLink:
-    """The lane of one transport and the thread that serves its delivery reports.
+    """The client of one transport and the thread that serves its delivery reports.
 
     Publishers add to :attr:`open` and :attr:`watch` (single messages) or
     :attr:`batches`, serve reports themselves while busy (:meth:`serve`, noting
-    :attr:`inline_at`) and read ``lane.producer`` afresh for every message: it is
+    :attr:`inline_at`) and read ``client.producer`` afresh for every message: it is
     replaced after a fatal error.
     """
 
@@ -294,11 +294,11 @@ class ProducerLink:
         #: Producers recreated after a fatal error (for tests and metrics).
         self.recreated = 0
         self.listener: Callable[[KafkaError], object] | None = None  # see listen_errors
-        #: Watchdogs of the direct lanes over this link (DirectLane.expire), run with
+        #: Watchdogs of the fast paths over this link (KafkaFastSender.expire), run with
         #: the link's own on the poll thread.
-        self.lane_watchdogs: list[Callable[[float], None]] = []
+        self.fast_watchdogs: list[Callable[[float], None]] = []
         #: The producer, renewed after a fatal error.
-        self.lane = KafkaLane(url, options, on_error=self.on_error)
+        self.client = KafkaClient(url, options, on_error=self.on_error)
         self._thread = threading.Thread(target=self._run, name="msgsafe-kafka-poll", daemon=True)
         self._thread.start()
 
@@ -310,7 +310,7 @@ class ProducerLink:
     def serve(self, timeout: float) -> None:
         """Serve delivery reports on this thread, blocking at most ``timeout`` seconds."""
         try:
-            self.lane.producer.poll(timeout)
+            self.client.producer.poll(timeout)
         except KafkaException as exc:
             self.on_error(exc.args[0])
 
@@ -348,7 +348,7 @@ class ProducerLink:
             err = refused.args[0]
             if err.fatal():
                 self.fatal = err
-            return self.lane.error(err, message_id)
+            return self.client.error(err, message_id)
         return InvalidMessage(f"kafka refused the message: {refused}", message_id=message_id)
 
     def delivery_error(self, err: KafkaError, message_id: str | None = None) -> MsgsafeError:
@@ -368,7 +368,7 @@ class ProducerLink:
             # longer knows; librdkafka keeps using it, so start a fresh producer.
             log.warning("kafka %s: recreating the producer", err.name())
             self.fatal = err
-        return self.lane.error(err, message_id)
+        return self.client.error(err, message_id)
 
     def on_error(self, err: KafkaError) -> None:
         """librdkafka's ``error_cb`` (and what ``poll`` raises): a fatal error has the
@@ -446,7 +446,7 @@ class ProducerLink:
         failed are not asked, so an outage costs nothing here.
         """
         self._peers_asked = True
-        tls = str(self.lane.settings.get("security.protocol", "")).endswith("SSL")
+        tls = str(self.client.settings.get("security.protocol", "")).endswith("SSL")
         spoken = None
         for endpoint in self._endpoints:
             if endpoint in self._unreachable:
@@ -489,7 +489,7 @@ class ProducerLink:
                 continue
             self.polling = True
             try:
-                self.lane.producer.poll(_POLL_S)
+                self.client.producer.poll(_POLL_S)
             except KafkaException as exc:
                 # NOTE: confluent-kafka raises a fatal error out of poll() as well as
                 # through error_cb.
@@ -522,7 +522,7 @@ class ProducerLink:
             return
         self._look_at = now + _LOOK_EVERY_S
         try:
-            self.lane.producer.list_topics(self.wanted_topic, timeout=_LOOK_EVERY_S)
+            self.client.producer.list_topics(self.wanted_topic, timeout=_LOOK_EVERY_S)
         except KafkaException:
             return  # still down (or the topic's metadata refused): look again later
         except Exception:  # a lookout must not stop the poll thread
@@ -540,7 +540,7 @@ class ProducerLink:
         # Messages still in librdkafka's queue were never sent: with every broker down
         # they fail now (ConnectError, to the outbox) instead of at message.timeout.ms.
         self._purge_queue = False
-        self.lane.purge(in_flight=False)
+        self.client.purge(in_flight=False)
 
     def _recreate(self) -> None:
         self.fatal = None
@@ -549,7 +549,7 @@ class ProducerLink:
         # never comes. Its own fatal errors meanwhile are about it: ignored.
         self._draining = True
         try:
-            self.lane.renew()
+            self.client.renew()
         except MsgsafeError:
             log.exception("kafka producer could not be recreated")
             return
@@ -558,7 +558,7 @@ class ProducerLink:
         self.recreated += 1
 
     def _expire(self, now: float) -> None:
-        for watchdog in self.lane_watchdogs:
+        for watchdog in self.fast_watchdogs:
             watchdog(now)
         batches = self.batches
         while batches:
@@ -604,13 +604,13 @@ class ProducerLink:
         self._thread.join()
         wait = self._timeout if timeout is None else max(0.0, timeout)
         try:
-            left = self.lane.drain(wait)
+            left = self.client.drain(wait)
         except (KafkaException, RuntimeError):
             log.debug("closing the kafka producer", exc_info=True)
-            left = len(self.lane)
+            left = len(self.client)
         self._closing = True
         if left:
-            self.lane.purge()
+            self.client.purge()
         while self.batches:
             self.batches.popleft().abandon(
                 ConnectionLost(

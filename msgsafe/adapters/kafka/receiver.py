@@ -32,7 +32,7 @@ from msgsafe.adapters.kafka._errors import translate
 from msgsafe.adapters.kafka._wire import ID_HEADER, read_headers
 from msgsafe.adapters.kafka.config import KafkaOptions, consumer_settings
 from msgsafe.endpoints import BrokerUrl
-from msgsafe.errors import ClosedError, ConfigurationError, ConnectionLost
+from msgsafe.errors import ClosedError, ConfigurationError, ConnectionLost, MsgsafeError
 from msgsafe.message import NO_HEADERS, UNSET, Delivery, Outcome, SettleFn, new_message_id
 
 __all__ = ["KafkaReceiver"]
@@ -227,6 +227,58 @@ class _KafkaDelivery(Delivery):
         after = self._after
         if after is not None:
             after(self, _ACCEPT)
+
+    @classmethod
+    def _ack_run(cls, deliveries: list[Delivery]) -> list[tuple[Delivery, MsgsafeError]]:
+        """:meth:`ack` each of ``deliveries`` under one take of the receiver's lock (every
+        track shares it), each track's commit point moved once at the end, then tell
+        each observer; one not settled straight into a track of the first's receiver
+        (another class, another receiver, the telemetry's wrapper) is acknowledged
+        alone."""
+        failed: list[tuple[Delivery, MsgsafeError]] = []
+        alone: list[Delivery] = []
+        acked: list[_KafkaDelivery] = []
+        first = deliveries[0] if deliveries else None
+        if type(first) is not cls or first._settle is not None:
+            return super()._ack_run(deliveries)
+        lock = first._track.lock
+        moved: set[_Track] = set()
+        with lock:
+            for delivery in deliveries:
+                if type(delivery) is not cls or delivery._settle is not None:
+                    alone.append(delivery)
+                    continue
+                track: _Track = delivery._track
+                if track.lock is not lock:
+                    alone.append(delivery)
+                elif delivery._settled is not None:
+                    failed.append((delivery, _settled_twice(delivery)))
+                else:
+                    delivery._settled = _ACCEPT
+                    acked.append(delivery)
+                    if not track.live:
+                        continue  # revoked: its new owner delivers it again
+                    offset: int = delivery._offset
+                    pending = track.pending
+                    if not track.settled and pending and pending[0] == offset:
+                        pending.popleft()
+                        track.commit = offset + 1
+                    else:
+                        track.settled.add(offset)
+                        moved.add(track)
+            for track in moved:
+                pending, settled = track.pending, track.settled
+                while pending and pending[0] in settled:
+                    done = pending.popleft()
+                    settled.discard(done)
+                    track.commit = done + 1
+        for delivery in acked:
+            after = delivery._after
+            if after is not None:
+                after(delivery, _ACCEPT)
+        if alone:
+            failed.extend(super()._ack_run(alone))
+        return failed
 
 
 def _settled_twice(delivery: Delivery) -> ClosedError:

@@ -6,7 +6,7 @@ a callback instead of a future; ``publish_batch`` hands over a whole
 :class:`~msgsafe.message.Batch` with one delivery callable per chunk of it. Delivery
 reports resolve them. While publishers are busy they serve the reports themselves every
 256 messages (no GIL ping-pong with another thread); when they pause, the poll thread
-does. The producer is a :class:`~msgsafe.adapters.kafka.lane.KafkaLane`; that thread and
+does. The producer is a :class:`~msgsafe.adapters.kafka.client.KafkaClient`; that thread and
 the watchdog that gets every message its outcome by ``confirm_timeout`` are
 :class:`~msgsafe.adapters.kafka._connection.ProducerLink`.
 """
@@ -25,9 +25,7 @@ from msgsafe.adapters._config import oversized, size_error
 from msgsafe.adapters._reports import PUBLISH_CALLBACK, call_logged, report_failed
 from msgsafe.adapters.kafka._connection import BatchReports, ProducerLink, SendReport, log
 from msgsafe.adapters.kafka._wire import user_headers
-from msgsafe.adapters.kafka.config import KafkaOptions
-from msgsafe.adapters.kafka.direct import DirectLane
-from msgsafe.adapters.kafka.lane import (
+from msgsafe.adapters.kafka.client import (
     BY_KEY,
     ID_HEADER,
     NOW,
@@ -36,12 +34,14 @@ from msgsafe.adapters.kafka.lane import (
     ReportRun,
     message_headers,
 )
+from msgsafe.adapters.kafka.config import KafkaOptions
+from msgsafe.adapters.kafka.fast import KafkaFastSender
 from msgsafe.endpoints import BrokerUrl
 from msgsafe.errors import ClosedError, MsgsafeError, Refused
 from msgsafe.message import Batch, Envelope
 from msgsafe.ports import (
     BatchReport,
-    LaneHost,
+    FastPathHost,
     PublishCallback,
     PublishFuture,
     TransportCapabilities,
@@ -99,8 +99,8 @@ class KafkaTransport:
         idempotence: what is handed over later goes out later on each key's partition,
         across batches (max.in.flight <= 5, ordered retries, what is queued behind a
         failure fails), so the outbox forwarder may publish its next round while the
-        last is answered (see msgsafe.outbox.forwarder); and lane (a DirectLane for
-        the producer's single sends) for the same reason. Neither without idempotence
+        last is answered (see msgsafe.outbox.forwarder); and fast_path (a KafkaFastSender
+        for the producer's single sends) for the same reason. Neither without idempotence
         (``allow_unsafe``): a retry may then overtake."""
         return TransportCapabilities(
             callback=True,
@@ -109,16 +109,16 @@ class KafkaTransport:
             tombstones=True,
             ordered_rounds=self._options.enable_idempotence,
             listen_errors=True,
-            lane=self._options.enable_idempotence,
+            fast_path=self._options.enable_idempotence,
         )
 
-    def open_lane(self, host: LaneHost) -> DirectLane:
-        """A :class:`~msgsafe.adapters.kafka.direct.DirectLane` over this transport's
-        librdkafka producer (see :class:`msgsafe.ports.LaneTransport`); its watchdog
+    def open_fast_path(self, host: FastPathHost) -> KafkaFastSender:
+        """A :class:`~msgsafe.adapters.kafka.fast.KafkaFastSender` over this transport's
+        librdkafka producer (see :class:`msgsafe.ports.FastPathTransport`); its watchdog
         runs on the poll thread."""
-        lane = DirectLane(self._link, host, timeout=self._timeout, size_limit=self._size_limit)
-        self._link.lane_watchdogs.append(lane.expire)
-        return lane
+        fast = KafkaFastSender(self._link, host, timeout=self._timeout, size_limit=self._size_limit)
+        self._link.fast_watchdogs.append(fast.expire)
+        return fast
 
     @property
     def recreated(self) -> int:
@@ -136,7 +136,7 @@ class KafkaTransport:
     @property
     def _producer(self) -> Producer:
         # The librdkafka producer in use (tests reach for its handle).
-        return self._link.lane.producer
+        return self._link.client.producer
 
     # --- publishing -----------------------------------------------------------------------
 
@@ -176,7 +176,7 @@ class KafkaTransport:
             down = link.unreachable(message_id, envelope.destination)
             call_logged(log, PUBLISH_CALLBACK, callback, down)
             return
-        # The lane's record headers (see message_headers), the common form built inline.
+        # The client's record headers (see message_headers), the common form built inline.
         headers: Headers = (
             {ID_HEADER: message_id}
             if not extra
@@ -190,7 +190,7 @@ class KafkaTransport:
         error: MsgsafeError | None = None
         topic = envelope.destination
         try:
-            link.lane.producer.produce(topic, body, key, BY_KEY, report, None, NOW, headers)
+            link.client.producer.produce(topic, body, key, BY_KEY, report, None, NOW, headers)
         except BufferError:
             # librdkafka's local queue is full (max_in_flight): wait for room, bounded.
             error = self._produce_when_room(topic, body, key, headers, report, message_id)
@@ -212,7 +212,7 @@ class KafkaTransport:
     def publish_batch(self, batch: Batch, report: BatchReport) -> None:
         """Send every message of ``batch``; ``report`` learns each outcome once (see
         :class:`msgsafe.ports.BatchTransport`): ``acks=all`` delivery reports, counted
-        per chunk of messages (a :class:`~msgsafe.adapters.kafka.lane.ReportRun` each,
+        per chunk of messages (a :class:`~msgsafe.adapters.kafka.client.ReportRun` each,
         settled by :class:`~msgsafe.adapters.kafka._connection.BatchReports`)."""
         count = len(batch)
         if not count:
@@ -234,7 +234,7 @@ class KafkaTransport:
         bodies, ids, keys = batch.bodies, batch.message_ids, batch.keys
         extra = user_headers(batch.headers)
         too_large = oversized(batch, self._size_limit, target)
-        lane = link.lane
+        client = link.client
         # Registered before the first produce: a report may be served before the loop ends.
         link.batches.append(reports)
         try:
@@ -251,7 +251,9 @@ class KafkaTransport:
                             reports.fail(chunk, at, too_large[at])
                             at += 1
                             continue
-                    at, refused = lane.produce_run(topic, bodies, keys, ids, extra, chunk, at, end)
+                    at, refused = client.produce_run(
+                        topic, bodies, keys, ids, extra, chunk, at, end
+                    )
                     if refused is not None:
                         failure = self._refused(refused, batch, extra, chunk, at)
                         if failure is not None:
@@ -313,11 +315,11 @@ class KafkaTransport:
                     # produce()+flush()). Shortest flushes, one after another, keep
                     # librdkafka sending now; the report resolves ``done`` on whichever
                     # thread serves it, and a flush returns once nothing is queued.
-                    link.lane.producer.flush(min(_HURRY_TRIGGER_S, left))
+                    link.client.producer.flush(min(_HURRY_TRIGGER_S, left))
                     continue
                 if flush:
                     flush = False
-                    link.lane.producer.flush(min(_HURRY_FLUSH_S, left))
+                    link.client.producer.flush(min(_HURRY_FLUSH_S, left))
                 else:
                     flush = True
                     link.serve(min(_HURRY_POLL_S, left))
@@ -353,7 +355,7 @@ class KafkaTransport:
             if self._closed:
                 return ClosedError("transport closed", endpoint=self._target, message_id=message_id)
             try:
-                link.lane.producer.produce(
+                link.client.producer.produce(
                     topic, body, key, BY_KEY, on_delivery, None, NOW, headers
                 )
                 return None
@@ -365,7 +367,7 @@ class KafkaTransport:
                         message_id=message_id,
                     )
             except KafkaException as exc:
-                return link.lane.error(exc.args[0], message_id)
+                return link.client.error(exc.args[0], message_id)
 
     # --- lifecycle --------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
-"""The Kafka wrapper's direct lane on the real cluster: every broker killed while it
+"""The Kafka wrapper's fast path on the real cluster: every broker killed while it
 produces keyed messages, then restarted. Nothing is lost, a key keeps its order, and
-the wrapper goes back to the lane once the outbox has drained."""
+the wrapper goes back to the fast path once the outbox has drained."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 
 from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.compat import confluent_kafka as ck
-from msgsafe.compat._kafka_direct import DIRECT, SAFE
 from tests.support.kafka_lab import heal, kill_all
 from tests.support.kafka_ledger import consume_until
 from tests.support.lane_ledger import LaneLedger
@@ -23,7 +22,7 @@ BEFORE = 1_000  #: produced and confirmed while the brokers are up
 IN_FLIGHT = 1_000  #: produced right before the kill: still in librdkafka when it comes
 DOWN = 1_500  #: produced while every broker is down
 AFTER = 1_000  #: produced after the restart, while the outbox may still drain
-LAST = 500  #: produced once the wrapper is back on the lane
+LAST = 500  #: produced once the wrapper is back on the fast path
 
 
 def _poll_until(producer: ck.Producer, done: object, seconds: float, what: str) -> float:
@@ -34,7 +33,7 @@ def _poll_until(producer: ck.Producer, done: object, seconds: float, what: str) 
     return time.monotonic() - started
 
 
-def test_all_brokers_killed_while_the_lane_produces(
+def test_all_brokers_killed_while_the_fast_path_produces(
     kafka: KafkaCluster, kafka_topic: str, tmp_path: Path
 ) -> None:
     ledger = LaneLedger()
@@ -46,14 +45,16 @@ def test_all_brokers_killed_while_the_lane_produces(
             "linger.ms": 20,  # messages still in librdkafka when the brokers go
         }
     )
-    direct = producer._direct
-    assert direct is not None and direct.state == DIRECT
+    fast = producer._fast
+    assert fast is not None and not fast.resting
     ledger.produce(producer, kafka_topic, BEFORE, keys=KEYS)
     assert producer.flush(60) == 0
     ledger.produce(producer, kafka_topic, IN_FLIGHT, keys=KEYS)
     kill_all(kafka)
     ledger.produce(producer, kafka_topic, DOWN, keys=KEYS)
-    switched = _poll_until(producer, lambda: direct.state == SAFE, 30, "switched to the outbox")
+    switched = _poll_until(
+        producer, lambda: fast.resting and not fast.switching, 30, "switched to the outbox"
+    )
     # Every callback served (flush() would go on to give the outbox the rest of its
     # timeout to forward, while no broker runs).
     _poll_until(producer, lambda: len(producer) == 0, 60, "every callback served")
@@ -65,28 +66,28 @@ def test_all_brokers_killed_while_the_lane_produces(
     ledger.produce(producer, kafka_topic, AFTER, keys=KEYS)
     back = _poll_until(
         producer,
-        lambda: direct.state == DIRECT and len(producer) == 0,
+        lambda: not fast.resting and len(producer) == 0,
         120,
-        "back on the direct lane",
+        "back on the fast path",
     )
     assert producer.pending() == 0
-    for _ in range(3):  # the outage's error events must not take it off the lane again
+    for _ in range(3):  # the outage's error events must not make it leave the fast path again
         producer.poll(0.3)
     # One switch: while the brokers were down the outbox held messages, so the wrapper
     # could not come back before the restart, nor leave again after it.
-    switches = direct.switches
-    assert direct.state == DIRECT and switches == 1, f"{switches} switches"
+    switches = fast.switches
+    assert not fast.resting and switches == 1, f"{switches} switches"
     ledger.produce(producer, kafka_topic, LAST, keys=KEYS)
     assert producer.flush(60) == 0
-    assert direct.state == DIRECT and direct.switches == switches
+    assert not fast.resting and fast.switches == switches
     producer.close()
 
     consume_until(
         kafka.url, kafka_topic, set(ledger.sent), deadline_s=90, on_delivery=ledger.record
     )
     print(
-        f"\n{ledger.report('direct lane, all brokers killed')} switched {switched:.1f}s "
-        f"after the kill, healed in {healed:.1f}s, back on the lane {back:.1f}s later, "
+        f"\n{ledger.report('fast path, all brokers killed')} switched {switched:.1f}s "
+        f"after the kill, healed in {healed:.1f}s, back on the fast path {back:.1f}s later, "
         f"{switches} switch(es)"
     )
-    ledger.check("direct lane, all brokers killed")
+    ledger.check("fast path, all brokers killed")

@@ -100,7 +100,7 @@ def test_an_auto_created_topic_gets_the_broker_defaults(kafka_cluster: LabKafka)
 def test_the_confluent_kafka_drop_in_checks_before_its_direct_lane(
     kafka_cluster: LabKafka, tmp_path: Path
 ) -> None:
-    """The drop-in's direct lane produces through librdkafka itself: it asks the same
+    """The drop-in's fast path produces through librdkafka itself: it asks the same
     check first, so a one-replica topic under ``msgsafe.require=replicated`` raises
     KafkaException(POLICY_VIOLATION) from produce() and nothing reaches the topic."""
     from confluent_kafka import KafkaError, KafkaException

@@ -1,10 +1,10 @@
-"""The Spark sink's Kafka lane (:mod:`msgsafe.spark.kafka_lane`) on the suite's Apache
+"""The Spark sink's Kafka fast path (:mod:`msgsafe.spark.kafka_fast`) on the suite's Apache
 Kafka, without Spark: the executor function is called in this process with Arrow record
 batches, as ``mapInArrow`` calls it.
 
 Counted: every row sent arrives under the id the row path derives for it (lost 0,
-unknown 0), a replayed batch repeats exactly those ids, a lane whose queue holds a
-few dozen messages still publishes everything (it waits for room), and a lane with no
+unknown 0), a replayed batch repeats exactly those ids, a client whose queue holds a
+few dozen messages still publishes everything (it waits for room), and a client with no
 broker to answer fails the task with a typed error within its confirm_timeout.
 """
 
@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 
 from msgsafe.errors import MsgsafeError
-from msgsafe.spark import ContentIds, foreach_batch_sink, kafka_lane, key_id
+from msgsafe.spark import ContentIds, foreach_batch_sink, kafka_fast, key_id
 from msgsafe.spark.arrow import publish_batches
 from tests.integration.spark._support import consume, tally
 from tests.support.kafka_ledger import start_group_at_zero
@@ -78,19 +78,19 @@ def _content_ids(topic: str, rows: list[tuple[str, str | None, int]]) -> list[st
 
 def _publish(sink: Any, rows: list[tuple[str, str | None, int]], size: int) -> Any:
     names, plan = sink.plan(_schema())
-    assert plan.kafka_lane, "a Kafka sink without an outbox publishes through the lane"
+    assert plan.kafka_fast, "a Kafka sink without an outbox publishes through the client"
     schema_order = ["value", "key", "n"]
     batches = [b.select([schema_order.index(n) for n in names]) for b in _batches(rows, size)]
     return publish_batches(plan, BATCH_ID, PARTITION, iter(batches))
 
 
 def _read(url: str, topic: str, rows: list[tuple[str, str | None, int]]) -> Any:
-    group = f"lane-{uuid.uuid4().hex[:8]}"
+    group = f"client-{uuid.uuid4().hex[:8]}"
     start_group_at_zero(url, topic, group)
     return consume(url, topic, {r[0].encode() for r in rows}, deadline_s=60, group=group)
 
 
-def test_lane_rows_arrive_under_the_row_paths_ids_and_a_replay_repeats_them(
+def test_fast_path_rows_arrive_under_the_row_paths_ids_and_a_replay_repeats_them(
     kafka_url: str, kafka_topic: str
 ) -> None:
     rows = _rows(5_000)
@@ -107,7 +107,7 @@ def test_lane_rows_arrive_under_the_row_paths_ids_and_a_replay_repeats_them(
     # Bodies repeat on purpose (tally's lost counts bodies once): lost is counted by id.
     lost = len(set(expected_ids) - set(got.copies))
     print(
-        f"[kafka lane, written twice] sent={2 * len(rows)} received={counts.received} "
+        f"[kafka client, written twice] sent={2 * len(rows)} received={counts.received} "
         f"unique={counts.unique} lost={lost} duplicates={counts.duplicates} "
         f"unknown={counts.unknown}"
     )
@@ -120,15 +120,15 @@ def test_lane_rows_arrive_under_the_row_paths_ids_and_a_replay_repeats_them(
 @pytest.mark.parametrize(
     "small",
     [
-        # 50 rows in flight: the lane waits for room again and again.
+        # 50 rows in flight: the client waits for room again and again.
         {"max_in_flight": 50},
         # 4 KB of librdkafka's queue: produce() refuses rows (BufferError) mid-chunk, and
-        # the lane goes on from the row refused.
+        # the client goes on from the row refused.
         {"librdkafka": {"queue.buffering.max.kbytes": "4"}},
     ],
     ids=["window", "queue-bytes"],
 )
-def test_lane_with_id_cols_and_a_small_queue_publishes_every_row(
+def test_fast_path_with_id_cols_and_a_small_queue_publishes_every_row(
     kafka_url: str, kafka_topic: str, small: dict[str, Any]
 ) -> None:
     rows = _rows(3_000)
@@ -140,7 +140,7 @@ def test_lane_with_id_cols_and_a_small_queue_publishes_every_row(
     counts = tally(collections.Counter(r[0].encode() for r in rows), got, expected_ids)
     lost = len(expected_ids - set(got.copies))
     print(
-        f"[kafka lane, id_cols, {small}] sent={len(rows)} received={counts.received} "
+        f"[kafka client, id_cols, {small}] sent={len(rows)} received={counts.received} "
         f"lost={lost} duplicates={counts.duplicates} unknown={counts.unknown}"
     )
     assert lost == 0
@@ -149,7 +149,7 @@ def test_lane_with_id_cols_and_a_small_queue_publishes_every_row(
     assert counts.wrong_rows == 0
 
 
-def test_lane_without_a_broker_fails_the_task_in_time_and_is_dropped() -> None:
+def test_fast_path_without_a_broker_fails_the_task_in_time_and_is_dropped() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again: nothing listens there
@@ -159,11 +159,11 @@ def test_lane_without_a_broker_fails_the_task_in_time_and_is_dropped() -> None:
     with pytest.raises(MsgsafeError) as failure:
         _publish(sink, _rows(100), 100)
     took = time.monotonic() - started
-    print(f"[kafka lane, no broker] failed in {took:.1f}s: {failure.value!r}")
+    print(f"[kafka client, no broker] failed in {took:.1f}s: {failure.value!r}")
     assert took < 15
     assert any("the task fails so that Spark retries it" in n for n in failure.value.__notes__)
     _, plan = sink.plan(_schema())
     assert (
-        kafka_lane._key(plan.url, plan.options) not in kafka_lane._idle
-        or not (kafka_lane._idle[kafka_lane._key(plan.url, plan.options)])
-    ), "a failed lane is not kept for the next task"
+        kafka_fast._key(plan.url, plan.options) not in kafka_fast._idle
+        or not (kafka_fast._idle[kafka_fast._key(plan.url, plan.options)])
+    ), "a failed client is not kept for the next task"

@@ -20,12 +20,12 @@ SAME_FILES = {
     "_errors.py",
     "check.py",
 }
-#: The modules an adapter has beyond the common ones: one each, and Kafka's lane, the
+#: The modules an adapter has beyond the common ones: one each, and Kafka's client, the
 #: librdkafka producer the drop-in and the Spark sink put on their own paths too, and
-#: its direct lane, the producer's single sends straight into it (msgsafe.ports.Lane).
+#: its fast path, the producer's single sends straight into it (msgsafe.ports.FastSender).
 OWN_MODULES = {
     "rabbitmq": {"_confirms.py", "_side.py", "declarations.py"},
-    "kafka": {"positions.py", "lane.py", "direct.py"},
+    "kafka": {"positions.py", "client.py", "fast.py"},
     "amqp10": {"_failover.py"},
     "memory": {"broker.py"},
 }

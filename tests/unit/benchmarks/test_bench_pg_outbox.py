@@ -3,6 +3,7 @@ database: the figures are made up here)."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,77 @@ def test_the_big_backlog_is_measured_against_the_median_of_the_small_drains() ->
     assert "18,000 msg/s = 0.90 x the 10,000-row backlog's median" in lines[1]
     # CPU per message of each drain (the small one's median run): 10 + 20 µs
     assert "the forwarder 10.0, its backend 20.0" in lines[2] and "all 30.0" in lines[2]
+
+
+def test_the_backlog_options_parse_and_bad_ones_are_refused() -> None:
+    args = bench_pg_outbox.parse_args(["--only", "backlog"])
+    assert (args.big_runs, args.small_runs, args.queue, args.pg_nodes, args.pg_set) == (
+        1,
+        2,
+        "emptied",
+        2,
+        [],
+    )
+    args = bench_pg_outbox.parse_args(
+        [
+            "--only",
+            "backlog",
+            "--big-runs",
+            "3",
+            "--queue",
+            "kept",
+            "--pg-nodes",
+            "1",
+            "--pg-set",
+            "shared_buffers=1GB",
+            "--pg-set",
+            "wal_compression=on",
+        ]
+    )
+    assert (args.big_runs, args.queue, args.pg_nodes) == (3, "kept", 1)
+    assert args.pg_set == ["shared_buffers=1GB", "wal_compression=on"]
+    for argv in (["--big-runs", "0"], ["--pg-nodes", "3"], ["--pg-set", "shared_buffers"]):
+        with pytest.raises(SystemExit):
+            bench_pg_outbox.parse_args(argv)
+
+
+def test_each_big_drain_is_divided_by_the_small_drains_just_around_it() -> None:
+    ratios = bench_pg_outbox.round_ratios(
+        [9_000.0, 5_000.0], [[10_000.0, 10_000.0], [8_000.0, 12_000.0], [4_000.0, 6_000.0]]
+    )
+    # the first: median of 10k, 10k, 8k, 12k = 10k; the second: of 8k, 12k, 4k, 6k = 7k
+    assert ratios == [0.9, 5_000.0 / 7_000.0]
+    with pytest.raises(ValueError):
+        bench_pg_outbox.round_ratios([9_000.0], [[10_000.0]])
+
+
+def test_the_big_backlog_line_shows_the_per_round_ratios() -> None:
+    big = _backlog(1_000_000, 18_000, 20_000)
+    big.ratios = [0.95, 0.85]
+    lines = bench_pg_outbox.backlog_lines([_backlog(10_000, 20_000, 20_000), big])
+    assert "median 19,000 msg/s of 2 drains (18,000, 20,000)" in lines[1]
+    assert "= 0.90 x the 10,000-row drains around each" in lines[1]
+    assert "per-round ratios: 0.85, 0.95); 0.95 median to median" in lines[1]
+    assert "WAL 0 bytes a message, 0 checkpoint(s)" in lines[3]
+
+
+def test_pg_settings_apply_while_the_cluster_is_made_and_are_restored() -> None:
+    from msgsafe.cluster import postgres
+
+    kept = dict(postgres._SETTINGS)
+    with bench_pg_outbox.pg_settings(["shared_buffers=1GB", "wal_compression=on"]):
+        assert postgres._SETTINGS["shared_buffers"] == "1GB"
+        assert postgres._SETTINGS["wal_compression"] == "on"
+    assert kept == postgres._SETTINGS
+
+
+def test_the_server_counters_are_read_as_integers() -> None:
+    class Conn:
+        def execute(self, query: str) -> Conn:
+            assert "pg_current_wal_lsn()" in query and "buffers_backend" in query
+            return self
+
+        def fetchone(self) -> tuple[object, ...]:
+            return (Decimal(123_456), 2, 7)
+
+    assert bench_pg_outbox._server_counters(Conn()) == (123_456, 2, 7)

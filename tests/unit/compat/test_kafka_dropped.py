@@ -19,7 +19,9 @@ from msgsafe.compat import confluent_kafka as ck
 from tests.support.kafka_mock import MockKafkaCluster
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(300)
+# 300 producers on librdkafka's mock cluster: a minute and a half on two cores, most of
+# make test-fast's budget. The full run's first phase has it, and so does its path.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 TOPIC = "dropped"
 PRODUCERS = 300  #: half while the brokers confirm, half while they refuse every produce

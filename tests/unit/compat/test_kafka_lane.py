@@ -1,4 +1,4 @@
-"""The Kafka wrapper's switch from the direct lane to the outbox path, and back.
+"""The Kafka wrapper's switch from the fast path to the outbox path, and back.
 
 Stand-in: librdkafka's mock cluster refuses every produce on demand and the test
 produces from inside the switch, a moment no real broker can be made to hit.
@@ -14,7 +14,6 @@ import pytest
 from confluent_kafka import KafkaError
 
 from msgsafe.compat import confluent_kafka as ck
-from msgsafe.compat._kafka_direct import DIRECT, SAFE
 from msgsafe.errors import OutboxError
 from tests.support.kafka_ledger import consume_until
 from tests.support.kafka_mock import MockKafkaCluster
@@ -45,8 +44,8 @@ def test_produces_made_during_the_switch_queue_behind_the_stored_ones(
             "message.timeout.ms": 4000,
         }
     )
-    direct = producer._direct
-    assert direct is not None and direct.state == DIRECT
+    fast = producer._fast
+    assert fast is not None and not fast.resting
     ledger.produce(producer, TOPIC, 200, keys=KEYS)
     assert producer.flush(30) == 0
     assert set(ledger.statuses) == {"confirmed"} and not ledger.failures, ledger.report("up")
@@ -54,28 +53,28 @@ def test_produces_made_during_the_switch_queue_behind_the_stored_ones(
     # Every produce refused (until the switch heals it): librdkafka retries until
     # message.timeout.ms, then reports the messages failed (transient: stored).
     kafka_mock.fail_produce(KafkaError.NOT_ENOUGH_REPLICAS)
-    store_failures = direct._store_failures
-    mid_switch: list[int] = []
+    store_failures = fast._store_failures
+    mid_switch: list[bool] = []
 
     def produce_mid_switch() -> None:
         # rk is empty, its failures not stored yet, and the brokers take messages again:
         # a produce that did not queue behind the stored ones would overtake them.
-        mid_switch.append(direct.state)
+        mid_switch.append(fast.switching)
         kafka_mock.heal_produce()
         ledger.produce(producer, TOPIC, 300, keys=KEYS)
         store_failures()
 
-    direct._store_failures = produce_mid_switch  # type: ignore[method-assign]
+    fast._store_failures = produce_mid_switch  # type: ignore[method-assign]
     ledger.produce(producer, TOPIC, 500, keys=KEYS)
-    _until(producer, lambda: direct.state == SAFE, 30, "switched to the outbox path")
-    assert mid_switch and mid_switch[0] != DIRECT
+    _until(producer, lambda: fast.resting and not fast.switching, 30, "switched to the outbox path")
+    assert mid_switch and mid_switch[0]
     # flush() gives the outbox what is left of its timeout to forward: a short one.
     assert producer.flush(3) == 0, ledger.report("refused")
     # The 500 refused ones were stored; the 300 made mid-switch queued behind them
     # (stored too), which the read-back order below checks.
     assert ledger.statuses["stored"] >= 500, ledger.report("refused")
 
-    _until(producer, lambda: direct.state == DIRECT, 60, "back on the direct lane")
+    _until(producer, lambda: not fast.resting, 60, "back on the fast path")
     assert producer.pending() == 0
     ledger.produce(producer, TOPIC, 200, keys=KEYS)
     assert producer.flush(30) == 0
@@ -86,7 +85,7 @@ def test_produces_made_during_the_switch_queue_behind_the_stored_ones(
     ledger.check("switch on the mock")
 
 
-def _lane_producer(kafka_mock: MockKafkaCluster, tmp_path: Path) -> ck.Producer:
+def _fast_producer(kafka_mock: MockKafkaCluster, tmp_path: Path) -> ck.Producer:
     kafka_mock.create_topic(TOPIC, partitions=3, replication=3)
     return ck.Producer(
         {
@@ -97,12 +96,12 @@ def _lane_producer(kafka_mock: MockKafkaCluster, tmp_path: Path) -> ck.Producer:
     )
 
 
-def test_a_permanent_refusal_reaches_the_callback_and_the_lane_stays(
+def test_a_permanent_refusal_reaches_the_callback_and_the_fast_path_stays(
     kafka_mock: MockKafkaCluster, tmp_path: Path
 ) -> None:
-    producer = _lane_producer(kafka_mock, tmp_path)
-    direct = producer._direct
-    assert direct is not None
+    producer = _fast_producer(kafka_mock, tmp_path)
+    fast = producer._fast
+    assert fast is not None
     reports: list[tuple[object, object]] = []
     producer.produce(TOPIC, b"warm", key=b"k", on_delivery=lambda e, m: reports.append((e, m)))
     assert producer.flush(30) == 0
@@ -118,21 +117,21 @@ def test_a_permanent_refusal_reaches_the_callback_and_the_lane_stays(
     assert err.code() == KafkaError.INVALID_RECORD and not err.retriable()
     assert not msg.stored() and msg.error() is err  # type: ignore[attr-defined]
     assert msg.headers()[-1] == ("msgsafe-status", b"failed")  # type: ignore[attr-defined]
-    assert direct.state == DIRECT and producer.pending() == 0
+    assert not fast.resting and producer.pending() == 0
     producer.close()
 
 
 def test_an_outbox_that_cannot_store_fails_the_callback_with_fs(
     kafka_mock: MockKafkaCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    producer = _lane_producer(kafka_mock, tmp_path)
-    direct = producer._direct
-    assert direct is not None and direct.store is not None
+    producer = _fast_producer(kafka_mock, tmp_path)
+    fast = producer._fast
+    assert fast is not None and fast.store is not None
 
     def full(envelopes: object) -> None:
         raise OutboxError("outbox full")
 
-    monkeypatch.setattr(direct.store, "put", full)
+    monkeypatch.setattr(fast.store, "put", full)
     kafka_mock.fail_produce(KafkaError.NOT_ENOUGH_REPLICAS)
     reports: list[tuple[object, object]] = []
     for i in range(20):

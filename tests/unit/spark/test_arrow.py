@@ -123,7 +123,7 @@ def test_column_ids_equal_row_ids() -> None:
 
 @pytest.mark.parametrize("kind", [pa.binary(), pa.large_binary(), pa.string()])
 def test_arrow_ids_equal_row_ids_across_batches(kind: pa.DataType) -> None:
-    """The Kafka lane's ids (bytes, from Arrow columns) are the row path's, including
+    """The Kafka client's ids (bytes, from Arrow columns) are the row path's, including
     ranks of identical rows that span two record batches and null keys."""
     values = [b"a", b"b", b"a", b"", b"a", b"b", b"a", b"c"]
     keys = [None, b"k", None, b"", b"k", b"k", None, None]

@@ -300,7 +300,7 @@ def test_plan_selects_each_column_once_and_maps_positions() -> None:
 
 
 @pytest.mark.parametrize(
-    ("url", "kwargs", "lane"),
+    ("url", "kwargs", "fast"),
     [
         ("kafka://b:9092", {}, True),
         ("kafka://b:9092", {"key_col": "user", "id_cols": "n", "linger_ms": 5.0}, True),
@@ -312,11 +312,11 @@ def test_plan_selects_each_column_once_and_maps_positions() -> None:
     ],
 )
 def test_plan_takes_the_kafka_lane_only_where_it_keeps_the_promise(
-    url: str, kwargs: dict[str, object], lane: bool
+    url: str, kwargs: dict[str, object], fast: bool
 ) -> None:
     """Without an outbox a Kafka sink needs counted confirms, not receipts per row."""
     sink = foreach_batch_sink(url, "q", value_col="payload", **kwargs)  # type: ignore[arg-type]
-    assert sink.plan(SCHEMA)[1].kafka_lane is lane
+    assert sink.plan(SCHEMA)[1].kafka_fast is fast
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """How the Kafka batch path maps failed delivery reports to messages without a broker.
 
 librdkafka's report carries the message's key and value but not its headers, so a
-failure is matched by content within its chunk (one ``ReportRun`` of the Kafka lane):
+failure is matched by content within its chunk (one ``ReportRun`` of the Kafka fast path):
 exactly where the content is unique, and where identical messages both failed and
 succeeded, all of them go to the outbox as possibly delivered (a duplicate with a known
 id, never a loss).

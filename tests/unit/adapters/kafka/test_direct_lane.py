@@ -1,9 +1,9 @@
-"""The producer's direct lane on Kafka (msgsafe/adapters/kafka/direct.py): single sends
+"""The producer's fast path on Kafka (msgsafe/adapters/kafka/fast.py): single sends
 straight into librdkafka while healthy, leaving for the safe way at the first failure
 with nothing lost and each key's order kept, back once the outbox is empty.
 
 Why the mock: each story needs a broker error on demand, for exactly as long as the test
-says, which no real broker can be told to give; the lane under real broker kills is in
+says, which no real broker can be told to give; the fast path under real broker kills is in
 tests/integration/kafka/test_broker_kill.py and test_all_down.py.
 """
 
@@ -20,24 +20,23 @@ import pytest
 from confluent_kafka import KafkaError
 
 import msgsafe
-from msgsafe.adapters.kafka.direct import DirectLane, DirectSend
+from msgsafe.adapters.kafka.fast import FastSend, KafkaFastSender
 from msgsafe.errors import TransientError
 from msgsafe.message import Envelope
 from msgsafe.outbox import SqliteOutbox
-from msgsafe.ports import LANE_DIRECT, LANE_SAFE
 from tests.support.kafka_ledger import consume_until
 from tests.support.kafka_mock import MockKafkaCluster
 from tests.support.ledger import Ledger
 from tests.support.waiting import wait_until
 
-TOPIC = "lane"
+TOPIC = "fast"
 KEYS = 8
 
 
-def _lane(producer: msgsafe.Producer) -> DirectLane:
-    lane = producer._lane
-    assert isinstance(lane, DirectLane), "the Kafka transport declares a lane"
-    return lane
+def _fast(producer: msgsafe.Producer) -> KafkaFastSender:
+    fast = producer._fast
+    assert isinstance(fast, KafkaFastSender), "the Kafka transport declares a fast path"
+    return fast
 
 
 def _send(
@@ -94,28 +93,28 @@ def test_healthy_single_sends_take_the_lane_confirmed_in_key_order(
             ledger.positions[receipt.message_id] = ("k0", 2000 // KEYS + j)
             ledger.add_receipt(receipt.message_id, receipt.status)
         assert ledger.statuses["confirmed"] == 2200
-        lane = _lane(p)
-        assert lane.state == LANE_DIRECT and lane.leaves == 0
-        assert lane.sent == 2200, "every single send went through the lane"
+        fast = _fast(p)
+        assert not fast.resting and fast.leaves == 0
+        assert fast.sent == 2200, "every single send went through the fast path"
         stats = p.stats()
         assert (stats.sent, stats.confirmed, stats.in_flight) == (2200, 2200, 0)
-    _check_arrivals(kafka_mock.url, ledger, "lane healthy")
+    _check_arrivals(kafka_mock.url, ledger, "fast path healthy")
 
 
 def test_the_lanes_sends_are_futures_sharing_one_lock_making_receipts_when_asked(
     kafka_mock: MockKafkaCluster,
 ) -> None:
-    """A DirectSend holds no lock or receipt of its own (one object per message in
-    flight for the cyclic GC): the lane's one re-entrant lock serves concurrent.futures'
+    """A FastSend holds no lock or receipt of its own (one object per message in
+    flight for the cyclic GC): the fast path's one re-entrant lock serves concurrent.futures'
     wait and as_completed over many of them, a thread blocked in result(), a callback
     and asyncio; each result() makes an equal receipt."""
     kafka_mock.create_topic(TOPIC, partitions=3, replication=3)
     with msgsafe.Producer(kafka_mock.url, outbox=False, linger_ms=1000) as p:
         assert p.send(TOPIC, b"warm").status is msgsafe.Status.CONFIRMED
-        futures: list[DirectSend] = []
+        futures: list[FastSend] = []
         for i in range(50):
             future = p.send_async(TOPIC, b"%d" % i, key=b"k%d" % (i % 3))
-            assert isinstance(future, DirectSend), "the lane took it"
+            assert isinstance(future, FastSend), "the fast path took it"
             futures.append(future)
         assert len({id(f._mutex) for f in futures}) == 1
         assert not any(f.done() for f in futures), "lingering in librdkafka"
@@ -146,9 +145,9 @@ def test_the_lanes_sends_are_futures_sharing_one_lock_making_receipts_when_asked
 def test_a_failure_leaves_the_lane_stores_in_send_order_and_it_comes_back(
     kafka_mock: MockKafkaCluster, tmp_path: Path
 ) -> None:
-    """NOT_ENOUGH_REPLICAS on every produce: the lane leaves, what it held and what was
+    """NOT_ENOUGH_REPLICAS on every produce: the fast path leaves, what it held and what was
     sent meanwhile is stored (the failed in send order, the parked behind them), then
-    delivered in each key's order once healed; single sends take the lane again once
+    delivered in each key's order once healed; single sends take the fast path again once
     the outbox is empty."""
     kafka_mock.create_topic(TOPIC, partitions=3, replication=3)
     ledger = Ledger()
@@ -156,36 +155,36 @@ def test_a_failure_leaves_the_lane_stores_in_send_order_and_it_comes_back(
         kafka_mock.url, outbox=tmp_path / "o.db", send_timeout=30, confirm_timeout=3
     ) as p:
         _settle(ledger, _send(p, ledger, 200))
-        lane = _lane(p)
-        assert lane.state == LANE_DIRECT
+        fast = _fast(p)
+        assert not fast.resting
 
         kafka_mock.fail_produce(KafkaError.NOT_ENOUGH_REPLICAS)
         during = _send(p, ledger, 800, start=200)
         _settle(ledger, during)
-        assert lane.leaves >= 1 and lane.state == LANE_SAFE
+        assert fast.leaves >= 1 and (fast.resting and not fast.switching)
         assert ledger.statuses["stored"] > 0
         assert p.pending() == ledger.statuses["stored"]
 
         kafka_mock.heal_produce()
         assert p.drain(60) == 0
-        # Back on the lane: the settlement reopens it at a send once nothing is unsettled
+        # Back on the fast path: the settlement reopens it at a send once nothing is unsettled
         # and the outbox is empty (asked at most once a second).
         after: list[Future[msgsafe.Receipt]] = []
 
         def reopened() -> bool:
             after.extend(_send(p, ledger, KEYS, start=1000 + len(after)))
-            return lane.state == LANE_DIRECT
+            return not fast.resting
 
-        wait_until(reopened, 15, "the lane to take sends again", interval=0.1)
+        wait_until(reopened, 15, "the fast path to take sends again", interval=0.1)
         after += _send(p, ledger, 400, start=1000 + len(after))
         _settle(ledger, after)
-    _check_arrivals(kafka_mock.url, ledger, f"lane leaves and returns, leaves={lane.leaves}")
+    _check_arrivals(kafka_mock.url, ledger, f"fast path leaves and returns, leaves={fast.leaves}")
 
 
 def test_a_keyed_batch_makes_the_lane_leave_unpurged_in_order(
     kafka_mock: MockKafkaCluster, tmp_path: Path
 ) -> None:
-    """A keyed batch goes the safe way: the lane leaves without a purge (what it holds is
+    """A keyed batch goes the safe way: the fast path leaves without a purge (what it holds is
     confirmed, nothing stored), the batch waits for that, and every key keeps its order
     across single sends, the batch and the sends after it."""
     kafka_mock.create_topic(TOPIC, partitions=3, replication=3)
@@ -206,10 +205,10 @@ def test_a_keyed_batch_makes_the_lane_leave_unpurged_in_order(
         for message_id in receipt.message_ids:
             ledger.add_receipt(message_id)
         _settle(ledger, last)
-        lane = _lane(p)
-        assert lane.leaves == 1 and lane.state == LANE_SAFE
+        fast = _fast(p)
+        assert fast.leaves == 1 and (fast.resting and not fast.switching)
         assert ledger.statuses["stored"] == 0, "a leave without a failure stores nothing"
-    _check_arrivals(kafka_mock.url, ledger, "lane leaves for a keyed batch")
+    _check_arrivals(kafka_mock.url, ledger, "fast path leaves for a keyed batch")
 
 
 def test_a_key_with_rows_in_the_outbox_queues_behind_them(
@@ -227,7 +226,7 @@ def test_a_key_with_rows_in_the_outbox_queues_behind_them(
         assert p.send(TOPIC, b"other", key="k2").status is msgsafe.Status.CONFIRMED
         held = p.send(TOPIC, b"later", key="k1")
         assert held.status is msgsafe.Status.STORED
-        assert _lane(p).leaves == 1
+        assert _fast(p).leaves == 1
         assert p.drain(30) == 0
     received = consume_until(
         kafka_mock.url, TOPIC, {earlier.message_id, held.message_id}, deadline_s=30
@@ -238,7 +237,7 @@ def test_a_key_with_rows_in_the_outbox_queues_behind_them(
 def test_closing_with_sends_unanswered_stores_them(
     kafka_mock: MockKafkaCluster, tmp_path: Path
 ) -> None:
-    """Every broker down, sends in the lane, close with a short timeout: each send is
+    """Every broker down, sends in the fast path, close with a short timeout: each send is
     stored (none lost, none failed) and the next producer finds them in the outbox."""
     kafka_mock.create_topic(TOPIC, partitions=3, replication=3)
     ledger = Ledger()
@@ -252,7 +251,7 @@ def test_closing_with_sends_unanswered_stores_them(
     _settle(ledger, futures)
     assert ledger.statuses["stored"] + ledger.statuses["confirmed"] == 350
     assert ledger.statuses["stored"] == 300, "sent with every broker down: all stored"
-    # The lane's own STORED receipts rate the outbox too (a file on this disk).
+    # The fast path's own STORED receipts rate the outbox too (a file on this disk).
     answered = [f.result(0) for f in futures]
     assert {(r.status, r.store_guarantee) for r in answered} == {
         (msgsafe.Status.STORED, msgsafe.Guarantee.DURABLE)
@@ -277,8 +276,8 @@ def test_without_an_outbox_a_failure_fails_the_send_and_the_lane_stays(
         assert error.message_id
         kafka_mock.heal_produce()
         assert p.send(TOPIC, b"again", key="k").status is msgsafe.Status.CONFIRMED
-        lane = _lane(p)
-        assert lane.leaves == 0 and lane.state == LANE_DIRECT
+        fast = _fast(p)
+        assert fast.leaves == 0 and not fast.resting
 
 
 def test_the_lane_refuses_what_the_safe_way_refuses(kafka_mock: MockKafkaCluster) -> None:

@@ -1,4 +1,4 @@
-"""The Kafka lane (:mod:`msgsafe.adapters.kafka.lane`) on its own: runs handed to
+"""The Kafka client (:mod:`msgsafe.adapters.kafka.client`) on its own: runs handed to
 librdkafka in one call, where a run stops, reports counted per run or kept for failures
 only, the record headers, and a renewed producer.
 
@@ -16,13 +16,13 @@ import socket
 import pytest
 from confluent_kafka import KafkaError
 
-from msgsafe.adapters.kafka.lane import ID_HEADER, KafkaLane, ReportRun, message_headers
+from msgsafe.adapters.kafka.client import ID_HEADER, KafkaClient, ReportRun, message_headers
 from msgsafe.errors import ConfigurationError, Refused, TransientError
 from msgsafe.message import new_message_ids
 from tests.support.kafka_ledger import consume_until
 from tests.support.kafka_mock import MockKafkaCluster, _librdkafka
 
-TOPIC = "lane"
+TOPIC = "client"
 
 
 def _nowhere() -> str:
@@ -53,20 +53,20 @@ def test_message_headers_put_the_id_first_in_one_object() -> None:
 
 
 def test_a_run_stops_at_the_message_librdkafka_refused_and_a_purge_reports_the_rest() -> None:
-    lane = KafkaLane.for_url(_nowhere(), {"max_in_flight": 5})
+    client = KafkaClient.for_url(_nowhere(), {"max_in_flight": 5})
     runs = _Runs()
     values = [b"v%d" % i for i in range(8)]
     ids = new_message_ids(8)
     run = ReportRun(runs, 0, 5)
-    taken, refused = lane.produce_run(TOPIC, values, None, ids, None, run, 0, len(values))
+    taken, refused = client.produce_run(TOPIC, values, None, ids, None, run, 0, len(values))
     assert taken == 5 and isinstance(refused, BufferError)
     assert not runs.done
-    lane.purge()
-    assert lane.drain(10) == 0
+    client.purge()
+    assert client.drain(10) == 0
     assert runs.done == [run]
     assert [value for _, _, value in run.failures] == values[:5]
     assert {err.code() for err, _, _ in run.failures} == {KafkaError._PURGE_QUEUE}
-    error = lane.error(run.failures[0][0], ids[0])
+    error = client.error(run.failures[0][0], ids[0])
     assert isinstance(error, Refused) and error.message_id == ids[0]
 
 
@@ -81,37 +81,37 @@ def test_a_run_counts_the_messages_that_never_reached_librdkafka() -> None:
 
 
 def test_a_failures_only_lane_keeps_each_failed_delivery() -> None:
-    lane = KafkaLane.for_url(_nowhere(), {}, failures_only=True)
+    client = KafkaClient.for_url(_nowhere(), {}, failures_only=True)
     count = 3
-    taken, refused = lane.produce_run(
+    taken, refused = client.produce_run(
         TOPIC, [b"a", b"b", b"c"], [b"k", None, b"k"], new_message_ids(count), None, None, 0, count
     )
     assert (taken, refused) == (count, None)
-    lane.purge(blocking=True)
-    assert lane.drain(10) == 0
-    assert [err.code() for err in lane.failures] == [KafkaError._PURGE_QUEUE] * count
-    assert isinstance(lane.error(lane.failures[0]), TransientError)
+    client.purge(blocking=True)
+    assert client.drain(10) == 0
+    assert [err.code() for err in client.failures] == [KafkaError._PURGE_QUEUE] * count
+    assert isinstance(client.error(client.failures[0]), TransientError)
 
 
 def test_renew_replaces_the_producer_and_fails_what_the_old_one_held() -> None:
-    lane = KafkaLane.for_url(_nowhere(), {})
+    client = KafkaClient.for_url(_nowhere(), {})
     runs = _Runs()
     run = ReportRun(runs, 0, 2)
-    old = lane.producer
-    assert lane.produce_run(TOPIC, [b"a", b"b"], None, ["i1", "i2"], None, run, 0, 2) == (2, None)
-    lane.renew()
-    assert lane.producer is not old and lane.fatal is None
+    old = client.producer
+    assert client.produce_run(TOPIC, [b"a", b"b"], None, ["i1", "i2"], None, run, 0, 2) == (2, None)
+    client.renew()
+    assert client.producer is not old and client.fatal is None
     assert runs.done == [run] and len(run.failures) == 2
 
 
 def test_a_bad_option_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="max_in_flight"):
-        KafkaLane.for_url(_nowhere(), {"max_in_flight": 0})
+        KafkaClient.for_url(_nowhere(), {"max_in_flight": 0})
 
 
 def test_a_run_arrives_with_its_ids_and_the_extra_headers(kafka_mock: MockKafkaCluster) -> None:
     kafka_mock.create_topic(TOPIC, partitions=3, replication=3)
-    lane = KafkaLane.for_url(kafka_mock.url, {})
+    client = KafkaClient.for_url(kafka_mock.url, {})
     runs = _Runs()
     count = 300
     ids = new_message_ids(count)
@@ -119,10 +119,10 @@ def test_a_run_arrives_with_its_ids_and_the_extra_headers(kafka_mock: MockKafkaC
     values = [b"v%d" % i for i in range(count)]
     half = count // 2
     first, second = ReportRun(runs, 0, half), ReportRun(runs, half, count)
-    assert lane.produce_run(TOPIC, values, keys, ids, None, first, 0, half) == (half, None)
+    assert client.produce_run(TOPIC, values, keys, ids, None, first, 0, half) == (half, None)
     extra = [("trace", b"t")]
-    assert lane.produce_run(TOPIC, values, keys, ids, extra, second, half, count) == (count, None)
-    assert lane.drain(30) == 0
+    assert client.produce_run(TOPIC, values, keys, ids, extra, second, half, count) == (count, None)
+    assert client.drain(30) == 0
     assert runs.done and all(not run.failures for run in runs.done)
     headers: dict[str, dict[str, str]] = {}
     received = consume_until(
@@ -145,21 +145,21 @@ def test_a_fatal_error_raised_by_a_purge_reaches_the_error_callback(
     dropping it (the producer would otherwise stay dead)."""
     kafka_mock.create_topic(TOPIC, partitions=1, replication=3)
     seen: list[KafkaError] = []
-    lane = KafkaLane.for_url(kafka_mock.url, {}, on_error=seen.append)
+    client = KafkaClient.for_url(kafka_mock.url, {}, on_error=seen.append)
     try:
-        lane.producer.produce(TOPIC, b"x")
-        assert lane.producer.flush(30) == 0
+        client.producer.produce(TOPIC, b"x")
+        assert client.producer.flush(30) == 0
         lib = _librdkafka()
         lib.rd_kafka_test_fatal_error.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p]
-        handle = ctypes.c_void_p.from_address(id(lane.producer) + object.__basicsize__)
+        handle = ctypes.c_void_p.from_address(id(client.producer) + object.__basicsize__)
         assert (
             lib.rd_kafka_test_fatal_error(
                 handle.value, KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, b"injected by msgsafe test"
             )
             == 0
         )
-        lane.purge()
-        assert lane.fatal is not None and lane.fatal.fatal()
+        client.purge()
+        assert client.fatal is not None and client.fatal.fatal()
         assert any(err.fatal() for err in seen)
     finally:
-        lane.producer.purge(True, True, False)
+        client.producer.purge(True, True, False)

@@ -1,7 +1,7 @@
-"""The Kafka lane's users reach the adapter through its public modules only.
+"""The Kafka client's users reach the adapter through its public modules only.
 
 The confluent-kafka drop-in (``msgsafe/compat/``) and the Spark sink (``msgsafe/spark/``)
-produce on :class:`msgsafe.adapters.kafka.lane.KafkaLane`; its settings, errors and
+produce on :class:`msgsafe.adapters.kafka.client.KafkaClient`; its settings, errors and
 headers are the adapter's business. A private module of the adapters imported there
 (``adapters._config``, ``adapters.kafka._errors``, ...) would be a second copy of
 that business starting again; and librdkafka's errors are translated inside
@@ -48,7 +48,7 @@ def test_the_lane_users_import_no_private_module_of_the_adapters() -> None:
             for name in sorted(private)
             if name.rpartition(".")[0] not in private
         )
-    assert not found, "use msgsafe.adapters.kafka.lane (or another public module):\n" + "\n".join(
+    assert not found, "use msgsafe.adapters.kafka.client (or another public module):\n" + "\n".join(
         found
     )
 
@@ -61,12 +61,12 @@ def test_kafka_errors_are_translated_inside_the_kafka_adapter_only() -> None:
         if kafka not in path.parents
         and "msgsafe.adapters.kafka._errors" in set(_imported_modules(path))
     ]
-    assert not found, "translate through KafkaLane.error instead:\n" + "\n".join(found)
+    assert not found, "translate through KafkaClient.error instead:\n" + "\n".join(found)
 
 
 def test_the_checks_see_an_import_of_a_private_module() -> None:
     """The two checks above would pass vacuously if they missed an import form."""
-    sample = PACKAGE / "adapters" / "kafka" / "lane.py"
+    sample = PACKAGE / "adapters" / "kafka" / "client.py"
     names = set(_imported_modules(sample))
     assert "msgsafe.adapters.kafka._errors" in names
     assert any(_private_adapter_module(name) for name in names)

@@ -1,37 +1,37 @@
-"""The direct path of :mod:`msgsafe.compat.confluent_kafka`: a Kafka lane of its own.
+"""The fast path of :mod:`msgsafe.compat.confluent_kafka`: a librdkafka client of its own.
 
 While nothing is wrong, ``Producer.produce`` hands each message straight to the
 librdkafka producer ("rk") of the wrapper's own
-:class:`~msgsafe.adapters.kafka.lane.KafkaLane`: exactly the Kafka adapter's settings for
+:class:`~msgsafe.adapters.kafka.client.KafkaClient`: exactly the Kafka adapter's settings for
 the same URL and options (``acks=all``, idempotence, ``message.timeout.ms`` inside
 ``confirm_timeout``, TLS, credentials), its record headers and its error translation.
 There is no poll thread: delivery reports are served only by the user's ``poll()`` /
 ``flush()``, on the caller's thread, as with the real client. Per message that is one
-id, one header dict and one :class:`DirectReport` (the delivery callable, which is also
+id, one header dict and one :class:`FastReport` (the delivery callable, which is also
 the ``msg`` the callback gets), against an envelope, a receipt future, a transport
 report and a wrapper report on the safe path (:class:`~msgsafe.Producer`).
 
-What makes it keep the wrapper's promise is the switch (:meth:`DirectPath.switch`): on
-the first failure the safe Producer would store (a :class:`~msgsafe.errors.TransientError`
-with an outbox), or when librdkafka says every broker is down, new produces leave the
-lane for the safe path, and everything rk still holds is purged and moved to the
-outbox, in produce order, before any safe-path send can go out. The lane comes back
-only once the safe path holds no unreported message of the wrapper and the outbox is
-empty (the wrapper checks that now and then, not per message).
+:class:`KafkaFastPath` is a :class:`~msgsafe.fastpath.FastPath` (its states are that
+class's: fast, switching, resting, held). What makes it keep the wrapper's promise is the
+switch (:meth:`KafkaFastPath.leave`): on the first failure the safe Producer would store
+(a :class:`~msgsafe.errors.TransientError` with an outbox), or when librdkafka says every
+broker is down, new produces leave rk for the safe path, and everything rk still holds
+is purged and moved to the outbox, in produce order, before any safe-path send can go
+out. The fast path reopens only once the safe path holds no unreported message of the
+wrapper and the outbox is empty (the wrapper checks that now and then, not per message).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError
 
-from msgsafe.adapters.kafka.lane import KafkaLane
+from msgsafe.adapters.kafka.client import KafkaClient
 from msgsafe.compat._kafka_queue import Parked
 from msgsafe.compat._kafka_report import (
     STATUS_HEADER,
@@ -41,33 +41,26 @@ from msgsafe.compat._kafka_report import (
     record_headers,
 )
 from msgsafe.errors import TransientError
-from msgsafe.fastpath import store_refused
+from msgsafe.fastpath import FastPath, store_refused
 from msgsafe.message import MESSAGE_ID_HEADER, Envelope, Status
-from msgsafe.ports import OutboxStore
+from msgsafe.ports import OutboxStore, SafePath
 
-__all__ = ["CLOSED", "DIRECT", "SAFE", "SWITCHING", "DirectPath", "DirectReport"]
+__all__ = ["FastReport", "KafkaFastPath"]
 
 log = logging.getLogger("msgsafe.compat")
 
-#: Where new produces go (DirectPath.state; read and written under the wrapper's lock).
-# NOTE: ordered: ``state <= SWITCHING`` means rk may still hold messages.
-DIRECT = 0  #: into rk
-SWITCHING = 1  #: parked, while rk's messages move to the outbox
-SAFE = 2  #: through msgsafe's Producer (outbox barrier, per-key order)
-CLOSED = 3  #: the wrapper is closed: produce() raises
-
 #: Seconds the wrapper's close gives rk to report what it purged.
 _CLOSE_DRAIN_S = 5.0
-#: Seconds after librdkafka's last "all brokers down" during which the lane stays off.
+#: Seconds after librdkafka's last "all brokers down" during which the path stays resting.
 _DOWN_HOLD_S = 2.0
-#: Topics the lane remembers as checked (a set that does not grow without bound).
+#: Topics the fast path remembers as checked (a set that does not grow without bound).
 _TOPICS_MAX = 1024
 
 _CONFIRMED = Status.CONFIRMED.value.encode()
 _FAILED = b"failed"
 
 
-class DirectReport:
+class FastReport:
     """One message in rk: its delivery callable, and the ``msg`` its callback receives.
 
     One slotted object per message serves both (a ``functools.partial`` for the
@@ -77,10 +70,10 @@ class DirectReport:
     ``offset()`` are where the broker put it.
     """
 
-    __slots__ = ("_callback", "_direct", "_error", "_headers", "_msg", "seq")
+    __slots__ = ("_callback", "_error", "_fast", "_headers", "_msg", "seq")
 
-    def __init__(self, direct: DirectPath, callback: Any, seq: int, headers: Any) -> None:
-        self._direct = direct
+    def __init__(self, fast: KafkaFastPath, callback: Any, seq: int, headers: Any) -> None:
+        self._fast = fast
         self._callback = callback
         self.seq = seq
         #: As produced: ``{id header: id}`` (a dict of str is not tracked by the cyclic
@@ -98,9 +91,9 @@ class DirectReport:
                 try:
                     callback(None, self)
                 except BaseException as exc:  # raised from poll()/flush() after rk returns
-                    self._direct.raised.append(exc)
+                    self._fast.raised.append(exc)
             return
-        self._direct.failed(self, err)
+        self._fast.failed_report(self, err)
 
     # --- what confluent_kafka.Message offers ---------------------------------------------
 
@@ -152,7 +145,7 @@ class DirectReport:
         return str(produced[MESSAGE_ID_HEADER] if type(produced) is dict else produced[0][1])
 
     def stored(self) -> bool:
-        """False: a message of the direct lane is confirmed or failed (a stored one's
+        """False: a message of the fast path is confirmed or failed (a stored one's
         callback gets a ``DeliveredMessage``)."""
         return False
 
@@ -164,39 +157,43 @@ class DirectReport:
 
     def __repr__(self) -> str:
         status = "confirmed" if self._error is None else "failed"
-        return f"DeliveredMessage(id={self.message_id()!r}, {status}, direct)"
+        return f"DeliveredMessage(id={self.message_id()!r}, {status}, fast)"
 
 
-class DirectPath:
-    """The wrapper's Kafka lane, the failures it reported, and the switch to the safe path.
+class KafkaFastPath(FastPath):
+    """The wrapper's fast path: its librdkafka client, the failures it reported, and the
+    switch to the safe path (the states are :class:`~msgsafe.fastpath.FastPath`'s).
 
-    ``lock`` is the wrapper's own lock: the wrapper reads :attr:`state` and calls
+    ``lock`` is the wrapper's own lock: the wrapper reads :attr:`resting` and calls
     :attr:`produce` under it, so that no message enters rk once the switch began. This
     holds no reference to the wrapper (the wrapper's finalizer closes it).
     """
 
     def __init__(
         self,
+        safe: SafePath,
         url: str,
         options: dict[str, Any],
         store: OutboxStore | None,
         lock: threading.Lock,
         on_error: Callable[[KafkaError], None] | None,
         logger: object | None = None,
+        *,
+        resting: bool = False,
     ) -> None:
-        #: The lane, never renewed here: after a fatal error the wrapper stays off it.
-        #: ``logger`` (confluent-kafka's setting) gets librdkafka's lines of the lane.
-        self.lane = KafkaLane.for_url(url, options, on_error=self._on_error, logger=logger)
-        #: rk's ``produce``, called positionally (see msgsafe.adapters.kafka.lane.BY_KEY).
-        self.produce = self.lane.producer.produce
-        self.target = self.lane.target
-        self.size_limit = self.lane.size_limit
+        FastPath.__init__(self, safe, resting=resting)
+        #: The client, never renewed here: after a fatal error the path stays resting.
+        #: ``logger`` (confluent-kafka's setting) gets librdkafka's lines of the client.
+        self.client = KafkaClient.for_url(url, options, on_error=self._on_error, logger=logger)
+        #: rk's ``produce``, called positionally (see msgsafe.adapters.kafka.client.BY_KEY).
+        self.produce = self.client.producer.produce
+        self.target = self.client.target
+        self.size_limit = self.client.size_limit
         self.store = store
         self.lock = lock
-        self.state = DIRECT
         self.seq = 0  #: produce order of the messages handed to rk (under lock)
         #: Messages rk reported failed that the outbox takes, not served yet.
-        self.failures: list[DirectReport] = []
+        self.failures: list[FastReport] = []
         #: Messages out of rk whose callback is not served yet (failures, ready).
         self.deferred = 0
         #: (callback, err, msg) to serve from poll()/flush(): stored or failed messages.
@@ -206,33 +203,29 @@ class DirectPath:
         self.parked: list[Parked] = []
         #: Topics produce() sends to without looking at them again (see takes()).
         self.topics: set[str] = set()
-        #: monotonic() until which the brokers count as down (the lane stays off).
-        self.down_until = 0.0
         self.down = False  #: set by librdkafka's error events: switch at the next poll
-        self.broken = False  #: a fatal error: rk is done for, the lane stays off
-        self.switches = 0  #: times the lane was left (for tests and logs)
+        self.switches = 0  #: times the fast path was left (for tests and logs)
         self._listener = on_error
 
     # --- inside rk.poll(): record, never switch here ---------------------------------------
 
     def _on_error(self, err: KafkaError) -> None:
-        # rk's error_cb (through the lane), on the thread in rk.poll()/flush().
+        # rk's error_cb (through the client), on the thread in rk.poll()/flush().
         if self.store is not None and (err.fatal() or err.code() == KafkaError._ALL_BROKERS_DOWN):
-            self.down_until = time.monotonic() + _DOWN_HOLD_S
-            self.down = True
-            if err.fatal():
-                self.broken = True
+            # A fatal error: rk is done for, the path never reopens.
+            self.hold(None if err.fatal() else _DOWN_HOLD_S)
+            self.failed()
         if self._listener is not None:
             self._listener(err)
 
-    def failed(self, report: DirectReport, err: KafkaError) -> None:
+    def failed_report(self, report: FastReport, err: KafkaError) -> None:
         """A failed delivery report: kept for the outbox when the safe Producer would
         store it (served after the switch), otherwise its callback gets the
         ``KafkaError`` the safe path gives."""
-        error = self.lane.error(err, report.message_id())
+        error = self.client.error(err, report.message_id())
         if self.store is not None and isinstance(error, TransientError):
             if err.fatal():
-                self.broken = True
+                self.hold(None)
             with self.lock:
                 self.failures.append(report)
                 self.deferred += 1
@@ -245,10 +238,21 @@ class DirectPath:
             except BaseException as exc:
                 self.raised.append(exc)
 
+    def failed(self) -> None:
+        """The fast path failed: rk may hold messages, so it does not rest at once; the
+        wrapper's next look (:attr:`wants_switch`) leaves it (:meth:`leave`)."""
+        self.down = True
+
+    def broke(self) -> None:
+        """rk refused a produce with a fatal error: the path never reopens, and the next
+        look leaves it."""
+        self.hold(None)
+        self.failed()
+
     # --- on the caller's thread, after rk.poll() returned -----------------------------------
 
     def takes(self, topic: str) -> bool:
-        """Whether ``topic`` is one the lane produces to as it is (a non-empty ASCII
+        """Whether ``topic`` is one the fast path produces to as it is (a non-empty ASCII
         name: others take the safe path, which checks them as it always did); one
         that is goes to :attr:`topics`, which produce() looks up first."""
         if topic in self.topics:
@@ -261,19 +265,20 @@ class DirectPath:
 
     @property
     def wants_switch(self) -> bool:
-        return self.state == DIRECT and (bool(self.failures) or self.down)
+        return not self.resting and (bool(self.failures) or self.down)
 
-    def switch(self, send_parked: Callable[[Parked], None]) -> None:
-        """Leave the lane: move every message rk holds to the outbox, then send what was
-        produced meanwhile on the safe path (``send_parked``, in produce order).
+    def leave(self, send_parked: Callable[[Parked], None]) -> None:
+        """Leave the fast path: move every message rk holds to the outbox, then send what
+        was produced meanwhile on the safe path (``send_parked``, in produce order).
 
         Per-key order, step by step:
 
-        1. ``state`` becomes SWITCHING under the wrapper's lock. ``rk.produce`` only runs
-           under that lock after reading DIRECT, so from here on no message enters rk;
-           new produces are parked (never blocked: a callback that produces, run by
-           another thread's rk.poll() while rk is drained here, must not wait for the
-           drain it is part of).
+        1. :meth:`~msgsafe.fastpath.FastPath.switch` under the wrapper's lock (resting
+           and switching). ``rk.produce`` only runs under that lock after reading
+           ``resting`` False, so from here on no message enters rk; new produces are
+           parked (never blocked: a callback that produces, run by another thread's
+           rk.poll() while rk is drained here, must not wait for the drain it is part
+           of).
         2. ``purge(in_queue, in_flight)`` and polling until rk holds nothing: every
            message of rk is now confirmed or in :attr:`failures`. librdkafka counts a
            message until its delivery callback returned, so ``len(rk) == 0`` also means
@@ -284,25 +289,25 @@ class DirectPath:
            one key that is its produce order: within a partition librdkafka fails or
            purges a message together with every later one of the partition, so no
            later message of a stored key was confirmed.
-        4. The parked produces go to the safe Producer in order, then ``state`` becomes
-           SAFE (under the lock, once nothing is parked). A safe-path send of a key
-           with rows in the outbox queues behind them (``Producer._submit`` asks the
-           store's ``has_key``), so nothing overtakes a stored message of its key.
+        4. The parked produces go to the safe Producer in order, then
+           :meth:`~msgsafe.fastpath.FastPath.switched` (under the lock, once nothing is
+           parked). A safe-path send of a key with rows in the outbox queues behind
+           them (``Producer._submit`` asks the store's ``has_key``), so nothing
+           overtakes a stored message of its key.
         """
         with self.lock:
-            if self.state != DIRECT:
+            if not self.switch():
                 return
-            self.state = SWITCHING
             self.switches += 1
         log.info("kafka wrapper to %s: switching to the outbox path", self.target)
-        self.lane.purge()
-        self.lane.drain(None)
+        self.client.purge()
+        self.client.drain(None)
         self._store_failures()
         while True:
             with self.lock:
                 parked, self.parked = self.parked, []
                 if not parked:
-                    self.state = SAFE
+                    self.switched()
                     self.down = False
                     return
             for item in parked:
@@ -383,22 +388,22 @@ class DirectPath:
     def close(self, timeout: float) -> None:
         """At close or collection: give rk ``timeout`` to deliver, then move what it
         still holds (and what failed unserved) to the outbox; no callbacks run."""
-        lane = self.lane
-        if len(lane):
-            lane.drain(max(0.0, timeout))
-            if len(lane) and self.store is not None:
-                lane.purge()
-                lane.drain(_CLOSE_DRAIN_S)
+        client = self.client
+        if len(client):
+            client.drain(max(0.0, timeout))
+            if len(client) and self.store is not None:
+                client.purge()
+                client.drain(_CLOSE_DRAIN_S)
         self.raised.clear()
         self._store_failures()
         self.ready.clear()
 
 
-def _seq(report: DirectReport) -> int:
+def _seq(report: FastReport) -> int:
     return report.seq
 
 
-def _envelope(report: DirectReport) -> Envelope:
+def _envelope(report: FastReport) -> Envelope:
     """The envelope of a failed message, as the safe path would have stored it: same
     id, value (None: a tombstone), key and record headers."""
     msg = report._msg

@@ -1,33 +1,33 @@
-"""The Kafka lane: one librdkafka producer with the adapter's settings, and the rules
+"""The Kafka client: one librdkafka producer with the adapter's settings, and the rules
 every path that produces to Kafka through it shares.
 
-Three users keep their own policy on top of a :class:`KafkaLane`:
+Three users keep their own policy on top of a :class:`KafkaClient`:
 
 - the transport of :class:`msgsafe.Producer`
   (:class:`~msgsafe.adapters.kafka._connection.ProducerLink`): a poll thread serves the
   reports, a watchdog bounds every outcome by ``confirm_timeout``, a fatal error has the
   producer renewed;
-- the confluent-kafka drop-in's direct path (:mod:`msgsafe.compat._kafka_direct`): the
+- the confluent-kafka drop-in's fast path (:mod:`msgsafe.compat._kafka_fast`): the
   caller's ``poll()``/``flush()`` serve the reports, the first failure switches the
   wrapper to the outbox;
-- the Spark sink without an outbox (:mod:`msgsafe.spark.kafka_lane`): reports of failed
+- the Spark sink without an outbox (:mod:`msgsafe.spark.kafka_fast`): reports of failed
   deliveries only, rows counted per partition.
 
 What they share is here:
 
 - the producer, built from :func:`~msgsafe.adapters.kafka.config.producer_settings`
   (``acks=all``, idempotence, ``message.timeout.ms`` inside ``confirm_timeout``, TLS,
-  credentials), renewed with the same settings (:meth:`KafkaLane.renew`);
+  credentials), renewed with the same settings (:meth:`KafkaClient.renew`);
 - how ``produce`` is called: positionally (:data:`BY_KEY`, :data:`NOW`), one message
   (the caller's own code, on its hot path) or a run of them in one C loop
-  (:meth:`KafkaLane.produce_run`: ids given in bulk, no Python frame per message);
+  (:meth:`KafkaClient.produce_run`: ids given in bulk, no Python frame per message);
 - the record headers, built once per message: ``{msgsafe-id: id}`` (a dict of strings
   is no container the cyclic GC tracks, a list is) or, with headers of the caller's,
   one list with the id first (:func:`message_headers`);
 - delivery reports: a run of messages shares one counting callable
   (:class:`ReportRun`), or librdkafka reports failures only (``failures_only``); a
   report object per message exists only where a caller asked for one;
-- librdkafka's errors as msgsafe errors (:meth:`KafkaLane.error`).
+- librdkafka's errors as msgsafe errors (:meth:`KafkaClient.error`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ __all__ = [
     "NOW",
     "DeliveryCallable",
     "Headers",
-    "KafkaLane",
+    "KafkaClient",
     "RecordHeaders",
     "ReportRun",
     "exceeds_size_limit",
@@ -80,7 +80,7 @@ Headers = dict[str, str | bytes | None] | RecordHeaders
 #: librdkafka's delivery callback: ``(error or None, message)``.
 DeliveryCallable = Callable[[KafkaError | None, Message], object]
 
-#: Seconds of one flush() while :meth:`KafkaLane.drain` waits for the producer to empty.
+#: Seconds of one flush() while :meth:`KafkaClient.drain` waits for the producer to empty.
 _DRAIN_SLICE_S = 0.05
 #: Seconds between warnings while a drain without a timeout waits.
 _DRAIN_WARN_S = 10.0
@@ -103,7 +103,7 @@ def message_headers(message_id: str | bytes, extra: RecordHeaders | None = None)
 def exceeds_size_limit(envelope: Envelope, limit: int) -> bool:
     """Whether the Kafka adapter refuses ``envelope`` as too large: its body, key and
     headers (as :attr:`~msgsafe.message.Envelope.size` counts them) pass ``limit``
-    (:attr:`KafkaLane.size_limit`), the check every transport makes before sending."""
+    (:attr:`KafkaClient.size_limit`), the check every transport makes before sending."""
     return size_error(envelope, limit, "") is not None
 
 
@@ -144,7 +144,7 @@ class ReportRun:
             self.done(self)
 
 
-class KafkaLane:
+class KafkaClient:
     """One librdkafka producer built from the Kafka adapter's settings for a URL.
 
     :attr:`producer` is the live ``confluent_kafka.Producer``: callers produce to it
@@ -211,8 +211,8 @@ class KafkaLane:
         on_error: Callable[[KafkaError], object] | None = None,
         failures_only: bool = False,
         logger: object | None = None,
-    ) -> KafkaLane:
-        """A lane for ``url`` (``kafka://`` or ``kafka+ssl://``) with ``options`` as
+    ) -> KafkaClient:
+        """A client for ``url`` (``kafka://`` or ``kafka+ssl://``) with ``options`` as
         :class:`~msgsafe.adapters.kafka.config.KafkaOptions` takes them (URL query and
         keywords); :class:`~msgsafe.errors.ConfigurationError` for a bad one."""
         parsed = parse_url(url)
@@ -308,7 +308,7 @@ class KafkaLane:
         except KafkaException as exc:
             # NOTE: confluent-kafka raises a fatal error out of poll() (instead of through
             # error_cb): it must reach the error callback, which has the producer renewed,
-            # not end here (the lane would then produce into a dead producer for good).
+            # not end here (the client would then produce into a dead producer for good).
             self._error(exc.args[0])
         except RuntimeError:
             log.debug("purging the producer to %s", self.target, exc_info=True)
@@ -327,7 +327,7 @@ class KafkaLane:
                 if now - warned > _DRAIN_WARN_S:
                     warned = now
                     log.warning(
-                        "kafka lane to %s: %d messages still in librdkafka",
+                        "kafka client to %s: %d messages still in librdkafka",
                         self.target,
                         len(producer),
                     )
@@ -356,4 +356,4 @@ class KafkaLane:
         self.fatal = None
 
     def __repr__(self) -> str:
-        return f"KafkaLane({self.target!r}, {len(self.producer)} held)"
+        return f"KafkaClient({self.target!r}, {len(self.producer)} held)"

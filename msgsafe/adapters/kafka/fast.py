@@ -1,34 +1,37 @@
-"""The producer's direct lane on Kafka: single sends straight into librdkafka while
-nothing is wrong (:class:`msgsafe.ports.Lane`).
+"""The producer's fast path on Kafka: single sends straight into librdkafka while
+nothing is wrong (:class:`msgsafe.ports.FastSender`).
 
 On the safe way a single send is a receipt future, a transport report with its
 watchdog entry, the settlement's per-key counts (a lock when it is handed over, another
-when its report comes) and the flush count. Here it is one :class:`DirectSend` — the
+when its report comes) and the flush count. Here it is one :class:`FastSend` — the
 receipt future and librdkafka's delivery callable at once — handed to the same
 librdkafka producer the transport's ``publish_callback`` and ``publish_batch`` use (so
 single sends and batches of one key keep their order), under one lock, with a
 confirmation that resolves it and counts it, nothing else.
 
 That is safe only while nothing can fail into the outbox behind a message of the same
-key: the per-key counts exist for that case. So the lane leaves at the first sign of it
-(:meth:`DirectLane._leave`), as the confluent-kafka drop-in's direct path does:
+key: the per-key counts exist for that case. So the fast path leaves at the first sign of it
+(:meth:`KafkaFastSender._leave`), as the confluent-kafka drop-in's fast path does. The
+states are :class:`~msgsafe.fastpath.FastPath`'s, which this is:
 
-1. state LANE_LEAVING under the lane's lock; every produce runs under that lock after
-   reading LANE_DIRECT, so no message enters librdkafka for the lane from here on, and
-   new sends are parked (:meth:`DirectLane.park`: the producer hands them over);
+1. :meth:`~msgsafe.fastpath.FastPath.switch` under the fast path's lock; every produce
+   runs under that lock after reading ``resting`` False, so no message enters librdkafka
+   for the fast path from here on, and
+   new sends are parked (:meth:`KafkaFastSender.park`: the producer hands them over);
 2. after a failure (or a lost broker, or a report overdue at ``confirm_timeout``)
    librdkafka's queue and what it has in flight are purged (an in-flight message may
    have been written: storing it may duplicate it, with its id, never lose it);
-   without one (:meth:`DirectLane.leave`) what it holds is left to be answered;
-3. on the lane's own thread, reports are served until every message the lane handed
+   without one (:meth:`KafkaFastSender.leave`) what it holds is left to be answered;
+3. on the fast path's own thread, reports are served until every message the fast path handed
    over has one (bounded: one that never comes is stored as possibly delivered);
 4. the failed messages go to the outbox in send order in one put. Within a partition
    librdkafka's idempotent producer fails or purges a message together with every later
    one of the partition, so no later message of a stored key was confirmed;
 5. the parked sends go to the producer's safe way in order (``host.replay``), where a
-   key with rows in the outbox queues behind them; then state LANE_SAFE.
+   key with rows in the outbox queues behind them; then
+   :meth:`~msgsafe.fastpath.FastPath.switched`: resting.
 
-The producer reopens the lane (:meth:`DirectLane.reopen`) once its own bookkeeping has
+The producer reopens the fast path (:meth:`KafkaFastSender.reopen`) once its own bookkeeping has
 nothing unsettled and the outbox is empty.
 """
 
@@ -49,7 +52,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from msgsafe._futures import LightFuture
 from msgsafe.adapters._config import size_error
 from msgsafe.adapters.kafka._wire import user_headers
-from msgsafe.adapters.kafka.lane import BY_KEY, ID_HEADER, NOW, Headers, message_headers
+from msgsafe.adapters.kafka.client import BY_KEY, ID_HEADER, NOW, Headers, message_headers
 from msgsafe.errors import (
     ClosedError,
     ConfirmTimeout,
@@ -57,6 +60,7 @@ from msgsafe.errors import (
     Refused,
     TransientError,
 )
+from msgsafe.fastpath import FastPath
 from msgsafe.message import (
     Envelope,
     Guarantee,
@@ -65,12 +69,12 @@ from msgsafe.message import (
     new_envelope,
     new_receipt,
 )
-from msgsafe.ports import LANE_DIRECT, LANE_LEAVING, LANE_SAFE, LaneHost
+from msgsafe.ports import FastPathHost
 
 if TYPE_CHECKING:
     from msgsafe.adapters.kafka._connection import ProducerLink
 
-__all__ = ["DirectLane", "DirectSend"]
+__all__ = ["KafkaFastSender", "FastSend"]
 
 log = logging.getLogger("msgsafe.kafka")
 
@@ -82,37 +86,37 @@ _STORED = Status.STORED
 _UNKNOWN = Guarantee.UNKNOWN
 _NO_HEADERS: Mapping[str, str] = {}
 
-#: The lane serves delivery reports on the sending thread every 256 sends (as the
+#: The fast path serves delivery reports on the sending thread every 256 sends (as the
 #: transport's publish_callback does): no GIL ping-pong with the poll thread.
 _INLINE_EVERY_MASK = 255
 #: Seconds a send waits, at most, for room in librdkafka's full queue, as a share of
 #: confirm_timeout (the transport's own bound).
 _ROOM_WAIT_SHARE = 0.25
 _ROOM_POLL_S = 0.01
-#: Seconds of each flush() while the lane waits for its reports.
+#: Seconds of each flush() while the fast path waits for its reports.
 _FLUSH_SLICE_S = 0.01
-#: Seconds the leaving lane serves reports, at most, after a purge (librdkafka answers
+#: Seconds the leaving fast path serves reports, at most, after a purge (librdkafka answers
 #: purged messages at once; a report that never comes is stored as possibly delivered).
 _PURGED_DRAIN_S = 5.0
 
 
-class DirectSend(LightFuture[Receipt]):
-    """One single send on the lane: its receipt future, and librdkafka's delivery
+class FastSend(LightFuture[Receipt]):
+    """One single send on the fast path: its receipt future, and librdkafka's delivery
     callable for it (one slotted object for both: the cyclic GC walks every container
     object while messages are in flight).
 
     For the same reason it holds no lock and no receipt of its own: its state is
-    guarded by the lane's :attr:`DirectLane.send_mutex` (one ``RLock`` for all its
+    guarded by the fast path's :attr:`KafkaFastSender.send_mutex` (one ``RLock`` for all its
     sends), and its :class:`~msgsafe.message.Receipt` is made from its fields when asked
     for (``result()``, a callback's, ``asyncio.wrap_future``'s): each call returns an
     equal receipt, not the same object."""
 
     __slots__ = (
         "born",
+        "fast",
         "guarantee",
         "headers",
         "key",
-        "lane",
         "message_id",
         "seq",
         "status",
@@ -122,7 +126,7 @@ class DirectSend(LightFuture[Receipt]):
 
     def __init__(
         self,
-        lane: DirectLane,
+        fast: KafkaFastSender,
         topic: str,
         value: bytes | None,
         key: bytes | None,
@@ -131,9 +135,9 @@ class DirectSend(LightFuture[Receipt]):
         born: float,
     ) -> None:
         # LightFuture.__init__, inlined: one frame fewer for every message.
-        self._mutex = lane.send_mutex
+        self._mutex = fast.send_mutex
         self._state = PENDING
-        self.lane = lane
+        self.fast = fast
         self.topic = topic
         self.value = value
         self.key = key
@@ -141,7 +145,7 @@ class DirectSend(LightFuture[Receipt]):
         self.message_id = message_id
         #: time.monotonic() when it was handed over (the watchdog's clock).
         self.born = born
-        #: Its place among the lane's sends (0: never handed to librdkafka).
+        #: Its place among the fast path's sends (0: never handed to librdkafka).
         self.seq = 0
 
     @property
@@ -153,7 +157,7 @@ class DirectSend(LightFuture[Receipt]):
 
     @_result.setter
     def _result(self, receipt: Receipt | None) -> None:
-        # LightFuture.set_result, with the lane's own receipt of this send (STORED):
+        # LightFuture.set_result, with the fast path's own receipt of this send (STORED):
         # kept as its parts, the id and destination being this send's.
         if receipt is None or receipt.message_id != self.message_id:
             raise ValueError(f"not a receipt of message {self.message_id}: {receipt!r}")
@@ -168,7 +172,7 @@ class DirectSend(LightFuture[Receipt]):
     def _receipt(self) -> Receipt:
         # The outbox's guarantee on a STORED receipt only (see Receipt.store_guarantee).
         status = self.status
-        kept = self.lane.store_guarantee if status is _STORED else None
+        kept = self.fast.store_guarantee if status is _STORED else None
         return new_receipt(self.message_id, status, self.topic, self.guarantee, kept)
 
     def cancel(self) -> bool:
@@ -177,15 +181,15 @@ class DirectSend(LightFuture[Receipt]):
 
     def __call__(self, err: KafkaError | None, _msg: Message) -> None:
         # librdkafka's delivery report, where reports are served (the poll thread, a
-        # sender, the lane's own thread); must never raise into librdkafka.
-        lane = self.lane
+        # sender, the fast path's own thread); must never raise into librdkafka.
+        fast = self.fast
         if err is None:
-            guarantee = lane.guarantees.get(self.topic, _UNKNOWN)
+            guarantee = fast.guarantees.get(self.topic, _UNKNOWN)
             # LightFuture.set_result, inlined (one message, two frames fewer): the state
             # under the future's lock, then whoever waits and the callbacks.
             with self._mutex:
                 if self._state is not _PENDING:
-                    return  # stored by the lane after its drain's bound: a known duplicate
+                    return  # stored by the fast path after its drain's bound: a known duplicate
                 self.status = _CONFIRMED
                 self.guarantee = guarantee
                 self._state = _FINISHED
@@ -193,9 +197,9 @@ class DirectSend(LightFuture[Receipt]):
                     self._wake_waiters()
             if self._made_callbacks:
                 self._run_callbacks()
-            lane.count_confirmed()
+            fast.count_confirmed()
             return
-        lane.failed(self, err)
+        fast.failed_send(self, err)
 
     def envelope(self) -> Envelope:
         """The envelope the safe way would have stored: same id, value (None: a
@@ -213,22 +217,25 @@ class DirectSend(LightFuture[Receipt]):
         )
 
 
-def _seq(send: DirectSend) -> int:
+def _seq(send: FastSend) -> int:
     return send.seq
 
 
-class DirectLane:
-    """The Kafka transport's :class:`msgsafe.ports.Lane` (see the module docstring).
+class KafkaFastSender(FastPath):
+    """The Kafka transport's :class:`msgsafe.ports.FastSender` (see the module docstring),
+    a :class:`~msgsafe.fastpath.FastPath` whose owner, the producer's settlement, decides
+    when it reopens.
 
-    ``lock`` orders every produce with the state: a send reads LANE_DIRECT and produces
-    under it. :attr:`failures` and :attr:`parked` are changed under it too. What is
+    ``lock`` orders every produce with the state: a send reads ``resting`` False and
+    produces under it. :attr:`failures` and :attr:`parked` are changed under it too. What is
     settled is read from the sends themselves (:attr:`watch`): a report counts nothing.
     """
 
-    def __init__(self, link: ProducerLink, host: LaneHost, *, timeout: float, size_limit: int):
+    def __init__(self, link: ProducerLink, host: FastPathHost, *, timeout: float, size_limit: int):
+        FastPath.__init__(self, None)
         self.link = link
         self.host = host
-        #: Whether the producer has an outbox for what the lane cannot deliver.
+        #: Whether the producer has an outbox for what the fast path cannot deliver.
         self.stores = host.stores
         self.guarantees = host.guarantees
         self.store_guarantee = host.store_guarantee
@@ -237,30 +244,28 @@ class DirectLane:
         self.size_limit = size_limit
         self.target = link.target
         self.lock = threading.Lock()
-        #: The lock of every DirectSend's state (each one's LightFuture._mutex): one, not
+        #: The lock of every FastSend's state (each one's LightFuture._mutex): one, not
         #: one per message, which the cyclic GC would walk while it is in flight. Re-entrant:
         #: concurrent.futures.wait() holds the locks of all the futures it waits for.
         self.send_mutex = RLock()
-        self.state = LANE_DIRECT
+        #: Set by shut(): sends raise ClosedError (the path rests for good, too).
         self.closed = False
-        #: state is LANE_DIRECT and not closed: what send() reads (one load, not two).
-        self._takes = True
-        #: The link's KafkaLane (fixed; its producer is renewed after a fatal error).
-        self._kafka = link.lane
+        #: The link's KafkaClient (fixed; its producer is renewed after a fatal error).
+        self._kafka = link.client
         #: Sends handed to librdkafka so far (each one's seq), under lock.
         self.sent = 0
         #: Handed-over sends that failed into the outbox, kept for the leave (under lock).
-        self.failures: list[DirectSend] = []
-        #: What the producer parked while LANE_LEAVING, for host.replay (under lock).
+        self.failures: list[FastSend] = []
+        #: What the producer parked while switching, for host.replay (under lock).
         self.parked: list[object] = []
         #: Handed-over sends in send order, until the watchdog sees them settled.
-        self.watch: deque[DirectSend] = deque()
+        self.watch: deque[FastSend] = deque()
         #: Whether the leave in progress (or the next) purges librdkafka first.
         self._purge = False
-        #: Set while the lane is not leaving.
+        #: Set while the fast path is not leaving.
         self._settled = threading.Event()
         self._settled.set()
-        #: Times the lane left (for tests and logs).
+        #: Times the fast path left (for tests and logs).
         self.leaves = 0
 
     # --- the producer's side ------------------------------------------------------------------
@@ -273,9 +278,9 @@ class DirectLane:
         headers: Mapping[str, str] | None,
         message_id: str,
         now: float,
-    ) -> DirectSend | None:
-        """Hand one message to librdkafka; its receipt future, or None when the lane is
-        not DIRECT (any more). A message librdkafka refuses for good (too large, bad
+    ) -> FastSend | None:
+        """Hand one message to librdkafka; its receipt future, or None when the fast path
+        rests (now). A message librdkafka refuses for good (too large, bad
         input) comes back as a future failed with that error. ``now``: the caller's
         ``time.monotonic()``."""
         link = self.link
@@ -308,10 +313,10 @@ class DirectLane:
             if not headers
             else message_headers(message_id, user_headers(headers))
         )
-        send = DirectSend(self, destination, body, key, headers, message_id, now)
+        send = FastSend(self, destination, body, key, headers, message_id, now)
         refused: Exception | None = None
         with self.lock:
-            if not self._takes:
+            if self.resting:
                 if self.closed:
                     raise ClosedError("producer is closed", message_id=message_id)
                 return None
@@ -333,8 +338,8 @@ class DirectLane:
         return send
 
     def _produce_refused(
-        self, send: DirectSend, record: Headers, refused: Exception
-    ) -> DirectSend | None:
+        self, send: FastSend, record: Headers, refused: Exception
+    ) -> FastSend | None:
         """What becomes of a send librdkafka's produce() refused with ``refused``."""
         link = self.link
         if isinstance(refused, BufferError):
@@ -343,12 +348,12 @@ class DirectLane:
             while _monotonic() < deadline:
                 link.serve(_ROOM_POLL_S)
                 with self.lock:
-                    if not self._takes:
+                    if self.resting:
                         if self.closed:
                             raise ClosedError("producer is closed", message_id=send.message_id)
                         return None
                     try:
-                        link.lane.producer.produce(
+                        link.client.producer.produce(
                             send.topic, send.value, send.key, BY_KEY, send, None, NOW, record
                         )
                     except BufferError:
@@ -371,7 +376,7 @@ class DirectLane:
             else link.produce_error(refused, send.message_id)
         )
         if isinstance(error, TransientError) and self.stores:
-            # The safe way takes it to the outbox, behind what the lane holds.
+            # The safe way takes it to the outbox, behind what the fast path holds.
             self._leave(purge=not isinstance(error, Refused))
             return None
         return self._refused(send.topic, send.value, send.key, send.headers, send.message_id, error)
@@ -384,52 +389,52 @@ class DirectLane:
         headers: Mapping[str, str] | None,
         message_id: str,
         error: MsgsafeError,
-    ) -> DirectSend:
+    ) -> FastSend:
         """A receipt future failed with ``error`` for a message never handed over."""
-        send = DirectSend(self, destination, body, key, headers, message_id, _monotonic())
+        send = FastSend(self, destination, body, key, headers, message_id, _monotonic())
         send.set_exception(error)
         self.host.count_outcomes(1, error)
         return send
 
     def park(self, item: object) -> bool:
-        """Keep ``item`` for host.replay while the lane leaves; False otherwise.
+        """Keep ``item`` for host.replay while the fast path leaves; False otherwise.
         Raises ``ClosedError`` after :meth:`shut` (nothing new is replayed then)."""
         with self.lock:
             if self.closed:
                 raise ClosedError("producer is closed")
-            if self.state != LANE_LEAVING:
+            if not self.switching:
                 return False
             self.parked.append(item)
             return True
 
     def leave(self) -> None:
-        """Leave DIRECT: what librdkafka holds is answered, not purged."""
+        """Switch to the safe way without a failure: what librdkafka holds is answered,
+        not purged."""
         self._leave(purge=False)
 
     def reopen(self) -> bool:
-        """LANE_SAFE to LANE_DIRECT unless the brokers count as down (the host calls it
-        under its own lock, with nothing of its own unsettled)."""
+        """Open again (:meth:`msgsafe.fastpath.FastPath.reopen`) unless the brokers count
+        as down (the host calls it under its own lock, with nothing of its own unsettled
+        and nothing stored)."""
         link = self.link
         with self.lock:
             # A failure reported after its send was stored (past the drain's bound) is
-            # settled already: only one still unsettled keeps the lane off.
+            # settled already: only one still unsettled keeps the fast path off.
             self.failures = [send for send in self.failures if not send.done()]
-            if self.state != LANE_SAFE or self.closed or self.parked or self.failures:
+            if self.closed or self.parked or self.failures or link.down:
                 return False
-            if link.down:
+            if not FastPath.reopen(self):
                 return False
-            self.state = LANE_DIRECT
-            self._takes = True
-        log.debug("kafka lane to %s: direct again", self.target)
+        log.debug("kafka fast path to %s: open again", self.target)
         return True
 
     def wait(self, timeout: float | None) -> bool:
-        """Wait until every send handed over so far is settled and the lane is not
+        """Wait until every send handed over so far is settled and the fast path is not
         leaving, serving reports (and sending what lingers); False after ``timeout``."""
         deadline = None if timeout is None else _monotonic() + timeout
         target = self.sent
         while True:
-            leaving = self.state == LANE_LEAVING
+            leaving = self.switching
             if not leaving and self._settled_upto(target):
                 return True
             left = None if deadline is None else deadline - _monotonic()
@@ -440,7 +445,7 @@ class DirectLane:
                 self._settled.wait(step)
                 continue
             try:
-                self.link.lane.producer.flush(step)
+                self.link.client.producer.flush(step)
             except KafkaException as exc:
                 self.link.on_error(exc.args[0])
 
@@ -461,14 +466,14 @@ class DirectLane:
         """Refuse every send from now on (the producer is closing)."""
         with self.lock:
             self.closed = True
-            self._takes = False
+            FastPath.shut(self)
 
     def close(self, timeout: float | None) -> None:
-        """After :meth:`shut`: give what the lane holds ``timeout`` to be answered, then
+        """After :meth:`shut`: give what the fast path holds ``timeout`` to be answered, then
         store (or fail, without an outbox) what is still unanswered."""
         if self.wait(timeout):
             return
-        # Unsettled sends outside a leave: the lane is direct (a leave settles every one).
+        # Unsettled sends outside a leave: the path held them (a leave settles every one).
         if self._start_leave(purge=True):
             self._leave_now()
         else:
@@ -476,8 +481,8 @@ class DirectLane:
 
     # --- reports --------------------------------------------------------------------------
 
-    def failed(self, send: DirectSend, err: KafkaError) -> None:
-        """A failed delivery report: kept for the outbox (and the lane leaves) when the
+    def failed_send(self, send: FastSend, err: KafkaError) -> None:
+        """A failed delivery report: kept for the outbox (and the fast path leaves) when the
         safe way would store it, otherwise its future fails with the error now."""
         if send.done():
             return  # already stored after the drain's bound
@@ -489,7 +494,7 @@ class DirectLane:
             self.failures.append(send)
         self._leave(purge=True)
 
-    def _fail(self, send: DirectSend, error: MsgsafeError) -> None:
+    def _fail(self, send: FastSend, error: MsgsafeError) -> None:
         try:
             send.set_exception(error)
         except InvalidStateError:
@@ -498,7 +503,7 @@ class DirectLane:
 
     def expire(self, now: float) -> None:
         """The watchdog, on the poll thread: a send without a report at
-        ``confirm_timeout`` makes the lane leave (it is then stored as possibly
+        ``confirm_timeout`` makes the fast path leave (it is then stored as possibly
         delivered); without an outbox it fails with :class:`ConfirmTimeout`."""
         watch = self.watch
         timeout = self.timeout
@@ -517,7 +522,7 @@ class DirectLane:
             self._leave(purge=True)
             return
 
-    def _overdue(self, send: DirectSend) -> ConfirmTimeout:
+    def _overdue(self, send: FastSend) -> ConfirmTimeout:
         return ConfirmTimeout(
             f"no delivery report within confirm_timeout={self.timeout}s",
             endpoint=self.target,
@@ -527,31 +532,30 @@ class DirectLane:
     # --- leaving ------------------------------------------------------------------------------
 
     def _leave(self, *, purge: bool) -> None:
-        """Start leaving DIRECT (see the module docstring) on the lane's own thread:
+        """Start the switch (see the module docstring) on the fast path's own thread:
         this may run inside librdkafka's poll, which must not wait for a drain."""
         if self._start_leave(purge=purge):
-            threading.Thread(target=self._leave_now, name="msgsafe-kafka-lane", daemon=True).start()
+            threading.Thread(target=self._leave_now, name="msgsafe-kafka-fast", daemon=True).start()
 
     def _start_leave(self, *, purge: bool) -> bool:
-        """LANE_DIRECT to LANE_LEAVING (True: the caller runs :meth:`_leave_now`), or,
-        in another state, only note ``purge`` for the leave under way or the next."""
+        """Switch (True: the caller runs :meth:`_leave_now`), or, when the path holds
+        nothing or is switching already, only note ``purge`` for the leave under way or
+        the next."""
         with self.lock:
             if purge:
                 self._purge = True
-            if self.state != LANE_DIRECT:
+            if not self.switch():
                 return False
-            self.state = LANE_LEAVING
-            self._takes = False
             self._settled.clear()
             self.leaves += 1
-        log.info("kafka lane to %s: leaving for the safe way", self.target)
+        log.info("kafka fast path to %s: leaving for the safe way", self.target)
         return True
 
     def _leave_now(self) -> None:
         try:
             self._store_failures(self._drain())
-        except Exception:  # the lane must still end its leave: parked sends wait for it
-            log.exception("kafka lane to %s: leaving failed", self.target)
+        except Exception:  # the fast path must still end its leave: parked sends wait for it
+            log.exception("kafka fast path to %s: leaving failed", self.target)
         finally:
             self._replay_parked()
 
@@ -569,12 +573,12 @@ class DirectLane:
                 purge = self._purge and not purged
             if purge:
                 purged = True
-                link.lane.purge()
+                link.client.purge()
                 deadline = min(deadline, _monotonic() + _PURGED_DRAIN_S)
             if self._settled_upto(target, failed) or _monotonic() >= deadline:
                 return purged
             try:
-                link.lane.producer.flush(_FLUSH_SLICE_S)
+                link.client.producer.flush(_FLUSH_SLICE_S)
             except KafkaException as exc:
                 link.on_error(exc.args[0])
 
@@ -594,7 +598,7 @@ class DirectLane:
             for send in failures:
                 self._fail(send, self._overdue(send))
             return
-        # The producer writes them (msgsafe.fastpath.store_refused): the lane has no store.
+        # The producer writes them (msgsafe.fastpath.store_refused): the fast path has no store.
         error = self.host.store_refused([send.envelope() for send in failures])
         guarantees = self.guarantees
         settled = 0
@@ -617,7 +621,7 @@ class DirectLane:
             settled += 1
         self.host.count_outcomes(settled, error)
         log.info(
-            "kafka lane to %s: %d unconfirmed sends %s",
+            "kafka fast path to %s: %d unconfirmed sends %s",
             self.target,
             len(failures),
             "stored" if error is None else f"not stored ({error})",
@@ -627,12 +631,12 @@ class DirectLane:
             self.host.pause()
 
     def _replay_parked(self) -> None:
-        """Hand the parked sends to the safe way, in order, then state LANE_SAFE."""
+        """Hand the parked sends to the safe way, in order, then end the switch."""
         while True:
             with self.lock:
                 parked, self.parked = self.parked, []
                 if not parked:
-                    self.state = LANE_SAFE
+                    self.switched()
                     self._purge = False
                     self._settled.set()
                     return
@@ -640,8 +644,8 @@ class DirectLane:
                 try:
                     self.host.replay(item)
                 except Exception:  # replay settles its own sends; this is a bug
-                    log.exception("kafka lane to %s: a parked send failed", self.target)
+                    log.exception("kafka fast path to %s: a parked send failed", self.target)
 
     def __repr__(self) -> str:
-        state = {LANE_DIRECT: "direct", LANE_LEAVING: "leaving", LANE_SAFE: "safe"}[self.state]
-        return f"DirectLane({self.target!r}, {state}, {self.sent} sent)"
+        state = "switching" if self.switching else "resting" if self.resting else "open"
+        return f"KafkaFastSender({self.target!r}, {state}, {self.sent} sent)"
