@@ -56,6 +56,7 @@ nothing.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -536,17 +537,26 @@ class _Run:
         self.mounts.clear()
 
     def fill_disk(self, producer: int) -> int:
-        """Fill producer's tmpfs with a ballast file up to ENOSPC; the bytes written."""
-        mount = self.dir / "outboxes" / f"p{producer}"
-        written = 0
+        """Fill producer's tmpfs with a ballast file up to ENOSPC; the bytes written.
+
+        NOTE: unbuffered (``os.write``): a buffered file keeps the part of a chunk the
+        disk did not take and raises ENOSPC again when it is closed (seed 205468141 on
+        Artemis: the fault action failed after the disk was full)."""
+        path = self.dir / "outboxes" / f"p{producer}" / "ballast"
         chunk = b"\0" * 65536
-        with (mount / "ballast").open("ab") as f:
-            try:
-                while True:
-                    written += f.write(chunk)
-                    f.flush()
-            except OSError:
-                pass  # ENOSPC: the disk is full, which is the fault
+        written = 0
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            while True:
+                n = os.write(fd, chunk)
+                if n <= 0:
+                    break
+                written += n
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+        finally:
+            os.close(fd)
         return written
 
     def free_disk(self, producer: int) -> None:

@@ -1078,3 +1078,35 @@ def test_a_move_refused_after_a_broker_fault_ended_during_it_is_declined(
     notes = [e["text"] for e in history.read_dir(tmp_path) if e["e"] == "note"]
     assert len(notes) == 1 and notes[0].startswith("declined"), notes
     assert not r.notes
+
+
+def test_filling_a_disk_stops_at_enospc_on_a_partial_write(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Artemis seed 205468141 (the suite's slice): the disk took part of the last chunk,
+    and the buffered file raised ENOSPC again when closed, failing the fault action.
+    The ballast is written unbuffered; ENOSPC ends it, whatever the disk took counts."""
+    import errno
+
+    from msgsafe.nemesis import runner
+    from msgsafe.nemesis.runner import Plan, _Run
+
+    (tmp_path / "outboxes" / "p1").mkdir(parents=True)
+    takes = [65536, 1000]
+
+    def write(fd: int, data: bytes) -> int:
+        if not takes:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return takes.pop(0)
+
+    monkeypatch.setattr(runner.os, "write", write)
+    r = _Run(Plan(kind="artemis", minutes=1, seed=1, dir=tmp_path), lambda _: None)
+    assert r.fill_disk(1) == 66536
+    assert (tmp_path / "outboxes" / "p1" / "ballast").exists()
+
+    def broken(fd: int, data: bytes) -> int:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(runner.os, "write", broken)
+    with pytest.raises(OSError, match="I/O error"):  # not a full disk: the action fails
+        r.fill_disk(1)
