@@ -22,7 +22,7 @@ from concurrent.futures._base import PENDING
 from typing import Protocol
 
 from msgsafe._futures import LightFuture
-from msgsafe.errors import BatchFailed, MsgsafeError, OutboxError
+from msgsafe.errors import BatchFailed, MsgsafeError, OutboxError, OutboxFull
 from msgsafe.message import (
     Batch,
     BatchReceipt,
@@ -89,7 +89,11 @@ class Send(LightFuture[Receipt]):
     object while messages are in flight, so each one costs on every send).
     """
 
-    __slots__ = ("envelope", "held", "owner", "ticket")
+    # NOTE: ``doubt`` is set only when a send to the broker ended without an answer
+    # before the message was detoured to the outbox (read with getattr): no cost on
+    # the common path.
+    __slots__ = ("doubt", "envelope", "held", "owner", "ticket")
+    doubt: bool
 
     def __init__(self, owner: ReceiptOwner, envelope: Envelope) -> None:
         # LightFuture.__init__, inlined: one frame fewer for every message.
@@ -136,7 +140,11 @@ class Send(LightFuture[Receipt]):
                 )
             )
         else:
-            self.set_exception(error.with_id(env.message_id))
+            failed = error.with_id(env.message_id)
+            if isinstance(failed, OutboxFull) and getattr(self, "doubt", False):
+                # The outbox refused a message the broker may hold: say so.
+                failed.maybe_delivered = True
+            self.set_exception(failed)
         return 1
 
 

@@ -600,6 +600,8 @@ class Settlement:
         key = envelope.key
         if isinstance(error, TransientError) and self.store is not None:
             log.debug("storing %s after %s", envelope.message_id, type(error).__name__)
+            if error.maybe_delivered:
+                send.doubt = True  # an outbox that refuses it must say the broker may have it
             if key is None:
                 self.to_outbox(send)
                 return

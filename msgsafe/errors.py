@@ -305,7 +305,18 @@ class OutboxError(MsgsafeError):
 
 
 class OutboxFull(OutboxError):
-    """The outbox reached a bound (rows, bytes, age, or the disk): the message was not stored."""
+    """The outbox reached a bound (rows, bytes, age, or the disk): the message was not stored.
+
+    :attr:`maybe_delivered` is True when the message went to the outbox after a send to
+    the broker that ended without an answer (a confirm that timed out, a connection lost
+    after the send): the broker may hold it all the same, and deliver it later.
+    """
+
+    #: True when the broker may hold the message (see the class doc).
+    maybe_delivered: bool = False
+
+    def _extra(self) -> dict[str, object]:
+        return {"maybe_delivered": True} if self.maybe_delivered else {}
 
 
 class OutboxCorrupt(OutboxError):

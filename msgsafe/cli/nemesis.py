@@ -11,6 +11,11 @@ back and checks (:mod:`msgsafe.nemesis.runner`). Progress on stderr; the report 
 synchronous standby) drained by ``--forwarders`` ``msgsafe outbox forward`` processes,
 and the schedule adds the primary's SIGKILL with the standby's promotion, and forwarder
 SIGKILL and SIGSTOP past its lease.
+
+Run as root with the SQLite outbox, each producer's outbox is on a tmpfs of its own and
+the schedule adds a full disk under one (``--no-disk-faults``: not). On Kafka, RabbitMQ
+and Qpid it adds leadership moved on purpose (a reassignment and a preferred election; a
+drained node; a transfer of mastership).
 """
 
 from __future__ import annotations
@@ -75,11 +80,21 @@ def nemesis(
         int,
         typer.Option("--forwarders", min=1, help="Forwarder processes (--outbox postgres)."),
     ] = 2,
+    disk_faults: Annotated[
+        bool | None,
+        typer.Option(
+            "--disk-faults/--no-disk-faults",
+            help="Each producer's SQLite outbox on a size-limited tmpfs, filled by disk "
+            "faults (default: when run as root with the SQLite outbox).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Run producers and a consumer against a KIND cluster under randomized, composed
     faults (broker SIGKILL/SIGSTOP, producer SIGKILL/SIGSTOP, network faults through a proxy),
-    then heal, drain, read back and check that no receipted message was lost.
+    then heal, drain, read back and check that no receipted message was lost; as root,
+    a full disk under a producer's outbox (a size-limited tmpfs), and where the brokers
+    allow it (Kafka, RabbitMQ, Qpid) leadership moved on purpose.
 
     --outbox postgres: the producers share a PostgreSQL outbox (primary + synchronous
     standby) that --forwarders `msgsafe outbox forward` processes drain; faults add the
@@ -90,6 +105,10 @@ def nemesis(
     directory keeps the history (history/*.jsonl), report.json, picture.svg (send rate,
     confirm latency, outbox depth and unseen messages over time, faults shaded) and, when
     the run fails, the brokers' logs and data (cluster/) and the workers' logs (logs/)."""
+    if disk_faults and outbox != "sqlite":
+        raise typer.BadParameter(
+            "disk faults fill a producer's SQLite outbox: not with --outbox postgres"
+        )
     chosen = seed if seed is not None else secrets.randbelow(2**31)
     where = dir if dir is not None else Path(tempfile.mkdtemp(prefix=f"msgsafe-nemesis-{kind}-"))
     plan = Plan(
@@ -101,6 +120,7 @@ def nemesis(
         nodes=nodes or 0,
         outbox=outbox,
         forwarders=forwarders,
+        disk_faults=disk_faults,
     )
     try:
         outcome = run(plan, say=lambda line: err.print(line, markup=False, highlight=False))
@@ -116,12 +136,15 @@ def nemesis(
         out.print(
             f"{kind} seed {chosen} ({outbox} outbox): {len(outcome.schedule.windows)} faults; "
             f"attempted={v.attempted} receipted={v.receipted} (confirmed {v.confirmed}, "
-            f"stored {v.stored}) failed={v.failed} cut_short={v.cut_short} "
+            f"stored {v.stored}) failed={v.failed} (refused {v.refused}, in doubt "
+            f"{v.in_doubt}, of which arrived {v.in_doubt_arrived}) "
+            f"cut_short={v.cut_short} "
             f"received={v.received}",
             markup=False,
         )
         out.print(
-            f"lost={v.lost} unexpected={v.unexpected} duplicates={v.duplicates} "
+            f"lost={v.lost} unexpected={v.unexpected} denied={v.denied} "
+            f"duplicates={v.duplicates} "
             f"order_violations={v.order_violations} recovery={recovery} "
             f"(the slowest after any fault: {worst})",
             markup=False,

@@ -63,6 +63,8 @@ TOOLS_FETCH = "msgsafe cluster fetch kafka-tools"
 #: The main classes behind bin/kafka-topics.sh and bin/kafka-console-consumer.sh.
 _TOPIC_COMMAND = "org.apache.kafka.tools.TopicCommand"
 _CONSOLE_CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"
+#: The main class behind bin/kafka-reassign-partitions.sh.
+_REASSIGN_COMMAND = "org.apache.kafka.tools.reassign.ReassignPartitionsCommand"
 
 _LOG4J2 = """\
 status = warn
@@ -638,6 +640,63 @@ class KafkaCluster(JvmCluster):
         if meta is None or meta.leader < 0:
             raise ClusterError(f"{topic!r}/{partition} has no leader")
         return int(meta.leader)
+
+    def replicas(self, topic: str) -> dict[int, list[int]]:
+        """``{partition: [node, ...]}`` of ``topic``, the preferred leader first."""
+        parts = kafka_admin.partitions(self._running_bootstrap(), topic)
+        return {p: [int(r) for r in meta.replicas] for p, meta in sorted(parts.items())}
+
+    def reassign(
+        self, topic: str, replicas: Mapping[int, list[int]], timeout: float = 60.0
+    ) -> None:
+        """Give ``topic``'s partitions these replica lists with Kafka's own
+        ``kafka-reassign-partitions`` (its tools: :func:`fetch_tools`), and wait until the
+        brokers report them. A list that only reorders a partition's replicas moves no
+        data: it names another preferred leader, which :meth:`elect_preferred` then
+        makes the leader. :class:`ClusterError` when the tool refuses or the brokers do
+        not report the lists within ``timeout``."""
+        lib = tools_lib()
+        if not lib.is_dir():
+            raise ClusterError(f"Kafka's tools are not installed: {TOOLS_FETCH}")
+        plan = {
+            "version": 1,
+            "partitions": [
+                {"topic": topic, "partition": p, "replicas": list(r)} for p, r in replicas.items()
+            ],
+        }
+        path = self.dir / f"reassign-{topic}.json"
+        path.write_text(json.dumps(plan))
+        args = ["--bootstrap-server", self._running_bootstrap()]
+        args += ["--reassignment-json-file", str(path), "--execute"]
+        command = self._java(lib, _REASSIGN_COMMAND, *args, heap_mb=256)
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=timeout, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise ClusterError(f"kafka-reassign-partitions timed out after {timeout} s") from exc
+        if done.returncode != 0:
+            # The tool's error, not its INFO logging nor the JVM's notice of
+            # JDK_JAVA_OPTIONS; its last lines when no line names an error.
+            lines = (done.stdout + "\n" + done.stderr).strip().splitlines()
+            errors = [line for line in lines if "rror" in line or "xception" in line]
+            said = (errors or [line for line in lines if "JDK_JAVA_OPTIONS" not in line])[-3:]
+            raise ClusterError(f"kafka-reassign-partitions failed: {' '.join(said)}")
+        wanted = {p: list(r) for p, r in replicas.items()}
+
+        def reported() -> bool:
+            try:
+                return self.replicas(topic) == wanted
+            except ClusterError:
+                return False
+
+        wait_for(reported, timeout, f"the new replica lists of {topic!r}", interval=0.2)
+
+    def elect_preferred(self, topic: str, timeout: float = 30.0) -> dict[int, str]:
+        """A preferred leader election of ``topic``'s partitions
+        (:func:`~msgsafe.cluster.kafka_admin.elect_preferred`): ``{partition: error}`` of
+        those not moved."""
+        return kafka_admin.elect_preferred(self._running_bootstrap(), topic, timeout)
 
     def wait_in_sync(self, topic: str, timeout: float = 60.0) -> None:
         """Wait until every replica of ``topic`` is in sync (after :meth:`restart`,

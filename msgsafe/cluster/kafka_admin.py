@@ -14,7 +14,14 @@ from typing import Any
 from msgsafe.cluster._process import wait_for
 from msgsafe.cluster.base import ClusterError
 
-__all__ = ["confluent", "create_topic", "metadata", "partitions", "wait_in_sync"]
+__all__ = [
+    "confluent",
+    "create_topic",
+    "elect_preferred",
+    "metadata",
+    "partitions",
+    "wait_in_sync",
+]
 
 _KAFKA_HINT = "pip install 'msgsafe[kafka]' (confluent-kafka)"
 
@@ -95,3 +102,26 @@ def wait_in_sync(bootstrap: str, topic: str, timeout: float = 60.0) -> None:
         )
 
     wait_for(in_sync, timeout, f"every replica of {topic!r} in sync", interval=0.2)
+
+
+def elect_preferred(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[int, str]:
+    """A preferred leader election of every partition of ``topic`` (what
+    ``kafka-leader-election.sh --election-type PREFERRED`` asks): each partition's first
+    replica becomes its leader if it is in sync. Returns ``{partition: error}`` for the
+    partitions not moved, the election not needed (already led by it) left out."""
+    ck = confluent()
+    admin = ck.admin.AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    wanted = [ck.TopicPartition(topic, p) for p in partitions(bootstrap, topic)]
+    # NOTE: no request_timeout/operation_timeout: confluent-kafka 2.16's elect_leaders
+    # fails on any keyword argument (its C call's keyword list is one short, a
+    # SystemError or TypeError); the future's own timeout bounds the wait instead.
+    future = admin.elect_leaders(ck.ElectionType.PREFERRED, wanted)
+    try:
+        results = future.result(timeout)
+    except ck.KafkaException as exc:
+        raise ClusterError(f"preferred leader election of {topic!r} failed: {exc}") from exc
+    refused: dict[int, str] = {}
+    for part, error in results.items():
+        if error is not None and error.code() != ck.KafkaError.ELECTION_NOT_NEEDED:
+            refused[part.partition] = error.str()
+    return refused

@@ -65,6 +65,7 @@ from urllib.parse import quote
 from msgsafe.cluster import maven
 from msgsafe.cluster._jvm import HOST, JvmCluster
 from msgsafe.cluster._process import spawn, tail, wait_for
+from msgsafe.cluster.base import ClusterError
 
 __all__ = ["MASTER", "REPLICA", "VERSION", "QpidCluster"]
 
@@ -400,6 +401,29 @@ class QpidCluster(JvmCluster):
             on_timeout=lambda: f"roles: {self.roles()}",
         )
         return found[-1]
+
+    def transfer_master(self, node: int, timeout: float = 60.0) -> None:
+        """Make ``node`` the group's master on purpose, as an operator does (Broker-J's
+        BDB HA "transfer mastership"): its virtual host node's ``role`` set to MASTER
+        through the REST API, then wait until it is :meth:`master`. Nothing when it is
+        already. :class:`ClusterError` when the node refuses or does not become master
+        within ``timeout``."""
+        if self.master() == node:
+            return
+        url = f"http://{_HOST}:{self.http_ports[node]}/api/latest/virtualhostnode/{self.name(node)}"
+        token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
+        request = urllib.request.Request(
+            url,
+            data=json.dumps({"role": MASTER.upper()}).encode(),
+            method="POST",
+            headers={"Authorization": f"Basic {token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10.0):
+                pass
+        except (OSError, urllib.error.URLError) as exc:
+            raise ClusterError(f"qpid node {node} refused mastership: {exc}") from exc
+        self.wait_master(timeout, exclude=[n for n in range(self.count) if n != node])
 
     def wait_group(self, timeout: float = 120.0) -> int:
         """Wait until every running node is attached: one master with an active virtual

@@ -6,11 +6,18 @@ Invariants (each must hold for the run to pass):
   what the consumer received;
 - **unexpected** = 0: no id was received that no producer attempted (so every duplicate
   carries a known id);
-- **order** = 0 violations: per key, the first arrivals come in send order;
+- **order** = 0 violations: per key, the first arrivals of the messages whose send did
+  not fail come in send order (a send that failed saying the broker may hold the
+  message, a confirm that timed out, may arrive any time later: it is not judged);
+- **denied** = 0: no message arrived whose send failed saying the broker could not
+  hold it (``maybe_delivered`` false: an outbox that refused a message never sent);
 - **recovered**: after the last heal, every outbox became empty;
 - **receipted** > 0: a run that receipted nothing checked nothing.
 
-Also counted, not judged: duplicates (deliveries beyond the first), sends that raised,
+Also counted, not judged: duplicates (deliveries beyond the first), sends that raised
+(among them **refused**: ``OutboxFull``, a full disk or a bound, nothing stored nor sent,
+so never receipted and never lost; **in doubt**: failed saying the broker may hold the
+message, and among those how many arrived),
 sends cut short by a producer's death (attempted, neither receipted nor failed), and the
 series the picture draws (:class:`Series`).
 """
@@ -23,7 +30,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Series", "Verdict", "check"]
+__all__ = ["REFUSALS", "Series", "Verdict", "check"]
+
+#: The errors of a send() that stored nothing on purpose (a full disk, a bound).
+REFUSALS = frozenset({"OutboxFull"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +71,13 @@ class Verdict:
     worst_recovery_s: float | None
     errors: dict[str, int]
     examples: dict[str, list[str]] = field(default_factory=dict)
+    #: Sends that raised OutboxFull (of :attr:`failed`), the broker never given them.
+    refused: int = 0
+    #: Failed sends whose error says the broker may hold the message; how many arrived.
+    in_doubt: int = 0
+    in_doubt_arrived: int = 0
+    #: Arrived although their send failed saying the broker could not hold them.
+    denied: int = 0
 
     @property
     def ok(self) -> bool:
@@ -75,6 +92,8 @@ class Verdict:
             out.append(f"lost={self.lost} (receipted, never received)")
         if self.unexpected:
             out.append(f"unexpected={self.unexpected} (received, never attempted)")
+        if self.denied:
+            out.append(f"denied={self.denied} (arrived, its send failed saying it could not)")
         if self.order_violations:
             out.append(f"order_violations={self.order_violations} (per key, first arrival)")
         if self.recovery_s is None:
@@ -91,6 +110,7 @@ def check(events: Sequence[dict[str, Any]], *, step: float = 1.0) -> tuple[Verdi
     attempted: dict[str, tuple[str, int]] = {}
     statuses: dict[str, str] = {}
     failed: dict[str, str] = {}
+    doubted: set[str] = set()
     arrivals: list[str] = []
     for e in events:
         kind = e["e"]
@@ -100,12 +120,16 @@ def check(events: Sequence[dict[str, Any]], *, step: float = 1.0) -> tuple[Verdi
             statuses[e["id"]] = e["status"]
         elif kind == "failed":
             failed[e["id"]] = e.get("error", "?")
+            if e.get("maybe", _maybe_delivered(failed[e["id"]])):
+                doubted.add(e["id"])
         elif kind == "received":
             arrivals.append(e["id"])
     seen = Counter(arrivals)
     lost = sorted(set(statuses) - set(seen))
     unexpected = sorted(set(seen) - set(attempted))
-    violations = _order_violations(arrivals, attempted)
+    judged = {mid: ks for mid, ks in attempted.items() if mid not in failed}
+    violations = _order_violations(arrivals, judged)
+    denied = sorted((set(failed) - doubted) & set(seen))
     verdict = Verdict(
         attempted=len(attempted),
         receipted=len(statuses),
@@ -121,9 +145,27 @@ def check(events: Sequence[dict[str, Any]], *, step: float = 1.0) -> tuple[Verdi
         recovery_s=_recovery(events),
         worst_recovery_s=_worst_recovery(events),
         errors=dict(Counter(failed.values())),
-        examples={"lost": lost[:10], "unexpected": unexpected[:10], "order": violations[:10]},
+        examples={
+            "lost": lost[:10],
+            "unexpected": unexpected[:10],
+            "order": violations[:10],
+            "denied": denied[:10],
+        },
+        refused=sum(1 for m, error in failed.items() if error in REFUSALS and m not in doubted),
+        in_doubt=len(doubted),
+        in_doubt_arrived=len(doubted & set(seen)),
+        denied=len(denied),
     )
     return verdict, _series(events, step)
+
+
+def _maybe_delivered(error: str) -> bool:
+    """Whether the error class of that name says the broker may hold the message (a
+    history written before the workers recorded it per send)."""
+    from msgsafe import errors
+
+    cls = getattr(errors, error, None)
+    return bool(getattr(cls, "maybe_delivered", False))
 
 
 def _order_violations(arrivals: Sequence[str], attempted: dict[str, tuple[str, int]]) -> list[str]:

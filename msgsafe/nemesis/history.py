@@ -19,6 +19,7 @@ Events (``e``), each with ``t`` (wall-clock seconds) and ``p`` (the process):
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,19 +29,21 @@ __all__ = ["History", "read", "read_dir"]
 
 
 class History:
-    """An append-only JSON-lines writer for one process (thread-safe enough for one
-    writer thread per file; the runner and workers each own theirs)."""
+    """An append-only JSON-lines writer for one process (the runner and workers each own
+    theirs); threads of that process may share it, each line is written whole."""
 
     def __init__(self, path: str | Path, process: str) -> None:
         self.path = Path(path)
         self.process = process
         self._file: IO[str] = self.path.open("a", encoding="utf-8")
+        self._lock = threading.Lock()
 
     def write(self, event: str, **fields: Any) -> None:
         """Append one event, stamped with the time and this process, and flush it."""
-        record = {"t": round(time.time(), 6), "p": self.process, "e": event, **fields}
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
-        self._file.flush()
+        with self._lock:
+            record = {"t": round(time.time(), 6), "p": self.process, "e": event, **fields}
+            self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+            self._file.flush()
 
     def close(self) -> None:
         self._file.close()

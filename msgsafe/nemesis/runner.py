@@ -17,7 +17,12 @@ faults, then heal, drain, read back and check.
    SIGSTOP and SIGCONT (its heartbeats stop, its confirms wait); a black hole (both
    ways, or one way: the producers' bytes to the node vanish while the node's still
    arrive, or the reverse, so a send reaches the broker and its confirm does not), a
-   slow link (latency, bandwidth) or resets on one node's proxy. Actions run one after
+   slow link (latency, bandwidth) or resets on one node's proxy; as root, a full disk
+   under one producer's outbox (each on a tmpfs of its own, :data:`DISK_SIZE`, filled
+   by a ballast file, freed at the window's end); on kinds whose brokers allow it
+   (``KINDS[kind]["leader"]``), leadership moved on purpose
+   (:mod:`msgsafe.nemesis.leaders`, on a thread of its own: the tools take seconds to
+   start, which must not delay the schedule). Actions run one after
    another on this thread (a cluster is driven from one thread), so a slow restart
    delays the next action; the rest of the schedule is then delayed as much (its clock
    waits for the runner), so that every window lasts at least as long as drawn and keeps
@@ -51,6 +56,7 @@ nothing.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -67,7 +73,7 @@ from typing import IO, TYPE_CHECKING, Any
 from msgsafe import cluster as clusters
 from msgsafe.cluster.base import ClusterError, LocalCluster
 from msgsafe.errors import MsgsafeError
-from msgsafe.nemesis import checker, history, picture, schedule
+from msgsafe.nemesis import checker, history, leaders, picture, schedule
 from msgsafe.nemesis.proxied_kafka import ProxiedKafka
 from msgsafe.nemesis.worker import Spec
 from msgsafe.testing.faultproxy import FaultProxy
@@ -97,6 +103,51 @@ _AMQP10: dict[str, Any] = {
     "reconnect_maximum": 1.0,
     "failover_merge": "ignore",
 }
+
+
+def _proxied_kafka(nodes: int, dir: Path) -> tuple[LocalCluster, list[FaultProxy]]:
+    """A Kafka cluster whose nodes advertise a proxy each (:class:`ProxiedKafka`), and
+    those proxies."""
+    kafka = ProxiedKafka(nodes, dir)
+    proxies = [
+        FaultProxy("127.0.0.1", up, listen_port=port, connect_timeout=2.0)
+        for up, port in zip(kafka.proxied_ports, kafka.proxy_ports, strict=True)
+    ]
+    return kafka, proxies
+
+
+def _kafka_topic(cluster: LocalCluster, topic: str) -> None:
+    """The run's topic, 3 partitions on every node, and its consumer group started at
+    offset 0: none of the run is skipped."""
+    from msgsafe.adapters.kafka.positions import start_group_at_beginning
+    from msgsafe.cluster.kafka import KafkaCluster
+    from msgsafe.endpoints import parse_url
+
+    assert isinstance(cluster, KafkaCluster)
+    cluster.create_topic(topic, partitions=3)
+    start_group_at_beginning(parse_url(cluster.url), topic, topic)
+
+
+def _kafka_mover(cluster: LocalCluster, topic: str) -> leaders.Mover:
+    from msgsafe.cluster.kafka import KafkaCluster, fetch_tools
+
+    assert isinstance(cluster, KafkaCluster)
+    fetch_tools()  # kafka-reassign-partitions: fetched once, as the brokers' own jars
+    return leaders.KafkaMover(cluster, topic)
+
+
+def _rabbit_mover(cluster: LocalCluster, queue: str) -> leaders.Mover:
+    from msgsafe.cluster.rabbitmq import RabbitCluster
+
+    assert isinstance(cluster, RabbitCluster)
+    return leaders.RabbitMover(cluster, queue)
+
+
+def _qpid_mover(cluster: LocalCluster, queue: str) -> leaders.Mover:
+    from msgsafe.cluster.qpid import QpidCluster
+
+    assert isinstance(cluster, QpidCluster)
+    return leaders.QpidMover(cluster)
 
 
 def _ordered_rabbitmq_queue(cluster: LocalCluster, queue: str) -> None:
@@ -129,6 +180,8 @@ KINDS: dict[str, dict[str, Any]] = {
     "rabbitmq": {
         # The queue is declared before any client starts (``prepare``), by no client.
         "prepare": _ordered_rabbitmq_queue,
+        # The leader role: one target, whichever node leads the queue (drained).
+        "leader": (_rabbit_mover, 1),
         "options": {
             "connect_timeout": 1.0,
             "confirm_timeout": 2.0,
@@ -141,9 +194,18 @@ KINDS: dict[str, dict[str, Any]] = {
             "fault at a time keeps a majority.",
             "Network faults are between the producers and one node (a proxy per node), "
             "not between the nodes.",
+            "A leader move drains the node that leads the queue (rabbitmq-upgrade drain: "
+            "its quorum leaderships move to another node, its client connections close) "
+            "and revives it at the window's end; RabbitMQ 3.10 has no command that hands "
+            "leadership to a chosen node.",
         ),
     },
     "kafka": {
+        # A cluster whose nodes advertise a proxy each, then the run's topic and group.
+        "launch": _proxied_kafka,
+        "prepare": _kafka_topic,
+        # The leader role: a target per node, the node every partition is moved to.
+        "leader": (_kafka_mover, 0),
         "options": {"connect_timeout": 1.0, "confirm_timeout": 3.0},
         "proxied": True,
         "nodes": 3,
@@ -152,9 +214,15 @@ KINDS: dict[str, dict[str, Any]] = {
             "fault at a time keeps a majority.",
             "Network faults are between the producers and one node (each node advertises "
             "its proxy), not between the nodes.",
+            "A leader move to node N reorders every partition's replicas so that N comes "
+            "first (kafka-reassign-partitions; no data moves) and runs a preferred leader "
+            "election; its end restores the order as created and elects again. A move to a "
+            "node a broker fault hits at the time is not drawn.",
         ),
     },
     "qpid": {
+        # The leader role: a target per node, the node mastership is handed to.
+        "leader": (_qpid_mover, 0),
         "options": dict(_AMQP10),
         "proxied": True,
         "nodes": 3,
@@ -167,6 +235,9 @@ KINDS: dict[str, dict[str, Any]] = {
             "Network faults are between the producers and one node (the URL names every "
             "node's proxy; replicas refuse connections), not between the nodes: a partition "
             "of the group itself is tests/chaos/test_qpid_partition.py (network namespaces).",
+            "A leader move to node N transfers the group's mastership to N (its virtual host "
+            "node's role set to MASTER through the REST API); its end hands it back to the "
+            "master before. A move to a node a broker fault hits at the time is not drawn.",
         ),
     },
     "artemis": {
@@ -197,6 +268,11 @@ PG_LEASE_S = 2.0
 PG_WRITE_TIMEOUT_S = 20.0
 PG_SEND_TIMEOUT_S = 40.0
 
+#: The size of the tmpfs under each producer's SQLite outbox when the schedule has disk
+#: faults. NOTE: not smaller: SQLite's WAL grows to 1000 pages (4 MiB) before its
+#: automatic checkpoint (the suite's disk-full fixture says the same).
+DISK_SIZE = "8m"
+
 #: The outboxes a run can use, with what their faults mean (the report states it).
 OUTBOXES: dict[str, tuple[str, ...]] = {
     "sqlite": (),
@@ -212,6 +288,28 @@ OUTBOXES: dict[str, tuple[str, ...]] = {
 }
 
 
+#: What a run whose producers' outboxes sit on size-limited mounts adds to its
+#: description.
+DISK_LINES = (
+    f"Disk: each producer's SQLite outbox is on a tmpfs of its own ({DISK_SIZE}; memory, "
+    "so the producers take require='any'); a disk fault fills it with a ballast file "
+    "and its end deletes the file. A send() that cannot be stored raises OutboxFull "
+    "(refused: never receipted, so never lost; in doubt, maybe_delivered, when the "
+    "broker did not answer the send before it); the outbox keeps whatever space it "
+    "already holds, so a full disk bites when the outbox grows (during an outage).",
+)
+#: What a run without them says.
+NO_DISK_LINE = (
+    "Disk faults are not drawn: they need a size-limited tmpfs under each outbox, which "
+    "mount(8) makes only as root (--no-disk-faults, or a PostgreSQL outbox)."
+)
+
+
+def can_mount() -> bool:
+    """Whether this process can mount a tmpfs: root and mount(8)/umount(8) found."""
+    return os.geteuid() == 0 and all(shutil.which(tool) for tool in ("mount", "umount"))
+
+
 def fault_targets(plan: Plan) -> dict[str, int]:
     """What each role of the schedule can hit in ``plan``'s run (role -> how many)."""
     targets = {
@@ -219,6 +317,12 @@ def fault_targets(plan: Plan) -> dict[str, int]:
         "producer": plan.producers,
         "network": plan.nodes if KINDS[plan.kind]["proxied"] else 0,
     }
+    leader = KINDS[plan.kind].get("leader")
+    if leader is not None and plan.nodes > 1:
+        # 0: a target per node (the node moved to); else that many.
+        targets["leader"] = leader[1] or plan.nodes
+    if plan.disk_faults:
+        targets["disk"] = plan.producers
     if plan.outbox == "postgres":
         # One target: whichever node is the primary at the time.
         targets["database"] = 1
@@ -244,6 +348,10 @@ class Plan:
     #: one shared PostgreSQL outbox drained by ``forwarders`` forwarder processes.
     outbox: str = "sqlite"
     forwarders: int = 2
+    #: Each producer's SQLite outbox on a size-limited tmpfs, and ``disk`` faults that
+    #: fill it. None: when this process can mount one (:func:`can_mount`) and the outbox
+    #: is SQLite; the plan holds the answer (the report and the replay state it).
+    disk_faults: bool | None = None
 
     def __post_init__(self) -> None:
         if self.nodes == 0 and self.kind in KINDS:
@@ -252,6 +360,12 @@ class Plan:
             raise ValueError(f"unknown outbox {self.outbox!r} (known: {', '.join(OUTBOXES)})")
         if self.outbox == "postgres" and self.forwarders < 1:
             raise ValueError("a PostgreSQL outbox needs at least one forwarder")
+        if self.disk_faults is None:
+            object.__setattr__(self, "disk_faults", self.outbox == "sqlite" and can_mount())
+        elif self.disk_faults and self.outbox != "sqlite":
+            raise ValueError(
+                "disk faults fill a producer's SQLite outbox: not with --outbox postgres"
+            )
 
 
 @dataclass
@@ -293,6 +407,8 @@ def replay_command(plan: Plan) -> str:
         extra += f" --outbox {plan.outbox}"
         if plan.forwarders != 2:
             extra += f" --forwarders {plan.forwarders}"
+    elif not plan.disk_faults:
+        extra += " --no-disk-faults"
     return f"msgsafe nemesis {plan.kind} --minutes {plan.minutes:g} --seed {plan.seed}{extra}"
 
 
@@ -353,6 +469,14 @@ class _Run:
         self.depth_seen: int | None = None
         #: Workers stopped on purpose at the end: not started again when they exit.
         self.stopped: set[str] = set()
+        #: The tmpfs mounted under the producers' outboxes (disk faults).
+        self.mounts: list[Path] = []
+        #: The kind's leadership mover (a leader role), and its move under way.
+        self.mover: leaders.Mover | None = None
+        self.moving: threading.Thread | None = None
+        #: The windows in effect now, and how many broker windows have begun so far.
+        self.active: set[schedule.Window] = set()
+        self.broker_faults_begun = 0
 
     # --- set up ------------------------------------------------------------------------
 
@@ -361,12 +485,9 @@ class _Run:
         self.say(f"starting {plan.kind} ({plan.nodes} nodes) in {self.dir / 'cluster'}")
         started = time.monotonic()
         cluster: LocalCluster
-        if plan.kind == "kafka":
-            cluster = kafka = ProxiedKafka(plan.nodes, self.dir / "cluster")
-            self.proxies = [
-                FaultProxy("127.0.0.1", up, listen_port=port, connect_timeout=2.0)
-                for up, port in zip(kafka.proxied_ports, kafka.proxy_ports, strict=True)
-            ]
+        launch = self.setup.get("launch")
+        if launch is not None:
+            cluster, self.proxies = launch(plan.nodes, self.dir / "cluster")
         else:
             cluster = clusters.create(plan.kind, dir=self.dir / "cluster", nodes=plan.nodes)
             self.proxies = [
@@ -375,19 +496,115 @@ class _Run:
         self.cluster = cluster
         cluster.start()
         self.say(f"{plan.kind} up in {time.monotonic() - started:.1f} s: {cluster.url}")
-        if plan.kind == "kafka":
-            from msgsafe.adapters.kafka.positions import start_group_at_beginning
-            from msgsafe.cluster.kafka import KafkaCluster
-            from msgsafe.endpoints import parse_url
-
-            assert isinstance(cluster, KafkaCluster)
-            cluster.create_topic(self.destination, partitions=3)
-            # The consumer's new group reads from offset 0: none of the run is skipped.
-            start_group_at_beginning(parse_url(cluster.url), self.destination, self.group)
         prepare = self.setup.get("prepare")
         if prepare is not None:
             prepare(cluster, self.destination)
+        if "leader" in fault_targets(plan):
+            self.mover = self.setup["leader"][0](cluster, self.destination)
         return cluster
+
+    def mount_disks(self) -> None:
+        """A tmpfs of :data:`DISK_SIZE` under each producer's outbox (disk faults)."""
+        for i in range(self.plan.producers):
+            mount = self.dir / "outboxes" / f"p{i}"
+            mount.mkdir(parents=True, exist_ok=True)
+            done = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={DISK_SIZE}", "tmpfs", str(mount)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise ClusterError(
+                    f"cannot mount a tmpfs under {mount} (disk faults need root; "
+                    f"--no-disk-faults runs without them): {done.stderr.strip()}"
+                )
+            self.mounts.append(mount)
+
+    def unmount_disks(self) -> None:
+        """Unmount the outboxes' tmpfs, their files copied to ``outboxes-kept`` first (a
+        failing run keeps them, as its cluster's files; a passing one deletes them)."""
+        for mount in self.mounts:
+            with contextlib.suppress(OSError):
+                shutil.copytree(
+                    mount,
+                    self.dir / "outboxes-kept" / mount.name,
+                    ignore=shutil.ignore_patterns("ballast"),
+                    dirs_exist_ok=True,
+                )
+            if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+        self.mounts.clear()
+
+    def fill_disk(self, producer: int) -> int:
+        """Fill producer's tmpfs with a ballast file up to ENOSPC; the bytes written.
+
+        NOTE: unbuffered (``os.write``): a buffered file keeps the part of a chunk the
+        disk did not take and raises ENOSPC again when it is closed (seed 205468141 on
+        Artemis: the fault action failed after the disk was full)."""
+        path = self.dir / "outboxes" / f"p{producer}" / "ballast"
+        chunk = b"\0" * 65536
+        written = 0
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            while True:
+                n = os.write(fd, chunk)
+                if n <= 0:
+                    break
+                written += n
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+        finally:
+            os.close(fd)
+        return written
+
+    def free_disk(self, producer: int) -> None:
+        (self.dir / "outboxes" / f"p{producer}" / "ballast").unlink(missing_ok=True)
+
+    def move_leader(self, w: schedule.Window, on: bool) -> None:
+        """Start the move (``on``) or the move back on a thread of its own: the tools
+        take seconds (a JVM, an Erlang VM), which must not delay the schedule. A move
+        waits for the previous one. A move the brokers refuse while a broker fault is in
+        effect (at any time during the move) is declined (noted in the history, not a
+        failure); otherwise, or any other exception (a defect), it fails the run, as any
+        fault action that fails."""
+        assert self.mover is not None and self.own is not None
+        previous, mover, own = self.moving, self.mover, self.own
+
+        def work() -> None:
+            if previous is not None:
+                previous.join()
+            # A broker fault in effect at any time during the move: at its start, at its
+            # failure, or one that began and ended meanwhile (seed 1449592700: a
+            # reassignment that waited on a paused node failed just after its resume).
+            began = self.broker_faults_begun
+            under = any(a.role == "broker" for a in self.active)
+            try:
+                done = mover.move(w.target) if on else mover.back(w.target)
+            # Any exception: one escaping this thread would end it unseen, the run passing.
+            except Exception as exc:
+                text = f"{w.name} {'on' if on else 'off'}: {type(exc).__name__}: {exc}"
+                text = text.splitlines()[0]
+                refused = isinstance(exc, (ClusterError, MsgsafeError, OSError))
+                under = (
+                    under
+                    or self.broker_faults_begun != began
+                    or any(a.role == "broker" for a in self.active)
+                )
+                if refused and under:
+                    own.write("note", text=f"declined under a broker fault: {text}")
+                    self.say(f"declined under a broker fault: {text}")
+                else:
+                    self.notes.append(text)
+                    own.write("note", text=text)
+                    self.say(text)
+                return
+            own.write("moved", name=w.name, on=on, what=done)
+            self.say(f"[{self.elapsed():6.1f}s] {done}")
+
+        self.moving = threading.Thread(target=work, name="nemesis-leader", daemon=True)
+        self.moving.start()
 
     def start_outbox(self) -> None:
         """The shared PostgreSQL outbox (``outbox="postgres"``): a primary and its
@@ -479,9 +696,10 @@ class _Run:
                 destination=self.destination,
                 history=str(self.hist_dir / f"{name}.{n}.jsonl"),
                 options=options,
-                outbox=str(self.dir / "outboxes" / f"{name}.db"),
+                outbox=str(self.outbox_path(name)),
                 rate=self.plan.rate,
                 before=before,
+                require="any" if self.plan.disk_faults else "durable",
             )
             if self.pg is not None:
                 # The shared table: stored, never forwarded by the producer itself.
@@ -496,6 +714,12 @@ class _Run:
                 stderr=log,
                 stdin=subprocess.DEVNULL,
             )
+
+    def outbox_path(self, name: str) -> Path:
+        """Producer ``name``'s SQLite outbox: on its own tmpfs with disk faults."""
+        if self.plan.disk_faults:
+            return self.dir / "outboxes" / name / f"{name}.db"
+        return self.dir / "outboxes" / f"{name}.db"
 
     def spawn_forwarder(self, name: str) -> None:
         """``msgsafe outbox forward`` on the shared table, as a service runs it: the
@@ -534,7 +758,17 @@ class _Run:
     def apply(self, w: schedule.Window, on: bool) -> None:
         assert self.cluster is not None and self.own is not None
         self.own.write("fault", name=w.name, on=on)
-        if w.role == "broker":
+        (self.active.add if on else self.active.discard)(w)
+        if on and w.role == "broker":
+            self.broker_faults_begun += 1
+        if w.role == "disk":
+            if on:
+                self.own.write("ballast", name=w.name, bytes=self.fill_disk(w.target))
+            else:
+                self.free_disk(w.target)
+        elif w.role == "leader":
+            self.move_leader(w, on)
+        elif w.role == "broker":
             if w.action == "kill":
                 self.cluster.kill(w.target) if on else self.cluster.restart(w.target)
             elif on:
@@ -635,6 +869,8 @@ class _Run:
         self.say("healing: proxies, paused and killed nodes")
         for proxy in self.proxies:
             proxy.heal()
+        for mount in self.mounts:
+            (mount / "ballast").unlink(missing_ok=True)
         from msgsafe.cluster.rabbitmq import RabbitCluster
 
         if isinstance(self.cluster, RabbitCluster):  # also a partition a long SIGSTOP left
@@ -652,6 +888,10 @@ class _Run:
                 self.spawn(name)  # a producer or forwarder killed by the last window
         if self.pg is not None:
             self.heal_database()
+        if self.mover is not None:
+            if self.moving is not None:
+                self.moving.join(180)
+            self.mover.heal()
         self.own.write("heal")
 
     def heal_database(self) -> None:
@@ -741,6 +981,8 @@ class _Run:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        if self.moving is not None:
+            self.moving.join(180)
         self.stop_recording_depth()
         for proxy in self.proxies:
             proxy.close()
@@ -768,7 +1010,10 @@ def run(plan: Plan, say: Callable[[str], None] = lambda _: None) -> Outcome:
         plan.seed,
         duration,
         fault_targets(plan),
-        description=_shape(plan) + KINDS[plan.kind]["limits"] + OUTBOXES[plan.outbox],
+        description=_shape(plan)
+        + KINDS[plan.kind]["limits"]
+        + OUTBOXES[plan.outbox]
+        + (DISK_LINES if plan.disk_faults else (NO_DISK_LINE,)),
     )
     for sub in ("history", "logs", "outboxes"):
         (plan.dir / sub).mkdir(parents=True, exist_ok=True)
@@ -783,6 +1028,8 @@ def run(plan: Plan, say: Callable[[str], None] = lambda _: None) -> Outcome:
     try:
         with history.History(r.hist_dir / "runner.jsonl", "runner") as own:
             r.own = own
+            if plan.disk_faults:
+                r.mount_disks()
             r.start_cluster()
             if plan.outbox == "postgres":
                 r.start_outbox()
@@ -799,6 +1046,7 @@ def run(plan: Plan, say: Callable[[str], None] = lambda _: None) -> Outcome:
             r.drain_and_read_back()
     finally:
         r.stop_everything()
+        r.unmount_disks()
     verdict, series = checker.check(history.read_dir(r.hist_dir))
     outcome = Outcome(plan, verdict, drawn, r.notes)
     title = f"msgsafe nemesis {plan.kind} seed {plan.seed}: " + (
@@ -809,6 +1057,7 @@ def run(plan: Plan, say: Callable[[str], None] = lambda _: None) -> Outcome:
     if outcome.ok:
         shutil.rmtree(plan.dir / "cluster", ignore_errors=True)
         shutil.rmtree(plan.dir / "outboxes", ignore_errors=True)
+        shutil.rmtree(plan.dir / "outboxes-kept", ignore_errors=True)
         if r.pg is not None:
             r.pg.delete_data()
     return outcome

@@ -4,7 +4,9 @@ A schedule is a list of :class:`Window`: one fault (``action``) on one ``target`
 ``start`` to ``end`` seconds after the run began. Faults are grouped by the **role** they
 hit (``broker``: a node of the cluster; ``producer``: a producer process; ``network``: the
 link between the clients and one node; with a PostgreSQL outbox, ``database``: its
-primary, killed and replaced by its standby, and ``forwarder``: a forwarder process).
+primary, killed and replaced by its standby, and ``forwarder``: a forwarder process;
+``disk``: the size-limited mount under a producer's outbox, filled; ``leader``: a node
+that partition or queue leadership is moved to on purpose).
 Within a role at most ``bound`` windows overlap (:data:`BOUNDS`); windows of different
 roles overlap freely, which is the point: a node killed while a producer restarts on a
 slow link. Some periods are **quiet** (no fault at
@@ -23,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["ACTIONS", "BOUNDS", "Schedule", "Window", "draw", "overlap"]
+__all__ = ["ACTIONS", "BOUNDS", "FIRST_ROLES", "Schedule", "Window", "draw", "overlap"]
 
 #: Every fault action, by the role it hits.
 ACTIONS: dict[str, tuple[str, ...]] = {
@@ -41,7 +43,18 @@ ACTIONS: dict[str, tuple[str, ...]] = {
     # end: the old primary rebuilt as the new one's standby).
     "database": ("failover",),
     "forwarder": ("kill", "pause"),
+    # A producer's outbox on a size-limited mount, filled (its end frees it).
+    "disk": ("full",),
+    # Partition or queue leadership moved to another node by the brokers' own tools (its
+    # end moves it back).
+    "leader": ("move",),
 }
+
+#: The roles of the first schedules, drawn one after another from the seed's own
+#: generator. A role added later draws from a generator of its own (seed and role), so
+#: that adding it leaves every earlier seed's windows as they were (a seed in the
+#: evidence tables replays the same faults, plus the new roles' ones).
+FIRST_ROLES = frozenset({"broker", "database", "forwarder", "network", "producer"})
 
 #: How many faults of one role may be in effect at once. NOTE: one broker at a time
 #: keeps a majority of a 3-node cluster up (quorum queues and a KRaft quorum need two of
@@ -52,6 +65,8 @@ BOUNDS: dict[str, int] = {
     "network": 1,
     "database": 1,
     "forwarder": 1,
+    "disk": 1,
+    "leader": 1,
 }
 
 #: Seconds each fault lasts (drawn uniformly in this range), by action.
@@ -65,6 +80,8 @@ LENGTHS: dict[str, tuple[float, float]] = {
     "bandwidth": (4.0, 12.0),
     "reset": (1.0, 3.0),
     "failover": (8.0, 20.0),
+    "full": (5.0, 15.0),
+    "move": (8.0, 20.0),
 }
 
 
@@ -163,10 +180,12 @@ def draw(
         count, choices = targets[role], allowed.get(role, ())
         if count <= 0 or not choices:
             continue
+        own = rng if role in FIRST_ROLES else random.Random(f"{seed}:{role}")
         for _lane in range(limit.get(role, 1)):
-            windows.extend(_lane_windows(rng, role, choices, count, warmup, duration - tail))
+            windows.extend(_lane_windows(own, role, choices, count, warmup, duration - tail))
     kept = [w for w in windows if not any(_meets(w, q) for q in quiet)]
     kept = _no_shared_target(kept)
+    kept = _no_move_to_a_broken_node(kept)
     kept.sort(key=lambda w: (w.start, w.role, w.target))
     return Schedule(seed, duration, tuple(kept), tuple(quiet), limit, tuple(description))
 
@@ -208,6 +227,19 @@ def _lane_windows(
             return out
         out.append(Window(role, action, target, round(t, 3), round(t + length, 3)))
         t += length + rng.uniform(2.0, 15.0)
+
+
+def _no_move_to_a_broken_node(windows: list[Window]) -> list[Window]:
+    """Drop a leader move whose node (its target) a broker window breaks while the move
+    is in effect: leadership cannot be handed to a killed or frozen node. The broker
+    window stays, so the other roles' windows never depend on the leader's."""
+    brokers = [w for w in windows if w.role == "broker"]
+    return [
+        w
+        for w in windows
+        if w.role != "leader"
+        or not any(b.target == w.target and b.start < w.end and w.start < b.end for b in brokers)
+    ]
 
 
 def _meets(w: Window, period: tuple[float, float]) -> bool:

@@ -28,11 +28,14 @@ def row(report: dict[str, Any]) -> str:
     roles = Counter(w["role"] for w in report["schedule"]["windows"])
     faults = f"{report['faults']} ({roles['broker']} / {roles['producer']} / {roles['network']}"
     kind = plan["kind"]
+    more: list[str] = []
     if plan.get("outbox", "sqlite") != "sqlite":
         # The shared outbox's own roles, and the outbox named with the kind.
-        faults += f"; database {roles['database']}, forwarder {roles['forwarder']}"
+        more += [f"database {roles['database']}", f"forwarder {roles['forwarder']}"]
         kind += f" + {plan['outbox']} outbox"
-    faults += ")"
+    # The roles drawn since the first tables (a full disk, a leader moved), when drawn.
+    more += [f"{role} {roles[role]}" for role in ("disk", "leader") if roles[role]]
+    faults += (f"; {', '.join(more)}" if more else "") + ")"
     return (
         f"| {kind} | {plan['seed']} | {plan['minutes']:g} | {faults} | "
         f"{v['receipted']} ({v['confirmed']} / {v['stored']}) | {v['received']} | "

@@ -66,6 +66,9 @@ class Spec:
     #: False: a shared outbox that other processes forward (``Producer(forward=False)``);
     #: the producer then records no depth and does not drain at SIGTERM.
     forward: bool = True
+    #: The producer's ``require=``: ``any`` for an outbox on the run's size-limited
+    #: tmpfs (memory on purpose, for a real full disk).
+    require: str = "durable"
 
 
 def next_seqs(paths: Sequence[str | Path]) -> dict[str, int]:
@@ -99,7 +102,7 @@ def _open_producer(spec: Spec, history: History, stop: threading.Event) -> msgsa
                 outbox=spec.outbox,
                 send_timeout=spec.send_timeout,
                 retry=RETRY,
-                require="durable",
+                require=spec.require,
                 forward=spec.forward,
                 **spec.options,
             )
@@ -138,7 +141,9 @@ def produce(spec: Spec) -> int:
                     spec.destination, f"{key}:{seq}".encode(), key=key, message_id=mid
                 )
             except MsgsafeError as exc:
-                history.write("failed", id=mid, error=type(exc).__name__)
+                # maybe: the error says the broker may hold the message all the same.
+                maybe = bool(getattr(exc, "maybe_delivered", False))
+                history.write("failed", id=mid, error=type(exc).__name__, maybe=maybe)
             else:
                 history.write(
                     "receipted",

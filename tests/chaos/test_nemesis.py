@@ -1,7 +1,10 @@
 """A short slice of ``msgsafe nemesis`` per protocol: a minute of composed faults on a
 cluster of its own, on a seed that changes with every run and is printed (with the
 command that replays it), then the checker: lost = 0, unexpected = 0, per-key order,
-every outbox empty, no fault action or worker failure.
+every outbox empty, no fault action or worker failure. Run as root (as the suite is),
+the minute may also fill a producer's outbox's disk, and on Kafka, RabbitMQ and Qpid move
+a leader on purpose: those roles draw from generators of their own and add windows to
+the same minute, never minutes to it.
 
 The AMQP 1.0 slices (Qpid Broker-J, Artemis) start only clusters of their own, so they
 run in the Kafka lane of ``make test`` (``lane`` marker), the shorter one, and so does the

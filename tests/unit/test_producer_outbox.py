@@ -3,6 +3,7 @@ the broker answers, per-key order holds across the detour, bounds raise typed er
 
 from __future__ import annotations
 
+import pickle
 import threading
 from pathlib import Path
 
@@ -180,3 +181,25 @@ def test_the_outbox_writer_keeps_no_stored_send_alive(
         while gc.collect() >= 0 and dropped() is not None and time.monotonic() < deadline:
             time.sleep(0.01)
         assert dropped() is None, "a stored send is still referenced while the writer waits"
+
+
+def test_an_outbox_full_after_an_unanswered_send_says_the_broker_may_have_it(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    """A send whose confirm timed out went to a full outbox: OutboxFull, but the broker
+    holds the message and delivers it (the nemesis's Qpid seed 100: a message refused
+    by a full disk arrived 30 s later, from a paused master). The error says so; one
+    that never reached the broker does not."""
+    store = SqliteOutbox(tmp_path / "o.db", max_bytes=1)
+    memory_broker.delay_confirms(1.0)
+    with Producer(
+        f"memory://{memory_broker.name}", outbox=store, retry=FAST, confirm_timeout=0.05
+    ) as p:
+        with pytest.raises(OutboxFull) as unanswered:
+            p.send("q", b"sent", message_id="sent")
+        assert unanswered.value.maybe_delivered is True
+        with pytest.raises(OutboxFull) as held:  # the refusal pause: straight to the outbox
+            p.send("q", b"held", message_id="held")
+        assert held.value.maybe_delivered is False
+    assert pickle.loads(pickle.dumps(unanswered.value)).maybe_delivered is True
+    assert "sent" in memory_broker.ids("q") and "held" not in memory_broker.ids("q")

@@ -95,3 +95,38 @@ def test_the_virtual_host_is_active_only_when_its_state_says_so(
     assert parse_qs(urlsplit(handler.asked[-1]).query) == {"select": ["name,state"]}
     handler.answers[path] = {"headers": ["name", "state"], "results": [["msgsafe", "UNAVAILABLE"]]}
     assert not cluster._virtualhost_active(0)
+
+
+def test_mastership_is_handed_over_by_setting_the_nodes_role(
+    node: tuple[QpidCluster, type[_Node]],
+) -> None:
+    """Broker-J's "transfer mastership": a POST of role MASTER to the replica's own
+    virtual host node; the launcher then waits until the node is master."""
+    cluster, handler = node
+    posted: list[tuple[str, Any]] = []
+    roles = "/api/latest/querybroker/virtualhostnode"
+    handler.answers[roles] = {
+        "headers": ["name", "role"],
+        "results": [[cluster.name(0), "REPLICA"]],
+    }
+    handler.answers["/api/latest/querybroker/virtualhost"] = {
+        "headers": ["name", "state"],
+        "results": [[cluster.group, "ACTIVE"]],
+    }
+
+    def do_POST(self: _Node) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        posted.append((self.path, body))
+        self.answers[roles] = {
+            "headers": ["name", "role"],
+            "results": [[cluster.name(0), "MASTER"]],
+        }
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    handler.do_POST = do_POST  # type: ignore[attr-defined]
+    cluster.transfer_master(0, timeout=5.0)
+    assert posted == [(f"/api/latest/virtualhostnode/{cluster.name(0)}", {"role": "MASTER"})]
+    cluster.transfer_master(0, timeout=5.0)  # master already: nothing posted
+    assert len(posted) == 1
