@@ -91,7 +91,7 @@ from msgsafe.producer import Producer
 
 __all__ = [
     "DEFAULT_DEADLINE_S",
-    "DIRECT_FAILURES",
+    "FAST_FAILURES",
     "MISS_PAUSE_S",
     "Deadlines",
     "Outgoing",
@@ -117,7 +117,7 @@ _CHECK_RETRY_S = 1.0
 #: What a publish on the caller's channel may raise besides a return: a nack
 #: (``DeliveryError``, an ``AMQPError``), a closed channel or connection, a robust one
 #: reconnecting, a lost socket, no confirm by the deadline. msgsafe's path takes over.
-DIRECT_FAILURES = (TimeoutError, aiormq.exceptions.AMQPError, ConnectionError, RuntimeError)
+FAST_FAILURES = (TimeoutError, aiormq.exceptions.AMQPError, ConnectionError, RuntimeError)
 #: AMQP reply code RabbitMQ returns a mandatory message with when no queue is bound.
 _NO_ROUTE = 312
 

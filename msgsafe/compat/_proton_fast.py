@@ -45,7 +45,7 @@ log = logging.getLogger("msgsafe.compat.proton")
 
 #: Share of a send's time the fast path may wait for the outcome: the rest is
 #: msgsafe's, to fail over or store the message.
-_DIRECT_SHARE = 0.5
+_FAST_SHARE = 0.5
 
 
 class FastSender:
@@ -84,7 +84,7 @@ class FastSender:
             delivery = proton_link.delivery(str(self._tags))
             proton_link.stream(wire_message(envelope))
             proton_link.advance()
-            limit = None if timeout is None else max(0.001, timeout * _DIRECT_SHARE)
+            limit = None if timeout is None else max(0.001, timeout * _FAST_SHARE)
             conn.wait(lambda: delivery.settled, timeout=limit)
         except MsgsafeError:
             path.refused()

@@ -68,7 +68,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from msgsafe.compat._aio_pika_publish import (
     DEFAULT_DEADLINE_S,
-    DIRECT_FAILURES,
+    FAST_FAILURES,
     Outgoing,
     PublishAck,
     Publisher,
@@ -176,7 +176,7 @@ class _Publishing:
                 )
             except aiormq.exceptions.PublishError:
                 raise  # returned, on a channel with on_return_raises: aio-pika's answer
-            except DIRECT_FAILURES as exc:
+            except FAST_FAILURES as exc:
                 publisher.fast_failed(outgoing, exc)
             except asyncio.CancelledError:
                 if not deadlines.expired(watched):

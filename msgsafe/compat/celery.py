@@ -24,9 +24,10 @@ Options come from ``install(app, ...)`` keywords, else from the app setting
 ``msgsafe_producer`` (a dict), else msgsafe's defaults: ``url`` (default: the app's
 ``broker_write_url`` / ``broker_url`` as an ``amqp://`` host list), and every keyword
 :class:`msgsafe.Producer` takes (``outbox``, ``send_timeout``, ``connect_timeout``,
-``confirm_timeout``, ``require``, ...), and ``direct`` (default True: while RabbitMQ
+``confirm_timeout``, ``require``, ...), and ``fast_path`` (default True: while RabbitMQ
 confirms, a task is published and confirmed on the caller's thread, see
-:mod:`msgsafe.compat._celery_fast`; False: always through the Producer).
+:mod:`msgsafe.compat._celery_fast`; False: always through the Producer; its former name
+``direct`` is still accepted, with a ``DeprecationWarning``).
 ``docs/migration.md`` ("Celery") lists what changes.
 
 Declarations. Celery declares a task's queue (its exchange, the queue, the binding) each
@@ -55,6 +56,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -174,7 +176,12 @@ class CeleryPublisher:
         self._app = app
         opts = dict(options)
         self._url: str = opts.pop("url", None) or broker_url(app.connection_for_write())
-        direct = bool(opts.pop("direct", True))
+        fast_path = bool(opts.pop("fast_path", True))
+        if "direct" in opts:
+            warnings.warn(
+                "install(direct=...) is now install(fast_path=...)", DeprecationWarning, 3
+            )
+            fast_path = bool(opts.pop("direct"))
         self._check = bool(opts.pop("check_queues", True))
         self._options = opts
         self._lock = threading.Lock()
@@ -185,7 +192,7 @@ class CeleryPublisher:
         self._declares = self._url.partition("://")[0] in ("amqp", "amqps")
         #: The fast path: tasks go on the caller's thread while the broker confirms them
         #: (RabbitMQ only).
-        self._fast_enabled = direct and self._declares
+        self._fast_enabled = fast_path and self._declares
         self._fast: FastTaskPublisher | None = None
         self._original: Callable[..., Any] | None = None
         #: The forwarder's ``drained`` count when an outage began; None: no outage.
@@ -218,11 +225,14 @@ class CeleryPublisher:
             return self._producer
 
     @property
-    def direct_sends(self) -> int:
+    def fast_sends(self) -> int:
         """How many tasks of this process the broker confirmed on the caller's thread,
         over the fast path (the others went through :attr:`producer`)."""
         fast = self._fast
         return 0 if fast is None else fast.path.accepted
+
+    #: The former name of :attr:`fast_sends`.
+    direct_sends = fast_sends
 
     def _declare_connection(self) -> Any:
         conn = self._app.connection_for_write()

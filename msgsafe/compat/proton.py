@@ -26,6 +26,7 @@ import contextlib
 import logging
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -205,9 +206,10 @@ class BlockingConnection(ClosesOnExit):
     while no broker accepts them; default a file in the user's data directory),
     ``require`` (``"durable"`` or ``"any"``), ``lazy`` (no real proton connection
     until a receiver needs one: the constructor does not fail while the brokers are
-    down), ``direct`` (False: every send through msgsafe's producer, none on the
-    caller's thread; see :mod:`msgsafe.compat._proton_fast`) and ``_url`` (replaces
-    msgsafe's URL; tests use ``memory://``).
+    down), ``fast_path`` (False: every send through msgsafe's producer, none on the
+    caller's thread; see :mod:`msgsafe.compat._proton_fast`; its former name ``direct``
+    is still accepted, with a ``DeprecationWarning``) and ``_url`` (replaces msgsafe's
+    URL; tests use ``memory://``).
 
     As proton's, the constructor connects (the real connection receivers use) and
     raises proton's ``ConnectionException`` / ``Timeout`` when no host answers.
@@ -226,7 +228,8 @@ class BlockingConnection(ClosesOnExit):
         outbox: OutboxSpec = True,
         require: str = "durable",
         lazy: bool = False,
-        direct: bool = True,
+        fast_path: bool = True,
+        direct: bool | None = None,
         user: str | None = None,
         password: str | None = None,
         _url: str | None = None,
@@ -271,7 +274,12 @@ class BlockingConnection(ClosesOnExit):
         # Sends go on the caller's thread while the broker accepts them (its own real
         # connection, opened on the first send); not with a test's URL, or when asked.
         self._fast: FastSender | None = None
-        if direct and _url is None:
+        if direct is not None:
+            warnings.warn(
+                "BlockingConnection(direct=...) is now fast_path=...", DeprecationWarning, 2
+            )
+            fast_path = direct
+        if fast_path and _url is None:
             self._fast = FastSender(
                 lambda: _utils.BlockingConnection(**self._real_args), self._producer
             )
@@ -322,10 +330,13 @@ class BlockingConnection(ClosesOnExit):
         return self._producer.target
 
     @property
-    def direct_sends(self) -> int:
+    def fast_sends(self) -> int:
         """msgsafe addition: how many sends the broker accepted on the caller's thread,
         over the fast path (the others went through :attr:`producer`)."""
         return 0 if self._fast is None else self._fast.path.accepted
+
+    #: The former name of :attr:`fast_sends`.
+    direct_sends = fast_sends
 
     @property
     def producer(self) -> Producer:

@@ -10,7 +10,7 @@
 - :mod:`.ledger` — the loss ledger: ids sent, receipted and received (lost, unknown,
   duplicates, per-key order), and publishing/receiving into it through the ports;
 - :mod:`.kafka_ledger` — readers of a Kafka topic that count what it holds per id;
-- :mod:`.lane_ledger` — the ledger fed by the Kafka wrapper's delivery callbacks;
+- :mod:`.fast_path_ledger` — the ledger fed by the Kafka wrapper's delivery callbacks;
 - :mod:`.waiting` — ``wait_until``: polling a condition against a deadline;
 - :mod:`.commands` — ``msgsafe``, an example or any Python run in a child process.
 - :mod:`.ports` — ``refused_port``: a loopback port nothing listens on.

@@ -202,7 +202,7 @@ class BlockingConnection(ClosesOnExit):
     # --- the real connection -------------------------------------------------------------
 
     def _real_connection(self) -> Any:
-        """The pika connection for declares, consuming and the direct publish path (made
+        """The pika connection for declares, consuming and the fast publish path (made
         by the constructor unless lazy; reopened here when it was lost)."""
         self._check_open()
         with self._lock:

@@ -297,11 +297,11 @@ def test_a_node_killed_mid_run_loses_no_task(rabbit: RabbitCluster, tmp_path: Pa
             _wait_all_ran(tally, record, log)
             print(
                 f"killed node {node} after {KILL_AT} tasks; "
-                f"{publisher.direct_sends} confirmed on the caller's thread"
+                f"{publisher.fast_sends} confirmed on the caller's thread"
             )
             _assert_counted(tally, record)
-            # Before the kill the tasks went the direct way; the rest through msgsafe's.
-            assert 0 < publisher.direct_sends < len(tally.sent)
+            # Before the kill the tasks went the fast path; the rest through msgsafe's.
+            assert 0 < publisher.fast_sends < len(tally.sent)
     finally:
         publisher.uninstall()
 
@@ -443,11 +443,11 @@ def _exchange_exists(port: int, name: str) -> bool:
 
 
 @pytest.mark.parametrize("queue_type", ["classic", "quorum"])
-def test_the_broker_holds_what_celery_leaves_direct_and_forwarded(
+def test_the_broker_holds_what_celery_leaves_fast_and_forwarded(
     rabbit_cluster: RabbitCluster, tmp_path: Path, queue_type: str
 ) -> None:
     """Differential, no worker running: one task published by real Celery to a new queue,
-    one through the wrapper (the direct path), one stored while the broker was
+    one through the wrapper (the fast path), one stored while the broker was
     unreachable and forwarded from the outbox: each queue then exists, of the same type,
     with its exchange, holding the one task."""
     port = rabbit_cluster.port(0)

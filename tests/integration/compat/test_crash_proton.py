@@ -66,7 +66,7 @@ def test_kill_the_primary_mid_run_loses_nothing_sent(
         drained = time.monotonic()
         left = conn.producer.drain(120)
         drained = time.monotonic() - drained
-        direct = conn.direct_sends
+        fast = conn.fast_sends
     finally:
         conn.close()
     store = SqliteOutbox(outbox)
@@ -96,15 +96,15 @@ def test_kill_the_primary_mid_run_loses_nothing_sent(
     statuses = collections.Counter(told.values())
     print(
         f"\nproton wrapper, Artemis primary SIGKILL: told={len(told)} ({dict(statuses)}) "
-        f"direct={direct} errors={dict(errors)} received={len(received)} in_outbox={len(stored)} "
+        f"fast={fast} errors={dict(errors)} received={len(received)} in_outbox={len(stored)} "
         f"quarantined={len(quarantined)} lost={len(lost)} duplicates={duplicates} "
         f"unknown={len(unknown)} slowest_send_s={slowest:.2f} "
         f"drained_s={drained:.1f} left_after_drain={left}"
     )
     assert not errors, errors
     assert len(told) == N
-    # Before the kill, sends went over the direct path; after it, through msgsafe's.
-    assert 0 < direct < N, direct
+    # Before the kill, sends went over the fast path; after it, through msgsafe's.
+    assert 0 < fast < N, fast
     assert lost == set(), sorted(lost)[:10]
     assert unknown == set()
     assert not quarantined

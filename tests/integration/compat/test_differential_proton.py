@@ -159,18 +159,18 @@ def test_no_broker_at_connect(request: pytest.FixtureRequest, side: Side, real: 
     differ(request, side, real, scenario)
 
 
-@pytest.mark.parametrize("direct", [True, False])
-def test_direct_false_keeps_every_send_on_msgsafes_path(
-    artemis_pair: ArtemisCluster, tmp_path: Path, direct: bool
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_fast_path_false_keeps_every_send_on_msgsafes_path(
+    artemis_pair: ArtemisCluster, tmp_path: Path, fast_path: bool
 ) -> None:
     """Not a comparison: the wrapper's own switch. A confirm through msgsafe's producer
     (the first send's, with the outbox empty) must not turn on a path turned off."""
     url = f"amqp://{artemis_pair.user}:{artemis_pair.password}@127.0.0.1:{artemis_pair.ports[0]}"
-    conn = compat.BlockingConnection(url, timeout=20, outbox=tmp_path / "o.db", direct=direct)
+    conn = compat.BlockingConnection(url, timeout=20, outbox=tmp_path / "o.db", fast_path=fast_path)
     try:
         sender = conn.create_sender(_address())
         statuses = [sender.send(proton.Message(body=b"%d" % i)).receipt for i in range(3)]
         assert all(r is not None and r.status is Status.CONFIRMED for r in statuses)
-        assert conn.direct_sends == (3 if direct else 0)
+        assert conn.fast_sends == (3 if fast_path else 0)
     finally:
         conn.close()

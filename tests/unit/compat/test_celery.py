@@ -309,3 +309,18 @@ def test_the_declarations_celery_makes_travel_with_the_task() -> None:
     assert decode(envelope.headers[DECLARE_HEADER]) == made
     assert DECLARE_HEADER not in (carried_properties(envelope).headers or {})
     assert declarations_of([Queue("", Exchange("x"))]) == ()  # the broker names it
+
+
+def test_direct_is_the_former_name_of_fast_path(tmp_path: Path) -> None:
+    """``fast_path`` switches the caller's-thread path; ``direct`` still does, warned."""
+    on = compat_celery.install(_app(), url="amqp://127.0.0.1:1", outbox=tmp_path / "a.db")
+    with pytest.warns(DeprecationWarning, match="fast_path"):
+        off = compat_celery.install(
+            _app(), url="amqp://127.0.0.1:1", outbox=tmp_path / "b.db", direct=False
+        )
+    try:
+        assert on._fast_enabled and not off._fast_enabled
+        assert off.direct_sends == off.fast_sends == 0
+    finally:
+        on.uninstall()
+        off.uninstall()

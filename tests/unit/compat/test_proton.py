@@ -213,3 +213,18 @@ def test_lazy_stores_while_no_broker_answers(tmp_path: Path) -> None:
         assert conn.producer.pending() == 1
     finally:
         conn.producer.close(1)
+
+
+def test_direct_is_the_former_name_of_fast_path(tmp_path: Path) -> None:
+    """``fast_path=False`` sends everything through the producer; ``direct`` still says
+    so, warned."""
+    hosts = ["127.0.0.1:1"]
+    on = compat.BlockingConnection(hosts, outbox=tmp_path / "a.db", lazy=True)
+    with pytest.warns(DeprecationWarning, match="fast_path"):
+        off = compat.BlockingConnection(hosts, outbox=tmp_path / "b.db", lazy=True, direct=False)
+    try:
+        assert on._fast is not None and off._fast is None
+        assert off.direct_sends == off.fast_sends == 0
+    finally:
+        on.producer.close(1)
+        off.producer.close(1)

@@ -1,4 +1,4 @@
-"""Counting for the Kafka wrapper's direct-lane tests: the loss ledger fed by every
+"""Counting for the Kafka wrapper's fast-path tests: the loss ledger fed by every
 produce's delivery callback and every id read back, and the per-key order of first
 arrivals."""
 
@@ -13,7 +13,7 @@ from tests.support.ledger import Ledger
 
 
 @dataclass
-class LaneLedger(Ledger):
+class FastPathLedger(Ledger):
     """What a test produced through ``msgsafe.compat.confluent_kafka`` and what came of it.
 
     The wrapper chooses the ids, so an id is ``sent`` when its delivery callback names it:

@@ -11,9 +11,9 @@ import pytest
 
 from msgsafe.cluster.kafka import KafkaCluster
 from msgsafe.compat import confluent_kafka as ck
+from tests.support.fast_path_ledger import FastPathLedger
 from tests.support.kafka_lab import heal, kill_all
 from tests.support.kafka_ledger import consume_until
-from tests.support.lane_ledger import LaneLedger
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -36,7 +36,7 @@ def _poll_until(producer: ck.Producer, done: object, seconds: float, what: str) 
 def test_all_brokers_killed_while_the_fast_path_produces(
     kafka: KafkaCluster, kafka_topic: str, tmp_path: Path
 ) -> None:
-    ledger = LaneLedger()
+    ledger = FastPathLedger()
     producer = ck.Producer(
         {
             "bootstrap.servers": kafka.bootstrap,

@@ -15,9 +15,9 @@ from confluent_kafka import KafkaError
 
 from msgsafe.compat import confluent_kafka as ck
 from msgsafe.errors import OutboxError
+from tests.support.fast_path_ledger import FastPathLedger
 from tests.support.kafka_ledger import consume_until
 from tests.support.kafka_mock import MockKafkaCluster
-from tests.support.lane_ledger import LaneLedger
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -36,7 +36,7 @@ def test_produces_made_during_the_switch_queue_behind_the_stored_ones(
     kafka_mock: MockKafkaCluster, tmp_path: Path
 ) -> None:
     kafka_mock.create_topic(TOPIC, partitions=3, replication=3)
-    ledger = LaneLedger()
+    ledger = FastPathLedger()
     producer = ck.Producer(
         {
             "bootstrap.servers": kafka_mock.bootstrap,
