@@ -874,7 +874,7 @@ def explain(url: str, table: str) -> dict[str, tuple[float, int]]:
         }
         for name, (query, params) in asked.items():
             row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params)
-            plan = (row.fetchone() or [[{}]])[0][0]
+            plan: dict[str, Any] = (row.fetchone() or [[{}]])[0][0]
             top = plan["Plan"]
             buffers = sum(int(top.get(f"Shared {k} Blocks", 0)) for k in ("Hit", "Read", "Dirtied"))
             found[name] = (float(plan["Execution Time"]), buffers)
