@@ -105,11 +105,16 @@ def fresh_indexes(records: Sequence[tuple[str, str, int]], inserted: set[str]) -
 @dataclass(frozen=True, slots=True)
 class InboxSql:
     """The statements of an inbox on ``table``, with ``mark`` as the parameter marker
-    (``?`` for sqlite3, ``%s`` for psycopg) and ``real`` as the floating-point type."""
+    (``?`` for sqlite3, ``%s`` for psycopg) and ``real`` as the floating-point type;
+    ``keyed``: the id tables created ``WITHOUT ROWID`` (SQLite: the rows kept in the
+    primary key's B-tree, one tree a table instead of a rowid table and the key's index,
+    so a commit writes fewer pages; tables made before by ``CREATE TABLE IF NOT EXISTS``
+    stay as they are and the statements are the same for both)."""
 
     table: str
     mark: str
     real: str
+    keyed: bool = False
 
     def _q(self, text: str) -> str:
         return text.replace("?", self.mark)
@@ -118,18 +123,19 @@ class InboxSql:
     def schema(self) -> tuple[str, ...]:
         """The tables and index, each created if missing."""
         t, real = self.table, self.real
+        keyed = " WITHOUT ROWID" if self.keyed else ""
         return (
             f"""CREATE TABLE IF NOT EXISTS {t} (
                 message_id text PRIMARY KEY,
                 source text NOT NULL,
                 attempt integer NOT NULL,
-                handled_at {real} NOT NULL)""",
+                handled_at {real} NOT NULL){keyed}""",
             f"CREATE INDEX IF NOT EXISTS {t}_handled_at ON {t} (handled_at)",
             f"""CREATE TABLE IF NOT EXISTS {t}_attempts (
                 message_id text PRIMARY KEY,
                 source text NOT NULL,
                 attempts integer NOT NULL,
-                updated_at {real} NOT NULL)""",
+                updated_at {real} NOT NULL){keyed}""",
             f"CREATE TABLE IF NOT EXISTS {t}_schema (version integer NOT NULL)",
         )
 

@@ -72,7 +72,7 @@ class SqliteInbox:
         self.path = os.path.abspath(os.fspath(path))
         self.busy_timeout = busy_timeout
         self._clock = clock
-        self._sql = InboxSql(table, "?", "REAL")
+        self._sql = InboxSql(table, "?", "REAL", keyed=True)
         self._handled_sql = (
             f"SELECT message_id FROM {table} WHERE message_id IN (SELECT value FROM json_each(?))"
         )

@@ -330,3 +330,42 @@ def test_record_attempts_counts_the_unhandled_ids_in_one_statement(inbox: Sqlite
     assert inbox.record_attempts([]) == {}
     with pytest.raises(InvalidMessage):
         inbox.record_attempts([("", "q")])
+
+
+def test_new_id_tables_are_keyed_and_old_rowid_ones_still_work(tmp_path: Path) -> None:
+    # New tables keep their rows in the primary key's B-tree (fewer pages a commit);
+    # tables an earlier version made as rowid tables are used as they are.
+    new = tmp_path / "new.db"
+    SqliteInbox(new).close()
+    with sqlite3.connect(new) as conn:
+        made = dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'"))
+    assert made["msgsafe_inbox"].endswith("WITHOUT ROWID")
+    assert made["msgsafe_inbox_attempts"].endswith("WITHOUT ROWID")
+
+    old = tmp_path / "old.db"
+    with sqlite3.connect(old) as conn:
+        conn.execute(
+            "CREATE TABLE msgsafe_inbox (message_id text PRIMARY KEY, source text NOT NULL,"
+            " attempt integer NOT NULL, handled_at REAL NOT NULL)"
+        )
+        conn.execute(
+            "CREATE TABLE msgsafe_inbox_attempts (message_id text PRIMARY KEY,"
+            " source text NOT NULL, attempts integer NOT NULL, updated_at REAL NOT NULL)"
+        )
+    store = SqliteInbox(old)
+    try:
+        assert store.record_attempt("m1", source="q") == 1
+        assert store.process("m1", lambda tx: 1, source="q", attempt=2) == Processed(True, 1)
+        assert store.process("m1", lambda tx: 2, source="q") == Processed(ran=False)
+        assert store.handled(["m1", "m2"]) == {"m1"}
+        assert store.record_attempt("m2", source="q") == 1
+    finally:
+        store.close()
+    with sqlite3.connect(old) as conn:
+        assert (
+            "WITHOUT ROWID"
+            not in conn.execute(
+                "SELECT sql FROM sqlite_master WHERE name = 'msgsafe_inbox'"
+            ).fetchone()[0]
+        )
+        assert conn.execute("SELECT message_id FROM msgsafe_inbox_attempts").fetchall() == [("m2",)]
