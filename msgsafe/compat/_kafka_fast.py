@@ -51,6 +51,8 @@ log = logging.getLogger("msgsafe.compat")
 
 #: Seconds the wrapper's close gives rk to report what it purged.
 _CLOSE_DRAIN_S = 5.0
+#: Seconds more it waits when rk still holds purged messages after that (see close()).
+_CLOSE_PURGED_WAIT_S = 60.0
 #: Seconds after librdkafka's last "all brokers down" during which the path stays resting.
 _DOWN_HOLD_S = 2.0
 #: Topics the fast path remembers as checked (a set that does not grow without bound).
@@ -393,9 +395,31 @@ class KafkaFastPath(FastPath):
             client.drain(max(0.0, timeout))
             if len(client) and self.store is not None:
                 client.purge()
-                client.drain(_CLOSE_DRAIN_S)
+                # NOTE: a purged client reports every message it held, but on a loaded
+                # machine (hundreds of dropped producers closing at once) that can take
+                # longer than _CLOSE_DRAIN_S; a message still held when the client is
+                # released would be neither confirmed nor stored, so wait on, bounded.
+                if client.drain(_CLOSE_DRAIN_S):
+                    client.drain(_CLOSE_PURGED_WAIT_S)
+            if len(client):
+                log.error(
+                    "kafka wrapper to %s closed with %d messages still in librdkafka: "
+                    "neither confirmed nor stored",
+                    self.target,
+                    len(client),
+                )
         self.raised.clear()
         self._store_failures()
+        # At close no callback runs: messages the outbox refused are said here.
+        refused = [(msg, err) for _, err, msg in self.ready if err is not None]
+        if refused:
+            log.error(
+                "kafka wrapper to %s: %d messages not stored at close (%s), e.g. %s",
+                self.target,
+                len(refused),
+                refused[0][1],
+                [msg for msg, _ in refused[:3]],
+            )
         self.ready.clear()
 
 

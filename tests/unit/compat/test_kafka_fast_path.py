@@ -144,3 +144,33 @@ def test_an_outbox_that_cannot_store_fails_the_callback_with_fs(
         assert not msg.stored()  # type: ignore[attr-defined]
     kafka_mock.heal_produce()
     producer.close(5)
+
+
+def test_messages_the_outbox_refuses_at_close_are_logged(
+    kafka_mock: MockKafkaCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At close no callback runs: what neither the broker confirmed nor the outbox
+    took is said in an ERROR line (with a count), never dropped in silence."""
+    kafka_mock.create_topic(TOPIC, partitions=3, replication=3)
+    producer = ck.Producer(
+        {
+            "bootstrap.servers": kafka_mock.bootstrap,
+            "msgsafe.outbox": str(tmp_path / "outbox.sqlite3"),
+            "message.timeout.ms": 4000,
+            "linger.ms": 1000,  # still in librdkafka at close
+        }
+    )
+    fast = producer._fast
+    assert fast is not None and fast.store is not None
+    kafka_mock.fail_produce(KafkaError.NOT_ENOUGH_REPLICAS)
+
+    def refuse(envelopes: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    fast.store.put = refuse  # type: ignore[method-assign]
+    for i in range(5):
+        producer.produce(TOPIC, b"v%d" % i, key=b"k")
+    with caplog.at_level("ERROR", logger="msgsafe.compat"):
+        producer.close(0)
+    refused = [r.getMessage() for r in caplog.records if "not stored at close" in r.getMessage()]
+    assert refused and "5 messages" in refused[0], caplog.text
