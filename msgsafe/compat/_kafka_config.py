@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import quote
 
 from msgsafe.adapters.kafka.config import setting_number
+from msgsafe.endpoints import parse_url
 from msgsafe.errors import ConfigurationError
 from msgsafe.outbox.location import OutboxSpec
 
@@ -243,12 +244,14 @@ def translate_config(config: Mapping[str, object]) -> ProducerConfig:
 _LIBRDKAFKA_MESSAGE_MAX_BYTES = 1_000_000
 
 
-def options_for(url_protocol: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """The options to give an adapter of ``url_protocol``: all of them for Kafka, only the
-    common ones otherwise (a test pointing the wrapper at ``memory://``)."""
-    if url_protocol == "kafka":
-        return dict(options)
-    return {k: v for k, v in options.items() if k in _COMMON}
+def options_for(target: str, translated: ProducerConfig) -> dict[str, Any]:
+    """The options to give the adapter of ``target``: all of them when it is the protocol
+    they were translated for (``translated.url``'s), only the common ones for another
+    (a test pointing the wrapper at ``memory://``)."""
+    own = translated.url and parse_url(translated.url).protocol
+    if parse_url(target).protocol == own:
+        return dict(translated.options)
+    return {k: v for k, v in translated.options.items() if k in _COMMON}
 
 
 def _number(name: str, value: object) -> float:

@@ -88,7 +88,6 @@ from msgsafe.compat._kafka_report import (
     kafka_error,
     record_headers,
 )
-from msgsafe.endpoints import parse_url
 from msgsafe.errors import (
     ConfigurationError,
     MsgsafeError,
@@ -274,7 +273,7 @@ class Producer(ClosesOnExit, SafeReports):
             target = _url or translated.url
             producer = None
             if target:
-                options = options_for(parse_url(target).protocol, translated.options)
+                options = options_for(target, translated)
                 # A dropped producer's release thread may be closing the same outbox file
                 # this moment: SqliteOutbox.shared waits for it to let the file go.
                 producer = _SafeProducer(

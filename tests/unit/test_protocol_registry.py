@@ -36,10 +36,6 @@ NAMES = frozenset(PROTOCOLS) | frozenset(KINDS)
 
 #: (module, name compared) -> why it is still there. Remove an entry with its branch.
 REMAINING: dict[tuple[str, str], str] = {
-    ("msgsafe/compat/_kafka_config.py", "kafka"): (
-        "the confluent-kafka drop-in passes its client options to Kafka only (memory:// "
-        "in tests takes the common ones)"
-    ),
 }
 
 
