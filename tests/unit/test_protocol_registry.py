@@ -11,8 +11,8 @@ itself (the RabbitMQ adapter refusing a ``kafka://`` URL).
 
 Read with :mod:`ast`: a comparison (``==``, ``!=``, ``in``, ``not in``) of something
 named ``kind`` or ``...protocol...`` (a variable or an attribute) with a protocol's or a
-cluster kind's name. The few that remain are listed in ``REMAINING`` with why; the list
-only shrinks (an entry that no longer occurs fails too).
+cluster kind's name. None remains: ``REMAINING`` (an exception, with why) is empty and
+stays so; an entry that no longer occurs fails too.
 """
 
 from __future__ import annotations
@@ -35,8 +35,7 @@ REGISTRY = "msgsafe/endpoints.py"
 NAMES = frozenset(PROTOCOLS) | frozenset(KINDS)
 
 #: (module, name compared) -> why it is still there. Remove an entry with its branch.
-REMAINING: dict[tuple[str, str], str] = {
-}
+REMAINING: dict[tuple[str, str], str] = {}
 
 
 def _names_protocol(node: ast.expr) -> bool:
