@@ -290,15 +290,21 @@ class BatchSend(LightFuture[BatchReceipt]):
 class BatchPart:
     """One message of a batch on its way to the outbox (an item of the writer's queue)."""
 
-    __slots__ = ("envelope", "index", "send")
+    __slots__ = ("doubt", "envelope", "index", "send")
 
-    def __init__(self, send: BatchSend, index: int) -> None:
+    def __init__(self, send: BatchSend, index: int, *, doubt: bool = False) -> None:
         self.send = send
         self.index = index
         self.envelope: Envelope = send.batch.envelope(index)
+        #: The broker may hold it: its send ended without an answer (as :attr:`Send.doubt`).
+        self.doubt = doubt
 
     def stored(self, error: MsgsafeError | None) -> int:
         """Settle it with the writer's outcome; returns 0 (the batch counts itself)."""
+        if isinstance(error, OutboxFull) and self.doubt:
+            # The outbox refused a message the broker may hold: say so, as for one send.
+            error = error.with_id(self.envelope.message_id)
+            error.maybe_delivered = True
         self.send.stored(self.index, error)
         return 0
 

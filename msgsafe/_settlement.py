@@ -620,7 +620,7 @@ class Settlement:
         the error is transient and there is an outbox (True), otherwise False."""
         if not isinstance(error, TransientError) or self.store is None:
             return False
-        self.to_outbox(BatchPart(send, index))
+        self.to_outbox(BatchPart(send, index, doubt=error.maybe_delivered))
         return True
 
     def resolve(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from msgsafe import Consumer, Producer, RetryPolicy, Status
-from msgsafe.errors import ConfirmTimeout, InvalidMessage, OutboxFull, Rejected
+from msgsafe.errors import BatchFailed, ConfirmTimeout, InvalidMessage, OutboxFull, Rejected
 from msgsafe.outbox import SqliteOutbox
 from msgsafe.testing import MemoryBroker
 
@@ -203,3 +203,24 @@ def test_an_outbox_full_after_an_unanswered_send_says_the_broker_may_have_it(
         assert held.value.maybe_delivered is False
     assert pickle.loads(pickle.dumps(unanswered.value)).maybe_delivered is True
     assert "sent" in memory_broker.ids("q") and "held" not in memory_broker.ids("q")
+
+
+def test_a_batch_refused_by_a_full_outbox_after_unanswered_sends_says_the_broker_may_have_it(
+    memory_broker: MemoryBroker, tmp_path: Path
+) -> None:
+    """The same for a batch: its confirms timed out, the full outbox refused what it could
+    not hold. Each refused message's OutboxFull says the broker may hold it, and the
+    broker does deliver them."""
+    store = SqliteOutbox(tmp_path / "o.db", max_bytes=1)
+    memory_broker.delay_confirms(1.0)
+    ids = ["b0", "b1", "b2"]
+    with Producer(
+        f"memory://{memory_broker.name}", outbox=store, retry=FAST, confirm_timeout=0.05
+    ) as p:
+        with pytest.raises(BatchFailed) as caught:
+            p.send_batch("q", [b"0", b"1", b"2"], message_ids=ids)
+    errors = caught.value.errors
+    assert errors, "the full outbox refused nothing: nothing was tested"
+    assert sorted([*errors, *caught.value.receipt.message_ids]) == ids
+    assert all(isinstance(e, OutboxFull) and e.maybe_delivered for e in errors.values())
+    assert set(ids) <= set(memory_broker.ids("q"))
