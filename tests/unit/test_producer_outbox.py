@@ -214,11 +214,13 @@ def test_a_batch_refused_by_a_full_outbox_after_unanswered_sends_says_the_broker
     store = SqliteOutbox(tmp_path / "o.db", max_bytes=1)
     memory_broker.delay_confirms(1.0)
     ids = ["b0", "b1", "b2"]
-    with Producer(
-        f"memory://{memory_broker.name}", outbox=store, retry=FAST, confirm_timeout=0.05
-    ) as p:
-        with pytest.raises(BatchFailed) as caught:
-            p.send_batch("q", [b"0", b"1", b"2"], message_ids=ids)
+    with (
+        Producer(
+            f"memory://{memory_broker.name}", outbox=store, retry=FAST, confirm_timeout=0.05
+        ) as p,
+        pytest.raises(BatchFailed) as caught,
+    ):
+        p.send_batch("q", [b"0", b"1", b"2"], message_ids=ids)
     errors = caught.value.errors
     assert errors, "the full outbox refused nothing: nothing was tested"
     assert sorted([*errors, *caught.value.receipt.message_ids]) == ids
