@@ -11,6 +11,7 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -47,20 +48,51 @@ __all__ = [
 ]
 
 
+#: The lowest port a node is given (below: the well-known and registered services).
+_LOWEST_PORT = 10000
+#: The kernel's ephemeral range when it cannot be read (Linux's default).
+_EPHEMERAL_DEFAULT = (32768, 60999)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return _EPHEMERAL_DEFAULT
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bind port 0 and read it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that was free a moment ago (see :func:`free_ports`)."""
+    return free_ports(1)[0]
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports on 127.0.0.1 that were free a moment ago."""
+    """``count`` distinct TCP ports on 127.0.0.1 that were free a moment ago, drawn
+    outside the kernel's ephemeral range (port 0's only while none is left there).
+
+    NOTE: a node's port must stay free while the node is down, to start it again on it.
+    A port from the ephemeral range (what binding port 0 gives) is also the local port
+    of any outgoing connection the kernel makes meanwhile; one connection that takes it
+    (a client dialing another node) and the restarted node cannot listen there
+    (EADDRINUSE) for as long as that connection lives. A suite run lost a RabbitMQ node
+    that way, after a restart of the whole cluster.
+    """
+    low, high = _ephemeral_range()
+    spans = [(_LOWEST_PORT, low - 1), (high + 1, 65535)]
+    spans = [(a, b) for a, b in spans if a <= b]
+    draw = random.SystemRandom()
     socks: list[socket.socket] = []
     try:
         # Every socket stays bound until all are picked, so no port comes twice.
-        for _ in range(count):
+        for _ in range(10 * count + 50):  # a drawn port may be taken, or drawn twice
+            if len(socks) == count or not spans:
+                break
+            first, last = draw.choice(spans)
+            sock = _bound(draw.randint(first, last))
+            if sock is not None:
+                socks.append(sock)
+        while len(socks) < count:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             socks.append(sock)
             sock.bind(("127.0.0.1", 0))
@@ -68,6 +100,17 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in socks:
             sock.close()
+
+
+def _bound(port: int) -> socket.socket | None:
+    """A socket bound to ``port`` on 127.0.0.1, or None when that port is taken."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from msgsafe import cluster as clusters
 from msgsafe.cluster._process import (
     Pid,
     adopt_births,
+    free_ports,
     kill_pid,
     pid_alive,
     pid_paused,
@@ -131,3 +133,24 @@ def test_cluster_json_keeps_each_pid_start_time(tmp_path: Path) -> None:
         assert pid_alive(found)
     finally:
         kill_pid(pid, "node")
+
+
+def test_node_ports_are_never_ones_an_outgoing_connection_can_take() -> None:
+    """A node's port must stay free while the node is down, so that it starts again on
+    it: the ports are drawn outside the kernel's ephemeral range, the local ports of
+    outgoing connections (a suite run once found a restarted RabbitMQ node's port held
+    by one, EADDRINUSE), and a port held meanwhile is never drawn."""
+    low, high = (
+        int(part) for part in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    )
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        outgoing = socket.create_connection(server.getsockname())
+        with outgoing:
+            taken = outgoing.getsockname()[1]
+            assert low <= taken <= high, "the kernel gave a local port outside its range"
+            ports = free_ports(200)
+    assert len(set(ports)) == 200
+    assert not [p for p in ports if low <= p <= high], "a port from the ephemeral range"
+    assert taken not in ports
