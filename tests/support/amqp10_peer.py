@@ -34,6 +34,10 @@ refused with ``amqp:not-found``, and the connection is then closed
 SIGSTOP of about a minute (``tests/integration/cluster/test_qpid_cluster.py`` does it
 once); here the client's handling of it is tested in a second.
 
+With ``--mute-attach`` the peer opens connections and keeps them alive (proton answers
+heartbeats) but never answers a link's attach, as Broker-J once did to a link whose name
+was still attached on a dying connection; no broker can be made to do it on demand.
+
 With ``--redirect HOST:PORT`` every connection is answered with an open and a close
 carrying ``amqp:connection:redirect`` to HOST:PORT (``--redirect self``: to the peer's
 own port, a redirect loop); with ``--link-redirect HOST:PORT`` connections are served
@@ -57,7 +61,8 @@ session's ActiveMQ Artemis pair, the Broker-J group, RabbitMQ's AMQP 1.0 plugin)
   a list other than its own cluster's; the stale Broker-J master (``--stale``), which a
   real group shows only after a SIGSTOP of about a minute (done once in
   ``test_qpid_cluster.py``); a link refused with ``amqp:not-found`` on a connection that
-  stays healthy; and the URL-list / advertised-candidate fail-over counts at 5 to 10k
+  stays healthy; an attach never answered on a live connection (``--mute-attach``); and
+  the URL-list / advertised-candidate fail-over counts at 5 to 10k
   messages in seconds, whose real-broker counterparts run in
   ``tests/integration/cluster/test_artemis_cluster.py`` and ``test_qpid_cluster.py``.
 - ``benchmarks/bench_amqp10.py --broker peer``: a broker whose own cost can be removed
@@ -112,7 +117,7 @@ def _schema(db: sqlite3.Connection) -> None:
 def _run_peer(args: argparse.Namespace) -> None:
     # proton is imported here so importing this module (for PeerProcess) needs no proton.
     from proton import Condition, Connection, Delivery, Message, SSLDomain, symbol
-    from proton.handlers import MessagingHandler
+    from proton.handlers import EndpointStateHandler, MessagingHandler
     from proton.reactor import Container
 
     db = sqlite3.connect(args.store, timeout=30.0, isolation_level=None)
@@ -145,6 +150,12 @@ def _run_peer(args: argparse.Namespace) -> None:
             self.connections = 0
             self.redirects = 0
             self.last_sweep = 0.0
+            if args.mute_attach:
+                # proton's endpoint handler answers every attach (link.open()) once
+                # on_link_opening returns: silenced here, the peer answers none.
+                for handler in self.handlers:  # type: ignore[union-attr]
+                    if isinstance(handler, EndpointStateHandler):
+                        handler.on_link_remote_open = lambda event: None  # type: ignore[method-assign]
 
         def on_start(self, event: Any) -> None:
             acceptor = event.container.acceptor(args.host, args.port)
@@ -191,8 +202,8 @@ def _run_peer(args: argparse.Namespace) -> None:
 
         def on_link_opening(self, event: Any) -> None:
             link = event.link
-            if args.refuse or args.redirect:
-                return  # never attach anything on a refused connection
+            if args.refuse or args.redirect or args.mute_attach:
+                return  # never attach anything on a refused connection (or when muted)
             if args.link_redirect and not link.is_sender:
                 link.open()
                 event.container.schedule(0, _Close(link, redirect_info(args.link_redirect)))
@@ -393,6 +404,7 @@ class PeerProcess:
     credit: int = 1000
     refuse: bool = False
     stale: bool = False
+    mute_attach: bool = False
     redirect: str | None = None
     link_redirect: str | None = None
     redirects: int = 0
@@ -420,6 +432,8 @@ class PeerProcess:
             cmd.append("--refuse")
         if self.stale:
             cmd.append("--stale")
+        if self.mute_attach:
+            cmd.append("--mute-attach")
         if self.redirect:
             cmd += ["--redirect", self.redirect]
         if self.link_redirect:
@@ -502,6 +516,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--credit", type=int, default=1000, help="credit given to senders")
     parser.add_argument("--refuse", action="store_true", help="refuse every connection")
     parser.add_argument("--stale", action="store_true", help="act as a stale master")
+    parser.add_argument("--mute-attach", action="store_true", help="never answer an attach")
     parser.add_argument("--redirect", help="HOST:PORT (or self) every connection goes to")
     parser.add_argument("--link-redirect", help="HOST:PORT every sender link goes to")
     args = parser.parse_args(argv)

@@ -77,6 +77,10 @@ _MUTE_S = (5.0, 30.0)
 #: Seconds more a peer that already answered (its SASL frames) gets to finish the login:
 #: a broker may delay a refused login on purpose (RabbitMQ's AMQP 1.0 plugin: 3 s).
 LOGIN_GRACE_S = 5.0
+#: Seconds at least a broker gets to answer an attach, however short ``confirm_timeout``:
+#: one slow to attach (a Broker-J group creating a queue's store under load) is not given
+#: up for it, and dialing it again would only add to its load.
+ATTACH_TIMEOUT_MIN_S = 5.0
 _WAKE = "msgsafe_wake"
 
 
@@ -273,6 +277,60 @@ class Engine(MessagingHandler):
         """Run ``fn`` on the container thread in ``delay`` seconds."""
         self.container.schedule(delay, _Call(fn))
 
+    def open_sender(self, address: str) -> Any:
+        """Attach a sender link to ``address`` on the open connection (container thread).
+        An attach unanswered for :attr:`attach_timeout` gives the connection up."""
+        link = self.container.create_sender(
+            self.conn, address, name=self.link_name(address), options=self.link_options
+        )
+        self._watch_attach(link)
+        return link
+
+    def open_receiver(self, address: str) -> Any:
+        """Attach a receiver link from ``address``, as :meth:`open_sender` (container
+        thread); credit is the caller's to give."""
+        link = self.container.create_receiver(
+            self.conn, address, name=self.link_name(address), options=self.link_options
+        )
+        self._watch_attach(link)
+        return link
+
+    def _watch_attach(self, link: Any) -> None:
+        # NOTE: a broker that keeps the connection alive (heartbeats) but never answers an
+        # attach would stall every send and receive on that link for as long as the
+        # connection lives: the sends time out into the outbox, and the outbox's retries
+        # queue behind the same silent link. Broker-J did it once to a link whose name was
+        # still attached on a dying connection. Past ``confirm_timeout`` (the wait a send
+        # gets for its outcome, which the attach is part of; ATTACH_TIMEOUT_MIN_S at
+        # least) the connection is given up and the next candidate is dialed.
+        generation = self.generation
+        self.schedule(self.attach_timeout, lambda: self._attach_deadline(link, generation))
+
+    @property
+    def attach_timeout(self) -> float:
+        """Seconds a link's attach may go unanswered before the connection is given up."""
+        return max(self.options.confirm_timeout, ATTACH_TIMEOUT_MIN_S)
+
+    def _attach_deadline(self, link: Any, generation: int) -> None:
+        conn = self.conn
+        if (
+            generation != self.generation
+            or conn is None
+            or link.connection != conn
+            or self.closing
+            or not link.state & ProtonEndpoint.REMOTE_UNINIT
+            or link.state & ProtonEndpoint.LOCAL_CLOSED
+        ):
+            return
+        log.warning(
+            "%s did not answer the attach of %r within %.1fs: dialing again",
+            self._current,
+            link.name,
+            self.attach_timeout,
+        )
+        self._hold_current()
+        self._abandon(conn, TimedOut(f"no answer to the attach of {link.name!r}"))
+
     # --- connecting --------------------------------------------------------------------
 
     def on_start(self, event: Any) -> None:
@@ -359,16 +417,26 @@ class Engine(MessagingHandler):
             # wait for its verdict on the login rather than call it an outage.
             self.schedule(LOGIN_GRACE_S, lambda: self._connect_timeout(generation, graced=True))
             return
-        if self._current is not None:
-            current = self._current
-            others = [e for e in self._endpoints.endpoints if e != current]
-            if others and self._failed.issuperset(others):
-                hold = _MUTE_S[0]  # no other endpoint serves either (see _MUTE_S)
-            else:
-                hold = min(_MUTE_S[1], 2 * self._mute_hold.get(current, _MUTE_S[0] / 2))
-            self._mute_hold[self._current] = hold
-            self._mute[self._current] = time.monotonic() + hold
-        self._lost(conn, TimedOut())
+        self._hold_current()
+        self._abandon(conn, TimedOut())
+
+    def _hold_current(self) -> None:
+        """Pass the current endpoint over for a while: it accepted TCP and went silent."""
+        if self._current is None:
+            return
+        current = self._current
+        others = [e for e in self._endpoints.endpoints if e != current]
+        if others and self._failed.issuperset(others):
+            hold = _MUTE_S[0]  # no other endpoint serves either (see _MUTE_S)
+        else:
+            hold = min(_MUTE_S[1], 2 * self._mute_hold.get(current, _MUTE_S[0] / 2))
+        self._mute_hold[current] = hold
+        self._mute[current] = time.monotonic() + hold
+
+    def _abandon(self, conn: Any, condition: Any) -> None:
+        """Give ``conn`` up without waiting for the peer: the side keeps what must survive
+        and the next candidate is dialed; the socket is closed under it."""
+        self._lost(conn, condition)
         transport = conn.transport
         if transport is not None:
             transport.close_tail()

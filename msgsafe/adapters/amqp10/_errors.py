@@ -112,10 +112,14 @@ def connection_error(condition: Any, *, endpoint: str) -> MsgsafeError:
 
 
 class TimedOut:
-    """The condition of an attempt that got no open frame within ``connect_timeout``."""
+    """The condition of an attempt that got no open frame within ``connect_timeout``, or
+    of a connection whose peer never answered a link's attach (``description`` says
+    which link)."""
 
     name = "timed out"
-    description = None
+
+    def __init__(self, description: str | None = None) -> None:
+        self.description = description
 
 
 def protocol_mismatch(

@@ -248,12 +248,7 @@ class Subscriptions:
 
     def _attach(self, sub: _Subscription) -> None:
         engine = self.engine
-        link = engine.container.create_receiver(
-            engine.conn,
-            sub.address,
-            name=engine.link_name(sub.address),
-            options=engine.link_options,
-        )
+        link = engine.open_receiver(sub.address)
         link.flow(engine.options.credit)
         sub.link = link
 

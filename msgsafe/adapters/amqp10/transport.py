@@ -400,12 +400,7 @@ class Sends:
                 continue
             link = self._links.get(address)
             if link is None:
-                self._links[address] = engine.container.create_sender(
-                    engine.conn,
-                    address,
-                    name=engine.link_name(address),
-                    options=engine.link_options,
-                )
+                self._links[address] = engine.open_sender(address)
                 continue
             credit = link.credit
             while queue and credit > 0:
@@ -468,8 +463,11 @@ class Sends:
                 message_id=mid,
             )
         if engine.opened:
+            link = self._links.get(out.envelope.destination)
+            unanswered = link is not None and link.state & link.REMOTE_UNINIT
             return Refused(
-                f"the broker gave no credit within {timeout}s",
+                f"the broker {'did not attach the link' if unanswered else 'gave no credit'} "
+                f"within {timeout}s",
                 endpoint=engine.target,
                 message_id=mid,
             )

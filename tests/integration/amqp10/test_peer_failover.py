@@ -18,9 +18,11 @@ import logging
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from msgsafe import Producer, Status
 from msgsafe.adapters.amqp10 import Amqp10Transport
 from msgsafe.adapters.amqp10._failover import MAX_REDIRECTS
 from msgsafe.endpoints import Endpoint, parse_url
@@ -312,6 +314,55 @@ def test_a_silent_node_is_dialed_every_5_s_while_every_other_node_refuses(
             back = time.monotonic() - healed
             transport.publish(Envelope.build("orders", b"2")).result(15)
     assert back < 8.0, f"back {back:.1f} s after the heal"
+
+
+def test_an_attach_never_answered_is_given_up_for_the_next_node(
+    amqp10_peers: PeerFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node that opens the connection and keeps it alive but never answers the sender's
+    attach (Broker-J once did, to a link whose name a dying connection still held) is
+    given up after ``confirm_timeout`` (5 s at least): the next node confirms, what timed
+    out meanwhile leaves the outbox for it, and every receipted id is read back."""
+    caplog.set_level(logging.WARNING, logger="msgsafe.adapters.amqp10")
+    muted = amqp10_peers.start(mute_attach=True)
+    healthy = amqp10_peers.start()
+    url = f"amqp10://127.0.0.1:{muted.port},127.0.0.1:{healthy.port}"
+    ledger = Ledger()
+    with Producer(url, outbox=tmp_path / "outbox.db", confirm_timeout=2.0) as producer:
+        futures = [producer.send_async("orders", b"%04d" % i, key=f"k{i % 4}") for i in range(100)]
+        receipts = [f.result(30) for f in futures]
+        wait_until(lambda: producer.drain(5) == 0, 30, "the outbox to drain to the next node")
+        last = producer.send("orders", b"last")
+        assert last.status is Status.CONFIRMED, "the session stayed on the silent node"
+    for receipt in [*receipts, last]:
+        ledger.add_sent(receipt.message_id)
+        ledger.add_receipt(receipt.message_id, receipt.status)
+    assert muted.connections >= 1, "the silent node was never dialed: nothing was tested"
+    assert any("did not answer the attach" in r.getMessage() for r in caplog.records)
+    _consume_all(f"amqp10://127.0.0.1:{healthy.port}", ledger)
+    counts = ledger.counts("attach never answered")
+    assert counts["confirmed"] + counts["stored"] == 101
+    assert counts["lost"] == 0 and counts["unknown"] == 0
+
+
+def test_a_receiver_whose_attach_is_never_answered_reads_from_the_next_node(
+    amqp10_peers: PeerFactory,
+) -> None:
+    """The same silence toward a receiver's attach: it moves on after 5 s and reads every
+    message the group holds."""
+    muted = amqp10_peers.start(mute_attach=True)
+    healthy = amqp10_peers.start()
+    ledger = Ledger()
+    with transport_for(f"amqp10://127.0.0.1:{healthy.port}") as transport:
+        for i in range(50):
+            env = Envelope.build("orders", b"%04d" % i)
+            ledger.track(env.message_id, transport.publish(env))
+        wait_until(lambda: ledger.resolved() == 50, 20, "50 outcomes")
+    url = f"amqp10://127.0.0.1:{muted.port},127.0.0.1:{healthy.port}"
+    _consume_all(url, ledger, timeout=30.0)
+    assert muted.connections >= 1, "the silent node was never dialed: nothing was tested"
+    counts = ledger.counts("receiver attach never answered")
+    assert counts["confirmed"] == 50 and counts["lost"] == 0 and counts["unknown"] == 0
 
 
 def test_connection_redirect_is_followed(
