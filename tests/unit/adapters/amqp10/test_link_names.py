@@ -52,6 +52,15 @@ class _Engine:
     def link_name(self, address: str) -> str:
         return Engine.link_name(self, address)  # type: ignore[arg-type]
 
+    def open_sender(self, address: str) -> Any:
+        return Engine.open_sender(self, address)  # type: ignore[arg-type]
+
+    def open_receiver(self, address: str) -> Any:
+        return Engine.open_receiver(self, address)  # type: ignore[arg-type]
+
+    def _watch_attach(self, link: Any) -> None:
+        """The attach deadline is not this test's (the test peer's ``--mute-attach``)."""
+
     def call(self, fn: Any) -> bool:
         fn()
         return True
