@@ -21,7 +21,7 @@ from confluent_kafka import KafkaError
 
 import msgsafe
 from msgsafe.adapters.kafka.fast import FastSend, KafkaFastSender
-from msgsafe.errors import TransientError
+from msgsafe.errors import OutboxFull, TransientError
 from msgsafe.message import Envelope
 from msgsafe.outbox import SqliteOutbox
 from tests.support.kafka_ledger import consume_until
@@ -261,6 +261,28 @@ def test_closing_with_sends_unanswered_stores_them(
         assert store.stats().depth == ledger.statuses["stored"]
     finally:
         store.close()
+
+
+def test_what_a_full_outbox_refuses_from_the_fast_path_may_be_at_the_broker(
+    kafka_mock: MockKafkaCluster, tmp_path: Path
+) -> None:
+    """Sends the fast path handed to librdkafka fail, and the outbox, at its bound,
+    refuses them: each OutboxFull says the broker may hold the message, since librdkafka
+    retries on its own and never says whether an earlier attempt was written
+    (``msgsafe nemesis kafka`` seed 659090302 received one such message a second after
+    its send had failed saying it was not stored)."""
+    kafka_mock.create_topic(TOPIC, partitions=1, replication=3)
+    store = SqliteOutbox(tmp_path / "o.db", max_rows=1)
+    with msgsafe.Producer(kafka_mock.url, outbox=store, send_timeout=30, confirm_timeout=3) as p:
+        _fast(p)
+        kafka_mock.fail_produce(KafkaError.NOT_ENOUGH_REPLICAS)
+        futures = [p.send_async(TOPIC, b"%d" % i, key="k") for i in range(20)]
+        fast = [f for f in futures if isinstance(f, FastSend)]
+        errors = [f.exception(60) for f in fast]
+        kafka_mock.heal_produce()
+    refused = [e for e in errors if isinstance(e, OutboxFull)]
+    assert refused, f"the full outbox refused none of the fast path's sends: {errors}"
+    assert all(e.maybe_delivered for e in refused)
 
 
 def test_without_an_outbox_a_failure_fails_the_send_and_the_lane_stays(
