@@ -22,7 +22,7 @@ from concurrent.futures._base import PENDING
 from typing import Protocol
 
 from msgsafe._futures import LightFuture
-from msgsafe.errors import BatchFailed, MsgsafeError, OutboxError, OutboxFull
+from msgsafe.errors import BatchFailed, MsgsafeError, OutboxError
 from msgsafe.message import (
     Batch,
     BatchReceipt,
@@ -140,11 +140,7 @@ class Send(LightFuture[Receipt]):
                 )
             )
         else:
-            failed = error.with_id(env.message_id)
-            if isinstance(failed, OutboxFull) and getattr(self, "doubt", False):
-                # The outbox refused a message the broker may hold: say so.
-                failed.maybe_delivered = True
-            self.set_exception(failed)
+            self.set_exception(error.refusing(env.message_id, doubt=getattr(self, "doubt", False)))
         return 1
 
 
@@ -301,10 +297,8 @@ class BatchPart:
 
     def stored(self, error: MsgsafeError | None) -> int:
         """Settle it with the writer's outcome; returns 0 (the batch counts itself)."""
-        if isinstance(error, OutboxFull) and self.doubt:
-            # The outbox refused a message the broker may hold: say so, as for one send.
-            error = error.with_id(self.envelope.message_id)
-            error.maybe_delivered = True
+        if error is not None and self.doubt:
+            error = error.refusing(self.envelope.message_id, doubt=True)
         self.send.stored(self.index, error)
         return 0
 

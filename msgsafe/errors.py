@@ -96,6 +96,12 @@ class MsgsafeError(Exception):
         """
         return _rebuild(type(self), self.message, self.endpoint, message_id, self._extra())
 
+    def refusing(self, message_id: str | None, *, doubt: bool) -> Self:
+        """:meth:`with_id` for a message the outbox was to take after a transport
+        failure; ``doubt``: that send ended without an answer, so the broker may hold the
+        message (:class:`OutboxFull` then says so; other errors do not change)."""
+        return self.with_id(message_id)
+
     def __str__(self) -> str:
         parts = [self.message] if self.message else []
         if self.endpoint:
@@ -317,6 +323,11 @@ class OutboxFull(OutboxError):
 
     def _extra(self) -> dict[str, object]:
         return {"maybe_delivered": True} if self.maybe_delivered else {}
+
+    def refusing(self, message_id: str | None, *, doubt: bool) -> Self:
+        own = self.with_id(message_id)
+        own.maybe_delivered = own.maybe_delivered or doubt
+        return own
 
 
 class OutboxCorrupt(OutboxError):

@@ -316,7 +316,6 @@ class Engine(MessagingHandler):
         if (
             generation != self.generation
             or conn is None
-            or link.connection != conn
             or self.closing
             or not link.state & ProtonEndpoint.REMOTE_UNINIT
             or link.state & ProtonEndpoint.LOCAL_CLOSED

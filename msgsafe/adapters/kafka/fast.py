@@ -57,7 +57,6 @@ from msgsafe.errors import (
     ClosedError,
     ConfirmTimeout,
     MsgsafeError,
-    OutboxFull,
     Refused,
     TransientError,
 )
@@ -616,15 +615,12 @@ class KafkaFastSender(FastPath):
                         )
                     )
                 else:
-                    failed = error.with_id(send.message_id)
-                    if isinstance(failed, OutboxFull):
-                        # NOTE: every one of them was handed to librdkafka, which retries
-                        # on its own and (through confluent-kafka) never says whether an
-                        # earlier attempt was written: a message purged as queued may be a
-                        # retry of one the broker holds (``msgsafe nemesis kafka``, seed
-                        # 659090302: refused by a full outbox, received a second later).
-                        failed.maybe_delivered = True
-                    send.set_exception(failed)
+                    # NOTE: in doubt, every one: each was handed to librdkafka, which
+                    # retries on its own and (through confluent-kafka) never says whether
+                    # an earlier attempt was written: a message purged as queued may be a
+                    # retry of one the broker holds (``msgsafe nemesis kafka``, seed
+                    # 659090302: refused by a full outbox, received a second later).
+                    send.set_exception(error.refusing(send.message_id, doubt=True))
             except InvalidStateError:
                 continue  # confirmed meanwhile: the stored copy is a known duplicate
             settled += 1
