@@ -172,17 +172,39 @@ class _Releases:
     fast paths hold their librdkafka clients in reference cycles, which Python's collector
     would otherwise free only at some later full collection; until then every client
     keeps its threads and its thread-local key. The threads are not daemons: an exiting
-    interpreter waits for the closings handed over."""
+    interpreter waits for the closings handed over.
 
-    def __init__(self, workers: int, grace: float) -> None:
+    The real client frees a dropped producer before the dropping line returns, so a
+    loop that makes and drops producers never holds more than one. Here the closing
+    comes later; on a slow or loaded machine a loop could outrun it by hundreds of
+    producers (thousands of threads), so :meth:`make_room` holds up the making of a new
+    producer while more than ``backlog`` dropped ones wait to be closed."""
+
+    def __init__(self, workers: int, grace: float, backlog: int) -> None:
         self._workers = workers
         self._grace = grace
+        self._backlog = backlog
         # NOTE: reentrant: a collection inside hand() (it allocates) may run another
         # dropped producer's finalizer on the same thread.
         self._lock = threading.RLock()
+        #: Notified whenever a closing ends (see make_room).
+        self._closed = threading.Condition(self._lock)
         #: (producer, its fast path, monotonic() when its grace ends), in drop order.
         self._queue: deque[tuple[_SafeProducer | None, KafkaFastPath | None, float]] = deque()
         self._running = 0
+        self._closing = 0  #: closings taken from the queue and not yet ended
+
+    def make_room(self, timeout: float) -> None:
+        """Wait, at most ``timeout`` seconds, until no more than ``backlog`` dropped
+        producers are queued or being closed. Never on a release thread (it would wait
+        for itself); after the timeout the caller goes on regardless, as a slow closing
+        must not stop the application."""
+        if threading.current_thread().name == _RELEASE_THREAD:
+            return
+        with self._closed:
+            self._closed.wait_for(
+                lambda: len(self._queue) + self._closing <= self._backlog, timeout
+            )
 
     def hand(self, producer: _SafeProducer | None, fast: KafkaFastPath | None) -> bool:
         """Queue the closing of a dropped producer; False if no thread can take it."""
@@ -192,9 +214,7 @@ class _Releases:
                 return True
             self._running += 1
             try:
-                threading.Thread(
-                    target=self._work, name="msgsafe-compat-release", daemon=False
-                ).start()
+                threading.Thread(target=self._work, name=_RELEASE_THREAD, daemon=False).start()
             except RuntimeError:  # interpreter shutdown: no new thread
                 self._running -= 1
                 self._queue.pop()
@@ -208,10 +228,16 @@ class _Releases:
                     self._running -= 1
                     return
                 producer, fast, until = self._queue.popleft()
-            _close_quietly(producer, fast, max(0.0, until - time.monotonic()))
-            del producer, fast  # this frame's references: the cycles become garbage
-            if not self._queue:
-                gc.collect()
+                self._closing += 1
+            try:
+                _close_quietly(producer, fast, max(0.0, until - time.monotonic()))
+                del producer, fast  # this frame's references: the cycles become garbage
+                if not self._queue:
+                    gc.collect()
+            finally:
+                with self._closed:
+                    self._closing -= 1
+                    self._closed.notify_all()
 
 
 #: Seconds from the drop a dropped producer's messages in flight get to be confirmed
@@ -220,8 +246,15 @@ class _Releases:
 #: at a time (producers dropped in a loop come by the dozen a second), and a message
 #: stored after all may have been written: forwarded, it is a duplicate of a known id.
 _DROPPED_GRACE_S = 0.1
+#: The name of _Releases' threads.
+_RELEASE_THREAD = "msgsafe-compat-release"
+#: Dropped producers that may wait to be closed before a new one waits for them: each
+#: keeps its librdkafka threads (about 8 a broker) until closed.
+_DROPPED_BACKLOG = 8
+#: The longest a new producer waits for dropped ones to be closed.
+_ROOM_WAIT_S = 30.0
 #: Where dropped producers are closed (see _release).
-_RELEASES = _Releases(workers=4, grace=_DROPPED_GRACE_S)
+_RELEASES = _Releases(workers=4, grace=_DROPPED_GRACE_S, backlog=_DROPPED_BACKLOG)
 
 
 class Producer(ClosesOnExit, SafeReports):
@@ -265,6 +298,9 @@ class Producer(ClosesOnExit, SafeReports):
             for name in ("stats_cb", "throttle_cb")
             if brokerless and callable(merged.get(name))
         }
+        # Dropped producers still being closed hold their threads: a loop that makes and
+        # drops producers waits here for them, as it would for the real client's drop.
+        _RELEASES.make_room(_ROOM_WAIT_S)
         try:
             translated = translate_config(merged)
             check_with_librdkafka(translated.options.get("librdkafka"))
