@@ -23,6 +23,8 @@ What these tests establish about Artemis 2.40 (and the client must cope with):
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 import uuid
@@ -427,6 +429,36 @@ def test_restarted_primary_takes_over_again_under_traffic(
     assert counts["failed"] == 0, sorted({repr(e) for e in ledger.failed.values()})[:5]
     assert counts["lost"] == 0
     assert counts["unknown"] == 0
+
+
+def test_a_backup_that_ends_during_the_fail_back_is_running_again_after_it(
+    pair: ArtemisCluster,
+) -> None:
+    """``restart(0)`` returns the pair whole when the backup was running before it, even
+    if the backup's process ended meanwhile: a nemesis run (artemis seed 976727860) saw
+    the backup's process end right after it handed the role back, and then paused a
+    backup that was gone. Here the backup is SIGKILLed as the primary's process starts."""
+    pair.kill(0)
+    wait_until(lambda: pair.nodes()[1].role == "live", 30, "the backup to become live")
+    backup = pair.pids[1]
+    assert backup is not None
+
+    def kill_the_backup_once_the_primary_starts() -> None:
+        wait_until(lambda: pair.pids[0] is not None, 30, "the primary's process started")
+        os.kill(backup, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_backup_once_the_primary_starts)
+    killer.start()
+    try:
+        pair.restart(0)
+    finally:
+        killer.join(30)
+    assert pair.pids[1] != backup and pair.nodes()[1].running, "the backup was not started again"
+    wait_until(
+        lambda: [n.role for n in pair.nodes()] == ["live", "backup"],
+        60,
+        "the primary live and the backup a backup again",
+    )
 
 
 def _started_at(pid: int) -> str | None:
