@@ -53,8 +53,10 @@ class Amqp10Receiver(EngineClient):
 
     Implements :class:`msgsafe.ports.Receiver`. Each subscription is a receiver link
     (at-least-once, settled by the application) with ``credit`` outstanding at most:
-    credit is only topped up as deliveries are settled, so the window bounds
-    memory whatever the application's pace. ``ack`` -> ``accepted``,
+    credit is only topped up as deliveries are settled (for one given back, with
+    ``nack()`` or ``release()``, at the application's next receive, so that a consumer
+    stopping does not get it straight back), so the window bounds memory whatever the
+    application's pace. ``ack`` -> ``accepted``,
     ``nack()`` -> ``modified`` with delivery-failed (redelivered, its delivery-count
     raised; ``released`` on RabbitMQ, which marks redeliveries by first-acquirer),
     ``nack(requeue=False)`` -> ``rejected``, ``release()`` -> ``released`` (redelivered
@@ -140,6 +142,12 @@ class Subscriptions:
         #: Delivery holds (see the module docstring: released on this thread only).
         self._unsettled: dict[int, Any] = {}
         self._numbers = itertools.count(1)
+        #: Links owed a credit for each delivery given back (released or requeued),
+        #: repaid when the application next takes (see :meth:`_settle`).
+        self._owed: list[Any] = []
+        #: Whether _owed has any: read on the application's thread (a stale answer only
+        #: delays the repayment to the next take).
+        self._owing = False
 
     # --- any thread ----------------------------------------------------------------------
 
@@ -165,6 +173,9 @@ class Subscriptions:
     def take(self, max_messages: int, timeout: float | None) -> list[Delivery]:
         """Up to ``max_messages`` received deliveries, waiting at most ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self._owing:
+            self._owing = False
+            self.engine.call(self._repay)
         with self._inbox_lock:
             while not self._inbox:
                 if self.engine.stopped:
@@ -190,6 +201,7 @@ class Subscriptions:
     def lost(self) -> int:
         for sub in self._subs.values():
             sub.link = None
+        self._owed.clear()  # the next links get their whole credit
         # Their link is gone: settling them is a no-op from now on.
         self._unsettled.clear()
         # Not yet handed out and unsettleable now: the broker redelivers them anyway.
@@ -324,7 +336,25 @@ class Subscriptions:
             dlv.update(_SETTLE[outcome])
         dlv.settle()
         link = dlv.link
-        if link.state & link.LOCAL_ACTIVE and not engine.closing:
+        if outcome is Outcome.RELEASE or outcome is Outcome.REQUEUE:
+            # NOTE: a delivery given back is the broker's to hand out again, to this
+            # link first: credit now would bring it straight back, and while run() stops
+            # (it gives back what never started, then closes) it would arrive during the
+            # close, unsettled when the connection ends, and Broker-J would count an
+            # attempt for it. The credit is repaid when the application takes again.
+            self._owed.append(link)
+            self._owing = True
+        elif link.state & link.LOCAL_ACTIVE and not engine.closing:
             # NOTE: no credit once the receiver closes: what it would bring in arrives
             # after the give-backs, unsettled when the connection ends.
             link.flow(1)
+
+    def _repay(self) -> None:
+        """Give back the credit of the deliveries given back, on links still attached."""
+        engine = self.engine
+        owed, self._owed = self._owed, []
+        if engine.closing:
+            return
+        for link in owed:  # a lost connection's links were dropped from _owed (lost())
+            if link.state & link.LOCAL_ACTIVE:
+                link.flow(1)

@@ -112,7 +112,24 @@ def test_release_settles_released_and_nack_modified_with_delivery_failed() -> No
         (ProtonDelivery.MODIFIED, True, True),
         (ProtonDelivery.ACCEPTED, False, True),
     ]
-    assert link.credit_given == 3  # each settlement tops the window up
+    # The ack tops the window up at once; the two given back, at the next take.
+    assert link.credit_given == 1
+    assert subs.take(1, 0) == []
+    assert link.credit_given == 3
+
+
+def test_what_a_stopping_consumer_gives_back_brings_nothing_back_in() -> None:
+    # run() stopping releases what never started, then closes: credit for the releases
+    # would have the broker hand them straight back during the close, unsettled when the
+    # connection ends (Broker-J then counts an attempt for each).
+    subs, link = _subscriptions(), _Link()
+    _received(subs, link, 4)
+    for delivery in subs.take(4, 0):
+        delivery.release()
+    assert link.credit_given == 0
+    _engine(subs).closing = True
+    subs.closing()
+    assert link.credit_given == 0
 
 
 def test_close_releases_what_was_not_handed_out_uncounted() -> None:
