@@ -67,9 +67,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from msgsafe import __version__
 from msgsafe import cluster as clusters
 from msgsafe.cluster.base import ClusterError, LocalCluster
 from msgsafe.errors import MsgsafeError
@@ -376,6 +378,8 @@ class Outcome:
     verdict: checker.Verdict
     schedule: schedule.Schedule
     notes: list[str] = field(default_factory=list)
+    #: When the run ended, UTC, to the minute ("" when not run).
+    finished: str = ""
 
     @property
     def ok(self) -> bool:
@@ -387,6 +391,8 @@ class Outcome:
         plan["dir"] = str(self.plan.dir)
         return {
             "ok": self.ok,
+            "finished": self.finished,
+            "msgsafe": __version__,
             "plan": plan,
             "replay": replay_command(self.plan),
             "faults": len(self.schedule.windows),
@@ -1048,7 +1054,8 @@ def run(plan: Plan, say: Callable[[str], None] = lambda _: None) -> Outcome:
         r.stop_everything()
         r.unmount_disks()
     verdict, series = checker.check(history.read_dir(r.hist_dir))
-    outcome = Outcome(plan, verdict, drawn, r.notes)
+    finished = datetime.now(UTC).strftime("%Y-%m-%d %H:%M")
+    outcome = Outcome(plan, verdict, drawn, r.notes, finished)
     title = f"msgsafe nemesis {plan.kind} seed {plan.seed}: " + (
         "ok" if outcome.ok else "; ".join(verdict.problems() + r.notes)
     )

@@ -13,8 +13,8 @@ __all__ = ["HEADER", "row", "table"]
 HEADER = (
     "| kind | seed | minutes | faults (broker / producer / network) | receipted "
     "(confirmed / stored) | received | lost | unexpected | duplicates | order violations "
-    "| recovery s (last / slowest) | ok |\n"
-    "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"
+    "| recovery s (last / slowest) | ok | run (UTC, commit) |\n"
+    "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|"
 )
 
 
@@ -41,8 +41,16 @@ def row(report: dict[str, Any]) -> str:
         f"{v['receipted']} ({v['confirmed']} / {v['stored']}) | {v['received']} | "
         f"{v['lost']} | {v['unexpected']} | {v['duplicates']} | {v['order_violations']} | "
         f"{_seconds(v['recovery_s'])} / {_seconds(v['worst_recovery_s'])} | "
-        f"{'yes' if report['ok'] else 'NO'} |"
+        f"{'yes' if report['ok'] else 'NO'} | {_when(report)} |"
     )
+
+
+def _when(report: dict[str, Any]) -> str:
+    """When the run ended and at which commit (what scripts/nemesis_table.py adds), as
+    far as the report says."""
+    finished = report.get("finished") or "?"
+    commit = report.get("commit")
+    return f"{finished}, {commit}" if commit else finished
 
 
 def table(reports: Iterable[dict[str, Any]]) -> str:

@@ -369,10 +369,10 @@ def test_the_evidence_table_has_a_row_per_report_and_says_no_on_a_loss() -> None
     roles = [sum(w.role == r for w in drawn.windows) for r in ("broker", "producer", "network")]
     faults = f"{len(drawn.windows)} ({roles[0]} / {roles[1]} / {roles[2]})"
     assert lines[2] == (
-        f"| artemis | 3 | 2 | {faults} | 6 (3 / 3) | 6 | 0 | 0 | 0 | 0 | 2.0 / 2.0 | yes |"
+        f"| artemis | 3 | 2 | {faults} | 6 (3 / 3) | 6 | 0 | 0 | 0 | 0 | 2.0 / 2.0 | yes | ? |"
     )
     assert lines[3].startswith("| artemis | 4 |") and "| 7 (4 / 3) | 6 | 1 |" in lines[3]
-    assert lines[3].endswith("| NO |")
+    assert lines[3].endswith("| NO | ? |")
 
 
 def test_every_network_action_is_its_own_proxy_fault(tmp_path: Path) -> None:
@@ -1110,3 +1110,22 @@ def test_filling_a_disk_stops_at_enospc_on_a_partial_write(
     monkeypatch.setattr(runner.os, "write", broken)
     with pytest.raises(OSError, match="I/O error"):  # not a full disk: the action fails
         r.fill_disk(1)
+
+
+def test_the_evidence_table_says_when_and_at_which_commit_a_run_ended() -> None:
+    from msgsafe.nemesis.runner import Outcome, Plan, fault_targets
+    from msgsafe.nemesis.table import HEADER, row
+
+    plan = Plan("qpid", 30, 7, Path("/x"))
+    drawn = schedule.draw(plan.seed, 60, fault_targets(plan))
+    clean, _ = checker.check(_clean().events)
+    report = json.loads(
+        json.dumps(Outcome(plan, clean, drawn, finished="2026-12-07 17:02").report())
+    )
+    assert report["finished"] == "2026-12-07 17:02" and report["msgsafe"]
+    assert row(report).endswith("| yes | 2026-12-07 17:02 |")
+    report["commit"] = "67b8681"
+    assert row(report).endswith("| yes | 2026-12-07 17:02, 67b8681 |")
+    # A report made before runs said when: the row still has every column.
+    del report["finished"], report["commit"]
+    assert row(report).count("|") == HEADER.splitlines()[0].count("|")
