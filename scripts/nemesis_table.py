@@ -26,22 +26,19 @@ from msgsafe.nemesis.runner import Plan, run
 from msgsafe.nemesis.table import table
 
 
+def _git(*args: str) -> str:
+    here = Path(__file__).resolve().parent
+    done = subprocess.run(
+        ["git", "-C", str(here), *args], capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip()
+
+
 def _commit() -> str | None:
     """The checkout's commit (with "+" when it has changes), None outside one."""
-    here = Path(__file__).resolve().parent
     try:
-        head = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        head = _git("rev-parse", "--short", "HEAD")
+        dirty = _git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("+" if dirty else "")
