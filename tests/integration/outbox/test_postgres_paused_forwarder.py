@@ -43,6 +43,7 @@ PRODUCERS = 3
 KEYS_EACH = 8  # 24 keys in all
 COUNT = 1000
 LEASE_S = 2.0
+STEP = 50  #: rows forwarder A forwards between two tries to stop it holding a claim
 LOST = "outbox lease lost"
 
 
@@ -143,15 +144,20 @@ def test_a_forwarder_paused_past_its_lease_learns_it_lost_its_claim(
     # A forwards alone until it is seen holding a claim at the moment it is stopped (a
     # stop that lands between two of its claims, or inside one not yet committed,
     # holds nothing: A goes on, and is stopped again once it forwarded a little more).
+    # NOTE: small steps, many tries: on a loaded machine A forwarded all 3,000 rows
+    # within five steps of 300 (it runs on while the test polls), leaving none to claim.
     stale: dict[str, int] = {}
     attempts = 0
-    while not stale and attempts < 5:
+    while not stale and attempts < 20:
         attempts += 1
         before = rows_waiting(pg_pair.url, table)
+        assert before >= STEP, (
+            f"forwarder A forwarded every row before a stop caught a claim ({attempts} tries)"
+        )
         wait_until(
-            lambda before=before: rows_waiting(pg_pair.url, table) <= before - 300,
+            lambda before=before: rows_waiting(pg_pair.url, table) <= before - STEP,
             60,
-            "forwarder A to forward 300 more rows",
+            f"forwarder A to forward {STEP} more rows",
             diagnose=lambda: "\n".join(a.lines[-3:] + a.errors[-5:]),
         )
         a.proc.send_signal(signal.SIGSTOP)
