@@ -121,7 +121,13 @@ def test_cut_off_node_pauses_closes_clients_and_rejoins(cluster: NetRabbitCluste
         lab.heal(2)
         heal_at = time.monotonic()
         expected = {cluster.node(i) for i in range(3)}
-        wait_until(lambda: cluster.is_running(2), 90, "node 2 to resume", interval=POLL_S)
+        wait_until(
+            lambda: cluster.is_running(2),
+            90,
+            "node 2 to resume",
+            interval=POLL_S,
+            diagnose=lambda: describe(cluster) + "\n" + cluster.log_tail(2),
+        )
         wait_until(
             lambda: running_nodes(cluster, 0) == expected, 60, "3 running nodes", interval=POLL_S
         )
