@@ -896,6 +896,39 @@ def test_the_rabbit_mover_drains_the_queues_leader_and_revives_it() -> None:
     ]
 
 
+def test_the_rabbit_mover_waits_for_the_queue_to_elect_a_leader() -> None:
+    # A long run (rabbitmq seed 571915487) asked seconds after a node's pause ended,
+    # while the queue's members were electing: every node named no leader.
+    from types import SimpleNamespace
+
+    from msgsafe.cluster.base import ClusterError
+    from msgsafe.nemesis.leaders import RabbitMover
+
+    cluster = SimpleNamespace(
+        members=[SimpleNamespace(name=f"n{i}@localhost") for i in range(3)],
+        is_running=lambda node: True,
+    )
+    mover = RabbitMover(cluster, "q")  # type: ignore[arg-type]
+    asked: list[int] = []
+
+    def tool(name: str, node: int, *args: str, timeout: float = 60.0) -> str:
+        asked.append(node)
+        elected = len(asked) > 6  # two rounds of three nodes say "candidate"
+        state = "leader" if elected else "candidate"
+        status = [
+            {"Node Name": "n0@localhost", "Raft State": "follower"},
+            {"Node Name": "n1@localhost", "Raft State": state},
+            {"Node Name": "n2@localhost", "Raft State": "follower"},
+        ]
+        return json.dumps(status) if name == "rabbitmq-queues" else ""
+
+    mover._tool = tool  # type: ignore[method-assign]
+    assert mover.leader(wait=30) == 1
+    with pytest.raises(ClusterError, match="every running node names none"):
+        asked.clear()
+        mover.leader(wait=0)
+
+
 def test_the_evidence_table_counts_disk_and_leader_faults() -> None:
     from msgsafe.nemesis.runner import Outcome, Plan, fault_targets
     from msgsafe.nemesis.table import row
