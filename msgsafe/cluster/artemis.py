@@ -398,13 +398,7 @@ class ArtemisCluster(LocalCluster):
             # instead, its log's last line "stopped". The caller had a pair: it gets
             # one back.
             _log.info("the Artemis backup ended during the fail-back: starting it again")
-            self._spawn(_home(self.version), 1)
-            wait_for(
-                lambda: self._is(1, "backup"),
-                max(0.0, deadline - time.monotonic()),
-                "the Artemis backup, started again after the fail-back: synchronized",
-                on_timeout=self._logs,
-            )
+            self.restart(1, max(0.0, deadline - time.monotonic()))
         if self.detached:
             self.save_state()
 
