@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from msgsafe.cluster._port_ledger import PortLedger
 from msgsafe.cluster.base import ClusterError
 
 log = logging.getLogger("msgsafe.cluster")
@@ -77,29 +78,40 @@ def free_ports(count: int) -> list[int]:
     (a client dialing another node) and the restarted node cannot listen there
     (EADDRINUSE) for as long as that connection lives. A suite run lost a RabbitMQ node
     that way, after a restart of the whole cluster.
+
+    Every port drawn is held in a ledger shared by this user's processes
+    (:mod:`msgsafe.cluster._port_ledger`) and not drawn again while held, so two
+    processes starting nodes side by side never give two nodes one port.
     """
     low, high = _ephemeral_range()
     spans = [(_LOWEST_PORT, low - 1), (high + 1, 65535)]
     spans = [(a, b) for a, b in spans if a <= b]
     draw = random.SystemRandom()
     socks: list[socket.socket] = []
-    try:
-        # Every socket stays bound until all are picked, so no port comes twice.
-        for _ in range(10 * count + 50):  # a drawn port may be taken, or drawn twice
-            if len(socks) == count or not spans:
-                break
-            first, last = draw.choice(spans)
-            sock = _bound(draw.randint(first, last))
-            if sock is not None:
+    with PortLedger.open() as ledger:
+        try:
+            # Every socket stays bound until all are picked, so no port comes twice.
+            for _ in range(10 * count + 50):  # a drawn port may be taken, or drawn twice
+                if len(socks) == count or not spans:
+                    break
+                first, last = draw.choice(spans)
+                port = draw.randint(first, last)
+                if ledger is not None and ledger.held(port):
+                    continue
+                sock = _bound(port)
+                if sock is not None:
+                    socks.append(sock)
+            while len(socks) < count:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 socks.append(sock)
-        while len(socks) < count:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            socks.append(sock)
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
+                sock.bind(("127.0.0.1", 0))
+            picked = [int(sock.getsockname()[1]) for sock in socks]
+            if ledger is not None:
+                ledger.record(picked)
+            return picked
+        finally:
+            for sock in socks:
+                sock.close()
 
 
 def _bound(port: int) -> socket.socket | None:
