@@ -5,10 +5,12 @@ of the JVM launchers."""
 from __future__ import annotations
 
 import json
+import random
 import signal
 import socket
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import pytest
 from msgsafe import cluster as clusters
 from msgsafe.cluster._process import (
     Pid,
+    _uniform,
     adopt_births,
     free_ports,
     kill_pid,
@@ -154,3 +157,15 @@ def test_node_ports_are_never_ones_an_outgoing_connection_can_take() -> None:
     assert len(set(ports)) == 200
     assert not [p for p in ports if low <= p <= high], "a port from the ephemeral range"
     assert taken not in ports
+
+
+def test_ports_are_drawn_evenly_across_both_sides_of_the_ephemeral_range() -> None:
+    """A span ten times larger is drawn ten times as often (drawing the two spans alike
+    crowded every process's draws into the small one above the ephemeral range)."""
+    draw = random.Random(7)
+    spans = [(1000, 1999), (5000, 5099)]
+    counts = Counter(
+        "low" if port < 5000 else "high" for port in (_uniform(draw, spans) for _ in range(22_000))
+    )
+    assert 9 < counts["low"] / counts["high"] < 11, counts
+    assert {_uniform(draw, [(7, 7)]) for _ in range(10)} == {7}
