@@ -34,8 +34,11 @@ log = logging.getLogger("msgsafe.cluster")
 
 #: Seconds a port stays held after the process that drew it ended.
 HOLD_S = 600.0
-#: Entries beyond which a draw first removes the ones no longer held.
+#: Entries beyond which a draw first removes the ones no longer held...
 _SWEEP_AT = 512
+#: ...at most once in this many seconds (a sweep reads every entry; a test run's
+#: workers draw a thousand ports, all held for HOLD_S).
+_SWEEP_EVERY_S = 60.0
 
 
 def ledger_dir() -> Path:
@@ -94,13 +97,23 @@ class PortLedger:
                 log.debug("port %d not recorded in the ledger: %s", port, exc)
 
     def _sweep(self) -> None:
+        marker = self._dir / ".swept"
+        now = time.time()
+        try:
+            if now - marker.stat().st_mtime < _SWEEP_EVERY_S:
+                return
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return
         try:
             entries = [e for e in os.scandir(self._dir) if e.name.isdigit()]
         except OSError:
             return
         if len(entries) < _SWEEP_AT:
             return
-        now = time.time()
+        with contextlib.suppress(OSError):
+            marker.touch()
         for entry in entries:
             with contextlib.suppress(OSError):
                 text = Path(entry.path).read_text()

@@ -117,20 +117,37 @@ def test_drawing_goes_on_without_a_ledger_it_cannot_use(
     assert len(set(ports)) == 5
 
 
-def test_entries_no_longer_held_are_swept(
+def test_entries_no_longer_held_are_swept_once_a_minute(
     ledger_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_port_ledger, "_SWEEP_AT", 4)
     ledger_dir.mkdir()
-    old = time.time() - HOLD_S - 1
     gone = _ended_pid()
-    for port in (20001, 20002, 20003, 20004):
-        (ledger_dir / str(port)).write_text(f"{gone}\n")
-        os.utime(ledger_dir / str(port), (old, old))
+
+    def stale(*ports: int) -> None:
+        old = time.time() - HOLD_S - 1
+        for port in ports:
+            (ledger_dir / str(port)).write_text(f"{gone}\n")
+            os.utime(ledger_dir / str(port), (old, old))
+
+    def entries() -> list[str]:
+        return sorted(p.name for p in ledger_dir.iterdir() if p.name.isdigit())
+
+    stale(20001, 20002, 20003, 20004)
     (ledger_dir / "20005").write_text(f"{os.getpid()}\n")
     with PortLedger.open():
         pass
-    assert sorted(p.name for p in ledger_dir.iterdir() if p.name.isdigit()) == ["20005"]
+    assert entries() == ["20005"]
+    # Within the minute after a sweep, none: a draw does not read every entry each time.
+    stale(20001, 20002, 20003, 20004)
+    with PortLedger.open():
+        pass
+    assert len(entries()) == 5
+    old = time.time() - _port_ledger._SWEEP_EVERY_S - 1
+    os.utime(ledger_dir / ".swept", (old, old))
+    with PortLedger.open():
+        pass
+    assert entries() == ["20005"]
 
 
 def _ended_pid() -> int:
