@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 import pytest
+from psycopg.rows import TupleRow
 
 from msgsafe.cluster._process import free_ports
 from msgsafe.cluster.postgres import PostgresCluster
@@ -43,7 +44,6 @@ PRODUCERS = 3
 KEYS_EACH = 8  # 24 keys in all
 COUNT = 1000
 LEASE_S = 2.0
-STEP = 50  #: rows forwarder A forwards between two tries to stop it holding a claim
 LOST = "outbox lease lost"
 
 
@@ -90,13 +90,18 @@ def children() -> Iterator[list[Child]]:
         child.proc.wait(10)
 
 
-def _leased(url: str, table: str) -> dict[str, int]:
+def _leased(conn: psycopg.Connection[TupleRow], table: str) -> dict[str, int]:
     """Rows whose lease runs (ready_at ahead of the server's clock): id -> epoch."""
-    with psycopg.connect(url, connect_timeout=5) as conn:
-        rows = conn.execute(
-            f"SELECT id, lease_epoch FROM {table} WHERE ready_at > extract(epoch from now())"
-        ).fetchall()
+    rows = conn.execute(
+        f"SELECT id, lease_epoch FROM {table} WHERE ready_at > extract(epoch from now())"
+    ).fetchall()
     return {str(r[0]): int(r[1]) for r in rows}
+
+
+def rows_waiting_on(conn: psycopg.Connection[TupleRow], table: str) -> int:
+    """The rows in ``table`` (waiting or leased), asked on an open connection."""
+    row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+    return int(row[0]) if row is not None else 0
 
 
 def _epochs(url: str, table: str, ids: list[str]) -> dict[str, int]:
@@ -141,30 +146,37 @@ def test_a_forwarder_paused_past_its_lease_learns_it_lost_its_claim(
     a = _spawn(forward)
     children.append(a)
 
-    # A forwards alone until it is seen holding a claim at the moment it is stopped (a
-    # stop that lands between two of its claims, or inside one not yet committed,
-    # holds nothing: A goes on, and is stopped again once it forwarded a little more).
-    # NOTE: small steps, many tries: on a loaded machine A forwarded all 3,000 rows
-    # within five steps of 300 (it runs on while the test polls), leaving none to claim.
+    # A forwards alone until it is stopped holding a claim: the test watches (on one
+    # open connection, a poll a millisecond) for a running lease, stops A at once, and
+    # looks again; a lease that ended in between holds nothing, so A goes on.
+    # NOTE: watching, not stepping: stopping A after every 50 rows it forwarded (polls
+    # of a new connection each) caught it between claims four times running under a
+    # load of 10, by which time it had forwarded all 3,000 rows.
     stale: dict[str, int] = {}
     attempts = 0
-    while not stale and attempts < 20:
-        attempts += 1
-        before = rows_waiting(pg_pair.url, table)
-        assert before >= STEP, (
-            f"forwarder A forwarded every row before a stop caught a claim ({attempts} tries)"
-        )
-        wait_until(
-            lambda before=before: rows_waiting(pg_pair.url, table) <= before - STEP,
-            60,
-            f"forwarder A to forward {STEP} more rows",
-            diagnose=lambda: "\n".join(a.lines[-3:] + a.errors[-5:]),
-        )
-        a.proc.send_signal(signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        stale = _leased(pg_pair.url, table)
-        if not stale:
-            a.proc.send_signal(signal.SIGCONT)
+    with psycopg.connect(pg_pair.url, connect_timeout=5, autocommit=True) as watch:
+
+        def a_holds_a_lease() -> bool:
+            waiting = rows_waiting_on(watch, table)
+            assert waiting, (
+                f"forwarder A forwarded every row before a stop caught a claim ({attempts} tries)"
+            )
+            return bool(_leased(watch, table))
+
+        while not stale and attempts < 50:
+            wait_until(
+                a_holds_a_lease,
+                60,
+                "forwarder A to hold a claim",
+                interval=0.001,
+                diagnose=lambda: "\n".join(a.lines[-3:] + a.errors[-5:]),
+            )
+            a.proc.send_signal(signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            attempts += 1
+            stale = _leased(watch, table)
+            if not stale:
+                a.proc.send_signal(signal.SIGCONT)
     assert stale, "forwarder A was never stopped while holding a claim"
     newest = max(stale.values())
     waiting_at_stop = rows_waiting(pg_pair.url, table)
