@@ -511,7 +511,11 @@ class PostgresOutbox:
 
         def attempt(deadline: float, conn: psycopg.Connection[Any]) -> Literal[True] | None:
             try:
-                return self._put_once(conn, rows, deadline)
+                try:
+                    return self._put_once(conn, rows, deadline)
+                except BaseException:
+                    self._end_failed_put(conn)
+                    raise
             except _Unanswered as exc:
                 raise self._unknown(envelopes, str(exc)) from exc.__cause__
             except _Unknown as exc:
@@ -611,6 +615,25 @@ class PostgresOutbox:
             # again, a COMMIT that waits for the standbys and stores nothing twice.
             raise _Unknown("the COMMIT's answer was lost; the transaction committed")
         raise _Unknown("the connection was lost during COMMIT")
+
+    def _end_failed_put(self, conn: psycopg.Connection[Any]) -> None:
+        """Roll back what a failed put left open on ``conn``: its explicit BEGIN (sent
+        in the pipeline) keeps a failed transaction open on an autocommit connection,
+        and every later put's BEGIN would be refused ("current transaction is aborted")
+        until the connection was dropped. A full disk wedged a producer's outbox that
+        way, for good, after the space came back. A connection that cannot roll back is
+        dropped (the next put connects anew)."""
+        if conn.closed or conn.broken:
+            return
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            return
+        try:
+            conn.execute("ROLLBACK")
+        except psycopg.Error as exc:
+            log.info("outbox %s: a failed put's connection dropped: %s", self.redacted, exc)
+            conn.close()
+            if self._conn is conn:
+                self._conn = None
 
     def _refuse_reused(
         self, conn: psycopg.Connection[Any], rows: list[_ROW], inserted: set[str]
