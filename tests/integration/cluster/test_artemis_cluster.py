@@ -461,6 +461,36 @@ def test_a_backup_that_ends_during_the_fail_back_is_running_again_after_it(
     )
 
 
+def test_a_primary_that_ends_while_the_backup_restarts_is_running_again_after_it(
+    pair: ArtemisCluster,
+) -> None:
+    """``restart(1)`` returns the pair whole when the primary's process ends while the
+    backup synchronizes with it: the suite's nemesis slice (artemis seed 1938571766) saw
+    the primary shut itself down (AMQ229114, its last synchronization step timed out)
+    and the restart wait 180 s for a backup that had become live. Here the primary is
+    SIGKILLed as the backup's process starts."""
+    pair.kill(1)
+    primary = pair.pids[0]
+    assert primary is not None
+
+    def kill_the_primary_once_the_backup_starts() -> None:
+        wait_until(lambda: pair.pids[1] is not None, 30, "the backup's process started")
+        os.kill(primary, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_primary_once_the_backup_starts)
+    killer.start()
+    try:
+        pair.restart(1)
+    finally:
+        killer.join(30)
+    assert pair.pids[0] != primary and pair.nodes()[0].running, "the primary was not started again"
+    wait_until(
+        lambda: [n.role for n in pair.nodes()] == ["live", "backup"],
+        60,
+        "the primary live and the backup a backup again",
+    )
+
+
 def _started_at(pid: int) -> str | None:
     # The start time tells a process from a later one (or a thread) given the same id.
     try:
