@@ -442,17 +442,7 @@ def test_a_backup_that_ends_during_the_fail_back_is_running_again_after_it(
     wait_until(lambda: pair.nodes()[1].role == "live", 30, "the backup to become live")
     backup = pair.pids[1]
     assert backup is not None
-
-    def kill_the_backup_once_the_primary_starts() -> None:
-        wait_until(lambda: pair.pids[0] is not None, 30, "the primary's process started")
-        os.kill(backup, signal.SIGKILL)
-
-    killer = threading.Thread(target=kill_the_backup_once_the_primary_starts)
-    killer.start()
-    try:
-        pair.restart(0)
-    finally:
-        killer.join(30)
+    _restart_killing(pair, 0, backup)
     assert pair.pids[1] != backup and pair.nodes()[1].running, "the backup was not started again"
     wait_until(
         lambda: [n.role for n in pair.nodes()] == ["live", "backup"],
@@ -472,23 +462,28 @@ def test_a_primary_that_ends_while_the_backup_restarts_is_running_again_after_it
     pair.kill(1)
     primary = pair.pids[0]
     assert primary is not None
-
-    def kill_the_primary_once_the_backup_starts() -> None:
-        wait_until(lambda: pair.pids[1] is not None, 30, "the backup's process started")
-        os.kill(primary, signal.SIGKILL)
-
-    killer = threading.Thread(target=kill_the_primary_once_the_backup_starts)
-    killer.start()
-    try:
-        pair.restart(1)
-    finally:
-        killer.join(30)
+    _restart_killing(pair, 1, primary)
     assert pair.pids[0] != primary and pair.nodes()[0].running, "the primary was not started again"
     wait_until(
         lambda: [n.role for n in pair.nodes()] == ["live", "backup"],
         60,
         "the primary live and the backup a backup again",
     )
+
+
+def _restart_killing(pair: ArtemisCluster, node: int, victim: int) -> None:
+    """``pair.restart(node)``, SIGKILLing process ``victim`` as ``node``'s process starts."""
+
+    def kill_once_started() -> None:
+        wait_until(lambda: pair.pids[node] is not None, 30, f"node {node}'s process started")
+        os.kill(victim, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_once_started)
+    killer.start()
+    try:
+        pair.restart(node)
+    finally:
+        killer.join(30)
 
 
 def _started_at(pid: int) -> str | None:
