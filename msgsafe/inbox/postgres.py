@@ -43,7 +43,13 @@ from msgsafe.inbox._schema import (
     check_version,
     fresh_indexes,
 )
-from msgsafe.outbox._pg_commit import PutAttempt, ServerIdentity, outcome, server_identity
+from msgsafe.outbox._pg_commit import (
+    PutAttempt,
+    ServerIdentity,
+    outcome,
+    rollback_open,
+    server_identity,
+)
 from msgsafe.outbox._pg_errors import first_cause
 from msgsafe.outbox._pg_url import parse_store_url, redact_conninfo
 from msgsafe.ports import InboxCapabilities, Processed, ProcessedBatch
@@ -489,10 +495,6 @@ class PostgresInbox:
 
 def _rollback(conn: psycopg.Connection[Any]) -> None:
     """Roll back an open transaction, if any (a lost connection has none to roll back)."""
-    if conn.closed or conn.broken:
-        return
-    if conn.info.transaction_status != TransactionStatus.IDLE:
-        try:
-            conn.execute("ROLLBACK")
-        except psycopg.Error:
-            log.debug("inbox rollback failed", exc_info=True)
+    failed = rollback_open(conn)
+    if failed is not None:
+        log.debug("inbox rollback failed", exc_info=failed)

@@ -57,6 +57,7 @@ __all__ = [
     "PutAttempt",
     "Watchdog",
     "outcome",
+    "rollback_open",
     "server_identity",
     "standby_wait_cancelled",
 ]
@@ -68,6 +69,22 @@ _IDENTITY_SQL = (
     "SELECT coalesce(host(inet_server_addr()), ''), coalesce(inet_server_port(), 0),"
     " pg_postmaster_start_time()::text"
 )
+
+
+def rollback_open(conn: Any) -> Exception | None:
+    """Roll back the transaction ``conn`` (a psycopg connection) has open, if any; a
+    lost connection has none. None once none is open; the error of a ROLLBACK that
+    failed otherwise (the connection is then of no further use)."""
+    import psycopg  # the postgres extra: imported by the stores that call this
+    from psycopg.pq import TransactionStatus
+
+    if conn.closed or conn.broken or conn.info.transaction_status == TransactionStatus.IDLE:
+        return None
+    try:
+        conn.execute("ROLLBACK")
+    except psycopg.Error as exc:
+        return exc
+    return None
 
 
 def server_identity(conn: Any) -> ServerIdentity:

@@ -55,6 +55,7 @@ from msgsafe.outbox._pg_commit import (
     PutAttempt,
     Watchdog,
     outcome,
+    rollback_open,
     server_identity,
     standby_wait_cancelled,
 )
@@ -623,14 +624,9 @@ class PostgresOutbox:
         until the connection was dropped. A full disk wedged a producer's outbox that
         way, for good, after the space came back. A connection that cannot roll back is
         dropped (the next put connects anew)."""
-        if conn.closed or conn.broken:
-            return
-        if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-            return
-        try:
-            conn.execute("ROLLBACK")
-        except psycopg.Error as exc:
-            log.info("outbox %s: a failed put's connection dropped: %s", self.redacted, exc)
+        failed = rollback_open(conn)
+        if failed is not None:
+            log.info("outbox %s: a failed put's connection dropped: %s", self.redacted, failed)
             conn.close()
             if self._conn is conn:
                 self._conn = None

@@ -444,11 +444,7 @@ def test_a_backup_that_ends_during_the_fail_back_is_running_again_after_it(
     assert backup is not None
     _restart_killing(pair, 0, backup)
     assert pair.pids[1] != backup and pair.nodes()[1].running, "the backup was not started again"
-    wait_until(
-        lambda: [n.role for n in pair.nodes()] == ["live", "backup"],
-        60,
-        "the primary live and the backup a backup again",
-    )
+    _wait_whole(pair)
 
 
 def test_a_primary_that_ends_while_the_backup_restarts_is_running_again_after_it(
@@ -464,6 +460,10 @@ def test_a_primary_that_ends_while_the_backup_restarts_is_running_again_after_it
     assert primary is not None
     _restart_killing(pair, 1, primary)
     assert pair.pids[0] != primary and pair.nodes()[0].running, "the primary was not started again"
+    _wait_whole(pair)
+
+
+def _wait_whole(pair: ArtemisCluster) -> None:
     wait_until(
         lambda: [n.role for n in pair.nodes()] == ["live", "backup"],
         60,
