@@ -858,9 +858,45 @@ def test_the_kafka_mover_reorders_elects_and_restores_the_order_as_created() -> 
     assert kafka.calls == ["reassign", "elect", "reassign", "elect"]
     mover.heal()  # the order as created already: an election only
     assert kafka.calls[-1] == "elect" and kafka.calls.count("reassign") == 2
-    kafka.refuse = {2: "PREFERRED_LEADER_NOT_AVAILABLE"}
+    kafka.refuse = {2: "NOT_CONTROLLER"}
     with pytest.raises(ClusterError, match="node 0 not elected"):
         mover.move(0)
+
+
+def test_the_kafka_mover_waits_for_a_preferred_leader_back_in_sync(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A long run (kafka seed 1533116067) asked a moment after node 1's pause ended:
+    # "The preferred leader was not available." until it was back in the ISR.
+    from msgsafe.cluster.base import ClusterError
+    from msgsafe.nemesis import leaders
+
+    monkeypatch.setattr(leaders, "_LEADER_POLL_S", 0.0)
+
+    class Kafka:
+        def __init__(self, refusals: int) -> None:
+            self.refusals = refusals
+            self.elections = 0
+
+        def replicas(self, topic: str) -> dict[int, list[int]]:
+            return {0: [0, 1, 2], 1: [1, 2, 0]}
+
+        def reassign(self, topic: str, replicas: dict[int, list[int]]) -> None:
+            pass
+
+        def elect_preferred(self, topic: str) -> dict[int, str]:
+            self.elections += 1
+            if self.elections > self.refusals:
+                return {}
+            return {1: "The preferred leader was not available."}
+
+    kafka = Kafka(refusals=3)
+    mover = leaders.KafkaMover(kafka, "t", wait=30.0)  # type: ignore[arg-type]
+    assert mover.back(0) == "the partitions of t back to their preferred leaders"
+    assert kafka.elections == 4
+    stuck = leaders.KafkaMover(Kafka(refusals=10**9), "t", wait=0.0)  # type: ignore[arg-type]
+    with pytest.raises(ClusterError, match="preferred leaders not elected again"):
+        stuck.back(0)
 
 
 def test_the_rabbit_mover_drains_the_queues_leader_and_revives_it() -> None:
