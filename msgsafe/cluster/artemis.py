@@ -25,7 +25,12 @@ starting them again serves the primary's journal, which lacks what only the prom
 backup accepted. Fail back first (``restart(0)``), then stop. And a pair has no third
 voter: a primary paused (SIGSTOP) for less than the cluster connection's failure check
 (30 s, TTL 60 s) keeps its role; one paused longer gets its backup promoted and, once
-resumed, both stay active (split brain, AMQ222294 in the logs).
+resumed, both stay active (split brain, AMQ222294 in the logs). And the last step of a
+backup's synchronization sometimes never gets the backup's answer (about one restart of
+the backup in eight under traffic; ``scripts/artemis_sync_stall.py``): the primary
+blocks every journal write for ``initial-replication-sync-timeout`` (30 s), then shuts
+down (AMQ229114) and the backup takes over; a message the primary accepted in that
+moment may be missing from it (docs/evidence/reliability.md, "Long runs").
 """
 
 from __future__ import annotations

@@ -256,6 +256,10 @@ KINDS: dict[str, dict[str, Any]] = {
             "AMQ222294), which Artemis replication without a quorum cannot prevent.",
             "Network faults are between the producers and one node; the clients ignore the "
             "primary's failover-server-list so that no connection bypasses the proxies.",
+            "Known broker loss: the last step of a backup's synchronization sometimes never "
+            "gets its answer; the primary then shuts down (AMQ229114) and the backup takes "
+            "over without what the primary accepted meanwhile "
+            "(scripts/artemis_sync_stall.py reproduces the stall).",
         ),
     },
 }
