@@ -104,7 +104,8 @@ def nemesis(
     The same --seed replays the same schedule; the report prints the command. The run's
     directory keeps the history (history/*.jsonl), report.json, picture.svg (send rate,
     confirm latency, outbox depth and unseen messages over time, faults shaded) and, when
-    the run fails, the brokers' logs and data (cluster/) and the workers' logs (logs/)."""
+    the run fails, the brokers' logs and data (cluster/) and the workers' logs (logs/);
+    cluster/ also when its outboxes took over a minute to be empty after a fault ended."""
     if disk_faults and outbox != "sqlite":
         raise typer.BadParameter(
             "disk faults fill a producer's SQLite outbox: not with --outbox postgres"

@@ -34,7 +34,8 @@ faults, then heal, drain, read back and check.
    received every receipted id (or ``readback_timeout``), stops it;
 6. checks the history (:func:`msgsafe.nemesis.checker.check`), writes ``report.json``
    and ``picture.svg``, stops the cluster. A failing run keeps the cluster's directory
-   (broker logs, data) in ``DIR``; a passing one removes it and keeps the history.
+   (broker logs, data) in ``DIR``, and so does one whose outboxes recovered slowly
+   (:data:`STALL_KEEP_S`); any other passing one removes it and keeps the history.
 
 With ``outbox="postgres"`` (``msgsafe nemesis KIND --outbox postgres``) the producers
 share one PostgreSQL outbox instead: a primary and its synchronous standby
@@ -87,9 +88,11 @@ __all__ = [
     "KINDS",
     "OUTBOXES",
     "PG_LEASE_S",
+    "STALL_KEEP_S",
     "Outcome",
     "Plan",
     "fault_targets",
+    "keeps_brokers_files",
     "replay_command",
     "run",
 ]
@@ -1066,12 +1069,26 @@ def run(plan: Plan, say: Callable[[str], None] = lambda _: None) -> Outcome:
     (plan.dir / "picture.svg").write_text(picture.svg(series, title=title))
     (plan.dir / "report.json").write_text(json.dumps(outcome.report(), indent=1))
     if outcome.ok:
-        shutil.rmtree(plan.dir / "cluster", ignore_errors=True)
+        if not keeps_brokers_files(outcome):
+            shutil.rmtree(plan.dir / "cluster", ignore_errors=True)
         shutil.rmtree(plan.dir / "outboxes", ignore_errors=True)
         shutil.rmtree(plan.dir / "outboxes-kept", ignore_errors=True)
         if r.pg is not None:
             r.pg.delete_data()
     return outcome
+
+
+#: A passing run whose outboxes took longer than this to be empty at once after a fault
+#: window's end (``worst_recovery_s``) keeps its brokers' files too: a stall worth reading
+#: (RabbitMQ seed 1614532448 confirmed nothing for three minutes, and passed).
+STALL_KEEP_S = 60.0
+
+
+def keeps_brokers_files(outcome: Outcome) -> bool:
+    """Whether the run's cluster directory (brokers' logs and data) stays in its ``DIR``:
+    when the run failed, or when it recovered slowly (:data:`STALL_KEEP_S`)."""
+    worst = outcome.verdict.worst_recovery_s
+    return not outcome.ok or worst is None or worst > STALL_KEEP_S
 
 
 @contextlib.contextmanager

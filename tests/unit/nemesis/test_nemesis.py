@@ -1198,3 +1198,27 @@ def test_the_evidence_table_says_when_and_at_which_commit_a_run_ended() -> None:
     # A report made before runs said when: the row still has every column.
     del report["finished"], report["commit"]
     assert row(report).count("|") == HEADER.splitlines()[0].count("|")
+
+
+def test_a_passing_run_that_recovered_slowly_keeps_its_brokers_files() -> None:
+    # RabbitMQ seed 1614532448 passed with outboxes that took 224 s to be empty, and its
+    # brokers' logs, which would have said why, were gone with the cluster's directory.
+    from dataclasses import replace
+
+    from msgsafe.nemesis.runner import (
+        STALL_KEEP_S,
+        Outcome,
+        Plan,
+        fault_targets,
+        keeps_brokers_files,
+    )
+
+    plan = Plan("rabbitmq", 5, 100, Path("/x"))
+    drawn = schedule.draw(plan.seed, 300, fault_targets(plan))
+    clean, _ = checker.check(_clean().events)
+    assert clean.ok
+    quick = replace(clean, worst_recovery_s=STALL_KEEP_S / 2)
+    slow = replace(clean, worst_recovery_s=STALL_KEEP_S * 2)
+    assert not keeps_brokers_files(Outcome(plan, quick, drawn))
+    assert keeps_brokers_files(Outcome(plan, slow, drawn))
+    assert keeps_brokers_files(Outcome(plan, quick, drawn, ["heal: ClusterError: x"]))
