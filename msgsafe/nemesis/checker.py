@@ -78,6 +78,9 @@ class Verdict:
     in_doubt_arrived: int = 0
     #: Arrived although their send failed saying the broker could not hold them.
     denied: int = 0
+    #: Of :attr:`lost`, those a producer's forwarder removed from its outbox on the
+    #: broker's accept (history ``forwarded``): the broker accepted them, then lost them.
+    lost_forwarded: int = 0
 
     @property
     def ok(self) -> bool:
@@ -89,7 +92,8 @@ class Verdict:
         if self.receipted == 0:
             out.append("nothing was receipted: the run checked nothing")
         if self.lost:
-            out.append(f"lost={self.lost} (receipted, never received)")
+            how = f"; {self.lost_forwarded} forwarded, accepted" if self.lost_forwarded else ""
+            out.append(f"lost={self.lost} (receipted, never received{how})")
         if self.unexpected:
             out.append(f"unexpected={self.unexpected} (received, never attempted)")
         if self.denied:
@@ -112,6 +116,7 @@ def check(events: Sequence[dict[str, Any]], *, step: float = 1.0) -> tuple[Verdi
     failed: dict[str, str] = {}
     doubted: set[str] = set()
     arrivals: list[str] = []
+    forwarded: set[str] = set()
     for e in events:
         kind = e["e"]
         if kind == "attempted":
@@ -124,6 +129,8 @@ def check(events: Sequence[dict[str, Any]], *, step: float = 1.0) -> tuple[Verdi
                 doubted.add(e["id"])
         elif kind == "received":
             arrivals.append(e["id"])
+        elif kind == "forwarded":
+            forwarded.update(e["ids"])
     seen = Counter(arrivals)
     lost = sorted(set(statuses) - set(seen))
     unexpected = sorted(set(seen) - set(attempted))
@@ -150,11 +157,13 @@ def check(events: Sequence[dict[str, Any]], *, step: float = 1.0) -> tuple[Verdi
             "unexpected": unexpected[:10],
             "order": violations[:10],
             "denied": denied[:10],
+            "lost_forwarded": [m for m in lost if m in forwarded][:10],
         },
         refused=sum(1 for m, error in failed.items() if error in REFUSALS and m not in doubted),
         in_doubt=len(doubted),
         in_doubt_arrived=len(doubted & set(seen)),
         denied=len(denied),
+        lost_forwarded=len(forwarded.intersection(lost)),
     )
     return verdict, _series(events, step)
 

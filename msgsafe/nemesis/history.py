@@ -12,6 +12,8 @@ Events (``e``), each with ``t`` (wall-clock seconds) and ``p`` (the process):
 - ``failed`` ``id`` ``error``: ``send()`` raised (the caller kept the message);
 - ``received`` ``id``: a delivery of ``id`` reached the consumer (repeats are duplicates);
 - ``depth`` ``n``: the producer's outbox held ``n`` messages;
+- ``forwarded`` ``ids``: the producer's forwarder removed these from its outbox, the
+  broker having accepted them (a lost id among them: the broker lost what it accepted);
 - ``fault`` ``name`` ``on`` (true at its start, false at its end), ``heal``, ``note``:
   what the runner did.
 """

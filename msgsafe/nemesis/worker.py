@@ -3,7 +3,8 @@ msgsafe.nemesis.worker SPEC`` where SPEC is a JSON object (see :class:`Spec`).
 
 - ``produce``: a :class:`msgsafe.Producer` with its own SQLite outbox sends keyed
   messages at a steady rate, one blocking ``send()`` at a time, and records each
-  attempt, receipt and failure; every half second it records its outbox's depth. A
+  attempt, receipt and failure, and the ids its outbox's forwarder delivered; every half
+  second it records its outbox's depth. A
   producer killed and started again takes up its keys where its history left them
   (the next sequence number of each key) and its outbox where the dead one left it.
   SIGTERM: stop sending, drain the outbox, record the last depth, exit. With a shared
@@ -31,8 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import msgsafe
+from msgsafe.endpoints import parse_url
 from msgsafe.errors import MsgsafeError
 from msgsafe.nemesis.history import History, read
+from msgsafe.outbox._pg_url import is_store_url
+from msgsafe.outbox.sqlite import SqliteOutbox
 from msgsafe.retry import RetryPolicy
 
 __all__ = ["Spec", "main", "next_seqs"]
@@ -93,13 +97,42 @@ def _stopper() -> threading.Event:
     return stop
 
 
+class _RecordingOutbox(SqliteOutbox):
+    """The producer's SQLite outbox, recording in the history every id its forwarder
+    removed on the broker's accept (``forwarded``): a lost message among them was lost by
+    the broker, one not among them by the client."""
+
+    def __init__(self, path: str, history: History, target: str) -> None:
+        super().__init__(path, target=target)
+        self._history = history
+        #: Closed (a producer that failed to open closes the store it was given).
+        self.closed = False
+
+    def delivered(self, ids: Sequence[str]) -> None:
+        super().delivered(ids)
+        self._history.write("forwarded", ids=list(ids))
+
+    def close(self) -> None:
+        super().close()
+        self.closed = True
+
+
+def _outbox(spec: Spec, history: History) -> str | SqliteOutbox:
+    if spec.outbox and not is_store_url(spec.outbox):
+        return _RecordingOutbox(spec.outbox, history, parse_url(spec.url).redacted())
+    return spec.outbox
+
+
 def _open_producer(spec: Spec, history: History, stop: threading.Event) -> msgsafe.Producer:
     """A producer; while the broker refuses even that (a fault at start), try again."""
+    outbox = _outbox(spec, history)
     while True:
+        if isinstance(outbox, _RecordingOutbox) and outbox.closed:
+            outbox = _outbox(spec, history)
         try:
             return msgsafe.Producer(
                 spec.url,
-                outbox=spec.outbox,
+                outbox=outbox,
                 send_timeout=spec.send_timeout,
                 retry=RETRY,
                 require=spec.require,

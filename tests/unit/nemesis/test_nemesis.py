@@ -1222,3 +1222,41 @@ def test_a_passing_run_that_recovered_slowly_keeps_its_brokers_files() -> None:
     assert not keeps_brokers_files(Outcome(plan, quick, drawn))
     assert keeps_brokers_files(Outcome(plan, slow, drawn))
     assert keeps_brokers_files(Outcome(plan, quick, drawn, ["heal: ClusterError: x"]))
+
+
+def test_a_lost_message_its_forwarder_saw_accepted_is_counted_as_such() -> None:
+    # Artemis seed 126338297 lost a STORED message whose outbox row was gone: whether
+    # the forwarder had removed it on the broker's accept, the history could not say.
+    run = _clean()
+    run.sent("c0", "k3", 0, status="stored")
+    run.sent("c1", "k3", 1, status="stored")
+    run.add("forwarded", ids=["c0", "b0"])
+    verdict, _ = checker.check(run.events)
+    assert verdict.lost == 2 and verdict.lost_forwarded == 1
+    assert verdict.examples["lost_forwarded"] == ["c0"]
+    assert "lost=2 (receipted, never received; 1 forwarded, accepted)" in verdict.problems()
+
+
+def test_the_producers_outbox_records_what_its_forwarder_delivered(tmp_path: Path) -> None:
+    from msgsafe.message import Envelope
+    from msgsafe.nemesis.worker import Spec, _outbox
+
+    with history.History(tmp_path / "p0.jsonl", "p0") as h:
+        spec = Spec(
+            "produce",
+            "p0",
+            "memory://x",
+            "q",
+            str(tmp_path / "p0.jsonl"),
+            outbox=str(tmp_path / "p0.db"),
+        )
+        store = _outbox(spec, h)
+        assert not isinstance(store, str)
+        try:
+            store.put([Envelope.build("q", b"x", message_id=f"m{i}") for i in range(3)])
+            claimed = store.claim(limit=2, lease_s=30.0)
+            store.delivered([env.message_id for env in claimed])
+        finally:
+            store.close()
+    events = history.read_dir(tmp_path)
+    assert [e["ids"] for e in events if e["e"] == "forwarded"] == [["m0", "m1"]]
