@@ -125,11 +125,12 @@ def _outbox(spec: Spec, history: History) -> str | SqliteOutbox:
 
 def _open_producer(spec: Spec, history: History, stop: threading.Event) -> msgsafe.Producer:
     """A producer; while the broker refuses even that (a fault at start), try again."""
-    outbox = _outbox(spec, history)
+    outbox: str | SqliteOutbox | None = None
     while True:
-        if isinstance(outbox, _RecordingOutbox) and outbox.closed:
-            outbox = _outbox(spec, history)
         try:
+            # Opened here, inside the retry: a full disk may refuse the file too.
+            if outbox is None or (isinstance(outbox, _RecordingOutbox) and outbox.closed):
+                outbox = _outbox(spec, history)
             return msgsafe.Producer(
                 spec.url,
                 outbox=outbox,
