@@ -1260,3 +1260,28 @@ def test_the_producers_outbox_records_what_its_forwarder_delivered(tmp_path: Pat
             store.close()
     events = history.read_dir(tmp_path)
     assert [e["ids"] for e in events if e["e"] == "forwarded"] == [["m0", "m1"]]
+
+
+def test_a_producer_whose_outbox_cannot_be_opened_yet_tries_again(tmp_path: Path) -> None:
+    # A producer restarted while its outbox's disk is full is refused the file: it notes
+    # the refusal and tries again a second later, as for a broker that refuses it.
+    import threading
+
+    from msgsafe.nemesis.worker import Spec, _open_producer
+
+    later = tmp_path / "later"
+    spec = Spec(
+        "produce",
+        "p0",
+        "memory://nemesis-retry",
+        "q",
+        str(tmp_path / "p0.jsonl"),
+        outbox=str(later / "p0.db"),
+        require="any",
+    )
+    threading.Timer(0.3, later.mkdir).start()
+    with history.History(spec.history, "p0") as h:
+        producer = _open_producer(spec, h, threading.Event())
+        producer.close()
+    notes = [e["text"] for e in history.read_dir(tmp_path) if e["e"] == "note"]
+    assert len(notes) == 1 and notes[0].startswith("producer not opened: ConfigurationError")
