@@ -64,16 +64,21 @@ def _produce(url: str, outbox: Path, counts: _Counts, stop: threading.Event) -> 
         producer.close()
 
 
+def _take(consumer: Consumer, counts: _Counts, timeout: float) -> None:
+    """One poll: each delivery counted and acked."""
+    for delivery in consumer.poll(timeout, max_messages=500):
+        assert delivery.message_id is not None
+        counts.received.add(delivery.message_id)
+        delivery.ack()
+
+
 def _consume(url: str, counts: _Counts, stop: threading.Event) -> None:
     while not stop.is_set():
         try:
             with Consumer(url) as consumer:
                 consumer.subscribe(_ADDRESS)
                 while not stop.is_set():
-                    for delivery in consumer.poll(0.2, max_messages=500):
-                        assert delivery.message_id is not None
-                        counts.received.add(delivery.message_id)
-                        delivery.ack()
+                    _take(consumer, counts, 0.2)
         except MsgsafeError:
             stop.wait(0.5)
 
@@ -124,10 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         with Consumer(pair.url) as consumer:
             consumer.subscribe(_ADDRESS)
             while time.monotonic() < deadline and not counts.receipted <= counts.received:
-                for delivery in consumer.poll(0.5, max_messages=500):
-                    assert delivery.message_id is not None
-                    counts.received.add(delivery.message_id)
-                    delivery.ack()
+                _take(consumer, counts, 0.5)
         lost = len(counts.receipted - counts.received)
         print(
             f"rounds {args.rounds}, threads {args.threads or 'default'}: stalls "

@@ -105,16 +105,15 @@ class _RecordingOutbox(SqliteOutbox):
     def __init__(self, path: str, history: History, target: str) -> None:
         super().__init__(path, target=target)
         self._history = history
-        #: Closed (a producer that failed to open closes the store it was given).
-        self.closed = False
+
+    @property
+    def closed(self) -> bool:
+        """Closed (a producer that failed to open closes the store it was given)."""
+        return self._closed
 
     def delivered(self, ids: Sequence[str]) -> None:
         super().delivered(ids)
         self._history.write("forwarded", ids=list(ids))
-
-    def close(self) -> None:
-        super().close()
-        self.closed = True
 
 
 def _outbox(spec: Spec, history: History) -> str | SqliteOutbox:
